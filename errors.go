@@ -1,0 +1,72 @@
+package jobkeys
+
+import (
+	"errors"
+	"fmt"
+)
+
+// Sentinel errors. Match them with [errors.Is]; the errors the package returns
+// wrap them with the detail of what was wrong and where.
+var (
+	// ErrInvalidPolicy reports a Policy field with a value that cannot be used.
+	ErrInvalidPolicy = errors.New("jobkeys: invalid policy")
+
+	// ErrInvalidName reports a service or job type that cannot be part of a
+	// NATS KV bucket name or key token.
+	ErrInvalidName = errors.New("jobkeys: invalid name")
+
+	// ErrInvalidKey reports a payload from which the policy's key template
+	// cannot derive a key: a pointer that does not resolve, or resolves to
+	// something other than a string, a finite number or a boolean.
+	ErrInvalidKey = errors.New("jobkeys: cannot derive job key")
+
+	// ErrInvalidRequest reports a request with a missing or malformed field,
+	// such as an empty job id.
+	ErrInvalidRequest = errors.New("jobkeys: invalid request")
+
+	// ErrCorruptState reports key state in the store that does not parse or
+	// does not validate. The stored value is left untouched.
+	ErrCorruptState = errors.New("jobkeys: corrupt key state")
+
+	// ErrForeignState reports key state that parses but belongs to another
+	// service, job type or key hash than the KV key it was read from. The
+	// stored value is left untouched.
+	ErrForeignState = errors.New("jobkeys: key state belongs to another key")
+
+	// ErrStateTooLarge reports a new key state whose encoding exceeds the
+	// store's value size limit. Nothing is written.
+	ErrStateTooLarge = errors.New("jobkeys: key state too large")
+
+	// ErrContention reports that an operation gave up after its
+	// compare-and-swap attempts all lost to concurrent writers.
+	ErrContention = errors.New("jobkeys: too much contention on key")
+
+	// ErrBucketNotFound reports that the KV bucket for a service does not
+	// exist and the store was not configured to create it.
+	ErrBucketNotFound = errors.New("jobkeys: bucket not found")
+
+	// ErrKeyNotFound is returned by a [Store] for a key that does not exist
+	// or was deleted.
+	ErrKeyNotFound = errors.New("jobkeys: key not found")
+
+	// ErrRevisionConflict is returned by a [Store] when a compare-and-swap
+	// write finds a revision other than the one it expected.
+	ErrRevisionConflict = errors.New("jobkeys: revision conflict")
+)
+
+// StateError is the error for key state that cannot be used: it names the KV
+// key and wraps [ErrCorruptState], [ErrForeignState] or [ErrStateTooLarge]
+// together with the detail.
+type StateError struct {
+	KVKey  string // the KV key the state was read from or was to be written to
+	Reason string // what was wrong
+	Err    error  // the sentinel: ErrCorruptState, ErrForeignState or ErrStateTooLarge
+}
+
+// Error implements the error interface.
+func (e *StateError) Error() string {
+	return fmt.Sprintf("%v: KV key %q: %s", e.Err, e.KVKey, e.Reason)
+}
+
+// Unwrap returns the sentinel the error wraps.
+func (e *StateError) Unwrap() error { return e.Err }

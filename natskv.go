@@ -1,0 +1,232 @@
+package jobkeys
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"regexp"
+	"sync"
+
+	"github.com/nats-io/nats.go/jetstream"
+)
+
+// BucketPrefixDefault is the prefix of the bucket names NATSStore uses: the
+// bucket of service S is "JOBS_KEYS_S", as in the TS original.
+const BucketPrefixDefault = "JOBS_KEYS"
+
+// headerAllowance is kept free of a message's size limit for the headers a
+// compare-and-swap write carries.
+const headerAllowance = 256
+
+// NATSStore is a [Store] over NATS JetStream KV: service S lives in bucket
+// "JOBS_KEYS_S". Buckets are opened on first use and cached. A NATSStore is
+// safe for concurrent use.
+type NATSStore struct {
+	js     jetstream.JetStream
+	prefix string
+	create *jetstream.KeyValueConfig // template for missing buckets; nil: do not create
+
+	mu      sync.Mutex
+	buckets map[string]*natsBucket
+}
+
+type natsBucket struct {
+	kv           jetstream.KeyValue
+	maxValueSize int
+}
+
+var _ Store = (*NATSStore)(nil)
+
+// NATSStoreOption configures a [NATSStore].
+type NATSStoreOption func(*NATSStore) error
+
+var bucketTokenRe = regexp.MustCompile(`^[A-Za-z0-9_-]+$`)
+
+// WithBucketPrefix sets the bucket name prefix (default BucketPrefixDefault).
+// It must consist of letters, digits, '_' and '-'.
+func WithBucketPrefix(prefix string) NATSStoreOption {
+	return func(s *NATSStore) error {
+		if !bucketTokenRe.MatchString(prefix) {
+			return fmt.Errorf("%w: bucket prefix %q must be letters, digits, '_' or '-'", ErrInvalidName, prefix)
+		}
+		s.prefix = prefix
+		return nil
+	}
+}
+
+// WithCreateBuckets makes the store create a missing bucket with history 1
+// and the given storage and replicas (1 to 5). Without it a missing bucket
+// is an error wrapping ErrBucketNotFound.
+func WithCreateBuckets(storage jetstream.StorageType, replicas int) NATSStoreOption {
+	return func(s *NATSStore) error {
+		if storage != jetstream.FileStorage && storage != jetstream.MemoryStorage {
+			return fmt.Errorf("%w: unknown storage type %d", ErrInvalidRequest, storage)
+		}
+		if replicas < 1 || replicas > 5 {
+			return fmt.Errorf("%w: replicas %d is not between 1 and 5", ErrInvalidRequest, replicas)
+		}
+		s.create = &jetstream.KeyValueConfig{History: 1, Storage: storage, Replicas: replicas}
+		return nil
+	}
+}
+
+// NewNATSStore returns a store over js. Nothing is opened until first use.
+func NewNATSStore(js jetstream.JetStream, opts ...NATSStoreOption) (*NATSStore, error) {
+	if js == nil {
+		return nil, fmt.Errorf("%w: jetstream.JetStream is nil", ErrInvalidRequest)
+	}
+	s := &NATSStore{js: js, prefix: BucketPrefixDefault, buckets: make(map[string]*natsBucket)}
+	for _, opt := range opts {
+		if err := opt(s); err != nil {
+			return nil, err
+		}
+	}
+	return s, nil
+}
+
+// BucketName returns the name of the bucket that holds service's keys.
+func (s *NATSStore) BucketName(service string) string { return s.prefix + "_" + service }
+
+// bucket opens (or creates) service's bucket once and caches it.
+func (s *NATSStore) bucket(ctx context.Context, service string) (*natsBucket, error) {
+	s.mu.Lock()
+	b := s.buckets[service]
+	s.mu.Unlock()
+	if b != nil {
+		return b, nil
+	}
+	if err := validateService(service); err != nil {
+		return nil, err
+	}
+	name := s.BucketName(service)
+	kv, err := s.js.KeyValue(ctx, name)
+	if errors.Is(err, jetstream.ErrBucketNotFound) && s.create != nil {
+		cfg := *s.create
+		cfg.Bucket = name
+		cfg.Description = "jobkeys key state of service " + service
+		kv, err = s.js.CreateKeyValue(ctx, cfg)
+		if errors.Is(err, jetstream.ErrBucketExists) { // created concurrently with another config
+			kv, err = s.js.KeyValue(ctx, name)
+		}
+	}
+	if errors.Is(err, jetstream.ErrBucketNotFound) {
+		return nil, fmt.Errorf("%w: KV bucket %q (service %q) does not exist; create it or use WithCreateBuckets", ErrBucketNotFound, name, service)
+	}
+	if err != nil {
+		return nil, fmt.Errorf("jobkeys: open KV bucket %q: %w", name, err)
+	}
+	status, err := kv.Status(ctx)
+	if err != nil {
+		return nil, fmt.Errorf("jobkeys: status of KV bucket %q: %w", name, err)
+	}
+	limit := int(s.js.Conn().MaxPayload()) - headerAllowance
+	if mv := int(status.Config().MaxValueSize); mv > 0 && mv-headerAllowance < limit {
+		limit = mv - headerAllowance
+	}
+	b = &natsBucket{kv: kv, maxValueSize: limit}
+	s.mu.Lock()
+	if prev := s.buckets[service]; prev != nil {
+		b = prev
+	} else {
+		s.buckets[service] = b
+	}
+	s.mu.Unlock()
+	return b, nil
+}
+
+// KeyValue returns the opened KV bucket of service, for callers that need
+// more of the bucket than the Store methods give (watching, listing keys).
+func (s *NATSStore) KeyValue(ctx context.Context, service string) (jetstream.KeyValue, error) {
+	b, err := s.bucket(ctx, service)
+	if err != nil {
+		return nil, err
+	}
+	return b.kv, nil
+}
+
+// Get implements [Store].
+func (s *NATSStore) Get(ctx context.Context, service, key string) ([]byte, uint64, error) {
+	b, err := s.bucket(ctx, service)
+	if err != nil {
+		return nil, 0, err
+	}
+	e, err := b.kv.Get(ctx, key)
+	if errors.Is(err, jetstream.ErrKeyNotFound) {
+		return nil, 0, fmt.Errorf("%w: %s: %w", ErrKeyNotFound, key, err)
+	}
+	if err != nil {
+		return nil, 0, fmt.Errorf("jobkeys: get %s: %w", key, err)
+	}
+	return e.Value(), e.Revision(), nil
+}
+
+// Create implements [Store].
+func (s *NATSStore) Create(ctx context.Context, service, key string, value []byte) (uint64, error) {
+	b, err := s.bucket(ctx, service)
+	if err != nil {
+		return 0, err
+	}
+	if len(value) > b.maxValueSize {
+		return 0, tooLarge(len(value), b.maxValueSize)
+	}
+	rev, err := b.kv.Create(ctx, key, value)
+	return rev, casError("create", key, err)
+}
+
+// Update implements [Store].
+func (s *NATSStore) Update(ctx context.Context, service, key string, value []byte, revision uint64) (uint64, error) {
+	b, err := s.bucket(ctx, service)
+	if err != nil {
+		return 0, err
+	}
+	if len(value) > b.maxValueSize {
+		return 0, tooLarge(len(value), b.maxValueSize)
+	}
+	if revision == 0 {
+		// Revision 0 means "no message" to the server; Store.Update never
+		// matches a missing key.
+		return 0, fmt.Errorf("%w: update %s: revision 0", ErrRevisionConflict, key)
+	}
+	rev, err := b.kv.Update(ctx, key, value, revision)
+	return rev, casError("update", key, err)
+}
+
+// Delete implements [Store]. It writes a delete marker, which readers
+// (including the TS original) treat as absent.
+func (s *NATSStore) Delete(ctx context.Context, service, key string, revision uint64) error {
+	b, err := s.bucket(ctx, service)
+	if err != nil {
+		return err
+	}
+	if revision == 0 {
+		return fmt.Errorf("%w: delete %s: revision 0", ErrRevisionConflict, key)
+	}
+	return casError("delete", key, b.kv.Delete(ctx, key, jetstream.LastRevision(revision)))
+}
+
+func tooLarge(n, limit int) error {
+	return fmt.Errorf("%w: %d bytes exceed the bucket's limit of %d (server max_payload or bucket max value size, less %d bytes for headers)",
+		ErrStateTooLarge, n, limit, headerAllowance)
+}
+
+// casError maps a compare-and-swap conflict to ErrRevisionConflict by
+// JetStream error code: 10071 (wrong last sequence) and 10164 (the same on
+// replicated streams while a write is in flight).
+func casError(op, key string, err error) error {
+	if err == nil {
+		return nil
+	}
+	if isCASConflict(err) {
+		return fmt.Errorf("%w: %s %s: %w", ErrRevisionConflict, op, key, err)
+	}
+	return fmt.Errorf("jobkeys: %s %s: %w", op, key, err)
+}
+
+func isCASConflict(err error) bool {
+	var apiErr *jetstream.APIError
+	if !errors.As(err, &apiErr) {
+		return false
+	}
+	return apiErr.ErrorCode == jetstream.JSErrCodeStreamWrongLastSequence ||
+		apiErr.ErrorCode == jetstream.JSErrCodeStreamWrongLastSequenceConstant
+}

@@ -1,0 +1,435 @@
+package jobkeys
+
+import (
+	"time"
+)
+
+// Kind names the outcome of an operation. Business outcomes (rejected,
+// blocked, lost, ...) are values, not errors.
+type Kind string
+
+// Outcome kinds, as the TS original names them.
+const (
+	KindAccepted        Kind = "accepted"         // Admit: the job was queued (or already there)
+	KindRejected        Kind = "rejected"         // Admit: the queue is full and the job was not queued
+	KindCoalesced       Kind = "coalesced"        // Admit: the job folds into an existing one
+	KindReplaced        Kind = "replaced"         // Admit: the oldest queued job was dropped for this one
+	KindAcquired        Kind = "acquired"         // Acquire: the job holds a slot
+	KindBlocked         Kind = "blocked"          // Acquire: no slot for the job now
+	KindRenewed         Kind = "renewed"          // Renew: the lease was extended
+	KindLost            Kind = "lost"             // Renew: the slot is gone (taken over or released)
+	KindReleased        Kind = "released"         // Release: the slot was freed
+	KindStaleCompletion Kind = "stale-completion" // Release: the slot was already gone
+	KindRemoved         Kind = "removed"          // RemoveQueued: the queued job was removed
+	KindNotFound        Kind = "not-found"        // RemoveQueued: the job was not queued
+	KindRestored        Kind = "restored"         // RestoreReplaced: the replaced job is queued again
+)
+
+// Reason says why an admission was rejected or coalesced, or why an
+// acquisition was blocked.
+type Reason string
+
+// Reasons.
+const (
+	ReasonActiveLimit   Reason = "active-limit"   // every slot is taken
+	ReasonQueueDepth    Reason = "queue-depth"    // the queue is at its limit
+	ReasonStaleBlocked  Reason = "stale-blocked"  // an expired slot is kept under the Block stale policy
+	ReasonNotQueued     Reason = "not-queued"     // the job was never admitted (and is not a retry)
+	ReasonQueueFull     Reason = "queue-full"     // coalesced into the oldest queued job
+	ReasonAlreadyActive Reason = "already-active" // the job already holds a live slot
+)
+
+// JobRef identifies a job.
+type JobRef struct {
+	Service string
+	JobType string
+	ID      string
+}
+
+// ReplacedJob is a queued job that [ReplaceOldest] dropped. Pass it to
+// RestoreReplaced to put it back if the replacing job cannot be published.
+type ReplacedJob struct {
+	JobRef
+	CreatedAt time.Time
+	RequestID string
+	Context   TraceContext
+}
+
+// Admission is the outcome of Admit.
+type Admission struct {
+	Kind    Kind
+	Key     string // display key
+	KeyHash string
+	// AlreadyPresent is set with KindAccepted when the job id was already
+	// queued or active: no second entry was added.
+	AlreadyPresent bool
+	Reason         Reason       // KindRejected, KindCoalesced
+	Active         int          // KindRejected: active slots seen
+	Queued         int          // KindRejected: queued jobs seen
+	Limit          int          // KindRejected: the limit that was hit
+	Existing       *JobRef      // KindCoalesced: the job the new one folds into
+	Replaced       *ReplacedJob // KindReplaced: the dropped job
+	// State is the new key state when the operation changed it, else nil.
+	State *KeyState
+}
+
+// Acquisition is the outcome of Acquire.
+type Acquisition struct {
+	Kind    Kind
+	Key     string
+	KeyHash string
+	// Lease is the slot's lease (KindAcquired): pass it to Renew and Release.
+	Lease Lease
+	// Stale lists expired slots of other jobs that this acquisition dropped
+	// under FailStale; record those jobs as failed.
+	Stale  []ActiveSlot
+	Reason Reason // KindBlocked
+	Active int    // KindBlocked: live slots seen
+	Queued int    // KindBlocked: queued jobs seen
+	Limit  int    // KindBlocked: the limit that was hit
+	State  *KeyState
+}
+
+// Lease is a job's hold on a slot, returned by Acquire. It is a plain value:
+// copy it freely.
+type Lease struct {
+	Service        string
+	JobType        string
+	JobID          string
+	Key            string
+	KeyHash        string
+	SlotToken      string
+	Policy         Policy    // the normalized policy the slot was acquired under
+	LeaseExpiresAt time.Time // when the lease lapses unless renewed
+}
+
+// Renewal is the outcome of Renew.
+type Renewal struct {
+	Kind           Kind
+	LeaseExpiresAt time.Time // KindRenewed: the new expiry
+	State          *KeyState
+}
+
+// Release is the outcome of Release.
+type Release struct {
+	Kind  Kind
+	State *KeyState
+}
+
+// Removal is the outcome of RemoveQueued.
+type Removal struct {
+	Kind  Kind
+	State *KeyState
+}
+
+// Restoration is the outcome of RestoreReplaced.
+type Restoration struct {
+	Kind  Kind
+	State *KeyState
+}
+
+// jsNow returns t as the TS original would see it: UTC, milliseconds.
+func jsNow(t time.Time) time.Time { return t.UTC().Truncate(time.Millisecond) }
+
+func emptyState(key JobKey, policy Policy, now time.Time) *KeyState {
+	return &KeyState{
+		Version:         StateVersion,
+		Service:         key.Service,
+		JobType:         key.JobType,
+		Key:             key.Key,
+		KeyHash:         key.KeyHash,
+		MaxActive:       policy.MaxActive,
+		MaxQueuedPerKey: policy.MaxQueuedPerKey,
+		UpdatedAt:       now,
+	}
+}
+
+func indexQueued(q []QueuedJob, jobID string) int {
+	for i := range q {
+		if q[i].JobID == jobID {
+			return i
+		}
+	}
+	return -1
+}
+
+func indexActive(a []ActiveSlot, jobID string) int {
+	for i := range a {
+		if a[i].JobID == jobID {
+			return i
+		}
+	}
+	return -1
+}
+
+// ReduceAdmission applies the admission rules to state (nil when the key has
+// none) for job req.JobID under policy, which must come from
+// [Policy.Normalize]; key is the job's derived key. req.Payload and
+// req.Policy are not read. It is pure: the same inputs give the same outcome,
+// and state is not modified.
+//
+// The queue limit is policy.MaxQueuedPerKey plus the free slots. Below it the
+// job is accepted; at it a strict create is rejected, and otherwise
+// policy.WhenFull decides. A job id already queued or active is accepted
+// without a second entry.
+func ReduceAdmission(state *KeyState, key JobKey, req AdmitRequest, policy Policy, now time.Time) Admission {
+	now = jsNow(now)
+	if state == nil {
+		state = emptyState(key, policy, now)
+	}
+	out := Admission{Key: state.Key, KeyHash: state.KeyHash}
+	if indexQueued(state.Queued, req.JobID) >= 0 || indexActive(state.Active, req.JobID) >= 0 {
+		out.Kind, out.AlreadyPresent = KindAccepted, true
+		return out
+	}
+	active, queued := len(state.Active), len(state.Queued)
+	queueLimit := policy.MaxQueuedPerKey + max(0, policy.MaxActive-active)
+	if queued < queueLimit {
+		out.Kind, out.State = KindAccepted, appendQueued(state.clone(), req, policy, now)
+		return out
+	}
+	if !req.StrictCreate {
+		if policy.WhenFull == Coalesce && (queued > 0 || active > 0) {
+			out.Kind = KindCoalesced
+			if queued > 0 {
+				out.Existing = &JobRef{Service: state.Service, JobType: state.JobType, ID: state.Queued[0].JobID}
+				out.Reason = ReasonQueueFull
+			} else {
+				out.Existing = &JobRef{Service: state.Service, JobType: state.JobType, ID: state.Active[0].JobID}
+				out.Reason = ReasonActiveLimit
+			}
+			return out
+		}
+		if policy.WhenFull == ReplaceOldest && queued > 0 {
+			old := state.Queued[0]
+			next := state.clone()
+			next.Queued = append(next.Queued[:0], state.Queued[1:]...)
+			out.Kind = KindReplaced
+			out.Replaced = &ReplacedJob{
+				JobRef:    JobRef{Service: state.Service, JobType: state.JobType, ID: old.JobID},
+				CreatedAt: old.CreatedAt,
+				RequestID: old.RequestID,
+				Context:   old.Context,
+			}
+			out.State = appendQueued(next, req, policy, now)
+			return out
+		}
+	}
+	out.Kind, out.Active, out.Queued = KindRejected, active, queued
+	if active >= policy.MaxActive {
+		out.Reason, out.Limit = ReasonActiveLimit, policy.MaxActive
+	} else {
+		out.Reason, out.Limit = ReasonQueueDepth, queueLimit
+	}
+	return out
+}
+
+func appendQueued(s *KeyState, req AdmitRequest, policy Policy, now time.Time) *KeyState {
+	ctx := wireContext(req.Context, req.JobID, "")
+	s.MaxActive = policy.MaxActive
+	s.MaxQueuedPerKey = policy.MaxQueuedPerKey
+	s.Queued = append(s.Queued, QueuedJob{JobID: req.JobID, CreatedAt: now, RequestID: ctx.RequestID, Context: ctx})
+	s.UpdatedAt = now
+	return s
+}
+
+// ReduceRestoreReplaced puts replaced back at the head of the queue and
+// removes the job that replaced it (replacementJobID) from the queue, as the
+// TS original does when publishing the replacing job fails. If replaced is
+// already queued or active it is not added twice. policy must come from
+// [Policy.Normalize]. Pure.
+func ReduceRestoreReplaced(state *KeyState, key JobKey, req RestoreRequest, policy Policy, now time.Time) Restoration {
+	now = jsNow(now)
+	base := state
+	if base == nil {
+		base = emptyState(key, policy, now)
+	}
+	next := base.clone()
+	next.Queued = next.Queued[:0]
+	for _, q := range base.Queued {
+		if q.JobID != req.ReplacementJobID {
+			next.Queued = append(next.Queued, q)
+		}
+	}
+	present := indexQueued(next.Queued, req.Replaced.ID) >= 0 || indexActive(base.Active, req.Replaced.ID) >= 0
+	if !present {
+		ctx := wireContext(req.Replaced.Context, req.Replaced.ID, "")
+		reqID := req.Replaced.RequestID
+		if reqID == "" {
+			reqID = ctx.RequestID
+		}
+		next.Queued = append(next.Queued, QueuedJob{})
+		copy(next.Queued[1:], next.Queued)
+		next.Queued[0] = QueuedJob{JobID: req.Replaced.ID, CreatedAt: jsNow(req.Replaced.CreatedAt), RequestID: reqID, Context: ctx}
+	}
+	if state != nil && present && len(next.Queued) == len(state.Queued) &&
+		state.MaxActive == policy.MaxActive && state.MaxQueuedPerKey == policy.MaxQueuedPerKey {
+		return Restoration{Kind: KindRestored} // nothing to change
+	}
+	next.MaxActive = policy.MaxActive
+	next.MaxQueuedPerKey = policy.MaxQueuedPerKey
+	next.UpdatedAt = now
+	return Restoration{Kind: KindRestored, State: next}
+}
+
+// ReduceAcquire gives job req.JobID a slot if the rules allow, with the new
+// slot's token slotToken. policy must come from [Policy.Normalize]. Pure.
+//
+// A slot whose lease expired at or before now is stale. A job's own stale
+// slot is replaced by this acquisition (a retry after a crash); a job whose
+// own slot is live is blocked with [ReasonAlreadyActive]. Other stale slots
+// are dropped and reported under FailStale, and block the key while it is at
+// capacity under Block. The job must be queued, or a retry (req.Retry or an
+// own stale slot); otherwise it is blocked with [ReasonNotQueued].
+func ReduceAcquire(state *KeyState, key JobKey, req AcquireRequest, policy Policy, now time.Time, slotToken string) Acquisition {
+	now = jsNow(now)
+	base := state
+	if base == nil {
+		base = emptyState(key, policy, now)
+	}
+	out := Acquisition{Key: base.Key, KeyHash: base.KeyHash}
+	blocked := func(reason Reason, active, limit int) Acquisition {
+		out.Kind, out.Reason, out.Active, out.Queued, out.Limit = KindBlocked, reason, active, len(base.Queued), limit
+		return out
+	}
+
+	own := indexActive(base.Active, req.JobID)
+	if own >= 0 && base.Active[own].LeaseExpiresAt.After(now) {
+		return blocked(ReasonAlreadyActive, len(base.Active), policy.MaxActive)
+	}
+	others := len(base.Active)
+	staleOthers := 0
+	for i := range base.Active {
+		if i == own {
+			others--
+			continue
+		}
+		if !base.Active[i].LeaseExpiresAt.After(now) {
+			staleOthers++
+		}
+	}
+	if staleOthers > 0 && policy.StalePolicy == Block && others >= policy.MaxActive {
+		return blocked(ReasonStaleBlocked, len(base.Active), policy.MaxActive)
+	}
+	live := others
+	if policy.StalePolicy == FailStale {
+		live -= staleOthers
+	}
+	isQueued := indexQueued(base.Queued, req.JobID) >= 0
+	if !isQueued && own < 0 && !req.Retry {
+		return blocked(ReasonNotQueued, live, policy.MaxQueuedPerKey)
+	}
+	if live >= policy.MaxActive {
+		return blocked(ReasonActiveLimit, live, policy.MaxActive)
+	}
+
+	next := base.clone()
+	next.Active = next.Active[:0]
+	taken := 0
+	for i, slot := range base.Active {
+		switch {
+		case i == own:
+			taken++
+		case policy.StalePolicy == FailStale && !slot.LeaseExpiresAt.After(now):
+			taken++
+			out.Stale = append(out.Stale, slot)
+		default:
+			next.Active = append(next.Active, slot)
+		}
+	}
+	if isQueued {
+		next.Queued = next.Queued[:0]
+		for _, q := range base.Queued {
+			if q.JobID != req.JobID {
+				next.Queued = append(next.Queued, q)
+			}
+		}
+	}
+	expires := now.Add(policy.HeartbeatTTL).Truncate(time.Millisecond)
+	next.Active = append(next.Active, ActiveSlot{
+		JobID:          req.JobID,
+		SlotToken:      slotToken,
+		InstanceID:     req.InstanceID,
+		StartedAt:      now,
+		HeartbeatAt:    now,
+		LeaseExpiresAt: expires,
+		Tries:          req.Tries,
+		Context:        wireContext(req.Context, req.JobID, slotToken),
+	})
+	next.MaxActive = policy.MaxActive
+	next.MaxQueuedPerKey = policy.MaxQueuedPerKey
+	next.StaleTakeoverCount += taken
+	next.UpdatedAt = now
+	out.Kind, out.State = KindAcquired, next
+	out.Lease = Lease{
+		Service: next.Service, JobType: next.JobType, JobID: req.JobID,
+		Key: next.Key, KeyHash: next.KeyHash, SlotToken: slotToken,
+		Policy: policy, LeaseExpiresAt: expires,
+	}
+	return out
+}
+
+// ReduceRenew extends the lease of the slot that matches lease.JobID and
+// lease.SlotToken by lease.Policy.HeartbeatTTL from now, or reports it lost.
+// Pure.
+func ReduceRenew(state *KeyState, lease Lease, now time.Time) Renewal {
+	now = jsNow(now)
+	if state == nil {
+		return Renewal{Kind: KindLost}
+	}
+	for i := range state.Active {
+		slot := &state.Active[i]
+		if slot.JobID != lease.JobID || slot.SlotToken != lease.SlotToken {
+			continue
+		}
+		next := state.clone()
+		expires := now.Add(lease.Policy.HeartbeatTTL).Truncate(time.Millisecond)
+		next.Active[i].HeartbeatAt = now
+		next.Active[i].LeaseExpiresAt = expires
+		next.UpdatedAt = now
+		return Renewal{Kind: KindRenewed, LeaseExpiresAt: expires, State: next}
+	}
+	return Renewal{Kind: KindLost}
+}
+
+// ReduceRelease frees the slot that matches lease.JobID and
+// lease.SlotToken, or reports a stale completion when it is gone. Pure.
+func ReduceRelease(state *KeyState, lease Lease, now time.Time) Release {
+	now = jsNow(now)
+	if state == nil {
+		return Release{Kind: KindStaleCompletion}
+	}
+	for i := range state.Active {
+		slot := &state.Active[i]
+		if slot.JobID != lease.JobID || slot.SlotToken != lease.SlotToken {
+			continue
+		}
+		next := state.clone()
+		next.Active = append(next.Active[:i], next.Active[i+1:]...)
+		next.UpdatedAt = now
+		return Release{Kind: KindReleased, State: next}
+	}
+	return Release{Kind: KindStaleCompletion}
+}
+
+// ReduceRemoveQueued removes job jobID from the queue, or reports it not
+// found. Pure.
+func ReduceRemoveQueued(state *KeyState, jobID string, now time.Time) Removal {
+	now = jsNow(now)
+	if state == nil {
+		return Removal{Kind: KindNotFound}
+	}
+	i := indexQueued(state.Queued, jobID)
+	if i < 0 {
+		return Removal{Kind: KindNotFound}
+	}
+	next := state.clone()
+	next.Queued = next.Queued[:0]
+	for _, q := range state.Queued {
+		if q.JobID != jobID {
+			next.Queued = append(next.Queued, q)
+		}
+	}
+	next.UpdatedAt = now
+	return Removal{Kind: KindRemoved, State: next}
+}

@@ -1,0 +1,135 @@
+package jobkeys
+
+import (
+	"context"
+	"fmt"
+	"sync"
+)
+
+// MemoryStoreMaxValueSizeDefault is the value size limit of a [MemoryStore],
+// the same as a NATS server's default max_payload.
+const MemoryStoreMaxValueSizeDefault = 1 << 20
+
+// MemoryStore is a [Store] in process memory, with the same revision and
+// compare-and-swap rules as [NATSStore]: one revision counter per store,
+// deleted keys may be created again. It suits tests and single-process use.
+// The zero value is not usable; call [NewMemoryStore]. It is safe for
+// concurrent use.
+type MemoryStore struct {
+	mu           sync.Mutex
+	rev          uint64
+	buckets      map[string]map[string]memoryEntry
+	maxValueSize int
+	watchers     []*memoryWatcher
+}
+
+type memoryEntry struct {
+	value   []byte // nil for a delete marker
+	rev     uint64
+	deleted bool
+}
+
+var _ Store = (*MemoryStore)(nil)
+
+// NewMemoryStore returns an empty store with a value size limit of
+// MemoryStoreMaxValueSizeDefault.
+func NewMemoryStore() *MemoryStore {
+	return &MemoryStore{buckets: make(map[string]map[string]memoryEntry), maxValueSize: MemoryStoreMaxValueSizeDefault}
+}
+
+// SetMaxValueSize sets the largest value the store accepts, in bytes.
+// n must be positive.
+func (m *MemoryStore) SetMaxValueSize(n int) error {
+	if n <= 0 {
+		return fmt.Errorf("%w: max value size %d is not positive", ErrInvalidRequest, n)
+	}
+	m.mu.Lock()
+	m.maxValueSize = n
+	m.mu.Unlock()
+	return nil
+}
+
+// Get implements [Store].
+func (m *MemoryStore) Get(ctx context.Context, service, key string) ([]byte, uint64, error) {
+	if err := ctx.Err(); err != nil {
+		return nil, 0, err
+	}
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	e, ok := m.buckets[service][key]
+	if !ok || e.deleted {
+		return nil, 0, fmt.Errorf("%w: %s in bucket of service %q", ErrKeyNotFound, key, service)
+	}
+	return append([]byte(nil), e.value...), e.rev, nil
+}
+
+// Create implements [Store].
+func (m *MemoryStore) Create(ctx context.Context, service, key string, value []byte) (uint64, error) {
+	return m.write(ctx, service, key, value, 0, true)
+}
+
+// Update implements [Store].
+func (m *MemoryStore) Update(ctx context.Context, service, key string, value []byte, revision uint64) (uint64, error) {
+	return m.write(ctx, service, key, value, revision, false)
+}
+
+func (m *MemoryStore) write(ctx context.Context, service, key string, value []byte, revision uint64, create bool) (uint64, error) {
+	if err := ctx.Err(); err != nil {
+		return 0, err
+	}
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if len(value) > m.maxValueSize {
+		return 0, fmt.Errorf("%w: %d bytes exceed the memory store's limit of %d", ErrStateTooLarge, len(value), m.maxValueSize)
+	}
+	b := m.buckets[service]
+	e, ok := b[key]
+	switch {
+	case create && ok && !e.deleted:
+		return 0, fmt.Errorf("%w: %s exists at revision %d", ErrRevisionConflict, key, e.rev)
+	case !create && (!ok || e.deleted || e.rev != revision):
+		return 0, fmt.Errorf("%w: %s is not at revision %d", ErrRevisionConflict, key, revision)
+	}
+	if b == nil {
+		b = make(map[string]memoryEntry)
+		m.buckets[service] = b
+	}
+	m.rev++
+	b[key] = memoryEntry{value: append([]byte(nil), value...), rev: m.rev}
+	m.notify(service, key, value, m.rev, false)
+	return m.rev, nil
+}
+
+// Delete implements [Store].
+func (m *MemoryStore) Delete(ctx context.Context, service, key string, revision uint64) error {
+	if err := ctx.Err(); err != nil {
+		return err
+	}
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	b := m.buckets[service]
+	e, ok := b[key]
+	if !ok || e.deleted || e.rev != revision {
+		return fmt.Errorf("%w: %s is not at revision %d", ErrRevisionConflict, key, revision)
+	}
+	m.rev++
+	b[key] = memoryEntry{rev: m.rev, deleted: true}
+	m.notify(service, key, nil, m.rev, true)
+	return nil
+}
+
+// memoryWatcher is a hook for watches over a MemoryStore; see notify.
+type memoryWatcher struct {
+	service string
+	fn      func(key string, value []byte, rev uint64, deleted bool)
+}
+
+// notify tells watchers of service about a change. Called with m.mu held;
+// watcher functions must not block or call back into the store.
+func (m *MemoryStore) notify(service, key string, value []byte, rev uint64, deleted bool) {
+	for _, w := range m.watchers {
+		if w.service == service {
+			w.fn(key, value, rev, deleted)
+		}
+	}
+}
