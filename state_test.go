@@ -626,7 +626,7 @@ func TestStateTimestampAtTheEdgeOfTheYearRange(t *testing.T) {
 	t.Parallel()
 	base := readStateVector(t, "ts-two-queued.json")
 	for _, ts := range []string{
-		"0000-01-01T00:00:00+00:01",    // -0001-12-31T23:59:00Z
+		"0000-01-01T00:00:00+00:01",     // -0001-12-31T23:59:00Z
 		"9999-12-31T23:59:59.999-00:01", // +010000-01-01T00:00:59.999Z
 		"0000-01-01T00:00:00Z",
 		"9999-12-31T23:59:59.999Z",
