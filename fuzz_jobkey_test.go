@@ -1,0 +1,255 @@
+package jobkeys
+
+import (
+	"bytes"
+	"crypto/sha256"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"math"
+	"regexp"
+	"strconv"
+	"strings"
+	"testing"
+	"unicode/utf8"
+)
+
+// The fuzz targets run their seeds (f.Add and testdata/fuzz/<Name>) as
+// ordinary tests under go test; go test -fuzz=FuzzDeriveKey explores further.
+
+// encodingJSONAgrees reports whether encoding/json decodes text as
+// JavaScript does, so that it can serve as an oracle: valid UTF-8, no
+// surrogate escapes, no byte order mark and nesting within its limit.
+func encodingJSONAgrees(text []byte) bool {
+	return utf8.Valid(text) && !surrogateEscape.Match(text) && !bytes.HasPrefix(text, []byte("\xef\xbb\xbf")) &&
+		bytes.Count(text, []byte("["))+bytes.Count(text, []byte("{")) < 9000
+}
+
+func FuzzResolvePointer(f *testing.F) {
+	for _, seed := range []struct{ text, pointer string }{
+		{`{"a":[1,{"b":"c"}]}`, "/a/1/b"},
+		{`{"":{"":"deep"}}`, "//"},
+		{`{"a/b":{"m~n":"v"}}`, "/a~1b/m~0n"},
+		{`{"a":1,"a":2}`, "/a"},
+		{`{"caf\u00e9":"x","\ud800":"lone"}`, "/café"},
+		{`[10,20,30]`, "/01"},
+		{`[10,20,30]`, "/2"},
+		{`{"x":"}\"]"  ,  "y" : [ {} , [] ]}`, "/y/1"},
+		{"\xef\xbb\xbf{\"a\":true}", "/a"},
+		{`{"a":1e400}`, "/a"},
+		{`{"a":1,}`, "/a"},
+		{`{"a~2":1}`, "/a~2"},
+	} {
+		f.Add([]byte(seed.text), seed.pointer)
+	}
+	f.Fuzz(func(t *testing.T, data []byte, pointer string) {
+		_, perr := parsePointer(pointer)
+		if cerr := checkPointer(pointer); (cerr == nil) != (perr == nil) {
+			t.Fatalf("checkPointer(%q) = %v but parsePointer = %v", pointer, cerr, perr)
+		}
+		if perr != nil && !errors.Is(perr, ErrInvalidPolicy) {
+			t.Fatalf("parsePointer(%q) = %v, not an ErrInvalidPolicy", pointer, perr)
+		}
+		text := trimBOM(data)
+		err := checkJSONText(text)
+		if encodingJSONAgrees(data) && (err == nil) != json.Valid(data) {
+			t.Fatalf("checkJSONText(%q) = %v, json.Valid = %v", data, err, json.Valid(data))
+		}
+		if err != nil || perr != nil {
+			return
+		}
+		pos, ok, _ := resolveText(text, pointer, nil)
+		if ok {
+			if err := checkJSONText(text[pos:valueEnd(text, pos)]); err != nil {
+				t.Fatalf("resolveText(%q, %q) stopped inside a value: %v", text, pointer, err)
+			}
+		}
+		if encodingJSONAgrees(text) {
+			checkResolveTextAgrees(t, text, pointer)
+		}
+	})
+}
+
+var lowerHex64 = regexp.MustCompile(`^[0-9a-f]{64}$`)
+
+// oracleKey derives the key of payload under template with encoding/json
+// decoding the payload, where encodingJSONAgrees says it can. ok is false
+// where a pointer does not resolve to a key segment.
+func oracleKey(t *testing.T, text []byte, template []string) (key, keyHash string, ok bool) {
+	dec := json.NewDecoder(bytes.NewReader(text))
+	dec.UseNumber()
+	var doc any
+	if err := dec.Decode(&doc); err != nil {
+		t.Fatalf("encoding/json cannot decode %q: %v", text, err)
+	}
+	var keyParts []string
+	hashed := []byte(`{"version":1,"segments":[`)
+	for i, seg := range template {
+		if i > 0 {
+			hashed = append(hashed, ',')
+		}
+		if !strings.HasPrefix(seg, "/") {
+			keyParts = append(keyParts, seg)
+			hashed = appendJSString(hashed, seg)
+			continue
+		}
+		tokens, err := parsePointer(seg)
+		if err != nil {
+			t.Fatal(err)
+		}
+		v, found := resolvePointer(doc, tokens)
+		if !found {
+			return "", "", false
+		}
+		switch v := v.(type) {
+		case string:
+			keyParts = append(keyParts, v)
+			hashed = appendJSString(hashed, v)
+		case bool:
+			keyParts = append(keyParts, strconv.FormatBool(v))
+			hashed = strconv.AppendBool(hashed, v)
+		case json.Number:
+			f, _ := strconv.ParseFloat(string(v), 64)
+			if math.IsInf(f, 0) {
+				return "", "", false
+			}
+			s := string(appendJSNumber(nil, f))
+			keyParts = append(keyParts, s)
+			hashed = append(hashed, s...)
+		default:
+			return "", "", false
+		}
+	}
+	sum := sha256.Sum256(append(hashed, "]}"...))
+	return strings.Join(keyParts, ":"), hex.EncodeToString(sum[:]), true
+}
+
+func FuzzDeriveKey(f *testing.F) {
+	for _, seed := range []struct{ payload, template string }{
+		{`{"t":"tenant","s":"zendesk","n":42,"b":true}`, "/t,/s,/n,/b"},
+		{`{"v":0.1,"w":1e21,"x":1e-7,"y":-0,"z":12345678901234567890}`, "/v,/w,/x,/y,/z"},
+		{`{"v":"\ud800\ud83d\ude00\u2028<>&\u007f\u0000"}`, "pre,/v"},
+		{`{"v":"a\"b\\c"}`, "lit\"eral,/v"},
+		{`{"":{"":"deep"}}`, "//,/"},
+		{`{"a":[1,2]}`, "/a/01"},
+		{`{"a":null}`, "/a"},
+		{`{"a":1e400}`, "/a"},
+		{"{\"v\":\"\xff\xe2\x82\"}", "/v"},
+		{`not json`, "lit"},
+		{`{}`, ""},
+		{`{"café":true}`, "/café,:,/"},
+	} {
+		f.Add([]byte(seed.payload), seed.template)
+	}
+	f.Fuzz(func(t *testing.T, payload []byte, templateText string) {
+		template := strings.Split(templateText, ",")
+		k, err := DeriveKey("svc", "job", payload, template)
+		if err != nil {
+			if !errors.Is(err, ErrInvalidKey) && !errors.Is(err, ErrInvalidPolicy) {
+				t.Fatalf("error %v wraps neither ErrInvalidKey nor ErrInvalidPolicy", err)
+			}
+		}
+		k2, err2 := DeriveKey("svc", "job", json.RawMessage(payload), template)
+		if k2 != k || (err2 == nil) != (err == nil) || (err != nil && err.Error() != err2.Error()) {
+			t.Fatalf("not deterministic: %+v, %v then %+v, %v", k, err, k2, err2)
+		}
+		policyOK := true
+		for _, seg := range template {
+			policyOK = policyOK && utf8.ValidString(seg) && (!strings.HasPrefix(seg, "/") || checkPointer(seg) == nil)
+		}
+		text := trimBOM(payload)
+		if policyOK && checkJSONText(text) == nil && encodingJSONAgrees(text) {
+			key, keyHash, ok := oracleKey(t, text, template)
+			if ok != (err == nil) {
+				t.Fatalf("DeriveKey(%q, %q) = %v, but encoding/json resolves ok=%v", payload, template, err, ok)
+			}
+			if ok && (k.Key != key || k.KeyHash != keyHash) {
+				t.Fatalf("DeriveKey(%q, %q) = %q %s, encoding/json oracle = %q %s", payload, template, k.Key, k.KeyHash, key, keyHash)
+			}
+		}
+		if err != nil {
+			return
+		}
+		if !lowerHex64.MatchString(k.KeyHash) {
+			t.Fatalf("KeyHash %q is not 64 lowercase hex digits", k.KeyHash)
+		}
+		if k.KVKey != "svc.job."+k.KeyHash || k.KVKey != kvKeyFor(k.Service, k.JobType, k.KeyHash) {
+			t.Fatalf("KVKey %q does not match KeyHash %q", k.KVKey, k.KeyHash)
+		}
+		if k.Service != "svc" || k.JobType != "job" {
+			t.Fatalf("names changed: %+v", k)
+		}
+		parts := make([]string, len(template))
+		for i, seg := range template {
+			one, err := DeriveKey("svc", "job", payload, []string{seg})
+			if err != nil {
+				t.Fatalf("segment %q alone fails: %v", seg, err)
+			}
+			parts[i] = one.Key
+		}
+		if joined := strings.Join(parts, ":"); joined != k.Key {
+			t.Fatalf("Key %q is not the join of its segments %q", k.Key, joined)
+		}
+		if !surrogateEscape.Match(payload) && !utf8.ValidString(k.Key) {
+			t.Fatalf("Key %q is not valid UTF-8 though the payload has no surrogate escapes", k.Key)
+		}
+	})
+}
+
+func FuzzJSNumber(f *testing.F) {
+	for _, x := range []float64{0, math.Copysign(0, -1), 0.1, 1e21, 1e-7, 123e-20, 5e-324, math.MaxFloat64, 1 << 53, 100, 1e20, math.Inf(1), math.NaN()} {
+		f.Add(math.Float64bits(x))
+	}
+	f.Fuzz(func(t *testing.T, bits uint64) {
+		x := math.Float64frombits(bits)
+		s := string(appendJSNumber(nil, x))
+		if math.IsNaN(x) || math.IsInf(x, 0) {
+			return
+		}
+		back, err := strconv.ParseFloat(s, 64)
+		if err != nil || back != x {
+			t.Fatalf("appendJSNumber(%v) = %q reads back as %v, %v", x, s, back, err)
+		}
+		if !json.Valid([]byte(s)) {
+			t.Fatalf("appendJSNumber(%v) = %q is not a JSON number", x, s)
+		}
+		// ECMA-262 Number::toString: exponent notation below 1e-6 and from 1e21.
+		abs := math.Abs(x)
+		if exp := strings.Contains(s, "e"); exp != (abs != 0 && (abs < 1e-6 || abs >= 1e21)) {
+			t.Fatalf("appendJSNumber(%v) = %q: wrong notation", x, s)
+		}
+		// The same significant digits as Go's shortest formatting.
+		sig := func(s string) string {
+			s, _, _ = strings.Cut(strings.TrimPrefix(s, "-"), "e")
+			return strings.TrimRight(strings.TrimLeft(strings.ReplaceAll(s, ".", ""), "0"), "0")
+		}
+		if shortest := strconv.FormatFloat(x, 'e', -1, 64); sig(s) != sig(shortest) {
+			t.Fatalf("appendJSNumber(%v) = %q, digits differ from %s", x, s, shortest)
+		}
+	})
+}
+
+func FuzzJSString(f *testing.F) {
+	for _, s := range []string{"", "a\"b\\c", "\x00\x1f\x7f", "\u2028<>&😀", "\xed\xa0\x80", "\xed\xa0\xbd\xed\xb8\x80", "\xff\xe2\x82A", "\xf0\x9f\x98"} {
+		f.Add(s)
+	}
+	f.Fuzz(func(t *testing.T, s string) {
+		out := appendJSString(nil, s)
+		if !json.Valid(out) {
+			t.Fatalf("appendJSString(%q) = %s is not valid JSON", s, out)
+		}
+		value := appendStringValue(nil, out[1:len(out)-1])
+		if utf8.ValidString(s) {
+			var back string
+			if err := json.Unmarshal(out, &back); err != nil || back != s {
+				t.Fatalf("appendJSString(%q) = %s reads back as %q, %v", s, out, back, err)
+			}
+			if string(value) != s {
+				t.Fatalf("appendStringValue(%s) = %q, want %q", out, value, s)
+			}
+		}
+		if again := appendJSString(nil, string(value)); !bytes.Equal(again, out) {
+			t.Fatalf("quoting is not stable: %q -> %s -> %q -> %s", s, out, value, again)
+		}
+	})
+}
