@@ -89,8 +89,9 @@ func (p Policy) Normalize() (Policy, error) {
 			return Policy{}, policyError("Key", fmt.Sprintf("segment %d is empty", i))
 		}
 		if seg[0] == '/' {
-			if _, err := parsePointer(seg); err != nil {
-				return Policy{}, fmt.Errorf("%w: field Key: segment %d: %w", ErrInvalidPolicy, i, err)
+			if err := checkPointer(seg); err != nil {
+				// err wraps ErrInvalidPolicy and names the pointer.
+				return Policy{}, fmt.Errorf("%w (field Key, segment %d)", err, i)
 			}
 		}
 	}
