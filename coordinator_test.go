@@ -1,0 +1,826 @@
+package jobkeys
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/jobkeys/jobkeys/internal/natstest"
+)
+
+const cJobType = "sync"
+
+var cPayload = []byte(`{"tenant":"acme","n":1}`)
+
+func cPolicy() Policy {
+	return Policy{Key: []string{"tenant", "/tenant"}, MaxActive: 1, MaxQueuedPerKey: 4}
+}
+
+func cAdmit(svc, id string, p Policy) AdmitRequest {
+	return AdmitRequest{Service: svc, JobType: cJobType, JobID: id, Payload: cPayload, Context: rctx(id), Policy: p}
+}
+
+func cAcquire(svc, id string, p Policy, retry bool) AcquireRequest {
+	return AcquireRequest{Service: svc, JobType: cJobType, JobID: id, Payload: cPayload, Context: rctx(id), Policy: p, Retry: retry, Tries: 1}
+}
+
+func cKey(t testing.TB, svc string) JobKey {
+	t.Helper()
+	k, err := DeriveKey(svc, cJobType, cPayload, cPolicy().Key)
+	jkNoErr(t, err)
+	return k
+}
+
+func cCoordinator(t testing.TB, st Store, cfg *Config) *KeyCoordinator {
+	t.Helper()
+	c, err := NewCoordinator(st, cfg)
+	jkNoErr(t, err)
+	return c
+}
+
+// coordBackend is a store the coordinator tests run on.
+type coordBackend struct {
+	name string
+	// open returns a store, a fresh service, and a way to open a second
+	// store on the same data (for NATS, over another connection).
+	open        func(t *testing.T) (st Store, svc string, another func(t *testing.T) Store)
+	openLimited func(t *testing.T, maxValueSize int) (Store, string)
+}
+
+func coordBackends(t *testing.T) []coordBackend {
+	t.Helper()
+	n := startJKNATS(t)
+	return []coordBackend{
+		{
+			name: "Memory",
+			open: func(t *testing.T) (Store, string, func(*testing.T) Store) {
+				m := NewMemoryStore()
+				return m, jkService("coord"), func(*testing.T) Store { return m }
+			},
+			openLimited: memoryHarness().openLimited,
+		},
+		{
+			name: "NATS",
+			open: func(t *testing.T) (Store, string, func(*testing.T) Store) {
+				return n.store(t), jkService("coord"), func(t *testing.T) Store {
+					_, js := natstest.Connect(t, n.srv)
+					st, err := NewNATSStore(js, WithCreateBuckets(jetstream.MemoryStorage, 1))
+					jkNoErr(t, err)
+					return st
+				}
+			},
+			openLimited: n.harness().openLimited,
+		},
+	}
+}
+
+// stored returns the bytes and revision under the test key.
+func stored(t testing.TB, st Store, svc, kvKey string) ([]byte, uint64) {
+	t.Helper()
+	v, rev, err := st.Get(context.Background(), svc, kvKey)
+	jkNoErr(t, err, "Get %s", kvKey)
+	return v, rev
+}
+
+func storedState(t testing.TB, st Store, svc, kvKey string) *KeyState {
+	t.Helper()
+	v, _ := stored(t, st, svc, kvKey)
+	s, err := ParseState(v)
+	jkNoErr(t, err, "stored state")
+	return s
+}
+
+func queuedIDs(s *KeyState) []string {
+	ids := []string{}
+	for _, q := range s.Queued {
+		ids = append(ids, q.JobID)
+	}
+	return ids
+}
+
+func activeJobIDs(s *KeyState) []string {
+	ids := []string{}
+	for _, a := range s.Active {
+		ids = append(ids, a.JobID)
+	}
+	return ids
+}
+
+// everyOperation calls each coordinator method once on the test key and
+// returns the errors by method name.
+func everyOperation(ctx context.Context, c *KeyCoordinator, key JobKey) map[string]error {
+	p := cPolicy()
+	np, _ := p.Normalize()
+	lease := Lease{Service: key.Service, JobType: key.JobType, JobID: "j1", Key: key.Key, KeyHash: key.KeyHash, SlotToken: "tok-1", Policy: np}
+	errs := map[string]error{}
+	_, errs["Admit"] = c.Admit(ctx, cAdmit(key.Service, "j9", p))
+	_, errs["Acquire"] = c.Acquire(ctx, cAcquire(key.Service, "j1", p, true))
+	_, errs["Renew"] = c.Renew(ctx, RenewRequest{Lease: lease})
+	_, errs["Release"] = c.Release(ctx, ReleaseRequest{Lease: lease})
+	_, errs["RemoveQueued"] = c.RemoveQueued(ctx, RemoveRequest{Service: key.Service, JobType: cJobType, JobID: "j1", Payload: cPayload, Policy: p})
+	_, errs["RestoreReplaced"] = c.RestoreReplaced(ctx, RestoreRequest{Service: key.Service, JobType: cJobType, ReplacementJobID: "j9",
+		Replaced: ReplacedJob{JobRef: JobRef{Service: key.Service, JobType: cJobType, ID: "j1"}, CreatedAt: rt0, RequestID: "r", Context: rctx("j1")},
+		Payload:  cPayload, Policy: p})
+	return errs
+}
+
+// checkStateErr checks that err is a *StateError for kvKey wrapping sentinel.
+func checkStateErr(t testing.TB, what string, err, sentinel error, kvKey string) {
+	t.Helper()
+	jkTrue(t, errors.Is(err, sentinel), "%s: want %v, got %v", what, sentinel, err)
+	var se *StateError
+	jkTrue(t, errors.As(err, &se), "%s: not a *StateError: %v", what, err)
+	jkEqual(t, kvKey, se.KVKey, "%s: StateError.KVKey", what)
+	jkTrue(t, se.Err == sentinel, "%s: StateError.Err is %v, want %v", what, se.Err, sentinel)
+	jkTrue(t, strings.Contains(err.Error(), kvKey), "%s: error does not name the KV key: %v", what, err)
+}
+
+// stateDoc is a valid state document for key with one queued job j1,
+// changed by f.
+func stateDoc(t testing.TB, key JobKey, f func(*KeyState)) []byte {
+	t.Helper()
+	s := &KeyState{Version: 1, Service: key.Service, JobType: key.JobType, Key: key.Key, KeyHash: key.KeyHash,
+		MaxActive: 1, MaxQueuedPerKey: 4, Queued: []QueuedJob{rq("j1", rt0)}, UpdatedAt: rt0}
+	if f != nil {
+		f(s)
+	}
+	return encodeState(t, s)
+}
+
+func TestCoordinatorCorruptState(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	for _, b := range coordBackends(t) {
+		t.Run(b.name, func(t *testing.T) {
+			t.Parallel()
+			st, svc, _ := b.open(t)
+			key := cKey(t, svc)
+			good := stateDoc(t, key, nil)
+			bad := map[string][]byte{
+				"not JSON":           []byte("not json at all"),
+				"truncated":          good[:len(good)/2],
+				"empty object":       []byte("{}"),
+				"version 2":          bytes.Replace(good, []byte(`"version":1`), []byte(`"version":2`), 1),
+				"maxActive 1.5":      bytes.Replace(good, []byte(`"maxActive":1`), []byte(`"maxActive":1.5`), 1),
+				"queued entry empty": bytes.Replace(good, []byte(`"queued":[`), []byte(`"queued":[{},`), 1),
+			}
+			for name, value := range bad {
+				t.Run(name, func(t *testing.T) {
+					jkTrue(t, tsCheckStateJSON(value) != "", "test bug: %s is valid", name)
+					svc := jkService("corrupt")
+					key := cKey(t, svc)
+					_, err := st.Create(ctx, svc, key.KVKey, value)
+					jkNoErr(t, err)
+					before, rev := stored(t, st, svc, key.KVKey)
+					c := cCoordinator(t, st, nil)
+					for op, err := range everyOperation(ctx, c, key) {
+						checkStateErr(t, op, err, ErrCorruptState, key.KVKey)
+					}
+					after, rev2 := stored(t, st, svc, key.KVKey)
+					jkEqual(t, string(before), string(after), "corrupt state was changed")
+					jkEqual(t, rev, rev2, "corrupt state was rewritten")
+				})
+			}
+
+			// A coordinator with a warm cache finds the corruption too, on
+			// writing and on non-writing outcomes.
+			t.Run("behind a warm cache", func(t *testing.T) {
+				c := cCoordinator(t, st, nil)
+				p := cPolicy()
+				_, err := c.Admit(ctx, cAdmit(svc, "j1", p))
+				jkNoErr(t, err)
+				_, rev := stored(t, st, svc, key.KVKey)
+				rev, err = st.Update(ctx, svc, key.KVKey, []byte("garbage"), rev)
+				jkNoErr(t, err)
+				_, err = c.Admit(ctx, cAdmit(svc, "j2", p))
+				checkStateErr(t, "Admit", err, ErrCorruptState, key.KVKey)
+				_, err = c.Admit(ctx, cAdmit(svc, "j1", p)) // AlreadyPresent per the cache
+				checkStateErr(t, "Admit of a cached job", err, ErrCorruptState, key.KVKey)
+				_, err = c.Acquire(ctx, cAcquire(svc, "j7", p, false)) // not-queued per the cache
+				checkStateErr(t, "Acquire", err, ErrCorruptState, key.KVKey)
+				v, rev2 := stored(t, st, svc, key.KVKey)
+				jkEqual(t, "garbage", string(v))
+				jkEqual(t, rev, rev2)
+			})
+		})
+	}
+}
+
+func TestCoordinatorForeignState(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	for _, b := range coordBackends(t) {
+		t.Run(b.name, func(t *testing.T) {
+			t.Parallel()
+			st, _, _ := b.open(t)
+			for name, f := range map[string]func(*KeyState){
+				"another key hash": func(s *KeyState) { s.KeyHash = strings.Repeat("0", 64) },
+				"another service":  func(s *KeyState) { s.Service = "someone-else" },
+				"another job type": func(s *KeyState) { s.JobType = "other" },
+			} {
+				t.Run(name, func(t *testing.T) {
+					svc := jkService("foreign")
+					key := cKey(t, svc)
+					doc := stateDoc(t, key, f)
+					jkEqual(t, "", tsCheckStateJSON(doc), "test bug: the foreign state should be valid")
+					_, err := st.Create(ctx, svc, key.KVKey, doc)
+					jkNoErr(t, err)
+					before, rev := stored(t, st, svc, key.KVKey)
+					c := cCoordinator(t, st, nil)
+					for op, err := range everyOperation(ctx, c, key) {
+						checkStateErr(t, op, err, ErrForeignState, key.KVKey)
+					}
+					after, rev2 := stored(t, st, svc, key.KVKey)
+					jkEqual(t, string(before), string(after), "foreign state was changed")
+					jkEqual(t, rev, rev2, "foreign state was rewritten")
+				})
+			}
+		})
+	}
+}
+
+func TestCoordinatorStateTooLarge(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	for _, b := range coordBackends(t) {
+		t.Run(b.name, func(t *testing.T) {
+			t.Parallel()
+			st, svc := b.openLimited(t, 2048)
+			key := cKey(t, svc)
+			c := cCoordinator(t, st, nil)
+			p := Policy{Key: cPolicy().Key, MaxActive: 1, MaxQueuedPerKey: 1000}
+			accepted := 0
+			var err error
+			var before []byte
+			var rev uint64
+			for i := 0; i < 1000; i++ {
+				if accepted > 0 {
+					before, rev = stored(t, st, svc, key.KVKey)
+				}
+				var adm Admission
+				adm, err = c.Admit(ctx, cAdmit(svc, fmt.Sprintf("job-%03d", i), p))
+				if err != nil {
+					break
+				}
+				jkEqual(t, KindAccepted, adm.Kind)
+				accepted++
+			}
+			jkTrue(t, err != nil, "1000 admissions fit in 2048 bytes")
+			jkTrue(t, accepted > 3, "only %d admissions fit", accepted)
+			checkStateErr(t, "Admit over the size limit", err, ErrStateTooLarge, key.KVKey)
+			_, isStateErr := err.(*StateError)
+			jkTrue(t, isStateErr, "the error is %T, want *StateError", err)
+			after, rev2 := stored(t, st, svc, key.KVKey)
+			jkEqual(t, string(before), string(after), "state changed by a failed write")
+			jkEqual(t, rev, rev2)
+			jkEqual(t, accepted, len(storedState(t, st, svc, key.KVKey).Queued))
+
+			// The key is not stuck: an operation that shrinks the state works.
+			rem, err := c.RemoveQueued(ctx, RemoveRequest{Service: svc, JobType: cJobType, JobID: "job-000", Payload: cPayload, Policy: p})
+			jkNoErr(t, err)
+			jkEqual(t, KindRemoved, rem.Kind)
+			jkEqual(t, accepted-1, len(storedState(t, st, svc, key.KVKey).Queued))
+		})
+	}
+}
+
+// faultStore wraps a Store: while failing is set, Create, Update and Delete
+// report a revision conflict without writing (the store of a key that
+// every other writer always wins). onConflict, if set, runs on each.
+type faultStore struct {
+	Store
+	failing    atomic.Bool
+	writes     atomic.Int64
+	onConflict func(n int64)
+}
+
+func (f *faultStore) conflict(op, key string) error {
+	n := f.writes.Add(1)
+	if f.onConflict != nil {
+		f.onConflict(n)
+	}
+	return fmt.Errorf("%w: injected on %s %s", ErrRevisionConflict, op, key)
+}
+
+func (f *faultStore) Create(ctx context.Context, svc, key string, v []byte) (uint64, error) {
+	if f.failing.Load() {
+		return 0, f.conflict("create", key)
+	}
+	return f.Store.Create(ctx, svc, key, v)
+}
+
+func (f *faultStore) Update(ctx context.Context, svc, key string, v []byte, rev uint64) (uint64, error) {
+	if f.failing.Load() {
+		return 0, f.conflict("update", key)
+	}
+	return f.Store.Update(ctx, svc, key, v, rev)
+}
+
+func (f *faultStore) Delete(ctx context.Context, svc, key string, rev uint64) error {
+	if f.failing.Load() {
+		return f.conflict("delete", key)
+	}
+	return f.Store.Delete(ctx, svc, key, rev)
+}
+
+func TestCoordinatorContention(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	p := cPolicy()
+	for _, attempts := range []int{1, 3, 10} {
+		t.Run(fmt.Sprintf("MaxAttempts=%d", attempts), func(t *testing.T) {
+			t.Parallel()
+			svc := jkService("contention")
+			key := cKey(t, svc)
+			fs := &faultStore{Store: NewMemoryStore()}
+			c := cCoordinator(t, fs, &Config{MaxAttempts: attempts, RetryBackoff: time.Microsecond, MaxRetryBackoff: 10 * time.Microsecond})
+
+			// Absent key.
+			fs.failing.Store(true)
+			_, err := c.Admit(ctx, cAdmit(svc, "j1", p))
+			jkTrue(t, errors.Is(err, ErrContention), "want ErrContention, got %v", err)
+			jkTrue(t, strings.Contains(err.Error(), key.KVKey), "error does not name the KV key: %v", err)
+			n := fs.writes.Load()
+			jkTrue(t, n >= int64(attempts) && n <= int64(attempts)+1, "%d write attempts for MaxAttempts %d", n, attempts)
+
+			// Existing key: the state stays as it was.
+			fs.failing.Store(false)
+			_, err = c.Admit(ctx, cAdmit(svc, "j1", p))
+			jkNoErr(t, err)
+			before, rev := stored(t, fs, svc, key.KVKey)
+			fs.failing.Store(true)
+			fs.writes.Store(0)
+			_, err = c.Acquire(ctx, cAcquire(svc, "j1", p, false))
+			jkTrue(t, errors.Is(err, ErrContention), "Acquire: want ErrContention, got %v", err)
+			n = fs.writes.Load()
+			jkTrue(t, n >= int64(attempts) && n <= int64(attempts)+1, "%d write attempts for MaxAttempts %d", n, attempts)
+			after, rev2 := stored(t, fs, svc, key.KVKey)
+			jkEqual(t, string(before), string(after))
+			jkEqual(t, rev, rev2)
+
+			// Once the contention ends the same coordinator carries on.
+			fs.failing.Store(false)
+			acq, err := c.Acquire(ctx, cAcquire(svc, "j1", p, false))
+			jkNoErr(t, err)
+			jkEqual(t, KindAcquired, acq.Kind)
+		})
+	}
+}
+
+func TestCoordinatorContextCancelledDuringContention(t *testing.T) {
+	t.Parallel()
+	p := cPolicy()
+
+	t.Run("cancelled by the store's caller mid-write", func(t *testing.T) {
+		t.Parallel()
+		ctx, cancel := context.WithCancel(context.Background())
+		defer cancel()
+		fs := &faultStore{Store: NewMemoryStore()}
+		fs.failing.Store(true)
+		fs.onConflict = func(n int64) {
+			if n == 3 {
+				cancel()
+			}
+		}
+		c := cCoordinator(t, fs, &Config{MaxAttempts: 1 << 20, RetryBackoff: time.Microsecond, MaxRetryBackoff: time.Microsecond})
+		_, err := c.Admit(ctx, cAdmit(jkService("cancel"), "j1", p))
+		jkTrue(t, err == context.Canceled, "want ctx.Err() unchanged, got %v", err)
+		jkEqual(t, int64(3), fs.writes.Load(), "write attempts after the cancel")
+	})
+
+	t.Run("cancelled during the backoff", func(t *testing.T) {
+		t.Parallel()
+		ctx, cancel := context.WithCancel(context.Background())
+		defer cancel()
+		fs := &faultStore{Store: NewMemoryStore()}
+		fs.failing.Store(true)
+		first := make(chan struct{})
+		var once sync.Once
+		fs.onConflict = func(int64) { once.Do(func() { close(first) }) }
+		c := cCoordinator(t, fs, &Config{MaxAttempts: 1 << 20, RetryBackoff: time.Hour, MaxRetryBackoff: time.Hour})
+		done := make(chan error, 1)
+		go func() {
+			_, err := c.Admit(ctx, cAdmit(jkService("cancel"), "j1", p))
+			done <- err
+		}()
+		<-first
+		cancel()
+		select {
+		case err := <-done:
+			jkTrue(t, err == context.Canceled, "want ctx.Err() unchanged, got %v", err)
+		case <-time.After(30 * time.Second):
+			t.Fatal("Admit did not return within 30s of its context being cancelled while backing off")
+		}
+	})
+
+	t.Run("deadline", func(t *testing.T) {
+		t.Parallel()
+		ctx, cancel := context.WithTimeout(context.Background(), 50*time.Millisecond)
+		defer cancel()
+		fs := &faultStore{Store: NewMemoryStore()}
+		fs.failing.Store(true)
+		c := cCoordinator(t, fs, &Config{MaxAttempts: 1 << 30, RetryBackoff: time.Millisecond, MaxRetryBackoff: 5 * time.Millisecond})
+		_, err := c.Admit(ctx, cAdmit(jkService("cancel"), "j1", p))
+		jkTrue(t, err == context.DeadlineExceeded, "want context.DeadlineExceeded, got %v", err)
+	})
+
+	t.Run("cancelled before the call", func(t *testing.T) {
+		t.Parallel()
+		ctx, cancel := context.WithCancel(context.Background())
+		cancel()
+		c := cCoordinator(t, NewMemoryStore(), nil)
+		svc := jkService("cancel")
+		_, err := c.Admit(ctx, cAdmit(svc, "j1", p))
+		jkTrue(t, err == context.Canceled, "Admit: %v", err)
+		_, err = c.Acquire(ctx, cAcquire(svc, "j1", p, true))
+		jkTrue(t, err == context.Canceled, "Acquire: %v", err)
+	})
+}
+
+func TestCoordinatorDeletesEmptyState(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	for _, b := range coordBackends(t) {
+		t.Run(b.name, func(t *testing.T) {
+			t.Parallel()
+			st, svc, _ := b.open(t)
+			key := cKey(t, svc)
+			c := cCoordinator(t, st, nil)
+			p := cPolicy()
+			gone := func(what string) {
+				t.Helper()
+				_, _, err := st.Get(ctx, svc, key.KVKey)
+				jkTrue(t, errors.Is(err, ErrKeyNotFound), "%s: the empty state was not deleted: %v", what, err)
+			}
+
+			_, err := c.Admit(ctx, cAdmit(svc, "j1", p))
+			jkNoErr(t, err)
+			acq, err := c.Acquire(ctx, cAcquire(svc, "j1", p, false))
+			jkNoErr(t, err)
+			jkEqual(t, KindAcquired, acq.Kind)
+			rel, err := c.Release(ctx, ReleaseRequest{Lease: acq.Lease})
+			jkNoErr(t, err)
+			jkEqual(t, KindReleased, rel.Kind)
+			gone("after the last release")
+
+			// Releasing again is a stale completion and writes nothing.
+			rel, err = c.Release(ctx, ReleaseRequest{Lease: acq.Lease})
+			jkNoErr(t, err)
+			jkEqual(t, KindStaleCompletion, rel.Kind)
+			gone("after a stale completion")
+
+			// A later admission recreates the state.
+			adm, err := c.Admit(ctx, cAdmit(svc, "j2", p))
+			jkNoErr(t, err)
+			jkEqual(t, KindAccepted, adm.Kind)
+			jkEqual(t, []string{"j2"}, queuedIDs(storedState(t, st, svc, key.KVKey)))
+
+			// Removing the only queued job deletes it again, and so does
+			// a second coordinator's admission afterwards recreate it.
+			rem, err := c.RemoveQueued(ctx, RemoveRequest{Service: svc, JobType: cJobType, JobID: "j2", Payload: cPayload, Policy: p})
+			jkNoErr(t, err)
+			jkEqual(t, KindRemoved, rem.Kind)
+			gone("after removing the last queued job")
+			c2 := cCoordinator(t, st, nil)
+			_, err = c2.Admit(ctx, cAdmit(svc, "j3", p))
+			jkNoErr(t, err)
+			// The first coordinator's cache says "deleted"; it must still see j3.
+			adm, err = c.Admit(ctx, cAdmit(svc, "j3", p))
+			jkNoErr(t, err)
+			jkTrue(t, adm.AlreadyPresent, "j3 admitted twice: %+v", adm)
+			jkEqual(t, []string{"j3"}, queuedIDs(storedState(t, st, svc, key.KVKey)))
+		})
+	}
+}
+
+// Coordinator A caches what it read and wrote; B changes the key behind
+// A's back. A must never report an outcome that rests on its stale cache.
+func TestCoordinatorCacheIsNotTrustedBlindly(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	for _, b := range coordBackends(t) {
+		t.Run(b.name, func(t *testing.T) {
+			t.Parallel()
+			st, svc, another := b.open(t)
+			key := cKey(t, svc)
+			clock := &jkClock{t: rt0}
+			a := cCoordinator(t, st, &Config{InstanceID: "A", Now: clock.Now})
+			bc := cCoordinator(t, another(t), &Config{InstanceID: "B", Now: clock.Now})
+			p := Policy{Key: cPolicy().Key, MaxActive: 1, MaxQueuedPerKey: 4, HeartbeatInterval: time.Second, HeartbeatTTL: 2 * time.Second}
+
+			// A fills the key: j1 running, j2 queued.
+			_, err := a.Admit(ctx, cAdmit(svc, "j1", p))
+			jkNoErr(t, err)
+			acq1, err := a.Acquire(ctx, cAcquire(svc, "j1", p, false))
+			jkNoErr(t, err)
+			jkEqual(t, KindAcquired, acq1.Kind)
+			_, err = a.Admit(ctx, cAdmit(svc, "j2", p))
+			jkNoErr(t, err)
+
+			// B frees the slot; A's cache still shows it taken.
+			rel, err := bc.Release(ctx, ReleaseRequest{Lease: acq1.Lease})
+			jkNoErr(t, err)
+			jkEqual(t, KindReleased, rel.Kind)
+			acq2, err := a.Acquire(ctx, cAcquire(svc, "j2", p, false))
+			jkNoErr(t, err)
+			jkEqual(t, KindAcquired, acq2.Kind, "A trusted its cache of a full key")
+
+			// B queues j3; A's write of j4 must keep it.
+			_, err = bc.Admit(ctx, cAdmit(svc, "j3", p))
+			jkNoErr(t, err)
+			_, err = a.Admit(ctx, cAdmit(svc, "j4", p))
+			jkNoErr(t, err)
+			jkEqual(t, []string{"j3", "j4"}, queuedIDs(storedState(t, st, svc, key.KVKey)), "A's write lost B's admission")
+
+			// B removes j4; A's cache still has it queued.
+			rem, err := bc.RemoveQueued(ctx, RemoveRequest{Service: svc, JobType: cJobType, JobID: "j4", Payload: cPayload, Policy: p})
+			jkNoErr(t, err)
+			jkEqual(t, KindRemoved, rem.Kind)
+			adm, err := a.Admit(ctx, cAdmit(svc, "j4", p))
+			jkNoErr(t, err)
+			jkTrue(t, adm.Kind == KindAccepted && !adm.AlreadyPresent, "A said j4 was already there: %+v", adm)
+			jkEqual(t, []string{"j3", "j4"}, queuedIDs(storedState(t, st, svc, key.KVKey)))
+			rem, err = bc.RemoveQueued(ctx, RemoveRequest{Service: svc, JobType: cJobType, JobID: "j4", Payload: cPayload, Policy: p})
+			jkNoErr(t, err)
+			jkEqual(t, KindRemoved, rem.Kind)
+			rem, err = a.RemoveQueued(ctx, RemoveRequest{Service: svc, JobType: cJobType, JobID: "j4", Payload: cPayload, Policy: p})
+			jkNoErr(t, err)
+			jkEqual(t, KindNotFound, rem.Kind, "A removed a job B had removed already")
+
+			// j2's lease lapses and B's j3 takes the slot over; A's renewal
+			// of j2 must come back lost, not renewed from the cache.
+			clock.Advance(3 * time.Second)
+			acq3, err := bc.Acquire(ctx, cAcquire(svc, "j3", p, false))
+			jkNoErr(t, err)
+			jkEqual(t, KindAcquired, acq3.Kind)
+			jkEqual(t, []string{"j2"}, activeJobIDs(&KeyState{Active: acq3.Stale}), "stale slots taken over")
+			ren, err := a.Renew(ctx, RenewRequest{Lease: acq2.Lease})
+			jkNoErr(t, err)
+			jkEqual(t, KindLost, ren.Kind, "A renewed a slot that was taken over")
+			rel, err = a.Release(ctx, ReleaseRequest{Lease: acq2.Lease})
+			jkNoErr(t, err)
+			jkEqual(t, KindStaleCompletion, rel.Kind)
+			jkEqual(t, []string{"j3"}, activeJobIDs(storedState(t, st, svc, key.KVKey)))
+
+			// B releases the last slot (the key is deleted); A's cache still
+			// shows j3 running.
+			rel, err = bc.Release(ctx, ReleaseRequest{Lease: acq3.Lease})
+			jkNoErr(t, err)
+			jkEqual(t, KindReleased, rel.Kind)
+			acq, err := a.Acquire(ctx, cAcquire(svc, "j5", p, true))
+			jkNoErr(t, err)
+			jkEqual(t, KindAcquired, acq.Kind, "A blocked on a slot that was released")
+		})
+	}
+}
+
+// A caller that changes an outcome's state (sorts it, trims it for
+// display) must not change what the coordinator writes next.
+func TestCoordinatorOutcomeStateIsTheCallers(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	st := NewMemoryStore()
+	svc := jkService("alias")
+	key := cKey(t, svc)
+	c := cCoordinator(t, st, nil)
+	p := cPolicy()
+	adm, err := c.Admit(ctx, cAdmit(svc, "j1", p))
+	jkNoErr(t, err)
+	jkTrue(t, adm.State != nil, "no state in the outcome")
+	adm.State.Queued[0].JobID = "changed-by-caller"
+	adm.State.Queued = adm.State.Queued[:0]
+	_, err = c.Admit(ctx, cAdmit(svc, "j2", p))
+	jkNoErr(t, err)
+	jkEqual(t, []string{"j1", "j2"}, queuedIDs(storedState(t, st, svc, key.KVKey)),
+		"the caller's change to Admission.State reached the store through the coordinator's cache")
+}
+
+// What the coordinator writes is what its outcome says, and what the TS
+// original accepts.
+func TestCoordinatorWritesTheOutcomeState(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	st := NewMemoryStore()
+	svc := jkService("writes")
+	key := cKey(t, svc)
+	c := cCoordinator(t, st, &Config{StateCacheSize: -1})
+	p := Policy{Key: cPolicy().Key, MaxActive: 2, MaxQueuedPerKey: 1, WhenFull: ReplaceOldest}
+	check := func(what string, s *KeyState) {
+		t.Helper()
+		v, _ := stored(t, st, svc, key.KVKey)
+		checkWritten(t, v)
+		got, err := ParseState(v)
+		jkNoErr(t, err)
+		jkEqual(t, normState(s), normState(got), "%s: stored state differs from the outcome's", what)
+	}
+	for _, id := range []string{"j1", "j2", "j3"} {
+		adm, err := c.Admit(ctx, cAdmit(svc, id, p))
+		jkNoErr(t, err)
+		jkEqual(t, KindAccepted, adm.Kind, "admit %s", id)
+		check("admit "+id, adm.State)
+	}
+	rev := func() uint64 { _, r := stored(t, st, svc, key.KVKey); return r }
+	// Full: replace-oldest drops j1 for j4; restoring puts j1 back.
+	adm, err := c.Admit(ctx, cAdmit(svc, "j4", p))
+	jkNoErr(t, err)
+	jkEqual(t, KindReplaced, adm.Kind)
+	jkEqual(t, "j1", adm.Replaced.ID)
+	check("replace", adm.State)
+	res, err := c.RestoreReplaced(ctx, RestoreRequest{Service: svc, JobType: cJobType, ReplacementJobID: "j4", Replaced: *adm.Replaced, Payload: cPayload, Policy: p})
+	jkNoErr(t, err)
+	jkEqual(t, KindRestored, res.Kind)
+	check("restore", res.State)
+	jkEqual(t, []string{"j1", "j2", "j3"}, queuedIDs(res.State))
+	// Non-writing outcomes leave the revision alone.
+	r := rev()
+	strict := cAdmit(svc, "j5", p)
+	strict.StrictCreate = true
+	adm, err = c.Admit(ctx, strict)
+	jkNoErr(t, err)
+	jkEqual(t, KindRejected, adm.Kind)
+	acq, err := c.Acquire(ctx, cAcquire(svc, "j9", p, false))
+	jkNoErr(t, err)
+	jkEqual(t, ReasonNotQueued, acq.Reason)
+	jkEqual(t, r, rev(), "a non-writing outcome wrote")
+	acq, err = c.Acquire(ctx, cAcquire(svc, "j2", p, false))
+	jkNoErr(t, err)
+	jkEqual(t, KindAcquired, acq.Kind)
+	check("acquire", acq.State)
+	ren, err := c.Renew(ctx, RenewRequest{Lease: acq.Lease})
+	jkNoErr(t, err)
+	jkEqual(t, KindRenewed, ren.Kind)
+	check("renew", ren.State)
+}
+
+// jkClock is a settable clock for Config.Now.
+type jkClock struct {
+	mu sync.Mutex
+	t  time.Time
+}
+
+func (c *jkClock) Now() time.Time { c.mu.Lock(); defer c.mu.Unlock(); return c.t }
+
+func (c *jkClock) Advance(d time.Duration) { c.mu.Lock(); c.t = c.t.Add(d); c.mu.Unlock() }
+
+// With Config.Now and Config.NewSlotToken fixed, a run is deterministic:
+// the same operations give the same outcomes and the same stored bytes.
+func TestCoordinatorDeterministic(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	run := func() ([]string, []byte, Lease) {
+		st := NewMemoryStore()
+		svc := "determinism"
+		n := 0
+		c := cCoordinator(t, st, &Config{InstanceID: "inst-a", Now: func() time.Time { return rt0 },
+			NewSlotToken: func() string { n++; return "tok-" + strconv.Itoa(n) }})
+		p := Policy{Key: cPolicy().Key, MaxActive: 1, MaxQueuedPerKey: 2}
+		var trace []string
+		for _, id := range []string{"j1", "j2"} {
+			adm, err := c.Admit(ctx, cAdmit(svc, id, p))
+			jkNoErr(t, err)
+			trace = append(trace, string(adm.Kind))
+		}
+		acq, err := c.Acquire(ctx, cAcquire(svc, "j1", p, false))
+		jkNoErr(t, err)
+		trace = append(trace, string(acq.Kind), acq.Lease.SlotToken)
+		blk, err := c.Acquire(ctx, cAcquire(svc, "j2", p, false))
+		jkNoErr(t, err)
+		trace = append(trace, string(blk.Kind), string(blk.Reason))
+		v, _ := stored(t, st, svc, cKey(t, svc).KVKey)
+		return trace, v, acq.Lease
+	}
+	trace1, bytes1, lease := run()
+	trace2, bytes2, _ := run()
+	jkEqual(t, trace1, trace2)
+	jkEqual(t, string(bytes1), string(bytes2))
+	// Tokens are drawn per Acquire call, blocked ones included.
+	jkEqual(t, []string{"accepted", "accepted", "acquired", "tok-1", "blocked", "active-limit"}, trace1)
+
+	key := cKey(t, "determinism")
+	np, _ := Policy{Key: cPolicy().Key, MaxActive: 1, MaxQueuedPerKey: 2}.Normalize()
+	want := &KeyState{Version: 1, Service: "determinism", JobType: cJobType, Key: "tenant:acme", KeyHash: key.KeyHash,
+		MaxActive: 1, MaxQueuedPerKey: 2,
+		Active: []ActiveSlot{{JobID: "j1", SlotToken: "tok-1", InstanceID: "inst-a", StartedAt: rt0, HeartbeatAt: rt0,
+			LeaseExpiresAt: rt0.Add(120 * time.Second), Tries: 1, Context: rctx("j1")}},
+		Queued:    []QueuedJob{rq("j2", rt0)},
+		UpdatedAt: rt0}
+	jkEqual(t, string(encodeState(t, want)), string(bytes1))
+	jkEqual(t, Lease{Service: "determinism", JobType: cJobType, JobID: "j1", Key: "tenant:acme", KeyHash: key.KeyHash,
+		SlotToken: "tok-1", Policy: np, LeaseExpiresAt: rt0.Add(120 * time.Second)}, lease)
+}
+
+// noIOStore fails the test on any call: for checks that must happen
+// before any I/O.
+type noIOStore struct{ t testing.TB }
+
+func (s noIOStore) Get(context.Context, string, string) ([]byte, uint64, error) {
+	s.t.Error("unexpected Get")
+	return nil, 0, errors.New("no I/O")
+}
+
+func (s noIOStore) Create(context.Context, string, string, []byte) (uint64, error) {
+	s.t.Error("unexpected Create")
+	return 0, errors.New("no I/O")
+}
+
+func (s noIOStore) Update(context.Context, string, string, []byte, uint64) (uint64, error) {
+	s.t.Error("unexpected Update")
+	return 0, errors.New("no I/O")
+}
+
+func (s noIOStore) Delete(context.Context, string, string, uint64) error {
+	s.t.Error("unexpected Delete")
+	return errors.New("no I/O")
+}
+
+func TestCoordinatorRejectsBadInputBeforeIO(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	c := cCoordinator(t, noIOStore{t}, nil)
+	p := cPolicy()
+	np, _ := p.Normalize()
+	svc := "svc"
+	key := cKey(t, svc)
+	lease := Lease{Service: svc, JobType: cJobType, JobID: "j1", Key: key.Key, KeyHash: key.KeyHash, SlotToken: "tok", Policy: np}
+	is := func(what string, err, want error) {
+		t.Helper()
+		jkTrue(t, errors.Is(err, want), "%s: want %v, got %v", what, want, err)
+	}
+	_, err := c.Admit(ctx, cAdmit(svc, "", p))
+	is("empty job id", err, ErrInvalidRequest)
+	_, err = c.Admit(ctx, cAdmit("bad.service", "j1", p))
+	is("bad service", err, ErrInvalidName)
+	bad := cAdmit(svc, "j1", Policy{Key: []string{"/a~2"}})
+	_, err = c.Admit(ctx, bad)
+	is("bad policy", err, ErrInvalidPolicy)
+	noKey := cAdmit(svc, "j1", Policy{Key: []string{"/missing"}})
+	_, err = c.Admit(ctx, noKey)
+	is("pointer to nothing", err, ErrInvalidKey)
+	acq := cAcquire(svc, "j1", p, true)
+	acq.Tries = -1
+	_, err = c.Acquire(ctx, acq)
+	is("negative tries", err, ErrInvalidRequest)
+	for name, l := range map[string]Lease{
+		"zero lease":       {},
+		"no token":         func() Lease { l := lease; l.SlotToken = ""; return l }(),
+		"no job id":        func() Lease { l := lease; l.JobID = ""; return l }(),
+		"bad key hash":     func() Lease { l := lease; l.KeyHash = "ABC"; return l }(),
+		"no policy":        func() Lease { l := lease; l.Policy = Policy{}; return l }(),
+		"bad service":      func() Lease { l := lease; l.Service = "a b"; return l }(),
+		"upper-case hash":  func() Lease { l := lease; l.KeyHash = strings.ToUpper(key.KeyHash); return l }(),
+		"hash of 63 chars": func() Lease { l := lease; l.KeyHash = key.KeyHash[:63]; return l }(),
+	} {
+		_, err := c.Renew(ctx, RenewRequest{Lease: l})
+		jkTrue(t, err != nil, "Renew with %s accepted", name)
+		_, err = c.Release(ctx, ReleaseRequest{Lease: l})
+		jkTrue(t, err != nil, "Release with %s accepted", name)
+	}
+	_, err = c.RestoreReplaced(ctx, RestoreRequest{Service: svc, JobType: cJobType, ReplacementJobID: "j2", Payload: cPayload, Policy: p})
+	is("restore without a replaced job", err, ErrInvalidRequest)
+
+	tok := cCoordinator(t, noIOStore{t}, &Config{NewSlotToken: func() string { return "" }})
+	_, err = tok.Acquire(ctx, cAcquire(svc, "j1", p, true))
+	is("empty slot token", err, ErrInvalidRequest)
+}
+
+func TestNewCoordinatorConfig(t *testing.T) {
+	t.Parallel()
+	_, err := NewCoordinator(nil, nil)
+	jkTrue(t, err != nil, "nil store accepted")
+	for field, cfg := range map[string]*Config{
+		"MaxAttempts":     {MaxAttempts: -1},
+		"RetryBackoff":    {RetryBackoff: -time.Second},
+		"MaxRetryBackoff": {RetryBackoff: time.Second, MaxRetryBackoff: time.Millisecond},
+	} {
+		_, err := NewCoordinator(NewMemoryStore(), cfg)
+		jkTrue(t, err != nil, "bad %s accepted", field)
+		jkTrue(t, strings.Contains(err.Error(), field), "error does not name %s: %v", field, err)
+	}
+	c, err := NewCoordinator(NewMemoryStore(), nil)
+	jkNoErr(t, err)
+	jkTrue(t, c.InstanceID() != "", "no default instance id")
+	c, err = NewCoordinator(NewMemoryStore(), &Config{InstanceID: "me"})
+	jkNoErr(t, err)
+	jkEqual(t, "me", c.InstanceID())
+
+	// Default slot tokens are random version 4 UUIDs.
+	st := NewMemoryStore()
+	c = cCoordinator(t, st, nil)
+	seen := map[string]bool{}
+	for i := range 20 {
+		acq, err := c.Acquire(context.Background(), cAcquire("uuid", "j"+strconv.Itoa(i), Policy{Key: cPolicy().Key, MaxActive: 100}, true))
+		jkNoErr(t, err)
+		jkMatch(t, `^[0-9a-f]{8}-[0-9a-f]{4}-4[0-9a-f]{3}-[89ab][0-9a-f]{3}-[0-9a-f]{12}$`, acq.Lease.SlotToken)
+		jkTrue(t, !seen[acq.Lease.SlotToken], "token repeated")
+		seen[acq.Lease.SlotToken] = true
+	}
+}
