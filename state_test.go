@@ -685,3 +685,30 @@ func TestStateParseErrorIsUsable(t *testing.T) {
 	jkTrue(t, !errors.Is(err, ErrStateTooLarge), "unexpected sentinel")
 	jkTrue(t, strings.Contains(err.Error(), "version"), "error does not name version: %v", err)
 }
+
+// JavaScript strings may hold lone surrogates, and DeriveKey keeps them in
+// JobKey.Key (as WTF-8) so that Go writes the same display key as the TS
+// original. A state the TS original wrote with such a key must come back
+// from a read-modify-write unchanged, not with U+FFFD in its place.
+func TestStateLoneSurrogateInKeySurvives(t *testing.T) {
+	t.Parallel()
+	base := string(readStateVector(t, "ts-two-queued.json"))
+	doc := strings.Replace(base, `"key": "tenant:acme"`, `"key": "tenant:a\ud800b"`, 1)
+	jkTrue(t, doc != base, "test bug: key not replaced")
+	s, err := ParseState([]byte(doc))
+	jkNoErr(t, err)
+	out := encodeState(t, s)
+	jkTrue(t, bytes.Contains(out, []byte(`"key":"tenant:a\ud800b"`)),
+		"the display key lost its lone surrogate on a round trip: %s", out)
+
+	// The same holds for a key the Go side derived itself.
+	k, err := DeriveKey("svc", "job", []byte(`{"tenant":"a\ud800b"}`), []string{"tenant", "/tenant"})
+	jkNoErr(t, err)
+	p := mustPolicy(t, Policy{})
+	first := encodeState(t, ReduceAdmission(nil, k, AdmitRequest{JobID: "j1"}, p, rt0).State)
+	read, err := ParseState(first)
+	jkNoErr(t, err)
+	second := encodeState(t, ReduceAdmission(read, k, AdmitRequest{JobID: "j2"}, p, rt0).State)
+	jkTrue(t, bytes.Contains(first, []byte(`"key":"tenant:a\ud800b"`)), "first write: %s", first)
+	jkTrue(t, bytes.Contains(second, []byte(`"key":"tenant:a\ud800b"`)), "the key changed on the second write: %s", second)
+}

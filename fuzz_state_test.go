@@ -1,0 +1,360 @@
+package jobkeys
+
+import (
+	"fmt"
+	mrand "math/rand/v2"
+	"os"
+	"path/filepath"
+	"slices"
+	"testing"
+	"time"
+)
+
+// FuzzParseState: ParseState never panics, and whatever it accepts encodes
+// to a document that the TS original accepts (the independent
+// isJobKeyState checker of state_test.go), that keeps the TS member order
+// and toISOString timestamps, and that parses back to the same value (a
+// slot read without context gets one) and encodes to the same bytes.
+//
+// Seeds: the state vectors in testdata/states and the corpus in
+// testdata/fuzz/FuzzParseState. Run longer with
+// go test -run '^$' -fuzz FuzzParseState -fuzztime 1m .
+func FuzzParseState(f *testing.F) {
+	names, err := filepath.Glob(filepath.Join("testdata", "states", "*.json"))
+	if err != nil || len(names) == 0 {
+		f.Fatalf("no seeds in testdata/states: %v", err)
+	}
+	for _, name := range names {
+		data, err := os.ReadFile(name)
+		if err != nil {
+			f.Fatal(err)
+		}
+		f.Add(data)
+	}
+	f.Fuzz(func(t *testing.T, data []byte) {
+		s, err := ParseState(data)
+		if err != nil {
+			if s != nil {
+				t.Fatalf("ParseState returned a state with error %v", err)
+			}
+			return
+		}
+		out := encodeState(t, s)
+		checkWritten(t, out)
+		back, err := ParseState(out)
+		if err != nil {
+			t.Fatalf("ParseState accepted\n%s\nbut not its own encoding\n%s\n: %v", data, out, err)
+		}
+		want := deepCopyState(s)
+		jkEqual(t, len(want.Active), len(back.Active), "slots after a round trip")
+		for i := range want.Active {
+			if want.Active[i].Context.IsZero() {
+				jkTrue(t, !back.Active[i].Context.IsZero(), "slot %d written back without context", i)
+				want.Active[i].Context = back.Active[i].Context
+			}
+		}
+		jkEqual(t, normState(want), normState(back), "parse(encode(parse(doc))) != parse(doc)")
+		jkEqual(t, string(out), string(encodeState(t, back)), "encoding is not stable")
+	})
+}
+
+// fuzzJobs are the job ids the reducer programs work on.
+var fuzzJobs = []string{"j0", "j1", "j2", "j3", "j4", "j5"}
+
+// fuzzSteps are the clock advances an operation byte can pick (TTL 10s).
+var fuzzSteps = []time.Duration{0, 0, 0, time.Millisecond, 1500 * time.Microsecond, 500 * time.Millisecond,
+	time.Second, 5 * time.Second, 9999 * time.Millisecond, 10 * time.Second, 10001 * time.Millisecond, 20 * time.Second,
+	0, 250 * time.Microsecond, 3 * time.Second, 0}
+
+// FuzzReducers decodes its input into a policy and a sequence of operations
+// on a few job ids, applies them through the reducers (as the coordinator
+// would, deleting an emptied state), and checks after each: the input
+// state is not mutated nor aliased; the outcome is the TS original's
+// (tsReduce* in reducers_test.go) except where a deliberate fix applies,
+// which is checked on its own; every job is accounted for (nothing queued
+// or running disappears without an outcome saying so); never more slots
+// than MaxActive, no job twice, the queue within MaxQueuedPerKey+MaxActive;
+// and the state encodes to what the TS original accepts.
+func FuzzReducers(f *testing.F) {
+	for b0 := range 18 {
+		rng := mrand.New(mrand.NewPCG(uint64(b0), 42))
+		prog := []byte{byte(b0), byte(b0 / 2)}
+		for range 120 {
+			prog = append(prog, byte(rng.IntN(256)))
+		}
+		f.Add(prog)
+	}
+	// A job's lease lapses and another takes the slot over; the first
+	// renews (lost) and releases (stale completion), then retries.
+	f.Add([]byte{0, 1, 0x00, 0, 0x03, 0, 0x00, 1, 0xb3, 1, 0x06, 0, 0x09, 0, 0x05, 0})
+	// Replace-oldest with immediate restores.
+	f.Add([]byte{12, 0, 0x00, 0, 0x03, 0, 0x00, 1, 0x00, 2, 0x0d, 0, 0x00, 3, 0x0d, 0, 0x0c, 1})
+	f.Fuzz(func(t *testing.T, data []byte) { runReducerProgram(t, data) })
+}
+
+func runReducerProgram(t *testing.T, data []byte) {
+	next := func() byte {
+		if len(data) == 0 {
+			return 0
+		}
+		b := data[0]
+		data = data[1:]
+		return b
+	}
+	b0, b1 := next(), next()
+	policy := mustPolicy(t, Policy{
+		MaxActive:         1 + int(b0%3),
+		StalePolicy:       []StalePolicy{FailStale, Block}[(b0/3)%2],
+		WhenFull:          []WhenFull{Reject, Coalesce, ReplaceOldest}[(b0/6)%3],
+		MaxQueuedPerKey:   int(b1 % 4),
+		HeartbeatInterval: time.Second,
+		HeartbeatTTL:      10 * time.Second,
+	})
+	var (
+		state        *KeyState
+		now          = rt0
+		leases       = map[string][]Lease{}
+		lastReplaced *ReplacedJob // set only by the operation just before
+		lastNewJob   string
+		tokens       int
+	)
+	for step := 0; len(data) > 0 && step < 400; step++ {
+		op, arg := next(), next()
+		now = now.Add(fuzzSteps[op>>4])
+		job := fuzzJobs[int(arg)%len(fuzzJobs)]
+		replaced, newJob := lastReplaced, lastNewJob
+		lastReplaced, lastNewJob = nil, ""
+		in := state
+		before := deepCopyState(in)
+		what := ""
+		var out *KeyState
+
+		switch kind := op & 15; {
+		case kind <= 2 || (kind == 13 && replaced == nil):
+			strict := kind == 2
+			what = fmt.Sprintf("admit %s strict=%v", job, strict)
+			req := AdmitRequest{JobID: job, Context: rctx(job), StrictCreate: strict}
+			got := ReduceAdmission(in, rtKey, req, policy, now)
+			out = got.State
+			checkAdmission(t, what, in, got, tsReduceAdmission(deepCopyState(in), rtKey, req, policy, now), job)
+			if got.Kind == KindReplaced {
+				lastReplaced, lastNewJob = got.Replaced, job
+			}
+		case kind == 13:
+			what = fmt.Sprintf("restore %s replaced by %s", replaced.ID, newJob)
+			req := RestoreRequest{ReplacementJobID: newJob, Replaced: *replaced}
+			got := ReduceRestoreReplaced(in, rtKey, req, policy, now)
+			out = got.State
+			ts := tsReduceRestoreReplaced(deepCopyState(in), rtKey, req, policy, now)
+			jkEqual(t, ts.Kind, got.Kind, what)
+			if got.State == nil {
+				jkEqual(t, normState(rwith(in, func(s *KeyState) { s.UpdatedAt = jsNow(now) })), normState(ts.State),
+					"%s: Go wrote nothing but the TS original changes more than updatedAt", what)
+			} else {
+				jkEqual(t, normState(ts.State), normState(got.State), "%s: differs from the TS original", what)
+			}
+			if out != nil {
+				jkEqual(t, withoutID(withID(queuedSet(in), replaced.ID, !activeSet(in)[replaced.ID]), newJob), queuedSet(out), "%s: queue", what)
+			}
+		case kind <= 5 || kind == 14:
+			retry := kind == 5
+			if kind == 14 {
+				now = now.Add(time.Duration(arg%7) * 100 * time.Microsecond)
+			}
+			tokens++
+			tok := fmt.Sprintf("tok-%d", tokens)
+			what = fmt.Sprintf("acquire %s retry=%v", job, retry)
+			req := AcquireRequest{JobID: job, Context: rctx(job), Retry: retry, Tries: 1, InstanceID: "w"}
+			got := ReduceAcquire(in, rtKey, req, policy, now, tok)
+			out = got.State
+			checkAcquisition(t, what, in, got, tsReduceAcquire(deepCopyState(in), rtKey, req, policy, now, tok), job, policy, now)
+			if got.Kind == KindAcquired {
+				leases[job] = append(leases[job], got.Lease)
+			}
+		case kind <= 11:
+			var lease Lease
+			switch hist := leases[job]; {
+			case (kind == 8 || kind == 11) && len(hist) > 1:
+				lease = hist[int(arg)%(len(hist)-1)] // an earlier lease
+			case len(hist) > 0 && kind != 8 && kind != 11:
+				lease = hist[len(hist)-1]
+			default:
+				lease = Lease{JobID: job, SlotToken: "never-issued", Policy: policy}
+			}
+			if kind <= 8 {
+				what = fmt.Sprintf("renew %s %s", job, lease.SlotToken)
+				got := ReduceRenew(in, lease, now)
+				out = got.State
+				ts := tsReduceRenew(deepCopyState(in), lease.JobID, lease.SlotToken, now, lease.Policy)
+				jkEqual(t, ts.Kind, got.Kind, what)
+				jkEqual(t, normState(ts.State), normState(got.State), "%s: differs from the TS original", what)
+				if out != nil {
+					jkEqual(t, activeSet(in), activeSet(out), what)
+				}
+			} else {
+				what = fmt.Sprintf("release %s %s", job, lease.SlotToken)
+				got := ReduceRelease(in, lease, now)
+				out = got.State
+				ts := tsReduceRelease(deepCopyState(in), lease.JobID, lease.SlotToken, now)
+				jkEqual(t, ts.Kind, got.Kind, what)
+				jkEqual(t, normState(ts.State), normState(got.State), "%s: differs from the TS original", what)
+				if out != nil {
+					jkEqual(t, withoutID(activeSet(in), job), activeSet(out), what)
+				}
+			}
+		case kind == 12:
+			what = "remove " + job
+			got := ReduceRemoveQueued(in, job, now)
+			out = got.State
+			ts := tsReduceRemoveQueued(deepCopyState(in), job, now)
+			jkEqual(t, ts.Kind, got.Kind, what)
+			jkEqual(t, normState(ts.State), normState(got.State), "%s: differs from the TS original", what)
+		default: // 15: the clock moves, nothing else
+			continue
+		}
+
+		what = fmt.Sprintf("step %d (%s at +%v)", step, what, now.Sub(rt0))
+		jkEqual(t, before, in, "%s: the reducer mutated its input", what)
+		checkNoAlias(t, in, out)
+		if out == nil {
+			continue
+		}
+		checkInvariants(t, what, out, policy, now)
+		if out.Empty() {
+			state = nil // the coordinator deletes it
+		} else {
+			state = out
+		}
+	}
+}
+
+func checkAdmission(t *testing.T, what string, in *KeyState, got, ts Admission, job string) {
+	t.Helper()
+	if queuedSet(in)[job] || activeSet(in)[job] { // fix 1
+		jkTrue(t, got.Kind == KindAccepted && got.AlreadyPresent && got.State == nil,
+			"%s: a job already present must be accepted without a write: %+v", what, got)
+		return
+	}
+	jkTrue(t, !got.AlreadyPresent, "%s: AlreadyPresent for a new job", what)
+	jkEqual(t, viewAdmission(ts), viewAdmission(got), "%s: differs from the TS original", what)
+	switch got.Kind {
+	case KindAccepted:
+		jkEqual(t, withID(queuedSet(in), job, true), queuedSet(got.State), "%s: queue", what)
+	case KindReplaced:
+		jkEqual(t, withID(withoutID(queuedSet(in), got.Replaced.ID), job, true), queuedSet(got.State), "%s: queue", what)
+	}
+}
+
+func checkAcquisition(t *testing.T, what string, in *KeyState, got, ts Acquisition, job string, p Policy, now time.Time) {
+	t.Helper()
+	now = jsNow(now)
+	var own []ActiveSlot
+	expired := 0
+	if in != nil {
+		for _, s := range in.Active {
+			if s.JobID == job {
+				own = append(own, s)
+			}
+			if !s.LeaseExpiresAt.After(now) {
+				expired++
+			}
+		}
+	}
+	switch {
+	case len(own) > 0: // fix 2
+		live := false
+		for _, s := range own {
+			live = live || s.LeaseExpiresAt.After(now)
+		}
+		if live {
+			jkTrue(t, got.Kind == KindBlocked && got.Reason == ReasonAlreadyActive, "%s: a job with a live slot got %s/%s", what, got.Kind, got.Reason)
+		}
+		for _, s := range got.Stale {
+			jkTrue(t, s.JobID != job, "%s: the job's own slot reported stale", what)
+		}
+	case p.StalePolicy == Block && expired > 0 && got.Kind == KindAcquired && ts.Kind == KindAcquired: // fix 3
+		jkEqual(t, in.StaleTakeoverCount, got.State.StaleTakeoverCount, "%s: under Block nothing is taken over", what)
+		tsv := viewAcquisition(ts)
+		tsv.State.StaleTakeoverCount = got.State.StaleTakeoverCount
+		jkEqual(t, tsv, viewAcquisition(got), "%s: differs from the TS original beyond the stale count", what)
+	default:
+		jkEqual(t, viewAcquisition(ts), viewAcquisition(got), "%s: differs from the TS original", what)
+	}
+	if got.Kind != KindAcquired {
+		jkTrue(t, got.State == nil, "%s: a blocked outcome carries a state", what)
+		return
+	}
+	// Accounting: the slots that went are the reported stale ones and the
+	// job's own; the job left the queue.
+	wantActive := activeSet(in)
+	for _, s := range got.Stale {
+		jkTrue(t, !s.LeaseExpiresAt.After(now), "%s: reported a live slot as stale", what)
+		delete(wantActive, s.JobID)
+	}
+	wantActive[job] = true
+	jkEqual(t, wantActive, activeSet(got.State), "%s: active jobs", what)
+	jkEqual(t, withoutID(queuedSet(in), job), queuedSet(got.State), "%s: queue", what)
+	taken := len(got.Stale) + len(own)
+	if in != nil {
+		jkEqual(t, in.StaleTakeoverCount+taken, got.State.StaleTakeoverCount, "%s: stale takeover count", what)
+	}
+	jkEqual(t, got.Lease.SlotToken, got.State.Active[len(got.State.Active)-1].SlotToken, "%s: the new slot is last", what)
+}
+
+func checkInvariants(t *testing.T, what string, s *KeyState, p Policy, now time.Time) {
+	t.Helper()
+	now = jsNow(now)
+	live := 0
+	for _, a := range s.Active {
+		if a.LeaseExpiresAt.After(now) {
+			live++
+		}
+	}
+	jkTrue(t, live <= p.MaxActive, "%s: %d live slots, MaxActive %d", what, live, p.MaxActive)
+	jkTrue(t, len(s.Active) <= p.MaxActive, "%s: %d slots, MaxActive %d", what, len(s.Active), p.MaxActive)
+	jkTrue(t, len(s.Queued) <= p.MaxQueuedPerKey+p.MaxActive, "%s: %d queued, limit %d", what, len(s.Queued), p.MaxQueuedPerKey+p.MaxActive)
+	ids := append(activeJobIDs(s), queuedIDs(s)...)
+	sorted := slices.Clone(ids)
+	slices.Sort(sorted)
+	jkEqual(t, len(sorted), len(slices.Compact(sorted)), "%s: a job appears twice in %v", what, ids)
+	jkEqual(t, jsNow(now), s.UpdatedAt, "%s: updatedAt", what)
+	jkEqual(t, rtKey.KeyHash, s.KeyHash, what)
+	jkEqual(t, p.MaxActive, s.MaxActive, what)
+	out := encodeState(t, s)
+	checkWritten(t, out)
+	back, err := ParseState(out)
+	jkNoErr(t, err, what)
+	jkEqual(t, normState(s), normState(back), "%s: round trip", what)
+}
+
+func activeSet(s *KeyState) map[string]bool {
+	m := map[string]bool{}
+	if s != nil {
+		for _, a := range s.Active {
+			m[a.JobID] = true
+		}
+	}
+	return m
+}
+
+func queuedSet(s *KeyState) map[string]bool {
+	m := map[string]bool{}
+	if s != nil {
+		for _, q := range s.Queued {
+			m[q.JobID] = true
+		}
+	}
+	return m
+}
+
+func withID(m map[string]bool, id string, add bool) map[string]bool {
+	if add {
+		m[id] = true
+	}
+	return m
+}
+
+func withoutID(m map[string]bool, id string) map[string]bool {
+	delete(m, id)
+	return m
+}
