@@ -824,3 +824,72 @@ func TestNewCoordinatorConfig(t *testing.T) {
 		seen[acq.Lease.SlotToken] = true
 	}
 }
+
+// Whatever request the coordinator accepts, it must write a state that it
+// (and any other worker) can read back with the same job ids: otherwise one
+// bad request makes the key corrupt for everyone, or strands a job that
+// only the writer's cache can see. Rejecting the request before writing
+// (ErrInvalidRequest or ErrInvalidPolicy) is the other acceptable answer.
+func TestCoordinatorNeverWritesWhatItCannotRead(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	p := cPolicy()
+	huge := 1 << 60
+	cases := []struct {
+		name string
+		job  string
+		op   func(c *KeyCoordinator, svc string) error
+	}{
+		{"Tries above 2^53", "j1", func(c *KeyCoordinator, svc string) error {
+			r := cAcquire(svc, "j1", p, true)
+			r.Tries = huge
+			_, err := c.Acquire(ctx, r)
+			return err
+		}},
+		{"MaxActive above 2^53", "j1", func(c *KeyCoordinator, svc string) error {
+			hp := p
+			hp.MaxActive = huge
+			_, err := c.Admit(ctx, cAdmit(svc, "j1", hp))
+			return err
+		}},
+		{"MaxQueuedPerKey above 2^53", "j1", func(c *KeyCoordinator, svc string) error {
+			hp := p
+			hp.MaxQueuedPerKey = huge
+			_, err := c.Admit(ctx, cAdmit(svc, "j1", hp))
+			return err
+		}},
+		{"job id not UTF-8, admitted", "bad\xff", func(c *KeyCoordinator, svc string) error {
+			_, err := c.Admit(ctx, cAdmit(svc, "bad\xff", p))
+			return err
+		}},
+		{"job id not UTF-8, acquired as a retry", "bad\xfe", func(c *KeyCoordinator, svc string) error {
+			_, err := c.Acquire(ctx, cAcquire(svc, "bad\xfe", p, true))
+			return err
+		}},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			t.Parallel()
+			st := NewMemoryStore()
+			svc := jkService("unreadable")
+			key := cKey(t, svc)
+			err := c.op(cCoordinator(t, st, nil), svc)
+			if err != nil {
+				jkTrue(t, errors.Is(err, ErrInvalidRequest) || errors.Is(err, ErrInvalidPolicy), "rejected with an unexpected error: %v", err)
+				_, _, gerr := st.Get(ctx, svc, key.KVKey)
+				jkTrue(t, errors.Is(gerr, ErrKeyNotFound), "a rejected request wrote: %v", gerr)
+				return
+			}
+			v, _ := stored(t, st, svc, key.KVKey)
+			s, perr := ParseState(v)
+			if perr != nil {
+				t.Fatalf("the coordinator wrote a state it cannot read back (every later operation on the key fails as corrupt): %v\n%s", perr, v)
+			}
+			ids := append(activeJobIDs(s), queuedIDs(s)...)
+			jkEqual(t, []string{c.job}, ids, "job ids as another worker reads them")
+			// Another coordinator carries on with the key.
+			_, err = cCoordinator(t, st, nil).Admit(ctx, cAdmit(svc, "next", p))
+			jkNoErr(t, err, "the next operation on the key")
+		})
+	}
+}

@@ -116,3 +116,25 @@ func zeroKey(p Policy) Policy {
 	}
 	return p
 }
+
+// Limits travel as JSON numbers, which the TS original reads as doubles and
+// the Go decoder accepts up to 2^53. A policy Normalize accepts must give
+// states that read back; refusing such limits is the other answer.
+func TestPolicyLimitsFitTheWire(t *testing.T) {
+	t.Parallel()
+	for _, p := range []Policy{
+		{Key: []string{"k"}, MaxActive: 1<<53 + 1},
+		{Key: []string{"k"}, MaxQueuedPerKey: 1<<53 + 1},
+		{Key: []string{"k"}, MaxActive: 1 << 62},
+	} {
+		n, err := p.Normalize()
+		if err != nil {
+			jkTrue(t, errors.Is(err, ErrInvalidPolicy), "%v", err)
+			continue
+		}
+		s := ReduceAdmission(nil, rtKey, AdmitRequest{JobID: "j1"}, n, rt0).State
+		out := encodeState(t, s)
+		_, err = ParseState(out)
+		jkNoErr(t, err, "Normalize accepted MaxActive %d, MaxQueuedPerKey %d, but the state it gives does not read back", n.MaxActive, n.MaxQueuedPerKey)
+	}
+}
