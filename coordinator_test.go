@@ -54,6 +54,9 @@ type coordBackend struct {
 	// store on the same data (for NATS, over another connection).
 	open        func(t *testing.T) (st Store, svc string, another func(t *testing.T) Store)
 	openLimited func(t *testing.T, maxValueSize int) (Store, string)
+	// fresh returns a store that shares no bucket with any other, for tests
+	// that must use a given service name.
+	fresh func(t *testing.T) Store
 }
 
 func coordBackends(t *testing.T) []coordBackend {
@@ -67,6 +70,7 @@ func coordBackends(t *testing.T) []coordBackend {
 				return m, jkService("coord"), func(*testing.T) Store { return m }
 			},
 			openLimited: memoryHarness().openLimited,
+			fresh:       func(*testing.T) Store { return NewMemoryStore() },
 		},
 		{
 			name: "NATS",
@@ -79,6 +83,12 @@ func coordBackends(t *testing.T) []coordBackend {
 				}
 			},
 			openLimited: n.harness().openLimited,
+			fresh: func(t *testing.T) Store {
+				st, err := NewNATSStore(n.js, WithBucketPrefix(strings.ReplaceAll(jkService("P"), "-", "_")),
+					WithCreateBuckets(jetstream.MemoryStorage, 1))
+				jkNoErr(t, err)
+				return st
+			},
 		},
 	}
 }
@@ -891,5 +901,72 @@ func TestCoordinatorNeverWritesWhatItCannotRead(t *testing.T) {
 			_, err = cCoordinator(t, st, nil).Admit(ctx, cAdmit(svc, "next", p))
 			jkNoErr(t, err, "the next operation on the key")
 		})
+	}
+}
+
+// A Go worker picks up state the TS original (or its Rust port) wrote:
+// the vectors in testdata/states, stored under the KV key the policy
+// derives. It updates them keeping the other side's entries, and what it
+// writes passes the TS original's isJobKeyState.
+func TestCoordinatorContinuesStateWrittenByOthers(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	// The vectors' policy: key ["tenant","/tenant"], maxActive 2, maxQueuedPerKey 3, replace-oldest.
+	p := Policy{Key: []string{"tenant", "/tenant"}, MaxActive: 2, MaxQueuedPerKey: 3, WhenFull: ReplaceOldest}
+	payload := []byte(`{"tenant":"acme"}`)
+	for _, b := range coordBackends(t) {
+		for _, name := range stateVectorNames(t) {
+			t.Run(b.name+"/"+name, func(t *testing.T) {
+				// The vectors are of service "fixtures": a store of its own.
+				st := b.fresh(t)
+				key, err := DeriveKey("fixtures", "sync", payload, p.Key)
+				jkNoErr(t, err)
+				doc := readStateVector(t, name)
+				orig, err := ParseState(doc)
+				jkNoErr(t, err)
+				jkEqual(t, orig.KeyHash, key.KeyHash, "the vector's keyHash is not the one DeriveKey gives for its policy")
+				_, err = st.Create(ctx, "fixtures", key.KVKey, doc)
+				jkNoErr(t, err)
+				clock := &jkClock{t: time.Date(2026, 11, 30, 10, 0, 40, 0, time.UTC)}
+				c := cCoordinator(t, st, &Config{InstanceID: "go-worker", Now: clock.Now})
+
+				adm, err := c.Admit(ctx, AdmitRequest{Service: "fixtures", JobType: "sync", JobID: "go-job", Payload: payload, Policy: p, Context: rctx("go-job")})
+				jkNoErr(t, err)
+				jkEqual(t, KindAccepted, adm.Kind)
+				v, _ := stored(t, st, "fixtures", key.KVKey)
+				checkWritten(t, v)
+				s := storedState(t, st, "fixtures", key.KVKey)
+				jkEqual(t, append(queuedIDs(orig), "go-job"), queuedIDs(s), "queue after the Go admission")
+				jkEqual(t, len(orig.Active), len(s.Active))
+				for i := range orig.Active {
+					want := orig.Active[i]
+					if want.Context.IsZero() {
+						jkTrue(t, !s.Active[i].Context.IsZero(), "slot %d written back without context", i)
+						want.Context = s.Active[i].Context
+					}
+					jkEqual(t, want, s.Active[i], "the other side's slot %d", i)
+				}
+
+				// Go acquires the other side's queued job (a redelivery), and
+				// releases the other side's running job with its token.
+				acq, err := c.Acquire(ctx, AcquireRequest{Service: "fixtures", JobType: "sync", JobID: orig.Queued[0].JobID, Payload: payload, Policy: p})
+				jkNoErr(t, err)
+				if len(orig.Active) >= p.MaxActive {
+					jkEqual(t, KindBlocked, acq.Kind)
+				} else {
+					jkEqual(t, KindAcquired, acq.Kind)
+				}
+				np, err := p.Normalize()
+				jkNoErr(t, err)
+				for _, slot := range orig.Active {
+					rel, err := c.Release(ctx, ReleaseRequest{Lease: Lease{Service: "fixtures", JobType: "sync", JobID: slot.JobID,
+						Key: key.Key, KeyHash: key.KeyHash, SlotToken: slot.SlotToken, Policy: np}})
+					jkNoErr(t, err)
+					jkEqual(t, KindReleased, rel.Kind, "release of the other side's slot %s", slot.JobID)
+				}
+				v, _ = stored(t, st, "fixtures", key.KVKey)
+				checkWritten(t, v)
+			})
+		}
 	}
 }
