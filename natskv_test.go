@@ -428,3 +428,52 @@ func checkWatchedState(kvKey string, value []byte, p Policy) string {
 	}
 	return ""
 }
+
+// Keys deleted or purged by someone else (the TS original, an operator with
+// the nats CLI) read as absent, and the coordinator starts them afresh.
+func TestNATSStorePurgedAndDeletedKeysAreAbsent(t *testing.T) {
+	t.Parallel()
+	n := startJKNATS(t)
+	ctx := context.Background()
+	st := n.store(t)
+	svc := jkService("purge")
+	p := Policy{Key: []string{"/tenant"}, MaxActive: 1, MaxQueuedPerKey: 2}
+	payload := []byte(`{"tenant":"acme"}`)
+	key, err := DeriveKey(svc, "job", payload, p.Key)
+	jkNoErr(t, err)
+	c := cCoordinator(t, st, nil)
+	admit := func(id string) Admission {
+		t.Helper()
+		adm, err := c.Admit(ctx, AdmitRequest{Service: svc, JobType: "job", JobID: id, Payload: payload, Policy: p})
+		jkNoErr(t, err)
+		return adm
+	}
+	for _, remove := range []struct {
+		name string
+		do   func(kv jetstream.KeyValue) error
+	}{
+		{"purge", func(kv jetstream.KeyValue) error { return kv.Purge(ctx, key.KVKey) }},
+		{"delete", func(kv jetstream.KeyValue) error { return kv.Delete(ctx, key.KVKey) }},
+	} {
+		t.Run(remove.name, func(t *testing.T) {
+			jkEqual(t, KindAccepted, admit("before-"+remove.name).Kind)
+			kv, err := st.KeyValue(ctx, svc)
+			jkNoErr(t, err)
+			jkNoErr(t, remove.do(kv))
+			_, _, err = st.Get(ctx, svc, key.KVKey)
+			jkTrue(t, errors.Is(err, ErrKeyNotFound), "Get after %s: %v", remove.name, err)
+			// The coordinator's memory of the key is stale now; it must
+			// still start afresh.
+			adm := admit("after-" + remove.name)
+			jkEqual(t, KindAccepted, adm.Kind)
+			v, _, err := st.Get(ctx, svc, key.KVKey)
+			jkNoErr(t, err)
+			s, err := ParseState(v)
+			jkNoErr(t, err)
+			jkEqual(t, []string{"after-" + remove.name}, queuedIDs(s))
+			rem, err := c.RemoveQueued(ctx, RemoveRequest{Service: svc, JobType: "job", JobID: "after-" + remove.name, Payload: payload, Policy: p})
+			jkNoErr(t, err)
+			jkEqual(t, KindRemoved, rem.Kind)
+		})
+	}
+}

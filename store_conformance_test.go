@@ -225,6 +225,23 @@ func exerciseStore(t *testing.T, h storeHarness) {
 		isConflict(t, st.Delete(ctx, svc, "never.written", 1), "Delete of a key never written")
 	})
 
+	// A deleted key is deleted whatever revision is presented, including
+	// the revision of the delete itself (which a KV watcher reports). In a
+	// fresh bucket the delete is the write right after rev; a store whose
+	// revisions skip numbers passes trivially.
+	t.Run("DeletedKeyAtTheDeletesRevision", func(t *testing.T) {
+		t.Parallel()
+		st, svc := h.open(t)
+		rev, err := st.Create(ctx, svc, key, []byte("one"))
+		jkNoErr(t, err)
+		jkNoErr(t, st.Delete(ctx, svc, key, rev))
+		_, err = st.Update(ctx, svc, key, []byte("resurrected"), rev+1)
+		isConflict(t, err, "Update of a deleted key at the delete's revision")
+		missing(t, st, svc, key)
+		isConflict(t, st.Delete(ctx, svc, key, rev+1), "Delete of a deleted key at the delete's revision")
+		missing(t, st, svc, key)
+	})
+
 	t.Run("CreateAfterDelete", func(t *testing.T) {
 		t.Parallel()
 		st, svc := h.open(t)
