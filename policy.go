@@ -42,6 +42,15 @@ const (
 	WhenFullDefault          = Reject
 )
 
+// Policy limits: larger values cannot be written into key state (its
+// numbers are JavaScript doubles) or would push lease expiries out of the
+// years a timestamp can hold.
+const (
+	MaxActiveLimit       = 1<<53 - 1
+	MaxQueuedPerKeyLimit = 1<<53 - 1
+	HeartbeatTTLLimit    = 365 * 24 * time.Hour
+)
+
 // Policy is the keyed concurrency policy of one job type. The zero value of
 // every field but Key means its default; call [Policy.Normalize] to fill the
 // defaults and validate. A Policy is a plain value and safe to share.
@@ -102,6 +111,8 @@ func (p Policy) Normalize() (Policy, error) {
 		p.MaxActive = MaxActiveDefault
 	case p.MaxActive < 1:
 		return Policy{}, policyError("MaxActive", fmt.Sprintf("%d is less than 1", p.MaxActive))
+	case p.MaxActive > MaxActiveLimit:
+		return Policy{}, policyError("MaxActive", fmt.Sprintf("%d exceeds MaxActiveLimit (2^53-1)", p.MaxActive))
 	}
 	switch {
 	case p.HeartbeatInterval == 0:
@@ -114,6 +125,8 @@ func (p Policy) Normalize() (Policy, error) {
 		p.HeartbeatTTL = HeartbeatTTLDefault
 	case p.HeartbeatTTL < time.Millisecond:
 		return Policy{}, policyError("HeartbeatTTL", fmt.Sprintf("%v is less than 1ms", p.HeartbeatTTL))
+	case p.HeartbeatTTL > HeartbeatTTLLimit:
+		return Policy{}, policyError("HeartbeatTTL", fmt.Sprintf("%v exceeds HeartbeatTTLLimit %v", p.HeartbeatTTL, HeartbeatTTLLimit))
 	}
 	if p.HeartbeatTTL <= p.HeartbeatInterval {
 		return Policy{}, policyError("HeartbeatTTL", fmt.Sprintf("%v does not exceed HeartbeatInterval %v", p.HeartbeatTTL, p.HeartbeatInterval))
@@ -127,6 +140,9 @@ func (p Policy) Normalize() (Policy, error) {
 	}
 	if p.MaxQueuedPerKey < 0 {
 		return Policy{}, policyError("MaxQueuedPerKey", fmt.Sprintf("%d is negative", p.MaxQueuedPerKey))
+	}
+	if p.MaxQueuedPerKey > MaxQueuedPerKeyLimit {
+		return Policy{}, policyError("MaxQueuedPerKey", fmt.Sprintf("%d exceeds MaxQueuedPerKeyLimit (2^53-1)", p.MaxQueuedPerKey))
 	}
 	switch p.WhenFull {
 	case "":

@@ -276,8 +276,8 @@ func ReduceRestoreReplaced(state *KeyState, key JobKey, req RestoreRequest, poli
 // slot's token slotToken. policy must come from [Policy.Normalize]. Pure.
 //
 // A slot whose lease expired at or before now is stale. A job's own stale
-// slot is replaced by this acquisition (a retry after a crash); a job whose
-// own slot is live is blocked with [ReasonAlreadyActive]. Other stale slots
+// slots are replaced by this acquisition (a retry after a crash); a job with
+// a live slot of its own is blocked with [ReasonAlreadyActive]. Other stale slots
 // are dropped and reported under FailStale, and block the key while it is at
 // capacity under Block. The job must be queued, or a retry (req.Retry or an
 // own stale slot); otherwise it is blocked with [ReasonNotQueued].
@@ -293,18 +293,21 @@ func ReduceAcquire(state *KeyState, key JobKey, req AcquireRequest, policy Polic
 		return out
 	}
 
-	own := indexActive(base.Active, req.JobID)
-	if own >= 0 && base.Active[own].LeaseExpiresAt.After(now) {
-		return blocked(ReasonAlreadyActive, len(base.Active), policy.MaxActive)
-	}
-	others := len(base.Active)
-	staleOthers := 0
+	// The job's own slots (the TS original could write more than one): a
+	// live one blocks; expired ones are replaced by this acquisition.
+	ownSlots, others, staleOthers := 0, 0, 0
 	for i := range base.Active {
-		if i == own {
-			others--
-			continue
-		}
-		if !base.Active[i].LeaseExpiresAt.After(now) {
+		slot := &base.Active[i]
+		live := slot.LeaseExpiresAt.After(now)
+		switch {
+		case slot.JobID == req.JobID && live:
+			return blocked(ReasonAlreadyActive, len(base.Active), policy.MaxActive)
+		case slot.JobID == req.JobID:
+			ownSlots++
+		case live:
+			others++
+		default:
+			others++
 			staleOthers++
 		}
 	}
@@ -316,7 +319,7 @@ func ReduceAcquire(state *KeyState, key JobKey, req AcquireRequest, policy Polic
 		live -= staleOthers
 	}
 	isQueued := indexQueued(base.Queued, req.JobID) >= 0
-	if !isQueued && own < 0 && !req.Retry {
+	if !isQueued && ownSlots == 0 && !req.Retry {
 		return blocked(ReasonNotQueued, live, policy.MaxQueuedPerKey)
 	}
 	if live >= policy.MaxActive {
@@ -326,9 +329,9 @@ func ReduceAcquire(state *KeyState, key JobKey, req AcquireRequest, policy Polic
 	next := base.clone()
 	next.Active = next.Active[:0]
 	taken := 0
-	for i, slot := range base.Active {
+	for _, slot := range base.Active {
 		switch {
-		case i == own:
+		case slot.JobID == req.JobID: // expired, checked above
 			taken++
 		case policy.StalePolicy == FailStale && !slot.LeaseExpiresAt.After(now):
 			taken++

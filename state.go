@@ -5,8 +5,10 @@ import (
 	"crypto/sha256"
 	"encoding/hex"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"math"
+	"reflect"
 	"strconv"
 	"time"
 )
@@ -98,6 +100,13 @@ func (s *KeyState) UnmarshalJSON(data []byte) error {
 // "context" may be missing). The error says which field is wrong.
 func ParseState(data []byte) (*KeyState, error) {
 	return decodeState(data)
+}
+
+// inJSYears reports whether t, in UTC, falls in the years 0000 to 9999,
+// which toISOString writes in the four-digit form every reader accepts.
+func inJSYears(t time.Time) bool {
+	y := t.UTC().Year()
+	return y >= 0 && y <= 9999
 }
 
 // jsTime is the layout of JavaScript's Date#toISOString for years 0-9999.
@@ -214,50 +223,88 @@ func wireContext(c TraceContext, jobID, salt string) TraceContext {
 	return c
 }
 
+// wireString is a JSON string decoded as JSON.parse decodes it: escaped
+// lone surrogates are kept (in WTF-8, as DeriveKey keeps them) rather than
+// replaced with U+FFFD as encoding/json does, so that state written back
+// holds exactly the strings that were read.
+type wireString string
+
+var stringType = reflect.TypeFor[string]()
+
+// UnmarshalJSON implements json.Unmarshaler.
+func (w *wireString) UnmarshalJSON(b []byte) error {
+	if len(b) < 2 || b[0] != '"' {
+		kind := "number"
+		switch b[0] {
+		case '{':
+			kind = "object"
+		case '[':
+			kind = "array"
+		case 't', 'f':
+			kind = "bool"
+		}
+		return &json.UnmarshalTypeError{Value: kind, Type: stringType}
+	}
+	raw := b[1 : len(b)-1]
+	if !needsDecoding(raw) {
+		*w = wireString(raw)
+		return nil
+	}
+	*w = wireString(appendStringValue(make([]byte, 0, len(raw)), raw))
+	return nil
+}
+
 // Wire shapes for decoding. Pointers tell missing and null apart from zero.
 type wireContextDoc struct {
-	RequestID   *string `json:"requestId"`
-	TraceID     *string `json:"traceId"`
-	Traceparent *string `json:"traceparent"`
-	Tracestate  *string `json:"tracestate"`
+	RequestID   *wireString `json:"requestId"`
+	TraceID     *wireString `json:"traceId"`
+	Traceparent *wireString `json:"traceparent"`
+	Tracestate  *wireString `json:"tracestate"`
 }
 
 type wireSlot struct {
-	JobID          *string         `json:"jobId"`
-	SlotToken      *string         `json:"slotToken"`
-	InstanceID     *string         `json:"instanceId"`
-	StartedAt      *string         `json:"startedAt"`
-	HeartbeatAt    *string         `json:"heartbeatAt"`
-	LeaseExpiresAt *string         `json:"leaseExpiresAt"`
+	JobID          *wireString     `json:"jobId"`
+	SlotToken      *wireString     `json:"slotToken"`
+	InstanceID     *wireString     `json:"instanceId"`
+	StartedAt      *wireString     `json:"startedAt"`
+	HeartbeatAt    *wireString     `json:"heartbeatAt"`
+	LeaseExpiresAt *wireString     `json:"leaseExpiresAt"`
 	Tries          *float64        `json:"tries"`
 	Context        json.RawMessage `json:"context"`
 }
 
 type wireQueued struct {
-	JobID     *string         `json:"jobId"`
-	CreatedAt *string         `json:"createdAt"`
-	RequestID *string         `json:"requestId"`
+	JobID     *wireString     `json:"jobId"`
+	CreatedAt *wireString     `json:"createdAt"`
+	RequestID *wireString     `json:"requestId"`
 	Context   json.RawMessage `json:"context"`
 }
 
 type wireState struct {
 	Version            *float64      `json:"version"`
-	Service            *string       `json:"service"`
-	JobType            *string       `json:"jobType"`
-	Key                *string       `json:"key"`
-	KeyHash            *string       `json:"keyHash"`
+	Service            *wireString   `json:"service"`
+	JobType            *wireString   `json:"jobType"`
+	Key                *wireString   `json:"key"`
+	KeyHash            *wireString   `json:"keyHash"`
 	MaxActive          *float64      `json:"maxActive"`
 	MaxQueuedPerKey    *float64      `json:"maxQueuedPerKey"`
 	Active             *[]wireSlot   `json:"active"`
 	Queued             *[]wireQueued `json:"queued"`
 	StaleTakeoverCount *float64      `json:"staleTakeoverCount"`
-	UpdatedAt          *string       `json:"updatedAt"`
+	UpdatedAt          *wireString   `json:"updatedAt"`
 }
 
 func decodeState(data []byte) (*KeyState, error) {
 	var w wireState
 	if err := json.Unmarshal(data, &w); err != nil {
-		return nil, fmt.Errorf("not a JSON object: %w", err)
+		var typeErr *json.UnmarshalTypeError
+		if errors.As(err, &typeErr) && typeErr.Field != "" {
+			return nil, fieldErr(typeErr.Field, "has the wrong type ("+typeErr.Value+")")
+		}
+		if errors.As(err, &typeErr) {
+			return nil, fmt.Errorf("state is not a JSON object (%s)", typeErr.Value)
+		}
+		return nil, fmt.Errorf("state is not valid JSON: %w", err)
 	}
 	var s KeyState
 	var err error
@@ -274,7 +321,7 @@ func decodeState(data []byte) (*KeyState, error) {
 	if w.Key == nil {
 		return nil, fieldErr("key", "must be a string")
 	}
-	s.Key = *w.Key
+	s.Key = string(*w.Key)
 	if s.KeyHash, err = nonEmpty("keyHash", w.KeyHash); err != nil {
 		return nil, err
 	}
@@ -365,6 +412,10 @@ func decodeQueued(w *wireQueued, q *QueuedJob) error {
 func decodeContext(raw json.RawMessage) (TraceContext, error) {
 	var w wireContextDoc
 	if err := json.Unmarshal(raw, &w); err != nil {
+		var typeErr *json.UnmarshalTypeError
+		if errors.As(err, &typeErr) && typeErr.Field != "" {
+			return TraceContext{}, fieldErr("context."+typeErr.Field, "has the wrong type ("+typeErr.Value+")")
+		}
 		return TraceContext{}, fieldErr("context", "must be an object")
 	}
 	var c TraceContext
@@ -379,7 +430,7 @@ func decodeContext(raw json.RawMessage) (TraceContext, error) {
 		return c, err
 	}
 	if w.Tracestate != nil {
-		c.Tracestate = *w.Tracestate
+		c.Tracestate = string(*w.Tracestate)
 	}
 	return c, nil
 }
@@ -388,11 +439,11 @@ func fieldErr(field, reason string) error {
 	return fmt.Errorf("field %s %s", field, reason)
 }
 
-func nonEmpty(field string, v *string) (string, error) {
+func nonEmpty(field string, v *wireString) (string, error) {
 	if v == nil || *v == "" {
 		return "", fieldErr(field, "must be a non-empty string")
 	}
-	return *v, nil
+	return string(*v), nil
 }
 
 func integer(field string, v *float64, lowest int) (int, error) {
@@ -402,13 +453,16 @@ func integer(field string, v *float64, lowest int) (int, error) {
 	return int(*v), nil
 }
 
-func timestamp(field string, v *string) (time.Time, error) {
+func timestamp(field string, v *wireString) (time.Time, error) {
 	if v == nil {
 		return time.Time{}, fieldErr(field, "must be an RFC 3339 timestamp")
 	}
-	t, err := time.Parse(time.RFC3339Nano, *v)
+	t, err := time.Parse(time.RFC3339Nano, string(*v))
 	if err != nil {
-		return time.Time{}, fieldErr(field, fmt.Sprintf("must be an RFC 3339 timestamp, got %q", *v))
+		return time.Time{}, fieldErr(field, fmt.Sprintf("must be an RFC 3339 timestamp, got %q", string(*v)))
+	}
+	if !inJSYears(t) {
+		return time.Time{}, fieldErr(field, fmt.Sprintf("%q is outside the years 0000 to 9999 in UTC", string(*v)))
 	}
 	// JavaScript dates hold milliseconds; finer fractions (the Rust port
 	// writes nanoseconds) are truncated as Date.parse truncates them.

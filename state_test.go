@@ -707,7 +707,7 @@ func TestStateLoneSurrogateInKeySurvives(t *testing.T) {
 	// The same holds for a key the Go side derived itself.
 	k, err := DeriveKey("svc", "job", []byte(`{"tenant":"a\ud800b"}`), []string{"tenant", "/tenant"})
 	jkNoErr(t, err)
-	p := mustPolicy(t, Policy{})
+	p := mustPolicy(t, Policy{MaxQueuedPerKey: 1}) // room for both admissions
 	first := encodeState(t, ReduceAdmission(nil, k, AdmitRequest{JobID: "j1"}, p, rt0).State)
 	read, err := ParseState(first)
 	jkNoErr(t, err)

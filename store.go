@@ -19,13 +19,16 @@ type Store interface {
 	// error wrapping ErrStateTooLarge and writes nothing.
 	Create(ctx context.Context, service, key string, value []byte) (revision uint64, err error)
 
-	// Update writes key only if its current revision is revision, and
-	// returns the new revision. Any other current revision, or a deleted or
-	// missing key, returns an error wrapping ErrRevisionConflict; a value
-	// over the size limit returns an error wrapping ErrStateTooLarge.
+	// Update writes key only if its latest revision is revision, and
+	// returns the new revision. As in NATS KV, a delete marker has a
+	// revision too: Update at the revision of the marker that deleted key
+	// writes it again. Any other revision, or a key never written, returns
+	// an error wrapping ErrRevisionConflict; a value over the size limit
+	// returns an error wrapping ErrStateTooLarge.
 	Update(ctx context.Context, service, key string, value []byte, revision uint64) (newRevision uint64, err error)
 
-	// Delete deletes key only if its current revision is revision. Any
-	// other current revision returns an error wrapping ErrRevisionConflict.
+	// Delete deletes key only if its latest revision (a delete marker's
+	// included, as for Update) is revision. Any other revision returns an
+	// error wrapping ErrRevisionConflict.
 	Delete(ctx context.Context, service, key string, revision uint64) error
 }

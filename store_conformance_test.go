@@ -230,16 +230,21 @@ func exerciseStore(t *testing.T, h storeHarness) {
 	// fresh bucket the delete is the write right after rev; a store whose
 	// revisions skip numbers passes trivially.
 	t.Run("DeletedKeyAtTheDeletesRevision", func(t *testing.T) {
+		// As in NATS KV, the delete marker has a revision (the next one in
+		// this fresh bucket) and Update/Delete compare against it.
 		t.Parallel()
 		st, svc := h.open(t)
 		rev, err := st.Create(ctx, svc, key, []byte("one"))
 		jkNoErr(t, err)
 		jkNoErr(t, st.Delete(ctx, svc, key, rev))
-		_, err = st.Update(ctx, svc, key, []byte("resurrected"), rev+1)
-		isConflict(t, err, "Update of a deleted key at the delete's revision")
+		_, err = st.Update(ctx, svc, key, []byte("stale"), rev)
+		isConflict(t, err, "Update of a deleted key at the revision before the delete")
 		missing(t, st, svc, key)
-		isConflict(t, st.Delete(ctx, svc, key, rev+1), "Delete of a deleted key at the delete's revision")
+		isConflict(t, st.Delete(ctx, svc, key, rev), "Delete of a deleted key at the revision before the delete")
 		missing(t, st, svc, key)
+		rev2, err := st.Update(ctx, svc, key, []byte("again"), rev+1)
+		jkNoErr(t, err, "Update at the delete marker's revision")
+		holds(t, st, svc, key, []byte("again"), rev2)
 	})
 
 	t.Run("CreateAfterDelete", func(t *testing.T) {

@@ -87,7 +87,7 @@ func (m *MemoryStore) write(ctx context.Context, service, key string, value []by
 	switch {
 	case create && ok && !e.deleted:
 		return 0, fmt.Errorf("%w: %s exists at revision %d", ErrRevisionConflict, key, e.rev)
-	case !create && (!ok || e.deleted || e.rev != revision):
+	case !create && (!ok || e.rev != revision):
 		return 0, fmt.Errorf("%w: %s is not at revision %d", ErrRevisionConflict, key, revision)
 	}
 	if b == nil {
@@ -109,7 +109,7 @@ func (m *MemoryStore) Delete(ctx context.Context, service, key string, revision 
 	defer m.mu.Unlock()
 	b := m.buckets[service]
 	e, ok := b[key]
-	if !ok || e.deleted || e.rev != revision {
+	if !ok || e.rev != revision {
 		return fmt.Errorf("%w: %s is not at revision %d", ErrRevisionConflict, key, revision)
 	}
 	m.rev++
