@@ -10,7 +10,9 @@ import (
 	"os"
 	"strconv"
 	"sync"
+	"sync/atomic"
 	"time"
+	"unicode/utf8"
 )
 
 // Coordinator is the keyed concurrency contract: one method per reducer.
@@ -132,10 +134,22 @@ type Config struct {
 // KeyCoordinator runs operations against a [Store]: derive the key, read the
 // state (or use the state it last read or wrote), reduce, compare-and-swap,
 // retry on conflict. It is safe for concurrent use.
+//
+// Operations of one coordinator on one key run one at a time, each starting
+// from the state the one before it wrote, so they never race each other;
+// operations on different keys run in parallel. Races with other processes
+// are settled by compare-and-swap: a lost race is followed by a jittered
+// pause drawn from the key's backoff window, which starts at
+// Config.RetryBackoff, doubles with every race lost on the key, halves with
+// every successful write, never exceeds Config.MaxRetryBackoff, and while
+// it is open also delays the first attempt of new operations on the key.
+// Contending writers thus keep about an even chance per attempt and spread
+// out when woken together, instead of the losers backing off ever further.
 type KeyCoordinator struct {
 	store Store
 	cfg   Config
-	cache *stateCache
+	keys  *keyTable
+	stats contentionStats
 }
 
 // NewCoordinator returns a coordinator over store. cfg may be nil for the
@@ -182,7 +196,7 @@ func NewCoordinator(store Store, cfg *Config) (*KeyCoordinator, error) {
 	if c.NewSlotToken == nil {
 		c.NewSlotToken = newUUID
 	}
-	return &KeyCoordinator{store: store, cfg: c, cache: newStateCache(c.StateCacheSize)}, nil
+	return &KeyCoordinator{store: store, cfg: c, keys: newKeyTable(c.StateCacheSize)}, nil
 }
 
 // InstanceID returns the instance id the coordinator writes into slots.
@@ -210,8 +224,11 @@ func (c *KeyCoordinator) Acquire(ctx context.Context, req AcquireRequest) (Acqui
 	if err != nil {
 		return Acquisition{}, err
 	}
-	if req.Tries < 0 {
-		return Acquisition{}, fmt.Errorf("%w: Tries %d is negative", ErrInvalidRequest, req.Tries)
+	if req.Tries < 0 || req.Tries > 1<<53-1 {
+		return Acquisition{}, fmt.Errorf("%w: Tries %d is not between 0 and 2^53-1", ErrInvalidRequest, req.Tries)
+	}
+	if req.InstanceID != "" && !utf8.ValidString(req.InstanceID) {
+		return Acquisition{}, fmt.Errorf("%w: InstanceID %q is not valid UTF-8", ErrInvalidRequest, req.InstanceID)
 	}
 	if req.InstanceID == "" {
 		req.InstanceID = c.cfg.InstanceID
@@ -277,8 +294,11 @@ func (c *KeyCoordinator) RestoreReplaced(ctx context.Context, req RestoreRequest
 	if err != nil {
 		return Restoration{}, err
 	}
-	if req.Replaced.ID == "" {
-		return Restoration{}, fmt.Errorf("%w: Replaced.ID is empty", ErrInvalidRequest)
+	if req.Replaced.ID == "" || !utf8.ValidString(req.Replaced.ID) {
+		return Restoration{}, fmt.Errorf("%w: Replaced.ID %q is empty or not valid UTF-8", ErrInvalidRequest, req.Replaced.ID)
+	}
+	if !inJSYears(req.Replaced.CreatedAt) {
+		return Restoration{}, fmt.Errorf("%w: Replaced.CreatedAt %v is outside the years 0000 to 9999", ErrInvalidRequest, req.Replaced.CreatedAt)
 	}
 	var out Restoration
 	err = c.update(ctx, key, false, func(st *KeyState, now time.Time) *KeyState {
@@ -289,8 +309,10 @@ func (c *KeyCoordinator) RestoreReplaced(ctx context.Context, req RestoreRequest
 }
 
 func (c *KeyCoordinator) prepare(service, jobType, jobID string, payload any, p Policy) (Policy, JobKey, error) {
-	if jobID == "" {
-		return Policy{}, JobKey{}, fmt.Errorf("%w: JobID is empty", ErrInvalidRequest)
+	if jobID == "" || !utf8.ValidString(jobID) {
+		// Strings are stored as JSON text: invalid UTF-8 would come back
+		// as U+FFFD and no longer match the job.
+		return Policy{}, JobKey{}, fmt.Errorf("%w: job id %q is empty or not valid UTF-8", ErrInvalidRequest, jobID)
 	}
 	policy, err := p.Normalize()
 	if err != nil {
@@ -336,33 +358,61 @@ func isKeyHash(s string) bool {
 	return true
 }
 
-// update is the read-reduce-CAS loop. reduce returns the new state, or nil
-// when the outcome writes nothing; it may be called several times and must
-// leave its outcome from the last call. assumeAbsent lets a key the cache
-// knows nothing of be created without a read first (admission always writes
-// to an absent key); a wrong guess costs one conflict and a read.
+// update runs one operation on key: it waits for the key's lane (one
+// operation per key at a time in this coordinator; see keyTable), runs the
+// read-reduce-CAS loop and records the contention it met.
 func (c *KeyCoordinator) update(ctx context.Context, key JobKey, assumeAbsent bool, reduce func(*KeyState, time.Time) *KeyState) error {
+	e, err := c.keys.enter(ctx, key.KVKey)
+	if err != nil {
+		return err
+	}
+	defer c.keys.leave(key.KVKey, e)
+	conflicts, err := c.casLoop(ctx, e, key, assumeAbsent, reduce)
+	c.stats.record(conflicts)
+	return err
+}
+
+// casLoop is the read-reduce-CAS loop; the caller holds e's lane. reduce
+// returns the new state, or nil when the outcome writes nothing; it may be
+// called several times and must leave its outcome from the last call.
+// assumeAbsent lets a key the coordinator knows nothing of be created
+// without a read first (admission always writes to an absent key). A write
+// on remembered or assumed state that turns out stale costs one failed
+// write and a read, and is not a lost race; a write on state this call
+// read that fails is, and is followed by a backoff. It returns the number
+// of races lost.
+func (c *KeyCoordinator) casLoop(ctx context.Context, e *keyEntry, key JobKey, assumeAbsent bool, reduce func(*KeyState, time.Time) *KeyState) (int, error) {
 	var (
 		state    *KeyState
 		rev      uint64
 		have     bool // state and rev are what we believe is stored
 		verified bool // state and rev were read from the store by this call
 	)
-	if cached, ok := c.cache.get(key.KVKey); ok {
-		state, rev, have = cached.state, cached.rev, true
+	if e.known && c.keys.max > 0 {
+		state, rev, have = e.state, e.rev, true
 	} else if assumeAbsent {
 		have = true
 	}
 	var buf []byte
 	conflicts := 0
+	if e.window > 0 && time.Since(e.lostAt) < windowMemory*e.window {
+		// A contended key: pace this operation's first attempt too.
+		if err := sleepJitter(ctx, e.window); err != nil {
+			return conflicts, err
+		}
+	} else {
+		e.window = 0 // cold again
+	}
 	for {
 		if !have {
 			var err error
 			state, rev, err = c.read(ctx, key)
 			if err != nil {
-				return err
+				e.forget()
+				return conflicts, err
 			}
 			have, verified = true, true
+			e.remember(state, rev)
 		}
 		next := reduce(state, c.cfg.Now())
 		if next == nil || (next.Empty() && state == nil) {
@@ -371,14 +421,15 @@ func (c *KeyCoordinator) update(ctx context.Context, key JobKey, assumeAbsent bo
 				have = false
 				continue
 			}
-			return nil
+			return conflicts, nil
 		}
 		var err error
 		if next.Empty() {
 			err = c.store.Delete(ctx, key.Service, key.KVKey, rev)
 			if err == nil {
-				c.cache.drop(key.KVKey)
-				return nil
+				e.forget() // absent now; Admit creates it without a read
+				e.settle(c.cfg.RetryBackoff)
+				return conflicts, nil
 			}
 		} else {
 			buf = appendState(buf[:0], next)
@@ -389,30 +440,36 @@ func (c *KeyCoordinator) update(ctx context.Context, key JobKey, assumeAbsent bo
 				newRev, err = c.store.Update(ctx, key.Service, key.KVKey, buf, rev)
 			}
 			if err == nil {
-				c.cache.put(key.KVKey, next, newRev)
-				return nil
+				// next is also the outcome's State, which belongs to the
+				// caller: remember a copy.
+				e.remember(next.clone(), newRev)
+				e.settle(c.cfg.RetryBackoff)
+				return conflicts, nil
 			}
 		}
-		c.cache.drop(key.KVKey)
+		e.forget()
 		switch {
 		case errors.Is(err, ErrStateTooLarge):
-			return &StateError{KVKey: key.KVKey, Reason: fmt.Sprintf("new state of %d bytes (%d active, %d queued): %v", len(buf), len(next.Active), len(next.Queued), err), Err: ErrStateTooLarge}
+			return conflicts, &StateError{KVKey: key.KVKey, Reason: fmt.Sprintf("new state of %d bytes (%d active, %d queued): %v", len(buf), len(next.Active), len(next.Queued), err), Err: ErrStateTooLarge}
 		case ctx.Err() != nil:
-			return ctx.Err()
+			return conflicts, ctx.Err()
 		case !errors.Is(err, ErrRevisionConflict):
-			return err
+			return conflicts, err
 		}
 		have = false
 		if !verified {
-			continue // the guess was stale, not a lost race: read and try again
+			// The remembered or assumed state was stale: not a lost race,
+			// read and try again.
+			c.stats.staleGuesses.Add(1)
+			continue
 		}
 		verified = false
 		conflicts++
 		if conflicts >= c.cfg.MaxAttempts {
-			return fmt.Errorf("%w: KV key %q: %d compare-and-swap attempts lost to concurrent writers", ErrContention, key.KVKey, conflicts)
+			return conflicts, fmt.Errorf("%w: KV key %q: %d compare-and-swap attempts lost to concurrent writers", ErrContention, key.KVKey, conflicts)
 		}
-		if err := c.pause(ctx, conflicts); err != nil {
-			return err
+		if err := c.backoff(ctx, e); err != nil {
+			return conflicts, err
 		}
 	}
 }
@@ -440,15 +497,27 @@ func (c *KeyCoordinator) read(ctx context.Context, key JobKey) (*KeyState, uint6
 	return st, rev, nil
 }
 
-// pause sleeps before the next attempt: exponential in the number of lost
-// races, with full jitter so that contending writers spread out.
-func (c *KeyCoordinator) pause(ctx context.Context, conflicts int) error {
-	ceiling := c.cfg.RetryBackoff << min(conflicts-1, 20)
-	if ceiling <= 0 || ceiling > c.cfg.MaxRetryBackoff {
-		ceiling = c.cfg.MaxRetryBackoff
-	}
-	d := time.Duration(mrand.Int64N(int64(ceiling)) + 1)
-	t := time.NewTimer(d)
+// backoff is the pause after a lost race on e's key, drawn uniformly (full
+// jitter) from (0, window], where window is the key's backoff window:
+// RetryBackoff on a key without contention, doubled by every race lost on
+// the key and halved by every successful write (see keyEntry.settle),
+// within MaxRetryBackoff, and forgotten once the key has been quiet for
+// windowMemory windows. All of this coordinator's
+// operations on the key share the window, and on a contended key every
+// operation, not only the losers, waits a share of it before its first
+// attempt (see casLoop): so writers settle near an even chance per attempt,
+// instead of early losers backing off ever further while fresh writers
+// keep winning, and writers woken together spread out.
+func (c *KeyCoordinator) backoff(ctx context.Context, e *keyEntry) error {
+	window := max(e.window, c.cfg.RetryBackoff)
+	e.window = min(2*window, c.cfg.MaxRetryBackoff)
+	e.lostAt = time.Now()
+	return sleepJitter(ctx, window)
+}
+
+// sleepJitter sleeps for a uniformly random duration in (0, window].
+func sleepJitter(ctx context.Context, window time.Duration) error {
+	t := time.NewTimer(time.Duration(mrand.Int64N(int64(window))) + 1)
 	defer t.Stop()
 	select {
 	case <-ctx.Done():
@@ -477,57 +546,133 @@ func newUUID() string {
 	return string(s[:])
 }
 
-// stateCache remembers the last state and revision this coordinator read or
-// wrote per KV key. Entries are immutable; a stale entry only costs a failed
-// compare-and-swap and a read.
-type stateCache struct {
+// keyTable is what a coordinator keeps per KV key: a lane that lets one of
+// its operations on the key run at a time, the state and revision it last
+// read or wrote, and the key's backoff window, its estimate of contention.
+//
+// The lane costs nothing on distinct keys and turns concurrent operations
+// of one process on one key, which would otherwise lose compare-and-swap
+// races to each other, into a queue in memory where each operation starts
+// from the state the one before it wrote: no read, no conflict. Races with
+// other processes are still settled by compare-and-swap.
+//
+// Entries in use are never evicted; at most max idle entries are kept
+// (evicting an arbitrary one), so memory stays bounded however many keys
+// pass through. With max 0 no state is remembered between operations.
+type keyTable struct {
 	mu      sync.Mutex
 	max     int
-	entries map[string]cachedState
+	entries map[string]*keyEntry
 }
 
-type cachedState struct {
-	state *KeyState
-	rev   uint64
+// keyEntry is one key's entry. lane and users are guarded by keyTable.mu;
+// the other fields belong to whoever holds the lane.
+type keyEntry struct {
+	lane  chan struct{} // holds one token while an operation runs
+	users int           // operations running or waiting on the lane
+
+	state  *KeyState // last state read or written; immutable once stored
+	rev    uint64
+	known  bool          // state and rev are what this coordinator last saw stored
+	window time.Duration // backoff window; 0 while the key is not contended
+	lostAt time.Time     // when an operation last lost a race on the key
 }
 
-func newStateCache(size int) *stateCache {
-	if size < 0 {
-		size = 0
+// windowMemory is how many backoff windows after its last lost race a key
+// counts as contended: a key that has been quiet that long is cold again.
+const windowMemory = 16
+
+func newKeyTable(size int) *keyTable {
+	return &keyTable{max: max(size, 0), entries: make(map[string]*keyEntry)}
+}
+
+// enter waits for k's lane, or for ctx to end.
+func (t *keyTable) enter(ctx context.Context, k string) (*keyEntry, error) {
+	t.mu.Lock()
+	e := t.entries[k]
+	if e == nil {
+		t.evictIdle()
+		e = &keyEntry{lane: make(chan struct{}, 1)}
+		t.entries[k] = e
 	}
-	return &stateCache{max: size, entries: make(map[string]cachedState)}
-}
-
-func (c *stateCache) get(k string) (cachedState, bool) {
-	if c.max == 0 {
-		return cachedState{}, false
+	e.users++
+	t.mu.Unlock()
+	select {
+	case e.lane <- struct{}{}:
+		return e, nil
+	default:
 	}
-	c.mu.Lock()
-	e, ok := c.entries[k]
-	c.mu.Unlock()
-	return e, ok
+	select {
+	case e.lane <- struct{}{}:
+		return e, nil
+	case <-ctx.Done():
+		t.release(k, e)
+		return nil, ctx.Err()
+	}
 }
 
-func (c *stateCache) put(k string, st *KeyState, rev uint64) {
-	if c.max == 0 {
+// leave frees k's lane.
+func (t *keyTable) leave(k string, e *keyEntry) {
+	<-e.lane
+	t.release(k, e)
+}
+
+func (t *keyTable) release(k string, e *keyEntry) {
+	t.mu.Lock()
+	e.users--
+	if e.users == 0 && len(t.entries) > t.max {
+		delete(t.entries, k)
+	}
+	t.mu.Unlock()
+}
+
+// evictIdle makes room for one entry by evicting an arbitrary idle one.
+// Called with t.mu held.
+func (t *keyTable) evictIdle() {
+	if len(t.entries) < t.max || t.max == 0 {
 		return
 	}
-	c.mu.Lock()
-	if _, ok := c.entries[k]; !ok && len(c.entries) >= c.max {
-		for victim := range c.entries { // evict an arbitrary entry
-			delete(c.entries, victim)
-			break
+	for k, e := range t.entries {
+		if e.users == 0 {
+			delete(t.entries, k)
+			return
 		}
 	}
-	c.entries[k] = cachedState{state: st, rev: rev}
-	c.mu.Unlock()
 }
 
-func (c *stateCache) drop(k string) {
-	if c.max == 0 {
+func (e *keyEntry) remember(state *KeyState, rev uint64) {
+	e.state, e.rev, e.known = state, rev, state != nil
+}
+
+func (e *keyEntry) forget() { e.state, e.rev, e.known = nil, 0, false }
+
+// settle halves the backoff window after a successful write, down to zero
+// below floor.
+func (e *keyEntry) settle(floor time.Duration) {
+	if e.window /= 2; e.window < floor {
+		e.window = 0
+	}
+}
+
+// contentionStats counts what the compare-and-swap loop met, for tests and
+// benchmarks.
+type contentionStats struct {
+	ops          atomic.Int64 // operations that reached the store
+	conflicts    atomic.Int64 // races lost to concurrent writers
+	staleGuesses atomic.Int64 // writes on remembered or assumed state that found it changed
+	maxConflicts atomic.Int64 // most races lost by one operation
+}
+
+func (s *contentionStats) record(conflicts int) {
+	s.ops.Add(1)
+	if conflicts == 0 {
 		return
 	}
-	c.mu.Lock()
-	delete(c.entries, k)
-	c.mu.Unlock()
+	s.conflicts.Add(int64(conflicts))
+	for {
+		m := s.maxConflicts.Load()
+		if int64(conflicts) <= m || s.maxConflicts.CompareAndSwap(m, int64(conflicts)) {
+			return
+		}
+	}
 }

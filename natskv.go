@@ -5,8 +5,10 @@ import (
 	"errors"
 	"fmt"
 	"regexp"
+	"strconv"
 	"sync"
 
+	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 )
 
@@ -33,6 +35,50 @@ type NATSStore struct {
 type natsBucket struct {
 	kv           jetstream.KeyValue
 	maxValueSize int
+	// subjectPrefix is "$KV.<bucket>.", the subject prefix of the bucket's
+	// keys when the store may publish delete markers itself (see Delete);
+	// empty when the bucket is a mirror or the JetStream context uses an
+	// API prefix or domain, where kv.Delete's subject rules apply.
+	subjectPrefix string
+	markers       markerHints
+}
+
+// markerHintsMax bounds the delete markers a bucket remembers.
+const markerHintsMax = 4096
+
+// markerHints remembers the revision of the delete markers this store wrote
+// last, so that Create on such a key is one conditional write instead of
+// kv.Create's three round trips (a write that fails on the marker, a read,
+// a write). A hint is only a guess: a wrong one costs one failed write.
+type markerHints struct {
+	mu   sync.Mutex
+	revs map[string]uint64
+}
+
+func (h *markerHints) put(key string, rev uint64) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if h.revs == nil {
+		h.revs = make(map[string]uint64)
+	}
+	if _, ok := h.revs[key]; !ok && len(h.revs) >= markerHintsMax {
+		for victim := range h.revs { // evict an arbitrary hint
+			delete(h.revs, victim)
+			break
+		}
+	}
+	h.revs[key] = rev
+}
+
+// take returns and forgets the hint for key.
+func (h *markerHints) take(key string) (uint64, bool) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	rev, ok := h.revs[key]
+	if ok {
+		delete(h.revs, key)
+	}
+	return rev, ok
 }
 
 var _ Store = (*NATSStore)(nil)
@@ -124,6 +170,10 @@ func (s *NATSStore) bucket(ctx context.Context, service string) (*natsBucket, er
 		limit = mv - headerAllowance
 	}
 	b = &natsBucket{kv: kv, maxValueSize: limit}
+	opts := s.js.Options()
+	if info := bucketStreamInfo(status); info != nil && info.Config.Mirror == nil && opts.APIPrefix == "" && opts.Domain == "" {
+		b.subjectPrefix = "$KV." + kv.Bucket() + "."
+	}
 	s.mu.Lock()
 	if prev := s.buckets[service]; prev != nil {
 		b = prev
@@ -169,6 +219,14 @@ func (s *NATSStore) Create(ctx context.Context, service, key string, value []byt
 	if len(value) > b.maxValueSize {
 		return 0, tooLarge(len(value), b.maxValueSize)
 	}
+	if markerRev, ok := b.markers.take(key); ok {
+		// The key was deleted by this store at markerRev: write over the
+		// marker, unless the key changed since.
+		rev, err := b.kv.Update(ctx, key, value, markerRev)
+		if err == nil || !isCASConflict(err) {
+			return rev, casError("create", key, err)
+		}
+	}
 	rev, err := b.kv.Create(ctx, key, value)
 	return rev, casError("create", key, err)
 }
@@ -201,7 +259,47 @@ func (s *NATSStore) Delete(ctx context.Context, service, key string, revision ui
 	if revision == 0 {
 		return fmt.Errorf("%w: delete %s: revision 0", ErrRevisionConflict, key)
 	}
-	return casError("delete", key, b.kv.Delete(ctx, key, jetstream.LastRevision(revision)))
+	if b.subjectPrefix == "" || !validKVKey(key) {
+		return casError("delete", key, b.kv.Delete(ctx, key, jetstream.LastRevision(revision)))
+	}
+	// The same marker kv.Delete writes, published here to learn its
+	// revision, which kv.Delete does not return.
+	m := nats.NewMsg(b.subjectPrefix + key)
+	m.Header.Set("KV-Operation", "DEL")
+	m.Header.Set(jetstream.ExpectedLastSubjSeqHeader, strconv.FormatUint(revision, 10))
+	ack, err := s.js.PublishMsg(ctx, m)
+	if err != nil {
+		return casError("delete", key, err)
+	}
+	b.markers.put(key, ack.Sequence)
+	return nil
+}
+
+// bucketStreamInfo returns the stream info behind a bucket's status, or nil
+// when the status does not carry it.
+func bucketStreamInfo(status jetstream.KeyValueStatus) *jetstream.StreamInfo {
+	if bs, ok := status.(*jetstream.KeyValueBucketStatus); ok {
+		return bs.StreamInfo()
+	}
+	return nil
+}
+
+// validKVKey reports whether key is a valid KV key by nats.go's rules:
+// letters, digits and "-/_=.", no empty token.
+func validKVKey(key string) bool {
+	if key == "" || key[0] == '.' || key[len(key)-1] == '.' {
+		return false
+	}
+	for i := 0; i < len(key); i++ {
+		c := key[i]
+		switch {
+		case c >= 'a' && c <= 'z', c >= 'A' && c <= 'Z', c >= '0' && c <= '9', c == '-', c == '/', c == '_', c == '=':
+		case c == '.' && key[i-1] != '.':
+		default:
+			return false
+		}
+	}
+	return true
 }
 
 func tooLarge(n, limit int) error {
