@@ -8,6 +8,7 @@ import (
 	"fmt"
 	mrand "math/rand/v2"
 	"os"
+	"slices"
 	"strconv"
 	"sync"
 	"sync/atomic"
@@ -432,6 +433,9 @@ func (c *KeyCoordinator) casLoop(ctx context.Context, e *keyEntry, key JobKey, a
 				return conflicts, nil
 			}
 		} else {
+			if buf == nil {
+				buf = make([]byte, 0, encodedSizeEstimate(next))
+			}
 			buf = appendState(buf[:0], next)
 			var newRev uint64
 			if state == nil {
@@ -442,7 +446,7 @@ func (c *KeyCoordinator) casLoop(ctx context.Context, e *keyEntry, key JobKey, a
 			if err == nil {
 				// next is also the outcome's State, which belongs to the
 				// caller: remember a copy.
-				e.remember(next.clone(), newRev)
+				e.remember(snapshot(next), newRev)
 				e.settle(c.cfg.RetryBackoff)
 				return conflicts, nil
 			}
@@ -472,6 +476,20 @@ func (c *KeyCoordinator) casLoop(ctx context.Context, e *keyEntry, key JobKey, a
 			return conflicts, err
 		}
 	}
+}
+
+// encodedSizeEstimate is a little over the usual JSON size of s, so that
+// encoding it rarely grows the buffer.
+func encodedSizeEstimate(s *KeyState) int {
+	return 512 + 512*len(s.Active) + 320*len(s.Queued)
+}
+
+// snapshot returns a copy of s that shares no slice with it.
+func snapshot(s *KeyState) *KeyState {
+	c := *s
+	c.Active = slices.Clone(s.Active)
+	c.Queued = slices.Clone(s.Queued)
+	return &c
 }
 
 // read fetches and validates a key's state; nil state means absent.
@@ -556,9 +574,10 @@ func newUUID() string {
 // from the state the one before it wrote: no read, no conflict. Races with
 // other processes are still settled by compare-and-swap.
 //
-// Entries in use are never evicted; at most max idle entries are kept
-// (evicting an arbitrary one), so memory stays bounded however many keys
-// pass through. With max 0 no state is remembered between operations.
+// Entries in use are never evicted; idle entries are kept only while they
+// remember something (state, or an open backoff window), and at most max
+// of them (evicting an arbitrary one), so memory stays bounded however many
+// keys pass through. With max 0 no state is remembered between operations.
 type keyTable struct {
 	mu      sync.Mutex
 	max     int
@@ -620,8 +639,8 @@ func (t *keyTable) leave(k string, e *keyEntry) {
 func (t *keyTable) release(k string, e *keyEntry) {
 	t.mu.Lock()
 	e.users--
-	if e.users == 0 && len(t.entries) > t.max {
-		delete(t.entries, k)
+	if e.users == 0 && (len(t.entries) > t.max || !e.known && e.window == 0) {
+		delete(t.entries, k) // over the bound, or nothing to remember
 	}
 	t.mu.Unlock()
 }
