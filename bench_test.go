@@ -1,0 +1,829 @@
+package jobkeys
+
+// Benchmarks of the coordinator against an embedded nats-server over TCP
+// (memory storage), with a raw KV baseline in the same run. BENCHMARKS.md
+// has the figures and the commands that produced them:
+//
+//	go test -run '^$' -bench . -benchmem -count 6 | tee bench.txt
+//
+// The memory soak runs only when JOBKEYS_MEM_SOAK=1 (see
+// TestCoordinatorMemoryFlat).
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	mrand "math/rand/v2"
+	"os"
+	"runtime"
+	"strconv"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats-server/v2/server"
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/jobkeys/jobkeys/internal/natstest"
+)
+
+const benchJobType = "render"
+
+// benchPolicy keys jobs by payload field "tenant".
+var benchPolicy = Policy{Key: []string{"tenant", "/tenant"}, MaxActive: 1}
+
+// benchSeq makes a fresh service (bucket) name per benchmark run, so runs
+// with different b.N do not see each other's keys.
+var benchSeq atomic.Int64
+
+func benchService() string { return "bench" + strconv.FormatInt(benchSeq.Add(1), 10) }
+
+func benchPayload(key int) []byte { return []byte(`{"tenant":"t-` + strconv.Itoa(key) + `"}`) }
+
+// benchConn is one worker's connection: its own TCP connection, store and
+// coordinator, as a separate worker process would have.
+type benchConn struct {
+	nc    *nats.Conn
+	store *NATSStore
+	coord *KeyCoordinator
+}
+
+func benchConnect(b *testing.B, s *server.Server) *benchConn {
+	b.Helper()
+	nc, js := natstest.Connect(b, s)
+	store, err := NewNATSStore(js, WithCreateBuckets(jetstream.MemoryStorage, 1))
+	if err != nil {
+		b.Fatal(err)
+	}
+	coord, err := NewCoordinator(store, nil)
+	if err != nil {
+		b.Fatal(err)
+	}
+	return &benchConn{nc: nc, store: store, coord: coord}
+}
+
+// requests is how many messages (requests) the connection has sent: each
+// KV operation is one request and one reply, so this counts round trips.
+func (c *benchConn) requests() uint64 { return c.nc.Stats().OutMsgs }
+
+// benchCycle runs admit → acquire → release of one job and checks each
+// outcome. It is the unit of work of the uncontended benchmarks.
+func benchCycle(ctx context.Context, c *KeyCoordinator, service string, p Policy, payload []byte, jobID string) error {
+	adm, err := c.Admit(ctx, AdmitRequest{Service: service, JobType: benchJobType, JobID: jobID, Payload: payload, Policy: p})
+	if err != nil {
+		return err
+	}
+	if adm.Kind != KindAccepted || adm.AlreadyPresent {
+		return fmt.Errorf("admit %s: %s %s (already present %v)", jobID, adm.Kind, adm.Reason, adm.AlreadyPresent)
+	}
+	acq, err := c.Acquire(ctx, AcquireRequest{Service: service, JobType: benchJobType, JobID: jobID, Payload: payload, Policy: p})
+	if err != nil {
+		return err
+	}
+	if acq.Kind != KindAcquired {
+		return fmt.Errorf("acquire %s: %s %s", jobID, acq.Kind, acq.Reason)
+	}
+	rel, err := c.Release(ctx, ReleaseRequest{Lease: acq.Lease})
+	if err != nil {
+		return err
+	}
+	if rel.Kind != KindReleased {
+		return fmt.Errorf("release %s: %s", jobID, rel.Kind)
+	}
+	return nil
+}
+
+// benchReportRate reports ops per second under unit, from the timer.
+func benchReportRate(b *testing.B, unit string) {
+	if s := b.Elapsed().Seconds(); s > 0 {
+		b.ReportMetric(float64(b.N)/s, unit)
+	}
+}
+
+// BenchmarkCycle measures admit → acquire → release of one job (one op).
+// Compare NATS/1worker with BenchmarkRawKV/1worker: three Get+Update pairs.
+func BenchmarkCycle(b *testing.B) {
+	b.Run("Memory/1worker", func(b *testing.B) {
+		c, err := NewCoordinator(NewMemoryStore(), nil)
+		if err != nil {
+			b.Fatal(err)
+		}
+		ctx, service, payload := context.Background(), benchService(), benchPayload(0)
+		b.ReportAllocs()
+		b.ResetTimer()
+		for i := range b.N {
+			if err := benchCycle(ctx, c, service, benchPolicy, payload, "job-"+strconv.Itoa(i)); err != nil {
+				b.Fatal(err)
+			}
+		}
+		benchReportRate(b, "cycles/s")
+	})
+
+	s := natstest.Run(b)
+	b.Run("NATS/1worker", func(b *testing.B) {
+		w := benchConnect(b, s)
+		ctx, service, payload := context.Background(), benchService(), benchPayload(0)
+		if err := benchCycle(ctx, w.coord, service, benchPolicy, payload, "warmup"); err != nil {
+			b.Fatal(err) // opens the bucket; leaves a delete marker as steady state does
+		}
+		b.ReportAllocs()
+		start := w.requests()
+		b.ResetTimer()
+		for i := range b.N {
+			if err := benchCycle(ctx, w.coord, service, benchPolicy, payload, "job-"+strconv.Itoa(i)); err != nil {
+				b.Fatal(err)
+			}
+		}
+		b.StopTimer()
+		benchReportRate(b, "cycles/s")
+		b.ReportMetric(float64(w.requests()-start)/float64(b.N), "rt/op")
+	})
+
+	b.Run("NATS/16workers-16keys", func(b *testing.B) {
+		service := benchService()
+		benchParallel(b, s, 16, false, "cycles/s", func(ctx context.Context, w *benchConn, worker int) func(i int) error {
+			payload := benchPayload(worker)
+			if err := benchCycle(ctx, w.coord, service, benchPolicy, payload, fmt.Sprintf("warmup-%d", worker)); err != nil {
+				b.Fatal(err)
+			}
+			return func(i int) error {
+				return benchCycle(ctx, w.coord, service, benchPolicy, payload, fmt.Sprintf("job-%d-%d", worker, i))
+			}
+		})
+	})
+
+	b.Run("NATS/16workers-1key-max4", func(b *testing.B) {
+		benchContended(b, s, 16, false)
+	})
+	b.Run("NATS/16goroutines-1conn-1key-max4", func(b *testing.B) {
+		benchContended(b, s, 16, true)
+	})
+}
+
+// benchParallel runs b.N ops over n workers, each with its own connection,
+// or all on one when shared, and reports ops per second under unit and
+// round trips per op. setup runs before the timer starts and returns the
+// worker's op. It returns the connections used.
+func benchParallel(b *testing.B, s *server.Server, n int, shared bool, unit string, setup func(ctx context.Context, w *benchConn, worker int) func(i int) error) []*benchConn {
+	ctx := context.Background()
+	var conns []*benchConn
+	ops := make([]func(int) error, n)
+	for i := range ops {
+		if i == 0 || !shared {
+			conns = append(conns, benchConnect(b, s))
+		}
+		ops[i] = setup(ctx, conns[len(conns)-1], i)
+	}
+	var start uint64
+	for _, c := range conns {
+		start += c.requests()
+	}
+	var next atomic.Int64
+	var wg sync.WaitGroup
+	errs := make(chan error, n)
+	b.ReportAllocs()
+	b.ResetTimer()
+	for w := range n {
+		wg.Go(func() {
+			for {
+				i := int(next.Add(1)) - 1
+				if i >= b.N {
+					return
+				}
+				if err := ops[w](i); err != nil {
+					errs <- err
+					return
+				}
+			}
+		})
+	}
+	wg.Wait()
+	b.StopTimer()
+	close(errs)
+	for err := range errs {
+		b.Error(err)
+	}
+	var end uint64
+	for _, c := range conns {
+		end += c.requests()
+	}
+	benchReportRate(b, unit)
+	b.ReportMetric(float64(end-start)/float64(b.N), "rt/op")
+	return conns
+}
+
+// benchContended runs n workers on one key with MaxActive 4 and a queue
+// long enough for every worker's job. Each worker loops admit → acquire
+// (retrying while blocked) → release. shared puts all workers on one
+// connection and coordinator (one process); otherwise each has its own (n
+// processes). Any error, ErrContention included, fails the benchmark.
+func benchContended(b *testing.B, s *server.Server, n int, shared bool) {
+	policy := Policy{Key: []string{"tenant", "/tenant"}, MaxActive: 4, MaxQueuedPerKey: n}
+	service, payload := benchService(), benchPayload(0)
+	var contention, blocked atomic.Int64
+	conns := benchParallel(b, s, n, shared, "cycles/s", func(ctx context.Context, w *benchConn, worker int) func(int) error {
+		if err := benchCycle(ctx, w.coord, service, policy, payload, fmt.Sprintf("warmup-%d", worker)); err != nil {
+			b.Fatal(err)
+		}
+		rng := mrand.New(mrand.NewPCG(uint64(worker), 1))
+		return func(i int) error {
+			jobID := fmt.Sprintf("job-%d-%d", worker, i)
+			err := benchContendedCycle(ctx, w.coord, service, policy, payload, jobID, rng, &blocked)
+			if errors.Is(err, ErrContention) {
+				contention.Add(1)
+			}
+			return err
+		}
+	})
+	var conflicts, stale, worst int64
+	for _, w := range conns {
+		c, s, m := benchStats(w.coord)
+		conflicts, stale, worst = conflicts+c, stale+s, max(worst, m)
+	}
+	b.ReportMetric(float64(contention.Load()), "contention-errors")
+	b.ReportMetric(float64(blocked.Load())/float64(b.N), "blocked/op")
+	b.ReportMetric(float64(conflicts)/float64(b.N), "conflicts/op")
+	b.ReportMetric(float64(stale)/float64(b.N), "stale-guesses/op")
+	b.ReportMetric(float64(worst), "max-conflicts")
+	if contention.Load() != 0 {
+		b.Errorf("%d cycles failed with ErrContention", contention.Load())
+	}
+}
+
+// benchStats returns the coordinator's races lost, stale guesses and most
+// races lost by one operation.
+func benchStats(c *KeyCoordinator) (conflicts, staleGuesses, maxConflicts int64) {
+	return c.stats.conflicts.Load(), c.stats.staleGuesses.Load(), c.stats.maxConflicts.Load()
+}
+
+func benchContendedCycle(ctx context.Context, c *KeyCoordinator, service string, p Policy, payload []byte, jobID string, rng *mrand.Rand, blocked *atomic.Int64) error {
+	adm, err := c.Admit(ctx, AdmitRequest{Service: service, JobType: benchJobType, JobID: jobID, Payload: payload, Policy: p})
+	if err != nil {
+		return fmt.Errorf("admit %s: %w", jobID, err)
+	}
+	if adm.Kind != KindAccepted {
+		return fmt.Errorf("admit %s: %s %s", jobID, adm.Kind, adm.Reason)
+	}
+	wait := 100 * time.Microsecond
+	for {
+		acq, err := c.Acquire(ctx, AcquireRequest{Service: service, JobType: benchJobType, JobID: jobID, Payload: payload, Policy: p})
+		if err != nil {
+			return fmt.Errorf("acquire %s: %w", jobID, err)
+		}
+		if acq.Kind == KindAcquired {
+			rel, err := c.Release(ctx, ReleaseRequest{Lease: acq.Lease})
+			if err != nil {
+				return fmt.Errorf("release %s: %w", jobID, err)
+			}
+			if rel.Kind != KindReleased {
+				return fmt.Errorf("release %s: %s", jobID, rel.Kind)
+			}
+			return nil
+		}
+		if acq.Reason != ReasonActiveLimit {
+			return fmt.Errorf("acquire %s: %s %s", jobID, acq.Kind, acq.Reason)
+		}
+		// Blocked: a worker without wake-on-release polls, with jittered
+		// exponential backoff up to 2ms.
+		blocked.Add(1)
+		time.Sleep(time.Duration(rng.Int64N(int64(wait))) + wait/2)
+		wait = min(2*wait, 2*time.Millisecond)
+	}
+}
+
+// BenchmarkRawKV is the baseline: per op, three sequential kv.Get +
+// kv.Update pairs on one key, over the same kind of connection and bucket
+// as BenchmarkCycle. The value is a one-slot key state.
+func BenchmarkRawKV(b *testing.B) {
+	s := natstest.Run(b)
+	value := benchStateBytes(b, 0)
+	b.Run("1worker", func(b *testing.B) {
+		benchParallel(b, s, 1, false, "cycles/s", func(ctx context.Context, w *benchConn, worker int) func(int) error {
+			return benchRawOp(ctx, b, w, benchService(), "k", value)
+		})
+	})
+	b.Run("16workers-16keys", func(b *testing.B) {
+		service := benchService()
+		benchParallel(b, s, 16, false, "cycles/s", func(ctx context.Context, w *benchConn, worker int) func(int) error {
+			return benchRawOp(ctx, b, w, service, "k"+strconv.Itoa(worker), value)
+		})
+	})
+}
+
+func benchRawOp(ctx context.Context, b *testing.B, w *benchConn, service, key string, value []byte) func(int) error {
+	kv, err := w.store.KeyValue(ctx, service)
+	if err != nil {
+		b.Fatal(err)
+	}
+	if _, err := kv.Put(ctx, key, value); err != nil {
+		b.Fatal(err)
+	}
+	return func(int) error {
+		for range 3 {
+			e, err := kv.Get(ctx, key)
+			if err != nil {
+				return err
+			}
+			if _, err := kv.Update(ctx, key, value, e.Revision()); err != nil {
+				return err
+			}
+		}
+		return nil
+	}
+}
+
+// BenchmarkRenew measures renew-only heartbeats: one op is one Renew of a
+// held lease.
+func BenchmarkRenew(b *testing.B) {
+	s := natstest.Run(b)
+	for _, n := range []int{1, 16} {
+		b.Run(fmt.Sprintf("NATS/%dworkers-%dkeys", n, n), func(b *testing.B) {
+			service := benchService()
+			policy := benchPolicy
+			benchParallel(b, s, n, false, "renews/s", func(ctx context.Context, w *benchConn, worker int) func(int) error {
+				payload := benchPayload(worker)
+				jobID := "job-" + strconv.Itoa(worker)
+				if _, err := w.coord.Admit(ctx, AdmitRequest{Service: service, JobType: benchJobType, JobID: jobID, Payload: payload, Policy: policy}); err != nil {
+					b.Fatal(err)
+				}
+				acq, err := w.coord.Acquire(ctx, AcquireRequest{Service: service, JobType: benchJobType, JobID: jobID, Payload: payload, Policy: policy})
+				if err != nil || acq.Kind != KindAcquired {
+					b.Fatalf("acquire: %v %v", acq.Kind, err)
+				}
+				return func(int) error {
+					r, err := w.coord.Renew(ctx, RenewRequest{Lease: acq.Lease})
+					if err == nil && r.Kind != KindRenewed {
+						err = fmt.Errorf("renew: %s", r.Kind)
+					}
+					return err
+				}
+			})
+		})
+	}
+}
+
+// benchQueuedState returns a state with one active slot and queued queued
+// jobs, as Acquire and Admit would write it.
+func benchQueuedState(tb testing.TB, queued int) (*KeyState, JobKey, Policy) {
+	tb.Helper()
+	policy, err := Policy{Key: benchPolicy.Key, MaxActive: 4, MaxQueuedPerKey: 2000}.Normalize()
+	if err != nil {
+		tb.Fatal(err)
+	}
+	key, err := DeriveKey("bench", benchJobType, benchPayload(0), policy.Key)
+	if err != nil {
+		tb.Fatal(err)
+	}
+	now := time.Date(2025, 1, 2, 3, 4, 5, 0, time.UTC)
+	var st *KeyState
+	for i := range queued + 1 {
+		out := ReduceAdmission(st, key, AdmitRequest{JobID: fmt.Sprintf("queued-%08d", i)}, policy, now)
+		if out.Kind != KindAccepted {
+			tb.Fatalf("admit %d: %s", i, out.Kind)
+		}
+		st = out.State
+	}
+	acq := ReduceAcquire(st, key, AcquireRequest{JobID: "queued-00000000", InstanceID: "host-1"}, policy, now, newUUID())
+	if acq.Kind != KindAcquired {
+		tb.Fatalf("acquire: %s %s", acq.Kind, acq.Reason)
+	}
+	return acq.State, key, policy
+}
+
+func benchStateBytes(tb testing.TB, queued int) []byte {
+	st, _, _ := benchQueuedState(tb, queued)
+	return appendState(nil, st)
+}
+
+var benchQueueLengths = []int{0, 10, 100, 1000}
+
+// BenchmarkReduce measures the pure reducers on a state with one active
+// slot and n queued jobs.
+func BenchmarkReduce(b *testing.B) {
+	now := time.Date(2025, 1, 2, 3, 4, 6, 0, time.UTC)
+	for _, n := range benchQueueLengths {
+		st, key, policy := benchQueuedState(b, n)
+		size := float64(len(appendState(nil, st)))
+		b.Run(fmt.Sprintf("Admission/queued=%d", n), func(b *testing.B) {
+			req := AdmitRequest{JobID: "new-job"}
+			b.ReportAllocs()
+			for b.Loop() {
+				if out := ReduceAdmission(st, key, req, policy, now); out.Kind != KindAccepted {
+					b.Fatal(out.Kind)
+				}
+			}
+			b.ReportMetric(size, "state-B")
+		})
+		b.Run(fmt.Sprintf("Acquire/queued=%d", n), func(b *testing.B) {
+			req := AcquireRequest{JobID: "retry-job", Retry: true, InstanceID: "host-2"}
+			if n > 0 {
+				req = AcquireRequest{JobID: st.Queued[len(st.Queued)/2].JobID, InstanceID: "host-2"}
+			}
+			token := newUUID()
+			b.ReportAllocs()
+			for b.Loop() {
+				if out := ReduceAcquire(st, key, req, policy, now, token); out.Kind != KindAcquired {
+					b.Fatal(out.Kind, out.Reason)
+				}
+			}
+			b.ReportMetric(size, "state-B")
+		})
+		b.Run(fmt.Sprintf("Release/queued=%d", n), func(b *testing.B) {
+			slot := st.Active[0]
+			lease := Lease{JobID: slot.JobID, SlotToken: slot.SlotToken}
+			b.ReportAllocs()
+			for b.Loop() {
+				if out := ReduceRelease(st, lease, now); out.Kind != KindReleased {
+					b.Fatal(out.Kind)
+				}
+			}
+			b.ReportMetric(size, "state-B")
+		})
+	}
+}
+
+// BenchmarkStateCodec measures encoding and decoding a key state with one
+// active slot and n queued jobs: the CPU work of every read and write.
+func BenchmarkStateCodec(b *testing.B) {
+	for _, n := range benchQueueLengths {
+		st, _, _ := benchQueuedState(b, n)
+		data := appendState(nil, st)
+		b.Run(fmt.Sprintf("Encode/queued=%d", n), func(b *testing.B) {
+			var buf []byte
+			b.ReportAllocs()
+			b.SetBytes(int64(len(data)))
+			for b.Loop() {
+				buf = appendState(buf[:0], st)
+			}
+			b.ReportMetric(float64(len(data)), "state-B")
+		})
+		b.Run(fmt.Sprintf("Decode/queued=%d", n), func(b *testing.B) {
+			b.ReportAllocs()
+			b.SetBytes(int64(len(data)))
+			for b.Loop() {
+				if _, err := decodeState(data); err != nil {
+					b.Fatal(err)
+				}
+			}
+			b.ReportMetric(float64(len(data)), "state-B")
+		})
+	}
+}
+
+// BenchmarkCycleQueued measures one cycle (admit → acquire → release of a
+// new job) on a key that already has n queued jobs waiting (and one
+// active slot, so the queued jobs stay queued), over NATS with one worker.
+func BenchmarkCycleQueued(b *testing.B) {
+	s := natstest.Run(b)
+	for _, n := range benchQueueLengths {
+		b.Run(fmt.Sprintf("NATS/queued=%d", n), func(b *testing.B) {
+			w := benchConnect(b, s)
+			ctx, service, payload := context.Background(), benchService(), benchPayload(0)
+			policy := Policy{Key: benchPolicy.Key, MaxActive: 2, MaxQueuedPerKey: 2000}
+			// One job holds a slot; n wait behind it.
+			for i := range n + 1 {
+				adm, err := w.coord.Admit(ctx, AdmitRequest{Service: service, JobType: benchJobType, JobID: fmt.Sprintf("queued-%08d", i), Payload: payload, Policy: policy})
+				if err != nil || adm.Kind != KindAccepted {
+					b.Fatalf("preload %d: %s %v", i, adm.Kind, err)
+				}
+			}
+			acq, err := w.coord.Acquire(ctx, AcquireRequest{Service: service, JobType: benchJobType, JobID: "queued-00000000", Payload: payload, Policy: policy})
+			if err != nil || acq.Kind != KindAcquired {
+				b.Fatalf("preload acquire: %s %v", acq.Kind, err)
+			}
+			// The cycling job takes the second slot by retry, ahead of the queue.
+			b.ReportAllocs()
+			start := w.requests()
+			b.ResetTimer()
+			for i := range b.N {
+				if err := benchCycle(ctx, w.coord, service, policy, payload, "job-"+strconv.Itoa(i)); err != nil {
+					b.Fatal(err)
+				}
+			}
+			b.StopTimer()
+			benchReportRate(b, "cycles/s")
+			b.ReportMetric(float64(w.requests()-start)/float64(b.N), "rt/op")
+			b.ReportMetric(float64(len(benchStateBytes(b, n))), "state-B")
+		})
+	}
+}
+
+// TestCoordinatorMemoryFlat runs a million cycles on a MemoryStore (and a
+// shorter run over NATS) and checks that the heap after GC stays flat. It
+// logs the curve. It runs only with JOBKEYS_MEM_SOAK=1:
+//
+//	JOBKEYS_MEM_SOAK=1 go test -run TestCoordinatorMemoryFlat -v -timeout 30m
+//
+// JOBKEYS_MEM_SOAK_CYCLES and JOBKEYS_MEM_SOAK_NATS_CYCLES override the
+// cycle counts (defaults 1000000 and 100000; at least 100).
+func TestCoordinatorMemoryFlat(t *testing.T) {
+	if os.Getenv("JOBKEYS_MEM_SOAK") != "1" {
+		t.Skip("set JOBKEYS_MEM_SOAK=1 to run the memory soak")
+	}
+	cycles := benchEnvInt(t, "JOBKEYS_MEM_SOAK_CYCLES", 1_000_000)
+	natsCycles := benchEnvInt(t, "JOBKEYS_MEM_SOAK_NATS_CYCLES", 100_000)
+
+	t.Run("Memory", func(t *testing.T) {
+		c, err := NewCoordinator(NewMemoryStore(), nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		benchSoak(t, c, cycles)
+	})
+	t.Run("NATS", func(t *testing.T) {
+		s := natstest.Run(t)
+		_, js := natstest.Connect(t, s)
+		store, err := NewNATSStore(js, WithCreateBuckets(jetstream.MemoryStorage, 1))
+		if err != nil {
+			t.Fatal(err)
+		}
+		c, err := NewCoordinator(store, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		benchSoak(t, c, natsCycles)
+	})
+}
+
+func benchEnvInt(t *testing.T, name string, def int) int {
+	t.Helper()
+	v := os.Getenv(name)
+	if v == "" {
+		return def
+	}
+	n, err := strconv.Atoi(v)
+	if err != nil || n < 100 {
+		t.Fatalf("%s=%q: want an integer >= 100", name, v)
+	}
+	return n
+}
+
+// benchSoak runs cycles over min(10,000, cycles/10) keys in turn (so the
+// store holds a bounded key set while the coordinator sees ever new job
+// ids and more keys than its table keeps), sampling HeapAlloc after GC ten
+// times. The heap includes the store (and, over NATS, the embedded
+// server). It fails if the heap grew by more than 4 MiB between the sample
+// after the first pass over the keys and the end.
+func benchSoak(t *testing.T, c *KeyCoordinator, cycles int) {
+	keys := min(10_000, cycles/10)
+	ctx, service := context.Background(), "soak"
+	payloads := make([][]byte, keys)
+	for i := range payloads {
+		payloads[i] = benchPayload(i)
+	}
+	heap := func() uint64 {
+		runtime.GC()
+		var ms runtime.MemStats
+		runtime.ReadMemStats(&ms)
+		return ms.HeapAlloc
+	}
+	step := cycles / 10
+	var samples []uint64
+	start := time.Now()
+	sample := func(i int) {
+		h := heap()
+		samples = append(samples, h)
+		c.keys.mu.Lock()
+		entries := len(c.keys.entries)
+		c.keys.mu.Unlock()
+		t.Logf("cycle %8d: HeapAlloc %7.2f MiB, %5d key table entries (%v)", i, float64(h)/(1<<20), entries, time.Since(start).Round(time.Millisecond))
+	}
+	for i := range cycles {
+		if i%step == 0 {
+			sample(i)
+		}
+		if err := benchCycle(ctx, c, service, benchPolicy, payloads[i%keys], "job-"+strconv.Itoa(i)); err != nil {
+			t.Fatalf("cycle %d: %v", i, err)
+		}
+	}
+	sample(cycles)
+	base, final := samples[1], samples[len(samples)-1] // after the first pass over the keys
+	if final > base+4<<20 {
+		t.Errorf("heap grew from %d to %d bytes over %d cycles", base, final, cycles)
+	}
+	runtime.KeepAlive(c)
+	runtime.KeepAlive(payloads)
+}
+
+// The tests below check the performance contracts the benchmarks rely on;
+// they are quick and run by default.
+
+// An uncontended cycle over NATS is three round trips: admit creates the
+// key over the delete marker the previous release left (one conditional
+// write, not kv.Create's three), acquire and release write on the state
+// the coordinator remembers.
+func TestCycleRoundTrips(t *testing.T) {
+	t.Parallel()
+	s := natstest.Run(t)
+	ctx, service, payload := context.Background(), "roundtrips", benchPayload(0)
+	nc, js := natstest.Connect(t, s)
+	store, err := NewNATSStore(js, WithCreateBuckets(jetstream.MemoryStorage, 1))
+	if err != nil {
+		t.Fatal(err)
+	}
+	c, err := NewCoordinator(store, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := benchCycle(ctx, c, service, benchPolicy, payload, "warmup"); err != nil {
+		t.Fatal(err)
+	}
+	const cycles = 20
+	before := nc.Stats().OutMsgs
+	for i := range cycles {
+		if err := benchCycle(ctx, c, service, benchPolicy, payload, "job-"+strconv.Itoa(i)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if got := nc.Stats().OutMsgs - before; got != 3*cycles {
+		t.Errorf("%d cycles sent %d requests, want %d", cycles, got, 3*cycles)
+	}
+
+	// Another process creates the key over the marker this store
+	// remembers: admission here must queue behind its job, not overwrite it.
+	_, js2 := natstest.Connect(t, s)
+	other, err := NewNATSStore(js2)
+	if err != nil {
+		t.Fatal(err)
+	}
+	oc, err := NewCoordinator(other, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	policy := Policy{Key: benchPolicy.Key, MaxQueuedPerKey: 5}
+	admit := func(c *KeyCoordinator, jobID string) Admission {
+		t.Helper()
+		adm, err := c.Admit(ctx, AdmitRequest{Service: service, JobType: benchJobType, JobID: jobID, Payload: payload, Policy: policy})
+		if err != nil || adm.Kind != KindAccepted {
+			t.Fatalf("admit %s: %v %v", jobID, adm.Kind, err)
+		}
+		return adm
+	}
+	admit(oc, "held")
+	adm := admit(c, "mine")
+	if adm.State == nil || len(adm.State.Queued) != 2 || adm.State.Queued[0].JobID != "held" {
+		t.Fatalf("admission over another process's key: %+v", adm.State)
+	}
+	value, _, err := store.Get(ctx, service, kvKeyFor(service, benchJobType, adm.KeyHash))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if st, err := ParseState(value); err != nil || len(st.Queued) != 2 {
+		t.Fatalf("stored state: %v %+v", err, st)
+	}
+
+	// This store deletes the key, the other recreates and deletes it: the
+	// remembered marker is stale, and admission still creates the key.
+	for _, rm := range []struct {
+		c  *KeyCoordinator
+		id string
+	}{{oc, "held"}, {c, "mine"}} {
+		out, err := rm.c.RemoveQueued(ctx, RemoveRequest{Service: service, JobType: benchJobType, JobID: rm.id, Payload: payload, Policy: policy})
+		if err != nil || out.Kind != KindRemoved {
+			t.Fatalf("remove %s: %v %v", rm.id, out.Kind, err)
+		}
+	}
+	if err := benchCycle(ctx, oc, service, benchPolicy, payload, "other"); err != nil {
+		t.Fatal(err)
+	}
+	if err := benchCycle(ctx, c, service, benchPolicy, payload, "after-other"); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// Goroutines of one coordinator on one key never race each other: each
+// operation starts from the state the one before it wrote.
+func TestCoordinatorLanesNoSelfRaces(t *testing.T) {
+	t.Parallel()
+	ctx, service, payload := context.Background(), "lanes", benchPayload(0)
+	store := NewMemoryStore()
+	c, err := NewCoordinator(store, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	const workers, jobs = 16, 20
+	policy := Policy{Key: benchPolicy.Key, MaxActive: 4, MaxQueuedPerKey: workers * jobs}
+	var wg sync.WaitGroup
+	errs := make(chan error, workers)
+	for w := range workers {
+		wg.Go(func() {
+			for j := range jobs {
+				adm, err := c.Admit(ctx, AdmitRequest{Service: service, JobType: benchJobType, JobID: fmt.Sprintf("job-%d-%d", w, j), Payload: payload, Policy: policy})
+				if err == nil && adm.Kind != KindAccepted {
+					err = fmt.Errorf("admit: %s %s", adm.Kind, adm.Reason)
+				}
+				if err != nil {
+					errs <- err
+					return
+				}
+			}
+		})
+	}
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		t.Fatal(err)
+	}
+	conflicts, stale, _ := benchStats(c)
+	if conflicts != 0 || stale != 0 {
+		t.Errorf("%d lost races and %d stale guesses among goroutines of one coordinator, want none", conflicts, stale)
+	}
+	key, err := DeriveKey(service, benchJobType, payload, policy.Key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	value, _, err := store.Get(ctx, service, key.KVKey)
+	if err != nil {
+		t.Fatal(err)
+	}
+	st, err := ParseState(value)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(st.Queued) != workers*jobs {
+		t.Errorf("%d jobs queued, want %d", len(st.Queued), workers*jobs)
+	}
+}
+
+// The backoff window doubles per lost race up to MaxRetryBackoff, halves
+// per successful write down to zero, and is forgotten on a quiet key.
+func TestCoordinatorBackoffWindow(t *testing.T) {
+	t.Parallel()
+	c, err := NewCoordinator(NewMemoryStore(), &Config{RetryBackoff: time.Microsecond, MaxRetryBackoff: 8 * time.Microsecond})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	e := &keyEntry{}
+	var grown []time.Duration
+	for range 5 {
+		if err := c.backoff(ctx, e); err != nil {
+			t.Fatal(err)
+		}
+		grown = append(grown, e.window)
+	}
+	var settled []time.Duration
+	for range 4 {
+		e.settle(c.cfg.RetryBackoff)
+		settled = append(settled, e.window)
+	}
+	us := time.Microsecond
+	if want := []time.Duration{2 * us, 4 * us, 8 * us, 8 * us, 8 * us}; fmt.Sprint(grown) != fmt.Sprint(want) {
+		t.Errorf("window after lost races %v, want %v", grown, want)
+	}
+	if want := []time.Duration{4 * us, 2 * us, 1 * us, 0}; fmt.Sprint(settled) != fmt.Sprint(want) {
+		t.Errorf("window after successful writes %v, want %v", settled, want)
+	}
+
+	// A key whose last lost race is long past is cold: no pacing, window 0.
+	payload := benchPayload(0)
+	key, err := DeriveKey("window", benchJobType, payload, benchPolicy.Key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	hot, err := c.keys.enter(ctx, key.KVKey)
+	if err != nil {
+		t.Fatal(err)
+	}
+	hot.window, hot.lostAt = time.Hour, time.Now().Add(-windowMemory*time.Hour-time.Second)
+	c.keys.leave(key.KVKey, hot)
+	if err := benchCycle(ctx, c, "window", benchPolicy, payload, "j1"); err != nil {
+		t.Fatal(err)
+	}
+	e2, err := c.keys.enter(ctx, key.KVKey)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.keys.leave(key.KVKey, e2)
+	if e2.window != 0 {
+		t.Errorf("window on a quiet key %v, want 0", e2.window)
+	}
+}
+
+// The coordinator's per-key table stays within StateCacheSize idle
+// entries however many keys pass through.
+func TestCoordinatorKeyTableBounded(t *testing.T) {
+	t.Parallel()
+	const size, keys = 64, 1000
+	c, err := NewCoordinator(NewMemoryStore(), &Config{StateCacheSize: size})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	policy := Policy{Key: benchPolicy.Key, MaxQueuedPerKey: 1}
+	for i := range keys {
+		// Admit only, so every key keeps state the table could remember.
+		adm, err := c.Admit(ctx, AdmitRequest{Service: "bounded", JobType: benchJobType, JobID: "j", Payload: benchPayload(i), Policy: policy})
+		if err != nil || adm.Kind != KindAccepted {
+			t.Fatalf("admit %d: %v %v", i, adm.Kind, err)
+		}
+	}
+	c.keys.mu.Lock()
+	n := len(c.keys.entries)
+	c.keys.mu.Unlock()
+	if n > size {
+		t.Errorf("%d entries after %d keys, want at most %d", n, keys, size)
+	}
+}
