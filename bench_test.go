@@ -238,10 +238,15 @@ func benchContended(b *testing.B, s *server.Server, n int, shared bool) {
 		}
 	})
 	var conflicts, stale, worst int64
+	var lost [len(contentionStats{}.lost)]int64
 	for _, w := range conns {
 		c, s, m := benchStats(w.coord)
 		conflicts, stale, worst = conflicts+c, stale+s, max(worst, m)
+		for i := range lost {
+			lost[i] += w.coord.stats.lost[i].Load()
+		}
 	}
+	b.Logf("%d cycles: operations by races lost (0, 1, 2, ... %d+): %v", b.N, len(lost)-1, lost)
 	b.ReportMetric(float64(contention.Load()), "contention-errors")
 	b.ReportMetric(float64(blocked.Load())/float64(b.N), "blocked/op")
 	b.ReportMetric(float64(conflicts)/float64(b.N), "conflicts/op")

@@ -680,10 +680,14 @@ type contentionStats struct {
 	conflicts    atomic.Int64 // races lost to concurrent writers
 	staleGuesses atomic.Int64 // writes on remembered or assumed state that found it changed
 	maxConflicts atomic.Int64 // most races lost by one operation
+	// lost[n] counts operations that lost n races (the last bucket: n or
+	// more): the tail says how far MaxAttempts is.
+	lost [16]atomic.Int64
 }
 
 func (s *contentionStats) record(conflicts int) {
 	s.ops.Add(1)
+	s.lost[min(conflicts, len(s.lost)-1)].Add(1)
 	if conflicts == 0 {
 		return
 	}
