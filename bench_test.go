@@ -237,16 +237,12 @@ func benchContended(b *testing.B, s *server.Server, n int, shared bool) {
 			return err
 		}
 	})
-	var conflicts, stale, worst int64
-	var lost [len(contentionStats{}.lost)]int64
+	var sum benchContention
 	for _, w := range conns {
-		c, s, m := benchStats(w.coord)
-		conflicts, stale, worst = conflicts+c, stale+s, max(worst, m)
-		for i := range lost {
-			lost[i] += w.coord.stats.lost[i].Load()
-		}
+		sum.add(benchStats(w.coord))
 	}
-	b.Logf("%d cycles: operations by races lost (0, 1, 2, ... %d+): %v", b.N, len(lost)-1, lost)
+	conflicts, stale, worst := sum.conflicts, sum.staleGuesses, sum.maxConflicts
+	b.Logf("%d cycles: operations by races lost (0, 1, 2, ... %d+): %v", b.N, len(sum.lost)-1, sum.lost)
 	b.ReportMetric(float64(contention.Load()), "contention-errors")
 	b.ReportMetric(float64(blocked.Load())/float64(b.N), "blocked/op")
 	b.ReportMetric(float64(conflicts)/float64(b.N), "conflicts/op")
@@ -257,10 +253,27 @@ func benchContended(b *testing.B, s *server.Server, n int, shared bool) {
 	}
 }
 
-// benchStats returns the coordinator's races lost, stale guesses and most
-// races lost by one operation.
-func benchStats(c *KeyCoordinator) (conflicts, staleGuesses, maxConflicts int64) {
-	return c.stats.conflicts.Load(), c.stats.staleGuesses.Load(), c.stats.maxConflicts.Load()
+// benchContention is what a coordinator's contentionStats counted.
+type benchContention struct {
+	conflicts, staleGuesses, maxConflicts int64
+	lost                                  [16]int64 // operations by races lost
+}
+
+func (s *benchContention) add(o benchContention) {
+	s.conflicts += o.conflicts
+	s.staleGuesses += o.staleGuesses
+	s.maxConflicts = max(s.maxConflicts, o.maxConflicts)
+	for i := range s.lost {
+		s.lost[i] += o.lost[i]
+	}
+}
+
+func benchStats(c *KeyCoordinator) benchContention {
+	s := benchContention{conflicts: c.stats.conflicts.Load(), staleGuesses: c.stats.staleGuesses.Load(), maxConflicts: c.stats.maxConflicts.Load()}
+	for i := range s.lost {
+		s.lost[i] = c.stats.lost[i].Load()
+	}
+	return s
 }
 
 func benchContendedCycle(ctx context.Context, c *KeyCoordinator, service string, p Policy, payload []byte, jobID string, rng *mrand.Rand, blocked *atomic.Int64) error {
@@ -731,8 +744,8 @@ func TestCoordinatorLanesNoSelfRaces(t *testing.T) {
 	for err := range errs {
 		t.Fatal(err)
 	}
-	conflicts, stale, _ := benchStats(c)
-	if conflicts != 0 || stale != 0 {
+	cs := benchStats(c)
+	if conflicts, stale := cs.conflicts, cs.staleGuesses; conflicts != 0 || stale != 0 {
 		t.Errorf("%d lost races and %d stale guesses among goroutines of one coordinator, want none", conflicts, stale)
 	}
 	key, err := DeriveKey(service, benchJobType, payload, policy.Key)
