@@ -265,7 +265,7 @@ func auditCheck(t testing.TB, entries []auditEntry, facts auditFacts, policyOf f
 			sum.MaxLiveSeen = max(sum.MaxLiveSeen, live)
 			if len(st.Active) > pol.MaxActive {
 				fail("%s: %d slots (%d live at updatedAt %s) exceed MaxActive %d: %s", where, len(st.Active), live,
-					st.UpdatedAt.Format(jsTime), pol.MaxActive, activeIDs(st.Active))
+					st.UpdatedAt.Format(jsTime), pol.MaxActive, modelActiveIDs(st.Active))
 			}
 			seen := map[string]bool{}
 			for _, a := range st.Active {
@@ -295,7 +295,7 @@ func auditCheck(t testing.TB, entries []auditEntry, facts auditFacts, policyOf f
 		}
 		if drained && prev != nil {
 			fail("key %s ends with %d active and %d queued after the drain: %s / %v", key, len(prev.Active), len(prev.Queued),
-				activeIDs(prev.Active), queuedIDs(prev.Queued))
+				modelActiveIDs(prev.Active), auditQueuedIDs(prev.Queued))
 		}
 	}
 	sum.JobsQueued, sum.Slots = len(queuedJobs), len(slots)
@@ -316,7 +316,7 @@ func auditCheck(t testing.TB, entries []auditEntry, facts auditFacts, policyOf f
 	return sum
 }
 
-func queuedIDs(q []QueuedJob) []string {
+func auditQueuedIDs(q []QueuedJob) []string {
 	var ids []string
 	for _, e := range q {
 		ids = append(ids, e.JobID)

@@ -198,29 +198,38 @@ type linClient struct {
 	js    jetstream.JetStream
 }
 
-// linConnect opens a connection of its own to url (a comma-separated list
-// for a cluster) that reconnects forever, and a store and coordinator over
-// it.
-func linConnect(t testing.TB, url string, instance string) (*nats.Conn, jetstream.JetStream, *KeyCoordinator) {
-	t.Helper()
+// linDial opens a connection of its own to url (a comma-separated list for
+// a cluster) that reconnects forever, even when the server is down at
+// first, and a store and coordinator over it.
+func linDial(url string, instance string) (*nats.Conn, jetstream.JetStream, *KeyCoordinator, error) {
 	nc, err := nats.Connect(url, nats.MaxReconnects(-1), nats.ReconnectWait(20*time.Millisecond),
-		nats.Name(instance), nats.ReconnectBufSize(-1))
+		nats.Name(instance), nats.ReconnectBufSize(-1), nats.RetryOnFailedConnect(true))
 	if err != nil {
-		t.Fatalf("connect %s: %v", url, err)
+		return nil, nil, nil, fmt.Errorf("connect %s: %w", url, err)
 	}
-	t.Cleanup(nc.Close)
 	js, err := jetstream.New(nc, jetstream.WithDefaultTimeout(5*time.Second))
 	if err != nil {
-		t.Fatal(err)
+		nc.Close()
+		return nil, nil, nil, err
 	}
 	store, err := NewNATSStore(js)
+	if err == nil {
+		var coord *KeyCoordinator
+		if coord, err = NewCoordinator(store, &Config{InstanceID: instance}); err == nil {
+			return nc, js, coord, nil
+		}
+	}
+	nc.Close()
+	return nil, nil, nil, err
+}
+
+func linConnect(t testing.TB, url string, instance string) (*nats.Conn, jetstream.JetStream, *KeyCoordinator) {
+	t.Helper()
+	nc, js, coord, err := linDial(url, instance)
 	if err != nil {
 		t.Fatal(err)
 	}
-	coord, err := NewCoordinator(store, &Config{InstanceID: instance})
-	if err != nil {
-		t.Fatal(err)
-	}
+	t.Cleanup(nc.Close)
 	return nc, js, coord
 }
 
@@ -244,16 +253,20 @@ func newLinClient(t testing.TB, id int, url, service, jobType string, keys []lin
 	return c
 }
 
-// reconnect replaces the client's connection, store and coordinator (and
-// so its state cache) with new ones; the old connection is closed.
-func (c *linClient) reconnect(t testing.TB, url string) {
-	t.Helper()
-	nc, js, coord := linConnect(t, url, c.instance)
+// redial replaces the client's connection, store and coordinator (and so
+// its state cache) with new ones and closes the old connection, under any
+// operation in flight on it. Safe to call from any goroutine.
+func (c *linClient) redial(url string) error {
+	nc, js, coord, err := linDial(url, c.instance)
+	if err != nil {
+		return err
+	}
 	c.mu.Lock()
 	old := c.nc
 	c.nc, c.js, c.coord = nc, js, coord
 	c.mu.Unlock()
 	old.Close()
+	return nil
 }
 
 func (c *linClient) current() *KeyCoordinator {
@@ -463,11 +476,11 @@ func linRandomClient(ctx context.Context, c *linClient, pool *linPool, rng *rand
 				}
 			}
 		case p < 66:
-			if l, ok := pickLease(rng, held, pool); ok {
+			if l, ok := linPickLease(rng, held, pool); ok {
 				c.renew(ctx, l.key, l.lease)
 			}
 		case p < 82:
-			if l, ok := pickLease(rng, held, pool); ok {
+			if l, ok := linPickLease(rng, held, pool); ok {
 				c.release(ctx, l.key, l.lease)
 				held = slices.DeleteFunc(held, func(h linLease) bool { return h.lease.SlotToken == l.lease.SlotToken })
 			}
@@ -491,7 +504,7 @@ func linRandomClient(ctx context.Context, c *linClient, pool *linPool, rng *rand
 	}
 }
 
-func pickLease(rng *rand.Rand, held []linLease, pool *linPool) (linLease, bool) {
+func linPickLease(rng *rand.Rand, held []linLease, pool *linPool) (linLease, bool) {
 	if len(held) > 0 && rng.IntN(5) != 0 {
 		return held[rng.IntN(len(held))], true
 	}
@@ -570,9 +583,9 @@ func linApply(mp modelPolicy, s *modelState, in linInput, out linOutput, now int
 		return modelRemove(s, in.job, now)
 	default:
 		r := in.replaced
-		q := modelQueued{job: r.ID, created: msOf(r.CreatedAt), requestID: r.RequestID, ctx: r.Context}
+		q := modelQueued{job: r.ID, created: modelMs(r.CreatedAt), requestID: r.RequestID, ctx: r.Context}
 		if q.requestID == "" {
-			q.requestID = requestIDOf(r.Context, r.ID)
+			q.requestID = modelRequestID(r.Context, r.ID)
 		}
 		return modelRestore(s, in.job, q, mp, now)
 	}
@@ -581,17 +594,17 @@ func linApply(mp modelPolicy, s *modelState, in linInput, out linOutput, now int
 func linDiff(in linInput, out linOutput, want modelResult) string {
 	switch in.kind {
 	case opAdmit:
-		return diffAdmission(want, out.admission, in.job)
+		return modelDiffAdmission(want, out.admission, in.job)
 	case opAcquire:
-		return diffAcquisition(want, out.acquisition, in.job, out.acquisition.Lease.SlotToken)
+		return modelDiffAcquisition(want, out.acquisition, in.job, out.acquisition.Lease.SlotToken)
 	case opRenew:
-		return diffSimple(want, out.renewal.Kind, out.renewal.LeaseExpiresAt, out.renewal.State)
+		return modelDiffSimple(want, out.renewal.Kind, out.renewal.LeaseExpiresAt, out.renewal.State)
 	case opRelease:
-		return diffSimple(want, out.release.Kind, time.Time{}, out.release.State)
+		return modelDiffSimple(want, out.release.Kind, time.Time{}, out.release.State)
 	case opRemove:
-		return diffSimple(want, out.removal.Kind, time.Time{}, out.removal.State)
+		return modelDiffSimple(want, out.removal.Kind, time.Time{}, out.removal.State)
 	default:
-		return diffSimple(want, out.restoration.Kind, time.Time{}, out.restoration.State)
+		return modelDiffSimple(want, out.restoration.Kind, time.Time{}, out.restoration.State)
 	}
 }
 
@@ -604,15 +617,15 @@ func linStep(mp modelPolicy, s *modelState, in linInput, out linOutput) (bool, a
 	}
 	op := linOp{in: in, out: out}
 	if written := op.state(); written != nil {
-		now := msOf(written.UpdatedAt)
+		now := modelMs(written.UpdatedAt)
 		if now < in.lo || now > in.hi {
 			return false, s
 		}
 		r := linApply(mp, s, in, out, now)
-		if !r.changed || linDiff(in, out, r) != "" || diffStates(r.next, written) != "" {
+		if !r.changed || linDiff(in, out, r) != "" || modelDiffStates(r.next, written) != "" {
 			return false, s
 		}
-		return true, settle(r).next
+		return true, modelSettle(r).next
 	}
 	// Nothing written: the outcome must be the model's at some clock
 	// reading in [lo, hi]. It can only change where a lease expires.
@@ -689,9 +702,9 @@ func linServer(t testing.TB) *server.Server { return natstest.Run(t) }
 // history with porcupine, drains the keys and audits every revision.
 func TestLinearizableUnderConcurrency(t *testing.T) {
 	t.Parallel()
-	seed := testSeed(t)
+	seed := reliabilitySeed(t)
 	clients, opsPerClient, timeout := 6, 250, 30*time.Second
-	if longRun() {
+	if reliabilityLong() {
 		clients, opsPerClient, timeout = 16, 1500, 5*time.Minute
 	}
 	s := linServer(t)

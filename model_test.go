@@ -13,6 +13,7 @@ package jobkeys
 import (
 	"fmt"
 	"hash/fnv"
+	"math"
 	"math/rand/v2"
 	"os"
 	"reflect"
@@ -89,9 +90,9 @@ func (s *modelState) hasActive(job string) bool {
 	return s != nil && slices.ContainsFunc(s.active, func(a modelSlot) bool { return a.job == job })
 }
 
-// settle turns a written state into what the store holds afterwards: an
+// modelSettle turns a written state into what the store holds afterwards: an
 // empty state is deleted.
-func settle(r modelResult) modelResult {
+func modelSettle(r modelResult) modelResult {
 	if r.changed && r.next != nil && len(r.next.active) == 0 && len(r.next.queued) == 0 {
 		r.next = nil
 	}
@@ -102,7 +103,7 @@ func modelFresh(p modelPolicy, now int64) *modelState {
 	return &modelState{maxActive: p.maxActive, maxQueued: p.maxQueued, updated: now}
 }
 
-func requestIDOf(ctx TraceContext, job string) string {
+func modelRequestID(ctx TraceContext, job string) string {
 	if ctx.RequestID != "" {
 		return ctx.RequestID
 	}
@@ -128,10 +129,13 @@ func modelAdmit(s *modelState, job string, strict bool, ctx TraceContext, p mode
 	if free < 0 {
 		free = 0
 	}
-	room := p.maxQueued + free
+	room := p.maxQueued + free // the queue's capacity; "unbounded" beyond MaxInt
+	if p.maxQueued > math.MaxInt-free {
+		room = math.MaxInt
+	}
 	enqueue := func(from []modelQueued) modelResult {
 		n := base.copyState()
-		n.queued = append(slices.Clone(from), modelQueued{job: job, created: now, requestID: requestIDOf(ctx, job), ctx: ctx})
+		n.queued = append(slices.Clone(from), modelQueued{job: job, created: now, requestID: modelRequestID(ctx, job), ctx: ctx})
 		n.maxActive, n.maxQueued, n.updated = p.maxActive, p.maxQueued, now
 		return modelResult{kind: KindAccepted, changed: true, next: n}
 	}
@@ -307,34 +311,37 @@ func modelRestore(s *modelState, replacement string, replaced modelQueued, p mod
 
 // ---- conversion and comparison with the library's types ----
 
-func msOf(t time.Time) int64 { return t.UnixMilli() }
+func modelMs(t time.Time) int64 { return t.UnixMilli() }
 
 // modelFromState converts a reducer state to the model's representation.
-// Contexts are copied as they are; compare them with contextMatches.
+// Contexts are copied as they are; compare them with modelContextMatches.
 func modelFromState(s *KeyState) *modelState {
 	if s == nil {
 		return nil
 	}
-	m := &modelState{maxActive: s.MaxActive, maxQueued: s.MaxQueuedPerKey, takeovers: s.StaleTakeoverCount, updated: msOf(s.UpdatedAt)}
+	m := &modelState{maxActive: s.MaxActive, maxQueued: s.MaxQueuedPerKey, takeovers: s.StaleTakeoverCount, updated: modelMs(s.UpdatedAt)}
 	for _, a := range s.Active {
 		m.active = append(m.active, modelSlot{job: a.JobID, token: a.SlotToken, instance: a.InstanceID,
-			started: msOf(a.StartedAt), heartbeat: msOf(a.HeartbeatAt), expires: msOf(a.LeaseExpiresAt), tries: a.Tries, ctx: a.Context})
+			started: modelMs(a.StartedAt), heartbeat: modelMs(a.HeartbeatAt), expires: modelMs(a.LeaseExpiresAt), tries: a.Tries, ctx: a.Context})
 	}
 	for _, q := range s.Queued {
-		m.queued = append(m.queued, modelQueued{job: q.JobID, created: msOf(q.CreatedAt), requestID: q.RequestID, ctx: q.Context})
+		m.queued = append(m.queued, modelQueued{job: q.JobID, created: modelMs(q.CreatedAt), requestID: q.RequestID, ctx: q.Context})
 	}
 	return m
 }
 
-// contextMatches reports whether got is what the library should hold for a
+// modelContextMatches reports whether got is what the library should hold for a
 // requested context want: want itself when complete, else want completed
 // with a request id (the job id when missing), a 32-hex trace id and a
 // traceparent.
-func contextMatches(want, got TraceContext, job string) bool {
+func modelContextMatches(want, got TraceContext, job string) bool {
+	if want == got {
+		return true // kept as it was
+	}
 	if want.RequestID != "" && want.TraceID != "" && want.Traceparent != "" {
 		return want == got
 	}
-	if got.RequestID != requestIDOf(want, job) || got.Tracestate != want.Tracestate {
+	if got.RequestID != modelRequestID(want, job) || got.Tracestate != want.Tracestate {
 		return false
 	}
 	if want.TraceID != "" && got.TraceID != want.TraceID || want.Traceparent != "" && got.Traceparent != want.Traceparent {
@@ -343,9 +350,9 @@ func contextMatches(want, got TraceContext, job string) bool {
 	return len(got.TraceID) == 32 && strings.HasPrefix(got.Traceparent, "00-")
 }
 
-// diffStates describes how a library state differs from the model's, or
+// modelDiffStates describes how a library state differs from the model's, or
 // returns "".
-func diffStates(want *modelState, got *KeyState) string {
+func modelDiffStates(want *modelState, got *KeyState) string {
 	g := modelFromState(got)
 	if want == nil || g == nil {
 		if want == nil && g == nil {
@@ -355,7 +362,7 @@ func diffStates(want *modelState, got *KeyState) string {
 	}
 	if len(want.active) == len(g.active) {
 		for i := range want.active {
-			if !contextMatches(want.active[i].ctx, g.active[i].ctx, want.active[i].job) {
+			if !modelContextMatches(want.active[i].ctx, g.active[i].ctx, want.active[i].job) {
 				return fmt.Sprintf("active[%d].context: requested %+v, got %+v", i, want.active[i].ctx, g.active[i].ctx)
 			}
 			g.active[i].ctx = want.active[i].ctx
@@ -363,7 +370,7 @@ func diffStates(want *modelState, got *KeyState) string {
 	}
 	if len(want.queued) == len(g.queued) {
 		for i := range want.queued {
-			if !contextMatches(want.queued[i].ctx, g.queued[i].ctx, want.queued[i].job) {
+			if !modelContextMatches(want.queued[i].ctx, g.queued[i].ctx, want.queued[i].job) {
 				return fmt.Sprintf("queued[%d].context: requested %+v, got %+v", i, want.queued[i].ctx, g.queued[i].ctx)
 			}
 			g.queued[i].ctx = want.queued[i].ctx
@@ -405,7 +412,7 @@ func (s *modelState) hash() uint64 {
 	return h.Sum64()
 }
 
-func slotIDs(slots []modelSlot) string {
+func modelSlotIDs(slots []modelSlot) string {
 	var parts []string
 	for _, a := range slots {
 		parts = append(parts, a.job+"/"+a.token)
@@ -413,7 +420,7 @@ func slotIDs(slots []modelSlot) string {
 	return strings.Join(parts, ",")
 }
 
-func activeIDs(slots []ActiveSlot) string {
+func modelActiveIDs(slots []ActiveSlot) string {
 	var parts []string
 	for _, a := range slots {
 		parts = append(parts, a.JobID+"/"+a.SlotToken)
@@ -422,10 +429,10 @@ func activeIDs(slots []ActiveSlot) string {
 }
 
 // The diff functions compare an outcome with the model's result and return
-// "" or what differs. They do not compare the outcome's State; diffStates
+// "" or what differs. They do not compare the outcome's State; modelDiffStates
 // does.
 
-func diffAdmission(want modelResult, got Admission, job string) string {
+func modelDiffAdmission(want modelResult, got Admission, job string) string {
 	var d []string
 	check := func(what string, w, g any) {
 		if !reflect.DeepEqual(w, g) {
@@ -449,8 +456,8 @@ func diffAdmission(want modelResult, got Admission, job string) string {
 	case want.replaced != nil:
 		r := want.replaced
 		check("replaced", fmt.Sprint(r.job, " ", r.created, " ", r.requestID),
-			fmt.Sprint(got.Replaced.ID, " ", msOf(got.Replaced.CreatedAt), " ", got.Replaced.RequestID))
-		if !contextMatches(r.ctx, got.Replaced.Context, r.job) {
+			fmt.Sprint(got.Replaced.ID, " ", modelMs(got.Replaced.CreatedAt), " ", got.Replaced.RequestID))
+		if !modelContextMatches(r.ctx, got.Replaced.Context, r.job) {
 			d = append(d, fmt.Sprintf("replaced context: requested %+v, got %+v", r.ctx, got.Replaced.Context))
 		}
 	}
@@ -460,7 +467,7 @@ func diffAdmission(want modelResult, got Admission, job string) string {
 	return strings.Join(d, "; ")
 }
 
-func diffAcquisition(want modelResult, got Acquisition, job, token string) string {
+func modelDiffAcquisition(want modelResult, got Acquisition, job, token string) string {
 	var d []string
 	check := func(what string, w, g any) {
 		if !reflect.DeepEqual(w, g) {
@@ -472,11 +479,11 @@ func diffAcquisition(want modelResult, got Acquisition, job, token string) strin
 	check("active", want.active, got.Active)
 	check("queued", want.queued, got.Queued)
 	check("limit", want.limit, got.Limit)
-	check("stale", slotIDs(want.stale), activeIDs(got.Stale))
+	check("stale", modelSlotIDs(want.stale), modelActiveIDs(got.Stale))
 	if want.kind == KindAcquired {
 		check("lease job", job, got.Lease.JobID)
 		check("lease token", token, got.Lease.SlotToken)
-		check("lease expiry", want.expires, msOf(got.Lease.LeaseExpiresAt))
+		check("lease expiry", want.expires, modelMs(got.Lease.LeaseExpiresAt))
 	} else if !reflect.DeepEqual(got.Lease, Lease{}) {
 		d = append(d, fmt.Sprintf("lease: want none, got %+v", got.Lease))
 	}
@@ -486,13 +493,13 @@ func diffAcquisition(want modelResult, got Acquisition, job, token string) strin
 	return strings.Join(d, "; ")
 }
 
-func diffSimple(want modelResult, kind Kind, expires time.Time, state *KeyState) string {
+func modelDiffSimple(want modelResult, kind Kind, expires time.Time, state *KeyState) string {
 	var d []string
 	if want.kind != kind {
 		d = append(d, fmt.Sprintf("kind: want %v, got %v", want.kind, kind))
 	}
-	if want.kind == KindRenewed && want.expires != msOf(expires) {
-		d = append(d, fmt.Sprintf("lease expiry: want %d, got %d", want.expires, msOf(expires)))
+	if want.kind == KindRenewed && want.expires != modelMs(expires) {
+		d = append(d, fmt.Sprintf("lease expiry: want %d, got %d", want.expires, modelMs(expires)))
 	}
 	if want.changed != (state != nil) {
 		d = append(d, fmt.Sprintf("writes: want %v, got State %v", want.changed, state != nil))
@@ -502,9 +509,9 @@ func diffSimple(want modelResult, kind Kind, expires time.Time, state *KeyState)
 
 // ---- seeds and sizes ----
 
-// testSeed returns the seed of a randomized test: JOBKEYS_SEED if set, else
+// reliabilitySeed returns the seed of a randomized test: JOBKEYS_SEED if set, else
 // a random one. It is logged so that a failure can be reproduced.
-func testSeed(t testing.TB) uint64 {
+func reliabilitySeed(t testing.TB) uint64 {
 	t.Helper()
 	seed := rand.Uint64()
 	if v := os.Getenv("JOBKEYS_SEED"); v != "" {
@@ -518,9 +525,9 @@ func testSeed(t testing.TB) uint64 {
 	return seed
 }
 
-// longRun reports whether JOBKEYS_LONG=1 asks for the long version of the
+// reliabilityLong reports whether JOBKEYS_LONG=1 asks for the long version of the
 // randomized and fault tests.
-func longRun() bool { return os.Getenv("JOBKEYS_LONG") == "1" }
+func reliabilityLong() bool { return os.Getenv("JOBKEYS_LONG") == "1" }
 
 // ---- the model test ----
 
@@ -536,13 +543,13 @@ type modelRun struct {
 	state    *KeyState
 	model    *modelState
 	tokens   int
-	leases   []Lease       // every lease ever handed out
-	replaced []restoreCase // every replacement seen
+	leases   []Lease            // every lease ever handed out
+	replaced []modelRestoreCase // every replacement seen
 	trace    []string
 	coverage map[string]int
 }
 
-type restoreCase struct {
+type modelRestoreCase struct {
 	replacement string
 	replaced    ReplacedJob
 }
@@ -610,7 +617,7 @@ func (r *modelRun) advance() string {
 	if d > 0 {
 		r.now = r.now.Add(d)
 	}
-	return fmt.Sprintf("clock +%v -> %d", d, msOf(r.now))
+	return fmt.Sprintf("clock +%v -> %d", d, modelMs(r.now))
 }
 
 // leaseFor picks the lease of a renew or release: a slot's own, an old
@@ -656,7 +663,7 @@ func (r *modelRun) fail(t testing.TB, seed uint64, seq int, what string) {
 // is deleted) and checks it against the model's.
 func (r *modelRun) apply(t testing.TB, seed uint64, seq int, before *KeyState, want modelResult, got *KeyState) {
 	t.Helper()
-	want = settle(want)
+	want = modelSettle(want)
 	next := before
 	if got != nil {
 		if got.Empty() {
@@ -670,12 +677,12 @@ func (r *modelRun) apply(t testing.TB, seed uint64, seq int, before *KeyState, w
 			if err != nil {
 				r.fail(t, seed, seq, fmt.Sprintf("new state does not parse back: %v", err))
 			}
-			if d := diffStates(modelFromState(got), parsed); d != "" {
+			if d := modelDiffStates(modelFromState(got), parsed); d != "" {
 				r.fail(t, seed, seq, "new state changes on the wire: "+d)
 			}
 		}
 	}
-	if d := diffStates(want.next, next); d != "" {
+	if d := modelDiffStates(want.next, next); d != "" {
 		r.fail(t, seed, seq, d)
 	}
 	r.state, r.model = next, want.next
@@ -684,7 +691,7 @@ func (r *modelRun) apply(t testing.TB, seed uint64, seq int, before *KeyState, w
 func (r *modelRun) step(t testing.TB, seed uint64, seq int) {
 	t.Helper()
 	now := r.now
-	ms := msOf(now)
+	ms := modelMs(now)
 	before := r.state
 	var snapshot *KeyState
 	if before != nil {
@@ -710,7 +717,7 @@ func (r *modelRun) step(t testing.TB, seed uint64, seq int) {
 			r.fail(t, seed, seq, "ReduceAdmission is not deterministic")
 		}
 		want := modelAdmit(r.model, job, strict, ctx, mp, ms)
-		if d := diffAdmission(want, got, job); d != "" {
+		if d := modelDiffAdmission(want, got, job); d != "" {
 			r.fail(t, seed, seq, "admission: "+d)
 		}
 		extra := string(got.Reason)
@@ -722,7 +729,7 @@ func (r *modelRun) step(t testing.TB, seed uint64, seq int) {
 		}
 		cover(got.Kind, "/"+extra)
 		if got.Replaced != nil {
-			r.replaced = append(r.replaced, restoreCase{replacement: job, replaced: *got.Replaced})
+			r.replaced = append(r.replaced, modelRestoreCase{replacement: job, replaced: *got.Replaced})
 		}
 		r.trace[len(r.trace)-1] += fmt.Sprintf(" -> %s %s", got.Kind, got.Reason)
 		r.apply(t, seed, seq, before, want, got.State)
@@ -741,7 +748,7 @@ func (r *modelRun) step(t testing.TB, seed uint64, seq int) {
 			r.fail(t, seed, seq, "ReduceAcquire is not deterministic")
 		}
 		want := modelAcquire(r.model, job, retry, tries, inst, ctx, mp, ms, token)
-		if d := diffAcquisition(want, got, job, token); d != "" {
+		if d := modelDiffAcquisition(want, got, job, token); d != "" {
 			r.fail(t, seed, seq, "acquisition: "+d)
 		}
 		extra := "/" + string(got.Reason) + "/" + string(mp.stale)
@@ -763,7 +770,7 @@ func (r *modelRun) step(t testing.TB, seed uint64, seq int) {
 			}
 			r.leases = append(r.leases, got.Lease)
 		}
-		r.trace[len(r.trace)-1] += fmt.Sprintf(" -> %s %s stale=[%s]", got.Kind, got.Reason, activeIDs(got.Stale))
+		r.trace[len(r.trace)-1] += fmt.Sprintf(" -> %s %s stale=[%s]", got.Kind, got.Reason, modelActiveIDs(got.Stale))
 		r.apply(t, seed, seq, before, want, got.State)
 	case op < 64: // renew
 		l := r.leaseFor(t)
@@ -771,7 +778,7 @@ func (r *modelRun) step(t testing.TB, seed uint64, seq int) {
 		got := ReduceRenew(r.state, l, now)
 		pure("ReduceRenew")
 		want := modelRenew(r.model, l.JobID, l.SlotToken, l.Policy.HeartbeatTTL.Milliseconds(), ms)
-		if d := diffSimple(want, got.Kind, got.LeaseExpiresAt, got.State); d != "" {
+		if d := modelDiffSimple(want, got.Kind, got.LeaseExpiresAt, got.State); d != "" {
 			r.fail(t, seed, seq, "renewal: "+d)
 		}
 		cover(got.Kind, "")
@@ -783,7 +790,7 @@ func (r *modelRun) step(t testing.TB, seed uint64, seq int) {
 		got := ReduceRelease(r.state, l, now)
 		pure("ReduceRelease")
 		want := modelRelease(r.model, l.JobID, l.SlotToken, ms)
-		if d := diffSimple(want, got.Kind, time.Time{}, got.State); d != "" {
+		if d := modelDiffSimple(want, got.Kind, time.Time{}, got.State); d != "" {
 			r.fail(t, seed, seq, "release: "+d)
 		}
 		cover(got.Kind, "")
@@ -795,7 +802,7 @@ func (r *modelRun) step(t testing.TB, seed uint64, seq int) {
 		got := ReduceRemoveQueued(r.state, job, now)
 		pure("ReduceRemoveQueued")
 		want := modelRemove(r.model, job, ms)
-		if d := diffSimple(want, got.Kind, time.Time{}, got.State); d != "" {
+		if d := modelDiffSimple(want, got.Kind, time.Time{}, got.State); d != "" {
 			r.fail(t, seed, seq, "removal: "+d)
 		}
 		cover(got.Kind, "")
@@ -803,7 +810,7 @@ func (r *modelRun) step(t testing.TB, seed uint64, seq int) {
 		r.apply(t, seed, seq, before, want, got.State)
 	case op < 90: // restore
 		mp := r.policyFor()
-		var rc restoreCase
+		var rc modelRestoreCase
 		if len(r.replaced) > 0 && r.pick(4) != 0 {
 			rc = r.replaced[r.pick(len(r.replaced))]
 		} else {
@@ -811,7 +818,7 @@ func (r *modelRun) step(t testing.TB, seed uint64, seq int) {
 			// queued id is accepted as already present).
 			i := r.pick(len(modelJobs))
 			job, replacement := modelJobs[i], modelJobs[(i+1+r.pick(len(modelJobs)-1))%len(modelJobs)]
-			rc = restoreCase{replacement: replacement, replaced: ReplacedJob{
+			rc = modelRestoreCase{replacement: replacement, replaced: ReplacedJob{
 				JobRef:    JobRef{Service: modelKey.Service, JobType: modelKey.JobType, ID: job},
 				CreatedAt: now.Add(-time.Duration(r.rng.Int64N(int64(time.Hour)))), RequestID: []string{"", "req-" + job}[r.pick(2)],
 				Context: r.context(job)}}
@@ -820,13 +827,13 @@ func (r *modelRun) step(t testing.TB, seed uint64, seq int) {
 		r.trace = append(r.trace, fmt.Sprintf("restore %s replacing %s policy=%+v at %d", rc.replaced.ID, rc.replacement, mp, ms))
 		got := ReduceRestoreReplaced(r.state, modelKey, req, mp.policy(t), now)
 		pure("ReduceRestoreReplaced")
-		rq := modelQueued{job: rc.replaced.ID, created: msOf(rc.replaced.CreatedAt), ctx: rc.replaced.Context}
+		rq := modelQueued{job: rc.replaced.ID, created: modelMs(rc.replaced.CreatedAt), ctx: rc.replaced.Context}
 		rq.requestID = rc.replaced.RequestID
 		if rq.requestID == "" {
-			rq.requestID = requestIDOf(rc.replaced.Context, rc.replaced.ID)
+			rq.requestID = modelRequestID(rc.replaced.Context, rc.replaced.ID)
 		}
 		want := modelRestore(r.model, rc.replacement, rq, mp, ms)
-		if d := diffSimple(want, got.Kind, time.Time{}, got.State); d != "" {
+		if d := modelDiffSimple(want, got.Kind, time.Time{}, got.State); d != "" {
 			r.fail(t, seed, seq, "restoration: "+d)
 		}
 		cover(got.Kind, fmt.Sprintf("/writes=%v", got.State != nil))
@@ -847,9 +854,9 @@ func (r *modelRun) step(t testing.TB, seed uint64, seq int) {
 // it, and that every state they produce survives the wire codec.
 func TestModelAgreesWithReducers(t *testing.T) {
 	t.Parallel()
-	seed := testSeed(t)
+	seed := reliabilitySeed(t)
 	sequences, steps := 250, 60
-	if longRun() {
+	if reliabilityLong() {
 		sequences, steps = 40000, 200
 	}
 	coverage := map[string]int{}
