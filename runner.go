@@ -1,0 +1,421 @@
+package jobkeys
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+)
+
+// Sentinel errors of the worker runtime ([Runner], [Watcher]). Match them
+// with [errors.Is].
+var (
+	// ErrBlocked reports that a job did not get a slot and its handler did
+	// not run: [Runner.TryRun] found the key busy, [Runner.Run] waited
+	// RunnerConfig.MaxWait in vain, or the job is not queued. The error is a
+	// [*BlockedError] that carries the blocked [Acquisition].
+	ErrBlocked = errors.New("jobkeys: job blocked")
+
+	// ErrLeaseLost is the cause (see [context.Cause]) with which a handler's
+	// context is cancelled when its lease is gone: a renewal found the slot
+	// taken over or released, or renewals failed until the lease expired.
+	ErrLeaseLost = errors.New("jobkeys: lease lost")
+
+	// ErrStaleCompletion reports that a job's handler finished but its slot
+	// was gone when it was released: it had been taken over after the lease
+	// expired, so another run of the key may have overlapped this one.
+	ErrStaleCompletion = errors.New("jobkeys: stale completion")
+
+	// ErrWatcherClosed reports a use of a [Watcher] after its Close.
+	ErrWatcherClosed = errors.New("jobkeys: watcher closed")
+)
+
+// BlockedError is the error for a job that did not get a slot. It wraps
+// [ErrBlocked].
+type BlockedError struct {
+	JobID       string
+	Acquisition Acquisition // the last blocked outcome: its Reason, Active, Queued and Limit say why
+}
+
+// Error implements the error interface.
+func (e *BlockedError) Error() string {
+	a := &e.Acquisition
+	return fmt.Sprintf("%v: job %q on key %q: %s (%d active, %d queued, limit %d)",
+		ErrBlocked, e.JobID, a.Key, a.Reason, a.Active, a.Queued, a.Limit)
+}
+
+// Unwrap returns [ErrBlocked].
+func (e *BlockedError) Unwrap() error { return ErrBlocked }
+
+// Runner defaults, used for zero-valued [RunnerConfig] fields.
+const (
+	RecheckIntervalDefault = 5 * time.Second
+	ReleaseTimeoutDefault  = 10 * time.Second
+)
+
+// RunnerConfig configures a [Runner]. The zero value is ready to use and
+// polls while blocked; set Watcher to wake on release instead.
+type RunnerConfig struct {
+	// Watcher wakes a blocked Run as soon as the job's key changes. It must
+	// watch the coordinator's store, and stay open while Runs wait: a Run
+	// whose watch cannot start (or restart) fails with that error. Without
+	// one, a blocked Run re-checks every RecheckInterval. Defaults to nil.
+	Watcher *Watcher
+
+	// RecheckInterval is how often a blocked Run tries again when nothing
+	// woke it: the safety net for a missed change with a Watcher, the poll
+	// interval without one. A blocked Run also re-checks when the earliest
+	// lease it saw expires. Defaults to RecheckIntervalDefault (5s).
+	RecheckInterval time.Duration
+
+	// MaxWait bounds how long Run waits for a slot; then it returns a
+	// [*BlockedError]. 0 means until the context ends. Defaults to 0.
+	MaxWait time.Duration
+
+	// ReleaseTimeout bounds the release after the handler returns. The
+	// release does not use the caller's context, so that a cancelled caller
+	// still frees its slot. Defaults to ReleaseTimeoutDefault (10s).
+	ReleaseTimeout time.Duration
+
+	// OnBlocked, if set, is called once per Run that has to wait, with the
+	// request and the blocked outcome, just before it starts waiting (never
+	// by TryRun). It runs on Run's goroutine and should return quickly.
+	OnBlocked func(req AcquireRequest, blocked Acquisition)
+
+	// OnStale, if set, is called when an acquisition dropped the expired
+	// slots of other jobs (FailStale), before the handler starts, so that
+	// the caller can record those jobs as failed even if the handler then
+	// panics. The same slots are in RunResult.Stale. It runs on Run's
+	// goroutine while the slot is held; a panic in it releases the slot.
+	OnStale func(lease Lease, stale []ActiveSlot)
+}
+
+// Runner runs jobs under leases: it acquires a slot (waiting while the key is
+// busy), runs the handler while renewing the lease every
+// Policy.HeartbeatInterval, cancels the handler's context when the lease is
+// lost, and releases the slot on every exit. Create it with [NewRunner]. It
+// is safe for concurrent use; one Runner serves all of a process's workers.
+type Runner struct {
+	coord *KeyCoordinator
+	cfg   RunnerConfig
+}
+
+// NewRunner returns a runner over coord. cfg may be nil for the defaults; a
+// bad value is an error naming the field.
+func NewRunner(coord *KeyCoordinator, cfg *RunnerConfig) (*Runner, error) {
+	if coord == nil {
+		return nil, fmt.Errorf("%w: coordinator is nil", ErrInvalidRequest)
+	}
+	var c RunnerConfig
+	if cfg != nil {
+		c = *cfg
+	}
+	switch {
+	case c.RecheckInterval == 0:
+		c.RecheckInterval = RecheckIntervalDefault
+	case c.RecheckInterval < time.Millisecond:
+		return nil, fmt.Errorf("%w: RunnerConfig.RecheckInterval %v is less than 1ms", ErrInvalidRequest, c.RecheckInterval)
+	}
+	if c.MaxWait < 0 {
+		return nil, fmt.Errorf("%w: RunnerConfig.MaxWait %v is negative", ErrInvalidRequest, c.MaxWait)
+	}
+	switch {
+	case c.ReleaseTimeout == 0:
+		c.ReleaseTimeout = ReleaseTimeoutDefault
+	case c.ReleaseTimeout < 0:
+		return nil, fmt.Errorf("%w: RunnerConfig.ReleaseTimeout %v is negative", ErrInvalidRequest, c.ReleaseTimeout)
+	}
+	return &Runner{coord: coord, cfg: c}, nil
+}
+
+// Handler is the work of one job. ctx is cancelled when the caller's context
+// ends or the lease is lost; context.Cause(ctx) then wraps [ErrLeaseLost] or
+// is the caller's cause. A handler should stop promptly when ctx is done.
+type Handler func(ctx context.Context, lease Lease) error
+
+// RunResult says what happened to a job's slot in [Runner.Run].
+type RunResult struct {
+	// Lease is the lease the handler ran under; zero when it did not run.
+	Lease Lease
+	// Stale lists expired slots of other jobs that the acquisition dropped
+	// under FailStale: record those jobs as failed.
+	Stale []ActiveSlot
+	// Waited is how long Run waited for the slot: from the first blocked
+	// attempt to the acquisition; 0 when the first attempt acquired.
+	Waited time.Duration
+	// Release is KindReleased, or KindStaleCompletion when the slot was gone
+	// at release; empty when the handler did not run or the release failed.
+	Release Kind
+	// LeaseLost is the cause the handler's context was cancelled with when
+	// the lease was lost (it wraps ErrLeaseLost); nil otherwise.
+	LeaseLost error
+}
+
+// Run acquires a slot for req's job, runs handler under its lease, and
+// releases the slot when handler returns, fails or panics (the panic
+// continues after the release). While the key is busy it waits: for the key
+// to change (with a Watcher), for the earliest lease it saw to expire, or
+// RecheckInterval, whichever comes first, and tries again; it gives up when
+// ctx ends (returning ctx.Err()) or after MaxWait (returning a
+// [*BlockedError]). A job that is not queued, and not a retry, is never
+// waited for: it returns a *BlockedError with [ReasonNotQueued] at once.
+//
+// The error is nil when the handler returned nil and the slot was released.
+// Otherwise it is the acquisition's error (the handler did not run), or the
+// handler's error joined with an error wrapping [ErrStaleCompletion] when the
+// slot was gone at release, or with the release's own error. The result
+// tells the same in fields, and lists stale slots the acquisition dropped.
+func (r *Runner) Run(ctx context.Context, req AcquireRequest, handler Handler) (RunResult, error) {
+	return r.run(ctx, req, handler, true)
+}
+
+// TryRun is [Runner.Run] without waiting: when the key is busy it returns a
+// [*BlockedError] at once, for a caller that would rather retry later (a
+// JetStream consumer that naks with a delay).
+func (r *Runner) TryRun(ctx context.Context, req AcquireRequest, handler Handler) (RunResult, error) {
+	return r.run(ctx, req, handler, false)
+}
+
+func (r *Runner) run(ctx context.Context, req AcquireRequest, handler Handler, wait bool) (RunResult, error) {
+	if handler == nil {
+		return RunResult{}, fmt.Errorf("%w: handler is nil", ErrInvalidRequest)
+	}
+	acq, waited, err := r.acquire(ctx, req, wait)
+	if err != nil {
+		return RunResult{}, err
+	}
+	return r.runHeld(ctx, RunResult{Lease: acq.Lease, Stale: acq.Stale, Waited: waited}, handler)
+}
+
+// acquire gets a slot, waiting while blocked if wait is set, and says how
+// long it waited.
+func (r *Runner) acquire(ctx context.Context, req AcquireRequest, wait bool) (Acquisition, time.Duration, error) {
+	acq, nextExpiry, err := r.coord.acquireObserved(ctx, req)
+	if err != nil || acq.Kind == KindAcquired {
+		return acq, 0, err
+	}
+	if !wait || acq.Reason == ReasonNotQueued {
+		return Acquisition{}, 0, &BlockedError{JobID: req.JobID, Acquisition: acq}
+	}
+	blockedAt := time.Now()
+
+	var giveUp <-chan time.Time
+	if r.cfg.MaxWait > 0 {
+		t := time.NewTimer(r.cfg.MaxWait)
+		defer t.Stop()
+		giveUp = t.C
+	}
+	var sub *Subscription
+	defer func() {
+		if sub != nil {
+			sub.Close()
+		}
+	}()
+	recheck := time.NewTimer(r.cfg.RecheckInterval)
+	defer recheck.Stop()
+	waiting := false
+	for {
+		if sub == nil && r.cfg.Watcher != nil {
+			kvKey := kvKeyFor(req.Service, req.JobType, acq.KeyHash)
+			if sub, err = r.cfg.Watcher.Subscribe(ctx, req.Service, kvKey); err != nil {
+				if ctx.Err() != nil {
+					return Acquisition{}, 0, ctx.Err()
+				}
+				return Acquisition{}, 0, fmt.Errorf("jobkeys: wait for a slot for job %q: %w (a Runner without a Watcher polls instead)", req.JobID, err)
+			}
+			// The key may have changed before the subscription: look again.
+		} else {
+			if !waiting && r.cfg.OnBlocked != nil {
+				r.cfg.OnBlocked(req, acq)
+			}
+			waiting = true
+			d := r.cfg.RecheckInterval
+			if !nextExpiry.IsZero() {
+				// A lease that expires frees its slot (FailStale) without
+				// any write to the key.
+				d = min(d, nextExpiry.Sub(r.coord.cfg.Now())+time.Millisecond)
+			}
+			recheck.Reset(max(d, time.Millisecond))
+			var changed, ended <-chan struct{}
+			if sub != nil {
+				changed, ended = sub.Changed(), sub.Done()
+			}
+			select {
+			case <-ctx.Done():
+				return Acquisition{}, 0, ctx.Err()
+			case <-giveUp:
+				return Acquisition{}, 0, &BlockedError{JobID: req.JobID, Acquisition: acq}
+			case <-changed:
+			case <-ended:
+				sub.Close()
+				sub = nil
+			case <-recheck.C:
+			}
+		}
+		acq, nextExpiry, err = r.coord.acquireObserved(ctx, req)
+		if err != nil || acq.Kind == KindAcquired {
+			return acq, time.Since(blockedAt), err
+		}
+		if acq.Reason == ReasonNotQueued {
+			return Acquisition{}, 0, &BlockedError{JobID: req.JobID, Acquisition: acq}
+		}
+	}
+}
+
+// runHeld runs handler under res.Lease and releases the slot on every exit.
+func (r *Runner) runHeld(ctx context.Context, acquired RunResult, handler Handler) (res RunResult, err error) {
+	res = acquired
+	lease := res.Lease
+	hctx, cancel := context.WithCancelCause(ctx)
+	defer cancel(nil)
+
+	// Heartbeats do not stop with the caller's context: a handler that is
+	// still running still holds its slot.
+	hbCtx, stopHeartbeats := context.WithCancel(context.WithoutCancel(ctx))
+	hbDone := make(chan struct{})
+	var lost error // written by the heartbeat goroutine before hbDone closes
+	go func() {
+		defer close(hbDone)
+		lost = r.heartbeat(hbCtx, lease)
+		if lost != nil {
+			cancel(lost)
+		}
+	}()
+
+	panicked := true
+	defer func() {
+		stopHeartbeats()
+		<-hbDone
+		cancel(nil)
+		res.LeaseLost = lost
+
+		rctx, cancelRelease := context.WithTimeout(context.WithoutCancel(ctx), r.cfg.ReleaseTimeout)
+		rel, relErr := r.coord.Release(rctx, ReleaseRequest{Lease: lease})
+		cancelRelease()
+		if panicked {
+			return // the panic (or runtime.Goexit) continues; nobody sees the result
+		}
+		var errs []error
+		if err != nil {
+			errs = append(errs, err)
+		}
+		switch {
+		case relErr != nil:
+			errs = append(errs, fmt.Errorf("jobkeys: release job %q on key %q: %w", lease.JobID, lease.Key, relErr))
+		case rel.Kind == KindStaleCompletion:
+			res.Release = rel.Kind
+			errs = append(errs, fmt.Errorf("%w: job %q on key %q: the slot was gone at release (taken over or swept after the lease expired)", ErrStaleCompletion, lease.JobID, lease.Key))
+		default:
+			res.Release = rel.Kind
+		}
+		switch len(errs) {
+		case 0:
+			err = nil
+		case 1:
+			err = errs[0]
+		default:
+			err = errors.Join(errs...)
+		}
+	}()
+	if len(res.Stale) > 0 && r.cfg.OnStale != nil {
+		r.cfg.OnStale(lease, res.Stale)
+	}
+	err = handler(hctx, lease)
+	panicked = false
+	return res, err
+}
+
+// heartbeatRetryFloor is the shortest pause between renewal attempts after a
+// failed one.
+const heartbeatRetryFloor = 10 * time.Millisecond
+
+// heartbeat renews lease every HeartbeatInterval until ctx ends (nil) or the
+// lease is lost (the cause, wrapping ErrLeaseLost). After a failed renewal it
+// tries again sooner, and gives up when the lease has expired.
+func (r *Runner) heartbeat(ctx context.Context, lease Lease) error {
+	interval := lease.Policy.HeartbeatInterval
+	expires := lease.LeaseExpiresAt
+	kvKey := kvKeyFor(lease.Service, lease.JobType, lease.KeyHash)
+	var lastErr error
+	t := time.NewTimer(interval)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-t.C:
+		}
+		remaining := expires.Sub(r.coord.cfg.Now())
+		if remaining <= 0 {
+			return leaseExpired(lease, kvKey, expires, lastErr)
+		}
+		rctx, cancel := context.WithTimeout(ctx, remaining)
+		out, err := r.coord.Renew(rctx, RenewRequest{Lease: lease})
+		cancel()
+		if ctx.Err() != nil {
+			return nil
+		}
+		next := interval
+		switch {
+		case err != nil:
+			lastErr = err
+			remaining = expires.Sub(r.coord.cfg.Now())
+			if remaining <= 0 {
+				return leaseExpired(lease, kvKey, expires, lastErr)
+			}
+			next = min(interval, max(remaining/2, heartbeatRetryFloor))
+		case out.Kind == KindLost:
+			return fmt.Errorf("%w: job %q on KV key %q: the slot was taken over or released", ErrLeaseLost, lease.JobID, kvKey)
+		default:
+			expires, lastErr = out.LeaseExpiresAt, nil
+		}
+		t.Reset(next)
+	}
+}
+
+func leaseExpired(lease Lease, kvKey string, expires time.Time, lastErr error) error {
+	if lastErr == nil {
+		lastErr = errors.New("no renewal completed in time")
+	}
+	return fmt.Errorf("%w: job %q on KV key %q: renewals failed until the lease expired at %s: %w",
+		ErrLeaseLost, lease.JobID, kvKey, expires.UTC().Format(time.RFC3339Nano), lastErr)
+}
+
+// acquireObserved is [KeyCoordinator.Acquire] that also returns the earliest
+// lease expiry after now among the slots of the state it decided on (zero if
+// none), so that a blocked waiter can look again when a slot goes stale,
+// which writes nothing to the key.
+func (c *KeyCoordinator) acquireObserved(ctx context.Context, req AcquireRequest) (Acquisition, time.Time, error) {
+	policy, key, err := c.prepare(req.Service, req.JobType, req.JobID, req.Payload, req.Policy)
+	if err != nil {
+		return Acquisition{}, time.Time{}, err
+	}
+	if req.Tries < 0 {
+		return Acquisition{}, time.Time{}, fmt.Errorf("%w: Tries %d is negative", ErrInvalidRequest, req.Tries)
+	}
+	if req.InstanceID == "" {
+		req.InstanceID = c.cfg.InstanceID
+	}
+	token := c.cfg.NewSlotToken()
+	if token == "" {
+		return Acquisition{}, time.Time{}, fmt.Errorf("%w: Config.NewSlotToken returned an empty token", ErrInvalidRequest)
+	}
+	var (
+		out  Acquisition
+		next time.Time
+	)
+	err = c.update(ctx, key, false, func(st *KeyState, now time.Time) *KeyState {
+		out = ReduceAcquire(st, key, req, policy, now, token)
+		next = time.Time{}
+		if st != nil {
+			now = jsNow(now)
+			for i := range st.Active {
+				if e := st.Active[i].LeaseExpiresAt; e.After(now) && (next.IsZero() || e.Before(next)) {
+					next = e
+				}
+			}
+		}
+		return out.State
+	})
+	return out, next, err
+}

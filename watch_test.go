@@ -1,0 +1,449 @@
+package jobkeys
+
+import (
+	"context"
+	"errors"
+	"reflect"
+	"runtime"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/jobkeys/jobkeys/internal/natstest"
+)
+
+// rtWait is how long the worker runtime tests wait for an event that should
+// come within milliseconds; it is generous so that a loaded machine does
+// not fail them.
+const rtWait = 30 * time.Second
+
+var rtSeq atomic.Int64
+
+// rtService returns a fresh service (bucket) name for a test.
+func rtService() string { return "rt" + strconv.FormatInt(rtSeq.Add(1), 10) }
+
+// rtNATS starts an embedded server and returns a store over it that creates
+// buckets, with the connection (closed when the test ends).
+func rtNATS(t testing.TB) (*NATSStore, *nats.Conn) {
+	t.Helper()
+	s := natstest.Run(t)
+	nc, js := natstest.Connect(t, s)
+	store, err := NewNATSStore(js, WithCreateBuckets(jetstream.MemoryStorage, 1))
+	rtNoErr(t, err)
+	return store, nc
+}
+
+// rtStore is a store with the optional capabilities, for tests run against
+// both implementations.
+type rtStore interface {
+	Store
+	KeyWatcher
+	KeyLister
+}
+
+func rtStores(t *testing.T) map[string]func(t *testing.T) rtStore {
+	return map[string]func(t *testing.T) rtStore{
+		"memory": func(t *testing.T) rtStore { return NewMemoryStore() },
+		"nats": func(t *testing.T) rtStore {
+			store, _ := rtNATS(t)
+			return store
+		},
+	}
+}
+
+func rtNoErr(t testing.TB, err error) {
+	t.Helper()
+	if err != nil {
+		t.Fatalf("unexpected error: %v", err)
+	}
+}
+
+func rtErrorIs(t testing.TB, err, target error) {
+	t.Helper()
+	if !errors.Is(err, target) {
+		t.Errorf("error %v, want one wrapping %v", err, target)
+	}
+}
+
+func rtEqual[T any](t testing.TB, got, want T) {
+	t.Helper()
+	if !reflect.DeepEqual(got, want) {
+		t.Errorf("got %#v, want %#v", got, want)
+	}
+}
+
+func rtTrue(t testing.TB, ok bool, format string, args ...any) {
+	t.Helper()
+	if !ok {
+		t.Errorf(format, args...)
+	}
+}
+
+// recv waits for a value on ch, failing the test after rtWait.
+func recv[T any](t testing.TB, ch <-chan T, what string) T {
+	t.Helper()
+	select {
+	case v := <-ch:
+		return v
+	case <-time.After(rtWait):
+		t.Fatalf("timed out after %v waiting for %s", rtWait, what)
+		panic("unreachable")
+	}
+}
+
+// pending reports whether a value is ready on ch right now.
+func pending[T any](ch <-chan T) bool {
+	select {
+	case <-ch:
+		return true
+	default:
+		return false
+	}
+}
+
+// clientGoroutines counts the goroutines that do not belong to an embedded
+// nats-server (whose internal goroutines come and go on their own), so that a
+// test can check the library and the client leave none behind.
+func clientGoroutines() (int, string) {
+	buf := make([]byte, 1<<20)
+	for {
+		n := runtime.Stack(buf, true)
+		if n < len(buf) {
+			buf = buf[:n]
+			break
+		}
+		buf = make([]byte, 2*len(buf))
+	}
+	var kept []string
+	for _, g := range strings.Split(string(buf), "\n\n") {
+		if g == "" || strings.Contains(g, "nats-server/v2/server.") {
+			continue
+		}
+		kept = append(kept, g)
+	}
+	return len(kept), strings.Join(kept, "\n\n")
+}
+
+// settleGoroutines waits until the client goroutines are back to at most
+// baseline, and fails the test with their stacks if they do not.
+func settleGoroutines(t testing.TB, baseline int) {
+	t.Helper()
+	deadline := time.Now().Add(rtWait)
+	for {
+		n, stacks := clientGoroutines()
+		if n <= baseline {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("%d goroutines left, want at most %d:\n%s", n, baseline, stacks)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+func TestStoreWatchKeys(t *testing.T) {
+	t.Parallel()
+	for name, open := range rtStores(t) {
+		t.Run(name, func(t *testing.T) {
+			t.Parallel()
+			ctx := context.Background()
+			store := open(t)
+			svc := rtService()
+			// The bucket exists before the watch (NATSStore creates it on first use).
+			_, err := store.Create(ctx, svc, svc+".other.k0", []byte("x"))
+			rtNoErr(t, err)
+
+			wctx, cancel := context.WithCancel(ctx)
+			keys := make(chan string, 16)
+			var calls atomic.Int64
+			ended, err := store.WatchKeys(wctx, svc, "render", func(k string) {
+				calls.Add(1)
+				keys <- k
+			})
+			rtNoErr(t, err)
+
+			k1, k2 := svc+".render.k1", svc+".render.k2"
+			r1, err := store.Create(ctx, svc, k1, []byte("a"))
+			rtNoErr(t, err)
+			_, err = store.Create(ctx, svc, svc+".other.k3", []byte("b")) // another job type: not reported
+			rtNoErr(t, err)
+			_, err = store.Create(ctx, svc, k2, []byte("c"))
+			rtNoErr(t, err)
+			rtNoErr(t, store.Delete(ctx, svc, k1, r1))
+
+			rtEqual(t, recv(t, keys, "create of k1"), k1)
+			rtEqual(t, recv(t, keys, "create of k2"), k2)
+			rtEqual(t, recv(t, keys, "delete of k1"), k1)
+
+			cancel()
+			recv(t, ended, "the end of the watch")
+			before := calls.Load()
+			_, err = store.Create(ctx, svc, svc+".render.k4", []byte("d"))
+			rtNoErr(t, err)
+			time.Sleep(50 * time.Millisecond) // a late call would show up here
+			rtTrue(t, calls.Load() == before, "changed called after the watch ended")
+			rtTrue(t, !pending(keys), "a key reported after the watch ended")
+		})
+	}
+}
+
+func TestStoreWatchKeysErrors(t *testing.T) {
+	t.Parallel()
+	for name, open := range rtStores(t) {
+		t.Run(name, func(t *testing.T) {
+			t.Parallel()
+			store := open(t)
+			ctx := context.Background()
+			nop := func(string) {}
+			_, err := store.WatchKeys(ctx, "bad.service", "", nop)
+			rtErrorIs(t, err, ErrInvalidName)
+			_, err = store.WatchKeys(ctx, rtService(), "bad type", nop)
+			rtErrorIs(t, err, ErrInvalidName)
+			_, err = store.WatchKeys(ctx, rtService(), "", nil)
+			rtErrorIs(t, err, ErrInvalidRequest)
+			_, err = store.ListKeys(ctx, "", "")
+			rtErrorIs(t, err, ErrInvalidName)
+			cancelled, cancel := context.WithCancel(ctx)
+			cancel()
+			_, err = store.WatchKeys(cancelled, rtService(), "", nop)
+			rtErrorIs(t, err, context.Canceled)
+		})
+	}
+}
+
+func TestStoreListKeys(t *testing.T) {
+	t.Parallel()
+	for name, open := range rtStores(t) {
+		t.Run(name, func(t *testing.T) {
+			t.Parallel()
+			ctx := context.Background()
+			store := open(t)
+			svc := rtService()
+
+			keys, err := store.ListKeys(ctx, svc, "render")
+			rtNoErr(t, err)
+			rtTrue(t, len(keys) == 0, "keys %q in a new bucket", keys)
+
+			for _, k := range []string{"render.c", "render.a", "other.x", "render.b"} {
+				_, err := store.Create(ctx, svc, svc+"."+k, []byte("v"))
+				rtNoErr(t, err)
+			}
+			_, rev, err := store.Get(ctx, svc, svc+".render.b")
+			rtNoErr(t, err)
+			rtNoErr(t, store.Delete(ctx, svc, svc+".render.b", rev))
+
+			keys, err = store.ListKeys(ctx, svc, "render")
+			rtNoErr(t, err)
+			rtEqual(t, keys, []string{svc + ".render.a", svc + ".render.c"})
+
+			keys, err = store.ListKeys(ctx, svc, "")
+			rtNoErr(t, err)
+			rtEqual(t, keys, []string{svc + ".other.x", svc + ".render.a", svc + ".render.c"})
+		})
+	}
+}
+
+// putKey writes value at key, whatever is there.
+func putKey(t testing.TB, store Store, svc, key string, value []byte) {
+	t.Helper()
+	ctx := context.Background()
+	if _, rev, err := store.Get(ctx, svc, key); err == nil {
+		_, err = store.Update(ctx, svc, key, value, rev)
+		rtNoErr(t, err)
+		return
+	}
+	_, err := store.Create(ctx, svc, key, value)
+	rtNoErr(t, err)
+}
+
+func TestWatcherFanOut(t *testing.T) {
+	t.Parallel()
+	for name, open := range rtStores(t) {
+		t.Run(name, func(t *testing.T) {
+			t.Parallel()
+			ctx := context.Background()
+			store := open(t)
+			svc := rtService()
+			putKey(t, store, svc, svc+".t.seed", []byte("x")) // the bucket exists
+			w, err := NewWatcher(store)
+			rtNoErr(t, err)
+			defer w.Close()
+
+			ka, kb, kc := svc+".t.a", svc+".t.b", svc+".t.c"
+			a1, err := w.Subscribe(ctx, svc, ka)
+			rtNoErr(t, err)
+			a2, err := w.Subscribe(ctx, svc, ka)
+			rtNoErr(t, err)
+			b, err := w.Subscribe(ctx, svc, kb)
+			rtNoErr(t, err)
+			c, err := w.Subscribe(ctx, svc, kc)
+			rtNoErr(t, err)
+
+			putKey(t, store, svc, ka, []byte("1"))
+			putKey(t, store, svc, ka, []byte("2")) // coalesced with the first
+			putKey(t, store, svc, kc, []byte("1"))
+			recv(t, a1.Changed(), "a change of a (first subscriber)")
+			recv(t, a2.Changed(), "a change of a (second subscriber)")
+			recv(t, c.Changed(), "a change of c")
+			// Changes are dispatched in order, so b would have been signalled
+			// by now if a change of another key could reach it.
+			rtTrue(t, !pending(b.Changed()), "b signalled by changes of other keys")
+
+			b.Close()
+			b.Close() // idempotent
+			recv(t, b.Done(), "b's end")
+			putKey(t, store, svc, kb, []byte("1"))
+			putKey(t, store, svc, kc, []byte("2"))
+			recv(t, c.Changed(), "the second change of c")
+			rtTrue(t, !pending(b.Changed()), "a closed subscription signalled")
+
+			for _, s := range []*Subscription{a1, a2, c} {
+				s.Close()
+			}
+			w.mu.Lock()
+			rtTrue(t, len(w.watches[svc].subs) == 0, "closed subscriptions are remembered: %v", w.watches[svc].subs)
+			rtTrue(t, len(w.watches) == 1, "%d watches, want the service's one", len(w.watches))
+			w.mu.Unlock()
+		})
+	}
+}
+
+func TestWatcherSubscribeErrors(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	_, err := NewWatcher(nil)
+	rtErrorIs(t, err, ErrInvalidRequest)
+
+	w, err := NewWatcher(NewMemoryStore())
+	rtNoErr(t, err)
+	_, err = w.Subscribe(ctx, "svc", "other.t.k")
+	rtErrorIs(t, err, ErrInvalidRequest)
+	_, err = w.Subscribe(ctx, "bad.svc", "bad.svc.t.k")
+	rtErrorIs(t, err, ErrInvalidName)
+	cancelled, cancel := context.WithCancel(ctx)
+	cancel()
+	_, err = w.Subscribe(cancelled, "svc", "svc.t.k")
+	rtTrue(t, err == context.Canceled, "Subscribe with a cancelled context: %v, want context.Canceled unchanged", err)
+	w.mu.Lock()
+	rtTrue(t, len(w.watches) == 0, "a failed start left a watch behind")
+	w.mu.Unlock()
+
+	sub, err := w.Subscribe(ctx, "svc", "svc.t.k")
+	rtNoErr(t, err)
+	w.Close()
+	recv(t, sub.Done(), "the end of a subscription when the watcher closes")
+	w.Close() // idempotent
+	_, err = w.Subscribe(ctx, "svc", "svc.t.k")
+	rtErrorIs(t, err, ErrWatcherClosed)
+}
+
+// TestWatcherConcurrentSubscribe starts one service's watch from many
+// goroutines at once: exactly one watch must start.
+func TestWatcherConcurrentSubscribe(t *testing.T) {
+	t.Parallel()
+	store := &countingWatchStore{MemoryStore: NewMemoryStore()}
+	w, err := NewWatcher(store)
+	rtNoErr(t, err)
+	defer w.Close()
+	var wg sync.WaitGroup
+	subs := make([]*Subscription, 32)
+	errs := make([]error, len(subs))
+	for i := range subs {
+		wg.Go(func() { subs[i], errs[i] = w.Subscribe(context.Background(), "svc", "svc.t.k") })
+	}
+	wg.Wait()
+	for i := range subs {
+		rtNoErr(t, errs[i])
+	}
+	rtEqual(t, store.watches.Load(), 1)
+	putKey(t, store, "svc", "svc.t.k", []byte("v"))
+	for _, s := range subs {
+		recv(t, s.Changed(), "a change")
+		s.Close()
+	}
+}
+
+type countingWatchStore struct {
+	*MemoryStore
+	watches atomic.Int64
+}
+
+func (s *countingWatchStore) WatchKeys(ctx context.Context, service, jobType string, changed func(string)) (<-chan struct{}, error) {
+	s.watches.Add(1)
+	return s.MemoryStore.WatchKeys(ctx, service, jobType, changed)
+}
+
+// TestWatcherConnectionClosed: when the store stops watching (its connection
+// closed), subscribers learn it from Done and the watch is forgotten.
+func TestWatcherConnectionClosed(t *testing.T) {
+	t.Parallel()
+	s := natstest.Run(t)
+	nc, js := natstest.Connect(t, s)
+	store, err := NewNATSStore(js, WithCreateBuckets(jetstream.MemoryStorage, 1))
+	rtNoErr(t, err)
+	svc := rtService()
+	w, err := NewWatcher(store)
+	rtNoErr(t, err)
+	defer w.Close()
+	sub, err := w.Subscribe(context.Background(), svc, svc+".t.k")
+	rtNoErr(t, err)
+	nc.Close()
+	recv(t, sub.Done(), "the end of the subscription after the connection closed")
+	w.mu.Lock()
+	rtTrue(t, len(w.watches) == 0, "the ended watch is remembered")
+	w.mu.Unlock()
+	_, err = w.Subscribe(context.Background(), svc, svc+".t.k")
+	rtTrue(t, err != nil && !errors.Is(err, ErrWatcherClosed), "subscribe over a closed connection: got %v, want the store's error", err)
+}
+
+// TestWatcherNoGoroutineLeak is not parallel: it counts the process's goroutines.
+func TestWatcherNoGoroutineLeak(t *testing.T) {
+	store, _ := rtNATS(t)
+	svc := rtService()
+	putKey(t, store, svc, svc+".t.seed", []byte("x"))
+	_, err := store.ListKeys(context.Background(), svc, "")
+	rtNoErr(t, err)
+	baseline, _ := clientGoroutines()
+
+	w, err := NewWatcher(store)
+	rtNoErr(t, err)
+	var subs []*Subscription
+	for i := range 3 {
+		sub, err := w.Subscribe(context.Background(), svc, svc+".t.k"+strconv.Itoa(i))
+		rtNoErr(t, err)
+		subs = append(subs, sub)
+	}
+	putKey(t, store, svc, svc+".t.k1", []byte("v"))
+	recv(t, subs[1].Changed(), "a change")
+	subs[0].Close()
+	n, _ := clientGoroutines()
+	rtTrue(t, n > baseline, "a running watch has no goroutines of its own (%d, baseline %d): this test proves nothing", n, baseline)
+	w.Close()
+	settleGoroutines(t, baseline)
+
+	// The memory store's watch too.
+	mem := NewMemoryStore()
+	baseline, _ = clientGoroutines()
+	mw, err := NewWatcher(mem)
+	rtNoErr(t, err)
+	_, err = mw.Subscribe(context.Background(), "svc", "svc.t.k")
+	rtNoErr(t, err)
+	mw.Close()
+	settleGoroutines(t, baseline)
+	mem.mu.Lock()
+	rtTrue(t, len(mem.watchers) == 0, "the memory store remembers a stopped watch")
+	mem.mu.Unlock()
+
+	// And a listing.
+	baseline, _ = clientGoroutines()
+	keys, err := store.ListKeys(context.Background(), svc, "t")
+	rtNoErr(t, err)
+	rtEqual(t, keys, []string{svc + ".t.k1", svc + ".t.seed"})
+	settleGoroutines(t, baseline)
+}
