@@ -148,24 +148,26 @@ func TestRunHeartbeats(t *testing.T) {
 	t.Parallel()
 	store, _ := rtNATS(t)
 	svc := rtService()
-	p := rtPolicy(50*time.Millisecond, 300*time.Millisecond)
+	// A TTL far above the interval, so that a loaded machine does not lose
+	// the lease; the handler runs past the first expiry.
+	p := rtPolicy(50*time.Millisecond, time.Second)
 	c := rtCoordinator(t, store, nil)
 	r := rtRunner(t, c, nil)
 	req := rtJob(t, c, svc, "job-1", p)
 	res, err := r.Run(context.Background(), req, func(ctx context.Context, lease Lease) error {
 		first := lease.LeaseExpiresAt
 		deadline := time.Now().Add(rtWait)
-		// Wait until the lease was renewed past three of its lifetimes.
 		for {
 			st := rtState(t, store, svc, p)
-			if st == nil || len(st.Active) != 1 {
-				return fmt.Errorf("state %+v, want one slot", st)
+			if st == nil || len(st.Active) != 1 || st.Active[0].SlotToken != lease.SlotToken {
+				return fmt.Errorf("state %+v, want the handler's slot", st)
 			}
-			if st.Active[0].LeaseExpiresAt.After(first.Add(3 * p.HeartbeatTTL)) {
-				return ctx.Err()
+			now := time.Now()
+			if now.After(first.Add(100*time.Millisecond)) && st.Active[0].LeaseExpiresAt.After(now) {
+				return ctx.Err() // held beyond the first expiry, and still live
 			}
-			if time.Now().After(deadline) {
-				return fmt.Errorf("lease still expires at %v, first expiry %v", st.Active[0].LeaseExpiresAt, first)
+			if now.After(deadline) {
+				return fmt.Errorf("lease expires at %v, first expiry %v", st.Active[0].LeaseExpiresAt, first)
 			}
 			select {
 			case <-ctx.Done():
@@ -178,15 +180,17 @@ func TestRunHeartbeats(t *testing.T) {
 	rtEqual(t, res.Release, KindReleased)
 }
 
-// TestRunLeaseTakenOver: a holder whose lease expired is taken over by a
-// second coordinator (whose clock is an hour ahead, so that it sees the
-// lease expired); the first handler's context is cancelled with the lost
+// TestRunLeaseTakenOver: a holder is taken over by a second coordinator
+// whose clock is an hour ahead, so that it sees the lease expired; the first
+// handler's context is cancelled with the lost
 // lease cause, and the run reports a stale completion.
 func TestRunLeaseTakenOver(t *testing.T) {
 	t.Parallel()
 	store, _ := rtNATS(t)
 	svc := rtService()
-	p := rtPolicy(100*time.Millisecond, 300*time.Millisecond)
+	// The first holder's lease is long (renewal delays on a loaded machine
+	// cannot expire it); the second coordinator's clock sees it expired.
+	p := rtPolicy(100*time.Millisecond, 30*time.Second)
 	first := rtCoordinator(t, store, &Config{InstanceID: "first"})
 	second := rtCoordinator(t, store, &Config{InstanceID: "second", Now: func() time.Time { return time.Now().Add(time.Hour) }})
 	r := rtRunner(t, first, nil)
@@ -274,7 +278,7 @@ func TestRunLeaseLostWhenRenewalsFail(t *testing.T) {
 	if !errors.Is(cause, ErrLeaseLost) || !errors.Is(cause, errInjected) {
 		t.Fatalf("cause %v, want one wrapping ErrLeaseLost and the renewal error", cause)
 	}
-	rtTrue(t, store.failed.Load() >= 2, "%d failed renewals, want several before giving up", store.failed.Load())
+	rtTrue(t, store.failed.Load() >= 1, "%d failed renewals, want at least one before giving up", store.failed.Load())
 	rtTrue(t, errors.Is(res.LeaseLost, ErrLeaseLost), "RunResult.LeaseLost %v", res.LeaseLost)
 	// Nobody took the slot over, so the release found it.
 	rtEqual(t, res.Release, KindReleased)
@@ -453,7 +457,7 @@ func TestRunNoGoroutineLeak(t *testing.T) {
 	// Slow heartbeats, so that a heartbeat goroutine left running would
 	// outlive the wait below; the holder heartbeats fast.
 	p := rtPolicy(time.Minute, 2*time.Minute)
-	fast := rtPolicy(20*time.Millisecond, 200*time.Millisecond)
+	fast := rtPolicy(20*time.Millisecond, 10*time.Second)
 	c := rtCoordinator(t, store, nil)
 	rtJob(t, c, svc, "warm-up", p) // opens the bucket
 	baseline, _ := clientGoroutines()
@@ -473,26 +477,30 @@ func TestRunNoGoroutineLeak(t *testing.T) {
 
 	// A waiter woken by a release, while the holder heartbeats.
 	holderIn, holderOut := make(chan struct{}), make(chan struct{})
+	holderReq, waiterReq := rtJob(t, c, svc, "holder", fast), rtJob(t, c, svc, "waiter", p)
+	errs := make(chan error, 2)
 	var wg sync.WaitGroup
 	wg.Go(func() {
-		_, err := r.Run(ctx, rtJob(t, c, svc, "holder", fast), func(context.Context, Lease) error {
+		_, err := r.Run(ctx, holderReq, func(context.Context, Lease) error {
 			close(holderIn)
 			<-holderOut
 			return nil
 		})
-		rtNoErr(t, err)
+		errs <- err
 	})
-	<-holderIn
+	recv(t, holderIn, "the holder to run")
 	blocked := make(chan Acquisition, 1)
 	rw := rtRunner(t, c, &RunnerConfig{Watcher: w, OnBlocked: signalTo(blocked)})
 	wg.Go(func() {
-		_, err := rw.Run(ctx, rtJob(t, c, svc, "waiter", p), func(context.Context, Lease) error { return nil })
-		rtNoErr(t, err)
+		_, err := rw.Run(ctx, waiterReq, func(context.Context, Lease) error { return nil })
+		errs <- err
 	})
 	recv(t, blocked, "the waiter to block")
 	time.Sleep(3 * fast.HeartbeatInterval) // a few heartbeats
 	close(holderOut)
 	wg.Wait()
+	rtNoErr(t, <-errs)
+	rtNoErr(t, <-errs)
 
 	// A run cancelled while it waits.
 	holder, err := c.Acquire(ctx, rtJob(t, c, svc, "holder-2", p))
