@@ -52,6 +52,25 @@ var (
 	// ErrRevisionConflict is returned by a [Store] when a compare-and-swap
 	// write finds a revision other than the one it expected.
 	ErrRevisionConflict = errors.New("jobkeys: revision conflict")
+
+	// ErrBlocked reports that a job did not get a slot and its handler did
+	// not run: [Runner.TryRun] found the key busy, [Runner.Run] waited
+	// RunnerConfig.MaxWait in vain, or the job is not queued. The error is a
+	// [*BlockedError] that carries the blocked [Acquisition].
+	ErrBlocked = errors.New("jobkeys: job blocked")
+
+	// ErrLeaseLost is the cause (see [context.Cause]) with which a handler's
+	// context is cancelled when its lease is gone: a renewal found the slot
+	// taken over or released, or renewals failed until the lease expired.
+	ErrLeaseLost = errors.New("jobkeys: lease lost")
+
+	// ErrStaleCompletion reports that a job's handler finished but its slot
+	// was gone when it was released: it had been taken over after the lease
+	// expired, so another run of the key may have overlapped this one.
+	ErrStaleCompletion = errors.New("jobkeys: stale completion")
+
+	// ErrWatcherClosed reports a use of a [Watcher] after its Close.
+	ErrWatcherClosed = errors.New("jobkeys: watcher closed")
 )
 
 // StateError is the error for key state that cannot be used: it names the KV

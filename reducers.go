@@ -87,7 +87,11 @@ type Acquisition struct {
 	Active int    // KindBlocked: live slots seen
 	Queued int    // KindBlocked: queued jobs seen
 	Limit  int    // KindBlocked: the limit that was hit
-	State  *KeyState
+	// NextExpiry (KindBlocked) is the earliest lease expiry after now among
+	// the key's slots, zero if none: a slot whose lease runs out frees up
+	// without any write to the key, so a waiter should look again then.
+	NextExpiry time.Time
+	State      *KeyState
 }
 
 // Lease is a job's hold on a slot, returned by Acquire. It is a plain value:
@@ -290,6 +294,11 @@ func ReduceAcquire(state *KeyState, key JobKey, req AcquireRequest, policy Polic
 	out := Acquisition{Key: base.Key, KeyHash: base.KeyHash}
 	blocked := func(reason Reason, active, limit int) Acquisition {
 		out.Kind, out.Reason, out.Active, out.Queued, out.Limit = KindBlocked, reason, active, len(base.Queued), limit
+		for i := range base.Active {
+			if e := base.Active[i].LeaseExpiresAt; e.After(now) && (out.NextExpiry.IsZero() || e.Before(out.NextExpiry)) {
+				out.NextExpiry = e
+			}
+		}
 		return out
 	}
 

@@ -7,29 +7,6 @@ import (
 	"time"
 )
 
-// Sentinel errors of the worker runtime ([Runner], [Watcher]). Match them
-// with [errors.Is].
-var (
-	// ErrBlocked reports that a job did not get a slot and its handler did
-	// not run: [Runner.TryRun] found the key busy, [Runner.Run] waited
-	// RunnerConfig.MaxWait in vain, or the job is not queued. The error is a
-	// [*BlockedError] that carries the blocked [Acquisition].
-	ErrBlocked = errors.New("jobkeys: job blocked")
-
-	// ErrLeaseLost is the cause (see [context.Cause]) with which a handler's
-	// context is cancelled when its lease is gone: a renewal found the slot
-	// taken over or released, or renewals failed until the lease expired.
-	ErrLeaseLost = errors.New("jobkeys: lease lost")
-
-	// ErrStaleCompletion reports that a job's handler finished but its slot
-	// was gone when it was released: it had been taken over after the lease
-	// expired, so another run of the key may have overlapped this one.
-	ErrStaleCompletion = errors.New("jobkeys: stale completion")
-
-	// ErrWatcherClosed reports a use of a [Watcher] after its Close.
-	ErrWatcherClosed = errors.New("jobkeys: watcher closed")
-)
-
 // BlockedError is the error for a job that did not get a slot. It wraps
 // [ErrBlocked].
 type BlockedError struct {
@@ -190,7 +167,7 @@ func (r *Runner) run(ctx context.Context, req AcquireRequest, handler Handler, w
 // acquire gets a slot, waiting while blocked if wait is set, and says how
 // long it waited.
 func (r *Runner) acquire(ctx context.Context, req AcquireRequest, wait bool) (Acquisition, time.Duration, error) {
-	acq, nextExpiry, err := r.coord.acquireObserved(ctx, req)
+	acq, err := r.coord.Acquire(ctx, req)
 	if err != nil || acq.Kind == KindAcquired {
 		return acq, 0, err
 	}
@@ -230,10 +207,10 @@ func (r *Runner) acquire(ctx context.Context, req AcquireRequest, wait bool) (Ac
 			}
 			waiting = true
 			d := r.cfg.RecheckInterval
-			if !nextExpiry.IsZero() {
+			if !acq.NextExpiry.IsZero() {
 				// A lease that expires frees its slot (FailStale) without
 				// any write to the key.
-				d = min(d, nextExpiry.Sub(r.coord.cfg.Now())+time.Millisecond)
+				d = min(d, acq.NextExpiry.Sub(r.coord.cfg.Now())+time.Millisecond)
 			}
 			recheck.Reset(max(d, time.Millisecond))
 			var changed, ended <-chan struct{}
@@ -252,7 +229,7 @@ func (r *Runner) acquire(ctx context.Context, req AcquireRequest, wait bool) (Ac
 			case <-recheck.C:
 			}
 		}
-		acq, nextExpiry, err = r.coord.acquireObserved(ctx, req)
+		acq, err = r.coord.Acquire(ctx, req)
 		if err != nil || acq.Kind == KindAcquired {
 			return acq, time.Since(blockedAt), err
 		}
@@ -379,43 +356,4 @@ func leaseExpired(lease Lease, kvKey string, expires time.Time, lastErr error) e
 	}
 	return fmt.Errorf("%w: job %q on KV key %q: renewals failed until the lease expired at %s: %w",
 		ErrLeaseLost, lease.JobID, kvKey, expires.UTC().Format(time.RFC3339Nano), lastErr)
-}
-
-// acquireObserved is [KeyCoordinator.Acquire] that also returns the earliest
-// lease expiry after now among the slots of the state it decided on (zero if
-// none), so that a blocked waiter can look again when a slot goes stale,
-// which writes nothing to the key.
-func (c *KeyCoordinator) acquireObserved(ctx context.Context, req AcquireRequest) (Acquisition, time.Time, error) {
-	policy, key, err := c.prepare(req.Service, req.JobType, req.JobID, req.Payload, req.Policy)
-	if err != nil {
-		return Acquisition{}, time.Time{}, err
-	}
-	if req.Tries < 0 {
-		return Acquisition{}, time.Time{}, fmt.Errorf("%w: Tries %d is negative", ErrInvalidRequest, req.Tries)
-	}
-	if req.InstanceID == "" {
-		req.InstanceID = c.cfg.InstanceID
-	}
-	token := c.cfg.NewSlotToken()
-	if token == "" {
-		return Acquisition{}, time.Time{}, fmt.Errorf("%w: Config.NewSlotToken returned an empty token", ErrInvalidRequest)
-	}
-	var (
-		out  Acquisition
-		next time.Time
-	)
-	err = c.update(ctx, key, false, func(st *KeyState, now time.Time) *KeyState {
-		out = ReduceAcquire(st, key, req, policy, now, token)
-		next = time.Time{}
-		if st != nil {
-			now = jsNow(now)
-			for i := range st.Active {
-				if e := st.Active[i].LeaseExpiresAt; e.After(now) && (next.IsZero() || e.Before(next)) {
-					next = e
-				}
-			}
-		}
-		return out.State
-	})
-	return out, next, err
 }
