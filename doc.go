@@ -59,6 +59,18 @@
 // randomness or I/O. The coordinator wraps them in read → reduce →
 // compare-and-swap, deleting a key's state when it becomes empty.
 //
+// # Workers
+//
+// A [Runner] is the worker loop most users want: [Runner.Run] acquires a
+// slot (waiting without polling through a [Watcher], which holds one KV
+// watch per service and fans changes out in memory), runs the handler with a
+// context that is cancelled with [ErrLeaseLost] when the lease is lost,
+// renews the lease every HeartbeatInterval, and releases the slot on every
+// exit, panics included. [Runner.TryRun] hands a blocked job back as a
+// [*BlockedError] instead, for consumers that would rather NakWithDelay. A
+// [Sweeper] removes the expired slots of crashed workers from keys nobody
+// asks for. See examples/worker.
+//
 // # Concurrency
 //
 // [KeyCoordinator], [NATSStore] and [MemoryStore] are safe for concurrent use.
