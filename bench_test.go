@@ -765,6 +765,69 @@ func TestCoordinatorLanesNoSelfRaces(t *testing.T) {
 	}
 }
 
+// benchGatedStore holds every Get until gate is closed, after signalling
+// entered.
+type benchGatedStore struct {
+	Store
+	entered chan struct{}
+	gate    chan struct{}
+}
+
+func (g *benchGatedStore) Get(ctx context.Context, service, key string) ([]byte, uint64, error) {
+	select {
+	case g.entered <- struct{}{}:
+	default:
+	}
+	select {
+	case <-g.gate:
+	case <-ctx.Done():
+		return nil, 0, ctx.Err()
+	}
+	return g.Store.Get(ctx, service, key)
+}
+
+// A read does not hold the key's lane: while an acquisition that finds the
+// slot taken waits for its read, the slot's holder can still renew.
+func TestCoordinatorReadsOutsideLane(t *testing.T) {
+	t.Parallel()
+	ctx, service, payload := context.Background(), "readlane", benchPayload(0)
+	gated := &benchGatedStore{Store: NewMemoryStore(), entered: make(chan struct{}, 1), gate: make(chan struct{})}
+	c, err := NewCoordinator(gated, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	policy := Policy{Key: benchPolicy.Key, MaxQueuedPerKey: 1}
+	for _, id := range []string{"a", "b"} {
+		if adm, err := c.Admit(ctx, AdmitRequest{Service: service, JobType: benchJobType, JobID: id, Payload: payload, Policy: policy}); err != nil || adm.Kind != KindAccepted {
+			t.Fatalf("admit %s: %v %v", id, adm.Kind, err)
+		}
+	}
+	acq, err := c.Acquire(ctx, AcquireRequest{Service: service, JobType: benchJobType, JobID: "a", Payload: payload, Policy: policy})
+	if err != nil || acq.Kind != KindAcquired {
+		t.Fatalf("acquire a: %v %v", acq.Kind, err)
+	}
+	type result struct {
+		acq Acquisition
+		err error
+	}
+	done := make(chan result, 1)
+	go func() {
+		b, err := c.Acquire(ctx, AcquireRequest{Service: service, JobType: benchJobType, JobID: "b", Payload: payload, Policy: policy})
+		done <- result{b, err}
+	}()
+	<-gated.entered // b checks the slot with a read
+	renewCtx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	defer cancel()
+	r, err := c.Renew(renewCtx, RenewRequest{Lease: acq.Lease})
+	if err != nil || r.Kind != KindRenewed {
+		t.Errorf("renew while another operation reads the key: %v %v", r.Kind, err)
+	}
+	close(gated.gate)
+	if res := <-done; res.err != nil || res.acq.Kind != KindBlocked {
+		t.Errorf("acquire b: %v %v, want blocked", res.acq.Kind, res.err)
+	}
+}
+
 // The backoff window doubles per lost race up to MaxRetryBackoff, halves
 // per successful write down to zero, and is forgotten on a quiet key.
 func TestCoordinatorBackoffWindow(t *testing.T) {
@@ -795,28 +858,36 @@ func TestCoordinatorBackoffWindow(t *testing.T) {
 		t.Errorf("window after successful writes %v, want %v", settled, want)
 	}
 
-	// A key whose last lost race is long past is cold: no pacing, window 0.
+	// While a key's window is open, operations on it are paced: with an
+	// hour-long window a call with a short deadline runs out of time. A key
+	// whose last lost race is long past is cold: no pacing.
 	payload := benchPayload(0)
 	key, err := DeriveKey("window", benchJobType, payload, benchPolicy.Key)
 	if err != nil {
 		t.Fatal(err)
 	}
-	hot, err := c.keys.enter(ctx, key.KVKey)
-	if err != nil {
-		t.Fatal(err)
+	heat := func(lostAt time.Time) {
+		e := c.keys.pin(key.KVKey)
+		defer c.keys.unpin(key.KVKey, e)
+		if err := e.lock(ctx); err != nil {
+			t.Fatal(err)
+		}
+		e.window, e.lostAt = time.Hour, lostAt
+		e.unlock()
 	}
-	hot.window, hot.lostAt = time.Hour, time.Now().Add(-windowMemory*time.Hour-time.Second)
-	c.keys.leave(key.KVKey, hot)
-	if err := benchCycle(ctx, c, "window", benchPolicy, payload, "j1"); err != nil {
-		t.Fatal(err)
+	admit := func(timeout time.Duration, jobID string) error {
+		ctx, cancel := context.WithTimeout(ctx, timeout)
+		defer cancel()
+		_, err := c.Admit(ctx, AdmitRequest{Service: "window", JobType: benchJobType, JobID: jobID, Payload: payload, Policy: benchPolicy})
+		return err
 	}
-	e2, err := c.keys.enter(ctx, key.KVKey)
-	if err != nil {
-		t.Fatal(err)
+	heat(time.Now())
+	if err := admit(50*time.Millisecond, "paced"); !errors.Is(err, context.DeadlineExceeded) {
+		t.Errorf("admission on a key with an open hour-long window: %v, want %v", err, context.DeadlineExceeded)
 	}
-	defer c.keys.leave(key.KVKey, e2)
-	if e2.window != 0 {
-		t.Errorf("window on a quiet key %v, want 0", e2.window)
+	heat(time.Now().Add(-windowMemory*time.Hour - time.Second))
+	if err := admit(time.Minute, "cold"); err != nil {
+		t.Errorf("admission on a key quiet for %d windows: %v", windowMemory, err)
 	}
 }
 

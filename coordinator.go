@@ -359,35 +359,49 @@ func isKeyHash(s string) bool {
 	return true
 }
 
-// update runs one operation on key: it waits for the key's lane (one
-// operation per key at a time in this coordinator; see keyTable), runs the
+// update runs one operation on key: it takes the key's lane (one write of
+// this coordinator per key at a time; see keyTable), runs the
 // read-reduce-CAS loop and records the contention it met.
 func (c *KeyCoordinator) update(ctx context.Context, key JobKey, assumeAbsent bool, reduce func(*KeyState, time.Time) *KeyState) error {
-	e, err := c.keys.enter(ctx, key.KVKey)
-	if err != nil {
+	e := c.keys.pin(key.KVKey)
+	defer c.keys.unpin(key.KVKey, e)
+	if err := e.lock(ctx); err != nil {
 		return err
 	}
-	defer c.keys.leave(key.KVKey, e)
 	conflicts, err := c.casLoop(ctx, e, key, assumeAbsent, reduce)
 	c.stats.record(conflicts)
 	return err
 }
 
-// casLoop is the read-reduce-CAS loop; the caller holds e's lane. reduce
-// returns the new state, or nil when the outcome writes nothing; it may be
-// called several times and must leave its outcome from the last call.
-// assumeAbsent lets a key the coordinator knows nothing of be created
-// without a read first (admission always writes to an absent key). A write
-// on remembered or assumed state that turns out stale costs one failed
-// write and a read, and is not a lost race; a write on state this call
-// read that fails is, and is followed by a backoff. It returns the number
-// of races lost.
+// casLoop is the read-reduce-CAS loop. It is called holding e's lane and
+// returns having released it. reduce returns the new state, or nil when
+// the outcome writes nothing; it may be called several times and must
+// leave its outcome from the last call.
+//
+// The first attempt writes on the state this coordinator remembers, or,
+// with assumeAbsent, creates a key it knows nothing of (admission always
+// writes to an absent key), without a read. A write on such a guess that
+// turns out stale costs one failed write and a read, and is not a lost
+// race; a failed write on state this call read is, and is followed by a
+// backoff. It returns the number of races lost.
+//
+// Reads happen outside the lane, so that an operation that only needs to
+// look (an acquisition that finds every slot taken) does not hold up this
+// coordinator's writes to the key; an operation that read and then writes
+// takes the lane again and, if another of this coordinator's operations
+// wrote meanwhile, starts from that newer state.
 func (c *KeyCoordinator) casLoop(ctx context.Context, e *keyEntry, key JobKey, assumeAbsent bool, reduce func(*KeyState, time.Time) *KeyState) (int, error) {
+	held := true // whether this call holds e's lane
+	defer func() {
+		if held {
+			e.unlock()
+		}
+	}()
 	var (
 		state    *KeyState
 		rev      uint64
 		have     bool // state and rev are what we believe is stored
-		verified bool // state and rev were read from the store by this call
+		verified bool // state and rev were read (or confirmed by a write) during this call
 	)
 	if e.known && c.keys.max > 0 {
 		state, rev, have = e.state, e.rev, true
@@ -406,14 +420,29 @@ func (c *KeyCoordinator) casLoop(ctx context.Context, e *keyEntry, key JobKey, a
 	}
 	for {
 		if !have {
-			var err error
-			state, rev, err = c.read(ctx, key)
+			e.unlock()
+			held = false
+			st, r, err := c.read(ctx, key)
 			if err != nil {
-				e.forget()
 				return conflicts, err
 			}
-			have, verified = true, true
-			e.remember(state, rev)
+			if next := reduce(st, c.cfg.Now()); next == nil || next.Empty() && st == nil {
+				return conflicts, nil // nothing to write: no lane needed
+			}
+			if err := e.lock(ctx); err != nil {
+				return conflicts, err
+			}
+			held = true
+			if e.known && r > 0 && e.rev > r {
+				// Written by another operation of this coordinator after
+				// the read (or the read came from a lagging replica):
+				// newer, and confirmed by the store then. An absent key
+				// has no revision to compare; the write settles it.
+				st, r = e.state, e.rev
+			} else {
+				e.remember(st, r)
+			}
+			state, rev, have, verified = st, r, true, true
 		}
 		next := reduce(state, c.cfg.Now())
 		if next == nil || (next.Empty() && state == nil) {
@@ -565,14 +594,15 @@ func newUUID() string {
 }
 
 // keyTable is what a coordinator keeps per KV key: a lane that lets one of
-// its operations on the key run at a time, the state and revision it last
+// its operations write the key at a time, the state and revision it last
 // read or wrote, and the key's backoff window, its estimate of contention.
 //
-// The lane costs nothing on distinct keys and turns concurrent operations
-// of one process on one key, which would otherwise lose compare-and-swap
-// races to each other, into a queue in memory where each operation starts
-// from the state the one before it wrote: no read, no conflict. Races with
-// other processes are still settled by compare-and-swap.
+// The lane costs nothing on distinct keys and turns concurrent writes of
+// one process to one key, which would otherwise lose compare-and-swap
+// races to each other, into a queue in memory where each write starts from
+// the state the one before it wrote: no read, no conflict. Reads are not
+// queued (see casLoop). Races with other processes are still settled by
+// compare-and-swap.
 //
 // Entries in use are never evicted; idle entries are kept only while they
 // remember something (state, or an open backoff window), and at most max
@@ -584,11 +614,11 @@ type keyTable struct {
 	entries map[string]*keyEntry
 }
 
-// keyEntry is one key's entry. lane and users are guarded by keyTable.mu;
-// the other fields belong to whoever holds the lane.
+// keyEntry is one key's entry. users is guarded by keyTable.mu; the other
+// fields (but lane) belong to whoever holds the lane.
 type keyEntry struct {
-	lane  chan struct{} // holds one token while an operation runs
-	users int           // operations running or waiting on the lane
+	lane  chan struct{} // holds one token while an operation may write
+	users int           // operations that pinned the entry
 
 	state  *KeyState // last state read or written; immutable once stored
 	rev    uint64
@@ -605,9 +635,11 @@ func newKeyTable(size int) *keyTable {
 	return &keyTable{max: max(size, 0), entries: make(map[string]*keyEntry)}
 }
 
-// enter waits for k's lane, or for ctx to end.
-func (t *keyTable) enter(ctx context.Context, k string) (*keyEntry, error) {
+// pin returns k's entry, creating it if needed, and keeps it in the
+// table until unpin.
+func (t *keyTable) pin(k string) *keyEntry {
 	t.mu.Lock()
+	defer t.mu.Unlock()
 	e := t.entries[k]
 	if e == nil {
 		t.evictIdle()
@@ -615,35 +647,38 @@ func (t *keyTable) enter(ctx context.Context, k string) (*keyEntry, error) {
 		t.entries[k] = e
 	}
 	e.users++
-	t.mu.Unlock()
+	return e
+}
+
+// unpin ends a pin. An entry no longer pinned is dropped when the table is
+// over its bound or the entry remembers nothing.
+func (t *keyTable) unpin(k string, e *keyEntry) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	e.users--
+	// With no users left nobody else can touch e, so its fields may be read.
+	if e.users == 0 && (len(t.entries) > t.max || !e.known && e.window == 0) {
+		delete(t.entries, k)
+	}
+}
+
+// lock takes e's lane, waiting for it or for ctx to end.
+func (e *keyEntry) lock(ctx context.Context) error {
 	select {
 	case e.lane <- struct{}{}:
-		return e, nil
+		return nil
 	default:
 	}
 	select {
 	case e.lane <- struct{}{}:
-		return e, nil
+		return nil
 	case <-ctx.Done():
-		t.release(k, e)
-		return nil, ctx.Err()
+		return ctx.Err()
 	}
 }
 
-// leave frees k's lane.
-func (t *keyTable) leave(k string, e *keyEntry) {
-	<-e.lane
-	t.release(k, e)
-}
-
-func (t *keyTable) release(k string, e *keyEntry) {
-	t.mu.Lock()
-	e.users--
-	if e.users == 0 && (len(t.entries) > t.max || !e.known && e.window == 0) {
-		delete(t.entries, k) // over the bound, or nothing to remember
-	}
-	t.mu.Unlock()
-}
+// unlock releases e's lane.
+func (e *keyEntry) unlock() { <-e.lane }
 
 // evictIdle makes room for one entry by evicting an arbitrary idle one.
 // Called with t.mu held.
