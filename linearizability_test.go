@@ -18,6 +18,7 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -664,7 +665,7 @@ func linCheck(t testing.TB, keys []linKey, log []*linOp, timeout time.Duration) 
 		if err := porcupine.VisualizePath(model, info, path); err != nil {
 			t.Logf("visualization: %v", err)
 		}
-		t.Errorf("the history is not linearizable against the model; visualization: %s", path)
+		t.Errorf("the history is not linearizable against the model; visualization: %s\n%s", path, linExplain(model, &info, history))
 	case porcupine.Unknown:
 		t.Logf("porcupine timed out after %v: the history was neither proven nor refuted", timeout)
 	}
@@ -796,4 +797,169 @@ func TestLinearizabilityCheckerRejects(t *testing.T) {
 	if res := porcupine.CheckOperationsTimeout(model, history, 10*time.Second); res != porcupine.Illegal {
 		t.Fatalf("a renewal reported lost while its slot is held is %s, want Illegal", res)
 	}
+}
+
+// linStaleReads looks for the usual cause of an illegal history on a
+// replicated bucket: an operation that wrote nothing and whose outcome fits
+// only a state older than one some other operation had already written,
+// and been told so, before this operation was called. It returns a
+// description of each such operation (at most limit).
+func linStaleReads(keys []linKey, log []*linOp, entries []auditEntry, limit int) []string {
+	type rev struct {
+		rev   uint64
+		state *modelState
+	}
+	keyIndex := map[string]int{}
+	for i, k := range keys {
+		keyIndex[k.key.KVKey] = i
+	}
+	history := make([][]rev, len(keys))
+	revOf := map[string]uint64{}
+	for _, e := range entries {
+		k, ok := keyIndex[e.key]
+		if !ok {
+			continue
+		}
+		var st *modelState
+		if !e.deleted && e.err == nil {
+			st = modelFromState(e.state)
+			revOf[string(e.value)] = e.rev
+		}
+		history[k] = append(history[k], rev{e.rev, st})
+	}
+	// Acknowledged writes per key in order of return, with the newest
+	// revision acknowledged so far.
+	type ack struct {
+		ret   int64
+		floor uint64
+		by    *linOp
+	}
+	acks := make([][]ack, len(keys))
+	writes := slices.Clone(log)
+	slices.SortFunc(writes, func(a, b *linOp) int { return int(a.ret - b.ret) })
+	for _, w := range writes {
+		st := w.state()
+		if st == nil || st.Empty() {
+			continue
+		}
+		k := w.in.key
+		a := ack{ret: w.ret, by: w, floor: revOf[string(appendState(nil, st))]}
+		if n := len(acks[k]); n > 0 && acks[k][n-1].floor > a.floor {
+			a.floor, a.by = acks[k][n-1].floor, acks[k][n-1].by
+		}
+		acks[k] = append(acks[k], a)
+	}
+	var found []string
+	for _, op := range log {
+		if op.out.err != nil || op.state() != nil {
+			continue
+		}
+		// The newest revision of this key acknowledged before op was called.
+		list := acks[op.in.key]
+		i, _ := slices.BinarySearchFunc(list, op.call, func(a ack, call int64) int {
+			if a.ret < call {
+				return -1
+			}
+			return 1
+		})
+		if i == 0 {
+			continue
+		}
+		floor, by := list[i-1].floor, list[i-1].by
+		if floor == 0 {
+			continue
+		}
+		fits := func(st *modelState) bool {
+			candidates := []int64{op.in.lo}
+			if st != nil {
+				for _, a := range st.active {
+					if a.expires > op.in.lo && a.expires <= op.in.hi {
+						candidates = append(candidates, a.expires)
+					}
+				}
+			}
+			for _, now := range candidates {
+				if r := linApply(keys[op.in.key].mp, st, op.in, op.out, now); !r.changed && linDiff(op.in, op.out, r) == "" {
+					return true
+				}
+			}
+			return false
+		}
+		newer, older := false, uint64(0)
+		h := history[op.in.key]
+		at, _ := slices.BinarySearchFunc(h, floor, func(r rev, floor uint64) int { return int(int64(r.rev) - int64(floor)) })
+		// A window around the floor: no operation here overlaps hundreds
+		// of writes to its key.
+		for _, r := range h[max(0, at-64):min(len(h), at+256)] {
+			if r.rev >= floor {
+				if fits(r.state) {
+					newer = true
+					break
+				}
+			} else if fits(r.state) {
+				older = r.rev
+			}
+		}
+		if !newer && older > 0 {
+			found = append(found, fmt.Sprintf("client %d: %s %s returned %s %s, which fits revision %d of %s but no revision from %d on; "+
+				"revision %d had been written by client %d's %s %s, which returned %v before this call",
+				op.client, op.in.kind, op.in.job, op.kind(), op.out.acquisition.Reason, older, keys[op.in.key].key.KVKey, floor,
+				floor, by.client, by.in.kind, by.in.job, time.Duration(op.call-by.ret)))
+			if len(found) >= limit {
+				break
+			}
+		}
+	}
+	return found
+}
+
+// linExplain describes where the longest linearization porcupine found
+// stops, in the first partition that has one: the model state it reached
+// and the operation that returned earliest among those it could not place.
+func linExplain(model porcupine.Model, info *porcupine.LinearizationInfo, history []porcupine.Operation) string {
+	for _, partials := range info.PartialLinearizationsOperations() {
+		var longest []porcupine.Operation
+		for _, p := range partials {
+			if len(p) > len(longest) {
+				longest = p
+			}
+		}
+		if len(longest) == 0 {
+			continue
+		}
+		total := 0
+		for _, op := range history {
+			if op.Input.(linInput).key == longest[0].Input.(linInput).key {
+				total++
+			}
+		}
+		if len(longest) == total {
+			continue // this partition is linearizable
+		}
+		placed := map[int64]bool{}
+		state := model.Init()
+		var b strings.Builder
+		for i, op := range longest {
+			placed[op.Call] = true
+			_, state = model.Step(state, op.Input, op.Output)
+			if i >= len(longest)-4 {
+				fmt.Fprintf(&b, "  placed: client %d %s\n", op.ClientId, model.DescribeOperation(op.Input, op.Output))
+			}
+		}
+		fmt.Fprintf(&b, "  state then: %s\n", model.DescribeState(state))
+		key := longest[0].Input.(linInput).key
+		var stuck *porcupine.Operation
+		for i := range history {
+			op := &history[i]
+			if op.Input.(linInput).key == key && !placed[op.Call] && (stuck == nil || op.Return < stuck.Return) {
+				stuck = op
+			}
+		}
+		if stuck != nil {
+			fmt.Fprintf(&b, "  cannot place (earliest return among the rest): client %d %s, called %v after the last placed call\n",
+				stuck.ClientId, model.DescribeOperation(stuck.Input, stuck.Output), time.Duration(stuck.Call-longest[len(longest)-1].Call))
+		}
+		return b.String()
+	}
+	return ""
 }

@@ -857,7 +857,7 @@ func TestModelAgreesWithReducers(t *testing.T) {
 	seed := reliabilitySeed(t)
 	sequences, steps := 250, 60
 	if reliabilityLong() {
-		sequences, steps = 40000, 200
+		sequences, steps = 8000, 200
 	}
 	coverage := map[string]int{}
 	ops := 0
