@@ -1,10 +1,12 @@
 package jobkeys
 
 // Benchmarks of the coordinator against an embedded nats-server over TCP
-// (memory storage), with a raw KV baseline in the same run. BENCHMARKS.md
-// has the figures and the commands that produced them:
+// (memory storage), with a raw KV baseline in the same run, and tests of the
+// performance contracts they rely on. BENCHMARKS.md has the figures and the
+// commands that produced them:
 //
-//	go test -run '^$' -bench . -benchmem -count 6 | tee bench.txt
+//	go test -run '^$' -bench 'BenchmarkCycle|BenchmarkRawKV|BenchmarkRenew|BenchmarkReduce|BenchmarkStateCodec' \
+//	    -benchmem -count 6 . | tee after.txt
 //
 // The memory soak runs only when JOBKEYS_MEM_SOAK=1 (see
 // TestCoordinatorMemoryFlat).

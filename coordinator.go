@@ -111,16 +111,18 @@ type Config struct {
 	// ErrContention. Defaults to MaxAttemptsDefault (64).
 	MaxAttempts int
 
-	// RetryBackoff is the first pause after a lost compare-and-swap; pauses
-	// grow with jitter up to MaxRetryBackoff. Defaults to
-	// RetryBackoffDefault (500µs).
+	// RetryBackoff is the longest first pause after a lost compare-and-swap
+	// on a key without contention; a key's backoff window then doubles with
+	// every race lost on it and halves with every successful write (see
+	// [KeyCoordinator]). Pauses are drawn at random up to the window.
+	// Defaults to RetryBackoffDefault (500µs).
 	RetryBackoff time.Duration
 
-	// MaxRetryBackoff caps the pause between attempts. Defaults to
-	// MaxRetryBackoffDefault (50ms).
+	// MaxRetryBackoff caps a key's backoff window, and so every pause.
+	// Defaults to MaxRetryBackoffDefault (50ms).
 	MaxRetryBackoff time.Duration
 
-	// StateCacheSize is how many keys' last read or written state and
+	// StateCacheSize is how many idle keys' last read or written state and
 	// revision the coordinator keeps to skip reads; 0 means the default,
 	// negative disables the cache. Defaults to StateCacheSizeDefault (4096).
 	StateCacheSize int
