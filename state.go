@@ -1,7 +1,6 @@
 package jobkeys
 
 import (
-	"bytes"
 	"crypto/sha256"
 	"encoding/hex"
 	"encoding/json"
@@ -270,14 +269,14 @@ type wireSlot struct {
 	HeartbeatAt    *wireString     `json:"heartbeatAt"`
 	LeaseExpiresAt *wireString     `json:"leaseExpiresAt"`
 	Tries          *float64        `json:"tries"`
-	Context        json.RawMessage `json:"context"`
+	Context        *wireContextDoc `json:"context"`
 }
 
 type wireQueued struct {
 	JobID     *wireString     `json:"jobId"`
 	CreatedAt *wireString     `json:"createdAt"`
 	RequestID *wireString     `json:"requestId"`
-	Context   json.RawMessage `json:"context"`
+	Context   *wireContextDoc `json:"context"`
 }
 
 type wireState struct {
@@ -383,7 +382,7 @@ func decodeSlot(w *wireSlot, a *ActiveSlot) error {
 	if a.Tries, err = integer("tries", w.Tries, 0); err != nil {
 		return err
 	}
-	if len(w.Context) > 0 && !bytes.Equal(w.Context, []byte("null")) {
+	if w.Context != nil { // the Rust port may leave it out
 		if a.Context, err = decodeContext(w.Context); err != nil {
 			return err
 		}
@@ -402,22 +401,14 @@ func decodeQueued(w *wireQueued, q *QueuedJob) error {
 	if q.RequestID, err = nonEmpty("requestId", w.RequestID); err != nil {
 		return err
 	}
-	if len(w.Context) == 0 {
-		return fieldErr("context", "is missing")
+	if w.Context == nil {
+		return fieldErr("context", "must be an object")
 	}
 	q.Context, err = decodeContext(w.Context)
 	return err
 }
 
-func decodeContext(raw json.RawMessage) (TraceContext, error) {
-	var w wireContextDoc
-	if err := json.Unmarshal(raw, &w); err != nil {
-		var typeErr *json.UnmarshalTypeError
-		if errors.As(err, &typeErr) && typeErr.Field != "" {
-			return TraceContext{}, fieldErr("context."+typeErr.Field, "has the wrong type ("+typeErr.Value+")")
-		}
-		return TraceContext{}, fieldErr("context", "must be an object")
-	}
+func decodeContext(w *wireContextDoc) (TraceContext, error) {
 	var c TraceContext
 	var err error
 	if c.RequestID, err = nonEmpty("context.requestId", w.RequestID); err != nil {

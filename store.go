@@ -5,7 +5,9 @@ import "context"
 // Store is the port the coordinator writes key state through: a revisioned
 // key-value store with compare-and-swap, one bucket per service. Revisions
 // are positive and increase with every write to a bucket; 0 is never a
-// revision. Implementations must be safe for concurrent use.
+// revision. Implementations must be safe for concurrent use, and must not
+// keep a value slice passed to Create or Update after returning: the caller
+// reuses it.
 // [NATSStore] and [MemoryStore] implement it.
 type Store interface {
 	// Get returns the value and revision of key in service's bucket. A key
