@@ -86,7 +86,13 @@ func auditRead(t testing.TB, ctx context.Context, js jetstream.JetStream, bucket
 			t.Fatalf("audit: reading %s: %v after %d revisions", bucket, ctx.Err(), len(entries))
 		}
 		if e == nil {
-			break
+			// The end of what the stream held when the watch began, as the
+			// watcher counted it; on a cluster just after a leader change it
+			// can come early. Read on to the last sequence.
+			if info.State.LastSeq == 0 || len(entries) > 0 && entries[len(entries)-1].rev >= info.State.LastSeq {
+				break
+			}
+			continue
 		}
 		a := auditEntry{key: e.Key(), rev: e.Revision(), deleted: e.Operation() != jetstream.KeyValuePut, value: slices.Clone(e.Value())}
 		if !a.deleted {
@@ -536,4 +542,39 @@ func (r *auditRecorder) Errorf(format string, args ...any) {
 
 func (r *auditRecorder) Fatalf(format string, args ...any) {
 	fmt.Fprintf(&r.errors, format+"\n", args...)
+}
+
+// auditDeparture describes how job left the queue in the history: the
+// first transition after which it is no longer queued, with the jobs that
+// joined the queue and the slots that appeared in that same write. It
+// returns the jobs that joined (a replacement) and a description.
+func auditDeparture(entries []auditEntry, job string) (joined []string, desc string) {
+	prev := map[string]*KeyState{}
+	for _, e := range entries {
+		p := prev[e.key]
+		prev[e.key] = e.state
+		if p == nil || !slices.ContainsFunc(p.Queued, func(q QueuedJob) bool { return q.JobID == job }) {
+			continue
+		}
+		if e.state != nil && slices.ContainsFunc(e.state.Queued, func(q QueuedJob) bool { return q.JobID == job }) {
+			continue
+		}
+		if e.state == nil {
+			return nil, fmt.Sprintf("revision %d of %s deleted the key", e.rev, e.key)
+		}
+		for _, q := range e.state.Queued {
+			if !slices.ContainsFunc(p.Queued, func(o QueuedJob) bool { return o.JobID == q.JobID }) {
+				joined = append(joined, q.JobID)
+			}
+		}
+		var slots []string
+		for _, a := range e.state.Active {
+			if !slices.ContainsFunc(p.Active, func(o ActiveSlot) bool { return o.SlotToken == a.SlotToken }) {
+				slots = append(slots, a.JobID)
+			}
+		}
+		return joined, fmt.Sprintf("revision %d of %s: queue %v -> %v, new slots for %v", e.rev, e.key,
+			auditQueuedIDs(p.Queued), auditQueuedIDs(e.state.Queued), slots)
+	}
+	return nil, "it never left the queue"
 }

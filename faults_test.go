@@ -207,6 +207,9 @@ func (l *faultLedger) admit(job string, maybe bool) bool {
 	if maybe {
 		l.maybe[job] = true
 	}
+	if _, done := l.settled[job]; done {
+		return false // replaced before its own admission's reply came back
+	}
 	l.pending.Add(1)
 	l.unsettled.Add(1)
 	return true
@@ -571,7 +574,19 @@ func (f *faultRun) finish(prod *sync.WaitGroup, js jetstream.JetStream, bucket s
 	drainer := f.client()
 	drainer.drain(t, f.ctx)
 	log := f.rec.log()
-	sum := auditAll(t, js, bucket, log, linPolicyOf(f.keys), true)
+	actx, acancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer acancel()
+	entries := auditRead(t, actx, js, bucket)
+	sum := auditCheck(t, entries, newAuditFacts(log), linPolicyOf(f.keys), true)
+	t.Logf("audit of %s: %v", bucket, sum)
+	// The admissions whose outcome stayed unknown: if one of them replaced
+	// a job, nobody was told.
+	failedAdmits := map[string]bool{}
+	for _, op := range log {
+		if op.in.kind == opAdmit && op.out.err != nil {
+			failedAdmits[op.in.job] = true
+		}
+	}
 	f.ledger.mu.Lock()
 	defer f.ledger.mu.Unlock()
 	var lost []string
@@ -579,6 +594,16 @@ func (f *faultRun) finish(prod *sync.WaitGroup, js jetstream.JetStream, bucket s
 		switch how := f.ledger.settled[job]; {
 		case how == "completed", how == "replaced", how == "removed":
 		case how == "gone" && (f.ledger.reasons[job] != "" || f.ledger.maybe[job]):
+		case how == "gone":
+			joined, desc := auditDeparture(entries, job)
+			if len(joined) == 1 && failedAdmits[joined[0]] {
+				// Replaced by an admission whose reply was lost: see
+				// RELIABILITY.md, "replaced while the reply is lost".
+				f.ledger.counts["jobs replaced, report lost with a failed admission"]++
+				t.Logf("job %s was replaced by %s, whose admission failed (outcome unknown): %s", job, joined[0], desc)
+				continue
+			}
+			lost = append(lost, fmt.Sprintf("%s (%s)", job, desc))
 		default:
 			lost = append(lost, job+" ("+how+")")
 		}

@@ -697,7 +697,8 @@ func linCountOutcomes(log []*linOp) map[string]int {
 func linServer(t testing.TB) *server.Server { return natstest.Run(t) }
 
 // TestLinearizableUnderConcurrency runs random operations from many
-// clients on three keys (one policy each: replace-oldest with fail-stale,
+// clients (each with its own connection and coordinator, and two more
+// sharing the first's coordinator) on three keys (one policy each: replace-oldest with fail-stale,
 // coalesce with block, reject with fail-stale; 150ms leases, so that
 // abandoned slots expire and are taken over during the run), checks the
 // history with porcupine, drains the keys and audits every revision.
@@ -727,6 +728,13 @@ func TestLinearizableUnderConcurrency(t *testing.T) {
 	for i := range cs {
 		cs[i] = newLinClient(t, i, s.ClientURL(), service, jobType, keys, rec)
 	}
+	// Two more clients share client 0's coordinator (its connection, state
+	// cache and per-key lanes), as goroutines of one worker process do.
+	for i := range 2 {
+		sharing := &linClient{id: clients + i, service: service, jobType: jobType, keys: keys, rec: rec,
+			instance: fmt.Sprintf("client-%d", clients+i), coord: cs[0].coord, nc: cs[0].nc, js: cs[0].js}
+		cs = append(cs, sharing)
+	}
 	for i, c := range cs {
 		wg.Go(func() { linRandomClient(ctx, c, pool, rand.New(rand.NewPCG(seed, uint64(i))), opsPerClient) })
 	}
@@ -738,7 +746,7 @@ func TestLinearizableUnderConcurrency(t *testing.T) {
 			t.Errorf("client %d: %s %s: %v", op.client, op.in.kind, op.in.job, op.out.err)
 		}
 	}
-	t.Logf("%d clients, %d operations: %v", clients, len(log), linCountOutcomes(log))
+	t.Logf("%d clients (%d connections and coordinators), %d operations: %v", len(cs), clients, len(log), linCountOutcomes(log))
 	linCheck(t, keys, log, timeout)
 	sum := auditAll(t, js, bucket, log, linPolicyOf(keys), true)
 	if sum.TakenOver == 0 {
