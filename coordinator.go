@@ -428,13 +428,15 @@ func (c *KeyCoordinator) casLoop(ctx context.Context, e *keyEntry, key JobKey, a
 			if err != nil {
 				return conflicts, err
 			}
-			if next := reduce(st, c.cfg.Now()); next == nil || next.Empty() && st == nil {
-				return conflicts, nil // nothing to write: no lane needed
-			}
+			next := reduce(st, c.cfg.Now())
+			writes := next != nil && !(next.Empty() && st == nil)
 			if err := e.lock(ctx); err != nil {
 				return conflicts, err
 			}
 			held = true
+			if !writes && !(e.known && r > 0 && e.rev > r) {
+				return conflicts, nil // nothing to write, and nothing newer known
+			}
 			if e.known && r > 0 && e.rev > r {
 				// Written by another operation of this coordinator after
 				// the read (or the read came from a lagging replica):

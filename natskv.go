@@ -2,6 +2,7 @@ package jobkeys
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"regexp"
@@ -41,6 +42,12 @@ type natsBucket struct {
 	// API prefix or domain, where kv.Delete's subject rules apply.
 	subjectPrefix string
 	markers       markerHints
+	// leaderGet is the API subject of the bucket stream's message get,
+	// which the stream leader answers, when the bucket is replicated and
+	// the JetStream context uses the default API prefix; empty otherwise.
+	// kv.Get uses direct gets, which any replica may answer, possibly one
+	// that has not applied the latest writes yet.
+	leaderGet string
 }
 
 // markerHintsMax bounds the delete markers a bucket remembers.
@@ -173,6 +180,9 @@ func (s *NATSStore) bucket(ctx context.Context, service string) (*natsBucket, er
 	opts := s.js.Options()
 	if info := bucketStreamInfo(status); info != nil && info.Config.Mirror == nil && opts.APIPrefix == "" && opts.Domain == "" {
 		b.subjectPrefix = "$KV." + kv.Bucket() + "."
+		if info.Config.Replicas > 1 {
+			b.leaderGet = "$JS.API.STREAM.MSG.GET." + info.Config.Name
+		}
 	}
 	s.mu.Lock()
 	if prev := s.buckets[service]; prev != nil {
@@ -200,6 +210,9 @@ func (s *NATSStore) Get(ctx context.Context, service, key string) ([]byte, uint6
 	if err != nil {
 		return nil, 0, err
 	}
+	if b.leaderGet != "" && validKVKey(key) {
+		return s.getFromLeader(ctx, b, key)
+	}
 	e, err := b.kv.Get(ctx, key)
 	if errors.Is(err, jetstream.ErrKeyNotFound) {
 		return nil, 0, fmt.Errorf("%w: %s: %w", ErrKeyNotFound, key, err)
@@ -208,6 +221,63 @@ func (s *NATSStore) Get(ctx context.Context, service, key string) ([]byte, uint6
 		return nil, 0, fmt.Errorf("jobkeys: get %s: %w", key, err)
 	}
 	return e.Value(), e.Revision(), nil
+}
+
+// msgGetResponse is the JetStream API's answer to a message get.
+type msgGetResponse struct {
+	Error *struct {
+		Code        int    `json:"code"`
+		ErrCode     int    `json:"err_code"`
+		Description string `json:"description"`
+	} `json:"error"`
+	Message *struct {
+		Seq  uint64 `json:"seq"`
+		Hdrs []byte `json:"hdrs"` // base64 in the JSON
+		Data []byte `json:"data"` // base64 in the JSON
+	} `json:"message"`
+}
+
+// jsErrCodeMessageNotFound is the API error code of a get with no message.
+const jsErrCodeMessageNotFound = 10037
+
+// getFromLeader reads key's last message through the stream leader, so that
+// a read on a replicated bucket sees every write acknowledged before it
+// (a direct get may be served by a lagging replica). Delete and purge
+// markers read as absent, as in kv.Get.
+func (s *NATSStore) getFromLeader(ctx context.Context, b *natsBucket, key string) ([]byte, uint64, error) {
+	if _, ok := ctx.Deadline(); !ok {
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithTimeout(ctx, s.js.Options().DefaultTimeout)
+		defer cancel()
+	}
+	req := `{"last_by_subj":"` + b.subjectPrefix + key + `"}` // valid keys need no JSON escaping
+	msg, err := s.js.Conn().RequestWithContext(ctx, b.leaderGet, []byte(req))
+	if err != nil {
+		return nil, 0, fmt.Errorf("jobkeys: get %s from the stream leader: %w", key, err)
+	}
+	var resp msgGetResponse
+	if err := json.Unmarshal(msg.Data, &resp); err != nil {
+		return nil, 0, fmt.Errorf("jobkeys: get %s from the stream leader: bad response: %w", key, err)
+	}
+	switch {
+	case resp.Error != nil && resp.Error.ErrCode == jsErrCodeMessageNotFound:
+		return nil, 0, fmt.Errorf("%w: %s", ErrKeyNotFound, key)
+	case resp.Error != nil:
+		return nil, 0, fmt.Errorf("jobkeys: get %s from the stream leader: %w", key,
+			&jetstream.APIError{Code: resp.Error.Code, ErrorCode: jetstream.ErrorCode(resp.Error.ErrCode), Description: resp.Error.Description})
+	case resp.Message == nil:
+		return nil, 0, fmt.Errorf("jobkeys: get %s from the stream leader: response without a message", key)
+	}
+	if len(resp.Message.Hdrs) > 0 {
+		hdr, err := nats.DecodeHeadersMsg(resp.Message.Hdrs)
+		if err != nil {
+			return nil, 0, fmt.Errorf("jobkeys: get %s from the stream leader: bad headers: %w", key, err)
+		}
+		if op := hdr.Get("KV-Operation"); op == "DEL" || op == "PURGE" {
+			return nil, 0, fmt.Errorf("%w: %s (deleted at revision %d)", ErrKeyNotFound, key, resp.Message.Seq)
+		}
+	}
+	return resp.Message.Data, resp.Message.Seq, nil
 }
 
 // Create implements [Store].
