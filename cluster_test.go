@@ -8,9 +8,7 @@ package jobkeys
 // leaders, so these tests run only with JOBKEYS_CLUSTER=1.
 
 import (
-	"bytes"
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"math/rand/v2"
@@ -208,25 +206,19 @@ func clusterEnabled(t *testing.T) {
 
 // TestClusterLinearizable runs the random workload of
 // TestLinearizableUnderConcurrency on an R3 bucket, with the clients spread
-// over the three nodes, and checks the history with porcupine: once with
-// the library as it is ("direct-get": NATSStore.Get is a KV get, which any
-// replica may answer) and once with reads through the stream leader
-// ("leader-get", clusterLeaderReads). When the first is illegal, the
-// operations that read a state older than one already acknowledged are
-// listed.
+// over the three nodes, and checks the history with porcupine. On a
+// replicated bucket NATSStore reads through the stream leader: a KV get (a
+// direct get) may be answered by a replica that has not applied the latest
+// writes, which this test caught as illegal histories before. When the
+// history is illegal, the operations that read a state older than one
+// already acknowledged are listed.
 func TestClusterLinearizable(t *testing.T) {
 	clusterEnabled(t)
 	c := startCluster(t, 3)
-	for _, leaderReads := range []bool{false, true} {
-		name, service := "direct-get", "clusterlin"
-		if leaderReads {
-			name, service = "leader-get", "clusterlead"
-		}
-		t.Run(name, func(t *testing.T) { clusterLinearizable(t, c, service, leaderReads) })
-	}
+	clusterLinearizable(t, c, "clusterlin")
 }
 
-func clusterLinearizable(t *testing.T, c *natsCluster, service string, leaderReads bool) {
+func clusterLinearizable(t *testing.T, c *natsCluster, service string) {
 	seed := reliabilitySeed(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 	defer cancel()
@@ -247,13 +239,6 @@ func clusterLinearizable(t *testing.T, c *natsCluster, service string, leaderRea
 	cs := make([]*linClient, clients)
 	for i := range cs {
 		cs[i] = newLinClient(t, i, c.urls(i%3), service, jobType, keys, rec)
-		if leaderReads {
-			coord, err := NewCoordinator(&clusterLeaderReads{NATSStore: faultNATSStore(t, cs[i].js), nc: cs[i].nc}, &Config{InstanceID: cs[i].instance})
-			if err != nil {
-				t.Fatal(err)
-			}
-			cs[i].coord = coord
-		}
 	}
 	var wg sync.WaitGroup
 	for i, cl := range cs {
@@ -280,54 +265,6 @@ func clusterLinearizable(t *testing.T, c *natsCluster, service string, leaderRea
 	}
 }
 
-// clusterLeaderReads is a Store that writes through the NATSStore it
-// embeds but reads through the stream leader: the JetStream API request
-// STREAM.MSG.GET with last_by_subj, which only the leader answers, instead
-// of the KV get (a direct get any replica may answer, possibly before it
-// has applied the latest writes).
-type clusterLeaderReads struct {
-	*NATSStore
-	nc *nats.Conn
-}
-
-// Get implements Store.
-func (s *clusterLeaderReads) Get(ctx context.Context, service, key string) ([]byte, uint64, error) {
-	bucket := s.BucketName(service)
-	req, err := json.Marshal(map[string]string{"last_by_subj": "$KV." + bucket + "." + key})
-	if err != nil {
-		return nil, 0, err
-	}
-	msg, err := s.nc.RequestWithContext(ctx, "$JS.API.STREAM.MSG.GET.KV_"+bucket, req)
-	if err != nil {
-		return nil, 0, fmt.Errorf("leader get %s: %w", key, err)
-	}
-	var resp struct {
-		Message *struct {
-			Seq  uint64 `json:"seq"`
-			Hdrs []byte `json:"hdrs"`
-			Data []byte `json:"data"`
-		} `json:"message"`
-		Error *struct {
-			ErrCode     jetstream.ErrorCode `json:"err_code"`
-			Description string              `json:"description"`
-		} `json:"error"`
-	}
-	if err := json.Unmarshal(msg.Data, &resp); err != nil {
-		return nil, 0, fmt.Errorf("leader get %s: %w", key, err)
-	}
-	switch {
-	case resp.Error != nil && resp.Error.ErrCode == jetstream.JSErrCodeMessageNotFound:
-		return nil, 0, fmt.Errorf("%w: %s", ErrKeyNotFound, key)
-	case resp.Error != nil:
-		return nil, 0, fmt.Errorf("leader get %s: %s (%d)", key, resp.Error.Description, resp.Error.ErrCode)
-	case resp.Message == nil:
-		return nil, 0, fmt.Errorf("leader get %s: empty response", key)
-	case bytes.Contains(resp.Message.Hdrs, []byte("KV-Operation: DEL")), bytes.Contains(resp.Message.Hdrs, []byte("KV-Operation: PURGE")):
-		return nil, 0, fmt.Errorf("%w: %s (deleted)", ErrKeyNotFound, key)
-	}
-	return resp.Message.Data, resp.Message.Seq, nil
-}
-
 func clusterConnect(t testing.TB, url string) (*nats.Conn, jetstream.JetStream) {
 	t.Helper()
 	nc, js, _ := linConnect(t, url, "audit")
@@ -338,22 +275,14 @@ func clusterConnect(t testing.TB, url string) (*nats.Conn, jetstream.JetStream) 
 // down the bucket's stream leader mid-run, with operations in flight;
 // after a while the node is restarted and rejoins. Operations fail or
 // succeed while a new leader is elected; every job completes, and the
-// audit of every revision holds. As TestClusterLinearizable, it runs with
-// the library's reads ("direct-get") and with reads through the stream
-// leader ("leader-get").
+// audit of every revision holds.
 func TestClusterNodeLoss(t *testing.T) {
 	clusterEnabled(t)
 	c := startCluster(t, 3)
-	for _, leaderReads := range []bool{false, true} {
-		name, service := "direct-get", "clusterfault"
-		if leaderReads {
-			name, service = "leader-get", "clusterfaultlead"
-		}
-		t.Run(name, func(t *testing.T) { clusterNodeLoss(t, c, service, leaderReads) })
-	}
+	clusterNodeLoss(t, c, "clusterfault")
 }
 
-func clusterNodeLoss(t *testing.T, c *natsCluster, service string, leaderReads bool) {
+func clusterNodeLoss(t *testing.T, c *natsCluster, service string) {
 	seed := reliabilitySeed(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 	defer cancel()
@@ -361,15 +290,6 @@ func clusterNodeLoss(t *testing.T, c *natsCluster, service string, leaderReads b
 	bucket := clusterBucket(t, ctx, js, service)
 	f := newFaultRun(t, ctx, c.urls(0), service, faultKeys(t, service, 500*time.Millisecond))
 	f.opWait = 4 * time.Second
-	if leaderReads {
-		f.wrap = func(cl *linClient) Store {
-			st, err := NewNATSStore(cl.js)
-			if err != nil {
-				panic(err) // only fails on a nil JetStream
-			}
-			return &clusterLeaderReads{NATSStore: st, nc: cl.nc}
-		}
-	}
 	producers, jobs, workers := faultSize()
 	prod := f.start(producers, jobs, workers, seed)
 	losses := 1

@@ -258,9 +258,6 @@ type faultRun struct {
 	nextID   atomic.Int64
 	crashPct int           // chance per job that its worker crashes mid-job
 	opWait   time.Duration // per-operation timeout
-	// wrap, when set, replaces each client's store (the cluster test reads
-	// through the stream leader with it).
-	wrap func(*linClient) Store
 
 	mu       sync.Mutex
 	clients  map[int]*linClient // live workers and producers
@@ -290,12 +287,6 @@ func (f *faultRun) client() *linClient {
 	if c.nc, c.js, c.coord, err = linDial(f.url, c.instance); err != nil {
 		f.t.Errorf("client %d: %v", id, err)
 		return nil
-	}
-	if f.wrap != nil {
-		if c.coord, err = NewCoordinator(f.wrap(c), &Config{InstanceID: c.instance}); err != nil {
-			f.t.Errorf("client %d: %v", id, err)
-			return nil
-		}
 	}
 	f.mu.Lock()
 	f.clients[id] = c
