@@ -24,7 +24,7 @@ var rtPayload = []byte(`{"tenant":"acme"}`)
 func rtJob(t testing.TB, c *KeyCoordinator, svc, id string, p Policy) AcquireRequest {
 	t.Helper()
 	adm, err := c.Admit(context.Background(), AdmitRequest{Service: svc, JobType: "render", JobID: id, Payload: rtPayload, Policy: p})
-	rtNoErr(t, err)
+	jkNoErr(t, err)
 	if adm.Kind != KindAccepted {
 		t.Fatalf("admit %s: %s (%s)", id, adm.Kind, adm.Reason)
 	}
@@ -35,22 +35,15 @@ func rtJob(t testing.TB, c *KeyCoordinator, svc, id string, p Policy) AcquireReq
 func rtState(t testing.TB, store Store, svc string, p Policy) *KeyState {
 	t.Helper()
 	key, err := DeriveKey(svc, "render", rtPayload, p.Key)
-	rtNoErr(t, err)
+	jkNoErr(t, err)
 	value, _, err := store.Get(context.Background(), svc, key.KVKey)
 	if errors.Is(err, ErrKeyNotFound) {
 		return nil
 	}
-	rtNoErr(t, err)
+	jkNoErr(t, err)
 	st, err := ParseState(value)
-	rtNoErr(t, err)
+	jkNoErr(t, err)
 	return st
-}
-
-func rtCoordinator(t testing.TB, store Store, cfg *Config) *KeyCoordinator {
-	t.Helper()
-	c, err := NewCoordinator(store, cfg)
-	rtNoErr(t, err)
-	return c
 }
 
 // signalTo returns an OnBlocked hook that signals ch without blocking.
@@ -66,7 +59,7 @@ func signalTo(ch chan Acquisition) func(AcquireRequest, Acquisition) {
 func rtRunner(t testing.TB, c *KeyCoordinator, cfg *RunnerConfig) *Runner {
 	t.Helper()
 	r, err := NewRunner(c, cfg)
-	rtNoErr(t, err)
+	jkNoErr(t, err)
 	return r
 }
 
@@ -96,7 +89,7 @@ func TestRunReleasesOnEveryExit(t *testing.T) {
 			t.Parallel()
 			svc := rtService()
 			p := rtPolicy(time.Minute, 10*time.Minute)
-			c := rtCoordinator(t, store, nil)
+			c := cCoordinator(t, store, nil)
 			r := rtRunner(t, c, nil)
 			req := rtJob(t, c, svc, "job-1", p)
 			ctx, cancel := context.WithCancel(context.Background())
@@ -133,7 +126,7 @@ func TestRunReleasesOnEveryExit(t *testing.T) {
 				rtEqual(t, res.Release, KindReleased)
 				rtEqual(t, res.Lease.JobID, "job-1")
 				rtEqual(t, res.Waited, 0)
-				rtTrue(t, res.LeaseLost == nil, "lease lost: %v", res.LeaseLost)
+				jkCheck(t, res.LeaseLost == nil, "lease lost: %v", res.LeaseLost)
 			}
 			if st := rtState(t, store, svc, p); st != nil {
 				t.Fatalf("state after the run: %+v, want the key deleted", st)
@@ -151,7 +144,7 @@ func TestRunHeartbeats(t *testing.T) {
 	// A TTL far above the interval, so that a loaded machine does not lose
 	// the lease; the handler runs past the first expiry.
 	p := rtPolicy(50*time.Millisecond, time.Second)
-	c := rtCoordinator(t, store, nil)
+	c := cCoordinator(t, store, nil)
 	r := rtRunner(t, c, nil)
 	req := rtJob(t, c, svc, "job-1", p)
 	res, err := r.Run(context.Background(), req, func(ctx context.Context, lease Lease) error {
@@ -176,7 +169,7 @@ func TestRunHeartbeats(t *testing.T) {
 			}
 		}
 	})
-	rtNoErr(t, err)
+	jkNoErr(t, err)
 	rtEqual(t, res.Release, KindReleased)
 }
 
@@ -191,8 +184,8 @@ func TestRunLeaseTakenOver(t *testing.T) {
 	// The first holder's lease is long (renewal delays on a loaded machine
 	// cannot expire it); the second coordinator's clock sees it expired.
 	p := rtPolicy(100*time.Millisecond, 30*time.Second)
-	first := rtCoordinator(t, store, &Config{InstanceID: "first"})
-	second := rtCoordinator(t, store, &Config{InstanceID: "second", Now: func() time.Time { return time.Now().Add(time.Hour) }})
+	first := cCoordinator(t, store, &Config{InstanceID: "first"})
+	second := cCoordinator(t, store, &Config{InstanceID: "second", Now: func() time.Time { return time.Now().Add(time.Hour) }})
 	r := rtRunner(t, first, nil)
 	req1 := rtJob(t, first, svc, "job-1", p)
 	req2 := rtJob(t, first, svc, "job-2", p)
@@ -222,10 +215,10 @@ func TestRunLeaseTakenOver(t *testing.T) {
 	if !errors.Is(cause, ErrLeaseLost) || !strings.Contains(cause.Error(), "taken over") {
 		t.Fatalf("handler context cause %v, want one wrapping ErrLeaseLost that says the slot was taken over", cause)
 	}
-	rtErrorIs(t, err, ErrLeaseLost)       // the handler's own error
-	rtErrorIs(t, err, ErrStaleCompletion) // and the release's finding
+	jkErrorIs(t, err, ErrLeaseLost)       // the handler's own error
+	jkErrorIs(t, err, ErrStaleCompletion) // and the release's finding
 	rtEqual(t, res.Release, KindStaleCompletion)
-	rtTrue(t, errors.Is(res.LeaseLost, ErrLeaseLost), "RunResult.LeaseLost %v", res.LeaseLost)
+	jkCheck(t, errors.Is(res.LeaseLost, ErrLeaseLost), "RunResult.LeaseLost %v", res.LeaseLost)
 	st := rtState(t, store, svc, p)
 	if st == nil || len(st.Active) != 1 || st.Active[0].JobID != "job-2" {
 		t.Fatalf("state after the run: %+v, want job-2's slot untouched", st)
@@ -258,7 +251,7 @@ func TestRunLeaseLostWhenRenewalsFail(t *testing.T) {
 	store := &faultyStore{Store: nats}
 	svc := rtService()
 	p := rtPolicy(100*time.Millisecond, 300*time.Millisecond)
-	c := rtCoordinator(t, store, nil)
+	c := cCoordinator(t, store, nil)
 	r := rtRunner(t, c, nil)
 	req := rtJob(t, c, svc, "job-1", p)
 
@@ -274,12 +267,12 @@ func TestRunLeaseLostWhenRenewalsFail(t *testing.T) {
 			return errors.New("handler not cancelled while renewals failed")
 		}
 	})
-	rtNoErr(t, err)
+	jkNoErr(t, err)
 	if !errors.Is(cause, ErrLeaseLost) || !errors.Is(cause, errInjected) {
 		t.Fatalf("cause %v, want one wrapping ErrLeaseLost and the renewal error", cause)
 	}
-	rtTrue(t, store.failed.Load() >= 1, "%d failed renewals, want at least one before giving up", store.failed.Load())
-	rtTrue(t, errors.Is(res.LeaseLost, ErrLeaseLost), "RunResult.LeaseLost %v", res.LeaseLost)
+	jkCheck(t, store.failed.Load() >= 1, "%d failed renewals, want at least one before giving up", store.failed.Load())
+	jkCheck(t, errors.Is(res.LeaseLost, ErrLeaseLost), "RunResult.LeaseLost %v", res.LeaseLost)
 	// Nobody took the slot over, so the release found it.
 	rtEqual(t, res.Release, KindReleased)
 	if st := rtState(t, nats, svc, p); st != nil {
@@ -295,9 +288,9 @@ func TestRunWakesOnRelease(t *testing.T) {
 	store, _ := rtNATS(t)
 	svc := rtService()
 	p := rtPolicy(time.Minute, time.Hour)
-	c := rtCoordinator(t, store, nil)
+	c := cCoordinator(t, store, nil)
 	w, err := NewWatcher(store)
-	rtNoErr(t, err)
+	jkNoErr(t, err)
 	defer w.Close()
 	blocked := make(chan Acquisition, 1)
 	var blockedCalls atomic.Int64
@@ -308,7 +301,7 @@ func TestRunWakesOnRelease(t *testing.T) {
 	}})
 
 	holder, err := c.Acquire(context.Background(), rtJob(t, c, svc, "holder", p))
-	rtNoErr(t, err)
+	jkNoErr(t, err)
 	rtEqual(t, holder.Kind, KindAcquired)
 	req := rtJob(t, c, svc, "waiter", p)
 
@@ -330,19 +323,19 @@ func TestRunWakesOnRelease(t *testing.T) {
 	// taken and waits again.
 	for range 3 {
 		ren, err := c.Renew(context.Background(), RenewRequest{Lease: holder.Lease})
-		rtNoErr(t, err)
+		jkNoErr(t, err)
 		rtEqual(t, ren.Kind, KindRenewed)
 	}
-	rtTrue(t, !pending(done), "the waiter ran while the holder held the slot")
+	jkCheck(t, !pending(done), "the waiter ran while the holder held the slot")
 	released := time.Now()
 	rel, err := c.Release(context.Background(), ReleaseRequest{Lease: holder.Lease})
-	rtNoErr(t, err)
+	jkNoErr(t, err)
 	rtEqual(t, rel.Kind, KindReleased)
 
 	got := recv(t, done, "the waiter to run after the release (re-check timer and lease: 1h)")
-	rtNoErr(t, got.err)
+	jkNoErr(t, got.err)
 	rtEqual(t, got.res.Release, KindReleased)
-	rtTrue(t, got.res.Waited > 0, "Waited %v", got.res.Waited)
+	jkCheck(t, got.res.Waited > 0, "Waited %v", got.res.Waited)
 	rtEqual(t, blockedCalls.Load(), 1)
 	t.Logf("woke %v after the release", got.at.Sub(released))
 }
@@ -355,28 +348,28 @@ func TestRunWaitsForStaleSlot(t *testing.T) {
 	store, _ := rtNATS(t)
 	svc := rtService()
 	p := rtPolicy(100*time.Millisecond, 300*time.Millisecond)
-	c := rtCoordinator(t, store, nil)
+	c := cCoordinator(t, store, nil)
 	w, err := NewWatcher(store)
-	rtNoErr(t, err)
+	jkNoErr(t, err)
 	defer w.Close()
 	var stale []ActiveSlot
 	r := rtRunner(t, c, &RunnerConfig{Watcher: w, RecheckInterval: time.Hour,
 		OnStale: func(_ Lease, s []ActiveSlot) { stale = s }})
 
 	crashed, err := c.Acquire(context.Background(), rtJob(t, c, svc, "crashed", p))
-	rtNoErr(t, err)
+	jkNoErr(t, err)
 	rtEqual(t, crashed.Kind, KindAcquired)
 	req := rtJob(t, c, svc, "next", p)
 
 	ctx, cancel := context.WithTimeout(context.Background(), rtWait)
 	defer cancel()
 	res, err := r.Run(ctx, req, func(context.Context, Lease) error { return nil })
-	rtNoErr(t, err)
+	jkNoErr(t, err)
 	if len(res.Stale) != 1 || res.Stale[0].JobID != "crashed" {
 		t.Fatalf("RunResult.Stale %+v, want the crashed job's slot", res.Stale)
 	}
 	rtEqual(t, stale, res.Stale)
-	rtTrue(t, res.Waited > 0, "Waited %v", res.Waited)
+	jkCheck(t, res.Waited > 0, "Waited %v", res.Waited)
 }
 
 func TestTryRunBlocked(t *testing.T) {
@@ -384,10 +377,10 @@ func TestTryRunBlocked(t *testing.T) {
 	store := NewMemoryStore()
 	svc := rtService()
 	p := rtPolicy(time.Minute, time.Hour)
-	c := rtCoordinator(t, store, nil)
+	c := cCoordinator(t, store, nil)
 	r := rtRunner(t, c, &RunnerConfig{MaxWait: 100 * time.Millisecond, RecheckInterval: 10 * time.Millisecond})
 	holder, err := c.Acquire(context.Background(), rtJob(t, c, svc, "holder", p))
-	rtNoErr(t, err)
+	jkNoErr(t, err)
 	rtEqual(t, holder.Kind, KindAcquired)
 	req := rtJob(t, c, svc, "waiter", p)
 	ran := false
@@ -402,8 +395,8 @@ func TestTryRunBlocked(t *testing.T) {
 
 	start := time.Now()
 	_, err = r.Run(context.Background(), req, handler)
-	rtErrorIs(t, err, ErrBlocked)
-	rtTrue(t, time.Since(start) >= 100*time.Millisecond, "Run gave up after %v, before MaxWait", time.Since(start))
+	jkErrorIs(t, err, ErrBlocked)
+	jkCheck(t, time.Since(start) >= 100*time.Millisecond, "Run gave up after %v, before MaxWait", time.Since(start))
 
 	ctx, cancel := context.WithTimeout(context.Background(), 50*time.Millisecond)
 	defer cancel()
@@ -418,7 +411,7 @@ func TestTryRunBlocked(t *testing.T) {
 	if !errors.As(err, &be) || be.Acquisition.Reason != ReasonNotQueued {
 		t.Fatalf("Run of a job that is not queued: %v, want a BlockedError at once", err)
 	}
-	rtTrue(t, !ran, "a blocked handler ran")
+	jkCheck(t, !ran, "a blocked handler ran")
 	if st := rtState(t, store, svc, p); st == nil || len(st.Queued) != 1 || st.Queued[0].JobID != "waiter" {
 		t.Fatalf("state %+v, want the waiter still queued", st)
 	}
@@ -426,7 +419,7 @@ func TestTryRunBlocked(t *testing.T) {
 
 func TestRunnerConfigErrors(t *testing.T) {
 	t.Parallel()
-	c := rtCoordinator(t, NewMemoryStore(), nil)
+	c := cCoordinator(t, NewMemoryStore(), nil)
 	for _, tc := range []struct {
 		cfg   *RunnerConfig
 		field string
@@ -441,12 +434,12 @@ func TestRunnerConfigErrors(t *testing.T) {
 		}
 	}
 	_, err := NewRunner(nil, nil)
-	rtErrorIs(t, err, ErrInvalidRequest)
+	jkErrorIs(t, err, ErrInvalidRequest)
 	r := rtRunner(t, c, nil)
 	_, err = r.Run(context.Background(), AcquireRequest{}, nil)
-	rtErrorIs(t, err, ErrInvalidRequest)
+	jkErrorIs(t, err, ErrInvalidRequest)
 	_, err = r.Run(context.Background(), AcquireRequest{Service: "svc", JobType: "t", JobID: "j", Payload: rtPayload, Policy: rtPolicy(0, 0)}, func(context.Context, Lease) error { return nil })
-	rtErrorIs(t, err, ErrBlocked) // not queued
+	jkErrorIs(t, err, ErrBlocked) // not queued
 }
 
 // TestRunNoGoroutineLeak is not parallel: it counts the process's
@@ -458,18 +451,18 @@ func TestRunNoGoroutineLeak(t *testing.T) {
 	// outlive the wait below; the holder heartbeats fast.
 	p := rtPolicy(time.Minute, 2*time.Minute)
 	fast := rtPolicy(20*time.Millisecond, 10*time.Second)
-	c := rtCoordinator(t, store, nil)
+	c := cCoordinator(t, store, nil)
 	rtJob(t, c, svc, "warm-up", p) // opens the bucket
 	baseline, _ := clientGoroutines()
 
 	w, err := NewWatcher(store)
-	rtNoErr(t, err)
+	jkNoErr(t, err)
 	r := rtRunner(t, c, &RunnerConfig{Watcher: w})
 	ctx := context.Background()
 	_, err = r.Run(ctx, rtJob(t, c, svc, "ok", p), func(context.Context, Lease) error { return nil })
-	rtNoErr(t, err)
+	jkNoErr(t, err)
 	_, err = r.Run(ctx, rtJob(t, c, svc, "fails", p), func(context.Context, Lease) error { return errInjected })
-	rtErrorIs(t, err, errInjected)
+	jkErrorIs(t, err, errInjected)
 	func() {
 		defer func() { _ = recover() }()
 		_, _ = r.Run(ctx, rtJob(t, c, svc, "panics", p), func(context.Context, Lease) error { panic("x") })
@@ -499,22 +492,22 @@ func TestRunNoGoroutineLeak(t *testing.T) {
 	time.Sleep(3 * fast.HeartbeatInterval) // a few heartbeats
 	close(holderOut)
 	wg.Wait()
-	rtNoErr(t, <-errs)
-	rtNoErr(t, <-errs)
+	jkNoErr(t, <-errs)
+	jkNoErr(t, <-errs)
 
 	// A run cancelled while it waits.
 	holder, err := c.Acquire(ctx, rtJob(t, c, svc, "holder-2", p))
-	rtNoErr(t, err)
+	jkNoErr(t, err)
 	wctx, cancel := context.WithCancel(ctx)
 	rc := rtRunner(t, c, &RunnerConfig{Watcher: w, OnBlocked: func(AcquireRequest, Acquisition) { cancel() }})
 	_, err = rc.Run(wctx, rtJob(t, c, svc, "cancelled", p), func(context.Context, Lease) error { return nil })
-	rtErrorIs(t, err, context.Canceled)
+	jkErrorIs(t, err, context.Canceled)
 	_, err = c.Release(ctx, ReleaseRequest{Lease: holder.Lease})
-	rtNoErr(t, err)
+	jkNoErr(t, err)
 
 	w.mu.Lock()
 	for service, sw := range w.watches {
-		rtTrue(t, len(sw.subs) == 0, "service %s: subscriptions left after the runs: %v", service, sw.subs)
+		jkCheck(t, len(sw.subs) == 0, "service %s: subscriptions left after the runs: %v", service, sw.subs)
 	}
 	w.mu.Unlock()
 	w.Close()
@@ -532,11 +525,11 @@ func benchWake(b *testing.B, watch bool, recheck time.Duration) {
 	store, _ := rtNATS(b)
 	svc := rtService()
 	p := rtPolicy(time.Minute, time.Hour)
-	c := rtCoordinator(b, store, nil)
+	c := cCoordinator(b, store, nil)
 	cfg := &RunnerConfig{RecheckInterval: recheck}
 	if watch {
 		w, err := NewWatcher(store)
-		rtNoErr(b, err)
+		jkNoErr(b, err)
 		b.Cleanup(w.Close)
 		cfg.Watcher = w
 	}

@@ -68,7 +68,7 @@ func TestReduceSweep(t *testing.T) {
 			rtEqual(t, ids(out.Removed), tc.removed)
 			rtEqual(t, ids(out.Expired), tc.kept)
 			if tc.wantActive == nil {
-				rtTrue(t, out.State == nil, "new state %+v, want none", out.State)
+				jkCheck(t, out.State == nil, "new state %+v, want none", out.State)
 			} else {
 				if out.State == nil {
 					t.Fatal("no new state")
@@ -104,16 +104,16 @@ func newSweepEnv(t *testing.T, store Store, stale StalePolicy) *sweepEnv {
 	e := &sweepEnv{store: store, svc: rtService(), now: time.Now(),
 		policy: Policy{Key: []string{"/tenant"}, MaxActive: 1, MaxQueuedPerKey: 4,
 			HeartbeatInterval: time.Second, HeartbeatTTL: 3 * time.Second, StalePolicy: stale}}
-	e.workers = rtCoordinator(t, store, nil)
+	e.workers = cCoordinator(t, store, nil)
 	clock := func() time.Time {
 		e.mu.Lock()
 		defer e.mu.Unlock()
 		return e.now
 	}
-	e.later = rtCoordinator(t, store, &Config{Now: clock})
+	e.later = cCoordinator(t, store, &Config{Now: clock})
 	var err error
-	e.sweeper, err = NewSweeper(rtCoordinator(t, store, &Config{Now: clock}))
-	rtNoErr(t, err)
+	e.sweeper, err = NewSweeper(cCoordinator(t, store, &Config{Now: clock}))
+	jkNoErr(t, err)
 	return e
 }
 
@@ -131,7 +131,7 @@ func (e *sweepEnv) admit(t *testing.T, tenant, id string) AcquireRequest {
 	t.Helper()
 	r := e.req(tenant, id)
 	adm, err := e.workers.Admit(context.Background(), AdmitRequest{Service: r.Service, JobType: r.JobType, JobID: id, Payload: r.Payload, Policy: r.Policy})
-	rtNoErr(t, err)
+	jkNoErr(t, err)
 	rtEqual(t, adm.Kind, KindAccepted)
 	return r
 }
@@ -140,14 +140,14 @@ func (e *sweepEnv) admit(t *testing.T, tenant, id string) AcquireRequest {
 func (e *sweepEnv) crash(t *testing.T, tenant, id string) {
 	t.Helper()
 	acq, err := e.workers.Acquire(context.Background(), e.admit(t, tenant, id))
-	rtNoErr(t, err)
+	jkNoErr(t, err)
 	rtEqual(t, acq.Kind, KindAcquired)
 }
 
 func (e *sweepEnv) sweep(t *testing.T) SweepReport {
 	t.Helper()
 	rep, err := e.sweeper.Sweep(context.Background(), SweepRequest{Service: e.svc, JobType: "render", Policy: e.policy})
-	rtNoErr(t, err)
+	jkNoErr(t, err)
 	return rep
 }
 
@@ -175,24 +175,24 @@ func TestSweeperCrashedHolders(t *testing.T) {
 			next := e.admit(t, "acme", "next-acme")
 			live := e.admit(t, "initech", "live-initech")
 			liveAcq, err := e.workers.Acquire(context.Background(), live)
-			rtNoErr(t, err)
+			jkNoErr(t, err)
 
 			rep := e.sweep(t)
 			rtEqual(t, rep.Keys, 3)
-			rtTrue(t, len(rep.Removed)+len(rep.Expired)+rep.Deleted == 0, "sweep before the TTL: %+v", rep)
+			jkCheck(t, len(rep.Removed)+len(rep.Expired)+rep.Deleted == 0, "sweep before the TTL: %+v", rep)
 
 			e.advance(e.policy.HeartbeatTTL + time.Second)
 			// The live holder heartbeats with the sweeper's clock.
 			_, err = e.later.Renew(context.Background(), RenewRequest{Lease: liveAcq.Lease})
-			rtNoErr(t, err)
+			jkNoErr(t, err)
 
 			rep = e.sweep(t)
 			acmeKey, err := DeriveKey(e.svc, "render", next.Payload, e.policy.Key)
-			rtNoErr(t, err)
+			jkNoErr(t, err)
 			switch stale {
 			case FailStale:
 				rtEqual(t, sweptIDs(rep.Removed), []string{"crashed-acme", "crashed-globex"})
-				rtTrue(t, len(rep.Expired) == 0, "expired kept under fail-stale: %+v", rep.Expired)
+				jkCheck(t, len(rep.Expired) == 0, "expired kept under fail-stale: %+v", rep.Expired)
 				rtEqual(t, rep.Deleted, 1) // globex had nothing queued
 				for _, s := range rep.Removed {
 					if s.Slot.JobID == "crashed-acme" {
@@ -201,27 +201,27 @@ func TestSweeperCrashedHolders(t *testing.T) {
 					}
 				}
 				globex, err := DeriveKey(e.svc, "render", []byte(`{"tenant":"globex"}`), e.policy.Key)
-				rtNoErr(t, err)
+				jkNoErr(t, err)
 				_, _, err = store.Get(context.Background(), e.svc, globex.KVKey)
-				rtErrorIs(t, err, ErrKeyNotFound)
+				jkErrorIs(t, err, ErrKeyNotFound)
 
 				acq, err := e.later.Acquire(context.Background(), next)
-				rtNoErr(t, err)
+				jkNoErr(t, err)
 				rtEqual(t, acq.Kind, KindAcquired)
-				rtTrue(t, len(acq.Stale) == 0, "the sweeper left stale slots to the acquisition: %+v", acq.Stale)
+				jkCheck(t, len(acq.Stale) == 0, "the sweeper left stale slots to the acquisition: %+v", acq.Stale)
 				// A second sweep finds nothing.
 				rep = e.sweep(t)
-				rtTrue(t, len(rep.Removed) == 0, "second sweep removed %+v", rep.Removed)
+				jkCheck(t, len(rep.Removed) == 0, "second sweep removed %+v", rep.Removed)
 			case Block:
 				rtEqual(t, sweptIDs(rep.Expired), []string{"crashed-acme", "crashed-globex"})
-				rtTrue(t, len(rep.Removed) == 0 && rep.Deleted == 0, "removed under block: %+v", rep)
+				jkCheck(t, len(rep.Removed) == 0 && rep.Deleted == 0, "removed under block: %+v", rep)
 				value, _, err := store.Get(context.Background(), e.svc, acmeKey.KVKey)
-				rtNoErr(t, err)
+				jkNoErr(t, err)
 				st, err := ParseState(value)
-				rtNoErr(t, err)
+				jkNoErr(t, err)
 				rtEqual(t, len(st.Active), 1)
 				acq, err := e.later.Acquire(context.Background(), next)
-				rtNoErr(t, err)
+				jkNoErr(t, err)
 				rtEqual(t, acq.Kind, KindBlocked)
 				rtEqual(t, acq.Reason, ReasonStaleBlocked)
 			}
@@ -245,9 +245,9 @@ func TestSweeperReportsBadState(t *testing.T) {
 	putKey(t, store, e.svc, foreignKey, []byte(`{}`))
 	// Valid state of another key hash, stored under the wrong KV key.
 	acme, err := DeriveKey(e.svc, "render", []byte(`{"tenant":"acme"}`), e.policy.Key)
-	rtNoErr(t, err)
+	jkNoErr(t, err)
 	acmeValue, _, err := store.Get(ctx, e.svc, acme.KVKey)
-	rtNoErr(t, err)
+	jkNoErr(t, err)
 	putKey(t, store, e.svc, otherKey, acmeValue)
 
 	e.advance(time.Hour)
@@ -270,13 +270,13 @@ func TestSweeperReportsBadState(t *testing.T) {
 	want := []string{corruptKey, otherKey, foreignKey}
 	slices.Sort(want)
 	rtEqual(t, bad, want)
-	rtErrorIs(t, err, ErrCorruptState)
-	rtErrorIs(t, err, ErrForeignState)
+	jkErrorIs(t, err, ErrCorruptState)
+	jkErrorIs(t, err, ErrForeignState)
 
 	for key, value := range map[string][]byte{corruptKey: garbage, foreignKey: []byte(`{}`), otherKey: acmeValue} {
 		got, _, err := store.Get(ctx, e.svc, key)
-		rtNoErr(t, err)
-		rtTrue(t, bytes.Equal(got, value), "%s was overwritten: %s", key, got)
+		jkNoErr(t, err)
+		jkCheck(t, bytes.Equal(got, value), "%s was overwritten: %s", key, got)
 	}
 }
 
@@ -290,7 +290,7 @@ func TestSweeperRun(t *testing.T) {
 	var reports []SweepReport
 	err := e.sweeper.Run(ctx, SweepRequest{Service: e.svc, JobType: "render", Policy: e.policy}, time.Millisecond,
 		func(rep SweepReport, err error) {
-			rtNoErr(t, err)
+			jkNoErr(t, err)
 			reports = append(reports, rep)
 			if len(reports) == 3 {
 				cancel()
@@ -304,14 +304,14 @@ func TestSweeperRun(t *testing.T) {
 	rtEqual(t, reports[1].Keys, 0)
 
 	req := SweepRequest{Service: e.svc, JobType: "render", Policy: e.policy}
-	rtErrorIs(t, e.sweeper.Run(ctx, req, 0, func(SweepReport, error) {}), ErrInvalidRequest)
-	rtErrorIs(t, e.sweeper.Run(ctx, req, time.Second, nil), ErrInvalidRequest)
-	rtErrorIs(t, e.sweeper.Run(ctx, SweepRequest{Service: e.svc, JobType: "render"}, time.Second, func(SweepReport, error) {}), ErrInvalidPolicy)
+	jkErrorIs(t, e.sweeper.Run(ctx, req, 0, func(SweepReport, error) {}), ErrInvalidRequest)
+	jkErrorIs(t, e.sweeper.Run(ctx, req, time.Second, nil), ErrInvalidRequest)
+	jkErrorIs(t, e.sweeper.Run(ctx, SweepRequest{Service: e.svc, JobType: "render"}, time.Second, func(SweepReport, error) {}), ErrInvalidPolicy)
 	_, err = e.sweeper.Sweep(context.Background(), SweepRequest{Service: e.svc, Policy: e.policy})
-	rtErrorIs(t, err, ErrInvalidName)
+	jkErrorIs(t, err, ErrInvalidName)
 
-	_, err = NewSweeper(rtCoordinator(t, struct{ Store }{NewMemoryStore()}, nil))
-	rtErrorIs(t, err, ErrInvalidRequest)
+	_, err = NewSweeper(cCoordinator(t, struct{ Store }{NewMemoryStore()}, nil))
+	jkErrorIs(t, err, ErrInvalidRequest)
 	_, err = NewSweeper(nil)
-	rtErrorIs(t, err, ErrInvalidRequest)
+	jkErrorIs(t, err, ErrInvalidRequest)
 }

@@ -35,7 +35,7 @@ func rtNATS(t testing.TB) (*NATSStore, *nats.Conn) {
 	s := natstest.Run(t)
 	nc, js := natstest.Connect(t, s)
 	store, err := NewNATSStore(js, WithCreateBuckets(jetstream.MemoryStorage, 1))
-	rtNoErr(t, err)
+	jkNoErr(t, err)
 	return store, nc
 }
 
@@ -57,31 +57,10 @@ func rtStores(t *testing.T) map[string]func(t *testing.T) rtStore {
 	}
 }
 
-func rtNoErr(t testing.TB, err error) {
-	t.Helper()
-	if err != nil {
-		t.Fatalf("unexpected error: %v", err)
-	}
-}
-
-func rtErrorIs(t testing.TB, err, target error) {
-	t.Helper()
-	if !errors.Is(err, target) {
-		t.Errorf("error %v, want one wrapping %v", err, target)
-	}
-}
-
 func rtEqual[T any](t testing.TB, got, want T) {
 	t.Helper()
 	if !reflect.DeepEqual(got, want) {
 		t.Errorf("got %#v, want %#v", got, want)
-	}
-}
-
-func rtTrue(t testing.TB, ok bool, format string, args ...any) {
-	t.Helper()
-	if !ok {
-		t.Errorf(format, args...)
 	}
 }
 
@@ -157,7 +136,7 @@ func TestStoreWatchKeys(t *testing.T) {
 			svc := rtService()
 			// The bucket exists before the watch (NATSStore creates it on first use).
 			_, err := store.Create(ctx, svc, svc+".other.k0", []byte("x"))
-			rtNoErr(t, err)
+			jkNoErr(t, err)
 
 			wctx, cancel := context.WithCancel(ctx)
 			keys := make(chan string, 16)
@@ -166,16 +145,16 @@ func TestStoreWatchKeys(t *testing.T) {
 				calls.Add(1)
 				keys <- k
 			})
-			rtNoErr(t, err)
+			jkNoErr(t, err)
 
 			k1, k2 := svc+".render.k1", svc+".render.k2"
 			r1, err := store.Create(ctx, svc, k1, []byte("a"))
-			rtNoErr(t, err)
+			jkNoErr(t, err)
 			_, err = store.Create(ctx, svc, svc+".other.k3", []byte("b")) // another job type: not reported
-			rtNoErr(t, err)
+			jkNoErr(t, err)
 			_, err = store.Create(ctx, svc, k2, []byte("c"))
-			rtNoErr(t, err)
-			rtNoErr(t, store.Delete(ctx, svc, k1, r1))
+			jkNoErr(t, err)
+			jkNoErr(t, store.Delete(ctx, svc, k1, r1))
 
 			rtEqual(t, recv(t, keys, "create of k1"), k1)
 			rtEqual(t, recv(t, keys, "create of k2"), k2)
@@ -185,10 +164,10 @@ func TestStoreWatchKeys(t *testing.T) {
 			recv(t, ended, "the end of the watch")
 			before := calls.Load()
 			_, err = store.Create(ctx, svc, svc+".render.k4", []byte("d"))
-			rtNoErr(t, err)
+			jkNoErr(t, err)
 			time.Sleep(50 * time.Millisecond) // a late call would show up here
-			rtTrue(t, calls.Load() == before, "changed called after the watch ended")
-			rtTrue(t, !pending(keys), "a key reported after the watch ended")
+			jkCheck(t, calls.Load() == before, "changed called after the watch ended")
+			jkCheck(t, !pending(keys), "a key reported after the watch ended")
 		})
 	}
 }
@@ -202,17 +181,17 @@ func TestStoreWatchKeysErrors(t *testing.T) {
 			ctx := context.Background()
 			nop := func(string) {}
 			_, err := store.WatchKeys(ctx, "bad.service", "", nop)
-			rtErrorIs(t, err, ErrInvalidName)
+			jkErrorIs(t, err, ErrInvalidName)
 			_, err = store.WatchKeys(ctx, rtService(), "bad type", nop)
-			rtErrorIs(t, err, ErrInvalidName)
+			jkErrorIs(t, err, ErrInvalidName)
 			_, err = store.WatchKeys(ctx, rtService(), "", nil)
-			rtErrorIs(t, err, ErrInvalidRequest)
+			jkErrorIs(t, err, ErrInvalidRequest)
 			_, err = store.ListKeys(ctx, "", "")
-			rtErrorIs(t, err, ErrInvalidName)
+			jkErrorIs(t, err, ErrInvalidName)
 			cancelled, cancel := context.WithCancel(ctx)
 			cancel()
 			_, err = store.WatchKeys(cancelled, rtService(), "", nop)
-			rtErrorIs(t, err, context.Canceled)
+			jkErrorIs(t, err, context.Canceled)
 		})
 	}
 }
@@ -227,23 +206,23 @@ func TestStoreListKeys(t *testing.T) {
 			svc := rtService()
 
 			keys, err := store.ListKeys(ctx, svc, "render")
-			rtNoErr(t, err)
-			rtTrue(t, len(keys) == 0, "keys %q in a new bucket", keys)
+			jkNoErr(t, err)
+			jkCheck(t, len(keys) == 0, "keys %q in a new bucket", keys)
 
 			for _, k := range []string{"render.c", "render.a", "other.x", "render.b"} {
 				_, err := store.Create(ctx, svc, svc+"."+k, []byte("v"))
-				rtNoErr(t, err)
+				jkNoErr(t, err)
 			}
 			_, rev, err := store.Get(ctx, svc, svc+".render.b")
-			rtNoErr(t, err)
-			rtNoErr(t, store.Delete(ctx, svc, svc+".render.b", rev))
+			jkNoErr(t, err)
+			jkNoErr(t, store.Delete(ctx, svc, svc+".render.b", rev))
 
 			keys, err = store.ListKeys(ctx, svc, "render")
-			rtNoErr(t, err)
+			jkNoErr(t, err)
 			rtEqual(t, keys, []string{svc + ".render.a", svc + ".render.c"})
 
 			keys, err = store.ListKeys(ctx, svc, "")
-			rtNoErr(t, err)
+			jkNoErr(t, err)
 			rtEqual(t, keys, []string{svc + ".other.x", svc + ".render.a", svc + ".render.c"})
 		})
 	}
@@ -255,11 +234,11 @@ func putKey(t testing.TB, store Store, svc, key string, value []byte) {
 	ctx := context.Background()
 	if _, rev, err := store.Get(ctx, svc, key); err == nil {
 		_, err = store.Update(ctx, svc, key, value, rev)
-		rtNoErr(t, err)
+		jkNoErr(t, err)
 		return
 	}
 	_, err := store.Create(ctx, svc, key, value)
-	rtNoErr(t, err)
+	jkNoErr(t, err)
 }
 
 func TestWatcherFanOut(t *testing.T) {
@@ -272,18 +251,18 @@ func TestWatcherFanOut(t *testing.T) {
 			svc := rtService()
 			putKey(t, store, svc, svc+".t.seed", []byte("x")) // the bucket exists
 			w, err := NewWatcher(store)
-			rtNoErr(t, err)
+			jkNoErr(t, err)
 			defer w.Close()
 
 			ka, kb, kc := svc+".t.a", svc+".t.b", svc+".t.c"
 			a1, err := w.Subscribe(ctx, svc, ka)
-			rtNoErr(t, err)
+			jkNoErr(t, err)
 			a2, err := w.Subscribe(ctx, svc, ka)
-			rtNoErr(t, err)
+			jkNoErr(t, err)
 			b, err := w.Subscribe(ctx, svc, kb)
-			rtNoErr(t, err)
+			jkNoErr(t, err)
 			c, err := w.Subscribe(ctx, svc, kc)
-			rtNoErr(t, err)
+			jkNoErr(t, err)
 
 			putKey(t, store, svc, ka, []byte("1"))
 			putKey(t, store, svc, ka, []byte("2")) // coalesced with the first
@@ -293,7 +272,7 @@ func TestWatcherFanOut(t *testing.T) {
 			recv(t, c.Changed(), "a change of c")
 			// Changes are dispatched in order, so b would have been signalled
 			// by now if a change of another key could reach it.
-			rtTrue(t, !pending(b.Changed()), "b signalled by changes of other keys")
+			jkCheck(t, !pending(b.Changed()), "b signalled by changes of other keys")
 
 			b.Close()
 			b.Close() // idempotent
@@ -301,14 +280,14 @@ func TestWatcherFanOut(t *testing.T) {
 			putKey(t, store, svc, kb, []byte("1"))
 			putKey(t, store, svc, kc, []byte("2"))
 			recv(t, c.Changed(), "the second change of c")
-			rtTrue(t, !pending(b.Changed()), "a closed subscription signalled")
+			jkCheck(t, !pending(b.Changed()), "a closed subscription signalled")
 
 			for _, s := range []*Subscription{a1, a2, c} {
 				s.Close()
 			}
 			w.mu.Lock()
-			rtTrue(t, len(w.watches[svc].subs) == 0, "closed subscriptions are remembered: %v", w.watches[svc].subs)
-			rtTrue(t, len(w.watches) == 1, "%d watches, want the service's one", len(w.watches))
+			jkCheck(t, len(w.watches[svc].subs) == 0, "closed subscriptions are remembered: %v", w.watches[svc].subs)
+			jkCheck(t, len(w.watches) == 1, "%d watches, want the service's one", len(w.watches))
 			w.mu.Unlock()
 		})
 	}
@@ -318,29 +297,29 @@ func TestWatcherSubscribeErrors(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
 	_, err := NewWatcher(nil)
-	rtErrorIs(t, err, ErrInvalidRequest)
+	jkErrorIs(t, err, ErrInvalidRequest)
 
 	w, err := NewWatcher(NewMemoryStore())
-	rtNoErr(t, err)
+	jkNoErr(t, err)
 	_, err = w.Subscribe(ctx, "svc", "other.t.k")
-	rtErrorIs(t, err, ErrInvalidRequest)
+	jkErrorIs(t, err, ErrInvalidRequest)
 	_, err = w.Subscribe(ctx, "bad.svc", "bad.svc.t.k")
-	rtErrorIs(t, err, ErrInvalidName)
+	jkErrorIs(t, err, ErrInvalidName)
 	cancelled, cancel := context.WithCancel(ctx)
 	cancel()
 	_, err = w.Subscribe(cancelled, "svc", "svc.t.k")
-	rtTrue(t, err == context.Canceled, "Subscribe with a cancelled context: %v, want context.Canceled unchanged", err)
+	jkCheck(t, err == context.Canceled, "Subscribe with a cancelled context: %v, want context.Canceled unchanged", err)
 	w.mu.Lock()
-	rtTrue(t, len(w.watches) == 0, "a failed start left a watch behind")
+	jkCheck(t, len(w.watches) == 0, "a failed start left a watch behind")
 	w.mu.Unlock()
 
 	sub, err := w.Subscribe(ctx, "svc", "svc.t.k")
-	rtNoErr(t, err)
+	jkNoErr(t, err)
 	w.Close()
 	recv(t, sub.Done(), "the end of a subscription when the watcher closes")
 	w.Close() // idempotent
 	_, err = w.Subscribe(ctx, "svc", "svc.t.k")
-	rtErrorIs(t, err, ErrWatcherClosed)
+	jkErrorIs(t, err, ErrWatcherClosed)
 }
 
 // TestWatcherConcurrentSubscribe starts one service's watch from many
@@ -349,7 +328,7 @@ func TestWatcherConcurrentSubscribe(t *testing.T) {
 	t.Parallel()
 	store := &countingWatchStore{MemoryStore: NewMemoryStore()}
 	w, err := NewWatcher(store)
-	rtNoErr(t, err)
+	jkNoErr(t, err)
 	defer w.Close()
 	var wg sync.WaitGroup
 	subs := make([]*Subscription, 32)
@@ -359,7 +338,7 @@ func TestWatcherConcurrentSubscribe(t *testing.T) {
 	}
 	wg.Wait()
 	for i := range subs {
-		rtNoErr(t, errs[i])
+		jkNoErr(t, errs[i])
 	}
 	rtEqual(t, store.watches.Load(), 1)
 	putKey(t, store, "svc", "svc.t.k", []byte("v"))
@@ -386,20 +365,20 @@ func TestWatcherConnectionClosed(t *testing.T) {
 	s := natstest.Run(t)
 	nc, js := natstest.Connect(t, s)
 	store, err := NewNATSStore(js, WithCreateBuckets(jetstream.MemoryStorage, 1))
-	rtNoErr(t, err)
+	jkNoErr(t, err)
 	svc := rtService()
 	w, err := NewWatcher(store)
-	rtNoErr(t, err)
+	jkNoErr(t, err)
 	defer w.Close()
 	sub, err := w.Subscribe(context.Background(), svc, svc+".t.k")
-	rtNoErr(t, err)
+	jkNoErr(t, err)
 	nc.Close()
 	recv(t, sub.Done(), "the end of the subscription after the connection closed")
 	w.mu.Lock()
-	rtTrue(t, len(w.watches) == 0, "the ended watch is remembered")
+	jkCheck(t, len(w.watches) == 0, "the ended watch is remembered")
 	w.mu.Unlock()
 	_, err = w.Subscribe(context.Background(), svc, svc+".t.k")
-	rtTrue(t, err != nil && !errors.Is(err, ErrWatcherClosed), "subscribe over a closed connection: got %v, want the store's error", err)
+	jkCheck(t, err != nil && !errors.Is(err, ErrWatcherClosed), "subscribe over a closed connection: got %v, want the store's error", err)
 }
 
 // TestWatcherNoGoroutineLeak is not parallel: it counts the process's goroutines.
@@ -408,22 +387,22 @@ func TestWatcherNoGoroutineLeak(t *testing.T) {
 	svc := rtService()
 	putKey(t, store, svc, svc+".t.seed", []byte("x"))
 	_, err := store.ListKeys(context.Background(), svc, "")
-	rtNoErr(t, err)
+	jkNoErr(t, err)
 	baseline, _ := clientGoroutines()
 
 	w, err := NewWatcher(store)
-	rtNoErr(t, err)
+	jkNoErr(t, err)
 	var subs []*Subscription
 	for i := range 3 {
 		sub, err := w.Subscribe(context.Background(), svc, svc+".t.k"+strconv.Itoa(i))
-		rtNoErr(t, err)
+		jkNoErr(t, err)
 		subs = append(subs, sub)
 	}
 	putKey(t, store, svc, svc+".t.k1", []byte("v"))
 	recv(t, subs[1].Changed(), "a change")
 	subs[0].Close()
 	n, _ := clientGoroutines()
-	rtTrue(t, n > baseline, "a running watch has no goroutines of its own (%d, baseline %d): this test proves nothing", n, baseline)
+	jkCheck(t, n > baseline, "a running watch has no goroutines of its own (%d, baseline %d): this test proves nothing", n, baseline)
 	w.Close()
 	settleGoroutines(t, baseline)
 
@@ -431,19 +410,19 @@ func TestWatcherNoGoroutineLeak(t *testing.T) {
 	mem := NewMemoryStore()
 	baseline, _ = clientGoroutines()
 	mw, err := NewWatcher(mem)
-	rtNoErr(t, err)
+	jkNoErr(t, err)
 	_, err = mw.Subscribe(context.Background(), "svc", "svc.t.k")
-	rtNoErr(t, err)
+	jkNoErr(t, err)
 	mw.Close()
 	settleGoroutines(t, baseline)
 	mem.mu.Lock()
-	rtTrue(t, len(mem.watchers) == 0, "the memory store remembers a stopped watch")
+	jkCheck(t, len(mem.watchers) == 0, "the memory store remembers a stopped watch")
 	mem.mu.Unlock()
 
 	// And a listing.
 	baseline, _ = clientGoroutines()
 	keys, err := store.ListKeys(context.Background(), svc, "t")
-	rtNoErr(t, err)
+	jkNoErr(t, err)
 	rtEqual(t, keys, []string{svc + ".t.k1", svc + ".t.seed"})
 	settleGoroutines(t, baseline)
 }
