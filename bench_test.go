@@ -842,7 +842,7 @@ func TestCoordinatorBackoffWindow(t *testing.T) {
 	e := &keyEntry{}
 	var grown []time.Duration
 	for range 5 {
-		if err := c.backoff(ctx, e); err != nil {
+		if err := sleepJitter(ctx, c.widen(e)); err != nil {
 			t.Fatal(err)
 		}
 		grown = append(grown, e.window)

@@ -8,6 +8,7 @@ import (
 	"fmt"
 	mrand "math/rand/v2"
 	"os"
+	"reflect"
 	"slices"
 	"strconv"
 	"sync"
@@ -18,12 +19,23 @@ import (
 
 // Coordinator is the keyed concurrency contract: one method per reducer.
 // [KeyCoordinator] implements it over a [Store].
+//
+// Every method returns a business outcome (a Kind) or an error, never both:
+// on error the outcome is the zero value.
 type Coordinator interface {
+	// Admit queues a job under its key, or rejects, coalesces or replaces
+	// as the policy says (ReduceAdmission).
 	Admit(ctx context.Context, req AdmitRequest) (Admission, error)
+	// Acquire gives an admitted job (or a retry) a slot, or says why it is
+	// blocked (ReduceAcquire).
 	Acquire(ctx context.Context, req AcquireRequest) (Acquisition, error)
+	// Renew extends a lease, or reports it lost (ReduceRenew).
 	Renew(ctx context.Context, req RenewRequest) (Renewal, error)
+	// Release frees a slot, or reports a stale completion (ReduceRelease).
 	Release(ctx context.Context, req ReleaseRequest) (Release, error)
+	// RemoveQueued takes a job out of the queue (ReduceRemoveQueued).
 	RemoveQueued(ctx context.Context, req RemoveRequest) (Removal, error)
+	// RestoreReplaced undoes a replacement (ReduceRestoreReplaced).
 	RestoreReplaced(ctx context.Context, req RestoreRequest) (Restoration, error)
 }
 
@@ -148,6 +160,8 @@ type Config struct {
 // it is open also delays the first attempt of new operations on the key.
 // Contending writers thus keep about an even chance per attempt and spread
 // out when woken together, instead of the losers backing off ever further.
+//
+// The zero value is not usable: create one with [NewCoordinator].
 type KeyCoordinator struct {
 	store Store
 	cfg   Config
@@ -161,6 +175,9 @@ func NewCoordinator(store Store, cfg *Config) (*KeyCoordinator, error) {
 	if store == nil {
 		return nil, fmt.Errorf("%w: store is nil", ErrInvalidRequest)
 	}
+	if v := reflect.ValueOf(store); v.Kind() == reflect.Pointer && v.IsNil() {
+		return nil, fmt.Errorf("%w: store is a nil %T", ErrInvalidRequest, store)
+	}
 	var c Config
 	if cfg != nil {
 		c = *cfg
@@ -172,23 +189,26 @@ func NewCoordinator(store Store, cfg *Config) (*KeyCoordinator, error) {
 		}
 		c.InstanceID = host + "-" + strconv.Itoa(os.Getpid())
 	}
+	if !utf8.ValidString(c.InstanceID) {
+		return nil, fmt.Errorf("%w: Config.InstanceID %q is not valid UTF-8", ErrInvalidRequest, c.InstanceID)
+	}
 	switch {
 	case c.MaxAttempts == 0:
 		c.MaxAttempts = MaxAttemptsDefault
 	case c.MaxAttempts < 0:
-		return nil, fmt.Errorf("jobkeys: Config.MaxAttempts %d is negative", c.MaxAttempts)
+		return nil, fmt.Errorf("%w: Config.MaxAttempts %d is negative", ErrInvalidRequest, c.MaxAttempts)
 	}
 	switch {
 	case c.RetryBackoff == 0:
 		c.RetryBackoff = RetryBackoffDefault
 	case c.RetryBackoff < 0:
-		return nil, fmt.Errorf("jobkeys: Config.RetryBackoff %v is negative", c.RetryBackoff)
+		return nil, fmt.Errorf("%w: Config.RetryBackoff %v is negative", ErrInvalidRequest, c.RetryBackoff)
 	}
 	switch {
 	case c.MaxRetryBackoff == 0:
 		c.MaxRetryBackoff = max(MaxRetryBackoffDefault, c.RetryBackoff)
 	case c.MaxRetryBackoff < c.RetryBackoff:
-		return nil, fmt.Errorf("jobkeys: Config.MaxRetryBackoff %v is less than RetryBackoff %v", c.MaxRetryBackoff, c.RetryBackoff)
+		return nil, fmt.Errorf("%w: Config.MaxRetryBackoff %v is less than RetryBackoff %v", ErrInvalidRequest, c.MaxRetryBackoff, c.RetryBackoff)
 	}
 	if c.StateCacheSize == 0 {
 		c.StateCacheSize = StateCacheSizeDefault
@@ -217,7 +237,10 @@ func (c *KeyCoordinator) Admit(ctx context.Context, req AdmitRequest) (Admission
 		out = ReduceAdmission(st, key, req, policy, now)
 		return out.State
 	})
-	return out, err
+	if err != nil {
+		return zeroOf(out), err
+	}
+	return out, nil
 }
 
 // Acquire gives req.JobID a slot if the rules allow; the outcome's Lease
@@ -227,7 +250,7 @@ func (c *KeyCoordinator) Acquire(ctx context.Context, req AcquireRequest) (Acqui
 	if err != nil {
 		return Acquisition{}, err
 	}
-	if req.Tries < 0 || req.Tries > 1<<53-1 {
+	if req.Tries < 0 || int64(req.Tries) > 1<<53-1 {
 		return Acquisition{}, fmt.Errorf("%w: Tries %d is not between 0 and 2^53-1", ErrInvalidRequest, req.Tries)
 	}
 	if req.InstanceID != "" && !utf8.ValidString(req.InstanceID) {
@@ -237,15 +260,18 @@ func (c *KeyCoordinator) Acquire(ctx context.Context, req AcquireRequest) (Acqui
 		req.InstanceID = c.cfg.InstanceID
 	}
 	token := c.cfg.NewSlotToken()
-	if token == "" {
-		return Acquisition{}, fmt.Errorf("%w: Config.NewSlotToken returned an empty token", ErrInvalidRequest)
+	if token == "" || !utf8.ValidString(token) {
+		return Acquisition{}, fmt.Errorf("%w: Config.NewSlotToken returned %q, not a non-empty UTF-8 token", ErrInvalidRequest, token)
 	}
 	var out Acquisition
 	err = c.update(ctx, key, false, func(st *KeyState, now time.Time) *KeyState {
 		out = ReduceAcquire(st, key, req, policy, now, token)
 		return out.State
 	})
-	return out, err
+	if err != nil {
+		return zeroOf(out), err
+	}
+	return out, nil
 }
 
 // Renew extends the lease, or reports it lost.
@@ -259,7 +285,10 @@ func (c *KeyCoordinator) Renew(ctx context.Context, req RenewRequest) (Renewal, 
 		out = ReduceRenew(st, req.Lease, now)
 		return out.State
 	})
-	return out, err
+	if err != nil {
+		return zeroOf(out), err
+	}
+	return out, nil
 }
 
 // Release frees the slot, or reports a stale completion when it was
@@ -274,7 +303,10 @@ func (c *KeyCoordinator) Release(ctx context.Context, req ReleaseRequest) (Relea
 		out = ReduceRelease(st, req.Lease, now)
 		return out.State
 	})
-	return out, err
+	if err != nil {
+		return zeroOf(out), err
+	}
+	return out, nil
 }
 
 // RemoveQueued removes a queued job, or reports it not found.
@@ -288,7 +320,10 @@ func (c *KeyCoordinator) RemoveQueued(ctx context.Context, req RemoveRequest) (R
 		out = ReduceRemoveQueued(st, req.JobID, now)
 		return out.State
 	})
-	return out, err
+	if err != nil {
+		return zeroOf(out), err
+	}
+	return out, nil
 }
 
 // RestoreReplaced undoes a replacement (see [RestoreRequest]).
@@ -308,7 +343,10 @@ func (c *KeyCoordinator) RestoreReplaced(ctx context.Context, req RestoreRequest
 		out = ReduceRestoreReplaced(st, key, req, policy, now)
 		return out.State
 	})
-	return out, err
+	if err != nil {
+		return zeroOf(out), err
+	}
+	return out, nil
 }
 
 func (c *KeyCoordinator) prepare(service, jobType, jobID string, payload any, p Policy) (Policy, JobKey, error) {
@@ -405,25 +443,36 @@ func (c *KeyCoordinator) casLoop(ctx context.Context, e *keyEntry, key JobKey, a
 		have     bool // state and rev are what we believe is stored
 		verified bool // state and rev were read (or confirmed by a write) during this call
 	)
+	conflicts := 0
+	if e.window > 0 && time.Since(e.lostAt) < windowMemory*e.window {
+		// A contended key: pace this operation's first attempt too, without
+		// holding the lane, so that this coordinator's other operations on
+		// the key (a renewal) are not held up by the pause.
+		window := e.window
+		e.unlock()
+		held = false
+		if err := sleepJitter(ctx, window); err != nil {
+			return conflicts, err
+		}
+		if err := e.lock(ctx); err != nil {
+			return conflicts, err
+		}
+		held = true
+	} else {
+		e.window = 0 // cold again
+	}
 	if e.known && c.keys.max > 0 {
 		state, rev, have = e.state, e.rev, true
 	} else if assumeAbsent {
 		have = true
 	}
 	var buf []byte
-	conflicts := 0
-	if e.window > 0 && time.Since(e.lostAt) < windowMemory*e.window {
-		// A contended key: pace this operation's first attempt too.
-		if err := sleepJitter(ctx, e.window); err != nil {
-			return conflicts, err
-		}
-	} else {
-		e.window = 0 // cold again
-	}
 	for {
 		if !have {
-			e.unlock()
-			held = false
+			if held {
+				e.unlock()
+				held = false
+			}
 			st, r, err := c.read(ctx, key)
 			if err != nil {
 				return conflicts, err
@@ -491,7 +540,7 @@ func (c *KeyCoordinator) casLoop(ctx context.Context, e *keyEntry, key JobKey, a
 		case ctx.Err() != nil:
 			return conflicts, ctx.Err()
 		case !errors.Is(err, ErrRevisionConflict):
-			return conflicts, err
+			return conflicts, fmt.Errorf("jobkeys: KV key %q: %w", key.KVKey, err)
 		}
 		have = false
 		if !verified {
@@ -505,7 +554,10 @@ func (c *KeyCoordinator) casLoop(ctx context.Context, e *keyEntry, key JobKey, a
 		if conflicts >= c.cfg.MaxAttempts {
 			return conflicts, fmt.Errorf("%w: KV key %q: %d compare-and-swap attempts lost to concurrent writers", ErrContention, key.KVKey, conflicts)
 		}
-		if err := c.backoff(ctx, e); err != nil {
+		window := c.widen(e)
+		e.unlock() // sleep without the lane; the read that follows needs none
+		held = false
+		if err := sleepJitter(ctx, window); err != nil {
 			return conflicts, err
 		}
 	}
@@ -548,8 +600,9 @@ func (c *KeyCoordinator) read(ctx context.Context, key JobKey) (*KeyState, uint6
 	return st, rev, nil
 }
 
-// backoff is the pause after a lost race on e's key, drawn uniformly (full
-// jitter) from (0, window], where window is the key's backoff window:
+// widen returns the pause after a lost race on e's key and widens the key's
+// window; the caller holds e's lane, and sleeps a time drawn uniformly (full
+// jitter) from (0, window] after releasing it. The window is:
 // RetryBackoff on a key without contention, doubled by every race lost on
 // the key and halved by every successful write (see keyEntry.settle),
 // within MaxRetryBackoff, and forgotten once the key has been quiet for
@@ -559,11 +612,11 @@ func (c *KeyCoordinator) read(ctx context.Context, key JobKey) (*KeyState, uint6
 // attempt (see casLoop): so writers settle near an even chance per attempt,
 // instead of early losers backing off ever further while fresh writers
 // keep winning, and writers woken together spread out.
-func (c *KeyCoordinator) backoff(ctx context.Context, e *keyEntry) error {
+func (c *KeyCoordinator) widen(e *keyEntry) time.Duration {
 	window := max(e.window, c.cfg.RetryBackoff)
 	e.window = min(2*window, c.cfg.MaxRetryBackoff)
 	e.lostAt = time.Now()
-	return sleepJitter(ctx, window)
+	return window
 }
 
 // sleepJitter sleeps for a uniformly random duration in (0, window].
@@ -577,6 +630,10 @@ func sleepJitter(ctx context.Context, window time.Duration) error {
 		return nil
 	}
 }
+
+// zeroOf returns the zero value of v's type: an operation that fails
+// returns no outcome, not the outcome of a write that did not happen.
+func zeroOf[T any](T) (zero T) { return zero }
 
 // newUUID returns a random version 4 UUID.
 func newUUID() string {

@@ -46,9 +46,9 @@ const (
 // numbers are JavaScript doubles) or would push lease expiries out of the
 // years a timestamp can hold.
 const (
-	MaxActiveLimit       = 1<<53 - 1
-	MaxQueuedPerKeyLimit = 1<<53 - 1
-	HeartbeatTTLLimit    = 365 * 24 * time.Hour
+	MaxActiveLimit       int64 = 1<<53 - 1
+	MaxQueuedPerKeyLimit int64 = 1<<53 - 1
+	HeartbeatTTLLimit          = 365 * 24 * time.Hour
 )
 
 // Policy is the keyed concurrency policy of one job type. The zero value of
@@ -111,7 +111,7 @@ func (p Policy) Normalize() (Policy, error) {
 		p.MaxActive = MaxActiveDefault
 	case p.MaxActive < 1:
 		return Policy{}, policyError("MaxActive", fmt.Sprintf("%d is less than 1", p.MaxActive))
-	case p.MaxActive > MaxActiveLimit:
+	case int64(p.MaxActive) > MaxActiveLimit:
 		return Policy{}, policyError("MaxActive", fmt.Sprintf("%d exceeds MaxActiveLimit (2^53-1)", p.MaxActive))
 	}
 	switch {
@@ -141,7 +141,7 @@ func (p Policy) Normalize() (Policy, error) {
 	if p.MaxQueuedPerKey < 0 {
 		return Policy{}, policyError("MaxQueuedPerKey", fmt.Sprintf("%d is negative", p.MaxQueuedPerKey))
 	}
-	if p.MaxQueuedPerKey > MaxQueuedPerKeyLimit {
+	if int64(p.MaxQueuedPerKey) > MaxQueuedPerKeyLimit {
 		return Policy{}, policyError("MaxQueuedPerKey", fmt.Sprintf("%d exceeds MaxQueuedPerKeyLimit (2^53-1)", p.MaxQueuedPerKey))
 	}
 	switch p.WhenFull {

@@ -335,7 +335,11 @@ func (r *Runner) heartbeat(ctx context.Context, lease Lease) error {
 		next := interval
 		switch {
 		case err != nil:
-			lastErr = err
+			if lastErr == nil || !errors.Is(err, context.DeadlineExceeded) {
+				// Keep the renewal error that says why over an attempt
+				// cut short by the lease's expiry.
+				lastErr = err
+			}
 			remaining = expires.Sub(r.coord.cfg.Now())
 			if remaining <= 0 {
 				return leaseExpired(lease, kvKey, expires, lastErr)

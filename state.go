@@ -80,8 +80,13 @@ func (s *KeyState) clone() *KeyState {
 
 // MarshalJSON encodes the state in the wire format of the TS original: fields
 // in its order, timestamps as JavaScript's toISOString writes them.
-func (s *KeyState) MarshalJSON() ([]byte, error) {
-	return appendState(make([]byte, 0, 512), s), nil
+//
+// It has a value receiver so that KeyState values and structs holding
+// them encode in the wire format too. Note that json.Marshal escapes '<',
+// '>' and '&' in what a MarshalJSON returns, which JSON.stringify does not;
+// call MarshalJSON directly for the exact bytes the coordinator writes.
+func (s KeyState) MarshalJSON() ([]byte, error) {
+	return appendState(make([]byte, 0, 512), &s), nil
 }
 
 // UnmarshalJSON decodes and validates a state document; see [ParseState].
@@ -438,7 +443,7 @@ func nonEmpty(field string, v *wireString) (string, error) {
 }
 
 func integer(field string, v *float64, lowest int) (int, error) {
-	if v == nil || *v != math.Trunc(*v) || *v < float64(lowest) || *v > 1<<53 {
+	if v == nil || *v != math.Trunc(*v) || *v < float64(lowest) || *v > 1<<53 || *v > math.MaxInt {
 		return 0, fieldErr(field, fmt.Sprintf("must be an integer >= %d", lowest))
 	}
 	return int(*v), nil
