@@ -72,6 +72,7 @@ func keyFilter(service, jobType string) (string, error) {
 // A service's watch starts with the first [Watcher.Subscribe] for it and
 // lasts until Close, or until the store ends it (a closed connection); the
 // next Subscribe then starts a new one. A Watcher is safe for concurrent use.
+// The zero value is not usable: create one with [NewWatcher].
 type Watcher struct {
 	store  KeyWatcher
 	ctx    context.Context // parent of every watch; cancelled by Close
@@ -177,7 +178,7 @@ func (w *Watcher) start(ctx context.Context, sw *serviceWatch) {
 	abandon := context.AfterFunc(ctx, cancel) // the starter gave up
 	ended, err := w.store.WatchKeys(wctx, sw.service, "", func(kvKey string) { w.dispatch(sw, kvKey) })
 	started := err == nil
-	if started && !abandon() {
+	if !abandon() && started { // abandon() on every path: it holds ctx until called
 		err = ctx.Err()
 	}
 	if err != nil {
@@ -250,7 +251,8 @@ func (w *Watcher) Close() {
 }
 
 // Subscription is one waiter's interest in one KV key; see
-// [Watcher.Subscribe]. It is safe for concurrent use.
+// [Watcher.Subscribe]. It is safe for concurrent use. The zero value is
+// not usable: a Subscription comes from Subscribe.
 type Subscription struct {
 	w       *Watcher
 	sw      *serviceWatch

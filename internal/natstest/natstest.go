@@ -46,24 +46,27 @@ func Start(o Options) (s *server.Server, stop func(), err error) {
 		NoLog:     true,
 		NoSigs:    true,
 	})
+	stop = func() {
+		if s != nil {
+			s.Shutdown()
+			s.WaitForShutdown()
+		}
+		if cleanupDir {
+			_ = os.RemoveAll(dir)
+		}
+	}
 	if err != nil {
+		stop()
 		return nil, nil, fmt.Errorf("natstest: new server: %w", err)
 	}
 	go s.Start()
 	if !s.ReadyForConnections(10 * time.Second) {
-		s.Shutdown()
+		stop()
 		return nil, nil, errors.New("natstest: server not ready for connections after 10s")
 	}
 	if !s.JetStreamEnabled() {
-		s.Shutdown()
+		stop()
 		return nil, nil, errors.New("natstest: JetStream is not enabled")
-	}
-	stop = func() {
-		s.Shutdown()
-		s.WaitForShutdown()
-		if cleanupDir {
-			_ = os.RemoveAll(dir)
-		}
 	}
 	return s, stop, nil
 }
