@@ -99,6 +99,23 @@ func TestStoreConformanceNATS(t *testing.T) {
 	exerciseStore(t, startJKNATS(t).harness())
 }
 
+// The zero MemoryStore is a usable empty store with the default limit.
+func TestMemoryStoreZeroValue(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	var m MemoryStore
+	_, _, err := m.Get(ctx, "s", "k")
+	jkTrue(t, errors.Is(err, ErrKeyNotFound), "Get on the zero store: %v", err)
+	rev, err := m.Create(ctx, "s", "k", []byte("v"))
+	jkNoErr(t, err, "Create on the zero store")
+	value, got, err := m.Get(ctx, "s", "k")
+	jkNoErr(t, err)
+	jkEqual(t, "v", string(value))
+	jkEqual(t, rev, got)
+	_, err = m.Create(ctx, "s", "big", bytes.Repeat([]byte("x"), MemoryStoreMaxValueSizeDefault+1))
+	jkTrue(t, errors.Is(err, ErrStateTooLarge), "over the default limit: %v", err)
+}
+
 func TestMemoryStoreSetMaxValueSize(t *testing.T) {
 	t.Parallel()
 	m := NewMemoryStore()

@@ -13,7 +13,8 @@ const MemoryStoreMaxValueSizeDefault = 1 << 20
 // MemoryStore is a [Store] in process memory, with the same revision and
 // compare-and-swap rules as [NATSStore]: one revision counter per store,
 // deleted keys may be created again. It suits tests and single-process use.
-// The zero value is not usable; call [NewMemoryStore]. It is safe for
+// The zero value is an empty store with a value size limit of
+// MemoryStoreMaxValueSizeDefault, like [NewMemoryStore]'s. It is safe for
 // concurrent use.
 type MemoryStore struct {
 	mu           sync.Mutex
@@ -79,8 +80,12 @@ func (m *MemoryStore) write(ctx context.Context, service, key string, value []by
 	}
 	m.mu.Lock()
 	defer m.mu.Unlock()
-	if len(value) > m.maxValueSize {
-		return 0, fmt.Errorf("%w: %d bytes exceed the memory store's limit of %d", ErrStateTooLarge, len(value), m.maxValueSize)
+	limit := m.maxValueSize
+	if limit == 0 {
+		limit = MemoryStoreMaxValueSizeDefault
+	}
+	if len(value) > limit {
+		return 0, fmt.Errorf("%w: %d bytes exceed the memory store's limit of %d", ErrStateTooLarge, len(value), limit)
 	}
 	b := m.buckets[service]
 	e, ok := b[key]
@@ -91,6 +96,9 @@ func (m *MemoryStore) write(ctx context.Context, service, key string, value []by
 		return 0, fmt.Errorf("%w: %s is not at revision %d", ErrRevisionConflict, key, revision)
 	}
 	if b == nil {
+		if m.buckets == nil {
+			m.buckets = make(map[string]map[string]memoryEntry)
+		}
 		b = make(map[string]memoryEntry)
 		m.buckets[service] = b
 	}
