@@ -44,7 +44,7 @@ var _ Coordinator = (*KeyCoordinator)(nil)
 // AdmitRequest asks to queue a job under its key.
 type AdmitRequest struct {
 	Service string // the service; names the bucket JOBS_KEYS_<Service>
-	JobType string
+	JobType string // the job type; one KV key token
 	JobID   string // required; unique per job
 	// Payload is the job payload the policy's key template points into:
 	// []byte or json.RawMessage are parsed as JSON, any other value is
@@ -60,18 +60,18 @@ type AdmitRequest struct {
 
 // AcquireRequest asks for a slot for an admitted job (or a retry).
 type AcquireRequest struct {
-	Service string
-	JobType string
-	JobID   string
-	Payload any // as in AdmitRequest; must derive the same key
-	Context TraceContext
+	Service string       // as in AdmitRequest
+	JobType string       // as in AdmitRequest
+	JobID   string       // the admitted job
+	Payload any          // as in AdmitRequest; must derive the same key
+	Context TraceContext // the trace context recorded in the slot
 	// Retry lets a job that is not queued take a slot (a retry of a job
 	// that ran before), as the TS original's lifecycle state "retry".
 	Retry bool
 	Tries int // the attempt number recorded in the slot
 	// InstanceID names the worker in the slot. Defaults to Config.InstanceID.
 	InstanceID string
-	Policy     Policy
+	Policy     Policy // the same policy the job was admitted under
 }
 
 // RenewRequest asks to extend a lease.
@@ -86,22 +86,22 @@ type ReleaseRequest struct {
 
 // RemoveRequest asks to remove a queued job (terminal before it started).
 type RemoveRequest struct {
-	Service string
-	JobType string
-	JobID   string
-	Payload any
-	Policy  Policy
+	Service string // as in AdmitRequest
+	JobType string // as in AdmitRequest
+	JobID   string // the queued job to remove
+	Payload any    // the job's payload, to derive its key
+	Policy  Policy // the job type's policy
 }
 
 // RestoreRequest asks to undo a replacement: put Replaced back at the head
 // of the queue and drop ReplacementJobID from it.
 type RestoreRequest struct {
-	Service          string
-	JobType          string
-	ReplacementJobID string
+	Service          string      // as in AdmitRequest
+	JobType          string      // as in AdmitRequest
+	ReplacementJobID string      // the job whose admission replaced Replaced
 	Replaced         ReplacedJob // from Admission.Replaced
 	Payload          any         // the replacing job's payload
-	Policy           Policy
+	Policy           Policy      // the job type's policy
 }
 
 // Coordinator defaults, used for zero-valued [Config] fields.

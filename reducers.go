@@ -41,25 +41,25 @@ const (
 
 // JobRef identifies a job.
 type JobRef struct {
-	Service string
-	JobType string
-	ID      string
+	Service string // the job's service
+	JobType string // the job's type
+	ID      string // the job id
 }
 
 // ReplacedJob is a queued job that [ReplaceOldest] dropped. Pass it to
 // RestoreReplaced to put it back if the replacing job cannot be published.
 type ReplacedJob struct {
 	JobRef
-	CreatedAt time.Time
-	RequestID string
-	Context   TraceContext
+	CreatedAt time.Time    // when the dropped job was admitted
+	RequestID string       // its request id
+	Context   TraceContext // its trace context
 }
 
 // Admission is the outcome of Admit.
 type Admission struct {
-	Kind    Kind
+	Kind    Kind   // accepted, rejected, coalesced or replaced
 	Key     string // display key
-	KeyHash string
+	KeyHash string // the key hash
 	// AlreadyPresent is set with KindAccepted when the job id was already
 	// queued or active: no second entry was added.
 	AlreadyPresent bool
@@ -75,9 +75,9 @@ type Admission struct {
 
 // Acquisition is the outcome of Acquire.
 type Acquisition struct {
-	Kind    Kind
-	Key     string
-	KeyHash string
+	Kind    Kind   // acquired or blocked
+	Key     string // display key
+	KeyHash string // the key hash
 	// Lease is the slot's lease (KindAcquired): pass it to Renew and Release.
 	Lease Lease
 	// Stale lists expired slots of other jobs that this acquisition dropped
@@ -91,45 +91,45 @@ type Acquisition struct {
 	// the key's slots, zero if none: a slot whose lease runs out frees up
 	// without any write to the key, so a waiter should look again then.
 	NextExpiry time.Time
-	State      *KeyState
+	State      *KeyState // the new key state (KindAcquired), else nil
 }
 
 // Lease is a job's hold on a slot, returned by Acquire. It is a plain value:
 // copy it freely.
 type Lease struct {
-	Service        string
-	JobType        string
-	JobID          string
-	Key            string
-	KeyHash        string
-	SlotToken      string
+	Service        string    // the job's service
+	JobType        string    // the job's type
+	JobID          string    // the job holding the slot
+	Key            string    // display key
+	KeyHash        string    // the key hash
+	SlotToken      string    // the slot's token; Renew and Release must present it
 	Policy         Policy    // the normalized policy the slot was acquired under
 	LeaseExpiresAt time.Time // when the lease lapses unless renewed
 }
 
 // Renewal is the outcome of Renew.
 type Renewal struct {
-	Kind           Kind
+	Kind           Kind      // renewed or lost
 	LeaseExpiresAt time.Time // KindRenewed: the new expiry
-	State          *KeyState
+	State          *KeyState // the new key state (KindRenewed), else nil
 }
 
 // Release is the outcome of Release.
 type Release struct {
-	Kind  Kind
-	State *KeyState
+	Kind  Kind      // released or stale-completion
+	State *KeyState // the new key state when it changed, else nil
 }
 
 // Removal is the outcome of RemoveQueued.
 type Removal struct {
-	Kind  Kind
-	State *KeyState
+	Kind  Kind      // removed or not-found
+	State *KeyState // the new key state when it changed, else nil
 }
 
 // Restoration is the outcome of RestoreReplaced.
 type Restoration struct {
-	Kind  Kind
-	State *KeyState
+	Kind  Kind      // restored
+	State *KeyState // the new key state when it changed, else nil
 }
 
 // jsNow returns t as the TS original would see it: UTC, milliseconds.

@@ -10,7 +10,7 @@ import (
 // BlockedError is the error for a job that did not get a slot. It wraps
 // [ErrBlocked].
 type BlockedError struct {
-	JobID       string
+	JobID       string      // the job that got no slot
 	Acquisition Acquisition // the last blocked outcome: its Reason, Active, Queued and Limit say why
 }
 

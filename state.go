@@ -29,13 +29,13 @@ func (c TraceContext) IsZero() bool { return c == TraceContext{} }
 
 // ActiveSlot is one running job's hold on a key (wire: an element of "active").
 type ActiveSlot struct {
-	JobID          string
-	SlotToken      string // random per acquisition; renew and release must present it
-	InstanceID     string // the worker instance that holds the slot
-	StartedAt      time.Time
-	HeartbeatAt    time.Time
-	LeaseExpiresAt time.Time
-	Tries          int
+	JobID          string    // the job holding the slot
+	SlotToken      string    // random per acquisition; renew and release must present it
+	InstanceID     string    // the worker instance that holds the slot
+	StartedAt      time.Time // when the slot was acquired
+	HeartbeatAt    time.Time // the last renewal (or the acquisition)
+	LeaseExpiresAt time.Time // the slot is stale from this instant on
+	Tries          int       // the attempt number the acquirer gave
 	// Context is the job's trace context. The Rust port may omit it; it is
 	// then zero, and written back with a context derived from the job id
 	// and slot token so that the TS original accepts it.
@@ -44,26 +44,26 @@ type ActiveSlot struct {
 
 // QueuedJob is one admitted job waiting for a slot (wire: an element of "queued").
 type QueuedJob struct {
-	JobID     string
-	CreatedAt time.Time
-	RequestID string
-	Context   TraceContext
+	JobID     string       // the waiting job
+	CreatedAt time.Time    // when it was admitted
+	RequestID string       // the request that admitted it (its Context.RequestID)
+	Context   TraceContext // the job's trace context
 }
 
 // KeyState is the document stored under one KV key: the active slots and
 // queued jobs of one key of one job type of one service.
 type KeyState struct {
-	Version            int // always StateVersion
-	Service            string
-	JobType            string
-	Key                string // display key
-	KeyHash            string
-	MaxActive          int
-	MaxQueuedPerKey    int
-	Active             []ActiveSlot
-	Queued             []QueuedJob
-	StaleTakeoverCount int
-	UpdatedAt          time.Time
+	Version            int          // always StateVersion
+	Service            string       // the service (bucket JOBS_KEYS_<Service>)
+	JobType            string       // the job type
+	Key                string       // display key
+	KeyHash            string       // the key hash, the last token of the KV key
+	MaxActive          int          // the policy's MaxActive when last admitted or acquired under
+	MaxQueuedPerKey    int          // the policy's MaxQueuedPerKey, likewise
+	Active             []ActiveSlot // the slots, oldest first
+	Queued             []QueuedJob  // the waiting jobs, oldest first
+	StaleTakeoverCount int          // expired slots removed from this key so far
+	UpdatedAt          time.Time    // the last change
 }
 
 // Empty reports whether the state holds no active slot and no queued job;

@@ -60,16 +60,16 @@ func ReduceSweep(state *KeyState, policy Policy, now time.Time) Sweep {
 // SweepRequest selects the keys a [Sweeper] sweeps: those of one job type of
 // one service, under that job type's policy.
 type SweepRequest struct {
-	Service string
-	JobType string
+	Service string // the service whose bucket is swept
+	JobType string // the job type whose keys are swept
 	Policy  Policy // the job type's policy; its StalePolicy decides
 }
 
 // SweptSlot is an expired slot a sweep found, with the key it was found in.
 type SweptSlot struct {
-	KVKey string
-	Key   string // display key
-	Slot  ActiveSlot
+	KVKey string     // the key the slot was on
+	Key   string     // display key
+	Slot  ActiveSlot // the expired slot
 }
 
 // SweepReport is what one sweep found and did.
