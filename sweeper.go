@@ -114,7 +114,8 @@ func NewSweeper(coord *KeyCoordinator) (*Sweeper, error) {
 // be read or written is left as it is; the sweep goes on with the other keys
 // and the returned error joins one error per such key, each naming it (a
 // [*StateError] for bad state). When ctx ends, Sweep stops and returns what
-// it did so far with ctx.Err().
+// it did so far with an error wrapping ctx.Err() (joined with the errors of
+// the keys before).
 func (s *Sweeper) Sweep(ctx context.Context, req SweepRequest) (SweepReport, error) {
 	var rep SweepReport
 	policy, err := req.Policy.Normalize()
@@ -131,7 +132,7 @@ func (s *Sweeper) Sweep(ctx context.Context, req SweepRequest) (SweepReport, err
 	var errs []error
 	for _, kvKey := range keys {
 		if err := ctx.Err(); err != nil {
-			return rep, err
+			return rep, errors.Join(append(errs, err)...)
 		}
 		rep.Keys++
 		key, err := parseKVKey(kvKey, req.Service, req.JobType)
@@ -151,7 +152,7 @@ func (s *Sweeper) Sweep(ctx context.Context, req SweepRequest) (SweepReport, err
 		})
 		if err != nil {
 			if ctx.Err() != nil {
-				return rep, ctx.Err()
+				return rep, errors.Join(append(errs, ctx.Err())...)
 			}
 			var se *StateError
 			if !errors.As(err, &se) {
@@ -175,7 +176,8 @@ func (s *Sweeper) Sweep(ctx context.Context, req SweepRequest) (SweepReport, err
 
 // Run sweeps req's keys now and then every interval until ctx ends, and
 // returns ctx.Err(). report is called with the outcome of every sweep (from
-// Run's goroutine); it must not be nil, since it is the only way to learn
+// Run's goroutine), a sweep that ctx cut short included (its error then
+// wraps ctx.Err()); it must not be nil, since it is the only way to learn
 // which jobs lost their slots.
 func (s *Sweeper) Run(ctx context.Context, req SweepRequest, interval time.Duration, report func(SweepReport, error)) error {
 	if interval <= 0 {
@@ -191,10 +193,12 @@ func (s *Sweeper) Run(ctx context.Context, req SweepRequest, interval time.Durat
 	defer t.Stop()
 	for {
 		rep, err := s.Sweep(ctx, req)
+		// A sweep cut short by ctx is reported too: the slots it removed
+		// are known to nobody else.
+		report(rep, err)
 		if ctx.Err() != nil {
 			return ctx.Err()
 		}
-		report(rep, err)
 		select {
 		case <-ctx.Done():
 			return ctx.Err()

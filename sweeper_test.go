@@ -315,3 +315,78 @@ func TestSweeperRun(t *testing.T) {
 	_, err = NewSweeper(nil)
 	jkErrorIs(t, err, ErrInvalidRequest)
 }
+
+// cancelOnWrite cancels a context after its first successful write, as a
+// shutdown that lands in the middle of a sweep.
+type cancelOnWrite struct {
+	*MemoryStore
+	mu     sync.Mutex
+	cancel context.CancelFunc
+}
+
+func (s *cancelOnWrite) wrote() {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.cancel != nil {
+		s.cancel()
+	}
+}
+
+func (s *cancelOnWrite) Update(ctx context.Context, service, key string, value []byte, revision uint64) (uint64, error) {
+	rev, err := s.MemoryStore.Update(ctx, service, key, value, revision)
+	if err == nil {
+		s.wrote()
+	}
+	return rev, err
+}
+
+func (s *cancelOnWrite) Delete(ctx context.Context, service, key string, revision uint64) error {
+	err := s.MemoryStore.Delete(ctx, service, key, revision)
+	if err == nil {
+		s.wrote()
+	}
+	return err
+}
+
+// TestSweeperRunReportsSweepCutShort: a sweep that removes a slot and is
+// then cut short by Run's context is still reported: the removed slot's job
+// must be recorded as failed by someone.
+func TestSweeperRunReportsSweepCutShort(t *testing.T) {
+	t.Parallel()
+	store := &cancelOnWrite{MemoryStore: NewMemoryStore()}
+	e := newSweepEnv(t, store, FailStale)
+	e.crash(t, "acme", "crashed-acme")
+	e.crash(t, "globex", "crashed-globex")
+	e.advance(time.Hour)
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	store.mu.Lock()
+	store.cancel = cancel
+	store.mu.Unlock()
+
+	var reported []string
+	err := e.sweeper.Run(ctx, SweepRequest{Service: e.svc, JobType: "render", Policy: e.policy}, time.Hour,
+		func(rep SweepReport, _ error) { reported = append(reported, sweptIDs(rep.Removed)...) })
+	jkErrorIs(t, err, context.Canceled)
+
+	// Exactly one key was written before the cancellation took effect.
+	var left []string
+	for _, tenant := range []string{"acme", "globex"} {
+		key, err := DeriveKey(e.svc, "render", []byte(`{"tenant":"`+tenant+`"}`), e.policy.Key)
+		jkNoErr(t, err)
+		value, _, err := store.Get(context.Background(), e.svc, key.KVKey)
+		if errors.Is(err, ErrKeyNotFound) {
+			continue
+		}
+		jkNoErr(t, err)
+		st, err := ParseState(value)
+		jkNoErr(t, err)
+		for _, s := range st.Active {
+			left = append(left, s.JobID)
+		}
+	}
+	rtEqual(t, len(left), 1)
+	removed := []string{"crashed-acme", "crashed-globex"}
+	removed = slices.DeleteFunc(removed, func(id string) bool { return slices.Contains(left, id) })
+	rtEqual(t, reported, removed)
+}
