@@ -60,6 +60,13 @@ func (jt *JobType) Policy() Policy {
 	return p
 }
 
+// Key derives the key payload belongs to under the job type's template:
+// the KV key its state lives at (to watch it with a [Watcher], or look at
+// it) and the display key. See [DeriveKey].
+func (jt *JobType) Key(payload any) (JobKey, error) {
+	return deriveKey(jt.service, jt.name, payload, jt.policy.Key)
+}
+
 // Admit queues job jobID under the key its payload derives, or rejects,
 // coalesces or replaces as the policy's WhenFull says. payload is JSON text
 // ([]byte or [encoding/json.RawMessage]) or a value [encoding/json.Marshal]
