@@ -77,8 +77,9 @@ type RunnerConfig struct {
 // serves all of a process's workers of its job type, and Runners of several
 // job types can share one [Watcher]. The zero value is not usable.
 type Runner struct {
-	jt  *JobType
-	cfg RunnerConfig
+	jt     *JobType
+	policy Policy // jt's
+	cfg    RunnerConfig
 }
 
 // NewRunner returns a runner of jt's jobs. cfg may be nil for the defaults;
@@ -106,7 +107,7 @@ func NewRunner(jt *JobType, cfg *RunnerConfig) (*Runner, error) {
 	case c.ReleaseTimeout < 0:
 		return nil, fmt.Errorf("%w: RunnerConfig.ReleaseTimeout %v is negative", ErrInvalidRequest, c.ReleaseTimeout)
 	}
-	return &Runner{jt: jt, cfg: c}, nil
+	return &Runner{jt: jt, policy: jt.Policy(), cfg: c}, nil
 }
 
 // Handler is the work of one job. ctx is cancelled when the caller's context
@@ -169,15 +170,15 @@ func (r *Runner) run(ctx context.Context, jobID string, payload any, handler Han
 	return r.runHeld(ctx, RunResult{Lease: acq.Lease, Stale: acq.Stale, Waited: waited}, deadline, handler)
 }
 
-// acquire gets a slot, waiting while blocked if wait is set, and says by
-// when (local clock) the lease expires at the latest and how long it waited.
+// acquire gets a slot, waiting while blocked if wait is set, and says until
+// when (local clock) the lease lasts at least and how long it waited.
 func (r *Runner) acquire(ctx context.Context, jobID string, payload any, opts []AcquireOption, wait bool) (Acquisition, time.Time, time.Duration, error) {
 	try := func() (Acquisition, time.Time, error) {
 		// The coordinator's clock reads later than start: the lease
 		// lasts at least TTL from start.
 		start := time.Now()
 		acq, err := r.jt.Acquire(ctx, jobID, payload, opts...)
-		return acq, start.Add(r.jt.policy.HeartbeatTTL), err
+		return acq, start.Add(r.policy.HeartbeatTTL), err
 	}
 	acq, deadline, err := try()
 	if err != nil || acq.Kind == KindAcquired {
@@ -253,8 +254,8 @@ func (r *Runner) acquire(ctx context.Context, jobID string, payload any, opts []
 	}
 }
 
-// runHeld runs handler under res.Lease, which lasts until deadline at the
-// latest unless renewed, and releases the slot on every exit.
+// runHeld runs handler under res.Lease, which lasts at least until deadline
+// (local clock) unless renewed, and releases the slot on every exit.
 func (r *Runner) runHeld(ctx context.Context, acquired RunResult, deadline time.Time, handler Handler) (res RunResult, err error) {
 	res = acquired
 	lease := res.Lease
@@ -323,11 +324,11 @@ const heartbeatRetryFloor = 10 * time.Millisecond
 
 // heartbeat renews lease every HeartbeatInterval until ctx ends (nil) or the
 // lease is lost (the cause, wrapping ErrLeaseLost). After a failed renewal it
-// tries again sooner, and gives up when the lease has expired: at expires on
-// the local clock, a bound that every renewal moves to TTL after the
+// tries again sooner, and gives up when the lease may have expired: at
+// expires on the local clock, which every renewal moves to TTL after the
 // renewal started.
 func (r *Runner) heartbeat(ctx context.Context, lease Lease, expires time.Time) error {
-	interval, ttl := r.jt.policy.HeartbeatInterval, r.jt.policy.HeartbeatTTL
+	interval, ttl := r.policy.HeartbeatInterval, r.policy.HeartbeatTTL
 	kvKey := kvKeyFor(lease.Service, lease.JobType, lease.KeyHash)
 	var lastErr error
 	t := time.NewTimer(interval)

@@ -163,8 +163,10 @@ func (jt *JobType) lister() (KeyLister, error) {
 // Sweeper sweeps one job type's keys ([JobType.Sweep]) now and then, so
 // that the slots of crashed workers are removed from keys nobody asks for.
 // Create it with [NewSweeper] and call [Sweeper.Run]; one per job type and
-// process is plenty, and several processes may sweep the same keys. It is
-// safe for concurrent use. The zero value is not usable.
+// process is plenty, and several processes may sweep the same keys. A
+// Sweeper holds no state of its own and is safe for concurrent use (two Runs
+// of one Sweeper call its report function concurrently). The zero value is
+// not usable.
 type Sweeper struct {
 	jt       *JobType
 	interval time.Duration
