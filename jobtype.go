@@ -85,7 +85,7 @@ func (jt *JobType) Admit(ctx context.Context, jobID string, payload any, opts ..
 		if o == nil {
 			return Admission{}, fmt.Errorf("%w: admit option %d is nil", ErrInvalidRequest, i)
 		}
-		o.applyAdmit(&req)
+		req = o.applyAdmit(req)
 	}
 	return jt.coord.admitKey(ctx, key, jt.policy, req)
 }
@@ -107,7 +107,7 @@ func (jt *JobType) Acquire(ctx context.Context, jobID string, payload any, opts 
 		if o == nil {
 			return Acquisition{}, fmt.Errorf("%w: acquire option %d is nil", ErrInvalidRequest, i)
 		}
-		o.applyAcquire(&req)
+		req = o.applyAcquire(req)
 	}
 	return jt.coord.acquireKey(ctx, key, jt.policy, req)
 }
@@ -184,13 +184,15 @@ func (jt *JobType) own(lease Lease) (Lease, error) {
 
 // AdmitOption changes how [JobType.Admit] queues a job.
 type AdmitOption interface {
-	applyAdmit(*AdmitRequest)
+	// applyAdmit returns r with the option applied. (By value: a pointer
+	// through an interface would move every request to the heap.)
+	applyAdmit(r AdmitRequest) AdmitRequest
 }
 
 // AcquireOption changes how [JobType.Acquire] (and [Runner.Run]) takes a
 // slot.
 type AcquireOption interface {
-	applyAcquire(*AcquireRequest)
+	applyAcquire(r AcquireRequest) AcquireRequest // as applyAdmit
 }
 
 // JobOption is an option of both [JobType.Admit] and [JobType.Acquire].
@@ -199,18 +201,25 @@ type JobOption interface {
 	AcquireOption
 }
 
-type admitOptionFunc func(*AdmitRequest)
+type admitOptionFunc func(AdmitRequest) AdmitRequest
 
-func (f admitOptionFunc) applyAdmit(r *AdmitRequest) { f(r) }
+func (f admitOptionFunc) applyAdmit(r AdmitRequest) AdmitRequest { return f(r) }
 
-type acquireOptionFunc func(*AcquireRequest)
+type acquireOptionFunc func(AcquireRequest) AcquireRequest
 
-func (f acquireOptionFunc) applyAcquire(r *AcquireRequest) { f(r) }
+func (f acquireOptionFunc) applyAcquire(r AcquireRequest) AcquireRequest { return f(r) }
 
 type traceOption TraceContext
 
-func (o traceOption) applyAdmit(r *AdmitRequest)     { r.Context = TraceContext(o) }
-func (o traceOption) applyAcquire(r *AcquireRequest) { r.Context = TraceContext(o) }
+func (o traceOption) applyAdmit(r AdmitRequest) AdmitRequest {
+	r.Context = TraceContext(o)
+	return r
+}
+
+func (o traceOption) applyAcquire(r AcquireRequest) AcquireRequest {
+	r.Context = TraceContext(o)
+	return r
+}
 
 // WithTraceContext records tc (W3C trace context) with the queued job or
 // the slot. Fields left empty are derived from the job id when written.
@@ -221,7 +230,10 @@ func WithTraceContext(tc TraceContext) JobOption { return traceOption(tc) }
 // the policy's WhenFull says: the job is never coalesced and never replaces
 // another.
 func WithStrictCreate() AdmitOption {
-	return admitOptionFunc(func(r *AdmitRequest) { r.StrictCreate = true })
+	return admitOptionFunc(func(r AdmitRequest) AdmitRequest {
+		r.StrictCreate = true
+		return r
+	})
 }
 
 // WithRetry lets a job that is not queued take a slot: a job that ran
@@ -229,19 +241,28 @@ func WithStrictCreate() AdmitOption {
 // cannot check that the job really is a retry (see the package docs,
 // "Retries").
 func WithRetry() AcquireOption {
-	return acquireOptionFunc(func(r *AcquireRequest) { r.Retry = true })
+	return acquireOptionFunc(func(r AcquireRequest) AcquireRequest {
+		r.Retry = true
+		return r
+	})
 }
 
 // WithTries records n, the attempt number, in the slot; it must be between
 // 0 and 2^53-1. Without it the slot records 0.
 func WithTries(n int) AcquireOption {
-	return acquireOptionFunc(func(r *AcquireRequest) { r.Tries = n })
+	return acquireOptionFunc(func(r AcquireRequest) AcquireRequest {
+		r.Tries = n
+		return r
+	})
 }
 
 // WithInstanceID names the worker in the slot instead of
 // Config.InstanceID; id must be valid UTF-8.
 func WithInstanceID(id string) AcquireOption {
-	return acquireOptionFunc(func(r *AcquireRequest) { r.InstanceID = id })
+	return acquireOptionFunc(func(r AcquireRequest) AcquireRequest {
+		r.InstanceID = id
+		return r
+	})
 }
 
 // The operations below take a key derived and a policy normalized by the
