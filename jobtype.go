@@ -109,7 +109,12 @@ func (jt *JobType) Acquire(ctx context.Context, jobID string, payload any, opts 
 		}
 		req = o.applyAcquire(req)
 	}
-	return jt.coord.acquireKey(ctx, key, jt.policy, req)
+	acq, err := jt.coord.acquireKey(ctx, key, jt.policy, req)
+	if acq.Kind == KindAcquired {
+		// The lease is the caller's: it must not share the handle's template.
+		acq.Lease.Policy = jt.Policy()
+	}
+	return acq, err
 }
 
 // Renew extends lease by the job type's HeartbeatTTL from now, or reports

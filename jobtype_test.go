@@ -266,3 +266,16 @@ func BenchmarkKeyCycle(b *testing.B) {
 		}
 	})
 }
+
+// TestJobTypeLeaseIsTheCallers: changing the policy in a lease (a plain
+// value the caller owns) does not change the handle.
+func TestJobTypeLeaseIsTheCallers(t *testing.T) {
+	t.Parallel()
+	jt := rtJobType(t, cCoordinator(t, NewMemoryStore(), nil), "svc", rtPolicy(0, 0))
+	lease := rtAcquire(t, jt, "job-1")
+	lease.Policy.Key[0] = "/other"
+	assert.Equal(t, []string{"/tenant"}, jt.Policy().Key)
+	key, err := jt.Key(rtPayload)
+	require.NoError(t, err)
+	assert.Equal(t, "acme", key.Key)
+}
