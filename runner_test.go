@@ -625,3 +625,32 @@ func BenchmarkWakeOnRelease(b *testing.B) { benchWake(b, true, time.Hour) }
 // BenchmarkWakePolling: a blocked Run that polls every 50ms, the alternative
 // without a watch.
 func BenchmarkWakePolling(b *testing.B) { benchWake(b, false, 50*time.Millisecond) }
+
+// TestRunLeaseLostWhenCoordinatorClockStops: when the coordinator's clock
+// stops (or steps back) while renewals fail, the runner still gives the
+// lease up once TTL has passed on its own monotonic clock; before, it
+// measured the lease on the coordinator's clock and held on forever.
+func TestRunLeaseLostWhenCoordinatorClockStops(t *testing.T) {
+	t.Parallel()
+	store := &faultyStore{Store: NewMemoryStore()}
+	stopped := time.Now()
+	c := cCoordinator(t, store, &Config{Now: func() time.Time { return stopped }})
+	jt := rtJobType(t, c, rtService(), rtPolicy(100*time.Millisecond, 300*time.Millisecond))
+	r := rtRunner(t, jt, nil)
+
+	var cause error
+	res, err := r.Run(context.Background(), rtAdmit(t, jt, "job-1"), rtPayload, func(ctx context.Context, lease Lease) error {
+		store.failing.Store(true)
+		defer store.failing.Store(false)
+		select {
+		case <-ctx.Done():
+			cause = context.Cause(ctx)
+			return nil
+		case <-time.After(rtWait):
+			return errors.New("handler not cancelled while renewals failed")
+		}
+	})
+	require.NoError(t, err)
+	assert.ErrorIs(t, cause, ErrLeaseLost)
+	assert.ErrorIs(t, res.LeaseLost, ErrLeaseLost)
+}
