@@ -65,7 +65,7 @@ func ExampleJobType_Admit() {
 				fmt.Println(err)
 				return
 			}
-			fmt.Println("  restore:", res.Kind, "queue:", res.State.Queued[0].JobID)
+			fmt.Println("  restored; first in the queue:", res.State.Queued[0].JobID)
 		}
 	}
 	// A strict create never replaces.
@@ -79,7 +79,7 @@ func ExampleJobType_Admit() {
 	// render-1 accepted
 	// render-2 replaced
 	//   dropped render-1
-	//   restore: restored queue: render-1
+	//   restored; first in the queue: render-1
 	// render-3 rejected queue-depth
 }
 
