@@ -171,7 +171,10 @@ func testGuard(t *testing.T, h *harness) {
 			_, err := h.store.Resume(h.ctx, jobs.ResumeRequest{ChannelID: h.ch, JobID: "j2", ExpectedRevision: j2.Revision})
 			return err
 		},
-		"Cancel": func() error { _, err := h.store.Cancel(h.ctx, jobs.CancelRequest{ChannelID: h.ch, JobID: "j2"}); return err },
+		"Cancel": func() error {
+			_, err := h.store.Cancel(h.ctx, jobs.CancelRequest{ChannelID: h.ch, JobID: "j2"})
+			return err
+		},
 		"Supersede": func() error {
 			_, err := h.store.Supersede(h.ctx, jobs.SupersedeRequest{ChannelID: h.ch, JobID: "j2", ExpectedRevision: j2.Revision})
 			return err
