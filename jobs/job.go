@@ -144,7 +144,9 @@ type Progress struct {
 
 // Target is the generation counter of one target key in a channel.
 type Target struct {
+	// ChannelID is the target's channel.
 	ChannelID string `json:"channelId"`
+	// TargetKey is the resource, as in [Job.TargetKey].
 	TargetKey string `json:"targetKey"`
 	// Generation is the generation of the target's newest job.
 	Generation uint64 `json:"generation"`
@@ -152,6 +154,7 @@ type Target struct {
 
 // Artifact is the immutable result a job was settled with.
 type Artifact struct {
+	// JobID is the settled job.
 	JobID string `json:"jobId"`
 	// Revision is the channel revision of the settle.
 	Revision uint64 `json:"revision"`
@@ -177,6 +180,7 @@ type Detail struct {
 // Summary is a job as a list shows it: without Input, Fingerprint,
 // IdempotencyKey and ClaimBinding, with the Subject [Config.Subject] gives it.
 type Summary struct {
+	// The fields of the job, as in [Job].
 	ID               string
 	ChannelID        string
 	Type             string
@@ -204,8 +208,10 @@ type Summary struct {
 // Cursor is a position in a list: the list continues after the job with
 // this CreatedAt and ID.
 type Cursor struct {
+	// CreatedAt is the CreatedAt of the job the page ended with.
 	CreatedAt time.Time
-	ID        string
+	// ID is the ID of the job the page ended with.
+	ID string
 }
 
 // Page is one page of a list, newest jobs first.
@@ -222,9 +228,13 @@ type Page struct {
 // Claim is the claim a worker holds on a running job; every claimed call
 // presents it. [ClaimOf] gives the claim of a claimed job.
 type Claim struct {
-	ChannelID  string
-	JobID      string
-	Owner      string
+	// ChannelID is the job's channel.
+	ChannelID string
+	// JobID is the claimed job.
+	JobID string
+	// Owner is the claiming worker ([ClaimRequest.Owner]).
+	Owner string
+	// Generation is the job's ClaimGeneration when it was claimed.
 	Generation uint64
 }
 
@@ -282,6 +292,7 @@ type ClaimRequest struct {
 
 // RenewRequest extends a claim.
 type RenewRequest struct {
+	// Claim is the claim the worker holds ([ClaimOf]).
 	Claim Claim
 	// ExpectedRevision must be the job's current Revision.
 	ExpectedRevision uint64
@@ -294,6 +305,7 @@ type RenewRequest struct {
 
 // RequeueRequest hands a claimed job back as pending.
 type RequeueRequest struct {
+	// Claim is the claim the worker holds ([ClaimOf]).
 	Claim Claim
 	// AvailableAt is when it may be claimed again; zero: now.
 	AvailableAt time.Time
@@ -305,6 +317,7 @@ type RequeueRequest struct {
 
 // ProgressRequest appends a progress entry to a claimed job.
 type ProgressRequest struct {
+	// Claim is the claim the worker holds ([ClaimOf]).
 	Claim Claim
 	// Stage matches ^[a-z][a-z0-9-]{0,63}$.
 	Stage string
@@ -319,6 +332,7 @@ type ProgressRequest struct {
 
 // SettleRequest completes a claimed job with its artifact.
 type SettleRequest struct {
+	// Claim is the claim the worker holds ([ClaimOf]).
 	Claim Claim
 	// Artifact is JSON of at most ArtifactSizeLimit bytes; empty or null
 	// for none.
@@ -327,6 +341,7 @@ type SettleRequest struct {
 
 // FailRequest gives a claimed job up.
 type FailRequest struct {
+	// Claim is the claim the worker holds ([ClaimOf]).
 	Claim Claim
 	// Reason says why; optional, at most ReasonSizeLimit bytes.
 	Reason string
@@ -334,6 +349,7 @@ type FailRequest struct {
 
 // PauseRequest pauses a pending or running job.
 type PauseRequest struct {
+	// ChannelID and JobID name the job.
 	ChannelID, JobID string
 	// ExpectedRevision must be the job's current Revision.
 	ExpectedRevision uint64
@@ -343,6 +359,7 @@ type PauseRequest struct {
 
 // ResumeRequest makes a paused job pending again.
 type ResumeRequest struct {
+	// ChannelID and JobID name the job.
 	ChannelID, JobID string
 	// ExpectedRevision must be the job's current Revision.
 	ExpectedRevision uint64
@@ -352,6 +369,7 @@ type ResumeRequest struct {
 
 // CancelRequest cancels a pending, paused or running job.
 type CancelRequest struct {
+	// ChannelID and JobID name the job.
 	ChannelID, JobID string
 	// AllowArchived permits cancelling a job of a channel that exists but
 	// is not active ([ChannelRegistry.ChannelActive]).
@@ -360,6 +378,7 @@ type CancelRequest struct {
 
 // SupersedeRequest supersedes a pending, paused or running job.
 type SupersedeRequest struct {
+	// ChannelID and JobID name the job.
 	ChannelID, JobID string
 	// ExpectedRevision must be the job's current Revision.
 	ExpectedRevision uint64
