@@ -58,7 +58,7 @@ func FuzzResolvePointer(f *testing.F) {
 		if err != nil || perr != nil {
 			return
 		}
-		pos, ok, _ := resolveText(text, pointer, nil)
+		pos, ok := resolveText(text, pointer)
 		if ok {
 			if err := checkJSONText(text[pos:valueEnd(text, pos)]); err != nil {
 				t.Fatalf("resolveText(%q, %q) stopped inside a value: %v", text, pointer, err)
