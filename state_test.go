@@ -836,12 +836,18 @@ func TestParseStateExactMemberNames(t *testing.T) {
 		{"ACTIVE after active", withMember(t, "", `"active":[],"ACTIVE":[`+slot+`]`, true), true,
 			func(t *testing.T, s *KeyState) { assert.Empty(t, s.Active) }},
 		{"ACTIVE before active", withMember(t, "", `"ACTIVE":[`+slot+`]`, false), true,
-			func(t *testing.T, s *KeyState) { assert.Len(t, s.Active, 1); assert.Equal(t, "job-1", s.Active[0].JobID) }},
+			func(t *testing.T, s *KeyState) {
+				assert.Len(t, s.Active, 1)
+				assert.Equal(t, "job-1", s.Active[0].JobID)
+			}},
 		{"Active only", bytes.Replace(withMember(t, "", `"x":0`, false), []byte(`"active"`), []byte(`"Active"`), 1), false, nil},
 		{"duplicate active, last wins", withMember(t, "", `"active":[]`, true), true,
 			func(t *testing.T, s *KeyState) { assert.Empty(t, s.Active) }},
 		{"duplicate active, last wins over an earlier one", withMember(t, "", `"active":[`+slot+`,`+slot+`]`, false), true,
-			func(t *testing.T, s *KeyState) { assert.Len(t, s.Active, 1); assert.Equal(t, "job-1", s.Active[0].JobID) }},
+			func(t *testing.T, s *KeyState) {
+				assert.Len(t, s.Active, 1)
+				assert.Equal(t, "job-1", s.Active[0].JobID)
+			}},
 		{"MaxActive", withMember(t, "", `"MaxActive":0,"MAXACTIVE":"x"`, true), true,
 			func(t *testing.T, s *KeyState) { assert.Equal(t, 2, s.MaxActive) }},
 		{"escaped name", withMember(t, "", `"m\u0061xActive":5`, true), true,
@@ -858,7 +864,9 @@ func TestParseStateExactMemberNames(t *testing.T) {
 				assert.Equal(t, time.Date(2030, 1, 1, 0, 0, 0, 0, time.UTC), s.Queued[0].CreatedAt)
 			}},
 		{"context TraceId", withMember(t, "active[0].context", `"TraceId":""`, true), true,
-			func(t *testing.T, s *KeyState) { assert.Equal(t, "0af7651916cd43dd8448eb211c80319c", s.Active[0].Context.TraceID) }},
+			func(t *testing.T, s *KeyState) {
+				assert.Equal(t, "0af7651916cd43dd8448eb211c80319c", s.Active[0].Context.TraceID)
+			}},
 		{"context TRACESTATE", withMember(t, "queued[0].context", `"TRACESTATE":5`, true), true,
 			func(t *testing.T, s *KeyState) { assert.Empty(t, s.Queued[0].Context.Tracestate) }},
 		{"context duplicate tracestate", withMember(t, "queued[0].context", `"tracestate":5,"tracestate":"k=v"`, true), true,
