@@ -45,13 +45,15 @@ type JobKey struct {
 	KVKey string
 }
 
-// DeriveKey derives the job key of a payload under a key template, exactly
-// as the TS original's deriveJobKey does, so that Go and TS workers sharing a
-// bucket agree on every key.
+// DeriveKey derives the job key of a payload under a key template: the
+// display key, the key hash and the KV key its state lives at. Workers in
+// other languages that share the bucket (the TypeScript original) derive the
+// same key from the same payload and template, byte for byte.
 //
-// service must be non-empty and use only A-Z, a-z, 0-9, '_' and '-'; jobType
-// must be non-empty and use only those and '=' and '/'. Otherwise the error
-// wraps [ErrInvalidName]; names are checked before anything else.
+// service must be 1 to [MaxServiceLength] bytes of A-Z, a-z, 0-9, '_' and
+// '-'; jobType must be 1 to [MaxJobTypeLength] bytes of those and '=' and
+// '/'. Otherwise the error wraps [ErrInvalidName]; names are checked before
+// anything else.
 //
 // Each template segment that starts with "/" is an RFC 6901 JSON pointer into
 // the payload and must resolve to a string, a finite number or a boolean;
@@ -60,22 +62,23 @@ type JobKey struct {
 // [ErrInvalidKey] that names the pointer. A template segment that is not
 // valid UTF-8, or a pointer with a "~" not followed by "0" or "1", is an
 // error wrapping [ErrInvalidPolicy]; the template is checked after the names
-// and before the payload. (The TS original reads such a "~" literally;
-// [Policy.Normalize] refuses it too.)
+// and before the payload. ([Policy.Normalize] refuses such a "~" too.)
 //
-// payload is JSON text if it is a []byte or a [json.RawMessage], read as
-// JavaScript reads a message body with JSON.parse(new
-// TextDecoder().decode(bytes)): a leading byte order mark is dropped,
-// numbers are IEEE doubles (so
-// 12345678901234567890 is 12345678901234567000 and 1e400 is Infinity, which
-// no pointer may resolve to), lone surrogate escapes are kept, and invalid
-// UTF-8 in strings reads as U+FFFD. Any other payload, a string included, is
-// encoded with [encoding/json.Marshal] first. A payload that is not valid
-// JSON, or cannot be marshalled, is an error wrapping [ErrInvalidKey]; it is
-// checked even when the template has no pointers.
+// payload is JSON text if it is a []byte or a [json.RawMessage], read as a
+// JavaScript worker reads a message body: a leading byte order mark is
+// dropped, numbers are IEEE doubles (so 12345678901234567890 is
+// 12345678901234567000 and 1e400 is Infinity, which no pointer may resolve
+// to), a lone surrogate escape such as "\ud800" is kept (see
+// [JobKey.Key]), invalid UTF-8 in strings reads as U+FFFD, and with
+// duplicate member names the last one counts. Any other payload, a string
+// included, is encoded with [encoding/json.Marshal] first. A payload that is
+// not valid JSON, cannot be marshalled, or nests arrays and objects deeper
+// than [MaxPayloadDepth] is an error wrapping [ErrInvalidKey]; it is checked
+// even when the template has no pointers.
 //
-// DeriveKey is safe for concurrent use. It takes one SHA-256 over a buffer
-// and, for a []byte payload, allocates only the strings it returns.
+// DeriveKey is safe for concurrent use. Its cost is linear in the size of
+// the payload; for a []byte payload it allocates only the strings it
+// returns.
 func DeriveKey(service, jobType string, payload any, template []string) (JobKey, error) {
 	if err := validateService(service); err != nil {
 		return JobKey{}, err

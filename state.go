@@ -61,8 +61,10 @@ type QueuedJob struct {
 // "Z" ("2026-11-30T10:00:02.000Z"), and for years outside 0 to 9999 a sign
 // and six digits ("+010000-01-01T00:00:00.000Z").
 //
-// KeyState has no JSON methods: encoding/json would neither read nor write
-// these bytes, so use ParseState to read a state.
+// KeyState has no JSON methods: json.Marshal writes its Go field names, not
+// the wire format, and json.Unmarshal does not read the wire format as the
+// TypeScript original does (it matches names case-insensitively). Read a
+// state with ParseState.
 type KeyState struct {
 	Version            int          // always StateVersion
 	Service            string       // the service (bucket JOBS_KEYS_<Service>)
