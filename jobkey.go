@@ -189,7 +189,7 @@ func payloadText(payload any) ([]byte, error) {
 	case json.RawMessage:
 		return trimBOM(p), nil
 	}
-	if err := checkValueDepth(reflect.ValueOf(payload), 0, 0); err != nil {
+	if err := checkAnyDepth(payload, 0); err != nil {
 		return nil, fmt.Errorf("%w: payload cannot be encoded as JSON: %w", ErrInvalidKey, err)
 	}
 	text, err := json.Marshal(payload)
@@ -276,12 +276,51 @@ func kvKeyFor(service, jobType, keyHash string) string {
 const maxIndirections = 100
 
 var (
+	mapOfAny          = reflect.TypeFor[map[string]any]()
+	sliceOfAny        = reflect.TypeFor[[]any]()
 	marshalerType     = reflect.TypeFor[json.Marshaler]()
 	textMarshalerType = reflect.TypeFor[encoding.TextMarshaler]()
 )
 
 // errPointerLoop reports a value that tooDeep gave up on.
 var errPointerLoop = fmt.Errorf("more than %d pointers and interfaces in a row (the value points to itself)", maxIndirections)
+
+// checkAnyDepth is checkValueDepth for a value held in an interface, with
+// the values encoding/json decodes into an any (maps, slices and scalars)
+// walked without reflection.
+func checkAnyDepth(x any, depth int) error {
+	switch x := x.(type) {
+	case nil, string, float64, bool, json.Number, int, int64:
+		return nil
+	case map[string]any:
+		if x == nil {
+			return nil
+		}
+		if depth++; depth > MaxPayloadDepth {
+			return errTooDeep
+		}
+		for _, e := range x {
+			if err := checkAnyDepth(e, depth); err != nil {
+				return err
+			}
+		}
+		return nil
+	case []any:
+		if x == nil {
+			return nil
+		}
+		if depth++; depth > MaxPayloadDepth {
+			return errTooDeep
+		}
+		for _, e := range x {
+			if err := checkAnyDepth(e, depth); err != nil {
+				return err
+			}
+		}
+		return nil
+	}
+	return checkValueDepth(reflect.ValueOf(x), depth, 0)
+}
 
 // checkValueDepth reports errTooDeep if json.Marshal would nest v's arrays
 // and objects deeper than MaxPayloadDepth, depth being those already open
@@ -303,7 +342,15 @@ func checkValueDepth(v reflect.Value, depth, hops int) error {
 		return nil
 	}
 	switch v.Kind() {
-	case reflect.Pointer, reflect.Interface:
+	case reflect.Interface:
+		if v.IsNil() {
+			return nil
+		}
+		if e := v.Elem(); (e.Type() == mapOfAny || e.Type() == sliceOfAny) && e.CanInterface() {
+			return checkAnyDepth(e.Interface(), depth)
+		}
+		fallthrough
+	case reflect.Pointer:
 		if v.IsNil() {
 			return nil
 		}

@@ -479,6 +479,17 @@ func BenchmarkDeriveKey(b *testing.B) {
 	bigTemplate := []string{"/tenant", "/items/199/name"}
 	var bigPayload any = big.Bytes()
 	value := map[string]any{"tenant": "acme", "doc": map[string]any{"id": "d-123", "rev": 17}, "flag": true}
+	type doc struct {
+		ID  string `json:"id"`
+		Rev int    `json:"rev"`
+	}
+	type job struct {
+		Tenant string   `json:"tenant"`
+		Doc    doc      `json:"doc"`
+		Flag   bool     `json:"flag"`
+		Tags   []string `json:"tags"`
+	}
+	var structValue any = job{"acme", doc{"d-123", 17}, true, []string{"a", "b"}}
 
 	b.Run("bytes-small", func(b *testing.B) {
 		b.ReportAllocs()
@@ -501,6 +512,14 @@ func BenchmarkDeriveKey(b *testing.B) {
 		b.ReportAllocs()
 		for b.Loop() {
 			if _, err := DeriveKey("svc", "job", value, smallTemplate); err != nil {
+				b.Fatal(err)
+			}
+		}
+	})
+	b.Run("go-struct", func(b *testing.B) {
+		b.ReportAllocs()
+		for b.Loop() {
+			if _, err := DeriveKey("svc", "job", structValue, smallTemplate); err != nil {
 				b.Fatal(err)
 			}
 		}
