@@ -3,7 +3,6 @@ package jobkeys
 import (
 	"crypto/sha256"
 	"encoding/hex"
-	"encoding/json"
 	"fmt"
 	"math"
 	"strconv"
@@ -105,6 +104,9 @@ func (s *KeyState) clone() *KeyState {
 //     (see [KeyState] for how they are written);
 //   - a slot's "context" may be missing or null (the Rust port leaves it out);
 //     it reads as the zero [TraceContext].
+//
+// A document nested deeper than [MaxPayloadDepth] is refused (only an
+// unknown member can be; the TypeScript original has no such limit).
 //
 // The error names the field that is wrong ("active[0]: field tries must be
 // an integer from 0 to 2^53, not a string"); ParseState never returns both a
@@ -412,8 +414,8 @@ func wireContext(c TraceContext, jobID, salt string) TraceContext {
 // of duplicate members counts, and members it does not know are ignored.
 func decodeState(data []byte) (*KeyState, error) {
 	text := trimBOM(data)
-	if !json.Valid(text) {
-		return nil, fmt.Errorf("state is not valid JSON: %w", syntaxError(text))
+	if err := checkJSONText(text); err != nil {
+		return nil, fmt.Errorf("state is not valid JSON: %w", err)
 	}
 	r := stateReader{text: text}
 	pos := skipWS(text, 0)
@@ -502,7 +504,7 @@ func decodeState(data []byte) (*KeyState, error) {
 }
 
 // stateReader reads the members of a state document, JSON text that
-// json.Valid accepted. A member's position is the offset of its value plus
+// checkJSONText accepted. A member's position is the offset of its value plus
 // one, so that 0 stands for a missing member.
 type stateReader struct {
 	text    []byte

@@ -1112,3 +1112,17 @@ func TestStateLoneSurrogateInKeySurvives(t *testing.T) {
 	assert.Contains(t, string(first), `"key":"tenant:a\ud800b"`, "first write")
 	assert.Contains(t, string(second), `"key":"tenant:a\ud800b"`, "the key changed on the second write")
 }
+
+// A state nests at most MaxPayloadDepth deep: an unknown member may nest
+// MaxPayloadDepth-1 levels below the state's object, not one more.
+func TestParseStateDepth(t *testing.T) {
+	t.Parallel()
+	at := func(depth int) []byte {
+		return withMember(t, "", `"x":`+strings.Repeat("[", depth)+strings.Repeat("]", depth), true)
+	}
+	_, err := ParseState(at(MaxPayloadDepth - 1))
+	require.NoError(t, err)
+	_, err = ParseState(at(MaxPayloadDepth))
+	require.ErrorIs(t, err, errTooDeep)
+	assert.Contains(t, err.Error(), fmt.Sprintf("deeper than %d", MaxPayloadDepth))
+}
