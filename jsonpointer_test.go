@@ -201,7 +201,7 @@ func TestResolveTextLinear(t *testing.T) {
 			return
 		}
 	}
-	t.Fatalf("resolving a pointer %d levels deep costs %.1fx what %d levels cost: not linear in the size", large, ratio, small)
+	require.Failf(t, "not linear in the size", "resolving a pointer %d levels deep costs %.1fx what %d levels cost", large, ratio, small)
 }
 
 func TestCheckJSONText(t *testing.T) {
