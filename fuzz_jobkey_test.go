@@ -12,6 +12,8 @@ import (
 	"strings"
 	"testing"
 	"unicode/utf8"
+
+	"github.com/stretchr/testify/require"
 )
 
 // The fuzz targets run their seeds (f.Add and testdata/fuzz/<Name>) as
@@ -44,25 +46,20 @@ func FuzzResolvePointer(f *testing.F) {
 	}
 	f.Fuzz(func(t *testing.T, data []byte, pointer string) {
 		_, perr := parsePointer(pointer)
-		if cerr := checkPointer(pointer); (cerr == nil) != (perr == nil) {
-			t.Fatalf("checkPointer(%q) = %v but parsePointer = %v", pointer, cerr, perr)
-		}
-		if perr != nil && !errors.Is(perr, ErrInvalidPolicy) {
-			t.Fatalf("parsePointer(%q) = %v, not an ErrInvalidPolicy", pointer, perr)
+		cerr := checkPointer(pointer)
+		require.Equal(t, perr == nil, cerr == nil, "checkPointer(%q) = %v but parsePointer = %v", pointer, cerr, perr)
+		if perr != nil {
+			require.ErrorIs(t, perr, ErrInvalidPolicy, "parsePointer(%q)", pointer)
 		}
 		text := trimBOM(data)
 		err := checkJSONText(text)
-		if encodingJSONAgrees(data) && (err == nil) != json.Valid(data) {
-			t.Fatalf("checkJSONText(%q) = %v, json.Valid = %v", data, err, json.Valid(data))
-		}
+		require.False(t, encodingJSONAgrees(data) && (err == nil) != json.Valid(data), "checkJSONText(%q) = %v, json.Valid = %v", data, err, json.Valid(data))
 		if err != nil || perr != nil {
 			return
 		}
-		pos, ok, _ := resolveText(text, pointer, nil)
+		pos, ok := resolveText(text, pointer)
 		if ok {
-			if err := checkJSONText(text[pos:valueEnd(text, pos)]); err != nil {
-				t.Fatalf("resolveText(%q, %q) stopped inside a value: %v", text, pointer, err)
-			}
+			require.NoError(t, checkJSONText(text[pos:valueEnd(text, pos)]), "resolveText(%q, %q) stopped inside a value", text, pointer)
 		}
 		if encodingJSONAgrees(text) {
 			checkResolveTextAgrees(t, text, pointer)
@@ -79,9 +76,7 @@ func oracleKey(t *testing.T, text []byte, template []string) (key, keyHash strin
 	dec := json.NewDecoder(bytes.NewReader(text))
 	dec.UseNumber()
 	var doc any
-	if err := dec.Decode(&doc); err != nil {
-		t.Fatalf("encoding/json cannot decode %q: %v", text, err)
-	}
+	require.NoError(t, dec.Decode(&doc), "encoding/json cannot decode %q", text)
 	var keyParts []string
 	hashed := []byte(`{"version":1,"segments":[`)
 	for i, seg := range template {
@@ -94,9 +89,7 @@ func oracleKey(t *testing.T, text []byte, template []string) (key, keyHash strin
 			continue
 		}
 		tokens, err := parsePointer(seg)
-		if err != nil {
-			t.Fatal(err)
-		}
+		require.NoError(t, err)
 		v, found := resolvePointer(doc, tokens)
 		if !found {
 			return "", "", false
@@ -145,14 +138,10 @@ func FuzzDeriveKey(f *testing.F) {
 		template := strings.Split(templateText, ",")
 		k, err := DeriveKey("svc", "job", payload, template)
 		if err != nil {
-			if !errors.Is(err, ErrInvalidKey) && !errors.Is(err, ErrInvalidPolicy) {
-				t.Fatalf("error %v wraps neither ErrInvalidKey nor ErrInvalidPolicy", err)
-			}
+			require.True(t, errors.Is(err, ErrInvalidKey) || errors.Is(err, ErrInvalidPolicy), "error %v wraps neither ErrInvalidKey nor ErrInvalidPolicy", err)
 		}
 		k2, err2 := DeriveKey("svc", "job", json.RawMessage(payload), template)
-		if k2 != k || (err2 == nil) != (err == nil) || (err != nil && err.Error() != err2.Error()) {
-			t.Fatalf("not deterministic: %+v, %v then %+v, %v", k, err, k2, err2)
-		}
+		require.False(t, k2 != k || (err2 == nil) != (err == nil) || (err != nil && err.Error() != err2.Error()), "not deterministic: %+v, %v then %+v, %v", k, err, k2, err2)
 		policyOK := true
 		for _, seg := range template {
 			policyOK = policyOK && utf8.ValidString(seg) && (!strings.HasPrefix(seg, "/") || checkPointer(seg) == nil)
@@ -160,38 +149,26 @@ func FuzzDeriveKey(f *testing.F) {
 		text := trimBOM(payload)
 		if policyOK && checkJSONText(text) == nil && encodingJSONAgrees(text) {
 			key, keyHash, ok := oracleKey(t, text, template)
-			if ok != (err == nil) {
-				t.Fatalf("DeriveKey(%q, %q) = %v, but encoding/json resolves ok=%v", payload, template, err, ok)
-			}
-			if ok && (k.Key != key || k.KeyHash != keyHash) {
-				t.Fatalf("DeriveKey(%q, %q) = %q %s, encoding/json oracle = %q %s", payload, template, k.Key, k.KeyHash, key, keyHash)
-			}
+			require.Equal(t, ok, err == nil, "DeriveKey(%q, %q) = %v, but encoding/json resolves ok=%v", payload, template, err, ok)
+			require.False(t, ok && (k.Key != key || k.KeyHash != keyHash), "DeriveKey(%q, %q) = %q %s, encoding/json oracle = %q %s", payload, template, k.Key, k.KeyHash, key, keyHash)
 		}
 		if err != nil {
 			return
 		}
-		if !lowerHex64.MatchString(k.KeyHash) {
-			t.Fatalf("KeyHash %q is not 64 lowercase hex digits", k.KeyHash)
-		}
-		if k.KVKey != "svc.job."+k.KeyHash || k.KVKey != kvKeyFor(k.Service, k.JobType, k.KeyHash) {
-			t.Fatalf("KVKey %q does not match KeyHash %q", k.KVKey, k.KeyHash)
-		}
-		if k.Service != "svc" || k.JobType != "job" {
-			t.Fatalf("names changed: %+v", k)
-		}
+		require.Regexp(t, lowerHex64, k.KeyHash, "KeyHash")
+		require.Equal(t, "svc.job."+k.KeyHash, k.KVKey, "KVKey")
+		require.Equal(t, kvKeyFor(k.Service, k.JobType, k.KeyHash), k.KVKey, "KVKey")
+		require.Equal(t, "svc", k.Service)
+		require.Equal(t, "job", k.JobType)
 		parts := make([]string, len(template))
 		for i, seg := range template {
 			one, err := DeriveKey("svc", "job", payload, []string{seg})
-			if err != nil {
-				t.Fatalf("segment %q alone fails: %v", seg, err)
-			}
+			require.NoError(t, err, "segment %q alone", seg)
 			parts[i] = one.Key
 		}
-		if joined := strings.Join(parts, ":"); joined != k.Key {
-			t.Fatalf("Key %q is not the join of its segments %q", k.Key, joined)
-		}
-		if !surrogateEscape.Match(payload) && !utf8.ValidString(k.Key) {
-			t.Fatalf("Key %q is not valid UTF-8 though the payload has no surrogate escapes", k.Key)
+		require.Equal(t, strings.Join(parts, ":"), k.Key, "Key is not the join of its segments")
+		if !surrogateEscape.Match(payload) {
+			require.True(t, utf8.ValidString(k.Key), "Key %q is not valid UTF-8 though the payload has no surrogate escapes", k.Key)
 		}
 	})
 }
@@ -207,25 +184,19 @@ func FuzzJSNumber(f *testing.F) {
 			return
 		}
 		back, err := strconv.ParseFloat(s, 64)
-		if err != nil || back != x {
-			t.Fatalf("appendJSNumber(%v) = %q reads back as %v, %v", x, s, back, err)
-		}
-		if !json.Valid([]byte(s)) {
-			t.Fatalf("appendJSNumber(%v) = %q is not a JSON number", x, s)
-		}
+		require.NoError(t, err, "appendJSNumber(%v) = %q", x, s)
+		require.Equal(t, x, back, "appendJSNumber(%v) = %q reads back", x, s)
+		require.True(t, json.Valid([]byte(s)), "appendJSNumber(%v) = %q is not a JSON number", x, s)
 		// ECMA-262 Number::toString: exponent notation below 1e-6 and from 1e21.
 		abs := math.Abs(x)
-		if exp := strings.Contains(s, "e"); exp != (abs != 0 && (abs < 1e-6 || abs >= 1e21)) {
-			t.Fatalf("appendJSNumber(%v) = %q: wrong notation", x, s)
-		}
+		require.Equal(t, abs != 0 && (abs < 1e-6 || abs >= 1e21), strings.Contains(s, "e"), "appendJSNumber(%v) = %q: wrong notation", x, s)
 		// The same significant digits as Go's shortest formatting.
 		sig := func(s string) string {
 			s, _, _ = strings.Cut(strings.TrimPrefix(s, "-"), "e")
 			return strings.TrimRight(strings.TrimLeft(strings.ReplaceAll(s, ".", ""), "0"), "0")
 		}
-		if shortest := strconv.FormatFloat(x, 'e', -1, 64); sig(s) != sig(shortest) {
-			t.Fatalf("appendJSNumber(%v) = %q, digits differ from %s", x, s, shortest)
-		}
+		shortest := strconv.FormatFloat(x, 'e', -1, 64)
+		require.Equal(t, sig(shortest), sig(s), "appendJSNumber(%v) = %q, digits differ from %s", x, s, shortest)
 	})
 }
 
@@ -235,21 +206,15 @@ func FuzzJSString(f *testing.F) {
 	}
 	f.Fuzz(func(t *testing.T, s string) {
 		out := appendJSString(nil, s)
-		if !json.Valid(out) {
-			t.Fatalf("appendJSString(%q) = %s is not valid JSON", s, out)
-		}
+		require.True(t, json.Valid(out), "appendJSString(%q) = %s is not valid JSON", s, out)
 		value := appendStringValue(nil, out[1:len(out)-1])
 		if utf8.ValidString(s) {
 			var back string
-			if err := json.Unmarshal(out, &back); err != nil || back != s {
-				t.Fatalf("appendJSString(%q) = %s reads back as %q, %v", s, out, back, err)
-			}
-			if string(value) != s {
-				t.Fatalf("appendStringValue(%s) = %q, want %q", out, value, s)
-			}
+			require.NoError(t, json.Unmarshal(out, &back), "appendJSString(%q) = %s", s, out)
+			require.Equal(t, s, back, "appendJSString(%q) = %s reads back", s, out)
+			require.Equal(t, s, string(value), "appendStringValue(%s)", out)
 		}
-		if again := appendJSString(nil, string(value)); !bytes.Equal(again, out) {
-			t.Fatalf("quoting is not stable: %q -> %s -> %q -> %s", s, out, value, again)
-		}
+		again := appendJSString(nil, string(value))
+		require.Equal(t, string(out), string(again), "quoting is not stable: %q -> %s -> %q", s, out, value)
 	})
 }

@@ -8,53 +8,84 @@ import (
 	"slices"
 	"testing"
 	"time"
+	"unicode/utf8"
+
+	"github.com/stretchr/testify/require"
 )
 
-// FuzzParseState: ParseState never panics, and whatever it accepts encodes
-// to a document that the TS original accepts (the independent
-// isJobKeyState checker of state_test.go), that keeps the TS member order
-// and toISOString timestamps, and that parses back to the same value (a
-// slot read without context gets one) and encodes to the same bytes.
+// FuzzParseState compares ParseState with the independent checker of
+// state_test.go, the TypeScript original's isJobKeyState over a JSON.parse
+// reading of the document with the reader's deliberate differences
+// (tsExpectState): both accept the same documents, and read the same
+// content from them. Whatever ParseState accepts must also encode to a
+// document the TypeScript original accepts, in its member order with
+// toISOString timestamps, that parses back to the same value (a slot read
+// without context gets one) and encodes to the same bytes.
 //
-// Seeds: the state vectors in testdata/states and the corpus in
-// testdata/fuzz/FuzzParseState. Run longer with
-// go test -run '^$' -fuzz FuzzParseState -fuzztime 1m .
+// Seeds: the state vectors in testdata/states (copies of the shared
+// vectors), the corpus in testdata/fuzz/FuzzParseState and the documents
+// below. Run longer with
+// go test -run '^$' -fuzz FuzzParseState -fuzztime 1m -fuzzminimizetime 2s .
+// (minimizing a new input at the default 60 s stalls the run).
 func FuzzParseState(f *testing.F) {
 	names, err := filepath.Glob(filepath.Join("testdata", "states", "*.json"))
-	if err != nil || len(names) == 0 {
-		f.Fatalf("no seeds in testdata/states: %v", err)
-	}
+	require.NoError(f, err)
+	require.NotEmpty(f, names, "no seeds in testdata/states")
 	for _, name := range names {
 		data, err := os.ReadFile(name)
-		if err != nil {
-			f.Fatal(err)
-		}
+		require.NoError(f, err)
 		f.Add(data)
 	}
+	slot := `{"jobId":"x","slotToken":"t","instanceId":"w","startedAt":"2026-11-30T10:00:02.000Z",` +
+		`"heartbeatAt":"2026-11-30t10:00:02z","leaseExpiresAt":"+010000-01-01T00:00:00.000Z","tries":1,` +
+		`"context":{"requestId":"r","traceId":"t","traceparent":"p","TraceState":1}}`
+	for _, seed := range []struct{ path, member string }{
+		{"", `"active":[],"ACTIVE":[` + slot + `]`},
+		{"", `"Active":[` + slot + `],"active":[` + slot + `]`},
+		{"", `"maxActive":9007199254740993`},
+		{"", `"maxQueuedPerKey":null`},
+		{"", `"staleTakeoverCount":1e400`},
+		{"", `"updatedAt":"2026-11-30T10:00:02.000+01:00"`},
+		{"", `"updatedAt":"2026-02-30T10:00:02.000Z"`},
+		{"", `"key":"a\ud800b\udc00"`},
+		{"active[0]", `"context":null`},
+		{"active[0]", `"JOBID":"a","jobId":"b"`},
+		{"queued[0]", `"context":null`},
+		{"queued[0].context", `"tracestate":null`},
+		{"active[0].context", `"traceId":"","traceId":"x"`},
+	} {
+		f.Add(withMember(f, seed.path, seed.member, true))
+	}
+	f.Add(append([]byte("\xef\xbb\xbf"), readStateVector(f, "ts-two-queued.json")...))
 	f.Fuzz(func(t *testing.T, data []byte) {
 		s, err := ParseState(data)
+		want, why := tsExpectState(data)
 		if err != nil {
-			if s != nil {
-				t.Fatalf("ParseState returned a state with error %v", err)
-			}
+			require.Nil(t, s, "ParseState returned a state with error %v", err)
+			require.NotEmpty(t, why, "ParseState refused what the checker accepts: %v\n%s", err, data)
 			return
 		}
+		require.Empty(t, why, "ParseState accepted what the checker refuses\n%s", data)
+		if utf8.Valid(data) {
+			// (Elsewhere encoding/json and JavaScript replace invalid
+			// UTF-8 differently; TestJSONStringDecoding covers that.)
+			require.Equal(t, stringsView(want), stringsView(s), "ParseState read other content than the checker\n%s", data)
+		}
+
 		out := encodeState(t, s)
 		checkWritten(t, out)
 		back, err := ParseState(out)
-		if err != nil {
-			t.Fatalf("ParseState accepted\n%s\nbut not its own encoding\n%s\n: %v", data, out, err)
-		}
-		want := deepCopyState(s)
-		jkEqual(t, len(want.Active), len(back.Active), "slots after a round trip")
-		for i := range want.Active {
-			if want.Active[i].Context.IsZero() {
-				jkTrue(t, !back.Active[i].Context.IsZero(), "slot %d written back without context", i)
-				want.Active[i].Context = back.Active[i].Context
+		require.NoError(t, err, "ParseState accepted\n%s\nbut not its own encoding\n%s", data, out)
+		exp := deepCopyState(s)
+		require.Len(t, back.Active, len(exp.Active), "slots after a round trip")
+		for i := range exp.Active {
+			if exp.Active[i].Context.IsZero() {
+				require.False(t, back.Active[i].Context.IsZero(), "slot %d written back without context", i)
+				exp.Active[i].Context = back.Active[i].Context
 			}
 		}
-		jkEqual(t, normState(want), normState(back), "parse(encode(parse(doc))) != parse(doc)")
-		jkEqual(t, string(out), string(encodeState(t, back)), "encoding is not stable")
+		require.Equal(t, normState(exp), normState(back), "parse(encode(parse(doc))) != parse(doc)")
+		require.Equal(t, string(out), string(encodeState(t, back)), "encoding is not stable")
 	})
 }
 
@@ -146,15 +177,15 @@ func runReducerProgram(t *testing.T, data []byte) {
 			got := ReduceRestoreReplaced(in, rtKey, req, policy, now)
 			out = got.State
 			ts := tsReduceRestoreReplaced(deepCopyState(in), rtKey, req, policy, now)
-			jkEqual(t, ts.Kind, got.Kind, what)
+			require.Equal(t, ts.Kind, got.Kind, what)
 			if got.State == nil {
-				jkEqual(t, normState(rwith(in, func(s *KeyState) { s.UpdatedAt = jsNow(now) })), normState(ts.State),
+				require.Equal(t, normState(rwith(in, func(s *KeyState) { s.UpdatedAt = jsNow(now) })), normState(ts.State),
 					"%s: Go wrote nothing but the TS original changes more than updatedAt", what)
 			} else {
-				jkEqual(t, normState(ts.State), normState(got.State), "%s: differs from the TS original", what)
+				require.Equal(t, normState(ts.State), normState(got.State), "%s: differs from the TS original", what)
 			}
 			if out != nil {
-				jkEqual(t, withoutID(withID(queuedSet(in), replaced.ID, !activeSet(in)[replaced.ID]), newJob), queuedSet(out), "%s: queue", what)
+				require.Equal(t, withoutID(withID(queuedSet(in), replaced.ID, !activeSet(in)[replaced.ID]), newJob), queuedSet(out), "%s: queue", what)
 			}
 		case kind <= 5 || kind == 14:
 			retry := kind == 5
@@ -186,20 +217,20 @@ func runReducerProgram(t *testing.T, data []byte) {
 				got := ReduceRenew(in, lease, now)
 				out = got.State
 				ts := tsReduceRenew(deepCopyState(in), lease.JobID, lease.SlotToken, now, lease.Policy)
-				jkEqual(t, ts.Kind, got.Kind, what)
-				jkEqual(t, normState(ts.State), normState(got.State), "%s: differs from the TS original", what)
+				require.Equal(t, ts.Kind, got.Kind, what)
+				require.Equal(t, normState(ts.State), normState(got.State), "%s: differs from the TS original", what)
 				if out != nil {
-					jkEqual(t, activeSet(in), activeSet(out), what)
+					require.Equal(t, activeSet(in), activeSet(out), what)
 				}
 			} else {
 				what = fmt.Sprintf("release %s %s", job, lease.SlotToken)
 				got := ReduceRelease(in, lease, now)
 				out = got.State
 				ts := tsReduceRelease(deepCopyState(in), lease.JobID, lease.SlotToken, now)
-				jkEqual(t, ts.Kind, got.Kind, what)
-				jkEqual(t, normState(ts.State), normState(got.State), "%s: differs from the TS original", what)
+				require.Equal(t, ts.Kind, got.Kind, what)
+				require.Equal(t, normState(ts.State), normState(got.State), "%s: differs from the TS original", what)
 				if out != nil {
-					jkEqual(t, withoutID(activeSet(in), job), activeSet(out), what)
+					require.Equal(t, withoutID(activeSet(in), job), activeSet(out), what)
 				}
 			}
 		case kind == 12:
@@ -207,14 +238,14 @@ func runReducerProgram(t *testing.T, data []byte) {
 			got := ReduceRemoveQueued(in, job, now)
 			out = got.State
 			ts := tsReduceRemoveQueued(deepCopyState(in), job, now)
-			jkEqual(t, ts.Kind, got.Kind, what)
-			jkEqual(t, normState(ts.State), normState(got.State), "%s: differs from the TS original", what)
+			require.Equal(t, ts.Kind, got.Kind, what)
+			require.Equal(t, normState(ts.State), normState(got.State), "%s: differs from the TS original", what)
 		default: // 15: the clock moves, nothing else
 			continue
 		}
 
 		what = fmt.Sprintf("step %d (%s at +%v)", step, what, now.Sub(rt0))
-		jkEqual(t, before, in, "%s: the reducer mutated its input", what)
+		require.Equal(t, before, in, "%s: the reducer mutated its input", what)
 		checkNoAlias(t, in, out)
 		if out == nil {
 			continue
@@ -231,17 +262,17 @@ func runReducerProgram(t *testing.T, data []byte) {
 func checkAdmission(t *testing.T, what string, in *KeyState, got, ts Admission, job string) {
 	t.Helper()
 	if queuedSet(in)[job] || activeSet(in)[job] { // fix 1
-		jkTrue(t, got.Kind == KindAccepted && got.AlreadyPresent && got.State == nil,
+		require.True(t, got.Kind == KindAccepted && got.AlreadyPresent && got.State == nil,
 			"%s: a job already present must be accepted without a write: %+v", what, got)
 		return
 	}
-	jkTrue(t, !got.AlreadyPresent, "%s: AlreadyPresent for a new job", what)
-	jkEqual(t, viewAdmission(ts), viewAdmission(got), "%s: differs from the TS original", what)
+	require.True(t, !got.AlreadyPresent, "%s: AlreadyPresent for a new job", what)
+	require.Equal(t, viewAdmission(ts), viewAdmission(got), "%s: differs from the TS original", what)
 	switch got.Kind {
 	case KindAccepted:
-		jkEqual(t, withID(queuedSet(in), job, true), queuedSet(got.State), "%s: queue", what)
+		require.Equal(t, withID(queuedSet(in), job, true), queuedSet(got.State), "%s: queue", what)
 	case KindReplaced:
-		jkEqual(t, withID(withoutID(queuedSet(in), got.Replaced.ID), job, true), queuedSet(got.State), "%s: queue", what)
+		require.Equal(t, withID(withoutID(queuedSet(in), got.Replaced.ID), job, true), queuedSet(got.State), "%s: queue", what)
 	}
 }
 
@@ -267,38 +298,38 @@ func checkAcquisition(t *testing.T, what string, in *KeyState, got, ts Acquisiti
 			live = live || s.LeaseExpiresAt.After(now)
 		}
 		if live {
-			jkTrue(t, got.Kind == KindBlocked && got.Reason == ReasonAlreadyActive, "%s: a job with a live slot got %s/%s", what, got.Kind, got.Reason)
+			require.True(t, got.Kind == KindBlocked && got.Reason == ReasonAlreadyActive, "%s: a job with a live slot got %s/%s", what, got.Kind, got.Reason)
 		}
 		for _, s := range got.Stale {
-			jkTrue(t, s.JobID != job, "%s: the job's own slot reported stale", what)
+			require.True(t, s.JobID != job, "%s: the job's own slot reported stale", what)
 		}
 	case p.StalePolicy == Block && expired > 0 && got.Kind == KindAcquired && ts.Kind == KindAcquired: // fix 3
-		jkEqual(t, in.StaleTakeoverCount, got.State.StaleTakeoverCount, "%s: under Block nothing is taken over", what)
+		require.Equal(t, in.StaleTakeoverCount, got.State.StaleTakeoverCount, "%s: under Block nothing is taken over", what)
 		tsv := viewAcquisition(ts)
 		tsv.State.StaleTakeoverCount = got.State.StaleTakeoverCount
-		jkEqual(t, tsv, viewAcquisition(got), "%s: differs from the TS original beyond the stale count", what)
+		require.Equal(t, tsv, viewAcquisition(got), "%s: differs from the TS original beyond the stale count", what)
 	default:
-		jkEqual(t, viewAcquisition(ts), viewAcquisition(got), "%s: differs from the TS original", what)
+		require.Equal(t, viewAcquisition(ts), viewAcquisition(got), "%s: differs from the TS original", what)
 	}
 	if got.Kind != KindAcquired {
-		jkTrue(t, got.State == nil, "%s: a blocked outcome carries a state", what)
+		require.True(t, got.State == nil, "%s: a blocked outcome carries a state", what)
 		return
 	}
 	// Accounting: the slots that went are the reported stale ones and the
 	// job's own; the job left the queue.
 	wantActive := activeSet(in)
 	for _, s := range got.Stale {
-		jkTrue(t, !s.LeaseExpiresAt.After(now), "%s: reported a live slot as stale", what)
+		require.True(t, !s.LeaseExpiresAt.After(now), "%s: reported a live slot as stale", what)
 		delete(wantActive, s.JobID)
 	}
 	wantActive[job] = true
-	jkEqual(t, wantActive, activeSet(got.State), "%s: active jobs", what)
-	jkEqual(t, withoutID(queuedSet(in), job), queuedSet(got.State), "%s: queue", what)
+	require.Equal(t, wantActive, activeSet(got.State), "%s: active jobs", what)
+	require.Equal(t, withoutID(queuedSet(in), job), queuedSet(got.State), "%s: queue", what)
 	taken := len(got.Stale) + len(own)
 	if in != nil {
-		jkEqual(t, in.StaleTakeoverCount+taken, got.State.StaleTakeoverCount, "%s: stale takeover count", what)
+		require.Equal(t, in.StaleTakeoverCount+taken, got.State.StaleTakeoverCount, "%s: stale takeover count", what)
 	}
-	jkEqual(t, got.Lease.SlotToken, got.State.Active[len(got.State.Active)-1].SlotToken, "%s: the new slot is last", what)
+	require.Equal(t, got.Lease.SlotToken, got.State.Active[len(got.State.Active)-1].SlotToken, "%s: the new slot is last", what)
 }
 
 func checkInvariants(t *testing.T, what string, s *KeyState, p Policy, now time.Time) {
@@ -310,21 +341,21 @@ func checkInvariants(t *testing.T, what string, s *KeyState, p Policy, now time.
 			live++
 		}
 	}
-	jkTrue(t, live <= p.MaxActive, "%s: %d live slots, MaxActive %d", what, live, p.MaxActive)
-	jkTrue(t, len(s.Active) <= p.MaxActive, "%s: %d slots, MaxActive %d", what, len(s.Active), p.MaxActive)
-	jkTrue(t, len(s.Queued) <= p.MaxQueuedPerKey+p.MaxActive, "%s: %d queued, limit %d", what, len(s.Queued), p.MaxQueuedPerKey+p.MaxActive)
+	require.True(t, live <= p.MaxActive, "%s: %d live slots, MaxActive %d", what, live, p.MaxActive)
+	require.True(t, len(s.Active) <= p.MaxActive, "%s: %d slots, MaxActive %d", what, len(s.Active), p.MaxActive)
+	require.True(t, len(s.Queued) <= p.MaxQueuedPerKey+p.MaxActive, "%s: %d queued, limit %d", what, len(s.Queued), p.MaxQueuedPerKey+p.MaxActive)
 	ids := append(activeJobIDs(s), queuedIDs(s)...)
 	sorted := slices.Clone(ids)
 	slices.Sort(sorted)
-	jkEqual(t, len(sorted), len(slices.Compact(sorted)), "%s: a job appears twice in %v", what, ids)
-	jkEqual(t, jsNow(now), s.UpdatedAt, "%s: updatedAt", what)
-	jkEqual(t, rtKey.KeyHash, s.KeyHash, what)
-	jkEqual(t, p.MaxActive, s.MaxActive, what)
+	require.Equal(t, len(sorted), len(slices.Compact(sorted)), "%s: a job appears twice in %v", what, ids)
+	require.Equal(t, jsNow(now), s.UpdatedAt, "%s: updatedAt", what)
+	require.Equal(t, rtKey.KeyHash, s.KeyHash, what)
+	require.Equal(t, p.MaxActive, s.MaxActive, what)
 	out := encodeState(t, s)
 	checkWritten(t, out)
 	back, err := ParseState(out)
-	jkNoErr(t, err, what)
-	jkEqual(t, normState(s), normState(back), "%s: round trip", what)
+	require.NoError(t, err, what)
+	require.Equal(t, normState(s), normState(back), "%s: round trip", what)
 }
 
 func activeSet(s *KeyState) map[string]bool {

@@ -2,12 +2,15 @@ package jobkeys
 
 import (
 	"crypto/sha256"
+	"encoding"
 	"encoding/hex"
 	"encoding/json"
 	"fmt"
 	"math"
+	"reflect"
 	"strconv"
 	"strings"
+	"sync"
 	"unicode/utf8"
 )
 
@@ -42,13 +45,15 @@ type JobKey struct {
 	KVKey string
 }
 
-// DeriveKey derives the job key of a payload under a key template, exactly
-// as the TS original's deriveJobKey does, so that Go and TS workers sharing a
-// bucket agree on every key.
+// DeriveKey derives the job key of a payload under a key template: the
+// display key, the key hash and the KV key its state lives at. Workers in
+// other languages that share the bucket (the TypeScript original) derive the
+// same key from the same payload and template, byte for byte.
 //
-// service must be non-empty and use only A-Z, a-z, 0-9, '_' and '-'; jobType
-// must be non-empty and use only those and '=' and '/'. Otherwise the error
-// wraps [ErrInvalidName]; names are checked before anything else.
+// service must be 1 to [MaxServiceLength] bytes of A-Z, a-z, 0-9, '_' and
+// '-'; jobType must be 1 to [MaxJobTypeLength] bytes of those and '=' and
+// '/'. Otherwise the error wraps [ErrInvalidName]; names are checked before
+// anything else.
 //
 // Each template segment that starts with "/" is an RFC 6901 JSON pointer into
 // the payload and must resolve to a string, a finite number or a boolean;
@@ -57,22 +62,23 @@ type JobKey struct {
 // [ErrInvalidKey] that names the pointer. A template segment that is not
 // valid UTF-8, or a pointer with a "~" not followed by "0" or "1", is an
 // error wrapping [ErrInvalidPolicy]; the template is checked after the names
-// and before the payload. (The TS original reads such a "~" literally;
-// [Policy.Normalize] refuses it too.)
+// and before the payload. ([Policy.Normalize] refuses such a "~" too.)
 //
-// payload is JSON text if it is a []byte or a [json.RawMessage], read as
-// JavaScript reads a message body with JSON.parse(new
-// TextDecoder().decode(bytes)): a leading byte order mark is dropped,
-// numbers are IEEE doubles (so
-// 12345678901234567890 is 12345678901234567000 and 1e400 is Infinity, which
-// no pointer may resolve to), lone surrogate escapes are kept, and invalid
-// UTF-8 in strings reads as U+FFFD. Any other payload, a string included, is
-// encoded with [encoding/json.Marshal] first. A payload that is not valid
-// JSON, or cannot be marshalled, is an error wrapping [ErrInvalidKey]; it is
-// checked even when the template has no pointers.
+// payload is JSON text if it is a []byte or a [json.RawMessage], read as a
+// JavaScript worker reads a message body: a leading byte order mark is
+// dropped, numbers are IEEE doubles (so 12345678901234567890 is
+// 12345678901234567000 and 1e400 is Infinity, which no pointer may resolve
+// to), a lone surrogate escape such as "\ud800" is kept (see
+// [JobKey.Key]), invalid UTF-8 in strings reads as U+FFFD, and with
+// duplicate member names the last one counts. Any other payload, a string
+// included, is encoded with [encoding/json.Marshal] first. A payload that is
+// not valid JSON, cannot be marshalled, or nests arrays and objects deeper
+// than [MaxPayloadDepth] is an error wrapping [ErrInvalidKey]; it is checked
+// even when the template has no pointers.
 //
-// DeriveKey is safe for concurrent use. It takes one SHA-256 over a buffer
-// and, for a []byte payload, allocates only the strings it returns.
+// DeriveKey is safe for concurrent use. Its cost is linear in the size of
+// the payload; for a []byte payload it allocates only the strings it
+// returns.
 func DeriveKey(service, jobType string, payload any, template []string) (JobKey, error) {
 	if err := validateService(service); err != nil {
 		return JobKey{}, err
@@ -106,10 +112,8 @@ func deriveKey(service, jobType string, payload any, template []string) (JobKey,
 
 	var keyBuf [128]byte
 	var hashBuf [256]byte
-	var scratchBuf [64]byte
 	key := keyBuf[:0]
 	hashed := append(hashBuf[:0], `{"version":1,"segments":[`...)
-	scratch := scratchBuf[:0]
 	for i, seg := range template {
 		if i > 0 {
 			key = append(key, ':')
@@ -120,8 +124,7 @@ func deriveKey(service, jobType string, payload any, template []string) (JobKey,
 			hashed = appendJSString(hashed, seg)
 			continue
 		}
-		pos, ok, s := resolveText(text, seg, scratch)
-		scratch = s
+		pos, ok := resolveText(text, seg)
 		if !ok {
 			return JobKey{}, keySegmentError(seg, "nothing")
 		}
@@ -192,6 +195,9 @@ func payloadText(payload any) ([]byte, error) {
 	case json.RawMessage:
 		return trimBOM(p), nil
 	}
+	if err := checkAnyDepth(payload, 0); err != nil {
+		return nil, fmt.Errorf("%w: payload cannot be encoded as JSON: %w", ErrInvalidKey, err)
+	}
 	text, err := json.Marshal(payload)
 	if err != nil {
 		return nil, fmt.Errorf("%w: payload cannot be encoded as JSON: %w", ErrInvalidKey, err)
@@ -199,25 +205,54 @@ func payloadText(payload any) ([]byte, error) {
 	return text, nil
 }
 
+// Name length limits. A NATS server closes a connection whose protocol line
+// is longer than its control-line limit (4096 bytes by default), which would
+// cut off every coordinator, heartbeat and watcher sharing it; these limits
+// keep every request the stores send below it with room to spare.
+//
+// The longest line is the one that creates the consumer watching one key,
+// service S (s bytes) and job type J (j bytes), bucket JOBS_KEYS_S:
+//
+//	HPUB $JS.API.CONSUMER.CREATE.KV_JOBS_KEYS_S.<consumer>.$KV.JOBS_KEYS_S.S.J.<64 hex> <reply> <hlen> <len>\r\n
+//
+// with a consumer name of at most 43 bytes (a NUID, "_", a serial), the
+// reply inbox "_INBOX.<22>.<8>" (38 bytes) and two lengths of at most 10
+// digits: 231 + 3s + j bytes. (A key's direct get,
+// $JS.API.DIRECT.GET.KV_JOBS_KEYS_S.$KV.JOBS_KEYS_S.S.J.<64 hex>, and a
+// write to $KV.JOBS_KEYS_S.S.J.<64 hex> are shorter.) At the limits below
+// that is 231 + 384 + 1024 = 1639 bytes, which leaves about 2.4 KiB for a
+// JetStream API prefix or domain, a custom inbox prefix
+// (nats.CustomInboxPrefix) and a longer bucket prefix. The stream name
+// KV_JOBS_KEYS_S must also stay within JetStream's 255 bytes: 13 + s.
+const (
+	// MaxServiceLength is the longest service name, in bytes.
+	MaxServiceLength = 128
+	// MaxJobTypeLength is the longest job type, in bytes.
+	MaxJobTypeLength = 1024
+)
+
 // validateService reports whether service can name a bucket
 // (JOBS_KEYS_<service>) and be the first token of a KV key: it must be
-// non-empty and use only A-Z, a-z, 0-9, '_' and '-'. The error wraps
+// 1 to MaxServiceLength bytes of A-Z, a-z, 0-9, '_' and '-'. The error wraps
 // [ErrInvalidName].
 func validateService(service string) error {
-	return validateName("service", service, false)
+	return validateName("service", service, MaxServiceLength, false)
 }
 
 // validateJobType reports whether jobType can be one token of a KV key: it
-// must be non-empty and use only A-Z, a-z, 0-9, '_', '-', '=' and '/' (no
-// '.', which separates tokens, and no wildcards or spaces). The error wraps
-// [ErrInvalidName].
+// must be 1 to MaxJobTypeLength bytes of A-Z, a-z, 0-9, '_', '-', '=' and
+// '/' (no '.', which separates tokens, and no wildcards or spaces). The
+// error wraps [ErrInvalidName].
 func validateJobType(jobType string) error {
-	return validateName("job type", jobType, true)
+	return validateName("job type", jobType, MaxJobTypeLength, true)
 }
 
-func validateName(what, name string, jobType bool) error {
+func validateName(what, name string, maxLen int, jobType bool) error {
 	if name == "" {
 		return fmt.Errorf("%w: %s is empty", ErrInvalidName, what)
+	}
+	if len(name) > maxLen {
+		return fmt.Errorf("%w: %s %.32q... is %d bytes long, more than the %d allowed", ErrInvalidName, what, name, len(name), maxLen)
 	}
 	for i := 0; i < len(name); i++ {
 		c := name[i]
@@ -239,4 +274,233 @@ func validateName(what, name string, jobType bool) error {
 // kvKeyFor returns the KV key of a key's state: <service>.<jobType>.<keyHash>.
 func kvKeyFor(service, jobType, keyHash string) string {
 	return service + "." + jobType + "." + keyHash
+}
+
+// maxIndirections bounds the pointers and interfaces checkValueDepth follows between
+// two arrays or objects: a value can only hold more in a row by pointing to
+// itself, which json.Marshal refuses.
+const maxIndirections = 100
+
+var (
+	mapOfAny          = reflect.TypeFor[map[string]any]()
+	sliceOfAny        = reflect.TypeFor[[]any]()
+	marshalerType     = reflect.TypeFor[json.Marshaler]()
+	textMarshalerType = reflect.TypeFor[encoding.TextMarshaler]()
+)
+
+// errPointerLoop reports a value that tooDeep gave up on.
+var errPointerLoop = fmt.Errorf("more than %d pointers and interfaces in a row (the value points to itself)", maxIndirections)
+
+// checkAnyDepth is checkValueDepth for a value held in an interface, with
+// the values encoding/json decodes into an any (maps, slices and scalars)
+// walked without reflection.
+func checkAnyDepth(x any, depth int) error {
+	switch x := x.(type) {
+	case nil, string, float64, bool, json.Number, int, int64:
+		return nil
+	case map[string]any:
+		if x == nil {
+			return nil
+		}
+		if depth++; depth > MaxPayloadDepth {
+			return errTooDeep
+		}
+		for _, e := range x {
+			if err := checkAnyDepth(e, depth); err != nil {
+				return err
+			}
+		}
+		return nil
+	case []any:
+		if x == nil {
+			return nil
+		}
+		if depth++; depth > MaxPayloadDepth {
+			return errTooDeep
+		}
+		for _, e := range x {
+			if err := checkAnyDepth(e, depth); err != nil {
+				return err
+			}
+		}
+		return nil
+	}
+	return checkValueDepth(reflect.ValueOf(x), depth, 0)
+}
+
+// checkValueDepth reports errTooDeep if json.Marshal would nest v's arrays
+// and objects deeper than MaxPayloadDepth, depth being those already open
+// around v and hops the pointers and interfaces followed since the
+// innermost (errPointerLoop past maxIndirections). It stops at the first
+// error, so its own recursion stays bounded; it checks a type once
+// (typeDepth) and walks a value only where its type does not bound its
+// depth (interfaces, recursive types). A value with a MarshalJSON or
+// MarshalText method counts as a scalar: what those write is checked as
+// JSON text afterwards.
+func checkValueDepth(v reflect.Value, depth, hops int) error {
+	if !v.IsValid() {
+		return nil
+	}
+	if d, bounded := typeDepth(v.Type()); bounded {
+		if depth+d > MaxPayloadDepth {
+			return errTooDeep
+		}
+		return nil
+	}
+	switch v.Kind() {
+	case reflect.Interface:
+		if v.IsNil() {
+			return nil
+		}
+		if e := v.Elem(); (e.Type() == mapOfAny || e.Type() == sliceOfAny) && e.CanInterface() {
+			return checkAnyDepth(e.Interface(), depth)
+		}
+		fallthrough
+	case reflect.Pointer:
+		if v.IsNil() {
+			return nil
+		}
+		if hops >= maxIndirections {
+			return errPointerLoop
+		}
+		return checkValueDepth(v.Elem(), depth, hops+1)
+	case reflect.Struct:
+		if depth++; depth > MaxPayloadDepth {
+			return errTooDeep
+		}
+		for _, f := range structFields(v.Type()) {
+			d := depth
+			if f.flat {
+				d-- // its fields are members of this object
+			}
+			if err := checkValueDepth(v.Field(f.index), d, 0); err != nil {
+				return err
+			}
+		}
+	case reflect.Map:
+		if v.IsNil() {
+			return nil
+		}
+		if depth++; depth > MaxPayloadDepth {
+			return errTooDeep
+		}
+		for it := v.MapRange(); it.Next(); {
+			if err := checkValueDepth(it.Value(), depth, 0); err != nil {
+				return err
+			}
+		}
+	case reflect.Slice, reflect.Array:
+		if v.Kind() == reflect.Slice && v.IsNil() {
+			return nil
+		}
+		if depth++; depth > MaxPayloadDepth {
+			return errTooDeep
+		}
+		for i := range v.Len() {
+			if err := checkValueDepth(v.Index(i), depth, 0); err != nil {
+				return err
+			}
+		}
+	}
+	return nil
+}
+
+// depthOf is what typeDepth knows of a type.
+type depthOf struct {
+	depth   int  // the deepest nesting a value of the type encodes to
+	bounded bool // whether depth holds for every value of the type
+}
+
+// typeDepths caches typeDepth by reflect.Type.
+var typeDepths sync.Map
+
+// typeDepth returns the deepest nesting of arrays and objects json.Marshal
+// writes for a value of type t, and whether there is such a bound: there is
+// none for a type that holds an interface or refers to itself.
+func typeDepth(t reflect.Type) (int, bool) {
+	if d, ok := typeDepths.Load(t); ok {
+		return d.(depthOf).depth, d.(depthOf).bounded
+	}
+	d := computeTypeDepth(t, map[reflect.Type]bool{})
+	typeDepths.Store(t, d)
+	return d.depth, d.bounded
+}
+
+func computeTypeDepth(t reflect.Type, open map[reflect.Type]bool) depthOf {
+	if t.Implements(marshalerType) || t.Implements(textMarshalerType) {
+		return depthOf{0, true}
+	}
+	if open[t] {
+		return depthOf{} // recursive
+	}
+	open[t] = true
+	defer delete(open, t)
+	switch t.Kind() {
+	case reflect.Interface:
+		return depthOf{}
+	case reflect.Pointer:
+		return computeTypeDepth(t.Elem(), open)
+	case reflect.Slice:
+		if t.Elem().Kind() == reflect.Uint8 && !reflect.PointerTo(t.Elem()).Implements(marshalerType) &&
+			!reflect.PointerTo(t.Elem()).Implements(textMarshalerType) {
+			return depthOf{0, true} // base64 string
+		}
+		fallthrough
+	case reflect.Array, reflect.Map:
+		d := computeTypeDepth(t.Elem(), open)
+		return depthOf{d.depth + 1, d.bounded}
+	case reflect.Struct:
+		most := 0
+		for _, f := range structFields(t) {
+			d := computeTypeDepth(t.Field(f.index).Type, open)
+			if !d.bounded {
+				return depthOf{}
+			}
+			if f.flat {
+				d.depth--
+			}
+			most = max(most, d.depth)
+		}
+		return depthOf{most + 1, true}
+	}
+	return depthOf{0, true} // scalars, and what json.Marshal refuses
+}
+
+// structField is a field json.Marshal encodes: a member of the struct's
+// object, or (flat) an embedded struct whose fields are members of it.
+type structField struct {
+	index int
+	flat  bool
+}
+
+// fieldPlans caches structFields by reflect.Type.
+var fieldPlans sync.Map
+
+// structFields returns the fields of the struct type t that json.Marshal
+// encodes: exported ones and embedded structs, without those tagged "-".
+func structFields(t reflect.Type) []structField {
+	if fs, ok := fieldPlans.Load(t); ok {
+		return fs.([]structField)
+	}
+	var fs []structField
+	for i := range t.NumField() {
+		f := t.Field(i)
+		tag := f.Tag.Get("json")
+		if tag == "-" {
+			continue
+		}
+		ft := f.Type
+		if ft.Kind() == reflect.Pointer {
+			ft = ft.Elem()
+		}
+		named := tag != "" && tag[0] != ','
+		switch {
+		case f.Anonymous && ft.Kind() == reflect.Struct:
+			fs = append(fs, structField{i, !named})
+		case f.IsExported():
+			fs = append(fs, structField{i, false})
+		}
+	}
+	fieldPlans.Store(t, fs)
+	return fs
 }

@@ -3,12 +3,16 @@ package jobkeys
 import (
 	"encoding/hex"
 	"encoding/json"
+	"fmt"
 	"math"
 	"os"
 	"strconv"
 	"sync"
 	"testing"
 	"unicode/utf8"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
 )
 
 // jsVectors is testdata/keyhash_extra.json, written by real JavaScript with
@@ -46,32 +50,24 @@ func loadJSVectors(t testing.TB) *jsVectors {
 			jsVectorsErr = json.Unmarshal(b, &jsVectorsData)
 		}
 	})
-	if jsVectorsErr != nil {
-		t.Fatalf("reading JavaScript vectors (regenerate with node internal/jsvectors/gen.mjs > testdata/keyhash_extra.json): %v", jsVectorsErr)
-	}
+	require.NoError(t, jsVectorsErr, "reading JavaScript vectors (regenerate with node internal/jsvectors/gen.mjs > testdata/keyhash_extra.json)")
 	return &jsVectorsData
 }
 
 func bitsToFloat(t testing.TB, bits string) float64 {
 	t.Helper()
 	u, err := strconv.ParseUint(bits, 16, 64)
-	if err != nil {
-		t.Fatalf("bad bits %q: %v", bits, err)
-	}
+	require.NoError(t, err, "bad bits %q", bits)
 	return math.Float64frombits(u)
 }
 
 func TestJSNumberVectors(t *testing.T) {
 	t.Parallel()
 	v := loadJSVectors(t)
-	if len(v.Numbers) < 1000 {
-		t.Fatalf("only %d number vectors", len(v.Numbers))
-	}
+	require.GreaterOrEqual(t, len(v.Numbers), 1000, "number vectors")
 	for _, n := range v.Numbers {
 		f := bitsToFloat(t, n.Bits)
-		if got := string(appendJSNumber(nil, f)); got != n.String {
-			t.Errorf("appendJSNumber(%v) [bits %s] = %q, JavaScript String() = %q", f, n.Bits, got, n.String)
-		}
+		assert.Equal(t, n.String, string(appendJSNumber(nil, f)), "appendJSNumber(%v) [bits %s] against JavaScript String()", f, n.Bits)
 	}
 }
 
@@ -101,9 +97,7 @@ func TestJSNumberCases(t *testing.T) {
 		{math.Inf(-1), "-Infinity"},
 		{math.NaN(), "NaN"},
 	} {
-		if got := string(appendJSNumber([]byte("x"), tc.f)); got != "x"+tc.want {
-			t.Errorf("appendJSNumber(%v) = %q, want %q", tc.f, got[1:], tc.want)
-		}
+		assert.Equal(t, "x"+tc.want, string(appendJSNumber([]byte("x"), tc.f)), "appendJSNumber(%v)", tc.f)
 	}
 }
 
@@ -112,20 +106,14 @@ func TestJSStringVectors(t *testing.T) {
 	v := loadJSVectors(t)
 	for _, s := range v.Strings {
 		value, err := hex.DecodeString(s.ValueHex)
-		if err != nil {
-			t.Fatal(err)
-		}
+		require.NoError(t, err)
 		raw := []byte(s.JSON)
-		if err := checkJSONText(raw); err != nil {
-			t.Errorf("checkJSONText(%s): %v", s.JSON, err)
+		if !assert.NoError(t, checkJSONText(raw), "checkJSONText(%s)", s.JSON) {
 			continue
 		}
-		if got := appendStringValue(nil, raw[1:len(raw)-1]); string(got) != string(value) {
-			t.Errorf("appendStringValue(%s) = %x, JavaScript JSON.parse = %x", s.JSON, got, value)
-		}
-		if got := appendJSString(nil, string(value)); string(got) != s.Stringify {
-			t.Errorf("appendJSString(%x) = %s, JavaScript JSON.stringify = %s", value, got, s.Stringify)
-		}
+		assert.Equal(t, fmt.Sprintf("%x", value), fmt.Sprintf("%x", appendStringValue(nil, raw[1:len(raw)-1])),
+			"appendStringValue(%s) against JavaScript JSON.parse", s.JSON)
+		assert.Equal(t, s.Stringify, string(appendJSString(nil, string(value))), "appendJSString(%x) against JavaScript JSON.stringify", value)
 	}
 }
 
@@ -150,9 +138,7 @@ func TestJSStringCases(t *testing.T) {
 		{"\xc0\x80", "\"\uFFFD\uFFFD\""},
 		{"\xed\xa0", "\"\uFFFD\uFFFD\""},
 	} {
-		if got := string(appendJSString([]byte("x"), tc.in)); got != "x"+tc.want {
-			t.Errorf("appendJSString(%q) = %s, want %s", tc.in, got[1:], tc.want)
-		}
+		assert.Equal(t, "x"+tc.want, string(appendJSString([]byte("x"), tc.in)), "appendJSString(%q)", tc.in)
 	}
 }
 
@@ -166,14 +152,8 @@ func TestJSStringMatchesEncodingJSON(t *testing.T) {
 	}
 	all = append(all, 0xfeff, 0xfffd, 0xffff, 0x10000, 0x1f600, 0x10ffff)
 	s := string(all)
-	if !utf8.ValidString(s) {
-		t.Fatal("test string is not valid UTF-8")
-	}
+	require.True(t, utf8.ValidString(s), "test string is not valid UTF-8")
 	var back string
-	if err := json.Unmarshal(appendJSString(nil, s), &back); err != nil {
-		t.Fatal(err)
-	}
-	if back != s {
-		t.Error("appendJSString output does not read back as its input")
-	}
+	require.NoError(t, json.Unmarshal(appendJSString(nil, s), &back))
+	assert.Equal(t, s, back, "appendJSString output does not read back as its input")
 }

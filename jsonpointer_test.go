@@ -3,16 +3,19 @@ package jobkeys
 import (
 	"bytes"
 	"encoding/json"
-	"errors"
+	"fmt"
 	"math"
-	"reflect"
 	"strconv"
 	"strings"
 	"testing"
+	"time"
 	"unicode/utf8"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
 )
 
-func TestParsePointer(t *testing.T) {
+func TestCheckPointer(t *testing.T) {
 	t.Parallel()
 	for _, tc := range []struct {
 		in   string
@@ -32,76 +35,79 @@ func TestParsePointer(t *testing.T) {
 		{"/ /\t", []string{" ", "\t"}},
 	} {
 		got, err := parsePointer(tc.in)
-		if err != nil || !reflect.DeepEqual(got, tc.want) {
-			t.Errorf("parsePointer(%q) = %q, %v; want %q", tc.in, got, err, tc.want)
-		}
-		if err := checkPointer(tc.in); err != nil {
-			t.Errorf("checkPointer(%q): %v", tc.in, err)
-		}
+		require.NoError(t, err, "parsePointer(%q)", tc.in)
+		assert.Equal(t, tc.want, got, "parsePointer(%q)", tc.in)
+		assert.NoError(t, checkPointer(tc.in), "checkPointer(%q)", tc.in)
 	}
 	for _, in := range []string{"", "a", "a/b", "~0", "/~", "/a~", "/~2", "/a~b", "/~~0", "/ok/~x"} {
-		_, err := parsePointer(in)
-		if !errors.Is(err, ErrInvalidPolicy) || !strings.Contains(err.Error(), strconv.Quote(in)) {
-			t.Errorf("parsePointer(%q) = %v, want an ErrInvalidPolicy naming the pointer", in, err)
-		}
-		if err := checkPointer(in); !errors.Is(err, ErrInvalidPolicy) {
-			t.Errorf("checkPointer(%q) = %v, want ErrInvalidPolicy", in, err)
-		}
+		err := checkPointer(in)
+		require.ErrorIs(t, err, ErrInvalidPolicy, "checkPointer(%q)", in)
+		assert.Contains(t, err.Error(), strconv.Quote(in), "the error names the pointer")
+		_, err = parsePointer(in)
+		assert.ErrorIs(t, err, ErrInvalidPolicy, "parsePointer(%q)", in)
 	}
 }
 
-func TestResolvePointer(t *testing.T) {
+func TestResolveText(t *testing.T) {
 	t.Parallel()
-	var doc any
 	const text = `{"":{"":"deep"},"a":[10,"x",[true],{"k":null}],"a/b":{"m~n":"v"},"0":"zero","s":"str","n":1.5}`
-	if err := json.Unmarshal([]byte(text), &doc); err != nil {
-		t.Fatal(err)
-	}
 	for _, tc := range []struct {
 		pointer string
-		want    any
-		ok      bool
+		want    string // the value's JSON text; "" where nothing resolves
 	}{
-		{"/", map[string]any{"": "deep"}, true},
-		{"//", "deep", true},
-		{"/a/0", 10.0, true},
-		{"/a/1", "x", true},
-		{"/a/2/0", true, true},
-		{"/a/3/k", nil, true}, // null resolves: it is a value, just not a key segment
-		{"/a/4", nil, false},
-		{"/a/01", nil, false},
-		{"/a/-", nil, false},
-		{"/a/-0", nil, false},
-		{"/a/+1", nil, false},
-		{"/a/1e0", nil, false},
-		{"/a/ 1", nil, false},
-		{"/a/99999999999999999999999", nil, false},
-		{"/a/length", nil, false},
-		{"/a/", nil, false},
-		{"/a~1b/m~0n", "v", true},
-		{"/0", "zero", true},
-		{"/s/0", nil, false},
-		{"/s/length", nil, false},
-		{"/n/x", nil, false},
-		{"/a/3/k/x", nil, false},
-		{"/constructor", nil, false},
-		{"/__proto__", nil, false},
+		{"/", `{"":"deep"}`},
+		{"//", `"deep"`},
+		{"/a/0", `10`},
+		{"/a/1", `"x"`},
+		{"/a/2/0", `true`},
+		{"/a/3/k", `null`}, // null resolves: it is a value, just not a key segment
+		{"/a/4", ""},
+		{"/a/01", ""},
+		{"/a/-", ""},
+		{"/a/-0", ""},
+		{"/a/+1", ""},
+		{"/a/1e0", ""},
+		{"/a/ 1", ""},
+		{"/a/99999999999999999999999", ""},
+		{"/a/length", ""},
+		{"/a/", ""},
+		{"/a~1b/m~0n", `"v"`},
+		{"/0", `"zero"`},
+		{"/s/0", ""},
+		{"/s/length", ""},
+		{"/n/x", ""},
+		{"/a/3/k/x", ""},
+		{"/constructor", ""},
+		{"/__proto__", ""},
 	} {
-		tokens, err := parsePointer(tc.pointer)
-		if err != nil {
-			t.Fatal(err)
-		}
-		got, ok := resolvePointer(doc, tokens)
-		if ok != tc.ok || !reflect.DeepEqual(got, tc.want) {
-			t.Errorf("resolvePointer(%q) = %v, %v; want %v, %v", tc.pointer, got, ok, tc.want, tc.ok)
+		pos, ok := resolveText([]byte(text), tc.pointer)
+		if tc.want == "" {
+			assert.False(t, ok, "resolveText(%q) resolved", tc.pointer)
+		} else if assert.True(t, ok, "resolveText(%q)", tc.pointer) {
+			assert.Equal(t, tc.want, text[pos:valueEnd([]byte(text), pos)], "resolveText(%q)", tc.pointer)
 		}
 		checkResolveTextAgrees(t, []byte(text), tc.pointer)
 	}
-	if got, ok := resolvePointer("scalar", []string{"x"}); ok || got != nil {
-		t.Errorf("into a scalar: %v, %v", got, ok)
-	}
-	if got, ok := resolvePointer(42.0, nil); !ok || got != 42.0 {
-		t.Errorf("no tokens: %v, %v", got, ok)
+	// The last of duplicate members counts, also when it does not resolve
+	// further and an earlier one would.
+	for _, tc := range []struct{ text, pointer, want string }{
+		{`{"a":1,"a":2}`, "/a", "2"},
+		{`{"a":{"b":1},"a":{"c":2}}`, "/a/b", ""},
+		{`{"a":{"b":1},"a":{"b":3}}`, "/a/b", "3"},
+		{`{"a":{"b":1},"a":"x"}`, "/a/b", ""},
+		{`[{"a":[0,{"b":1}]},{"a":9}]`, "/0/a/1/b", "1"},
+		{`{"a":[1],"b":2,"a":[3]}`, "/a/0", "3"},
+		{`{"caf\u00e9":1,"café":2}`, "/café", "2"},
+		{`{"\u0061":1}`, "/a", "1"},
+	} {
+		pos, ok := resolveText([]byte(tc.text), tc.pointer)
+		if tc.want == "" {
+			assert.False(t, ok, "resolveText(%s, %q)", tc.text, tc.pointer)
+			continue
+		}
+		if assert.True(t, ok, "resolveText(%s, %q)", tc.text, tc.pointer) {
+			assert.Equal(t, tc.want, tc.text[pos:valueEnd([]byte(tc.text), pos)], "resolveText(%s, %q)", tc.text, tc.pointer)
+		}
 	}
 }
 
@@ -111,20 +117,14 @@ func TestResolvePointer(t *testing.T) {
 func checkResolveTextAgrees(t testing.TB, text []byte, pointer string) {
 	t.Helper()
 	tokens, err := parsePointer(pointer)
-	if err != nil {
-		t.Fatalf("parsePointer(%q): %v", pointer, err)
-	}
+	require.NoError(t, err, "parsePointer(%q)", pointer)
 	dec := json.NewDecoder(bytes.NewReader(text))
 	dec.UseNumber()
 	var doc any
-	if err := dec.Decode(&doc); err != nil {
-		t.Fatalf("decoding %q: %v", text, err)
-	}
+	require.NoError(t, dec.Decode(&doc), "decoding %q", text)
 	want, wantOK := resolvePointer(doc, tokens)
-	pos, ok, _ := resolveText(text, pointer, nil)
-	if ok != wantOK {
-		t.Fatalf("resolveText(%q, %q) found %v, resolvePointer found %v", text, pointer, ok, wantOK)
-	}
+	pos, ok := resolveText(text, pointer)
+	require.Equal(t, wantOK, ok, "resolveText(%q, %q) found %v, resolvePointer found %v", text, pointer, ok, wantOK)
 	if !ok {
 		return
 	}
@@ -132,16 +132,10 @@ func checkResolveTextAgrees(t testing.TB, text []byte, pointer string) {
 	var got any
 	dec = json.NewDecoder(bytes.NewReader(raw))
 	dec.UseNumber()
-	if err := dec.Decode(&got); err != nil {
-		t.Fatalf("resolveText(%q, %q) stopped at %q: %v", text, pointer, raw, err)
-	}
-	if !reflect.DeepEqual(got, want) {
-		t.Fatalf("resolveText(%q, %q) = %q, resolvePointer = %v", text, pointer, raw, want)
-	}
+	require.NoError(t, dec.Decode(&got), "resolveText(%q, %q) stopped at %q", text, pointer, raw)
+	require.Equal(t, want, got, "resolveText(%q, %q) = %q", text, pointer, raw)
 	if s, isString := want.(string); isString {
-		if v := appendStringValue(nil, raw[1:len(raw)-1]); string(v) != s {
-			t.Fatalf("appendStringValue(%s) = %q, encoding/json = %q", raw, v, s)
-		}
+		require.Equal(t, s, string(appendStringValue(nil, raw[1:len(raw)-1])), "appendStringValue(%s)", raw)
 	}
 }
 
@@ -162,12 +156,55 @@ func TestResolveTextJSVectors(t *testing.T) {
 			}
 		}
 	}
-	if ran < 500 {
-		t.Errorf("only %d pointers checked", ran)
-	}
+	assert.GreaterOrEqual(t, ran, 500, "pointers checked")
 }
 
-func TestJSONTextCheck(t *testing.T) {
+// nested returns {"a":{"a":...{"a":leaf}...}}, depth objects deep, and the
+// pointer /a/a/.../a that reaches leaf.
+func nested(depth int, leaf string) ([]byte, string) {
+	return []byte(strings.Repeat(`{"a":`, depth) + leaf + strings.Repeat("}", depth)),
+		strings.Repeat("/a", depth)
+}
+
+// TestResolveTextLinear is the regression test for pointer resolution that
+// took the document's depth times its size (30,000 levels took 7 s): each
+// level read the whole value of the member it matched to its end, to look
+// for a later duplicate, and then the next level read it again. Resolving a
+// pointer must cost the document's size, so four times the depth may cost
+// about four times as much, never sixteen.
+//
+// It compares the fastest of several runs at two sizes, so a loaded
+// machine slows both sides alike; the bound (8x for 4x the size) is halfway,
+// on a log scale, between linear and quadratic.
+func TestResolveTextLinear(t *testing.T) {
+	fastest := func(depth int) time.Duration {
+		text, pointer := nested(depth, `"leaf"`)
+		require.NoError(t, checkJSONText(text))
+		best := time.Duration(math.MaxInt64)
+		for range 15 {
+			start := time.Now()
+			for range 4 {
+				pos, ok := resolveText(text, pointer)
+				require.True(t, ok)
+				require.Equal(t, byte('"'), text[pos])
+			}
+			best = min(best, time.Since(start))
+		}
+		return best
+	}
+	small, large := MaxPayloadDepth/4, MaxPayloadDepth
+	var ratio float64
+	for range 3 { // a retry for a pause that hit only the large side
+		ts, tl := fastest(small), fastest(large)
+		ratio = float64(tl) / float64(max(ts, 1))
+		if ratio < 8 {
+			return
+		}
+	}
+	require.Failf(t, "not linear in the size", "resolving a pointer %d levels deep costs %.1fx what %d levels cost", large, ratio, small)
+}
+
+func TestCheckJSONText(t *testing.T) {
 	t.Parallel()
 	valid := []string{
 		`0`, `-0`, `1.5e-3`, `1E+2`, `true`, `false`, `null`, `""`, `"\u00e9\ud800\/"`,
@@ -182,30 +219,35 @@ func TestJSONTextCheck(t *testing.T) {
 		strings.Repeat("[", 1000),
 	}
 	for _, s := range valid {
-		if err := checkJSONText([]byte(s)); err != nil {
-			t.Errorf("checkJSONText(%.40q): %v", s, err)
-		}
-		if !json.Valid([]byte(s)) {
-			t.Errorf("encoding/json disagrees on %.40q", s)
-		}
-	}
-	// JSON.parse has no nesting limit (encoding/json stops at 10000).
-	deep := strings.Repeat(`[{"a":`, 100000) + "1" + strings.Repeat("}]", 100000)
-	if err := checkJSONText([]byte(deep)); err != nil {
-		t.Errorf("checkJSONText(deep): %v", err)
-	}
-	deep = strings.Repeat(`[{"a":`, 2000) + "1" + strings.Repeat("}]", 2000)
-	if pos, ok, _ := resolveText([]byte(deep), strings.Repeat("/0/a", 2000), nil); !ok || deep[pos] != '1' {
-		t.Errorf("resolveText(deep) = %d, %v", pos, ok)
+		assert.NoError(t, checkJSONText([]byte(s)), "checkJSONText(%.40q)", s)
 	}
 	for _, s := range invalid {
-		if err := checkJSONText([]byte(s)); err == nil {
-			t.Errorf("checkJSONText(%.40q) accepted it", s)
-		}
-		if json.Valid([]byte(s)) {
-			t.Errorf("encoding/json disagrees on %.40q", s)
-		}
+		assert.Error(t, checkJSONText([]byte(s)), "checkJSONText(%.40q)", s)
 	}
+	err := checkJSONText([]byte(`{"a":1,}`))
+	require.Error(t, err)
+	assert.Contains(t, err.Error(), "at byte 7", "the error says where")
+
+	// Nesting: up to MaxPayloadDepth is fine (and resolves), one more is an
+	// error that says the limit, however the text goes on.
+	deep, pointer := nested(MaxPayloadDepth, "1")
+	require.NoError(t, checkJSONText(deep))
+	pos, ok := resolveText(deep, pointer)
+	require.True(t, ok)
+	assert.Equal(t, byte('1'), deep[pos])
+	for _, text := range []string{
+		string(deep[:MaxPayloadDepth*5]) + `{"a":1}` + string(deep[MaxPayloadDepth*5:]),
+		strings.Repeat("[", MaxPayloadDepth+1) + strings.Repeat("]", MaxPayloadDepth+1),
+		strings.Repeat(`[{"a":`, 500000) + "1" + strings.Repeat("}]", 500000),
+		strings.Repeat("[", 3*MaxPayloadDepth),
+	} {
+		err := checkJSONText([]byte(text))
+		require.ErrorIs(t, err, errTooDeep, "%.20s... (%d bytes)", text, len(text))
+		assert.Contains(t, err.Error(), fmt.Sprint(MaxPayloadDepth))
+	}
+	// Brackets inside strings do not count.
+	inString := `["` + strings.Repeat("[{", 3*MaxPayloadDepth) + `"]`
+	assert.NoError(t, checkJSONText([]byte(inString)))
 }
 
 // TestJSONNumberTextVectors checks that number literals read as the doubles
@@ -215,18 +257,13 @@ func TestJSONNumberTextVectors(t *testing.T) {
 	v := loadJSVectors(t)
 	for _, n := range v.NumberTexts {
 		text := []byte(n.Text)
-		if err := checkJSONText(text); err != nil {
-			t.Errorf("checkJSONText(%.40s): %v", n.Text, err)
+		if !assert.NoError(t, checkJSONText(text), "checkJSONText(%.40s)", n.Text) {
 			continue
 		}
 		f, _ := strconv.ParseFloat(string(text[:valueEnd(text, 0)]), 64)
 		want := bitsToFloat(t, n.Bits)
-		if math.Float64bits(f) != math.Float64bits(want) {
-			t.Errorf("%.40s reads as %v, JSON.parse reads %v", n.Text, f, want)
-		}
-		if got := string(appendJSNumber(nil, f)); got != n.String {
-			t.Errorf("%.40s prints as %q, JavaScript prints %q", n.Text, got, n.String)
-		}
+		assert.Equal(t, math.Float64bits(want), math.Float64bits(f), "%.40s reads as %v, JSON.parse reads %v", n.Text, f, want)
+		assert.Equal(t, n.String, string(appendJSNumber(nil, f)), "%.40s prints as JavaScript prints it", n.Text)
 	}
 }
 
@@ -249,8 +286,61 @@ func TestJSONStringDecoding(t *testing.T) {
 		{"\xf0\x9f\x98", "\uFFFD"},
 		{"a\xffb\xc3\xa9", "a\uFFFDbé"},
 	} {
-		if got := appendStringValue([]byte("x"), []byte(tc.raw)); string(got) != "x"+tc.want {
-			t.Errorf("appendStringValue(%q) = %q, want %q", tc.raw, got[1:], tc.want)
+		assert.Equal(t, "x"+tc.want, string(appendStringValue([]byte("x"), []byte(tc.raw))), "appendStringValue(%q)", tc.raw)
+	}
+}
+
+// parsePointer splits an RFC 6901 JSON pointer into its reference tokens, as
+// an independent reading of the pointer for tests: the pointer must start
+// with "/"; in each token "~1" stands for "/" and "~0" for "~". A "~"
+// followed by anything else is an error wrapping [ErrInvalidPolicy] that
+// names the pointer.
+func parsePointer(pointer string) ([]string, error) {
+	if pointer == "" || pointer[0] != '/' {
+		return nil, fmt.Errorf("%w: key pointer %q does not start with \"/\"", ErrInvalidPolicy, pointer)
+	}
+	tokens := strings.Split(pointer[1:], "/")
+	for i, tok := range tokens {
+		var b strings.Builder
+		for j := 0; j < len(tok); j++ {
+			c := tok[j]
+			if c == '~' {
+				if j+1 == len(tok) || (tok[j+1] != '0' && tok[j+1] != '1') {
+					return nil, fmt.Errorf("%w: key pointer %q has a bad \"~\" escape", ErrInvalidPolicy, pointer)
+				}
+				j++
+				c = map[byte]byte{'0': '~', '1': '/'}[tok[j]]
+			}
+			b.WriteByte(c)
+		}
+		tokens[i] = b.String()
+	}
+	return tokens, nil
+}
+
+// resolvePointer follows tokens (as parsePointer returns them) through a
+// decoded JSON document made of map[string]any, []any and scalars, as
+// encoding/json decodes into an any, and reports the value it reaches and
+// whether it reached one: the oracle resolveText is checked against.
+func resolvePointer(doc any, tokens []string) (any, bool) {
+	cur := doc
+	for _, tok := range tokens {
+		switch v := cur.(type) {
+		case []any:
+			i, ok := arrayIndex(tok)
+			if !ok || i >= len(v) {
+				return nil, false
+			}
+			cur = v[i]
+		case map[string]any:
+			next, ok := v[tok]
+			if !ok {
+				return nil, false
+			}
+			cur = next
+		default:
+			return nil, false
 		}
 	}
+	return cur, true
 }

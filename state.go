@@ -3,11 +3,8 @@ package jobkeys
 import (
 	"crypto/sha256"
 	"encoding/hex"
-	"encoding/json"
-	"errors"
 	"fmt"
 	"math"
-	"reflect"
 	"strconv"
 	"time"
 )
@@ -16,7 +13,7 @@ import (
 const StateVersion = 1
 
 // TraceContext is the W3C trace context a job carries, stored with every
-// queued entry and slot (wire field "context").
+// queued entry and slot (wire member "context").
 type TraceContext struct {
 	RequestID   string // wire "requestId"; required on the wire
 	TraceID     string // wire "traceId"; required on the wire
@@ -36,9 +33,10 @@ type ActiveSlot struct {
 	HeartbeatAt    time.Time // the last renewal (or the acquisition)
 	LeaseExpiresAt time.Time // the slot is stale from this instant on
 	Tries          int       // the attempt number the acquirer gave
-	// Context is the job's trace context. The Rust port may omit it; it is
-	// then zero, and written back with a context derived from the job id
-	// and slot token so that the TS original accepts it.
+	// Context is the job's trace context. A slot written by the Rust port
+	// may have none; it then reads as zero and is written back with a
+	// context derived from the job id and slot token, since the TypeScript
+	// original refuses a slot without one.
 	Context TraceContext
 }
 
@@ -51,7 +49,21 @@ type QueuedJob struct {
 }
 
 // KeyState is the document stored under one KV key: the active slots and
-// queued jobs of one key of one job type of one service.
+// queued jobs of one key of one job type of one service. [ParseState] reads
+// it; the coordinator writes it.
+//
+// On the wire it is a JSON object shared with workers written in
+// TypeScript: members in the order of the fields below, named as the
+// fields are but in lower camel case ("jobType", "maxQueuedPerKey",
+// "staleTakeoverCount"), strings escaped as JSON.stringify escapes them,
+// and times written as toISOString writes them: UTC with milliseconds and
+// "Z" ("2026-11-30T10:00:02.000Z"), and for years outside 0 to 9999 a sign
+// and six digits ("+010000-01-01T00:00:00.000Z").
+//
+// KeyState has no JSON methods: json.Marshal writes its Go field names, not
+// the wire format, and json.Unmarshal does not read the wire format as the
+// TypeScript original does (it matches names case-insensitively). Read a
+// state with ParseState.
 type KeyState struct {
 	Version            int          // always StateVersion
 	Service            string       // the service (bucket JOBS_KEYS_<Service>)
@@ -78,36 +90,33 @@ func (s *KeyState) clone() *KeyState {
 	return &c
 }
 
-// MarshalJSON encodes the state in the wire format of the TS original: fields
-// in its order, timestamps as JavaScript's toISOString writes them.
+// ParseState decodes and validates a key state document, as a KV entry
+// holds it. It reads what the TypeScript original and its Rust port write,
+// with the TypeScript original's rules:
 //
-// It has a value receiver so that KeyState values and structs holding
-// them encode in the wire format too. Note that json.Marshal escapes '<',
-// '>' and '&' in what a MarshalJSON returns, which JSON.stringify does not;
-// call MarshalJSON directly for the exact bytes the coordinator writes.
-func (s KeyState) MarshalJSON() ([]byte, error) {
-	return appendState(make([]byte, 0, 512), &s), nil
-}
-
-// UnmarshalJSON decodes and validates a state document; see [ParseState].
-func (s *KeyState) UnmarshalJSON(data []byte) error {
-	st, err := decodeState(data)
-	if err != nil {
-		return err
-	}
-	*s = *st
-	return nil
-}
-
-// ParseState decodes a key state document as the TS original or its Rust
-// port writes it and validates it with the TS original's rules (slot
-// "context" may be missing). The error says which field is wrong.
+//   - member names match exactly (JSON.parse is case-sensitive: "ACTIVE" is
+//     not "active") and the last of duplicate members counts; unknown
+//     members are ignored;
+//   - strings, numbers and integers as JSON.parse reads them (a leading byte
+//     order mark is dropped, lone surrogate escapes are kept as WTF-8 so that
+//     they are written back as they were read), integers up to 2^53;
+//   - timestamps in RFC 3339, or with the expanded years toISOString writes
+//     (see [KeyState] for how they are written);
+//   - a slot's "context" may be missing or null (the Rust port leaves it out);
+//     it reads as the zero [TraceContext].
+//
+// A document nested deeper than [MaxPayloadDepth] is refused (only an
+// unknown member can be; the TypeScript original has no such limit).
+//
+// The error names the field that is wrong ("active[0]: field tries must be
+// an integer from 0 to 2^53, not a string"); ParseState never returns both a
+// state and an error.
 func ParseState(data []byte) (*KeyState, error) {
 	return decodeState(data)
 }
 
 // inJSYears reports whether t, in UTC, falls in the years 0000 to 9999,
-// which toISOString writes in the four-digit form every reader accepts.
+// which toISOString writes in the four-digit form.
 func inJSYears(t time.Time) bool {
 	y := t.UTC().Year()
 	return y >= 0 && y <= 9999
@@ -116,10 +125,182 @@ func inJSYears(t time.Time) bool {
 // jsTime is the layout of JavaScript's Date#toISOString for years 0-9999.
 const jsTime = "2006-01-02T15:04:05.000Z"
 
+// jsTimeLimit is the largest distance from the Unix epoch, in milliseconds,
+// of a time JavaScript's Date can hold: 8.64e15 ms, the years -271821 to
+// 275760.
+const jsTimeLimit = 8_640_000_000_000_000
+
+// appendTime appends t as a JSON string as JavaScript's toISOString writes
+// it: UTC, milliseconds (finer digits cut), "Z", the year as four digits
+// when it is 0 to 9999 and otherwise as a sign and six digits
+// ("+010000-01-01T00:00:00.000Z", "-000001-12-31T23:59:59.999Z"). A time
+// outside what a Date can hold is written in the same form, which nobody
+// reads back; the coordinator does not write such times.
 func appendTime(dst []byte, t time.Time) []byte {
+	t = t.UTC()
 	dst = append(dst, '"')
-	dst = t.UTC().AppendFormat(dst, jsTime)
+	year := t.Year()
+	if year >= 0 && year <= 9999 {
+		dst = t.AppendFormat(dst, jsTime)
+		return append(dst, '"')
+	}
+	if year < 0 {
+		dst = append(dst, '-')
+		year = -year
+	} else {
+		dst = append(dst, '+')
+	}
+	for n := 100000; n > 1 && year < n; n /= 10 {
+		dst = append(dst, '0') // six digits
+	}
+	dst = strconv.AppendInt(dst, int64(year), 10)
+	dst = t.AppendFormat(dst, "-01-02T15:04:05.000Z")
 	return append(dst, '"')
+}
+
+// parseTimestamp reads an RFC 3339 date-time ("2026-11-30T10:00:02.5Z",
+// "2026-11-30t11:00:02+01:00"; "T" and "Z" in either case) or the same with
+// an expanded year as toISOString writes it ("+010000-01-01T00:00:00.000Z"),
+// as JavaScript's Date.parse reads it: fraction digits past the millisecond
+// are cut, and the time must lie within what a Date can hold (about the
+// years -271821 to 275760). A leap second (":60") is an error, as
+// Date.parse has no way to hold one; so are the other forms Date.parse may
+// accept (a date alone, no seconds, no offset, a space for "T", day 31 of a
+// 30-day month). The error quotes s.
+func parseTimestamp(s string) (time.Time, error) {
+	bad := func(why string) (time.Time, error) {
+		return time.Time{}, fmt.Errorf("%q is not an RFC 3339 timestamp: %s", s, why)
+	}
+	i := 0
+	digits := func(n int) (int, bool) {
+		if len(s)-i < n {
+			return 0, false
+		}
+		v := 0
+		for _, c := range []byte(s[i : i+n]) {
+			if c < '0' || c > '9' {
+				return 0, false
+			}
+			v = v*10 + int(c-'0')
+		}
+		i += n
+		return v, true
+	}
+	sep := func(c byte) bool {
+		if i < len(s) && (s[i] == c || c >= 'A' && c <= 'Z' && s[i] == c+'a'-'A') { // 'T' or 't', 'Z' or 'z'
+			i++
+			return true
+		}
+		return false
+	}
+	var year int
+	var ok bool
+	if s != "" && (s[0] == '+' || s[0] == '-') {
+		i = 1
+		if year, ok = digits(6); !ok {
+			return bad("a signed year has six digits")
+		}
+		if s[0] == '-' {
+			if year == 0 {
+				return bad("the year -000000 is not allowed")
+			}
+			year = -year
+		}
+	} else if year, ok = digits(4); !ok {
+		return bad("it does not start with a four-digit year")
+	}
+	var month, day, hour, minute, sec int
+	if !sep('-') {
+		return bad("no '-' after the year")
+	}
+	if month, ok = digits(2); !ok || !sep('-') {
+		return bad("want YYYY-MM-DD")
+	}
+	if day, ok = digits(2); !ok {
+		return bad("want YYYY-MM-DD")
+	}
+	if !sep('T') {
+		return bad("want 'T' between date and time")
+	}
+	if hour, ok = digits(2); !ok || !sep(':') {
+		return bad("want hh:mm:ss")
+	}
+	if minute, ok = digits(2); !ok || !sep(':') {
+		return bad("want hh:mm:ss")
+	}
+	if sec, ok = digits(2); !ok {
+		return bad("want hh:mm:ss")
+	}
+	millis := 0
+	if sep('.') {
+		start := i
+		for i < len(s) && s[i] >= '0' && s[i] <= '9' {
+			if i-start < 3 {
+				millis = millis*10 + int(s[i]-'0')
+			}
+			i++
+		}
+		if i == start {
+			return bad("no digits after '.'")
+		}
+		for n := i - start; n < 3; n++ {
+			millis *= 10
+		}
+	}
+	offset := 0
+	switch {
+	case sep('Z'):
+	case i < len(s) && (s[i] == '+' || s[i] == '-'):
+		sign := 1
+		if s[i] == '-' {
+			sign = -1
+		}
+		i++
+		oh, ok1 := digits(2)
+		ok2 := sep(':')
+		om, ok3 := digits(2)
+		if !ok1 || !ok2 || !ok3 || oh > 23 || om > 59 {
+			return bad("want an offset of Z or ±hh:mm")
+		}
+		offset = sign * (oh*60 + om)
+	default:
+		return bad("want an offset of Z or ±hh:mm")
+	}
+	if i != len(s) {
+		return bad("unexpected text after the offset")
+	}
+	switch {
+	case month < 1 || month > 12:
+		return bad("month out of range")
+	case day < 1 || day > daysIn(year, month):
+		return bad("day out of range")
+	case hour > 23 || minute > 59:
+		return bad("time out of range")
+	case sec == 60:
+		return bad("a leap second cannot be represented")
+	case sec > 59:
+		return bad("seconds out of range")
+	}
+	t := time.Date(year, time.Month(month), day, hour, minute, sec, millis*int(time.Millisecond), time.UTC).
+		Add(-time.Duration(offset) * time.Minute)
+	if ms := t.UnixMilli(); ms > jsTimeLimit || ms < -jsTimeLimit {
+		return bad("outside the range of JavaScript dates")
+	}
+	return t, nil
+}
+
+// daysIn returns the number of days in month of year (proleptic Gregorian).
+func daysIn(year, month int) int {
+	switch month {
+	case 2:
+		if year%4 == 0 && (year%100 != 0 || year%400 == 0) {
+			return 29
+		}
+		return 28
+	case 4, 6, 9, 11:
+		return 30
+	}
+	return 31
 }
 
 func appendContext(dst []byte, c TraceContext) []byte {
@@ -136,7 +317,8 @@ func appendContext(dst []byte, c TraceContext) []byte {
 	return append(dst, '}')
 }
 
-// appendState writes s as the TS original's JSON.stringify would.
+// appendState appends s in the wire format (see [KeyState]): the bytes the
+// TypeScript original's JSON.stringify writes for the same state.
 func appendState(dst []byte, s *KeyState) []byte {
 	dst = append(dst, `{"version":1,"service":`...)
 	dst = appendJSString(dst, s.Service)
@@ -202,10 +384,10 @@ func appendState(dst []byte, s *KeyState) []byte {
 	return append(dst, '}')
 }
 
-// wireContext returns c with every field the TS original requires filled.
+// wireContext returns c with every field the TypeScript original requires filled.
 // Missing fields are derived deterministically from the job id and slot
 // token (a trace id of their hash), so a slot the Rust port wrote without
-// context, or a job admitted without one, still validates on the TS side.
+// context, or a job admitted without one, still validates in the TypeScript original.
 func wireContext(c TraceContext, jobID, salt string) TraceContext {
 	if c.RequestID != "" && c.TraceID != "" && c.Traceparent != "" {
 		return c
@@ -227,240 +409,338 @@ func wireContext(c TraceContext, jobID, salt string) TraceContext {
 	return c
 }
 
-// wireString is a JSON string decoded as JSON.parse decodes it: escaped
-// lone surrogates are kept (in WTF-8, as DeriveKey keeps them) rather than
-// replaced with U+FFFD as encoding/json does, so that state written back
-// holds exactly the strings that were read.
-type wireString string
-
-var stringType = reflect.TypeFor[string]()
-
-// UnmarshalJSON implements json.Unmarshaler.
-func (w *wireString) UnmarshalJSON(b []byte) error {
-	if len(b) < 2 || b[0] != '"' {
-		kind := "number"
-		switch b[0] {
-		case '{':
-			kind = "object"
-		case '[':
-			kind = "array"
-		case 't', 'f':
-			kind = "bool"
-		}
-		return &json.UnmarshalTypeError{Value: kind, Type: stringType}
-	}
-	raw := b[1 : len(b)-1]
-	if !needsDecoding(raw) {
-		*w = wireString(raw)
-		return nil
-	}
-	*w = wireString(appendStringValue(make([]byte, 0, len(raw)), raw))
-	return nil
-}
-
-// Wire shapes for decoding. Pointers tell missing and null apart from zero.
-type wireContextDoc struct {
-	RequestID   *wireString `json:"requestId"`
-	TraceID     *wireString `json:"traceId"`
-	Traceparent *wireString `json:"traceparent"`
-	Tracestate  *wireString `json:"tracestate"`
-}
-
-type wireSlot struct {
-	JobID          *wireString     `json:"jobId"`
-	SlotToken      *wireString     `json:"slotToken"`
-	InstanceID     *wireString     `json:"instanceId"`
-	StartedAt      *wireString     `json:"startedAt"`
-	HeartbeatAt    *wireString     `json:"heartbeatAt"`
-	LeaseExpiresAt *wireString     `json:"leaseExpiresAt"`
-	Tries          *float64        `json:"tries"`
-	Context        *wireContextDoc `json:"context"`
-}
-
-type wireQueued struct {
-	JobID     *wireString     `json:"jobId"`
-	CreatedAt *wireString     `json:"createdAt"`
-	RequestID *wireString     `json:"requestId"`
-	Context   *wireContextDoc `json:"context"`
-}
-
-type wireState struct {
-	Version            *float64      `json:"version"`
-	Service            *wireString   `json:"service"`
-	JobType            *wireString   `json:"jobType"`
-	Key                *wireString   `json:"key"`
-	KeyHash            *wireString   `json:"keyHash"`
-	MaxActive          *float64      `json:"maxActive"`
-	MaxQueuedPerKey    *float64      `json:"maxQueuedPerKey"`
-	Active             *[]wireSlot   `json:"active"`
-	Queued             *[]wireQueued `json:"queued"`
-	StaleTakeoverCount *float64      `json:"staleTakeoverCount"`
-	UpdatedAt          *wireString   `json:"updatedAt"`
-}
-
+// decodeState reads a key state document; see [ParseState]. It reads the
+// members JSON.parse reads: names match exactly (after unescaping), the last
+// of duplicate members counts, and members it does not know are ignored.
 func decodeState(data []byte) (*KeyState, error) {
-	var w wireState
-	if err := json.Unmarshal(data, &w); err != nil {
-		var typeErr *json.UnmarshalTypeError
-		if errors.As(err, &typeErr) && typeErr.Field != "" {
-			return nil, fieldErr(typeErr.Field, "has the wrong type ("+typeErr.Value+")")
-		}
-		if errors.As(err, &typeErr) {
-			return nil, fmt.Errorf("state is not a JSON object (%s)", typeErr.Value)
-		}
+	text := trimBOM(data)
+	if err := checkJSONText(text); err != nil {
 		return nil, fmt.Errorf("state is not valid JSON: %w", err)
 	}
+	r := stateReader{text: text}
+	pos := skipWS(text, 0)
+	if text[pos] != '{' {
+		return nil, fmt.Errorf("state is not a JSON object (it is %s)", kindAt(text, pos))
+	}
+	const (
+		fVersion = iota
+		fService
+		fJobType
+		fKey
+		fKeyHash
+		fMaxActive
+		fMaxQueued
+		fActive
+		fQueued
+		fStale
+		fUpdatedAt
+		nStateFields
+	)
+	var at [nStateFields]int
+	r.members(pos, []string{"version", "service", "jobType", "key", "keyHash", "maxActive",
+		"maxQueuedPerKey", "active", "queued", "staleTakeoverCount", "updatedAt"}, at[:])
+
 	var s KeyState
 	var err error
-	if w.Version == nil || *w.Version != StateVersion {
-		return nil, fieldErr("version", "must be 1")
+	if v, ok := r.number(at[fVersion]); !ok || v != StateVersion {
+		return nil, fieldErr("version", at[fVersion] != 0, "must be 1")
 	}
 	s.Version = StateVersion
-	if s.Service, err = nonEmpty("service", w.Service); err != nil {
+	if s.Service, err = r.nonEmpty("service", at[fService]); err != nil {
 		return nil, err
 	}
-	if s.JobType, err = nonEmpty("jobType", w.JobType); err != nil {
+	if s.JobType, err = r.nonEmpty("jobType", at[fJobType]); err != nil {
 		return nil, err
 	}
-	if w.Key == nil {
-		return nil, fieldErr("key", "must be a string")
-	}
-	s.Key = string(*w.Key)
-	if s.KeyHash, err = nonEmpty("keyHash", w.KeyHash); err != nil {
+	if s.Key, err = r.str("key", at[fKey]); err != nil {
 		return nil, err
 	}
-	if s.MaxActive, err = integer("maxActive", w.MaxActive, 1); err != nil {
+	if s.KeyHash, err = r.nonEmpty("keyHash", at[fKeyHash]); err != nil {
 		return nil, err
 	}
-	if w.MaxQueuedPerKey != nil {
-		if s.MaxQueuedPerKey, err = integer("maxQueuedPerKey", w.MaxQueuedPerKey, 0); err != nil {
+	if s.MaxActive, err = r.integer("maxActive", at[fMaxActive], 1); err != nil {
+		return nil, err
+	}
+	if at[fMaxQueued] != 0 { // optional in the TypeScript original's type
+		if s.MaxQueuedPerKey, err = r.integer("maxQueuedPerKey", at[fMaxQueued], 0); err != nil {
 			return nil, err
 		}
 	}
-	if w.Active == nil {
-		return nil, fieldErr("active", "must be an array")
-	}
-	s.Active = make([]ActiveSlot, len(*w.Active), len(*w.Active)+1)
-	for i := range *w.Active {
-		if err := decodeSlot(&(*w.Active)[i], &s.Active[i]); err != nil {
-			return nil, fmt.Errorf("active[%d]: %w", i, err)
+	err = r.array("active", at[fActive], func(i, pos int) error {
+		var a ActiveSlot
+		if err := r.slot(pos, &a); err != nil {
+			return fmt.Errorf("active[%d]: %w", i, err)
 		}
-	}
-	if w.Queued == nil {
-		return nil, fieldErr("queued", "must be an array")
-	}
-	s.Queued = make([]QueuedJob, len(*w.Queued), len(*w.Queued)+1)
-	for i := range *w.Queued {
-		if err := decodeQueued(&(*w.Queued)[i], &s.Queued[i]); err != nil {
-			return nil, fmt.Errorf("queued[%d]: %w", i, err)
-		}
-	}
-	if s.StaleTakeoverCount, err = integer("staleTakeoverCount", w.StaleTakeoverCount, 0); err != nil {
+		s.Active = append(s.Active, a)
+		return nil
+	})
+	if err != nil {
 		return nil, err
 	}
-	if s.UpdatedAt, err = timestamp("updatedAt", w.UpdatedAt); err != nil {
+	err = r.array("queued", at[fQueued], func(i, pos int) error {
+		var q QueuedJob
+		if err := r.queued(pos, &q); err != nil {
+			return fmt.Errorf("queued[%d]: %w", i, err)
+		}
+		s.Queued = append(s.Queued, q)
+		return nil
+	})
+	if err != nil {
+		return nil, err
+	}
+	if s.Active == nil {
+		s.Active = []ActiveSlot{}
+	}
+	if s.Queued == nil {
+		s.Queued = []QueuedJob{}
+	}
+	if s.StaleTakeoverCount, err = r.integer("staleTakeoverCount", at[fStale], 0); err != nil {
+		return nil, err
+	}
+	if s.UpdatedAt, err = r.timestamp("updatedAt", at[fUpdatedAt]); err != nil {
 		return nil, err
 	}
 	return &s, nil
 }
 
-func decodeSlot(w *wireSlot, a *ActiveSlot) error {
-	var err error
-	if a.JobID, err = nonEmpty("jobId", w.JobID); err != nil {
-		return err
+// stateReader reads the members of a state document, JSON text that
+// checkJSONText accepted. A member's position is the offset of its value plus
+// one, so that 0 stands for a missing member.
+type stateReader struct {
+	text    []byte
+	scratch []byte
+}
+
+// members sets at[k] to the position of the last member of the object at
+// text[pos] named names[k], and leaves it 0 where there is none.
+func (r *stateReader) members(pos int, names []string, at []int) {
+	i, _ := firstMember(r.text, pos)
+	for i >= 0 {
+		var name []byte
+		var v int
+		name, v, r.scratch = nextMember(r.text, i, r.scratch)
+		for k, n := range names {
+			if string(name) == n {
+				at[k] = v + 1
+				break
+			}
+		}
+		i, _ = afterValue(r.text, valueEnd(r.text, v))
 	}
-	if a.SlotToken, err = nonEmpty("slotToken", w.SlotToken); err != nil {
-		return err
+}
+
+// object reads the object at position p into at, or says what the member
+// field is instead.
+func (r *stateReader) object(field string, p int, names []string, at []int) error {
+	if p == 0 || r.text[p-1] != '{' {
+		return fieldErr(field, p != 0, "must be an object"+r.got(p))
 	}
-	if a.InstanceID, err = nonEmpty("instanceId", w.InstanceID); err != nil {
-		return err
+	r.members(p-1, names, at)
+	return nil
+}
+
+// array calls each with the index and offset of every element of the array
+// at position p, or says what the member field is instead.
+func (r *stateReader) array(field string, p int, each func(i, pos int) error) error {
+	if p == 0 || r.text[p-1] != '[' {
+		return fieldErr(field, p != 0, "must be an array"+r.got(p))
 	}
-	if a.StartedAt, err = timestamp("startedAt", w.StartedAt); err != nil {
-		return err
-	}
-	if a.HeartbeatAt, err = timestamp("heartbeatAt", w.HeartbeatAt); err != nil {
-		return err
-	}
-	if a.LeaseExpiresAt, err = timestamp("leaseExpiresAt", w.LeaseExpiresAt); err != nil {
-		return err
-	}
-	if a.Tries, err = integer("tries", w.Tries, 0); err != nil {
-		return err
-	}
-	if w.Context != nil { // the Rust port may leave it out
-		if a.Context, err = decodeContext(w.Context); err != nil {
+	i, _ := firstMember(r.text, p-1)
+	for n := 0; i >= 0; n++ {
+		if err := each(n, i); err != nil {
 			return err
 		}
+		i, _ = afterValue(r.text, valueEnd(r.text, i))
 	}
 	return nil
 }
 
-func decodeQueued(w *wireQueued, q *QueuedJob) error {
-	var err error
-	if q.JobID, err = nonEmpty("jobId", w.JobID); err != nil {
+// got describes the value at position p for an error message.
+func (r *stateReader) got(p int) string {
+	if p == 0 {
+		return ""
+	}
+	return ", not " + kindAt(r.text, p-1)
+}
+
+// kindAt names the kind of the JSON value at text[pos].
+func kindAt(text []byte, pos int) string {
+	switch text[pos] {
+	case '"':
+		return "a string"
+	case '{':
+		return "an object"
+	case '[':
+		return "an array"
+	case 't', 'f':
+		return "a boolean"
+	case 'n':
+		return "null"
+	}
+	return "a number"
+}
+
+// str returns the string at position p.
+func (r *stateReader) str(field string, p int) (string, error) {
+	if p == 0 || r.text[p-1] != '"' {
+		return "", fieldErr(field, p != 0, "must be a string"+r.got(p))
+	}
+	raw := r.text[p : stringEnd(r.text, p-1)-1]
+	if !needsDecoding(raw) {
+		return string(raw), nil
+	}
+	return string(appendStringValue(make([]byte, 0, len(raw)), raw)), nil
+}
+
+// nonEmpty returns the non-empty string at position p.
+func (r *stateReader) nonEmpty(field string, p int) (string, error) {
+	s, err := r.str(field, p)
+	if err != nil || s == "" {
+		return "", fieldErr(field, p != 0, "must be a non-empty string"+r.got(p))
+	}
+	return s, nil
+}
+
+// number returns the number at position p as JSON.parse reads it (a literal
+// beyond the doubles is ±Infinity).
+func (r *stateReader) number(p int) (float64, bool) {
+	if p == 0 {
+		return 0, false
+	}
+	switch c := r.text[p-1]; {
+	case c == '-' || c >= '0' && c <= '9':
+		f, _ := strconv.ParseFloat(string(r.text[p-1:valueEnd(r.text, p-1)]), 64)
+		return f, true
+	}
+	return 0, false
+}
+
+// integer returns the integer at position p, at least lowest and at most
+// 2^53 (beyond that a double does not hold every integer; the TypeScript
+// original accepts any integral double).
+func (r *stateReader) integer(field string, p int, lowest int) (int, error) {
+	f, ok := r.number(p)
+	if !ok || f != math.Trunc(f) || f < float64(lowest) || f > 1<<53 || f > math.MaxInt {
+		return 0, fieldErr(field, p != 0, fmt.Sprintf("must be an integer from %d to 2^53", lowest)+r.got(p))
+	}
+	return int(f), nil
+}
+
+// timestamp returns the time at position p; see parseTimestamp.
+func (r *stateReader) timestamp(field string, p int) (time.Time, error) {
+	s, err := r.str(field, p)
+	if err != nil {
+		return time.Time{}, fieldErr(field, p != 0, "must be an RFC 3339 timestamp"+r.got(p))
+	}
+	t, err := parseTimestamp(s)
+	if err != nil {
+		return time.Time{}, fmt.Errorf("field %s: %w", field, err)
+	}
+	return t, nil
+}
+
+// slot reads the active slot at text[pos].
+func (r *stateReader) slot(pos int, a *ActiveSlot) error {
+	const (
+		fJobID = iota
+		fSlotToken
+		fInstanceID
+		fStartedAt
+		fHeartbeatAt
+		fLeaseExpiresAt
+		fTries
+		fContext
+		nSlotFields
+	)
+	var at [nSlotFields]int
+	err := r.object("slot", pos+1, []string{"jobId", "slotToken", "instanceId", "startedAt", "heartbeatAt",
+		"leaseExpiresAt", "tries", "context"}, at[:])
+	if err != nil {
 		return err
 	}
-	if q.CreatedAt, err = timestamp("createdAt", w.CreatedAt); err != nil {
+	if a.JobID, err = r.nonEmpty("jobId", at[fJobID]); err != nil {
 		return err
 	}
-	if q.RequestID, err = nonEmpty("requestId", w.RequestID); err != nil {
+	if a.SlotToken, err = r.nonEmpty("slotToken", at[fSlotToken]); err != nil {
 		return err
 	}
-	if w.Context == nil {
-		return fieldErr("context", "must be an object")
+	if a.InstanceID, err = r.nonEmpty("instanceId", at[fInstanceID]); err != nil {
+		return err
 	}
-	q.Context, err = decodeContext(w.Context)
+	if a.StartedAt, err = r.timestamp("startedAt", at[fStartedAt]); err != nil {
+		return err
+	}
+	if a.HeartbeatAt, err = r.timestamp("heartbeatAt", at[fHeartbeatAt]); err != nil {
+		return err
+	}
+	if a.LeaseExpiresAt, err = r.timestamp("leaseExpiresAt", at[fLeaseExpiresAt]); err != nil {
+		return err
+	}
+	if a.Tries, err = r.integer("tries", at[fTries], 0); err != nil {
+		return err
+	}
+	// The Rust port may leave the context out (or write null); it then
+	// reads as zero and is written back derived from the job and slot.
+	if p := at[fContext]; p != 0 && r.text[p-1] != 'n' {
+		a.Context, err = r.context(p)
+	}
 	return err
 }
 
-func decodeContext(w *wireContextDoc) (TraceContext, error) {
-	var c TraceContext
-	var err error
-	if c.RequestID, err = nonEmpty("context.requestId", w.RequestID); err != nil {
-		return c, err
-	}
-	if c.TraceID, err = nonEmpty("context.traceId", w.TraceID); err != nil {
-		return c, err
-	}
-	if c.Traceparent, err = nonEmpty("context.traceparent", w.Traceparent); err != nil {
-		return c, err
-	}
-	if w.Tracestate != nil {
-		c.Tracestate = string(*w.Tracestate)
-	}
-	return c, nil
-}
-
-func fieldErr(field, reason string) error {
-	return fmt.Errorf("field %s %s", field, reason)
-}
-
-func nonEmpty(field string, v *wireString) (string, error) {
-	if v == nil || *v == "" {
-		return "", fieldErr(field, "must be a non-empty string")
-	}
-	return string(*v), nil
-}
-
-func integer(field string, v *float64, lowest int) (int, error) {
-	if v == nil || *v != math.Trunc(*v) || *v < float64(lowest) || *v > 1<<53 || *v > math.MaxInt {
-		return 0, fieldErr(field, fmt.Sprintf("must be an integer >= %d", lowest))
-	}
-	return int(*v), nil
-}
-
-func timestamp(field string, v *wireString) (time.Time, error) {
-	if v == nil {
-		return time.Time{}, fieldErr(field, "must be an RFC 3339 timestamp")
-	}
-	t, err := time.Parse(time.RFC3339Nano, string(*v))
+// queued reads the queued entry at text[pos].
+func (r *stateReader) queued(pos int, q *QueuedJob) error {
+	const (
+		fJobID = iota
+		fCreatedAt
+		fRequestID
+		fContext
+		nQueuedFields
+	)
+	var at [nQueuedFields]int
+	err := r.object("entry", pos+1, []string{"jobId", "createdAt", "requestId", "context"}, at[:])
 	if err != nil {
-		return time.Time{}, fieldErr(field, fmt.Sprintf("must be an RFC 3339 timestamp, got %q", string(*v)))
+		return err
 	}
-	if !inJSYears(t) {
-		return time.Time{}, fieldErr(field, fmt.Sprintf("%q is outside the years 0000 to 9999 in UTC", string(*v)))
+	if q.JobID, err = r.nonEmpty("jobId", at[fJobID]); err != nil {
+		return err
 	}
-	// JavaScript dates hold milliseconds; finer fractions (the Rust port
-	// writes nanoseconds) are truncated as Date.parse truncates them.
-	return t.UTC().Truncate(time.Millisecond), nil
+	if q.CreatedAt, err = r.timestamp("createdAt", at[fCreatedAt]); err != nil {
+		return err
+	}
+	if q.RequestID, err = r.nonEmpty("requestId", at[fRequestID]); err != nil {
+		return err
+	}
+	q.Context, err = r.context(at[fContext])
+	return err
+}
+
+// context reads the trace context at position p.
+func (r *stateReader) context(p int) (TraceContext, error) {
+	var c TraceContext
+	var at [4]int
+	if err := r.object("context", p, []string{"requestId", "traceId", "traceparent", "tracestate"}, at[:]); err != nil {
+		return c, err
+	}
+	var err error
+	if c.RequestID, err = r.nonEmpty("context.requestId", at[0]); err != nil {
+		return c, err
+	}
+	if c.TraceID, err = r.nonEmpty("context.traceId", at[1]); err != nil {
+		return c, err
+	}
+	if c.Traceparent, err = r.nonEmpty("context.traceparent", at[2]); err != nil {
+		return c, err
+	}
+	if at[3] != 0 { // optional
+		c.Tracestate, err = r.str("context.tracestate", at[3])
+	}
+	return c, err
+}
+
+// fieldErr reports that a field is missing or has a bad value.
+func fieldErr(field string, present bool, want string) error {
+	if !present {
+		return fmt.Errorf("field %s is missing (it %s)", field, want)
+	}
+	return fmt.Errorf("field %s %s", field, want)
 }
