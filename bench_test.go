@@ -59,7 +59,9 @@ func benchConnect(b *testing.B, s *server.Server) *benchConn {
 	if err != nil {
 		b.Fatal(err)
 	}
-	coord, err := NewCoordinator(store, nil)
+	// The coordinator writes through a countingStore, which benchContended
+	// reads its lost races from.
+	coord, err := NewCoordinator(newCountingStore(store), nil)
 	if err != nil {
 		b.Fatal(err)
 	}
@@ -225,61 +227,65 @@ func benchContended(b *testing.B, s *server.Server, n int, shared bool) {
 	policy := Policy{Key: []string{"tenant", "/tenant"}, MaxActive: 4, MaxQueuedPerKey: n}
 	service, payload := benchService(), benchPayload(0)
 	var contention, blocked atomic.Int64
-	conns := benchParallel(b, s, n, shared, "cycles/s", func(ctx context.Context, w *benchConn, worker int) func(int) error {
+	var races benchRaces
+	benchParallel(b, s, n, shared, "cycles/s", func(ctx context.Context, w *benchConn, worker int) func(int) error {
 		if err := benchCycle(ctx, w.coord, service, policy, payload, fmt.Sprintf("warmup-%d", worker)); err != nil {
 			b.Fatal(err)
 		}
 		rng := mrand.New(mrand.NewPCG(uint64(worker), 1))
 		return func(i int) error {
 			jobID := fmt.Sprintf("job-%d-%d", worker, i)
-			err := benchContendedCycle(ctx, w.coord, service, policy, payload, jobID, rng, &blocked)
+			err := benchContendedCycle(ctx, w.coord, service, policy, payload, jobID, rng, &blocked, &races)
 			if errors.Is(err, ErrContention) {
 				contention.Add(1)
 			}
 			return err
 		}
 	})
-	var sum benchContention
-	for _, w := range conns {
-		sum.add(benchStats(w.coord))
+	var lost [len(races.lost)]int64
+	for i := range lost {
+		lost[i] = races.lost[i].Load()
 	}
-	conflicts, stale, worst := sum.conflicts, sum.staleGuesses, sum.maxConflicts
-	b.Logf("%d cycles: operations by races lost (0, 1, 2, ... %d+): %v", b.N, len(sum.lost)-1, sum.lost)
+	b.Logf("%d cycles: operations by races lost (0, 1, 2, ... %d+): %v", b.N, len(lost)-1, lost)
 	b.ReportMetric(float64(contention.Load()), "contention-errors")
 	b.ReportMetric(float64(blocked.Load())/float64(b.N), "blocked/op")
-	b.ReportMetric(float64(conflicts)/float64(b.N), "conflicts/op")
-	b.ReportMetric(float64(stale)/float64(b.N), "stale-guesses/op")
-	b.ReportMetric(float64(worst), "max-conflicts")
+	b.ReportMetric(float64(races.conflicts.Load())/float64(b.N), "conflicts/op")
+	b.ReportMetric(float64(races.staleGuesses.Load())/float64(b.N), "stale-guesses/op")
+	b.ReportMetric(float64(races.maxConflicts.Load()), "max-conflicts")
 	if contention.Load() != 0 {
 		b.Errorf("%d cycles failed with ErrContention", contention.Load())
 	}
 }
 
-// benchContention is what a coordinator's contentionStats counted.
-type benchContention struct {
-	conflicts, staleGuesses, maxConflicts int64
-	lost                                  [16]int64 // operations by races lost
+// benchRaces sums what the operations of a benchmark met at the store
+// (see countingStore).
+type benchRaces struct {
+	conflicts, staleGuesses, maxConflicts atomic.Int64
+	lost                                  [16]atomic.Int64 // operations by races lost; the last bucket: that many or more
 }
 
-func (s *benchContention) add(o benchContention) {
-	s.conflicts += o.conflicts
-	s.staleGuesses += o.staleGuesses
-	s.maxConflicts = max(s.maxConflicts, o.maxConflicts)
-	for i := range s.lost {
-		s.lost[i] += o.lost[i]
+// op returns ctx with a counter for one operation, and the function that
+// adds the operation's counts once it returned.
+func (s *benchRaces) op(ctx context.Context) (context.Context, func()) {
+	ctx, rc := withRaceCounter(ctx)
+	return ctx, func() {
+		lost, stale := rc.counts()
+		s.conflicts.Add(int64(lost))
+		s.staleGuesses.Add(int64(stale))
+		s.lost[min(lost, len(s.lost)-1)].Add(1)
+		for {
+			m := s.maxConflicts.Load()
+			if int64(lost) <= m || s.maxConflicts.CompareAndSwap(m, int64(lost)) {
+				return
+			}
+		}
 	}
 }
 
-func benchStats(c *KeyCoordinator) benchContention {
-	s := benchContention{conflicts: c.stats.conflicts.Load(), staleGuesses: c.stats.staleGuesses.Load(), maxConflicts: c.stats.maxConflicts.Load()}
-	for i := range s.lost {
-		s.lost[i] = c.stats.lost[i].Load()
-	}
-	return s
-}
-
-func benchContendedCycle(ctx context.Context, c *KeyCoordinator, service string, p Policy, payload []byte, jobID string, rng *mrand.Rand, blocked *atomic.Int64) error {
-	adm, err := c.Admit(ctx, AdmitRequest{Service: service, JobType: benchJobType, JobID: jobID, Payload: payload, Policy: p})
+func benchContendedCycle(ctx context.Context, c *KeyCoordinator, service string, p Policy, payload []byte, jobID string, rng *mrand.Rand, blocked *atomic.Int64, races *benchRaces) error {
+	octx, done := races.op(ctx)
+	adm, err := c.Admit(octx, AdmitRequest{Service: service, JobType: benchJobType, JobID: jobID, Payload: payload, Policy: p})
+	done()
 	if err != nil {
 		return fmt.Errorf("admit %s: %w", jobID, err)
 	}
@@ -288,12 +294,16 @@ func benchContendedCycle(ctx context.Context, c *KeyCoordinator, service string,
 	}
 	wait := 100 * time.Microsecond
 	for {
-		acq, err := c.Acquire(ctx, AcquireRequest{Service: service, JobType: benchJobType, JobID: jobID, Payload: payload, Policy: p})
+		octx, done := races.op(ctx)
+		acq, err := c.Acquire(octx, AcquireRequest{Service: service, JobType: benchJobType, JobID: jobID, Payload: payload, Policy: p})
+		done()
 		if err != nil {
 			return fmt.Errorf("acquire %s: %w", jobID, err)
 		}
 		if acq.Kind == KindAcquired {
-			rel, err := c.Release(ctx, ReleaseRequest{Lease: acq.Lease})
+			octx, done := races.op(ctx)
+			rel, err := c.Release(octx, ReleaseRequest{Lease: acq.Lease})
+			done()
 			if err != nil {
 				return fmt.Errorf("release %s: %w", jobID, err)
 			}
@@ -605,9 +615,7 @@ func benchSoak(t *testing.T, c *KeyCoordinator, cycles int) {
 	sample := func(i int) {
 		h := heap()
 		samples = append(samples, h)
-		c.keys.mu.Lock()
-		entries := len(c.keys.entries)
-		c.keys.mu.Unlock()
+		entries := c.keys.len()
 		t.Logf("cycle %8d: HeapAlloc %7.2f MiB, %5d key table entries (%v)", i, float64(h)/(1<<20), entries, time.Since(start).Round(time.Millisecond))
 	}
 	for i := range cycles {
@@ -719,7 +727,8 @@ func TestCoordinatorLanesNoSelfRaces(t *testing.T) {
 	t.Parallel()
 	ctx, service, payload := context.Background(), "lanes", benchPayload(0)
 	store := NewMemoryStore()
-	c, err := NewCoordinator(store, nil)
+	counting := newCountingStore(store)
+	c, err := NewCoordinator(counting, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -746,8 +755,7 @@ func TestCoordinatorLanesNoSelfRaces(t *testing.T) {
 	for err := range errs {
 		t.Fatal(err)
 	}
-	cs := benchStats(c)
-	if conflicts, stale := cs.conflicts, cs.staleGuesses; conflicts != 0 || stale != 0 {
+	if conflicts, stale := counting.totals.lost.Load(), counting.totals.stale.Load(); conflicts != 0 || stale != 0 {
 		t.Errorf("%d lost races and %d stale guesses among goroutines of one coordinator, want none", conflicts, stale)
 	}
 	key, err := DeriveKey(service, benchJobType, payload, policy.Key)
@@ -842,14 +850,14 @@ func TestCoordinatorBackoffWindow(t *testing.T) {
 	e := &keyEntry{}
 	var grown []time.Duration
 	for range 5 {
-		if err := sleepJitter(ctx, c.widen(e)); err != nil {
+		if err := sleepJitter(ctx, e.lose(c.cfg.RetryBackoff, c.cfg.MaxRetryBackoff, time.Now())); err != nil {
 			t.Fatal(err)
 		}
 		grown = append(grown, e.window)
 	}
 	var settled []time.Duration
 	for range 4 {
-		e.settle(c.cfg.RetryBackoff)
+		e.commit(nil, 0, c.cfg.RetryBackoff)
 		settled = append(settled, e.window)
 	}
 	us := time.Microsecond
@@ -871,11 +879,9 @@ func TestCoordinatorBackoffWindow(t *testing.T) {
 	heat := func(lostAt time.Time) {
 		e := c.keys.pin(key.KVKey)
 		defer c.keys.unpin(key.KVKey, e)
-		if err := e.lock(ctx); err != nil {
-			t.Fatal(err)
-		}
+		e.mu.Lock()
 		e.window, e.lostAt = time.Hour, lostAt
-		e.unlock()
+		e.mu.Unlock()
 	}
 	admit := func(timeout time.Duration, jobID string) error {
 		ctx, cancel := context.WithTimeout(ctx, timeout)
@@ -911,9 +917,7 @@ func TestCoordinatorKeyTableBounded(t *testing.T) {
 			t.Fatalf("admit %d: %v %v", i, adm.Kind, err)
 		}
 	}
-	c.keys.mu.Lock()
-	n := len(c.keys.entries)
-	c.keys.mu.Unlock()
+	n := c.keys.len()
 	if n > size {
 		t.Errorf("%d entries after %d keys, want at most %d", n, keys, size)
 	}

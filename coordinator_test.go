@@ -264,7 +264,7 @@ func TestCoordinatorStateTooLarge(t *testing.T) {
 	for _, b := range coordBackends(t) {
 		t.Run(b.name, func(t *testing.T) {
 			t.Parallel()
-			st, svc := b.openLimited(t, 2048)
+			st, svc := b.openLimited(t, 4096)
 			key := cKey(t, svc)
 			c := cCoordinator(t, st, nil)
 			p := Policy{Key: cPolicy().Key, MaxActive: 1, MaxQueuedPerKey: 1000}
@@ -284,7 +284,7 @@ func TestCoordinatorStateTooLarge(t *testing.T) {
 				jkEqual(t, KindAccepted, adm.Kind)
 				accepted++
 			}
-			jkTrue(t, err != nil, "1000 admissions fit in 2048 bytes")
+			jkTrue(t, err != nil, "1000 admissions fit in 4096 bytes")
 			jkTrue(t, accepted > 3, "only %d admissions fit", accepted)
 			checkStateErr(t, "Admit over the size limit", err, ErrStateTooLarge, key.KVKey)
 			_, isStateErr := err.(*StateError)

@@ -41,6 +41,12 @@ var (
 	// compare-and-swap attempts all lost to concurrent writers.
 	ErrContention = errors.New("jobkeys: too much contention on key")
 
+	// ErrClockOutOfRange reports that a time the coordinator was about to
+	// write (the clock's now, or a lease expiry from it) falls outside the
+	// years 0000 to 9999, which key state cannot hold in a form every
+	// reader accepts. Nothing is written: the clock (Config.Now) is wrong.
+	ErrClockOutOfRange = errors.New("jobkeys: clock out of range")
+
 	// ErrBucketNotFound reports that the KV bucket for a service does not
 	// exist and the store was not configured to create it.
 	ErrBucketNotFound = errors.New("jobkeys: bucket not found")
