@@ -268,7 +268,7 @@ func fzReducer(t *testing.T, data []byte, kind opKind) {
 			q.requestID = modelRequestID(replaced.Context, replaced.ID)
 		}
 		out, want = got.State, modelRestore(model, job, q, mp, ms)
-		diff = modelDiffSimple(want, got.Kind, time.Time{}, got.State)
+		diff = modelDiffSimple(want, modelKindRestored, time.Time{}, got.State)
 		wellFormed = wellFormed && replaced.ID != job && replaced.ID != ""
 		acceptable = acceptable && replaced.ID != ""
 	}

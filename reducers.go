@@ -22,7 +22,6 @@ const (
 	KindStaleCompletion Kind = "stale-completion" // Release: the slot was already gone
 	KindRemoved         Kind = "removed"          // RemoveQueued: the queued job was removed
 	KindNotFound        Kind = "not-found"        // RemoveQueued: the job was not queued
-	KindRestored        Kind = "restored"         // RestoreReplaced: the replaced job is queued again
 )
 
 // Reason says why an admission was rejected or coalesced, or why an
@@ -91,7 +90,21 @@ type Acquisition struct {
 	// the key's slots, zero if none: a slot whose lease runs out frees up
 	// without any write to the key, so a waiter should look again then.
 	NextExpiry time.Time
-	State      *KeyState // the new key state (KindAcquired), else nil
+	// StoredLimits is set when the key's state was last written under
+	// other limits than this acquisition's policy (a producer or worker
+	// binary with another policy, or a policy changed since): it holds the
+	// limits the state recorded. The acquisition applied its own policy's
+	// limits and, if it wrote, recorded those instead. Nil when they agree
+	// or the key had no state.
+	StoredLimits *Limits
+	State        *KeyState // the new key state (KindAcquired), else nil
+}
+
+// Limits are a key's admission limits as its state records them
+// (KeyState.MaxActive and MaxQueuedPerKey).
+type Limits struct {
+	MaxActive       int // the most slots
+	MaxQueuedPerKey int // the most queued jobs beyond the free slots
 }
 
 // Lease is a job's hold on a slot, returned by Acquire. It is a plain value:
@@ -126,9 +139,9 @@ type Removal struct {
 	State *KeyState // the new key state when it changed, else nil
 }
 
-// Restoration is the outcome of RestoreReplaced.
+// Restoration is the outcome of RestoreReplaced: the replaced job is
+// queued again (or was already queued or active).
 type Restoration struct {
-	Kind  Kind      // restored
 	State *KeyState // the new key state when it changed, else nil
 }
 
@@ -268,12 +281,12 @@ func ReduceRestoreReplaced(state *KeyState, key JobKey, req RestoreRequest, poli
 	}
 	if state != nil && present && len(next.Queued) == len(state.Queued) &&
 		state.MaxActive == policy.MaxActive && state.MaxQueuedPerKey == policy.MaxQueuedPerKey {
-		return Restoration{Kind: KindRestored} // nothing to change
+		return Restoration{} // nothing to change
 	}
 	next.MaxActive = policy.MaxActive
 	next.MaxQueuedPerKey = policy.MaxQueuedPerKey
 	next.UpdatedAt = now
-	return Restoration{Kind: KindRestored, State: next}
+	return Restoration{State: next}
 }
 
 // ReduceAcquire gives job req.JobID a slot if the rules allow, with the new
@@ -292,6 +305,9 @@ func ReduceAcquire(state *KeyState, key JobKey, req AcquireRequest, policy Polic
 		base = emptyState(key, policy, now)
 	}
 	out := Acquisition{Key: base.Key, KeyHash: base.KeyHash}
+	if state != nil && (state.MaxActive != policy.MaxActive || state.MaxQueuedPerKey != policy.MaxQueuedPerKey) {
+		out.StoredLimits = &Limits{MaxActive: state.MaxActive, MaxQueuedPerKey: state.MaxQueuedPerKey}
+	}
 	blocked := func(reason Reason, active, limit int) Acquisition {
 		out.Kind, out.Reason, out.Active, out.Queued, out.Limit = KindBlocked, reason, active, len(base.Queued), limit
 		for i := range base.Active {

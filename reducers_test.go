@@ -238,7 +238,7 @@ func tsReduceRestoreReplaced(state *KeyState, key JobKey, req RestoreRequest, p 
 	next := rwith(base, func(s *KeyState) {
 		s.MaxActive, s.MaxQueuedPerKey, s.Queued, s.UpdatedAt = p.MaxActive, p.MaxQueuedPerKey, restored, now
 	})
-	return Restoration{Kind: KindRestored, State: next}
+	return Restoration{State: next}
 }
 
 func tsReduceAcquire(state *KeyState, key JobKey, req AcquireRequest, p Policy, now time.Time, slotToken string) Acquisition {
@@ -974,36 +974,36 @@ func TestReduceRestoreReplaced(t *testing.T) {
 		{
 			name:  "the replacement leaves the queue, the replaced job returns to its head",
 			state: rstate(1, 2, rslots(rlive("a1", "t1")), rqueue(rq("j3", rsec(-5)), rq("j4", rsec(-1)))), replacement: "j4", replaced: replaced,
-			want: Restoration{Kind: KindRestored, State: rwith(rstate(1, 2, rslots(rlive("a1", "t1")), rqueue(rq("j2", rsec(-9)), rq("j3", rsec(-5)))), func(s *KeyState) { s.UpdatedAt = rt0 })},
+			want: Restoration{State: rwith(rstate(1, 2, rslots(rlive("a1", "t1")), rqueue(rq("j2", rsec(-9)), rq("j3", rsec(-5)))), func(s *KeyState) { s.UpdatedAt = rt0 })},
 		},
 		{
 			name: "nil state: a new state holding the replaced job", replacement: "j4", replaced: replaced,
-			want: Restoration{Kind: KindRestored, State: rwith(rstate(1, 2, nil, rqueue(rq("j2", rsec(-9)))), func(s *KeyState) { s.UpdatedAt = rt0 })},
+			want: Restoration{State: rwith(rstate(1, 2, nil, rqueue(rq("j2", rsec(-9)))), func(s *KeyState) { s.UpdatedAt = rt0 })},
 		},
 		{
 			name:  "the replaced job is queued again already: not twice",
 			state: rstate(1, 2, nil, rqueue(rq("j2", rsec(-9)), rq("j4", rsec(-1)))), replacement: "j4", replaced: replaced,
-			want: Restoration{Kind: KindRestored, State: rwith(rstate(1, 2, nil, rqueue(rq("j2", rsec(-9)))), func(s *KeyState) { s.UpdatedAt = rt0 })},
+			want: Restoration{State: rwith(rstate(1, 2, nil, rqueue(rq("j2", rsec(-9)))), func(s *KeyState) { s.UpdatedAt = rt0 })},
 		},
 		{
 			name:  "the replaced job is active: not queued",
 			state: rstate(1, 2, rslots(rlive("j2", "t2")), rqueue(rq("j4", rsec(-1)))), replacement: "j4", replaced: replaced,
-			want: Restoration{Kind: KindRestored, State: rwith(rstate(1, 2, rslots(rlive("j2", "t2")), nil), func(s *KeyState) { s.UpdatedAt = rt0 })},
+			want: Restoration{State: rwith(rstate(1, 2, rslots(rlive("j2", "t2")), nil), func(s *KeyState) { s.UpdatedAt = rt0 })},
 		},
 		{
 			name:  "the replacement is no longer queued: the replaced job still returns",
 			state: rstate(1, 2, rslots(rlive("j4", "t4")), rqueue(rq("j3", rsec(-5)))), replacement: "j4", replaced: replaced,
-			want: Restoration{Kind: KindRestored, State: rwith(rstate(1, 2, rslots(rlive("j4", "t4")), rqueue(rq("j2", rsec(-9)), rq("j3", rsec(-5)))), func(s *KeyState) { s.UpdatedAt = rt0 })},
+			want: Restoration{State: rwith(rstate(1, 2, rslots(rlive("j4", "t4")), rqueue(rq("j2", rsec(-9)), rq("j3", rsec(-5)))), func(s *KeyState) { s.UpdatedAt = rt0 })},
 		},
 		{
 			name:  "limits are taken from the policy",
 			state: rstate(4, 0, nil, rqueue(rq("j4", rsec(-1)))), replacement: "j4", replaced: replaced,
-			want: Restoration{Kind: KindRestored, State: rwith(rstate(1, 2, nil, rqueue(rq("j2", rsec(-9)))), func(s *KeyState) { s.UpdatedAt = rt0 })},
+			want: Restoration{State: rwith(rstate(1, 2, nil, rqueue(rq("j2", rsec(-9)))), func(s *KeyState) { s.UpdatedAt = rt0 })},
 		},
 		{
 			name:  "nothing to change: nothing written",
 			state: rstate(1, 2, nil, rqueue(rq("j2", rsec(-9)))), replacement: "j4", replaced: replaced,
-			want: Restoration{Kind: KindRestored}, goNoWrite: true,
+			want: Restoration{}, goNoWrite: true,
 		},
 	}
 	for _, c := range cases {
@@ -1014,10 +1014,8 @@ func TestReduceRestoreReplaced(t *testing.T) {
 				got = ReduceRestoreReplaced(s, rtKey, req, p, rt0)
 				return got.State
 			})
-			jkEqual(t, c.want.Kind, got.Kind)
 			jkEqual(t, normState(c.want.State), normState(got.State))
 			ts := tsReduceRestoreReplaced(deepCopyState(c.state), rtKey, req, p, rt0)
-			jkEqual(t, ts.Kind, got.Kind, "TS original")
 			if c.goNoWrite {
 				jkTrue(t, got.State == nil, "got.State is not nil")
 				jkEqual(t, normState(rwith(c.state, func(s *KeyState) { s.UpdatedAt = rt0 })), normState(ts.State),
