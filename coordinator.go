@@ -719,15 +719,24 @@ func (c *KeyCoordinator) read(ctx context.Context, key JobKey) (*KeyState, uint6
 		}
 		return nil, 0, err
 	}
-	st, err := decodeState(value)
+	st, err := decodeFor(key, value, rev)
 	if err != nil {
-		return nil, 0, &StateError{KVKey: key.KVKey, Reason: fmt.Sprintf("revision %d: %v", rev, err), Err: ErrCorruptState}
-	}
-	if st.Service != key.Service || st.JobType != key.JobType || st.KeyHash != key.KeyHash {
-		return nil, 0, &StateError{KVKey: key.KVKey, Err: ErrForeignState,
-			Reason: fmt.Sprintf("revision %d holds service %q, job type %q, key hash %q", rev, st.Service, st.JobType, st.KeyHash)}
+		return nil, 0, err
 	}
 	return st, rev, nil
+}
+
+// decodeFor decodes and validates value, read from key at revision rev.
+func decodeFor(key JobKey, value []byte, rev uint64) (*KeyState, error) {
+	st, err := decodeState(value)
+	if err != nil {
+		return nil, &StateError{KVKey: key.KVKey, Reason: fmt.Sprintf("revision %d: %v", rev, err), Err: ErrCorruptState}
+	}
+	if st.Service != key.Service || st.JobType != key.JobType || st.KeyHash != key.KeyHash {
+		return nil, &StateError{KVKey: key.KVKey, Err: ErrForeignState,
+			Reason: fmt.Sprintf("revision %d holds service %q, job type %q, key hash %q", rev, st.Service, st.JobType, st.KeyHash)}
+	}
+	return st, nil
 }
 
 // zeroOf returns the zero value of v's type: an operation that fails
