@@ -29,6 +29,8 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/jobkeys/jobkeys/internal/natstest"
+
+	"github.com/stretchr/testify/require"
 )
 
 const benchJobType = "render"
@@ -56,15 +58,11 @@ func benchConnect(b *testing.B, s *server.Server) *benchConn {
 	b.Helper()
 	nc, js := natstest.Connect(b, s)
 	store, err := NewNATSStore(js, WithCreateBuckets(jetstream.MemoryStorage, 1))
-	if err != nil {
-		b.Fatal(err)
-	}
+	require.NoError(b, err)
 	// The coordinator writes through a countingStore, which benchContended
 	// reads its lost races from.
 	coord, err := NewCoordinator(newCountingStore(store), nil)
-	if err != nil {
-		b.Fatal(err)
-	}
+	require.NoError(b, err)
 	return &benchConn{nc: nc, store: store, coord: coord}
 }
 
@@ -111,9 +109,7 @@ func benchReportRate(b *testing.B, unit string) {
 func BenchmarkCycle(b *testing.B) {
 	b.Run("Memory/1worker", func(b *testing.B) {
 		c, err := NewCoordinator(NewMemoryStore(), nil)
-		if err != nil {
-			b.Fatal(err)
-		}
+		require.NoError(b, err)
 		ctx, service, payload := context.Background(), benchService(), benchPayload(0)
 		b.ReportAllocs()
 		b.ResetTimer()
@@ -344,9 +340,7 @@ func BenchmarkRawKV(b *testing.B) {
 
 func benchRawOp(ctx context.Context, b *testing.B, w *benchConn, service, key string, value []byte) func(int) error {
 	kv, err := w.store.KeyValue(ctx, service)
-	if err != nil {
-		b.Fatal(err)
-	}
+	require.NoError(b, err)
 	if _, err := kv.Put(ctx, key, value); err != nil {
 		b.Fatal(err)
 	}
@@ -399,13 +393,9 @@ func BenchmarkRenew(b *testing.B) {
 func benchQueuedState(tb testing.TB, queued int) (*KeyState, JobKey, Policy) {
 	tb.Helper()
 	policy, err := Policy{Key: benchPolicy.Key, MaxActive: 4, MaxQueuedPerKey: 2000}.Normalize()
-	if err != nil {
-		tb.Fatal(err)
-	}
+	require.NoError(tb, err)
 	key, err := DeriveKey("bench", benchJobType, benchPayload(0), policy.Key)
-	if err != nil {
-		tb.Fatal(err)
-	}
+	require.NoError(tb, err)
 	now := time.Date(2025, 1, 2, 3, 4, 5, 0, time.UTC)
 	var st *KeyState
 	for i := range queued + 1 {
@@ -557,22 +547,16 @@ func TestCoordinatorMemoryFlat(t *testing.T) {
 
 	t.Run("Memory", func(t *testing.T) {
 		c, err := NewCoordinator(NewMemoryStore(), nil)
-		if err != nil {
-			t.Fatal(err)
-		}
+		require.NoError(t, err)
 		benchSoak(t, c, cycles)
 	})
 	t.Run("NATS", func(t *testing.T) {
 		s := natstest.Run(t)
 		_, js := natstest.Connect(t, s)
 		store, err := NewNATSStore(js, WithCreateBuckets(jetstream.MemoryStorage, 1))
-		if err != nil {
-			t.Fatal(err)
-		}
+		require.NoError(t, err)
 		c, err := NewCoordinator(store, nil)
-		if err != nil {
-			t.Fatal(err)
-		}
+		require.NoError(t, err)
 		benchSoak(t, c, natsCycles)
 	})
 }
@@ -648,13 +632,9 @@ func TestCycleRoundTrips(t *testing.T) {
 	ctx, service, payload := context.Background(), "roundtrips", benchPayload(0)
 	nc, js := natstest.Connect(t, s)
 	store, err := NewNATSStore(js, WithCreateBuckets(jetstream.MemoryStorage, 1))
-	if err != nil {
-		t.Fatal(err)
-	}
+	require.NoError(t, err)
 	c, err := NewCoordinator(store, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
+	require.NoError(t, err)
 	if err := benchCycle(ctx, c, service, benchPolicy, payload, "warmup"); err != nil {
 		t.Fatal(err)
 	}
@@ -673,13 +653,9 @@ func TestCycleRoundTrips(t *testing.T) {
 	// remembers: admission here must queue behind its job, not overwrite it.
 	_, js2 := natstest.Connect(t, s)
 	other, err := NewNATSStore(js2)
-	if err != nil {
-		t.Fatal(err)
-	}
+	require.NoError(t, err)
 	oc, err := NewCoordinator(other, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
+	require.NoError(t, err)
 	policy := Policy{Key: benchPolicy.Key, MaxQueuedPerKey: 5}
 	admit := func(c *KeyCoordinator, jobID string) Admission {
 		t.Helper()
@@ -695,9 +671,7 @@ func TestCycleRoundTrips(t *testing.T) {
 		t.Fatalf("admission over another process's key: %+v", adm.State)
 	}
 	value, _, err := store.Get(ctx, service, kvKeyFor(service, benchJobType, adm.KeyHash))
-	if err != nil {
-		t.Fatal(err)
-	}
+	require.NoError(t, err)
 	if st, err := ParseState(value); err != nil || len(st.Queued) != 2 {
 		t.Fatalf("stored state: %v %+v", err, st)
 	}
@@ -729,9 +703,7 @@ func TestCoordinatorLanesNoSelfRaces(t *testing.T) {
 	store := NewMemoryStore()
 	counting := newCountingStore(store)
 	c, err := NewCoordinator(counting, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
+	require.NoError(t, err)
 	const workers, jobs = 16, 20
 	policy := Policy{Key: benchPolicy.Key, MaxActive: 4, MaxQueuedPerKey: workers * jobs}
 	var wg sync.WaitGroup
@@ -759,17 +731,11 @@ func TestCoordinatorLanesNoSelfRaces(t *testing.T) {
 		t.Errorf("%d lost races and %d stale guesses among goroutines of one coordinator, want none", conflicts, stale)
 	}
 	key, err := DeriveKey(service, benchJobType, payload, policy.Key)
-	if err != nil {
-		t.Fatal(err)
-	}
+	require.NoError(t, err)
 	value, _, err := store.Get(ctx, service, key.KVKey)
-	if err != nil {
-		t.Fatal(err)
-	}
+	require.NoError(t, err)
 	st, err := ParseState(value)
-	if err != nil {
-		t.Fatal(err)
-	}
+	require.NoError(t, err)
 	if len(st.Queued) != workers*jobs {
 		t.Errorf("%d jobs queued, want %d", len(st.Queued), workers*jobs)
 	}
@@ -803,9 +769,7 @@ func TestCoordinatorReadsOutsideLane(t *testing.T) {
 	ctx, service, payload := context.Background(), "readlane", benchPayload(0)
 	gated := &benchGatedStore{Store: NewMemoryStore(), entered: make(chan struct{}, 1), gate: make(chan struct{})}
 	c, err := NewCoordinator(gated, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
+	require.NoError(t, err)
 	policy := Policy{Key: benchPolicy.Key, MaxQueuedPerKey: 1}
 	for _, id := range []string{"a", "b"} {
 		if adm, err := c.Admit(ctx, AdmitRequest{Service: service, JobType: benchJobType, JobID: id, Payload: payload, Policy: policy}); err != nil || adm.Kind != KindAccepted {
@@ -843,9 +807,7 @@ func TestCoordinatorReadsOutsideLane(t *testing.T) {
 func TestCoordinatorBackoffWindow(t *testing.T) {
 	t.Parallel()
 	c, err := NewCoordinator(NewMemoryStore(), &Config{RetryBackoff: time.Microsecond, MaxRetryBackoff: 8 * time.Microsecond})
-	if err != nil {
-		t.Fatal(err)
-	}
+	require.NoError(t, err)
 	ctx := context.Background()
 	e := &keyEntry{}
 	var grown []time.Duration
@@ -873,9 +835,7 @@ func TestCoordinatorBackoffWindow(t *testing.T) {
 	// whose last lost race is long past is cold: no pacing.
 	payload := benchPayload(0)
 	key, err := DeriveKey("window", benchJobType, payload, benchPolicy.Key)
-	if err != nil {
-		t.Fatal(err)
-	}
+	require.NoError(t, err)
 	heat := func(lostAt time.Time) {
 		e := c.keys.pin(key.KVKey)
 		defer c.keys.unpin(key.KVKey, e)
@@ -905,9 +865,7 @@ func TestCoordinatorKeyTableBounded(t *testing.T) {
 	t.Parallel()
 	const size, keys = 64, 1000
 	c, err := NewCoordinator(NewMemoryStore(), &Config{StateCacheSize: size})
-	if err != nil {
-		t.Fatal(err)
-	}
+	require.NoError(t, err)
 	ctx := context.Background()
 	policy := Policy{Key: benchPolicy.Key, MaxQueuedPerKey: 1}
 	for i := range keys {

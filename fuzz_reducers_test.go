@@ -18,6 +18,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/stretchr/testify/require"
 )
 
 // fzGen turns fuzz bytes into values; past the end it yields zeros.
@@ -396,9 +398,7 @@ func fzCoordinator(t *testing.T, service, jobType, jobID string, payload []byte,
 	}
 	now := fzBase
 	coord, err := NewCoordinator(store, &Config{InstanceID: "fuzz", Now: func() time.Time { return now }})
-	if err != nil {
-		t.Fatal(err)
-	}
+	require.NoError(t, err)
 	// Nothing here waits on anything: a call that takes seconds is hung.
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
@@ -555,9 +555,7 @@ func TestAbsurdValuesDoNotWedgeKeys(t *testing.T) {
 	for _, tc := range cases {
 		store := NewMemoryStore()
 		c, err := NewCoordinator(store, nil)
-		if err != nil {
-			t.Fatal(err)
-		}
+		require.NoError(t, err)
 		err = tc.run(c)
 		switch {
 		case errors.Is(err, ErrInvalidPolicy), errors.Is(err, ErrInvalidRequest):
