@@ -48,7 +48,7 @@ type AdmitRequest struct {
 	// marshalled with encoding/json first.
 	Payload any
 	// Context is the job's trace context. Missing fields are derived from
-	// the job id when written, since the TS original requires them.
+	// the job id when written: every reader of the key state requires them.
 	Context TraceContext
 	Policy  Policy // normalized by the coordinator
 	// StrictCreate rejects when the queue is full, whatever Policy.WhenFull says.
@@ -62,8 +62,8 @@ type AcquireRequest struct {
 	JobID   string       // the admitted job
 	Payload any          // as in AdmitRequest; must derive the same key
 	Context TraceContext // the trace context recorded in the slot
-	// Retry lets a job that is not queued take a slot (a retry of a job
-	// that ran before), as the TS original's lifecycle state "retry".
+	// Retry lets a job that is not queued take a slot: a retry of a job
+	// that ran before and whose queue entry is gone.
 	Retry bool
 	Tries int // the attempt number recorded in the slot
 	// InstanceID names the worker in the slot. Defaults to Config.InstanceID.
@@ -115,9 +115,10 @@ type Config struct {
 	// Defaults to "<hostname>-<pid>".
 	InstanceID string
 
-	// MaxAttempts bounds the compare-and-swap attempts of one operation;
-	// when all lose to concurrent writers the operation fails with
-	// ErrContention. Defaults to MaxAttemptsDefault (64).
+	// MaxAttempts bounds the compare-and-swap races one operation may lose
+	// to concurrent writers before it fails with ErrContention. Renew and
+	// Release are bounded by their lease instead (they retry until it
+	// expires). Defaults to MaxAttemptsDefault (64).
 	MaxAttempts int
 
 	// RetryBackoff is the longest first pause after a lost compare-and-swap
@@ -147,16 +148,28 @@ type Config struct {
 // state (or use the state it last read or wrote), reduce, compare-and-swap,
 // retry on conflict. It is safe for concurrent use.
 //
-// Operations of one coordinator on one key run one at a time, each starting
+// The writes of one coordinator to one key run one at a time, each starting
 // from the state the one before it wrote, so they never race each other;
-// operations on different keys run in parallel. Races with other processes
-// are settled by compare-and-swap: a lost race is followed by a jittered
-// pause drawn from the key's backoff window, which starts at
-// Config.RetryBackoff, doubles with every race lost on the key, halves with
-// every successful write, never exceeds Config.MaxRetryBackoff, and while
-// it is open also delays the first attempt of new operations on the key.
-// Contending writers thus keep about an even chance per attempt and spread
-// out when woken together, instead of the losers backing off ever further.
+// reads do not wait for them, and operations on different keys run in
+// parallel. Races with other processes are settled by compare-and-swap: a
+// lost race is followed by a jittered pause drawn from the key's backoff
+// window, which starts at Config.RetryBackoff, doubles with every race lost
+// on the key, halves with every successful write, never exceeds
+// Config.MaxRetryBackoff, and while it is open also delays the first
+// attempt of new operations on the key. Contending writers thus keep about
+// an even chance per attempt and spread out when woken together, instead of
+// the losers backing off ever further. Renew and Release are never delayed
+// by that first-attempt pacing, and retry until their lease expires rather
+// than Config.MaxAttempts times: a slot holder keeps its slot while the
+// lease runs.
+//
+// Every time the coordinator writes must fall in the years 0000 to 9999
+// (the clock's now, and leases from it); a clock outside them is refused
+// with ErrClockOutOfRange before anything is written. Admission keeps every
+// key small enough for all its queued jobs to take slots within the
+// store's value size limit (for [MemoryStore] and [NATSStore], which report
+// their limit): a full key rejects with ErrStateTooLarge rather than
+// filling up with jobs that could never start.
 //
 // The zero value is not usable: create one with [NewCoordinator].
 type KeyCoordinator struct {

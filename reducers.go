@@ -8,7 +8,8 @@ import (
 // blocked, lost, ...) are values, not errors.
 type Kind string
 
-// Outcome kinds, as the TS original names them.
+// Outcome kinds. Their string values are the names the wire format's
+// other implementations use.
 const (
 	KindAccepted        Kind = "accepted"         // Admit: the job was queued (or already there)
 	KindRejected        Kind = "rejected"         // Admit: the queue is full and the job was not queued
@@ -145,7 +146,7 @@ type Restoration struct {
 	State *KeyState // the new key state when it changed, else nil
 }
 
-// jsNow returns t as the TS original would see it: UTC, milliseconds.
+// jsNow returns t as key state holds times: UTC, milliseconds.
 func jsNow(t time.Time) time.Time { return t.UTC().Truncate(time.Millisecond) }
 
 func emptyState(key JobKey, policy Policy, now time.Time) *KeyState {
@@ -251,8 +252,8 @@ func appendQueued(s *KeyState, req AdmitRequest, policy Policy, now time.Time) *
 }
 
 // ReduceRestoreReplaced puts replaced back at the head of the queue and
-// removes the job that replaced it (replacementJobID) from the queue, as the
-// TS original does when publishing the replacing job fails. If replaced is
+// removes the job that replaced it (replacementJobID) from the queue: what a
+// producer does when publishing the replacing job fails. If replaced is
 // already queued or active it is not added twice. policy must come from
 // [Policy.Normalize]. Pure.
 func ReduceRestoreReplaced(state *KeyState, key JobKey, req RestoreRequest, policy Policy, now time.Time) Restoration {
@@ -318,7 +319,7 @@ func ReduceAcquire(state *KeyState, key JobKey, req AcquireRequest, policy Polic
 		return out
 	}
 
-	// The job's own slots (the TS original could write more than one): a
+	// The job's own slots (other writers may have written more than one): a
 	// live one blocks; expired ones are replaced by this acquisition.
 	ownSlots, others, staleOthers := 0, 0, 0
 	for i := range base.Active {
