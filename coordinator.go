@@ -590,31 +590,28 @@ var (
 // s, the state about to be written to kvKey, falls outside the years key
 // state can hold: the clock, or a lease from it, left them.
 func checkTimes(kvKey string, s *KeyState, now func() time.Time) error {
-	check := func(what string, t time.Time) error {
-		if inJSYears(t) {
-			return nil
-		}
+	bad := func(what string, t time.Time) error {
 		return fmt.Errorf("%w: KV key %q: %s would be %s, outside %s to %s, the times key state can hold (the clock, Config.Now, reads %s)",
 			ErrClockOutOfRange, kvKey, what, t.UTC().Format(time.RFC3339Nano),
 			firstStateTime.Format(jsTime), lastStateTime.Format(jsTime), now().UTC().Format(time.RFC3339Nano))
 	}
-	if err := check("updatedAt", s.UpdatedAt); err != nil {
-		return err
+	if !inJSYears(s.UpdatedAt) {
+		return bad("updatedAt", s.UpdatedAt)
 	}
 	for i := range s.Active {
 		a := &s.Active[i]
-		for _, f := range [...]struct {
-			name string
-			t    time.Time
-		}{{"startedAt", a.StartedAt}, {"heartbeatAt", a.HeartbeatAt}, {"leaseExpiresAt", a.LeaseExpiresAt}} {
-			if err := check(fmt.Sprintf("the %s of job %q's slot", f.name, a.JobID), f.t); err != nil {
-				return err
-			}
+		switch {
+		case !inJSYears(a.StartedAt):
+			return bad(fmt.Sprintf("the startedAt of job %q's slot", a.JobID), a.StartedAt)
+		case !inJSYears(a.HeartbeatAt):
+			return bad(fmt.Sprintf("the heartbeatAt of job %q's slot", a.JobID), a.HeartbeatAt)
+		case !inJSYears(a.LeaseExpiresAt):
+			return bad(fmt.Sprintf("the leaseExpiresAt of job %q's slot", a.JobID), a.LeaseExpiresAt)
 		}
 	}
 	for i := range s.Queued {
-		if err := check(fmt.Sprintf("the createdAt of queued job %q", s.Queued[i].JobID), s.Queued[i].CreatedAt); err != nil {
-			return err
+		if q := &s.Queued[i]; !inJSYears(q.CreatedAt) {
+			return bad(fmt.Sprintf("the createdAt of queued job %q", q.JobID), q.CreatedAt)
 		}
 	}
 	return nil
