@@ -122,3 +122,10 @@ func (s countingStore) Delete(ctx context.Context, service, key string, revision
 	s.record(ctx, err, func(rc *raceCounter) bool { return rc.readRevs[revision] })
 	return err
 }
+
+// len returns the number of entries in t.
+func (t *keyTable) len() int {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	return len(t.entries)
+}

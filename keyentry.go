@@ -88,13 +88,6 @@ func (t *keyTable) unpin(k string, e *keyEntry) {
 	}
 }
 
-// len returns the number of entries.
-func (t *keyTable) len() int {
-	t.mu.Lock()
-	defer t.mu.Unlock()
-	return len(t.entries)
-}
-
 // evictIdle makes room for one entry by evicting an arbitrary idle one.
 // Called with t.mu held.
 func (t *keyTable) evictIdle() {

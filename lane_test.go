@@ -77,8 +77,8 @@ func (s laneSlowStore) Delete(ctx context.Context, service, key string, revision
 // the key and the holder's own coordinator runs acquisitions on it that stay
 // blocked (the reviewer's repro: a store with 300µs latency, default
 // Config). The renewals still lose races to the other coordinator, which
-// writes without pause; the test logs the most lost by one renewal and
-// requires it well below Config.MaxAttempts.
+// writes without pause; the test logs the most failed writes of one
+// renewal and requires them well below Config.MaxAttempts.
 func TestCoordinatorRenewNotStarvedByLocalWaiters(t *testing.T) {
 	t.Parallel()
 	renewals, waiterCounts := 12, []int{5, 20}
@@ -165,26 +165,29 @@ func laneRenewUnderLocalWaiters(t *testing.T, renewals, waiters int) {
 	}
 
 	var worst time.Duration
-	mostLost, mostStale := 0, 0
+	mostFailed, mostLost := 0, 0
 	for i := range renewals {
 		rctx, races := withRaceCounter(ctx)
 		start := time.Now()
 		r, err := holder.Renew(rctx, RenewRequest{Lease: acq.Lease})
 		took := time.Since(start)
+		// Every failed compare-and-swap of the renewal: races lost on state
+		// it read, and writes on a remembered state (its first attempt, or
+		// a newer state another operation of its coordinator read).
 		lost, stale := races.counts()
-		worst, mostLost, mostStale = max(worst, took), max(mostLost, lost), max(mostStale, stale)
-		require.NoErrorf(t, err, "renewal %d of %d after %v, %d races lost", i+1, renewals, took, lost)
+		worst, mostFailed, mostLost = max(worst, took), max(mostFailed, lost+stale), max(mostLost, lost)
+		require.NoErrorf(t, err, "renewal %d of %d after %v, %d failed writes", i+1, renewals, took, lost+stale)
 		require.Equalf(t, KindRenewed, r.Kind, "renewal %d of %d", i+1, renewals)
 		time.Sleep(gap)
 	}
 	stop()
 	wg.Wait()
-	t.Logf("%d renewals: slowest %v, most races lost by one %d (most stale guesses %d); other coordinator wrote %d times, %d blocked acquisitions",
-		renewals, worst, mostLost, mostStale, otherWrites.Load(), checks.Load())
+	t.Logf("%d renewals: slowest %v, most failed writes by one %d (of them lost on its own reads: at most %d); other coordinator wrote %d times, %d blocked acquisitions",
+		renewals, worst, mostFailed, mostLost, otherWrites.Load(), checks.Load())
 	require.True(t, otherWrites.Load() > 0 && checks.Load() > 0, "no contention was created")
-	// A renewal no longer gives up after MaxAttempts, but one that loses
-	// this many races is being starved.
-	assert.Lessf(t, mostLost, MaxAttemptsDefault/4, "the worst renewal lost %d races", mostLost)
+	// A renewal no longer gives up after MaxAttempts, but one that fails
+	// this often is being starved.
+	assert.Lessf(t, mostFailed, MaxAttemptsDefault/2, "the worst renewal failed %d writes", mostFailed)
 }
 
 // Renew and Release skip the pacing of a contended key: on a key whose
