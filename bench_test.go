@@ -30,6 +30,7 @@ import (
 
 	"github.com/jobkeys/jobkeys/internal/natstest"
 
+	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 )
 
@@ -635,15 +636,11 @@ func TestCycleRoundTrips(t *testing.T) {
 	require.NoError(t, err)
 	c, err := NewCoordinator(store, nil)
 	require.NoError(t, err)
-	if err := benchCycle(ctx, c, service, benchPolicy, payload, "warmup"); err != nil {
-		t.Fatal(err)
-	}
+	require.NoError(t, benchCycle(ctx, c, service, benchPolicy, payload, "warmup"))
 	const cycles = 20
 	before := nc.Stats().OutMsgs
 	for i := range cycles {
-		if err := benchCycle(ctx, c, service, benchPolicy, payload, "job-"+strconv.Itoa(i)); err != nil {
-			t.Fatal(err)
-		}
+		require.NoError(t, benchCycle(ctx, c, service, benchPolicy, payload, "job-"+strconv.Itoa(i)))
 	}
 	if got := nc.Stats().OutMsgs - before; got != 3*cycles {
 		t.Errorf("%d cycles sent %d requests, want %d", cycles, got, 3*cycles)
@@ -660,9 +657,8 @@ func TestCycleRoundTrips(t *testing.T) {
 	admit := func(c *KeyCoordinator, jobID string) Admission {
 		t.Helper()
 		adm, err := c.Admit(ctx, AdmitRequest{Service: service, JobType: benchJobType, JobID: jobID, Payload: payload, Policy: policy})
-		if err != nil || adm.Kind != KindAccepted {
-			t.Fatalf("admit %s: %v %v", jobID, adm.Kind, err)
-		}
+		require.NoErrorf(t, err, "admit %s: %v %v", jobID, adm.Kind, err)
+		require.Equalf(t, KindAccepted, adm.Kind, "admit %s: %v %v", jobID, adm.Kind, err)
 		return adm
 	}
 	admit(oc, "held")
@@ -683,16 +679,11 @@ func TestCycleRoundTrips(t *testing.T) {
 		id string
 	}{{oc, "held"}, {c, "mine"}} {
 		out, err := rm.c.RemoveQueued(ctx, RemoveRequest{Service: service, JobType: benchJobType, JobID: rm.id, Payload: payload, Policy: policy})
-		if err != nil || out.Kind != KindRemoved {
-			t.Fatalf("remove %s: %v %v", rm.id, out.Kind, err)
-		}
+		require.NoErrorf(t, err, "remove %s: %v %v", rm.id, out.Kind, err)
+		require.Equalf(t, KindRemoved, out.Kind, "remove %s: %v %v", rm.id, out.Kind, err)
 	}
-	if err := benchCycle(ctx, oc, service, benchPolicy, payload, "other"); err != nil {
-		t.Fatal(err)
-	}
-	if err := benchCycle(ctx, c, service, benchPolicy, payload, "after-other"); err != nil {
-		t.Fatal(err)
-	}
+	require.NoError(t, benchCycle(ctx, oc, service, benchPolicy, payload, "other"))
+	require.NoError(t, benchCycle(ctx, c, service, benchPolicy, payload, "after-other"))
 }
 
 // Goroutines of one coordinator on one key never race each other: each
@@ -725,11 +716,10 @@ func TestCoordinatorLanesNoSelfRaces(t *testing.T) {
 	wg.Wait()
 	close(errs)
 	for err := range errs {
-		t.Fatal(err)
+		require.NoError(t, err)
 	}
-	if conflicts, stale := counting.totals.lost.Load(), counting.totals.stale.Load(); conflicts != 0 || stale != 0 {
-		t.Errorf("%d lost races and %d stale guesses among goroutines of one coordinator, want none", conflicts, stale)
-	}
+	assert.Zero(t, counting.totals.lost.Load(), "lost races among goroutines of one coordinator")
+	assert.Zero(t, counting.totals.stale.Load(), "stale guesses among goroutines of one coordinator")
 	key, err := DeriveKey(service, benchJobType, payload, policy.Key)
 	require.NoError(t, err)
 	value, _, err := store.Get(ctx, service, key.KVKey)
@@ -777,9 +767,8 @@ func TestCoordinatorReadsOutsideLane(t *testing.T) {
 		}
 	}
 	acq, err := c.Acquire(ctx, AcquireRequest{Service: service, JobType: benchJobType, JobID: "a", Payload: payload, Policy: policy})
-	if err != nil || acq.Kind != KindAcquired {
-		t.Fatalf("acquire a: %v %v", acq.Kind, err)
-	}
+	require.NoErrorf(t, err, "acquire a: %v %v", acq.Kind, err)
+	require.Equalf(t, KindAcquired, acq.Kind, "acquire a: %v %v", acq.Kind, err)
 	type result struct {
 		acq Acquisition
 		err error
@@ -812,9 +801,7 @@ func TestCoordinatorBackoffWindow(t *testing.T) {
 	e := &keyEntry{}
 	var grown []time.Duration
 	for range 5 {
-		if err := sleepJitter(ctx, e.lose(c.cfg.RetryBackoff, c.cfg.MaxRetryBackoff, time.Now())); err != nil {
-			t.Fatal(err)
-		}
+		require.NoError(t, sleepJitter(ctx, e.lose(c.cfg.RetryBackoff, c.cfg.MaxRetryBackoff, time.Now())))
 		grown = append(grown, e.window)
 	}
 	var settled []time.Duration
@@ -823,12 +810,8 @@ func TestCoordinatorBackoffWindow(t *testing.T) {
 		settled = append(settled, e.window)
 	}
 	us := time.Microsecond
-	if want := []time.Duration{2 * us, 4 * us, 8 * us, 8 * us, 8 * us}; fmt.Sprint(grown) != fmt.Sprint(want) {
-		t.Errorf("window after lost races %v, want %v", grown, want)
-	}
-	if want := []time.Duration{4 * us, 2 * us, 1 * us, 0}; fmt.Sprint(settled) != fmt.Sprint(want) {
-		t.Errorf("window after successful writes %v, want %v", settled, want)
-	}
+	assert.Equal(t, []time.Duration{2 * us, 4 * us, 8 * us, 8 * us, 8 * us}, grown, "window after lost races")
+	assert.Equal(t, []time.Duration{4 * us, 2 * us, 1 * us, 0}, settled, "window after successful writes")
 
 	// While a key's window is open, operations on it are paced: with an
 	// hour-long window a call with a short deadline runs out of time. A key
@@ -850,13 +833,9 @@ func TestCoordinatorBackoffWindow(t *testing.T) {
 		return err
 	}
 	heat(time.Now())
-	if err := admit(50*time.Millisecond, "paced"); !errors.Is(err, context.DeadlineExceeded) {
-		t.Errorf("admission on a key with an open hour-long window: %v, want %v", err, context.DeadlineExceeded)
-	}
+	assert.ErrorIs(t, admit(50*time.Millisecond, "paced"), context.DeadlineExceeded, "admission on a key with an open hour-long window")
 	heat(time.Now().Add(-windowMemory*time.Hour - time.Second))
-	if err := admit(time.Minute, "cold"); err != nil {
-		t.Errorf("admission on a key quiet for %d windows: %v", windowMemory, err)
-	}
+	assert.NoErrorf(t, admit(time.Minute, "cold"), "admission on a key quiet for %d windows", windowMemory)
 }
 
 // The coordinator's per-key table stays within StateCacheSize idle
@@ -871,12 +850,9 @@ func TestCoordinatorKeyTableBounded(t *testing.T) {
 	for i := range keys {
 		// Admit only, so every key keeps state the table could remember.
 		adm, err := c.Admit(ctx, AdmitRequest{Service: "bounded", JobType: benchJobType, JobID: "j", Payload: benchPayload(i), Policy: policy})
-		if err != nil || adm.Kind != KindAccepted {
-			t.Fatalf("admit %d: %v %v", i, adm.Kind, err)
-		}
+		require.NoErrorf(t, err, "admit %d: %v %v", i, adm.Kind, err)
+		require.Equalf(t, KindAccepted, adm.Kind, "admit %d: %v %v", i, adm.Kind, err)
 	}
 	n := c.keys.len()
-	if n > size {
-		t.Errorf("%d entries after %d keys, want at most %d", n, keys, size)
-	}
+	assert.LessOrEqualf(t, n, size, "entries after %d keys", keys)
 }
