@@ -29,6 +29,9 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/jobkeys/jobkeys/internal/natstest"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
 )
 
 const benchJobType = "render"
@@ -56,13 +59,11 @@ func benchConnect(b *testing.B, s *server.Server) *benchConn {
 	b.Helper()
 	nc, js := natstest.Connect(b, s)
 	store, err := NewNATSStore(js, WithCreateBuckets(jetstream.MemoryStorage, 1))
-	if err != nil {
-		b.Fatal(err)
-	}
-	coord, err := NewCoordinator(store, nil)
-	if err != nil {
-		b.Fatal(err)
-	}
+	require.NoError(b, err)
+	// The coordinator writes through a countingStore, which benchContended
+	// reads its lost races from.
+	coord, err := NewCoordinator(newCountingStore(store), nil)
+	require.NoError(b, err)
 	return &benchConn{nc: nc, store: store, coord: coord}
 }
 
@@ -109,9 +110,7 @@ func benchReportRate(b *testing.B, unit string) {
 func BenchmarkCycle(b *testing.B) {
 	b.Run("Memory/1worker", func(b *testing.B) {
 		c, err := NewCoordinator(NewMemoryStore(), nil)
-		if err != nil {
-			b.Fatal(err)
-		}
+		require.NoError(b, err)
 		ctx, service, payload := context.Background(), benchService(), benchPayload(0)
 		b.ReportAllocs()
 		b.ResetTimer()
@@ -225,61 +224,65 @@ func benchContended(b *testing.B, s *server.Server, n int, shared bool) {
 	policy := Policy{Key: []string{"tenant", "/tenant"}, MaxActive: 4, MaxQueuedPerKey: n}
 	service, payload := benchService(), benchPayload(0)
 	var contention, blocked atomic.Int64
-	conns := benchParallel(b, s, n, shared, "cycles/s", func(ctx context.Context, w *benchConn, worker int) func(int) error {
+	var races benchRaces
+	benchParallel(b, s, n, shared, "cycles/s", func(ctx context.Context, w *benchConn, worker int) func(int) error {
 		if err := benchCycle(ctx, w.coord, service, policy, payload, fmt.Sprintf("warmup-%d", worker)); err != nil {
 			b.Fatal(err)
 		}
 		rng := mrand.New(mrand.NewPCG(uint64(worker), 1))
 		return func(i int) error {
 			jobID := fmt.Sprintf("job-%d-%d", worker, i)
-			err := benchContendedCycle(ctx, w.coord, service, policy, payload, jobID, rng, &blocked)
+			err := benchContendedCycle(ctx, w.coord, service, policy, payload, jobID, rng, &blocked, &races)
 			if errors.Is(err, ErrContention) {
 				contention.Add(1)
 			}
 			return err
 		}
 	})
-	var sum benchContention
-	for _, w := range conns {
-		sum.add(benchStats(w.coord))
+	var lost [len(races.lost)]int64
+	for i := range lost {
+		lost[i] = races.lost[i].Load()
 	}
-	conflicts, stale, worst := sum.conflicts, sum.staleGuesses, sum.maxConflicts
-	b.Logf("%d cycles: operations by races lost (0, 1, 2, ... %d+): %v", b.N, len(sum.lost)-1, sum.lost)
+	b.Logf("%d cycles: operations by races lost (0, 1, 2, ... %d+): %v", b.N, len(lost)-1, lost)
 	b.ReportMetric(float64(contention.Load()), "contention-errors")
 	b.ReportMetric(float64(blocked.Load())/float64(b.N), "blocked/op")
-	b.ReportMetric(float64(conflicts)/float64(b.N), "conflicts/op")
-	b.ReportMetric(float64(stale)/float64(b.N), "stale-guesses/op")
-	b.ReportMetric(float64(worst), "max-conflicts")
+	b.ReportMetric(float64(races.conflicts.Load())/float64(b.N), "conflicts/op")
+	b.ReportMetric(float64(races.staleGuesses.Load())/float64(b.N), "stale-guesses/op")
+	b.ReportMetric(float64(races.maxConflicts.Load()), "max-conflicts")
 	if contention.Load() != 0 {
 		b.Errorf("%d cycles failed with ErrContention", contention.Load())
 	}
 }
 
-// benchContention is what a coordinator's contentionStats counted.
-type benchContention struct {
-	conflicts, staleGuesses, maxConflicts int64
-	lost                                  [16]int64 // operations by races lost
+// benchRaces sums what the operations of a benchmark met at the store
+// (see countingStore).
+type benchRaces struct {
+	conflicts, staleGuesses, maxConflicts atomic.Int64
+	lost                                  [16]atomic.Int64 // operations by races lost; the last bucket: that many or more
 }
 
-func (s *benchContention) add(o benchContention) {
-	s.conflicts += o.conflicts
-	s.staleGuesses += o.staleGuesses
-	s.maxConflicts = max(s.maxConflicts, o.maxConflicts)
-	for i := range s.lost {
-		s.lost[i] += o.lost[i]
+// op returns ctx with a counter for one operation, and the function that
+// adds the operation's counts once it returned.
+func (s *benchRaces) op(ctx context.Context) (context.Context, func()) {
+	ctx, rc := withRaceCounter(ctx)
+	return ctx, func() {
+		lost, stale := rc.counts()
+		s.conflicts.Add(int64(lost))
+		s.staleGuesses.Add(int64(stale))
+		s.lost[min(lost, len(s.lost)-1)].Add(1)
+		for {
+			m := s.maxConflicts.Load()
+			if int64(lost) <= m || s.maxConflicts.CompareAndSwap(m, int64(lost)) {
+				return
+			}
+		}
 	}
 }
 
-func benchStats(c *KeyCoordinator) benchContention {
-	s := benchContention{conflicts: c.stats.conflicts.Load(), staleGuesses: c.stats.staleGuesses.Load(), maxConflicts: c.stats.maxConflicts.Load()}
-	for i := range s.lost {
-		s.lost[i] = c.stats.lost[i].Load()
-	}
-	return s
-}
-
-func benchContendedCycle(ctx context.Context, c *KeyCoordinator, service string, p Policy, payload []byte, jobID string, rng *mrand.Rand, blocked *atomic.Int64) error {
-	adm, err := c.Admit(ctx, AdmitRequest{Service: service, JobType: benchJobType, JobID: jobID, Payload: payload, Policy: p})
+func benchContendedCycle(ctx context.Context, c *KeyCoordinator, service string, p Policy, payload []byte, jobID string, rng *mrand.Rand, blocked *atomic.Int64, races *benchRaces) error {
+	octx, done := races.op(ctx)
+	adm, err := c.Admit(octx, AdmitRequest{Service: service, JobType: benchJobType, JobID: jobID, Payload: payload, Policy: p})
+	done()
 	if err != nil {
 		return fmt.Errorf("admit %s: %w", jobID, err)
 	}
@@ -288,12 +291,16 @@ func benchContendedCycle(ctx context.Context, c *KeyCoordinator, service string,
 	}
 	wait := 100 * time.Microsecond
 	for {
-		acq, err := c.Acquire(ctx, AcquireRequest{Service: service, JobType: benchJobType, JobID: jobID, Payload: payload, Policy: p})
+		octx, done := races.op(ctx)
+		acq, err := c.Acquire(octx, AcquireRequest{Service: service, JobType: benchJobType, JobID: jobID, Payload: payload, Policy: p})
+		done()
 		if err != nil {
 			return fmt.Errorf("acquire %s: %w", jobID, err)
 		}
 		if acq.Kind == KindAcquired {
-			rel, err := c.Release(ctx, ReleaseRequest{Lease: acq.Lease})
+			octx, done := races.op(ctx)
+			rel, err := c.Release(octx, ReleaseRequest{Lease: acq.Lease})
+			done()
 			if err != nil {
 				return fmt.Errorf("release %s: %w", jobID, err)
 			}
@@ -334,9 +341,7 @@ func BenchmarkRawKV(b *testing.B) {
 
 func benchRawOp(ctx context.Context, b *testing.B, w *benchConn, service, key string, value []byte) func(int) error {
 	kv, err := w.store.KeyValue(ctx, service)
-	if err != nil {
-		b.Fatal(err)
-	}
+	require.NoError(b, err)
 	if _, err := kv.Put(ctx, key, value); err != nil {
 		b.Fatal(err)
 	}
@@ -389,13 +394,9 @@ func BenchmarkRenew(b *testing.B) {
 func benchQueuedState(tb testing.TB, queued int) (*KeyState, JobKey, Policy) {
 	tb.Helper()
 	policy, err := Policy{Key: benchPolicy.Key, MaxActive: 4, MaxQueuedPerKey: 2000}.Normalize()
-	if err != nil {
-		tb.Fatal(err)
-	}
+	require.NoError(tb, err)
 	key, err := DeriveKey("bench", benchJobType, benchPayload(0), policy.Key)
-	if err != nil {
-		tb.Fatal(err)
-	}
+	require.NoError(tb, err)
 	now := time.Date(2025, 1, 2, 3, 4, 5, 0, time.UTC)
 	var st *KeyState
 	for i := range queued + 1 {
@@ -547,22 +548,16 @@ func TestCoordinatorMemoryFlat(t *testing.T) {
 
 	t.Run("Memory", func(t *testing.T) {
 		c, err := NewCoordinator(NewMemoryStore(), nil)
-		if err != nil {
-			t.Fatal(err)
-		}
+		require.NoError(t, err)
 		benchSoak(t, c, cycles)
 	})
 	t.Run("NATS", func(t *testing.T) {
 		s := natstest.Run(t)
 		_, js := natstest.Connect(t, s)
 		store, err := NewNATSStore(js, WithCreateBuckets(jetstream.MemoryStorage, 1))
-		if err != nil {
-			t.Fatal(err)
-		}
+		require.NoError(t, err)
 		c, err := NewCoordinator(store, nil)
-		if err != nil {
-			t.Fatal(err)
-		}
+		require.NoError(t, err)
 		benchSoak(t, c, natsCycles)
 	})
 }
@@ -605,9 +600,7 @@ func benchSoak(t *testing.T, c *KeyCoordinator, cycles int) {
 	sample := func(i int) {
 		h := heap()
 		samples = append(samples, h)
-		c.keys.mu.Lock()
-		entries := len(c.keys.entries)
-		c.keys.mu.Unlock()
+		entries := c.keys.len()
 		t.Logf("cycle %8d: HeapAlloc %7.2f MiB, %5d key table entries (%v)", i, float64(h)/(1<<20), entries, time.Since(start).Round(time.Millisecond))
 	}
 	for i := range cycles {
@@ -640,22 +633,14 @@ func TestCycleRoundTrips(t *testing.T) {
 	ctx, service, payload := context.Background(), "roundtrips", benchPayload(0)
 	nc, js := natstest.Connect(t, s)
 	store, err := NewNATSStore(js, WithCreateBuckets(jetstream.MemoryStorage, 1))
-	if err != nil {
-		t.Fatal(err)
-	}
+	require.NoError(t, err)
 	c, err := NewCoordinator(store, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := benchCycle(ctx, c, service, benchPolicy, payload, "warmup"); err != nil {
-		t.Fatal(err)
-	}
+	require.NoError(t, err)
+	require.NoError(t, benchCycle(ctx, c, service, benchPolicy, payload, "warmup"))
 	const cycles = 20
 	before := nc.Stats().OutMsgs
 	for i := range cycles {
-		if err := benchCycle(ctx, c, service, benchPolicy, payload, "job-"+strconv.Itoa(i)); err != nil {
-			t.Fatal(err)
-		}
+		require.NoError(t, benchCycle(ctx, c, service, benchPolicy, payload, "job-"+strconv.Itoa(i)))
 	}
 	if got := nc.Stats().OutMsgs - before; got != 3*cycles {
 		t.Errorf("%d cycles sent %d requests, want %d", cycles, got, 3*cycles)
@@ -665,20 +650,15 @@ func TestCycleRoundTrips(t *testing.T) {
 	// remembers: admission here must queue behind its job, not overwrite it.
 	_, js2 := natstest.Connect(t, s)
 	other, err := NewNATSStore(js2)
-	if err != nil {
-		t.Fatal(err)
-	}
+	require.NoError(t, err)
 	oc, err := NewCoordinator(other, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
+	require.NoError(t, err)
 	policy := Policy{Key: benchPolicy.Key, MaxQueuedPerKey: 5}
 	admit := func(c *KeyCoordinator, jobID string) Admission {
 		t.Helper()
 		adm, err := c.Admit(ctx, AdmitRequest{Service: service, JobType: benchJobType, JobID: jobID, Payload: payload, Policy: policy})
-		if err != nil || adm.Kind != KindAccepted {
-			t.Fatalf("admit %s: %v %v", jobID, adm.Kind, err)
-		}
+		require.NoErrorf(t, err, "admit %s: %v %v", jobID, adm.Kind, err)
+		require.Equalf(t, KindAccepted, adm.Kind, "admit %s: %v %v", jobID, adm.Kind, err)
 		return adm
 	}
 	admit(oc, "held")
@@ -687,9 +667,7 @@ func TestCycleRoundTrips(t *testing.T) {
 		t.Fatalf("admission over another process's key: %+v", adm.State)
 	}
 	value, _, err := store.Get(ctx, service, kvKeyFor(service, benchJobType, adm.KeyHash))
-	if err != nil {
-		t.Fatal(err)
-	}
+	require.NoError(t, err)
 	if st, err := ParseState(value); err != nil || len(st.Queued) != 2 {
 		t.Fatalf("stored state: %v %+v", err, st)
 	}
@@ -701,16 +679,11 @@ func TestCycleRoundTrips(t *testing.T) {
 		id string
 	}{{oc, "held"}, {c, "mine"}} {
 		out, err := rm.c.RemoveQueued(ctx, RemoveRequest{Service: service, JobType: benchJobType, JobID: rm.id, Payload: payload, Policy: policy})
-		if err != nil || out.Kind != KindRemoved {
-			t.Fatalf("remove %s: %v %v", rm.id, out.Kind, err)
-		}
+		require.NoErrorf(t, err, "remove %s: %v %v", rm.id, out.Kind, err)
+		require.Equalf(t, KindRemoved, out.Kind, "remove %s: %v %v", rm.id, out.Kind, err)
 	}
-	if err := benchCycle(ctx, oc, service, benchPolicy, payload, "other"); err != nil {
-		t.Fatal(err)
-	}
-	if err := benchCycle(ctx, c, service, benchPolicy, payload, "after-other"); err != nil {
-		t.Fatal(err)
-	}
+	require.NoError(t, benchCycle(ctx, oc, service, benchPolicy, payload, "other"))
+	require.NoError(t, benchCycle(ctx, c, service, benchPolicy, payload, "after-other"))
 }
 
 // Goroutines of one coordinator on one key never race each other: each
@@ -719,10 +692,9 @@ func TestCoordinatorLanesNoSelfRaces(t *testing.T) {
 	t.Parallel()
 	ctx, service, payload := context.Background(), "lanes", benchPayload(0)
 	store := NewMemoryStore()
-	c, err := NewCoordinator(store, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
+	counting := newCountingStore(store)
+	c, err := NewCoordinator(counting, nil)
+	require.NoError(t, err)
 	const workers, jobs = 16, 20
 	policy := Policy{Key: benchPolicy.Key, MaxActive: 4, MaxQueuedPerKey: workers * jobs}
 	var wg sync.WaitGroup
@@ -744,24 +716,16 @@ func TestCoordinatorLanesNoSelfRaces(t *testing.T) {
 	wg.Wait()
 	close(errs)
 	for err := range errs {
-		t.Fatal(err)
+		require.NoError(t, err)
 	}
-	cs := benchStats(c)
-	if conflicts, stale := cs.conflicts, cs.staleGuesses; conflicts != 0 || stale != 0 {
-		t.Errorf("%d lost races and %d stale guesses among goroutines of one coordinator, want none", conflicts, stale)
-	}
+	assert.Zero(t, counting.totals.lost.Load(), "lost races among goroutines of one coordinator")
+	assert.Zero(t, counting.totals.stale.Load(), "stale guesses among goroutines of one coordinator")
 	key, err := DeriveKey(service, benchJobType, payload, policy.Key)
-	if err != nil {
-		t.Fatal(err)
-	}
+	require.NoError(t, err)
 	value, _, err := store.Get(ctx, service, key.KVKey)
-	if err != nil {
-		t.Fatal(err)
-	}
+	require.NoError(t, err)
 	st, err := ParseState(value)
-	if err != nil {
-		t.Fatal(err)
-	}
+	require.NoError(t, err)
 	if len(st.Queued) != workers*jobs {
 		t.Errorf("%d jobs queued, want %d", len(st.Queued), workers*jobs)
 	}
@@ -795,9 +759,7 @@ func TestCoordinatorReadsOutsideLane(t *testing.T) {
 	ctx, service, payload := context.Background(), "readlane", benchPayload(0)
 	gated := &benchGatedStore{Store: NewMemoryStore(), entered: make(chan struct{}, 1), gate: make(chan struct{})}
 	c, err := NewCoordinator(gated, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
+	require.NoError(t, err)
 	policy := Policy{Key: benchPolicy.Key, MaxQueuedPerKey: 1}
 	for _, id := range []string{"a", "b"} {
 		if adm, err := c.Admit(ctx, AdmitRequest{Service: service, JobType: benchJobType, JobID: id, Payload: payload, Policy: policy}); err != nil || adm.Kind != KindAccepted {
@@ -805,9 +767,8 @@ func TestCoordinatorReadsOutsideLane(t *testing.T) {
 		}
 	}
 	acq, err := c.Acquire(ctx, AcquireRequest{Service: service, JobType: benchJobType, JobID: "a", Payload: payload, Policy: policy})
-	if err != nil || acq.Kind != KindAcquired {
-		t.Fatalf("acquire a: %v %v", acq.Kind, err)
-	}
+	require.NoErrorf(t, err, "acquire a: %v %v", acq.Kind, err)
+	require.Equalf(t, KindAcquired, acq.Kind, "acquire a: %v %v", acq.Kind, err)
 	type result struct {
 		acq Acquisition
 		err error
@@ -835,47 +796,35 @@ func TestCoordinatorReadsOutsideLane(t *testing.T) {
 func TestCoordinatorBackoffWindow(t *testing.T) {
 	t.Parallel()
 	c, err := NewCoordinator(NewMemoryStore(), &Config{RetryBackoff: time.Microsecond, MaxRetryBackoff: 8 * time.Microsecond})
-	if err != nil {
-		t.Fatal(err)
-	}
+	require.NoError(t, err)
 	ctx := context.Background()
 	e := &keyEntry{}
 	var grown []time.Duration
 	for range 5 {
-		if err := sleepJitter(ctx, c.widen(e)); err != nil {
-			t.Fatal(err)
-		}
+		require.NoError(t, sleepJitter(ctx, e.lose(c.cfg.RetryBackoff, c.cfg.MaxRetryBackoff, time.Now())))
 		grown = append(grown, e.window)
 	}
 	var settled []time.Duration
 	for range 4 {
-		e.settle(c.cfg.RetryBackoff)
+		e.commit(nil, 0, c.cfg.RetryBackoff)
 		settled = append(settled, e.window)
 	}
 	us := time.Microsecond
-	if want := []time.Duration{2 * us, 4 * us, 8 * us, 8 * us, 8 * us}; fmt.Sprint(grown) != fmt.Sprint(want) {
-		t.Errorf("window after lost races %v, want %v", grown, want)
-	}
-	if want := []time.Duration{4 * us, 2 * us, 1 * us, 0}; fmt.Sprint(settled) != fmt.Sprint(want) {
-		t.Errorf("window after successful writes %v, want %v", settled, want)
-	}
+	assert.Equal(t, []time.Duration{2 * us, 4 * us, 8 * us, 8 * us, 8 * us}, grown, "window after lost races")
+	assert.Equal(t, []time.Duration{4 * us, 2 * us, 1 * us, 0}, settled, "window after successful writes")
 
 	// While a key's window is open, operations on it are paced: with an
 	// hour-long window a call with a short deadline runs out of time. A key
 	// whose last lost race is long past is cold: no pacing.
 	payload := benchPayload(0)
 	key, err := DeriveKey("window", benchJobType, payload, benchPolicy.Key)
-	if err != nil {
-		t.Fatal(err)
-	}
+	require.NoError(t, err)
 	heat := func(lostAt time.Time) {
 		e := c.keys.pin(key.KVKey)
 		defer c.keys.unpin(key.KVKey, e)
-		if err := e.lock(ctx); err != nil {
-			t.Fatal(err)
-		}
+		e.mu.Lock()
 		e.window, e.lostAt = time.Hour, lostAt
-		e.unlock()
+		e.mu.Unlock()
 	}
 	admit := func(timeout time.Duration, jobID string) error {
 		ctx, cancel := context.WithTimeout(ctx, timeout)
@@ -884,13 +833,9 @@ func TestCoordinatorBackoffWindow(t *testing.T) {
 		return err
 	}
 	heat(time.Now())
-	if err := admit(50*time.Millisecond, "paced"); !errors.Is(err, context.DeadlineExceeded) {
-		t.Errorf("admission on a key with an open hour-long window: %v, want %v", err, context.DeadlineExceeded)
-	}
+	assert.ErrorIs(t, admit(50*time.Millisecond, "paced"), context.DeadlineExceeded, "admission on a key with an open hour-long window")
 	heat(time.Now().Add(-windowMemory*time.Hour - time.Second))
-	if err := admit(time.Minute, "cold"); err != nil {
-		t.Errorf("admission on a key quiet for %d windows: %v", windowMemory, err)
-	}
+	assert.NoErrorf(t, admit(time.Minute, "cold"), "admission on a key quiet for %d windows", windowMemory)
 }
 
 // The coordinator's per-key table stays within StateCacheSize idle
@@ -899,22 +844,15 @@ func TestCoordinatorKeyTableBounded(t *testing.T) {
 	t.Parallel()
 	const size, keys = 64, 1000
 	c, err := NewCoordinator(NewMemoryStore(), &Config{StateCacheSize: size})
-	if err != nil {
-		t.Fatal(err)
-	}
+	require.NoError(t, err)
 	ctx := context.Background()
 	policy := Policy{Key: benchPolicy.Key, MaxQueuedPerKey: 1}
 	for i := range keys {
 		// Admit only, so every key keeps state the table could remember.
 		adm, err := c.Admit(ctx, AdmitRequest{Service: "bounded", JobType: benchJobType, JobID: "j", Payload: benchPayload(i), Policy: policy})
-		if err != nil || adm.Kind != KindAccepted {
-			t.Fatalf("admit %d: %v %v", i, adm.Kind, err)
-		}
+		require.NoErrorf(t, err, "admit %d: %v %v", i, adm.Kind, err)
+		require.Equalf(t, KindAccepted, adm.Kind, "admit %d: %v %v", i, adm.Kind, err)
 	}
-	c.keys.mu.Lock()
-	n := len(c.keys.entries)
-	c.keys.mu.Unlock()
-	if n > size {
-		t.Errorf("%d entries after %d keys, want at most %d", n, keys, size)
-	}
+	n := c.keys.len()
+	assert.LessOrEqualf(t, n, size, "entries after %d keys", keys)
 }

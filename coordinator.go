@@ -6,13 +6,10 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
-	mrand "math/rand/v2"
 	"os"
 	"reflect"
 	"slices"
 	"strconv"
-	"sync"
-	"sync/atomic"
 	"time"
 	"unicode/utf8"
 )
@@ -51,7 +48,7 @@ type AdmitRequest struct {
 	// marshalled with encoding/json first.
 	Payload any
 	// Context is the job's trace context. Missing fields are derived from
-	// the job id when written, since the TS original requires them.
+	// the job id when written: every reader of the key state requires them.
 	Context TraceContext
 	Policy  Policy // normalized by the coordinator
 	// StrictCreate rejects when the queue is full, whatever Policy.WhenFull says.
@@ -65,8 +62,8 @@ type AcquireRequest struct {
 	JobID   string       // the admitted job
 	Payload any          // as in AdmitRequest; must derive the same key
 	Context TraceContext // the trace context recorded in the slot
-	// Retry lets a job that is not queued take a slot (a retry of a job
-	// that ran before), as the TS original's lifecycle state "retry".
+	// Retry lets a job that is not queued take a slot: a retry of a job
+	// that ran before and whose queue entry is gone.
 	Retry bool
 	Tries int // the attempt number recorded in the slot
 	// InstanceID names the worker in the slot. Defaults to Config.InstanceID.
@@ -118,9 +115,10 @@ type Config struct {
 	// Defaults to "<hostname>-<pid>".
 	InstanceID string
 
-	// MaxAttempts bounds the compare-and-swap attempts of one operation;
-	// when all lose to concurrent writers the operation fails with
-	// ErrContention. Defaults to MaxAttemptsDefault (64).
+	// MaxAttempts bounds the compare-and-swap races one operation may lose
+	// to concurrent writers before it fails with ErrContention. Renew and
+	// Release are bounded by their lease instead (they retry until it
+	// expires). Defaults to MaxAttemptsDefault (64).
 	MaxAttempts int
 
 	// RetryBackoff is the longest first pause after a lost compare-and-swap
@@ -150,23 +148,35 @@ type Config struct {
 // state (or use the state it last read or wrote), reduce, compare-and-swap,
 // retry on conflict. It is safe for concurrent use.
 //
-// Operations of one coordinator on one key run one at a time, each starting
+// The writes of one coordinator to one key run one at a time, each starting
 // from the state the one before it wrote, so they never race each other;
-// operations on different keys run in parallel. Races with other processes
-// are settled by compare-and-swap: a lost race is followed by a jittered
-// pause drawn from the key's backoff window, which starts at
-// Config.RetryBackoff, doubles with every race lost on the key, halves with
-// every successful write, never exceeds Config.MaxRetryBackoff, and while
-// it is open also delays the first attempt of new operations on the key.
-// Contending writers thus keep about an even chance per attempt and spread
-// out when woken together, instead of the losers backing off ever further.
+// reads do not wait for them, and operations on different keys run in
+// parallel. Races with other processes are settled by compare-and-swap: a
+// lost race is followed by a jittered pause drawn from the key's backoff
+// window, which starts at Config.RetryBackoff, doubles with every race lost
+// on the key, halves with every successful write, never exceeds
+// Config.MaxRetryBackoff, and while it is open also delays the first
+// attempt of new operations on the key. Contending writers thus keep about
+// an even chance per attempt and spread out when woken together, instead of
+// the losers backing off ever further. Renew and Release are never delayed
+// by that first-attempt pacing, and retry until their lease expires rather
+// than Config.MaxAttempts times: a slot holder keeps its slot while the
+// lease runs.
+//
+// Every time the coordinator writes must fall in the years 0000 to 9999
+// (the clock's now, and leases from it); a clock outside them is refused
+// with ErrClockOutOfRange before anything is written. Admission keeps every
+// key small enough for all its queued jobs to take slots within the
+// store's value size limit (for [MemoryStore] and [NATSStore], which report
+// their limit): a full key rejects with ErrStateTooLarge rather than
+// filling up with jobs that could never start.
 //
 // The zero value is not usable: create one with [NewCoordinator].
 type KeyCoordinator struct {
-	store Store
-	cfg   Config
-	keys  *keyTable
-	stats contentionStats
+	store    Store
+	cfg      Config
+	keys     *keyTable
+	slotRoom int // see checkRoom
 }
 
 // NewCoordinator returns a coordinator over store. cfg may be nil for the
@@ -219,7 +229,7 @@ func NewCoordinator(store Store, cfg *Config) (*KeyCoordinator, error) {
 	if c.NewSlotToken == nil {
 		c.NewSlotToken = newUUID
 	}
-	return &KeyCoordinator{store: store, cfg: c, keys: newKeyTable(c.StateCacheSize)}, nil
+	return &KeyCoordinator{store: store, cfg: c, keys: newKeyTable(c.StateCacheSize), slotRoom: slotRoom(c.InstanceID)}, nil
 }
 
 // InstanceID returns the instance id the coordinator writes into slots.
@@ -245,15 +255,21 @@ func (c *KeyCoordinator) Acquire(ctx context.Context, req AcquireRequest) (Acqui
 	return c.acquireKey(ctx, key, policy, req)
 }
 
-// Renew extends the lease, or reports it lost.
+// Renew extends the lease by its policy's HeartbeatTTL from now, or reports
+// it lost when the slot was taken over or released.
+//
+// A renewal is not paced on a contended key and does not give up after
+// Config.MaxAttempts lost races: it retries until ctx ends or the slot's
+// lease expires (then ErrContention), since until then the slot is still
+// the holder's to keep.
 func (c *KeyCoordinator) Renew(ctx context.Context, req RenewRequest) (Renewal, error) {
-	key, err := leaseKey(req.Lease)
+	lease, key, err := leaseKey(req.Lease)
 	if err != nil {
 		return Renewal{}, err
 	}
 	var out Renewal
-	err = c.update(ctx, key, false, func(st *KeyState, now time.Time) *KeyState {
-		out = ReduceRenew(st, req.Lease, now)
+	err = c.run(ctx, key, retry{lease: &lease}, func(st *KeyState, now time.Time) *KeyState {
+		out = ReduceRenew(st, lease, now)
 		return out.State
 	})
 	if err != nil {
@@ -263,15 +279,16 @@ func (c *KeyCoordinator) Renew(ctx context.Context, req RenewRequest) (Renewal, 
 }
 
 // Release frees the slot, or reports a stale completion when it was
-// already gone (taken over after its lease expired).
+// already gone (taken over after its lease expired). Like Renew, it is not
+// paced and retries until the lease expires.
 func (c *KeyCoordinator) Release(ctx context.Context, req ReleaseRequest) (Release, error) {
-	key, err := leaseKey(req.Lease)
+	lease, key, err := leaseKey(req.Lease)
 	if err != nil {
 		return Release{}, err
 	}
 	var out Release
-	err = c.update(ctx, key, false, func(st *KeyState, now time.Time) *KeyState {
-		out = ReduceRelease(st, req.Lease, now)
+	err = c.run(ctx, key, retry{lease: &lease}, func(st *KeyState, now time.Time) *KeyState {
+		out = ReduceRelease(st, lease, now)
 		return out.State
 	})
 	if err != nil {
@@ -315,24 +332,33 @@ func (c *KeyCoordinator) prepare(service, jobType, jobID string, payload any, p 
 	return policy, key, nil
 }
 
-func leaseKey(l Lease) (JobKey, error) {
+// leaseKey validates l and returns it with its policy normalized, and the
+// key it holds a slot of. A lease's policy is checked as Acquire checks
+// one, so a lease cannot claim what no policy may (a HeartbeatTTL past
+// HeartbeatTTLLimit would push the expiry out by centuries).
+func leaseKey(l Lease) (Lease, JobKey, error) {
 	if err := validateService(l.Service); err != nil {
-		return JobKey{}, err
+		return Lease{}, JobKey{}, err
 	}
 	if err := validateJobType(l.JobType); err != nil {
-		return JobKey{}, err
+		return Lease{}, JobKey{}, err
 	}
 	switch {
 	case l.JobID == "":
-		return JobKey{}, fmt.Errorf("%w: Lease.JobID is empty", ErrInvalidRequest)
+		return Lease{}, JobKey{}, fmt.Errorf("%w: Lease.JobID is empty", ErrInvalidRequest)
 	case l.SlotToken == "":
-		return JobKey{}, fmt.Errorf("%w: Lease.SlotToken is empty", ErrInvalidRequest)
+		return Lease{}, JobKey{}, fmt.Errorf("%w: Lease.SlotToken is empty", ErrInvalidRequest)
 	case !isKeyHash(l.KeyHash):
-		return JobKey{}, fmt.Errorf("%w: Lease.KeyHash %q is not 64 lowercase hex digits", ErrInvalidRequest, l.KeyHash)
+		return Lease{}, JobKey{}, fmt.Errorf("%w: Lease.KeyHash %q is not 64 lowercase hex digits", ErrInvalidRequest, l.KeyHash)
 	case l.Policy.HeartbeatTTL <= 0:
-		return JobKey{}, fmt.Errorf("%w: Lease.Policy.HeartbeatTTL %v is not positive (use the Lease from Acquire)", ErrInvalidRequest, l.Policy.HeartbeatTTL)
+		return Lease{}, JobKey{}, fmt.Errorf("%w: Lease.Policy.HeartbeatTTL %v is not positive (use the Lease from Acquire)", ErrInvalidRequest, l.Policy.HeartbeatTTL)
 	}
-	return JobKey{Service: l.Service, JobType: l.JobType, Key: l.Key, KeyHash: l.KeyHash,
+	p, err := l.Policy.Normalize()
+	if err != nil {
+		return Lease{}, JobKey{}, fmt.Errorf("%w: Lease.Policy (use the Lease from Acquire): %w", ErrInvalidRequest, err)
+	}
+	l.Policy = p
+	return l, JobKey{Service: l.Service, JobType: l.JobType, Key: l.Key, KeyHash: l.KeyHash,
 		KVKey: kvKeyFor(l.Service, l.JobType, l.KeyHash)}, nil
 }
 
@@ -348,168 +374,282 @@ func isKeyHash(s string) bool {
 	return true
 }
 
-// update runs one operation on key: it takes the key's lane (one write of
-// this coordinator per key at a time; see keyTable), runs the
-// read-reduce-CAS loop and records the contention it met.
+// update runs one operation on key (see run) with the default retry rules:
+// first attempts paced on a contended key, at most Config.MaxAttempts
+// races lost. With assumeAbsent the first attempt creates a key this
+// coordinator knows nothing of without reading it (admission). reduce
+// returns the new state, or nil when the outcome writes nothing; it may be
+// called several times and must leave its outcome from the last call.
 func (c *KeyCoordinator) update(ctx context.Context, key JobKey, assumeAbsent bool, reduce func(*KeyState, time.Time) *KeyState) error {
-	e := c.keys.pin(key.KVKey)
-	defer c.keys.unpin(key.KVKey, e)
-	if err := e.lock(ctx); err != nil {
-		return err
-	}
-	conflicts, err := c.casLoop(ctx, e, key, assumeAbsent, reduce)
-	c.stats.record(conflicts)
-	return err
+	return c.run(ctx, key, retry{assumeAbsent: assumeAbsent}, reduce)
 }
 
-// casLoop is the read-reduce-CAS loop. It is called holding e's lane and
-// returns having released it. reduce returns the new state, or nil when
-// the outcome writes nothing; it may be called several times and must
-// leave its outcome from the last call.
+// retry says how an operation meets contention.
+type retry struct {
+	assumeAbsent bool // see update
+	// lease, for a renewal or release, takes the operation out of the
+	// pacing of a contended key and bounds its retries by the lease's
+	// expiry instead of Config.MaxAttempts: the holder keeps trying while
+	// its slot is still its own.
+	lease *Lease
+}
+
+// run is the read-reduce-compare-and-swap loop of one operation on key.
 //
 // The first attempt writes on the state this coordinator remembers, or,
-// with assumeAbsent, creates a key it knows nothing of (admission always
-// writes to an absent key), without a read. A write on such a guess that
-// turns out stale costs one failed write and a read, and is not a lost
-// race; a failed write on state this call read is, and is followed by a
-// backoff. It returns the number of races lost.
+// with assumeAbsent, creates the key, without a read. A write on such a
+// guess that turns out stale costs one failed write and a read, and is not
+// a lost race; a failed write on state this operation read is, and is
+// followed by a pause drawn from the key's backoff window (see
+// keyEntry.lose).
 //
-// Reads happen outside the lane, so that an operation that only needs to
-// look (an acquisition that finds every slot taken) does not hold up this
-// coordinator's writes to the key; an operation that read and then writes
-// takes the lane again and, if another of this coordinator's operations
-// wrote meanwhile, starts from that newer state.
-func (c *KeyCoordinator) casLoop(ctx context.Context, e *keyEntry, key JobKey, assumeAbsent bool, reduce func(*KeyState, time.Time) *KeyState) (int, error) {
-	held := true // whether this call holds e's lane
-	defer func() {
-		if held {
-			e.unlock()
+// Writes hold the key's lane, reads do not: an operation that only needs to
+// look (an acquisition that finds every slot taken) never waits for this
+// coordinator's writes to the key, and one that read and then writes takes
+// the lane and, if another of this coordinator's operations wrote
+// meanwhile, starts from that newer state (keyEntry.begin).
+func (c *KeyCoordinator) run(ctx context.Context, key JobKey, rt retry, reduce func(*KeyState, time.Time) *KeyState) error {
+	e := c.keys.pin(key.KVKey)
+	defer c.keys.unpin(key.KVKey, e)
+	if rt.lease == nil {
+		if window := e.paceWindow(time.Now()); window > 0 {
+			// A contended key: pace the first attempt too, so that a
+			// writer that keeps winning does not keep the others out.
+			if err := sleepJitter(ctx, window); err != nil {
+				return err
+			}
 		}
-	}()
+	}
 	var (
-		state    *KeyState
-		rev      uint64
-		have     bool // state and rev are what we believe is stored
-		verified bool // state and rev were read (or confirmed by a write) during this call
+		r    *read // the last read, nil until one is needed
+		buf  []byte
+		lost int
 	)
-	conflicts := 0
-	if e.window > 0 && time.Since(e.lostAt) < windowMemory*e.window {
-		// A contended key: pace this operation's first attempt too, without
-		// holding the lane, so that this coordinator's other operations on
-		// the key (a renewal) are not held up by the pause.
-		window := e.window
-		e.unlock()
-		held = false
-		if err := sleepJitter(ctx, window); err != nil {
-			return conflicts, err
+	for {
+		if r != nil {
+			mark := e.mark()
+			st, rev, err := c.read(ctx, key)
+			if err != nil {
+				return err
+			}
+			if next := reduce(st, c.cfg.Now()); writesNothing(next, st) {
+				e.observe(st, rev)
+				return nil
+			}
+			*r = read{state: st, rev: rev, mark: mark}
 		}
 		if err := e.lock(ctx); err != nil {
-			return conflicts, err
+			return err
 		}
-		held = true
-	} else {
-		e.window = 0 // cold again
-	}
-	if e.known && c.keys.max > 0 {
-		state, rev, have = e.state, e.rev, true
-	} else if assumeAbsent {
-		have = true
-	}
-	var buf []byte
-	for {
-		if !have {
-			if held {
-				e.unlock()
-				held = false
-			}
-			st, r, err := c.read(ctx, key)
-			if err != nil {
-				return conflicts, err
-			}
-			next := reduce(st, c.cfg.Now())
-			writes := next != nil && !(next.Empty() && st == nil)
-			if err := e.lock(ctx); err != nil {
-				return conflicts, err
-			}
-			held = true
-			if !writes && !(e.known && r > 0 && e.rev > r) {
-				return conflicts, nil // nothing to write, and nothing newer known
-			}
-			if e.known && r > 0 && e.rev > r {
-				// Written by another operation of this coordinator after
-				// the read (or the read came from a lagging replica):
-				// newer, and confirmed by the store then. An absent key
-				// has no revision to compare; the write settles it.
-				st, r = e.state, e.rev
-			} else {
-				e.remember(st, r)
-			}
-			state, rev, have, verified = st, r, true, true
-		}
-		next := reduce(state, c.cfg.Now())
-		if next == nil || (next.Empty() && state == nil) {
-			if !verified {
-				// An outcome that writes nothing must not rest on a guess.
-				have = false
-				continue
-			}
-			return conflicts, nil
-		}
-		var err error
-		if next.Empty() {
-			err = c.store.Delete(ctx, key.Service, key.KVKey, rev)
-			if err == nil {
-				e.forget() // absent now; Admit creates it without a read
-				e.settle(c.cfg.RetryBackoff)
-				return conflicts, nil
-			}
-		} else {
-			if buf == nil {
-				buf = make([]byte, 0, encodedSizeEstimate(next))
-			}
-			buf = appendState(buf[:0], next)
-			var newRev uint64
-			if state == nil {
-				newRev, err = c.store.Create(ctx, key.Service, key.KVKey, buf)
-			} else {
-				newRev, err = c.store.Update(ctx, key.Service, key.KVKey, buf, rev)
-			}
-			if err == nil {
-				// next is also the outcome's State, which belongs to the
-				// caller: remember a copy.
-				e.remember(snapshot(next), newRev)
-				e.settle(c.cfg.RetryBackoff)
-				return conflicts, nil
-			}
-		}
-		e.forget()
-		switch {
-		case errors.Is(err, ErrStateTooLarge):
-			return conflicts, &StateError{KVKey: key.KVKey, Reason: fmt.Sprintf("new state of %d bytes (%d active, %d queued): %v", len(buf), len(next.Active), len(next.Queued), err), Err: ErrStateTooLarge}
-		case ctx.Err() != nil:
-			return conflicts, ctx.Err()
-		case !errors.Is(err, ErrRevisionConflict):
-			return conflicts, fmt.Errorf("jobkeys: KV key %q: %w", key.KVKey, err)
-		}
-		have = false
-		if !verified {
-			// The remembered or assumed state was stale: not a lost race,
-			// read and try again.
-			c.stats.staleGuesses.Add(1)
+		s, ok := e.begin(r, c.keys.max > 0, rt.assumeAbsent)
+		if !ok {
+			e.unlock()
+			r = &read{}
 			continue
 		}
-		verified = false
-		conflicts++
-		if conflicts >= c.cfg.MaxAttempts {
-			return conflicts, fmt.Errorf("%w: KV key %q: %d compare-and-swap attempts lost to concurrent writers", ErrContention, key.KVKey, conflicts)
+		done, err := c.attempt(ctx, e, key, s, reduce, &buf)
+		e.unlock()
+		if done || err != nil {
+			return err
 		}
-		window := c.widen(e)
-		e.unlock() // sleep without the lane; the read that follows needs none
-		held = false
-		if err := sleepJitter(ctx, window); err != nil {
-			return conflicts, err
+		r = &read{}
+		if !s.verified {
+			continue // a stale guess, not a lost race: read and try again
+		}
+		lost++
+		pause := e.lose(c.cfg.RetryBackoff, c.cfg.MaxRetryBackoff, time.Now())
+		if rt.lease != nil {
+			if until := leaseEnd(s.state, *rt.lease); !c.cfg.Now().Before(until) {
+				return fmt.Errorf("%w: KV key %q: job %q lost %d compare-and-swap races to concurrent writers until its lease expired at %s",
+					ErrContention, key.KVKey, rt.lease.JobID, lost, until.UTC().Format(time.RFC3339Nano))
+			}
+			// It backs off like any other operation: the pauses keep its
+			// attempts, and the other writers', apart.
+		} else if lost >= c.cfg.MaxAttempts {
+			return fmt.Errorf("%w: KV key %q: %d compare-and-swap attempts lost to concurrent writers", ErrContention, key.KVKey, lost)
+		}
+		if err := sleepJitter(ctx, pause); err != nil {
+			return err
 		}
 	}
+}
+
+// attempt reduces s and writes the result, holding e's lane. It reports
+// done when the operation is complete (written, or nothing to write on
+// verified state), and an error when it must stop; neither when the write
+// lost a race or rested on a guess.
+func (c *KeyCoordinator) attempt(ctx context.Context, e *keyEntry, key JobKey, s start, reduce func(*KeyState, time.Time) *KeyState, buf *[]byte) (bool, error) {
+	next := reduce(s.state, c.cfg.Now())
+	if writesNothing(next, s.state) {
+		// An outcome that writes nothing must not rest on a guess.
+		return s.verified, nil
+	}
+	var err error
+	if next.Empty() {
+		if err = c.store.Delete(ctx, key.Service, key.KVKey, s.rev); err == nil {
+			e.commit(nil, 0, c.cfg.RetryBackoff) // absent now; Admit creates it without a read
+			return true, nil
+		}
+	} else {
+		if err := checkTimes(key.KVKey, next, c.cfg.Now); err != nil {
+			return false, err
+		}
+		if *buf == nil {
+			*buf = make([]byte, 0, encodedSizeEstimate(next))
+		}
+		*buf = appendState((*buf)[:0], next)
+		if s.state == nil || len(next.Queued) > len(s.state.Queued) {
+			if err := c.checkRoom(ctx, key, next, len(*buf)); err != nil {
+				return false, err
+			}
+		}
+		var rev uint64
+		if s.state == nil {
+			rev, err = c.store.Create(ctx, key.Service, key.KVKey, *buf)
+		} else {
+			rev, err = c.store.Update(ctx, key.Service, key.KVKey, *buf, s.rev)
+		}
+		if err == nil {
+			// next is also the outcome's State, which belongs to the
+			// caller: remember a copy.
+			e.commit(snapshot(next), rev, c.cfg.RetryBackoff)
+			return true, nil
+		}
+	}
+	e.conflict()
+	switch {
+	case errors.Is(err, ErrStateTooLarge):
+		return false, &StateError{KVKey: key.KVKey, Reason: fmt.Sprintf("new state of %d bytes (%d active, %d queued): %v", len(*buf), len(next.Active), len(next.Queued), err), Err: ErrStateTooLarge}
+	case ctx.Err() != nil:
+		return false, ctx.Err()
+	case !errors.Is(err, ErrRevisionConflict):
+		return false, fmt.Errorf("jobkeys: KV key %q: %w", key.KVKey, err)
+	}
+	return false, nil
+}
+
+// The times key state can hold: toISOString writes years outside 0000 to
+// 9999 in an expanded form that older readers of the format reject.
+var (
+	firstStateTime = time.Date(0, 1, 1, 0, 0, 0, 0, time.UTC)
+	lastStateTime  = time.Date(9999, 12, 31, 23, 59, 59, 999_000_000, time.UTC)
+)
+
+// checkTimes returns an error wrapping ErrClockOutOfRange when a time in
+// s, the state about to be written to kvKey, falls outside the years key
+// state can hold: the clock, or a lease from it, left them.
+func checkTimes(kvKey string, s *KeyState, now func() time.Time) error {
+	bad := func(what string, t time.Time) error {
+		return fmt.Errorf("%w: KV key %q: %s would be %s, outside %s to %s, the times key state can hold (the clock, Config.Now, reads %s)",
+			ErrClockOutOfRange, kvKey, what, t.UTC().Format(time.RFC3339Nano),
+			firstStateTime.Format(jsTime), lastStateTime.Format(jsTime), now().UTC().Format(time.RFC3339Nano))
+	}
+	if !inJSYears(s.UpdatedAt) {
+		return bad("updatedAt", s.UpdatedAt)
+	}
+	for i := range s.Active {
+		a := &s.Active[i]
+		switch {
+		case !inJSYears(a.StartedAt):
+			return bad(fmt.Sprintf("the startedAt of job %q's slot", a.JobID), a.StartedAt)
+		case !inJSYears(a.HeartbeatAt):
+			return bad(fmt.Sprintf("the heartbeatAt of job %q's slot", a.JobID), a.HeartbeatAt)
+		case !inJSYears(a.LeaseExpiresAt):
+			return bad(fmt.Sprintf("the leaseExpiresAt of job %q's slot", a.JobID), a.LeaseExpiresAt)
+		}
+	}
+	for i := range s.Queued {
+		if q := &s.Queued[i]; !inJSYears(q.CreatedAt) {
+			return bad(fmt.Sprintf("the createdAt of queued job %q", q.JobID), q.CreatedAt)
+		}
+	}
+	return nil
+}
+
+// valueLimiter is implemented by stores that know their value size limit
+// per bucket ([MemoryStore], [NATSStore]).
+type valueLimiter interface {
+	valueLimit(ctx context.Context, service string) (int, error)
+}
+
+func (m *MemoryStore) valueLimit(context.Context, string) (int, error) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if m.maxValueSize == 0 {
+		return MemoryStoreMaxValueSizeDefault, nil
+	}
+	return m.maxValueSize, nil
+}
+
+func (s *NATSStore) valueLimit(ctx context.Context, service string) (int, error) {
+	b, err := s.bucket(ctx, service)
+	if err != nil {
+		return 0, err
+	}
+	return b.maxValueSize, nil
+}
+
+// Room for a slot: what a queued job's entry grows by, at most, when it
+// becomes an active slot. The slot adds its token, instance id, two more
+// timestamps and its tries; room is kept for tokens and instance ids of up
+// to slotNameRoom bytes (a UUID token is 36), or this coordinator's
+// instance id if longer.
+const (
+	slotNameRoom  = 64
+	slotFixedRoom = len(`,"slotToken":""`) + len(`,"instanceId":""`) +
+		len(`,"heartbeatAt":"0000-00-00T00:00:00.000Z"`) + len(`,"leaseExpiresAt":"0000-00-00T00:00:00.000Z"`) +
+		len(`,"tries":9007199254740991`)
+)
+
+// slotRoom returns the most a queued entry grows by as a slot of this
+// coordinator's instance.
+func slotRoom(instanceID string) int {
+	return slotFixedRoom + slotNameRoom + max(slotNameRoom, len(appendJSString(nil, instanceID)))
+}
+
+// checkRoom returns an error wrapping ErrStateTooLarge when next, a state
+// of size bytes that adds queued jobs, would outgrow the store's value
+// size limit once every queued job holds a slot: such a key could admit
+// jobs it can never start. Stores that do not report their limit are not
+// checked.
+func (c *KeyCoordinator) checkRoom(ctx context.Context, key JobKey, next *KeyState, size int) error {
+	l, ok := c.store.(valueLimiter)
+	if !ok {
+		return nil
+	}
+	limit, err := l.valueLimit(ctx, key.Service)
+	if err != nil {
+		if ctx.Err() != nil {
+			return ctx.Err()
+		}
+		return fmt.Errorf("jobkeys: KV key %q: %w", key.KVKey, err)
+	}
+	if need := size + len(next.Queued)*c.slotRoom; need > limit {
+		return &StateError{KVKey: key.KVKey, Err: ErrStateTooLarge,
+			Reason: fmt.Sprintf("new state of %d bytes (%d active, %d queued) leaves no room for its queued jobs to start: with each in a slot it may take %d bytes, over the store's limit of %d",
+				size, len(next.Active), len(next.Queued), need, limit)}
+	}
+	return nil
+}
+
+// writesNothing reports whether next, reduced from state, needs no write.
+func writesNothing(next, state *KeyState) bool {
+	return next == nil || next.Empty() && state == nil
+}
+
+// leaseEnd returns when lease's slot lapses: the later of the lease's own
+// expiry and that of its slot in state (renewals since the lease was
+// handed out move it on).
+func leaseEnd(state *KeyState, lease Lease) time.Time {
+	end := lease.LeaseExpiresAt
+	if state != nil {
+		for i := range state.Active {
+			if a := &state.Active[i]; a.JobID == lease.JobID && a.SlotToken == lease.SlotToken && a.LeaseExpiresAt.After(end) {
+				end = a.LeaseExpiresAt
+			}
+		}
+	}
+	return end
 }
 
 // encodedSizeEstimate is a little over the usual JSON size of s, so that
@@ -538,46 +678,24 @@ func (c *KeyCoordinator) read(ctx context.Context, key JobKey) (*KeyState, uint6
 		}
 		return nil, 0, err
 	}
-	st, err := decodeState(value)
+	st, err := decodeFor(key, value, rev)
 	if err != nil {
-		return nil, 0, &StateError{KVKey: key.KVKey, Reason: fmt.Sprintf("revision %d: %v", rev, err), Err: ErrCorruptState}
-	}
-	if st.Service != key.Service || st.JobType != key.JobType || st.KeyHash != key.KeyHash {
-		return nil, 0, &StateError{KVKey: key.KVKey, Err: ErrForeignState,
-			Reason: fmt.Sprintf("revision %d holds service %q, job type %q, key hash %q", rev, st.Service, st.JobType, st.KeyHash)}
+		return nil, 0, err
 	}
 	return st, rev, nil
 }
 
-// widen returns the pause after a lost race on e's key and widens the key's
-// window; the caller holds e's lane, and sleeps a time drawn uniformly (full
-// jitter) from (0, window] after releasing it. The window is:
-// RetryBackoff on a key without contention, doubled by every race lost on
-// the key and halved by every successful write (see keyEntry.settle),
-// within MaxRetryBackoff, and forgotten once the key has been quiet for
-// windowMemory windows. All of this coordinator's
-// operations on the key share the window, and on a contended key every
-// operation, not only the losers, waits a share of it before its first
-// attempt (see casLoop): so writers settle near an even chance per attempt,
-// instead of early losers backing off ever further while fresh writers
-// keep winning, and writers woken together spread out.
-func (c *KeyCoordinator) widen(e *keyEntry) time.Duration {
-	window := max(e.window, c.cfg.RetryBackoff)
-	e.window = min(2*window, c.cfg.MaxRetryBackoff)
-	e.lostAt = time.Now()
-	return window
-}
-
-// sleepJitter sleeps for a uniformly random duration in (0, window].
-func sleepJitter(ctx context.Context, window time.Duration) error {
-	t := time.NewTimer(time.Duration(mrand.Int64N(int64(window))) + 1)
-	defer t.Stop()
-	select {
-	case <-ctx.Done():
-		return ctx.Err()
-	case <-t.C:
-		return nil
+// decodeFor decodes and validates value, read from key at revision rev.
+func decodeFor(key JobKey, value []byte, rev uint64) (*KeyState, error) {
+	st, err := decodeState(value)
+	if err != nil {
+		return nil, &StateError{KVKey: key.KVKey, Reason: fmt.Sprintf("revision %d: %v", rev, err), Err: ErrCorruptState}
 	}
+	if st.Service != key.Service || st.JobType != key.JobType || st.KeyHash != key.KeyHash {
+		return nil, &StateError{KVKey: key.KVKey, Err: ErrForeignState,
+			Reason: fmt.Sprintf("revision %d holds service %q, job type %q, key hash %q", rev, st.Service, st.JobType, st.KeyHash)}
+	}
+	return st, nil
 }
 
 // zeroOf returns the zero value of v's type: an operation that fails
@@ -601,146 +719,4 @@ func newUUID() string {
 	s[23] = '-'
 	hex.Encode(s[24:36], b[10:16])
 	return string(s[:])
-}
-
-// keyTable is what a coordinator keeps per KV key: a lane that lets one of
-// its operations write the key at a time, the state and revision it last
-// read or wrote, and the key's backoff window, its estimate of contention.
-//
-// The lane costs nothing on distinct keys and turns concurrent writes of
-// one process to one key, which would otherwise lose compare-and-swap
-// races to each other, into a queue in memory where each write starts from
-// the state the one before it wrote: no read, no conflict. Reads are not
-// queued (see casLoop). Races with other processes are still settled by
-// compare-and-swap.
-//
-// Entries in use are never evicted; idle entries are kept only while they
-// remember something (state, or an open backoff window), and at most max
-// of them (evicting an arbitrary one), so memory stays bounded however many
-// keys pass through. With max 0 no state is remembered between operations.
-type keyTable struct {
-	mu      sync.Mutex
-	max     int
-	entries map[string]*keyEntry
-}
-
-// keyEntry is one key's entry. users is guarded by keyTable.mu; the other
-// fields (but lane) belong to whoever holds the lane.
-type keyEntry struct {
-	lane  chan struct{} // holds one token while an operation may write
-	users int           // operations that pinned the entry
-
-	state  *KeyState // last state read or written; immutable once stored
-	rev    uint64
-	known  bool          // state and rev are what this coordinator last saw stored
-	window time.Duration // backoff window; 0 while the key is not contended
-	lostAt time.Time     // when an operation last lost a race on the key
-}
-
-// windowMemory is how many backoff windows after its last lost race a key
-// counts as contended: a key that has been quiet that long is cold again.
-const windowMemory = 16
-
-func newKeyTable(size int) *keyTable {
-	return &keyTable{max: max(size, 0), entries: make(map[string]*keyEntry)}
-}
-
-// pin returns k's entry, creating it if needed, and keeps it in the
-// table until unpin.
-func (t *keyTable) pin(k string) *keyEntry {
-	t.mu.Lock()
-	defer t.mu.Unlock()
-	e := t.entries[k]
-	if e == nil {
-		t.evictIdle()
-		e = &keyEntry{lane: make(chan struct{}, 1)}
-		t.entries[k] = e
-	}
-	e.users++
-	return e
-}
-
-// unpin ends a pin. An entry no longer pinned is dropped when the table is
-// over its bound or the entry remembers nothing.
-func (t *keyTable) unpin(k string, e *keyEntry) {
-	t.mu.Lock()
-	defer t.mu.Unlock()
-	e.users--
-	// With no users left nobody else can touch e, so its fields may be read.
-	if e.users == 0 && (len(t.entries) > t.max || !e.known && e.window == 0) {
-		delete(t.entries, k)
-	}
-}
-
-// lock takes e's lane, waiting for it or for ctx to end.
-func (e *keyEntry) lock(ctx context.Context) error {
-	select {
-	case e.lane <- struct{}{}:
-		return nil
-	default:
-	}
-	select {
-	case e.lane <- struct{}{}:
-		return nil
-	case <-ctx.Done():
-		return ctx.Err()
-	}
-}
-
-// unlock releases e's lane.
-func (e *keyEntry) unlock() { <-e.lane }
-
-// evictIdle makes room for one entry by evicting an arbitrary idle one.
-// Called with t.mu held.
-func (t *keyTable) evictIdle() {
-	if len(t.entries) < t.max || t.max == 0 {
-		return
-	}
-	for k, e := range t.entries {
-		if e.users == 0 {
-			delete(t.entries, k)
-			return
-		}
-	}
-}
-
-func (e *keyEntry) remember(state *KeyState, rev uint64) {
-	e.state, e.rev, e.known = state, rev, state != nil
-}
-
-func (e *keyEntry) forget() { e.state, e.rev, e.known = nil, 0, false }
-
-// settle halves the backoff window after a successful write, down to zero
-// below floor.
-func (e *keyEntry) settle(floor time.Duration) {
-	if e.window /= 2; e.window < floor {
-		e.window = 0
-	}
-}
-
-// contentionStats counts what the compare-and-swap loop met, for tests and
-// benchmarks.
-type contentionStats struct {
-	ops          atomic.Int64 // operations that reached the store
-	conflicts    atomic.Int64 // races lost to concurrent writers
-	staleGuesses atomic.Int64 // writes on remembered or assumed state that found it changed
-	maxConflicts atomic.Int64 // most races lost by one operation
-	// lost[n] counts operations that lost n races (the last bucket: n or
-	// more): the tail says how far MaxAttempts is.
-	lost [16]atomic.Int64
-}
-
-func (s *contentionStats) record(conflicts int) {
-	s.ops.Add(1)
-	s.lost[min(conflicts, len(s.lost)-1)].Add(1)
-	if conflicts == 0 {
-		return
-	}
-	s.conflicts.Add(int64(conflicts))
-	for {
-		m := s.maxConflicts.Load()
-		if int64(conflicts) <= m || s.maxConflicts.CompareAndSwap(m, int64(conflicts)) {
-			return
-		}
-	}
 }

@@ -15,6 +15,8 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/jobkeys/jobkeys/internal/natstest"
+
+	"github.com/stretchr/testify/require"
 )
 
 const cJobType = "sync"
@@ -36,14 +38,14 @@ func cAcquire(svc, id string, p Policy, retry bool) AcquireRequest {
 func cKey(t testing.TB, svc string) JobKey {
 	t.Helper()
 	k, err := DeriveKey(svc, cJobType, cPayload, cPolicy().Key)
-	jkNoErr(t, err)
+	require.NoError(t, err)
 	return k
 }
 
 func cCoordinator(t testing.TB, st Store, cfg *Config) *KeyCoordinator {
 	t.Helper()
 	c, err := NewCoordinator(st, cfg)
-	jkNoErr(t, err)
+	require.NoError(t, err)
 	return c
 }
 
@@ -78,7 +80,7 @@ func coordBackends(t *testing.T) []coordBackend {
 				return n.store(t), jkService("coord"), func(t *testing.T) Store {
 					_, js := natstest.Connect(t, n.srv)
 					st, err := NewNATSStore(js, WithCreateBuckets(jetstream.MemoryStorage, 1))
-					jkNoErr(t, err)
+					require.NoError(t, err)
 					return st
 				}
 			},
@@ -86,7 +88,7 @@ func coordBackends(t *testing.T) []coordBackend {
 			fresh: func(t *testing.T) Store {
 				st, err := NewNATSStore(n.js, WithBucketPrefix(strings.ReplaceAll(jkService("P"), "-", "_")),
 					WithCreateBuckets(jetstream.MemoryStorage, 1))
-				jkNoErr(t, err)
+				require.NoError(t, err)
 				return st
 			},
 		},
@@ -97,7 +99,7 @@ func coordBackends(t *testing.T) []coordBackend {
 func stored(t testing.TB, st Store, svc, kvKey string) ([]byte, uint64) {
 	t.Helper()
 	v, rev, err := st.Get(context.Background(), svc, kvKey)
-	jkNoErr(t, err, "Get %s", kvKey)
+	require.NoError(t, err, "Get %s", kvKey)
 	return v, rev
 }
 
@@ -105,7 +107,7 @@ func storedState(t testing.TB, st Store, svc, kvKey string) *KeyState {
 	t.Helper()
 	v, _ := stored(t, st, svc, kvKey)
 	s, err := ParseState(v)
-	jkNoErr(t, err, "stored state")
+	require.NoError(t, err, "stored state")
 	return s
 }
 
@@ -146,12 +148,12 @@ func everyOperation(ctx context.Context, c *KeyCoordinator, key JobKey) map[stri
 // checkStateErr checks that err is a *StateError for kvKey wrapping sentinel.
 func checkStateErr(t testing.TB, what string, err, sentinel error, kvKey string) {
 	t.Helper()
-	jkTrue(t, errors.Is(err, sentinel), "%s: want %v, got %v", what, sentinel, err)
+	require.True(t, errors.Is(err, sentinel), "%s: want %v, got %v", what, sentinel, err)
 	var se *StateError
-	jkTrue(t, errors.As(err, &se), "%s: not a *StateError: %v", what, err)
-	jkEqual(t, kvKey, se.KVKey, "%s: StateError.KVKey", what)
-	jkTrue(t, se.Err == sentinel, "%s: StateError.Err is %v, want %v", what, se.Err, sentinel)
-	jkTrue(t, strings.Contains(err.Error(), kvKey), "%s: error does not name the KV key: %v", what, err)
+	require.True(t, errors.As(err, &se), "%s: not a *StateError: %v", what, err)
+	require.Equal(t, kvKey, se.KVKey, "%s: StateError.KVKey", what)
+	require.True(t, se.Err == sentinel, "%s: StateError.Err is %v, want %v", what, se.Err, sentinel)
+	require.True(t, strings.Contains(err.Error(), kvKey), "%s: error does not name the KV key: %v", what, err)
 }
 
 // stateDoc is a valid state document for key with one queued job j1,
@@ -185,19 +187,19 @@ func TestCoordinatorCorruptState(t *testing.T) {
 			}
 			for name, value := range bad {
 				t.Run(name, func(t *testing.T) {
-					jkTrue(t, tsCheckStateJSON(value) != "", "test bug: %s is valid", name)
+					require.True(t, tsCheckStateJSON(value) != "", "test bug: %s is valid", name)
 					svc := jkService("corrupt")
 					key := cKey(t, svc)
 					_, err := st.Create(ctx, svc, key.KVKey, value)
-					jkNoErr(t, err)
+					require.NoError(t, err)
 					before, rev := stored(t, st, svc, key.KVKey)
 					c := cCoordinator(t, st, nil)
 					for op, err := range everyOperation(ctx, c, key) {
 						checkStateErr(t, op, err, ErrCorruptState, key.KVKey)
 					}
 					after, rev2 := stored(t, st, svc, key.KVKey)
-					jkEqual(t, string(before), string(after), "corrupt state was changed")
-					jkEqual(t, rev, rev2, "corrupt state was rewritten")
+					require.Equal(t, string(before), string(after), "corrupt state was changed")
+					require.Equal(t, rev, rev2, "corrupt state was rewritten")
 				})
 			}
 
@@ -207,10 +209,10 @@ func TestCoordinatorCorruptState(t *testing.T) {
 				c := cCoordinator(t, st, nil)
 				p := cPolicy()
 				_, err := c.Admit(ctx, cAdmit(svc, "j1", p))
-				jkNoErr(t, err)
+				require.NoError(t, err)
 				_, rev := stored(t, st, svc, key.KVKey)
 				rev, err = st.Update(ctx, svc, key.KVKey, []byte("garbage"), rev)
-				jkNoErr(t, err)
+				require.NoError(t, err)
 				_, err = c.Admit(ctx, cAdmit(svc, "j2", p))
 				checkStateErr(t, "Admit", err, ErrCorruptState, key.KVKey)
 				_, err = c.Admit(ctx, cAdmit(svc, "j1", p)) // AlreadyPresent per the cache
@@ -218,8 +220,8 @@ func TestCoordinatorCorruptState(t *testing.T) {
 				_, err = c.Acquire(ctx, cAcquire(svc, "j7", p, false)) // not-queued per the cache
 				checkStateErr(t, "Acquire", err, ErrCorruptState, key.KVKey)
 				v, rev2 := stored(t, st, svc, key.KVKey)
-				jkEqual(t, "garbage", string(v))
-				jkEqual(t, rev, rev2)
+				require.Equal(t, "garbage", string(v))
+				require.Equal(t, rev, rev2)
 			})
 		})
 	}
@@ -241,17 +243,17 @@ func TestCoordinatorForeignState(t *testing.T) {
 					svc := jkService("foreign")
 					key := cKey(t, svc)
 					doc := stateDoc(t, key, f)
-					jkEqual(t, "", tsCheckStateJSON(doc), "test bug: the foreign state should be valid")
+					require.Equal(t, "", tsCheckStateJSON(doc), "test bug: the foreign state should be valid")
 					_, err := st.Create(ctx, svc, key.KVKey, doc)
-					jkNoErr(t, err)
+					require.NoError(t, err)
 					before, rev := stored(t, st, svc, key.KVKey)
 					c := cCoordinator(t, st, nil)
 					for op, err := range everyOperation(ctx, c, key) {
 						checkStateErr(t, op, err, ErrForeignState, key.KVKey)
 					}
 					after, rev2 := stored(t, st, svc, key.KVKey)
-					jkEqual(t, string(before), string(after), "foreign state was changed")
-					jkEqual(t, rev, rev2, "foreign state was rewritten")
+					require.Equal(t, string(before), string(after), "foreign state was changed")
+					require.Equal(t, rev, rev2, "foreign state was rewritten")
 				})
 			}
 		})
@@ -264,7 +266,7 @@ func TestCoordinatorStateTooLarge(t *testing.T) {
 	for _, b := range coordBackends(t) {
 		t.Run(b.name, func(t *testing.T) {
 			t.Parallel()
-			st, svc := b.openLimited(t, 2048)
+			st, svc := b.openLimited(t, 4096)
 			key := cKey(t, svc)
 			c := cCoordinator(t, st, nil)
 			p := Policy{Key: cPolicy().Key, MaxActive: 1, MaxQueuedPerKey: 1000}
@@ -281,24 +283,24 @@ func TestCoordinatorStateTooLarge(t *testing.T) {
 				if err != nil {
 					break
 				}
-				jkEqual(t, KindAccepted, adm.Kind)
+				require.Equal(t, KindAccepted, adm.Kind)
 				accepted++
 			}
-			jkTrue(t, err != nil, "1000 admissions fit in 2048 bytes")
-			jkTrue(t, accepted > 3, "only %d admissions fit", accepted)
+			require.True(t, err != nil, "1000 admissions fit in 4096 bytes")
+			require.True(t, accepted > 3, "only %d admissions fit", accepted)
 			checkStateErr(t, "Admit over the size limit", err, ErrStateTooLarge, key.KVKey)
 			_, isStateErr := err.(*StateError)
-			jkTrue(t, isStateErr, "the error is %T, want *StateError", err)
+			require.True(t, isStateErr, "the error is %T, want *StateError", err)
 			after, rev2 := stored(t, st, svc, key.KVKey)
-			jkEqual(t, string(before), string(after), "state changed by a failed write")
-			jkEqual(t, rev, rev2)
-			jkEqual(t, accepted, len(storedState(t, st, svc, key.KVKey).Queued))
+			require.Equal(t, string(before), string(after), "state changed by a failed write")
+			require.Equal(t, rev, rev2)
+			require.Equal(t, accepted, len(storedState(t, st, svc, key.KVKey).Queued))
 
 			// The key is not stuck: an operation that shrinks the state works.
 			rem, err := c.RemoveQueued(ctx, RemoveRequest{Service: svc, JobType: cJobType, JobID: "job-000", Payload: cPayload, Policy: p})
-			jkNoErr(t, err)
-			jkEqual(t, KindRemoved, rem.Kind)
-			jkEqual(t, accepted-1, len(storedState(t, st, svc, key.KVKey).Queued))
+			require.NoError(t, err)
+			require.Equal(t, KindRemoved, rem.Kind)
+			require.Equal(t, accepted-1, len(storedState(t, st, svc, key.KVKey).Queued))
 		})
 	}
 }
@@ -357,31 +359,31 @@ func TestCoordinatorContention(t *testing.T) {
 			// Absent key.
 			fs.failing.Store(true)
 			_, err := c.Admit(ctx, cAdmit(svc, "j1", p))
-			jkTrue(t, errors.Is(err, ErrContention), "want ErrContention, got %v", err)
-			jkTrue(t, strings.Contains(err.Error(), key.KVKey), "error does not name the KV key: %v", err)
+			require.True(t, errors.Is(err, ErrContention), "want ErrContention, got %v", err)
+			require.True(t, strings.Contains(err.Error(), key.KVKey), "error does not name the KV key: %v", err)
 			n := fs.writes.Load()
-			jkTrue(t, n >= int64(attempts) && n <= int64(attempts)+1, "%d write attempts for MaxAttempts %d", n, attempts)
+			require.True(t, n >= int64(attempts) && n <= int64(attempts)+1, "%d write attempts for MaxAttempts %d", n, attempts)
 
 			// Existing key: the state stays as it was.
 			fs.failing.Store(false)
 			_, err = c.Admit(ctx, cAdmit(svc, "j1", p))
-			jkNoErr(t, err)
+			require.NoError(t, err)
 			before, rev := stored(t, fs, svc, key.KVKey)
 			fs.failing.Store(true)
 			fs.writes.Store(0)
 			_, err = c.Acquire(ctx, cAcquire(svc, "j1", p, false))
-			jkTrue(t, errors.Is(err, ErrContention), "Acquire: want ErrContention, got %v", err)
+			require.True(t, errors.Is(err, ErrContention), "Acquire: want ErrContention, got %v", err)
 			n = fs.writes.Load()
-			jkTrue(t, n >= int64(attempts) && n <= int64(attempts)+1, "%d write attempts for MaxAttempts %d", n, attempts)
+			require.True(t, n >= int64(attempts) && n <= int64(attempts)+1, "%d write attempts for MaxAttempts %d", n, attempts)
 			after, rev2 := stored(t, fs, svc, key.KVKey)
-			jkEqual(t, string(before), string(after))
-			jkEqual(t, rev, rev2)
+			require.Equal(t, string(before), string(after))
+			require.Equal(t, rev, rev2)
 
 			// Once the contention ends the same coordinator carries on.
 			fs.failing.Store(false)
 			acq, err := c.Acquire(ctx, cAcquire(svc, "j1", p, false))
-			jkNoErr(t, err)
-			jkEqual(t, KindAcquired, acq.Kind)
+			require.NoError(t, err)
+			require.Equal(t, KindAcquired, acq.Kind)
 		})
 	}
 }
@@ -403,8 +405,8 @@ func TestCoordinatorContextCancelledDuringContention(t *testing.T) {
 		}
 		c := cCoordinator(t, fs, &Config{MaxAttempts: 1 << 20, RetryBackoff: time.Microsecond, MaxRetryBackoff: time.Microsecond})
 		_, err := c.Admit(ctx, cAdmit(jkService("cancel"), "j1", p))
-		jkTrue(t, err == context.Canceled, "want ctx.Err() unchanged, got %v", err)
-		jkEqual(t, int64(3), fs.writes.Load(), "write attempts after the cancel")
+		require.True(t, err == context.Canceled, "want ctx.Err() unchanged, got %v", err)
+		require.Equal(t, int64(3), fs.writes.Load(), "write attempts after the cancel")
 	})
 
 	t.Run("cancelled during the backoff", func(t *testing.T) {
@@ -426,7 +428,7 @@ func TestCoordinatorContextCancelledDuringContention(t *testing.T) {
 		cancel()
 		select {
 		case err := <-done:
-			jkTrue(t, err == context.Canceled, "want ctx.Err() unchanged, got %v", err)
+			require.True(t, err == context.Canceled, "want ctx.Err() unchanged, got %v", err)
 		case <-time.After(30 * time.Second):
 			t.Fatal("Admit did not return within 30s of its context being cancelled while backing off")
 		}
@@ -440,7 +442,7 @@ func TestCoordinatorContextCancelledDuringContention(t *testing.T) {
 		fs.failing.Store(true)
 		c := cCoordinator(t, fs, &Config{MaxAttempts: 1 << 30, RetryBackoff: time.Millisecond, MaxRetryBackoff: 5 * time.Millisecond})
 		_, err := c.Admit(ctx, cAdmit(jkService("cancel"), "j1", p))
-		jkTrue(t, err == context.DeadlineExceeded, "want context.DeadlineExceeded, got %v", err)
+		require.True(t, err == context.DeadlineExceeded, "want context.DeadlineExceeded, got %v", err)
 	})
 
 	t.Run("cancelled before the call", func(t *testing.T) {
@@ -450,9 +452,9 @@ func TestCoordinatorContextCancelledDuringContention(t *testing.T) {
 		c := cCoordinator(t, NewMemoryStore(), nil)
 		svc := jkService("cancel")
 		_, err := c.Admit(ctx, cAdmit(svc, "j1", p))
-		jkTrue(t, err == context.Canceled, "Admit: %v", err)
+		require.True(t, err == context.Canceled, "Admit: %v", err)
 		_, err = c.Acquire(ctx, cAcquire(svc, "j1", p, true))
-		jkTrue(t, err == context.Canceled, "Acquire: %v", err)
+		require.True(t, err == context.Canceled, "Acquire: %v", err)
 	})
 }
 
@@ -469,45 +471,45 @@ func TestCoordinatorDeletesEmptyState(t *testing.T) {
 			gone := func(what string) {
 				t.Helper()
 				_, _, err := st.Get(ctx, svc, key.KVKey)
-				jkTrue(t, errors.Is(err, ErrKeyNotFound), "%s: the empty state was not deleted: %v", what, err)
+				require.True(t, errors.Is(err, ErrKeyNotFound), "%s: the empty state was not deleted: %v", what, err)
 			}
 
 			_, err := c.Admit(ctx, cAdmit(svc, "j1", p))
-			jkNoErr(t, err)
+			require.NoError(t, err)
 			acq, err := c.Acquire(ctx, cAcquire(svc, "j1", p, false))
-			jkNoErr(t, err)
-			jkEqual(t, KindAcquired, acq.Kind)
+			require.NoError(t, err)
+			require.Equal(t, KindAcquired, acq.Kind)
 			rel, err := c.Release(ctx, ReleaseRequest{Lease: acq.Lease})
-			jkNoErr(t, err)
-			jkEqual(t, KindReleased, rel.Kind)
+			require.NoError(t, err)
+			require.Equal(t, KindReleased, rel.Kind)
 			gone("after the last release")
 
 			// Releasing again is a stale completion and writes nothing.
 			rel, err = c.Release(ctx, ReleaseRequest{Lease: acq.Lease})
-			jkNoErr(t, err)
-			jkEqual(t, KindStaleCompletion, rel.Kind)
+			require.NoError(t, err)
+			require.Equal(t, KindStaleCompletion, rel.Kind)
 			gone("after a stale completion")
 
 			// A later admission recreates the state.
 			adm, err := c.Admit(ctx, cAdmit(svc, "j2", p))
-			jkNoErr(t, err)
-			jkEqual(t, KindAccepted, adm.Kind)
-			jkEqual(t, []string{"j2"}, queuedIDs(storedState(t, st, svc, key.KVKey)))
+			require.NoError(t, err)
+			require.Equal(t, KindAccepted, adm.Kind)
+			require.Equal(t, []string{"j2"}, queuedIDs(storedState(t, st, svc, key.KVKey)))
 
 			// Removing the only queued job deletes it again, and so does
 			// a second coordinator's admission afterwards recreate it.
 			rem, err := c.RemoveQueued(ctx, RemoveRequest{Service: svc, JobType: cJobType, JobID: "j2", Payload: cPayload, Policy: p})
-			jkNoErr(t, err)
-			jkEqual(t, KindRemoved, rem.Kind)
+			require.NoError(t, err)
+			require.Equal(t, KindRemoved, rem.Kind)
 			gone("after removing the last queued job")
 			c2 := cCoordinator(t, st, nil)
 			_, err = c2.Admit(ctx, cAdmit(svc, "j3", p))
-			jkNoErr(t, err)
+			require.NoError(t, err)
 			// The first coordinator's cache says "deleted"; it must still see j3.
 			adm, err = c.Admit(ctx, cAdmit(svc, "j3", p))
-			jkNoErr(t, err)
-			jkTrue(t, adm.AlreadyPresent, "j3 admitted twice: %+v", adm)
-			jkEqual(t, []string{"j3"}, queuedIDs(storedState(t, st, svc, key.KVKey)))
+			require.NoError(t, err)
+			require.True(t, adm.AlreadyPresent, "j3 admitted twice: %+v", adm)
+			require.Equal(t, []string{"j3"}, queuedIDs(storedState(t, st, svc, key.KVKey)))
 		})
 	}
 }
@@ -529,66 +531,66 @@ func TestCoordinatorCacheIsNotTrustedBlindly(t *testing.T) {
 
 			// A fills the key: j1 running, j2 queued.
 			_, err := a.Admit(ctx, cAdmit(svc, "j1", p))
-			jkNoErr(t, err)
+			require.NoError(t, err)
 			acq1, err := a.Acquire(ctx, cAcquire(svc, "j1", p, false))
-			jkNoErr(t, err)
-			jkEqual(t, KindAcquired, acq1.Kind)
+			require.NoError(t, err)
+			require.Equal(t, KindAcquired, acq1.Kind)
 			_, err = a.Admit(ctx, cAdmit(svc, "j2", p))
-			jkNoErr(t, err)
+			require.NoError(t, err)
 
 			// B frees the slot; A's cache still shows it taken.
 			rel, err := bc.Release(ctx, ReleaseRequest{Lease: acq1.Lease})
-			jkNoErr(t, err)
-			jkEqual(t, KindReleased, rel.Kind)
+			require.NoError(t, err)
+			require.Equal(t, KindReleased, rel.Kind)
 			acq2, err := a.Acquire(ctx, cAcquire(svc, "j2", p, false))
-			jkNoErr(t, err)
-			jkEqual(t, KindAcquired, acq2.Kind, "A trusted its cache of a full key")
+			require.NoError(t, err)
+			require.Equal(t, KindAcquired, acq2.Kind, "A trusted its cache of a full key")
 
 			// B queues j3; A's write of j4 must keep it.
 			_, err = bc.Admit(ctx, cAdmit(svc, "j3", p))
-			jkNoErr(t, err)
+			require.NoError(t, err)
 			_, err = a.Admit(ctx, cAdmit(svc, "j4", p))
-			jkNoErr(t, err)
-			jkEqual(t, []string{"j3", "j4"}, queuedIDs(storedState(t, st, svc, key.KVKey)), "A's write lost B's admission")
+			require.NoError(t, err)
+			require.Equal(t, []string{"j3", "j4"}, queuedIDs(storedState(t, st, svc, key.KVKey)), "A's write lost B's admission")
 
 			// B removes j4; A's cache still has it queued.
 			rem, err := bc.RemoveQueued(ctx, RemoveRequest{Service: svc, JobType: cJobType, JobID: "j4", Payload: cPayload, Policy: p})
-			jkNoErr(t, err)
-			jkEqual(t, KindRemoved, rem.Kind)
+			require.NoError(t, err)
+			require.Equal(t, KindRemoved, rem.Kind)
 			adm, err := a.Admit(ctx, cAdmit(svc, "j4", p))
-			jkNoErr(t, err)
-			jkTrue(t, adm.Kind == KindAccepted && !adm.AlreadyPresent, "A said j4 was already there: %+v", adm)
-			jkEqual(t, []string{"j3", "j4"}, queuedIDs(storedState(t, st, svc, key.KVKey)))
+			require.NoError(t, err)
+			require.True(t, adm.Kind == KindAccepted && !adm.AlreadyPresent, "A said j4 was already there: %+v", adm)
+			require.Equal(t, []string{"j3", "j4"}, queuedIDs(storedState(t, st, svc, key.KVKey)))
 			rem, err = bc.RemoveQueued(ctx, RemoveRequest{Service: svc, JobType: cJobType, JobID: "j4", Payload: cPayload, Policy: p})
-			jkNoErr(t, err)
-			jkEqual(t, KindRemoved, rem.Kind)
+			require.NoError(t, err)
+			require.Equal(t, KindRemoved, rem.Kind)
 			rem, err = a.RemoveQueued(ctx, RemoveRequest{Service: svc, JobType: cJobType, JobID: "j4", Payload: cPayload, Policy: p})
-			jkNoErr(t, err)
-			jkEqual(t, KindNotFound, rem.Kind, "A removed a job B had removed already")
+			require.NoError(t, err)
+			require.Equal(t, KindNotFound, rem.Kind, "A removed a job B had removed already")
 
 			// j2's lease lapses and B's j3 takes the slot over; A's renewal
 			// of j2 must come back lost, not renewed from the cache.
 			clock.Advance(3 * time.Second)
 			acq3, err := bc.Acquire(ctx, cAcquire(svc, "j3", p, false))
-			jkNoErr(t, err)
-			jkEqual(t, KindAcquired, acq3.Kind)
-			jkEqual(t, []string{"j2"}, activeJobIDs(&KeyState{Active: acq3.Stale}), "stale slots taken over")
+			require.NoError(t, err)
+			require.Equal(t, KindAcquired, acq3.Kind)
+			require.Equal(t, []string{"j2"}, activeJobIDs(&KeyState{Active: acq3.Stale}), "stale slots taken over")
 			ren, err := a.Renew(ctx, RenewRequest{Lease: acq2.Lease})
-			jkNoErr(t, err)
-			jkEqual(t, KindLost, ren.Kind, "A renewed a slot that was taken over")
+			require.NoError(t, err)
+			require.Equal(t, KindLost, ren.Kind, "A renewed a slot that was taken over")
 			rel, err = a.Release(ctx, ReleaseRequest{Lease: acq2.Lease})
-			jkNoErr(t, err)
-			jkEqual(t, KindStaleCompletion, rel.Kind)
-			jkEqual(t, []string{"j3"}, activeJobIDs(storedState(t, st, svc, key.KVKey)))
+			require.NoError(t, err)
+			require.Equal(t, KindStaleCompletion, rel.Kind)
+			require.Equal(t, []string{"j3"}, activeJobIDs(storedState(t, st, svc, key.KVKey)))
 
 			// B releases the last slot (the key is deleted); A's cache still
 			// shows j3 running.
 			rel, err = bc.Release(ctx, ReleaseRequest{Lease: acq3.Lease})
-			jkNoErr(t, err)
-			jkEqual(t, KindReleased, rel.Kind)
+			require.NoError(t, err)
+			require.Equal(t, KindReleased, rel.Kind)
 			acq, err := a.Acquire(ctx, cAcquire(svc, "j5", p, true))
-			jkNoErr(t, err)
-			jkEqual(t, KindAcquired, acq.Kind, "A blocked on a slot that was released")
+			require.NoError(t, err)
+			require.Equal(t, KindAcquired, acq.Kind, "A blocked on a slot that was released")
 		})
 	}
 }
@@ -604,13 +606,13 @@ func TestCoordinatorOutcomeStateIsTheCallers(t *testing.T) {
 	c := cCoordinator(t, st, nil)
 	p := cPolicy()
 	adm, err := c.Admit(ctx, cAdmit(svc, "j1", p))
-	jkNoErr(t, err)
-	jkTrue(t, adm.State != nil, "no state in the outcome")
+	require.NoError(t, err)
+	require.True(t, adm.State != nil, "no state in the outcome")
 	adm.State.Queued[0].JobID = "changed-by-caller"
 	adm.State.Queued = adm.State.Queued[:0]
 	_, err = c.Admit(ctx, cAdmit(svc, "j2", p))
-	jkNoErr(t, err)
-	jkEqual(t, []string{"j1", "j2"}, queuedIDs(storedState(t, st, svc, key.KVKey)),
+	require.NoError(t, err)
+	require.Equal(t, []string{"j1", "j2"}, queuedIDs(storedState(t, st, svc, key.KVKey)),
 		"the caller's change to Admission.State reached the store through the coordinator's cache")
 }
 
@@ -629,45 +631,44 @@ func TestCoordinatorWritesTheOutcomeState(t *testing.T) {
 		v, _ := stored(t, st, svc, key.KVKey)
 		checkWritten(t, v)
 		got, err := ParseState(v)
-		jkNoErr(t, err)
-		jkEqual(t, normState(s), normState(got), "%s: stored state differs from the outcome's", what)
+		require.NoError(t, err)
+		require.Equal(t, normState(s), normState(got), "%s: stored state differs from the outcome's", what)
 	}
 	for _, id := range []string{"j1", "j2", "j3"} {
 		adm, err := c.Admit(ctx, cAdmit(svc, id, p))
-		jkNoErr(t, err)
-		jkEqual(t, KindAccepted, adm.Kind, "admit %s", id)
+		require.NoError(t, err)
+		require.Equal(t, KindAccepted, adm.Kind, "admit %s", id)
 		check("admit "+id, adm.State)
 	}
 	rev := func() uint64 { _, r := stored(t, st, svc, key.KVKey); return r }
 	// Full: replace-oldest drops j1 for j4; restoring puts j1 back.
 	adm, err := c.Admit(ctx, cAdmit(svc, "j4", p))
-	jkNoErr(t, err)
-	jkEqual(t, KindReplaced, adm.Kind)
-	jkEqual(t, "j1", adm.Replaced.ID)
+	require.NoError(t, err)
+	require.Equal(t, KindReplaced, adm.Kind)
+	require.Equal(t, "j1", adm.Replaced.ID)
 	check("replace", adm.State)
 	res, err := c.RestoreReplaced(ctx, RestoreRequest{Service: svc, JobType: cJobType, ReplacementJobID: "j4", Replaced: *adm.Replaced, Payload: cPayload, Policy: p})
-	jkNoErr(t, err)
-	jkEqual(t, KindRestored, res.Kind)
+	require.NoError(t, err)
 	check("restore", res.State)
-	jkEqual(t, []string{"j1", "j2", "j3"}, queuedIDs(res.State))
+	require.Equal(t, []string{"j1", "j2", "j3"}, queuedIDs(res.State))
 	// Non-writing outcomes leave the revision alone.
 	r := rev()
 	strict := cAdmit(svc, "j5", p)
 	strict.StrictCreate = true
 	adm, err = c.Admit(ctx, strict)
-	jkNoErr(t, err)
-	jkEqual(t, KindRejected, adm.Kind)
+	require.NoError(t, err)
+	require.Equal(t, KindRejected, adm.Kind)
 	acq, err := c.Acquire(ctx, cAcquire(svc, "j9", p, false))
-	jkNoErr(t, err)
-	jkEqual(t, ReasonNotQueued, acq.Reason)
-	jkEqual(t, r, rev(), "a non-writing outcome wrote")
+	require.NoError(t, err)
+	require.Equal(t, ReasonNotQueued, acq.Reason)
+	require.Equal(t, r, rev(), "a non-writing outcome wrote")
 	acq, err = c.Acquire(ctx, cAcquire(svc, "j2", p, false))
-	jkNoErr(t, err)
-	jkEqual(t, KindAcquired, acq.Kind)
+	require.NoError(t, err)
+	require.Equal(t, KindAcquired, acq.Kind)
 	check("acquire", acq.State)
 	ren, err := c.Renew(ctx, RenewRequest{Lease: acq.Lease})
-	jkNoErr(t, err)
-	jkEqual(t, KindRenewed, ren.Kind)
+	require.NoError(t, err)
+	require.Equal(t, KindRenewed, ren.Kind)
 	check("renew", ren.State)
 }
 
@@ -696,24 +697,24 @@ func TestCoordinatorDeterministic(t *testing.T) {
 		var trace []string
 		for _, id := range []string{"j1", "j2"} {
 			adm, err := c.Admit(ctx, cAdmit(svc, id, p))
-			jkNoErr(t, err)
+			require.NoError(t, err)
 			trace = append(trace, string(adm.Kind))
 		}
 		acq, err := c.Acquire(ctx, cAcquire(svc, "j1", p, false))
-		jkNoErr(t, err)
+		require.NoError(t, err)
 		trace = append(trace, string(acq.Kind), acq.Lease.SlotToken)
 		blk, err := c.Acquire(ctx, cAcquire(svc, "j2", p, false))
-		jkNoErr(t, err)
+		require.NoError(t, err)
 		trace = append(trace, string(blk.Kind), string(blk.Reason))
 		v, _ := stored(t, st, svc, cKey(t, svc).KVKey)
 		return trace, v, acq.Lease
 	}
 	trace1, bytes1, lease := run()
 	trace2, bytes2, _ := run()
-	jkEqual(t, trace1, trace2)
-	jkEqual(t, string(bytes1), string(bytes2))
+	require.Equal(t, trace1, trace2)
+	require.Equal(t, string(bytes1), string(bytes2))
 	// Tokens are drawn per Acquire call, blocked ones included.
-	jkEqual(t, []string{"accepted", "accepted", "acquired", "tok-1", "blocked", "active-limit"}, trace1)
+	require.Equal(t, []string{"accepted", "accepted", "acquired", "tok-1", "blocked", "active-limit"}, trace1)
 
 	key := cKey(t, "determinism")
 	np, _ := Policy{Key: cPolicy().Key, MaxActive: 1, MaxQueuedPerKey: 2}.Normalize()
@@ -723,8 +724,8 @@ func TestCoordinatorDeterministic(t *testing.T) {
 			LeaseExpiresAt: rt0.Add(120 * time.Second), Tries: 1, Context: rctx("j1")}},
 		Queued:    []QueuedJob{rq("j2", rt0)},
 		UpdatedAt: rt0}
-	jkEqual(t, string(encodeState(t, want)), string(bytes1))
-	jkEqual(t, Lease{Service: "determinism", JobType: cJobType, JobID: "j1", Key: "tenant:acme", KeyHash: key.KeyHash,
+	require.Equal(t, string(encodeState(t, want)), string(bytes1))
+	require.Equal(t, Lease{Service: "determinism", JobType: cJobType, JobID: "j1", Key: "tenant:acme", KeyHash: key.KeyHash,
 		SlotToken: "tok-1", Policy: np, LeaseExpiresAt: rt0.Add(120 * time.Second)}, lease)
 }
 
@@ -763,7 +764,7 @@ func TestCoordinatorRejectsBadInputBeforeIO(t *testing.T) {
 	lease := Lease{Service: svc, JobType: cJobType, JobID: "j1", Key: key.Key, KeyHash: key.KeyHash, SlotToken: "tok", Policy: np}
 	is := func(what string, err, want error) {
 		t.Helper()
-		jkTrue(t, errors.Is(err, want), "%s: want %v, got %v", what, want, err)
+		require.True(t, errors.Is(err, want), "%s: want %v, got %v", what, want, err)
 	}
 	_, err := c.Admit(ctx, cAdmit(svc, "", p))
 	is("empty job id", err, ErrInvalidRequest)
@@ -790,9 +791,9 @@ func TestCoordinatorRejectsBadInputBeforeIO(t *testing.T) {
 		"hash of 63 chars": func() Lease { l := lease; l.KeyHash = key.KeyHash[:63]; return l }(),
 	} {
 		_, err := c.Renew(ctx, RenewRequest{Lease: l})
-		jkTrue(t, err != nil, "Renew with %s accepted", name)
+		require.True(t, err != nil, "Renew with %s accepted", name)
 		_, err = c.Release(ctx, ReleaseRequest{Lease: l})
-		jkTrue(t, err != nil, "Release with %s accepted", name)
+		require.True(t, err != nil, "Release with %s accepted", name)
 	}
 	_, err = c.RestoreReplaced(ctx, RestoreRequest{Service: svc, JobType: cJobType, ReplacementJobID: "j2", Payload: cPayload, Policy: p})
 	is("restore without a replaced job", err, ErrInvalidRequest)
@@ -805,22 +806,22 @@ func TestCoordinatorRejectsBadInputBeforeIO(t *testing.T) {
 func TestNewCoordinatorConfig(t *testing.T) {
 	t.Parallel()
 	_, err := NewCoordinator(nil, nil)
-	jkTrue(t, err != nil, "nil store accepted")
+	require.True(t, err != nil, "nil store accepted")
 	for field, cfg := range map[string]*Config{
 		"MaxAttempts":     {MaxAttempts: -1},
 		"RetryBackoff":    {RetryBackoff: -time.Second},
 		"MaxRetryBackoff": {RetryBackoff: time.Second, MaxRetryBackoff: time.Millisecond},
 	} {
 		_, err := NewCoordinator(NewMemoryStore(), cfg)
-		jkTrue(t, err != nil, "bad %s accepted", field)
-		jkTrue(t, strings.Contains(err.Error(), field), "error does not name %s: %v", field, err)
+		require.True(t, err != nil, "bad %s accepted", field)
+		require.True(t, strings.Contains(err.Error(), field), "error does not name %s: %v", field, err)
 	}
 	c, err := NewCoordinator(NewMemoryStore(), nil)
-	jkNoErr(t, err)
-	jkTrue(t, c.InstanceID() != "", "no default instance id")
+	require.NoError(t, err)
+	require.True(t, c.InstanceID() != "", "no default instance id")
 	c, err = NewCoordinator(NewMemoryStore(), &Config{InstanceID: "me"})
-	jkNoErr(t, err)
-	jkEqual(t, "me", c.InstanceID())
+	require.NoError(t, err)
+	require.Equal(t, "me", c.InstanceID())
 
 	// Default slot tokens are random version 4 UUIDs.
 	st := NewMemoryStore()
@@ -828,9 +829,9 @@ func TestNewCoordinatorConfig(t *testing.T) {
 	seen := map[string]bool{}
 	for i := range 20 {
 		acq, err := c.Acquire(context.Background(), cAcquire("uuid", "j"+strconv.Itoa(i), Policy{Key: cPolicy().Key, MaxActive: 100}, true))
-		jkNoErr(t, err)
-		jkMatch(t, `^[0-9a-f]{8}-[0-9a-f]{4}-4[0-9a-f]{3}-[89ab][0-9a-f]{3}-[0-9a-f]{12}$`, acq.Lease.SlotToken)
-		jkTrue(t, !seen[acq.Lease.SlotToken], "token repeated")
+		require.NoError(t, err)
+		require.Regexp(t, `^[0-9a-f]{8}-[0-9a-f]{4}-4[0-9a-f]{3}-[89ab][0-9a-f]{3}-[0-9a-f]{12}$`, acq.Lease.SlotToken)
+		require.True(t, !seen[acq.Lease.SlotToken], "token repeated")
 		seen[acq.Lease.SlotToken] = true
 	}
 }
@@ -885,9 +886,9 @@ func TestCoordinatorNeverWritesWhatItCannotRead(t *testing.T) {
 			key := cKey(t, svc)
 			err := c.op(cCoordinator(t, st, nil), svc)
 			if err != nil {
-				jkTrue(t, errors.Is(err, ErrInvalidRequest) || errors.Is(err, ErrInvalidPolicy), "rejected with an unexpected error: %v", err)
+				require.True(t, errors.Is(err, ErrInvalidRequest) || errors.Is(err, ErrInvalidPolicy), "rejected with an unexpected error: %v", err)
 				_, _, gerr := st.Get(ctx, svc, key.KVKey)
-				jkTrue(t, errors.Is(gerr, ErrKeyNotFound), "a rejected request wrote: %v", gerr)
+				require.True(t, errors.Is(gerr, ErrKeyNotFound), "a rejected request wrote: %v", gerr)
 				return
 			}
 			v, _ := stored(t, st, svc, key.KVKey)
@@ -896,10 +897,10 @@ func TestCoordinatorNeverWritesWhatItCannotRead(t *testing.T) {
 				t.Fatalf("the coordinator wrote a state it cannot read back (every later operation on the key fails as corrupt): %v\n%s", perr, v)
 			}
 			ids := append(activeJobIDs(s), queuedIDs(s)...)
-			jkEqual(t, []string{c.job}, ids, "job ids as another worker reads them")
+			require.Equal(t, []string{c.job}, ids, "job ids as another worker reads them")
 			// Another coordinator carries on with the key.
 			_, err = cCoordinator(t, st, nil).Admit(ctx, cAdmit(svc, "next", p))
-			jkNoErr(t, err, "the next operation on the key")
+			require.NoError(t, err, "the next operation on the key")
 		})
 	}
 }
@@ -920,49 +921,49 @@ func TestCoordinatorContinuesStateWrittenByOthers(t *testing.T) {
 				// The vectors are of service "fixtures": a store of its own.
 				st := b.fresh(t)
 				key, err := DeriveKey("fixtures", "sync", payload, p.Key)
-				jkNoErr(t, err)
+				require.NoError(t, err)
 				doc := readStateVector(t, name)
 				orig, err := ParseState(doc)
-				jkNoErr(t, err)
-				jkEqual(t, orig.KeyHash, key.KeyHash, "the vector's keyHash is not the one DeriveKey gives for its policy")
+				require.NoError(t, err)
+				require.Equal(t, orig.KeyHash, key.KeyHash, "the vector's keyHash is not the one DeriveKey gives for its policy")
 				_, err = st.Create(ctx, "fixtures", key.KVKey, doc)
-				jkNoErr(t, err)
+				require.NoError(t, err)
 				clock := &jkClock{t: time.Date(2026, 11, 30, 10, 0, 40, 0, time.UTC)}
 				c := cCoordinator(t, st, &Config{InstanceID: "go-worker", Now: clock.Now})
 
 				adm, err := c.Admit(ctx, AdmitRequest{Service: "fixtures", JobType: "sync", JobID: "go-job", Payload: payload, Policy: p, Context: rctx("go-job")})
-				jkNoErr(t, err)
-				jkEqual(t, KindAccepted, adm.Kind)
+				require.NoError(t, err)
+				require.Equal(t, KindAccepted, adm.Kind)
 				v, _ := stored(t, st, "fixtures", key.KVKey)
 				checkWritten(t, v)
 				s := storedState(t, st, "fixtures", key.KVKey)
-				jkEqual(t, append(queuedIDs(orig), "go-job"), queuedIDs(s), "queue after the Go admission")
-				jkEqual(t, len(orig.Active), len(s.Active))
+				require.Equal(t, append(queuedIDs(orig), "go-job"), queuedIDs(s), "queue after the Go admission")
+				require.Equal(t, len(orig.Active), len(s.Active))
 				for i := range orig.Active {
 					want := orig.Active[i]
 					if want.Context.IsZero() {
-						jkTrue(t, !s.Active[i].Context.IsZero(), "slot %d written back without context", i)
+						require.True(t, !s.Active[i].Context.IsZero(), "slot %d written back without context", i)
 						want.Context = s.Active[i].Context
 					}
-					jkEqual(t, want, s.Active[i], "the other side's slot %d", i)
+					require.Equal(t, want, s.Active[i], "the other side's slot %d", i)
 				}
 
 				// Go acquires the other side's queued job (a redelivery), and
 				// releases the other side's running job with its token.
 				acq, err := c.Acquire(ctx, AcquireRequest{Service: "fixtures", JobType: "sync", JobID: orig.Queued[0].JobID, Payload: payload, Policy: p})
-				jkNoErr(t, err)
+				require.NoError(t, err)
 				if len(orig.Active) >= p.MaxActive {
-					jkEqual(t, KindBlocked, acq.Kind)
+					require.Equal(t, KindBlocked, acq.Kind)
 				} else {
-					jkEqual(t, KindAcquired, acq.Kind)
+					require.Equal(t, KindAcquired, acq.Kind)
 				}
 				np, err := p.Normalize()
-				jkNoErr(t, err)
+				require.NoError(t, err)
 				for _, slot := range orig.Active {
 					rel, err := c.Release(ctx, ReleaseRequest{Lease: Lease{Service: "fixtures", JobType: "sync", JobID: slot.JobID,
 						Key: key.Key, KeyHash: key.KeyHash, SlotToken: slot.SlotToken, Policy: np}})
-					jkNoErr(t, err)
-					jkEqual(t, KindReleased, rel.Kind, "release of the other side's slot %s", slot.JobID)
+					require.NoError(t, err)
+					require.Equal(t, KindReleased, rel.Kind, "release of the other side's slot %s", slot.JobID)
 				}
 				v, _ = stored(t, st, "fixtures", key.KVKey)
 				checkWritten(t, v)

@@ -34,12 +34,21 @@ var (
 	ErrForeignState = errors.New("jobkeys: key state belongs to another key")
 
 	// ErrStateTooLarge reports a new key state whose encoding exceeds the
-	// store's value size limit. Nothing is written.
+	// store's value size limit, or an admission that would leave the key no
+	// room for all its queued jobs to take slots within that limit. Nothing
+	// is written.
 	ErrStateTooLarge = errors.New("jobkeys: key state too large")
 
-	// ErrContention reports that an operation gave up after its
-	// compare-and-swap attempts all lost to concurrent writers.
+	// ErrContention reports that an operation gave up after losing
+	// Config.MaxAttempts compare-and-swap races to concurrent writers (a
+	// renewal or release: after losing races until its lease expired).
 	ErrContention = errors.New("jobkeys: too much contention on key")
+
+	// ErrClockOutOfRange reports that a time the coordinator was about to
+	// write (the clock's now, or a lease expiry from it) falls outside the
+	// years 0000 to 9999, which key state cannot hold in a form every
+	// reader accepts. Nothing is written: the clock (Config.Now) is wrong.
+	ErrClockOutOfRange = errors.New("jobkeys: clock out of range")
 
 	// ErrBucketNotFound reports that the KV bucket for a service does not
 	// exist and the store was not configured to create it.

@@ -18,6 +18,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/stretchr/testify/require"
 )
 
 // fzGen turns fuzz bytes into values; past the end it yields zeros.
@@ -268,7 +270,7 @@ func fzReducer(t *testing.T, data []byte, kind opKind) {
 			q.requestID = modelRequestID(replaced.Context, replaced.ID)
 		}
 		out, want = got.State, modelRestore(model, job, q, mp, ms)
-		diff = modelDiffSimple(want, got.Kind, time.Time{}, got.State)
+		diff = modelDiffSimple(want, modelKindRestored, time.Time{}, got.State)
 		wellFormed = wellFormed && replaced.ID != job && replaced.ID != ""
 		acceptable = acceptable && replaced.ID != ""
 	}
@@ -396,9 +398,7 @@ func fzCoordinator(t *testing.T, service, jobType, jobID string, payload []byte,
 	}
 	now := fzBase
 	coord, err := NewCoordinator(store, &Config{InstanceID: "fuzz", Now: func() time.Time { return now }})
-	if err != nil {
-		t.Fatal(err)
-	}
+	require.NoError(t, err)
 	// Nothing here waits on anything: a call that takes seconds is hung.
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
@@ -555,9 +555,7 @@ func TestAbsurdValuesDoNotWedgeKeys(t *testing.T) {
 	for _, tc := range cases {
 		store := NewMemoryStore()
 		c, err := NewCoordinator(store, nil)
-		if err != nil {
-			t.Fatal(err)
-		}
+		require.NoError(t, err)
 		err = tc.run(c)
 		switch {
 		case errors.Is(err, ErrInvalidPolicy), errors.Is(err, ErrInvalidRequest):

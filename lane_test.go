@@ -1,21 +1,31 @@
 package jobkeys
 
-// Regression test for the per-key lane: a coordinator's pauses (pacing on a
-// contended key, backoff after a lost race) must not hold the lane, or its
-// own renewal queues behind every local operation's pause on the key while
-// another process keeps writing it, and loses race after race until
-// ErrContention. With the pauses taken under the lane (coordinator.go before
-// commit a3e1d5f) the test fails within a few renewals, for 5 and for 50
-// local waiters; without local waiters it passes either way.
+// Renewals under contention. A slot holder's renewals must succeed while
+// another process keeps writing the key and the holder's own coordinator
+// runs blocked acquisitions on it:
+//
+//   - a coordinator's pauses (pacing on a contended key, backoff after a
+//     lost race) must not hold the key's lane, or its own renewal queues
+//     behind every local operation's pause (coordinator.go before a3e1d5f
+//     failed within a few renewals);
+//   - a renewal must not pay the first-attempt pacing of a contended key
+//     nor back off ever further, and is bounded by its lease, not by
+//     Config.MaxAttempts: the other process, winning, writes without pause,
+//     so a paced and backing-off renewal lost up to 37 of its 64 attempts
+//     on a loaded machine.
+//
+// JOBKEYS_LONG=1 runs more renewals and more local waiters.
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
 )
 
 // laneSlowStore adds delay to every call, as a network store would.
@@ -65,30 +75,31 @@ func (s laneSlowStore) Delete(ctx context.Context, service, key string, revision
 
 // A slot holder's renewals succeed while another coordinator keeps writing
 // the key and the holder's own coordinator runs acquisitions on it that stay
-// blocked (the reviewer's repro: a store with 300µs latency, default Config).
-// The renewal still loses races to the other coordinator, which writes
-// without pause; the test logs the most lost by one renewal (up to about 25
-// of the 64 allowed in trial runs, decaying geometrically).
+// blocked (the reviewer's repro: a store with 300µs latency, default
+// Config). The renewals still lose races to the other coordinator, which
+// writes without pause; the test logs the most failed writes of one
+// renewal and requires them well below Config.MaxAttempts.
 func TestCoordinatorRenewNotStarvedByLocalWaiters(t *testing.T) {
 	t.Parallel()
-	for _, waiters := range []int{5, 50} {
+	renewals, waiterCounts := 12, []int{5, 20}
+	if reliabilityLong() {
+		renewals, waiterCounts = 40, []int{5, 50}
+	}
+	for _, waiters := range waiterCounts {
 		t.Run(fmt.Sprintf("waiters=%d", waiters), func(t *testing.T) {
 			t.Parallel()
-			laneRenewUnderLocalWaiters(t, waiters)
+			laneRenewUnderLocalWaiters(t, renewals, waiters)
 		})
 	}
 }
 
-func laneRenewUnderLocalWaiters(t *testing.T, waiters int) {
-	const (
-		renewals = 40
-		gap      = 20 * time.Millisecond // between renewals
-	)
-	store := laneSlowStore{Store: NewMemoryStore(), delay: 300 * time.Microsecond}
-	holder, err := NewCoordinator(store, nil)
-	jkNoErr(t, err)
-	other, err := NewCoordinator(store, nil)
-	jkNoErr(t, err)
+func laneRenewUnderLocalWaiters(t *testing.T, renewals, waiters int) {
+	const gap = 20 * time.Millisecond // between renewals
+	slow := laneSlowStore{Store: NewMemoryStore(), delay: 300 * time.Microsecond}
+	holder, err := NewCoordinator(newCountingStore(slow), nil)
+	require.NoError(t, err)
+	other, err := NewCoordinator(slow, nil)
+	require.NoError(t, err)
 	service := fmt.Sprintf("renewlane%d", waiters)
 	policy := Policy{Key: benchPolicy.Key, MaxActive: 1, MaxQueuedPerKey: 1000}
 	payload := benchPayload(0)
@@ -100,12 +111,12 @@ func laneRenewUnderLocalWaiters(t *testing.T, waiters int) {
 		}
 		return err
 	}
-	jkNoErr(t, admit(holder, bg, "held"))
+	require.NoError(t, admit(holder, bg, "held"))
 	acq, err := holder.Acquire(bg, AcquireRequest{Service: service, JobType: benchJobType, JobID: "held", Payload: payload, Policy: policy})
-	jkNoErr(t, err)
-	jkEqual(t, KindAcquired, acq.Kind, "acquire held")
+	require.NoError(t, err)
+	require.Equal(t, KindAcquired, acq.Kind, "acquire held")
 	for i := range waiters {
-		jkNoErr(t, admit(holder, bg, fmt.Sprintf("w%d", i)))
+		require.NoError(t, admit(holder, bg, fmt.Sprintf("w%d", i)))
 	}
 
 	ctx, stop := context.WithCancel(bg)
@@ -128,7 +139,7 @@ func laneRenewUnderLocalWaiters(t *testing.T, waiters int) {
 				}
 			}
 			if err != nil {
-				jkCheck(t, ctx.Err() != nil, "other coordinator: %v", err)
+				assert.Truef(t, ctx.Err() != nil, "other coordinator: %v", err)
 				return
 			}
 			otherWrites.Add(2)
@@ -141,7 +152,7 @@ func laneRenewUnderLocalWaiters(t *testing.T, waiters int) {
 			for ctx.Err() == nil {
 				b, err := holder.Acquire(ctx, AcquireRequest{Service: service, JobType: benchJobType, JobID: id, Payload: payload, Policy: policy})
 				if err != nil {
-					jkCheck(t, ctx.Err() != nil, "acquire %s: %v", id, err)
+					assert.Truef(t, ctx.Err() != nil, "acquire %s: %v", id, err)
 					return
 				}
 				if b.Kind != KindBlocked || b.Reason != ReasonActiveLimit {
@@ -154,25 +165,69 @@ func laneRenewUnderLocalWaiters(t *testing.T, waiters int) {
 	}
 
 	var worst time.Duration
-	mostLost := int64(0)
+	mostFailed, mostLost := 0, 0
 	for i := range renewals {
-		lostBefore := holder.stats.conflicts.Load()
+		rctx, races := withRaceCounter(ctx)
 		start := time.Now()
-		r, err := holder.Renew(ctx, RenewRequest{Lease: acq.Lease})
+		r, err := holder.Renew(rctx, RenewRequest{Lease: acq.Lease})
 		took := time.Since(start)
-		lost := holder.stats.conflicts.Load() - lostBefore
-		worst, mostLost = max(worst, took), max(mostLost, lost)
-		if errors.Is(err, ErrContention) {
-			t.Fatalf("renewal %d of %d after %v: %v", i+1, renewals, took, err)
-		}
-		if err != nil || r.Kind != KindRenewed {
-			t.Fatalf("renewal %d of %d after %v: %v %v, want renewed", i+1, renewals, took, r.Kind, err)
-		}
+		// Every failed compare-and-swap of the renewal: races lost on state
+		// it read, and writes on a remembered state (its first attempt, or
+		// a newer state another operation of its coordinator read).
+		lost, stale := races.counts()
+		worst, mostFailed, mostLost = max(worst, took), max(mostFailed, lost+stale), max(mostLost, lost)
+		require.NoErrorf(t, err, "renewal %d of %d after %v, %d failed writes", i+1, renewals, took, lost+stale)
+		require.Equalf(t, KindRenewed, r.Kind, "renewal %d of %d", i+1, renewals)
 		time.Sleep(gap)
 	}
 	stop()
 	wg.Wait()
-	t.Logf("%d renewals: slowest %v, most races lost by one %d; other coordinator wrote %d times, %d blocked acquisitions",
-		renewals, worst, mostLost, otherWrites.Load(), checks.Load())
-	jkTrue(t, otherWrites.Load() > 0 && checks.Load() > 0, "no contention was created")
+	t.Logf("%d renewals: slowest %v, most failed writes by one %d (of them lost on its own reads: at most %d); other coordinator wrote %d times, %d blocked acquisitions",
+		renewals, worst, mostFailed, mostLost, otherWrites.Load(), checks.Load())
+	require.True(t, otherWrites.Load() > 0 && checks.Load() > 0, "no contention was created")
+	// A renewal no longer gives up after MaxAttempts, but one that fails
+	// this often is being starved.
+	assert.Lessf(t, mostFailed, MaxAttemptsDefault/2, "the worst renewal failed %d writes", mostFailed)
+}
+
+// Renew and Release skip the pacing of a contended key: on a key whose
+// backoff window is an hour wide (admissions on it time out, see
+// TestCoordinatorBackoffWindow) they complete at once. Before, they were
+// paced like every other operation.
+func TestCoordinatorLeaseOpsNotPaced(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	c, err := NewCoordinator(NewMemoryStore(), nil)
+	require.NoError(t, err)
+	payload := benchPayload(0)
+	policy := Policy{Key: benchPolicy.Key, MaxQueuedPerKey: 1}
+	_, err = c.Admit(ctx, AdmitRequest{Service: "unpaced", JobType: benchJobType, JobID: "j", Payload: payload, Policy: policy})
+	require.NoError(t, err)
+	acq, err := c.Acquire(ctx, AcquireRequest{Service: "unpaced", JobType: benchJobType, JobID: "j", Payload: payload, Policy: policy})
+	require.NoError(t, err)
+	require.Equal(t, KindAcquired, acq.Kind)
+	key, err := DeriveKey("unpaced", benchJobType, payload, policy.Key)
+	require.NoError(t, err)
+	heat := func() {
+		e := c.keys.pin(key.KVKey)
+		defer c.keys.unpin(key.KVKey, e)
+		e.mu.Lock()
+		e.window, e.lostAt = time.Hour, time.Now()
+		e.mu.Unlock()
+	}
+	short := func() (context.Context, context.CancelFunc) { return context.WithTimeout(ctx, 5*time.Second) }
+
+	heat()
+	rctx, cancel := short()
+	defer cancel()
+	ren, err := c.Renew(rctx, RenewRequest{Lease: acq.Lease})
+	require.NoError(t, err, "renewal on a key with an open hour-long window")
+	assert.Equal(t, KindRenewed, ren.Kind)
+
+	heat()
+	rctx, cancel = short()
+	defer cancel()
+	rel, err := c.Release(rctx, ReleaseRequest{Lease: acq.Lease})
+	require.NoError(t, err, "release on a key with an open hour-long window")
+	assert.Equal(t, KindReleased, rel.Kind)
 }

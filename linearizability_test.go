@@ -153,7 +153,7 @@ func (op *linOp) kind() Kind {
 	case opRemove:
 		return op.out.removal.Kind
 	default:
-		return op.out.restoration.Kind
+		return modelKindRestored
 	}
 }
 
@@ -605,7 +605,7 @@ func linDiff(in linInput, out linOutput, want modelResult) string {
 	case opRemove:
 		return modelDiffSimple(want, out.removal.Kind, time.Time{}, out.removal.State)
 	default:
-		return modelDiffSimple(want, out.restoration.Kind, time.Time{}, out.restoration.State)
+		return modelDiffSimple(want, modelKindRestored, time.Time{}, out.restoration.State)
 	}
 }
 

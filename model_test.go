@@ -300,13 +300,13 @@ func modelRestore(s *modelState, replacement string, replaced modelQueued, p mod
 			same = same && q[i] == s.queued[i]
 		}
 		if same {
-			return modelResult{kind: KindRestored, next: s}
+			return modelResult{kind: modelKindRestored, next: s}
 		}
 	}
 	n := base.copyState()
 	n.queued = q
 	n.maxActive, n.maxQueued, n.updated = p.maxActive, p.maxQueued, now
-	return modelResult{kind: KindRestored, changed: true, next: n}
+	return modelResult{kind: modelKindRestored, changed: true, next: n}
 }
 
 // ---- conversion and comparison with the library's types ----
@@ -833,11 +833,11 @@ func (r *modelRun) step(t testing.TB, seed uint64, seq int) {
 			rq.requestID = modelRequestID(rc.replaced.Context, rc.replaced.ID)
 		}
 		want := modelRestore(r.model, rc.replacement, rq, mp, ms)
-		if d := modelDiffSimple(want, got.Kind, time.Time{}, got.State); d != "" {
+		if d := modelDiffSimple(want, modelKindRestored, time.Time{}, got.State); d != "" {
 			r.fail(t, seed, seq, "restoration: "+d)
 		}
-		cover(got.Kind, fmt.Sprintf("/writes=%v", got.State != nil))
-		r.trace[len(r.trace)-1] += " -> " + string(got.Kind)
+		cover(modelKindRestored, fmt.Sprintf("/writes=%v", got.State != nil))
+		r.trace[len(r.trace)-1] += " -> " + string(modelKindRestored)
 		r.apply(t, seed, seq, before, want, got.State)
 	default:
 		r.trace = append(r.trace, r.advance())
@@ -890,3 +890,7 @@ func TestModelAgreesWithReducers(t *testing.T) {
 		}
 	}
 }
+
+// modelKindRestored is the model's kind for a restore: the library's
+// Restoration has no Kind, since a restore has only one outcome.
+const modelKindRestored Kind = "restored"

@@ -43,8 +43,8 @@ const (
 )
 
 // Policy limits: larger values cannot be written into key state (its
-// numbers are JavaScript doubles) or would push lease expiries out of the
-// years a timestamp can hold.
+// numbers must be exact as IEEE doubles, 2^53-1 at most) or would push
+// lease expiries far out.
 const (
 	MaxActiveLimit       int64 = 1<<53 - 1
 	MaxQueuedPerKeyLimit int64 = 1<<53 - 1
@@ -54,6 +54,17 @@ const (
 // Policy is the keyed concurrency policy of one job type. The zero value of
 // every field but Key means its default; call [Policy.Normalize] to fill the
 // defaults and validate. A Policy is a plain value and safe to share.
+//
+// # Clocks
+//
+// Leases are timestamps written by the host that acquired or renewed them
+// and compared against the clock of whichever host looks next. Mutual
+// exclusion (never more than MaxActive live slots) therefore holds only
+// while the clocks of all hosts sharing a bucket differ by less than
+// HeartbeatTTL − HeartbeatInterval: a host whose clock runs that far ahead
+// sees a lease as expired while its holder still renews it, and takes the
+// slot over. Keep hosts on NTP and leave HeartbeatTTL a wide margin over
+// HeartbeatInterval (the defaults leave 90s).
 type Policy struct {
 	// Key is the key template: each segment is either a literal (not
 	// starting with "/") or an RFC 6901 JSON pointer into the job payload
@@ -65,12 +76,16 @@ type Policy struct {
 	// Defaults to MaxActiveDefault (1).
 	MaxActive int
 
-	// HeartbeatInterval is how often a running job renews its lease.
-	// Defaults to HeartbeatIntervalDefault (30s).
+	// HeartbeatInterval is how often a running job renews its lease. It is
+	// at least 1ms. Defaults to HeartbeatIntervalDefault (30s).
 	HeartbeatInterval time.Duration
 
 	// HeartbeatTTL is how long a lease lasts after its last renewal; it must
-	// exceed HeartbeatInterval. Defaults to HeartbeatTTLDefault (120s).
+	// exceed HeartbeatInterval and may not exceed HeartbeatTTLLimit.
+	// HeartbeatTTL − HeartbeatInterval is the clock skew between hosts the
+	// leases tolerate (see Clocks in the type's doc), and the time a failed renewal
+	// has to be retried before the slot may be taken over. Defaults to
+	// HeartbeatTTLDefault (120s).
 	HeartbeatTTL time.Duration
 
 	// StalePolicy says what happens to expired slots. Defaults to

@@ -5,14 +5,16 @@ import (
 	"regexp"
 	"testing"
 	"time"
+
+	"github.com/stretchr/testify/require"
 )
 
 func TestPolicyNormalizeDefaults(t *testing.T) {
 	t.Parallel()
 	in := Policy{Key: []string{"tenant", "/tenant"}}
 	got, err := in.Normalize()
-	jkNoErr(t, err)
-	jkEqual(t, Policy{
+	require.NoError(t, err)
+	require.Equal(t, Policy{
 		Key:               []string{"tenant", "/tenant"},
 		MaxActive:         1,
 		HeartbeatInterval: 30 * time.Second,
@@ -22,27 +24,27 @@ func TestPolicyNormalizeDefaults(t *testing.T) {
 		WhenFull:          Reject,
 	}, got)
 	// The defaults are the TS original's and the exported constants say so.
-	jkEqual(t, 1, MaxActiveDefault)
-	jkEqual(t, 30*time.Second, HeartbeatIntervalDefault)
-	jkEqual(t, 120*time.Second, HeartbeatTTLDefault)
-	jkEqual(t, FailStale, StalePolicyDefault)
-	jkEqual(t, 0, MaxQueuedPerKeyDefault)
-	jkEqual(t, Reject, WhenFullDefault)
-	jkEqual(t, StalePolicy("fail-stale"), FailStale)
-	jkEqual(t, StalePolicy("block"), Block)
-	jkEqual(t, WhenFull("reject"), Reject)
-	jkEqual(t, WhenFull("coalesce"), Coalesce)
-	jkEqual(t, WhenFull("replace-oldest"), ReplaceOldest)
+	require.Equal(t, 1, MaxActiveDefault)
+	require.Equal(t, 30*time.Second, HeartbeatIntervalDefault)
+	require.Equal(t, 120*time.Second, HeartbeatTTLDefault)
+	require.Equal(t, FailStale, StalePolicyDefault)
+	require.Equal(t, 0, MaxQueuedPerKeyDefault)
+	require.Equal(t, Reject, WhenFullDefault)
+	require.Equal(t, StalePolicy("fail-stale"), FailStale)
+	require.Equal(t, StalePolicy("block"), Block)
+	require.Equal(t, WhenFull("reject"), Reject)
+	require.Equal(t, WhenFull("coalesce"), Coalesce)
+	require.Equal(t, WhenFull("replace-oldest"), ReplaceOldest)
 
 	// Normalize neither changes its receiver nor shares the key slice.
-	jkEqual(t, Policy{Key: []string{"tenant", "/tenant"}}, in)
+	require.Equal(t, Policy{Key: []string{"tenant", "/tenant"}}, in)
 	got.Key[0] = "changed"
-	jkEqual(t, "tenant", in.Key[0], "Normalize's Key aliases the input")
+	require.Equal(t, "tenant", in.Key[0], "Normalize's Key aliases the input")
 
 	// Normalizing twice gives the same policy.
 	again, err := got.Normalize()
-	jkNoErr(t, err)
-	jkEqual(t, got, again)
+	require.NoError(t, err)
+	require.Equal(t, got, again)
 }
 
 func TestPolicyNormalizeKeepsSetValues(t *testing.T) {
@@ -50,22 +52,22 @@ func TestPolicyNormalizeKeepsSetValues(t *testing.T) {
 	in := Policy{Key: []string{"/a~0b/c~1d", "/", "lit:eral", "/0"}, MaxActive: 7, HeartbeatInterval: time.Second,
 		HeartbeatTTL: 3 * time.Second, StalePolicy: Block, MaxQueuedPerKey: 12, WhenFull: ReplaceOldest}
 	got, err := in.Normalize()
-	jkNoErr(t, err)
-	jkEqual(t, in, got)
+	require.NoError(t, err)
+	require.Equal(t, in, got)
 
 	for _, w := range []WhenFull{Reject, Coalesce, ReplaceOldest} {
 		p, err := Policy{Key: []string{"k"}, WhenFull: w}.Normalize()
-		jkNoErr(t, err, "WhenFull %q", w)
-		jkEqual(t, w, p.WhenFull)
+		require.NoError(t, err, "WhenFull %q", w)
+		require.Equal(t, w, p.WhenFull)
 	}
 	// Only the TTL set: the interval defaults and must stay below it.
 	p, err := Policy{Key: []string{"k"}, HeartbeatTTL: 31 * time.Second}.Normalize()
-	jkNoErr(t, err)
-	jkEqual(t, 30*time.Second, p.HeartbeatInterval)
+	require.NoError(t, err)
+	require.Equal(t, 30*time.Second, p.HeartbeatInterval)
 	// Only the interval set, below the default TTL.
 	p, err = Policy{Key: []string{"k"}, HeartbeatInterval: 119 * time.Second}.Normalize()
-	jkNoErr(t, err)
-	jkEqual(t, 120*time.Second, p.HeartbeatTTL)
+	require.NoError(t, err)
+	require.Equal(t, 120*time.Second, p.HeartbeatTTL)
 }
 
 func TestPolicyNormalizeRejects(t *testing.T) {
@@ -102,10 +104,10 @@ func TestPolicyNormalizeRejects(t *testing.T) {
 			if err == nil {
 				t.Fatalf("Normalize accepted %+v as %+v", c.p, got)
 			}
-			jkTrue(t, errors.Is(err, ErrInvalidPolicy), "error does not wrap ErrInvalidPolicy: %v", err)
+			require.True(t, errors.Is(err, ErrInvalidPolicy), "error does not wrap ErrInvalidPolicy: %v", err)
 			re := `(^|[^A-Za-z])` + regexp.QuoteMeta(c.field) + `([^A-Za-z]|$)`
-			jkMatch(t, re, err.Error(), "error does not name the field %s", c.field)
-			jkEqual(t, Policy{}, zeroKey(got), "a rejected policy comes back as the zero value")
+			require.Regexp(t, re, err.Error(), "error does not name the field %s", c.field)
+			require.Equal(t, Policy{}, zeroKey(got), "a rejected policy comes back as the zero value")
 		})
 	}
 }
@@ -129,12 +131,12 @@ func TestPolicyLimitsFitTheWire(t *testing.T) {
 	} {
 		n, err := p.Normalize()
 		if err != nil {
-			jkTrue(t, errors.Is(err, ErrInvalidPolicy), "%v", err)
+			require.True(t, errors.Is(err, ErrInvalidPolicy), "%v", err)
 			continue
 		}
 		s := ReduceAdmission(nil, rtKey, AdmitRequest{JobID: "j1"}, n, rt0).State
 		out := encodeState(t, s)
 		_, err = ParseState(out)
-		jkNoErr(t, err, "Normalize accepted MaxActive %d, MaxQueuedPerKey %d, but the state it gives does not read back", n.MaxActive, n.MaxQueuedPerKey)
+		require.NoError(t, err, "Normalize accepted MaxActive %d, MaxQueuedPerKey %d, but the state it gives does not read back", n.MaxActive, n.MaxQueuedPerKey)
 	}
 }

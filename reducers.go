@@ -8,7 +8,8 @@ import (
 // blocked, lost, ...) are values, not errors.
 type Kind string
 
-// Outcome kinds, as the TS original names them.
+// Outcome kinds. Their string values are the names the wire format's
+// other implementations use.
 const (
 	KindAccepted        Kind = "accepted"         // Admit: the job was queued (or already there)
 	KindRejected        Kind = "rejected"         // Admit: the queue is full and the job was not queued
@@ -22,7 +23,6 @@ const (
 	KindStaleCompletion Kind = "stale-completion" // Release: the slot was already gone
 	KindRemoved         Kind = "removed"          // RemoveQueued: the queued job was removed
 	KindNotFound        Kind = "not-found"        // RemoveQueued: the job was not queued
-	KindRestored        Kind = "restored"         // RestoreReplaced: the replaced job is queued again
 )
 
 // Reason says why an admission was rejected or coalesced, or why an
@@ -91,7 +91,21 @@ type Acquisition struct {
 	// the key's slots, zero if none: a slot whose lease runs out frees up
 	// without any write to the key, so a waiter should look again then.
 	NextExpiry time.Time
-	State      *KeyState // the new key state (KindAcquired), else nil
+	// StoredLimits is set when the key's state was last written under
+	// other limits than this acquisition's policy (a producer or worker
+	// binary with another policy, or a policy changed since): it holds the
+	// limits the state recorded. The acquisition applied its own policy's
+	// limits and, if it wrote, recorded those instead. Nil when they agree
+	// or the key had no state.
+	StoredLimits *Limits
+	State        *KeyState // the new key state (KindAcquired), else nil
+}
+
+// Limits are a key's admission limits as its state records them
+// (KeyState.MaxActive and MaxQueuedPerKey).
+type Limits struct {
+	MaxActive       int // the most slots
+	MaxQueuedPerKey int // the most queued jobs beyond the free slots
 }
 
 // Lease is a job's hold on a slot, returned by Acquire. It is a plain value:
@@ -126,13 +140,13 @@ type Removal struct {
 	State *KeyState // the new key state when it changed, else nil
 }
 
-// Restoration is the outcome of RestoreReplaced.
+// Restoration is the outcome of RestoreReplaced: the replaced job is
+// queued again (or was already queued or active).
 type Restoration struct {
-	Kind  Kind      // restored
 	State *KeyState // the new key state when it changed, else nil
 }
 
-// jsNow returns t as the TS original would see it: UTC, milliseconds.
+// jsNow returns t as key state holds times: UTC, milliseconds.
 func jsNow(t time.Time) time.Time { return t.UTC().Truncate(time.Millisecond) }
 
 func emptyState(key JobKey, policy Policy, now time.Time) *KeyState {
@@ -238,8 +252,8 @@ func appendQueued(s *KeyState, req AdmitRequest, policy Policy, now time.Time) *
 }
 
 // ReduceRestoreReplaced puts replaced back at the head of the queue and
-// removes the job that replaced it (replacementJobID) from the queue, as the
-// TS original does when publishing the replacing job fails. If replaced is
+// removes the job that replaced it (replacementJobID) from the queue: what a
+// producer does when publishing the replacing job fails. If replaced is
 // already queued or active it is not added twice. policy must come from
 // [Policy.Normalize]. Pure.
 func ReduceRestoreReplaced(state *KeyState, key JobKey, req RestoreRequest, policy Policy, now time.Time) Restoration {
@@ -268,12 +282,12 @@ func ReduceRestoreReplaced(state *KeyState, key JobKey, req RestoreRequest, poli
 	}
 	if state != nil && present && len(next.Queued) == len(state.Queued) &&
 		state.MaxActive == policy.MaxActive && state.MaxQueuedPerKey == policy.MaxQueuedPerKey {
-		return Restoration{Kind: KindRestored} // nothing to change
+		return Restoration{} // nothing to change
 	}
 	next.MaxActive = policy.MaxActive
 	next.MaxQueuedPerKey = policy.MaxQueuedPerKey
 	next.UpdatedAt = now
-	return Restoration{Kind: KindRestored, State: next}
+	return Restoration{State: next}
 }
 
 // ReduceAcquire gives job req.JobID a slot if the rules allow, with the new
@@ -292,6 +306,9 @@ func ReduceAcquire(state *KeyState, key JobKey, req AcquireRequest, policy Polic
 		base = emptyState(key, policy, now)
 	}
 	out := Acquisition{Key: base.Key, KeyHash: base.KeyHash}
+	if state != nil && (state.MaxActive != policy.MaxActive || state.MaxQueuedPerKey != policy.MaxQueuedPerKey) {
+		out.StoredLimits = &Limits{MaxActive: state.MaxActive, MaxQueuedPerKey: state.MaxQueuedPerKey}
+	}
 	blocked := func(reason Reason, active, limit int) Acquisition {
 		out.Kind, out.Reason, out.Active, out.Queued, out.Limit = KindBlocked, reason, active, len(base.Queued), limit
 		for i := range base.Active {
@@ -302,7 +319,7 @@ func ReduceAcquire(state *KeyState, key JobKey, req AcquireRequest, policy Polic
 		return out
 	}
 
-	// The job's own slots (the TS original could write more than one): a
+	// The job's own slots (other writers may have written more than one): a
 	// live one blocks; expired ones are replaced by this acquisition.
 	ownSlots, others, staleOthers := 0, 0, 0
 	for i := range base.Active {

@@ -5,6 +5,8 @@ import (
 	"regexp"
 	"testing"
 	"time"
+
+	"github.com/stretchr/testify/require"
 )
 
 // Reducer tables at fixed times. Every case is also run through tsOracle, a
@@ -75,7 +77,7 @@ func mustPolicy(t testing.TB, p Policy) Policy {
 		p.Key = []string{"tenant", "/tenant"}
 	}
 	n, err := p.Normalize()
-	jkNoErr(t, err)
+	require.NoError(t, err)
 	return n
 }
 
@@ -130,9 +132,9 @@ func checkNoAlias(t testing.TB, in, out *KeyState) {
 	if in == nil || out == nil {
 		return
 	}
-	jkTrue(t, !(in == out), "outcome state is the input state")
-	jkTrue(t, !sharesArray(in.Active, out.Active), "outcome state's active slots share memory with the input")
-	jkTrue(t, !sharesArray(in.Queued, out.Queued), "outcome state's queue shares memory with the input")
+	require.True(t, !(in == out), "outcome state is the input state")
+	require.True(t, !sharesArray(in.Active, out.Active), "outcome state's active slots share memory with the input")
+	require.True(t, !sharesArray(in.Queued, out.Queued), "outcome state's queue shares memory with the input")
 }
 
 // runPure runs reduce on in and checks afterwards that in is unchanged (a
@@ -141,7 +143,7 @@ func runPure(t testing.TB, in *KeyState, reduce func(*KeyState) *KeyState) {
 	t.Helper()
 	before := deepCopyState(in)
 	out := reduce(in)
-	jkEqual(t, before, in, "the reducer mutated its input state")
+	require.Equal(t, before, in, "the reducer mutated its input state")
 	checkNoAlias(t, in, out)
 }
 
@@ -238,7 +240,7 @@ func tsReduceRestoreReplaced(state *KeyState, key JobKey, req RestoreRequest, p 
 	next := rwith(base, func(s *KeyState) {
 		s.MaxActive, s.MaxQueuedPerKey, s.Queued, s.UpdatedAt = p.MaxActive, p.MaxQueuedPerKey, restored, now
 	})
-	return Restoration{Kind: KindRestored, State: next}
+	return Restoration{State: next}
 }
 
 func tsReduceAcquire(state *KeyState, key JobKey, req AcquireRequest, p Policy, now time.Time, slotToken string) Acquisition {
@@ -401,10 +403,10 @@ func viewAcquisition(a Acquisition) acquisitionView {
 func compareWithTS(t *testing.T, fix string, ts, got any) {
 	t.Helper()
 	if fix == "" {
-		jkEqual(t, ts, got, "outcome differs from the TS original's")
+		require.Equal(t, ts, got, "outcome differs from the TS original's")
 		return
 	}
-	jkNotEqual(t, ts, got, "case claims a deliberate difference (%s) but matches the TS original", fix)
+	require.NotEqual(t, ts, got, "case claims a deliberate difference (%s) but matches the TS original", fix)
 }
 
 // ---------------------------------------------------------------------------
@@ -566,9 +568,9 @@ func TestReduceAdmission(t *testing.T) {
 				got = ReduceAdmission(s, rtKey, req, c.policy, c.now)
 				return got.State
 			})
-			jkEqual(t, viewAdmission(c.want), viewAdmission(got))
-			jkEqual(t, c.want.KeyHash, got.KeyHash)
-			jkEqual(t, c.want.AlreadyPresent, got.AlreadyPresent)
+			require.Equal(t, viewAdmission(c.want), viewAdmission(got))
+			require.Equal(t, c.want.KeyHash, got.KeyHash)
+			require.Equal(t, c.want.AlreadyPresent, got.AlreadyPresent)
 			compareWithTS(t, c.fix, viewAdmission(tsReduceAdmission(deepCopyState(c.state), rtKey, req, c.policy, c.now)), viewAdmission(got))
 		})
 	}
@@ -580,26 +582,26 @@ func TestReduceAdmissionDerivesMissingContext(t *testing.T) {
 	t.Parallel()
 	p := mustPolicy(t, Policy{MaxActive: 1})
 	got := ReduceAdmission(nil, rtKey, AdmitRequest{JobID: "job-7"}, p, rt0)
-	jkEqual(t, KindAccepted, got.Kind)
-	jkEqual(t, 1, len(got.State.Queued), "length of got.State.Queued")
+	require.Equal(t, KindAccepted, got.Kind)
+	require.Equal(t, 1, len(got.State.Queued), "length of got.State.Queued")
 	q := got.State.Queued[0]
-	jkEqual(t, "job-7", q.RequestID)
-	jkEqual(t, "job-7", q.Context.RequestID)
-	jkMatch(t, `^[0-9a-f]{32}$`, q.Context.TraceID)
-	jkMatch(t, `^00-`+regexp.QuoteMeta(q.Context.TraceID)+`-[0-9a-f]{16}-0[01]$`, q.Context.Traceparent)
+	require.Equal(t, "job-7", q.RequestID)
+	require.Equal(t, "job-7", q.Context.RequestID)
+	require.Regexp(t, `^[0-9a-f]{32}$`, q.Context.TraceID)
+	require.Regexp(t, `^00-`+regexp.QuoteMeta(q.Context.TraceID)+`-[0-9a-f]{16}-0[01]$`, q.Context.Traceparent)
 
 	// Deterministic: the same job gets the same derived context.
 	again := ReduceAdmission(nil, rtKey, AdmitRequest{JobID: "job-7"}, p, rsec(9))
-	jkEqual(t, q.Context, again.State.Queued[0].Context)
+	require.Equal(t, q.Context, again.State.Queued[0].Context)
 
 	// A partial context keeps what it has.
 	part := ReduceAdmission(nil, rtKey, AdmitRequest{JobID: "job-8", Context: TraceContext{RequestID: "r-8", Tracestate: "k=v"}}, p, rt0)
 	pc := part.State.Queued[0]
-	jkEqual(t, "r-8", pc.RequestID)
-	jkEqual(t, "r-8", pc.Context.RequestID)
-	jkEqual(t, "k=v", pc.Context.Tracestate)
-	jkTrue(t, pc.Context.TraceID != "", "pc.Context.TraceID is empty")
-	jkTrue(t, pc.Context.Traceparent != "", "pc.Context.Traceparent is empty")
+	require.Equal(t, "r-8", pc.RequestID)
+	require.Equal(t, "r-8", pc.Context.RequestID)
+	require.Equal(t, "k=v", pc.Context.Tracestate)
+	require.True(t, pc.Context.TraceID != "", "pc.Context.TraceID is empty")
+	require.True(t, pc.Context.Traceparent != "", "pc.Context.Traceparent is empty")
 }
 
 func TestReduceAcquire(t *testing.T) {
@@ -795,16 +797,16 @@ func TestReduceAcquire(t *testing.T) {
 			runPure(t, c.state, func(s *KeyState) *KeyState {
 				got = ReduceAcquire(s, rtKey, req, c.policy, now, tok)
 				if got.State != nil {
-					jkTrue(t, !sharesArray(got.Stale, got.State.Active), "Stale aliases the new state")
+					require.True(t, !sharesArray(got.Stale, got.State.Active), "Stale aliases the new state")
 				}
 				if c.state != nil {
-					jkTrue(t, !sharesArray(got.Stale, c.state.Active), "Stale aliases the input state")
+					require.True(t, !sharesArray(got.Stale, c.state.Active), "Stale aliases the input state")
 				}
 				return got.State
 			})
-			jkEqual(t, viewAcquisition(c.want), viewAcquisition(got))
-			jkEqual(t, c.want.Lease, got.Lease)
-			jkEqual(t, c.want.KeyHash, got.KeyHash)
+			require.Equal(t, viewAcquisition(c.want), viewAcquisition(got))
+			require.Equal(t, c.want.Lease, got.Lease)
+			require.Equal(t, c.want.KeyHash, got.KeyHash)
 			compareWithTS(t, c.fix, viewAcquisition(tsReduceAcquire(deepCopyState(c.state), rtKey, req, c.policy, now, tok)), viewAcquisition(got))
 		})
 	}
@@ -817,14 +819,14 @@ func TestReduceAcquireContextAndExpiry(t *testing.T) {
 	p := mustPolicy(t, Policy{MaxActive: 1, HeartbeatInterval: time.Second, HeartbeatTTL: 1500 * time.Microsecond * 1000})
 	now := rt0.Add(123456789 * time.Nanosecond)
 	got := ReduceAcquire(nil, rtKey, AcquireRequest{JobID: "j1", Retry: true, InstanceID: "w"}, p, now, "tok")
-	jkEqual(t, KindAcquired, got.Kind)
+	require.Equal(t, KindAcquired, got.Kind)
 	s := got.State.Active[0]
-	jkEqual(t, rt0.Add(123*time.Millisecond), s.StartedAt)
-	jkEqual(t, rt0.Add(123*time.Millisecond+1500*time.Millisecond), s.LeaseExpiresAt)
-	jkEqual(t, s.LeaseExpiresAt, got.Lease.LeaseExpiresAt)
-	jkEqual(t, "j1", s.Context.RequestID)
-	jkMatch(t, `^[0-9a-f]{32}$`, s.Context.TraceID)
-	jkTrue(t, s.Context.Traceparent != "", "s.Context.Traceparent is empty")
+	require.Equal(t, rt0.Add(123*time.Millisecond), s.StartedAt)
+	require.Equal(t, rt0.Add(123*time.Millisecond+1500*time.Millisecond), s.LeaseExpiresAt)
+	require.Equal(t, s.LeaseExpiresAt, got.Lease.LeaseExpiresAt)
+	require.Equal(t, "j1", s.Context.RequestID)
+	require.Regexp(t, `^[0-9a-f]{32}$`, s.Context.TraceID)
+	require.True(t, s.Context.Traceparent != "", "s.Context.Traceparent is empty")
 }
 
 func TestReduceRenew(t *testing.T) {
@@ -866,12 +868,12 @@ func TestReduceRenew(t *testing.T) {
 				got = ReduceRenew(s, c.lease, rt0)
 				return got.State
 			})
-			jkEqual(t, c.want.Kind, got.Kind)
-			jkEqual(t, c.want.LeaseExpiresAt, got.LeaseExpiresAt)
-			jkEqual(t, normState(c.want.State), normState(got.State))
+			require.Equal(t, c.want.Kind, got.Kind)
+			require.Equal(t, c.want.LeaseExpiresAt, got.LeaseExpiresAt)
+			require.Equal(t, normState(c.want.State), normState(got.State))
 			ts := tsReduceRenew(deepCopyState(c.state), c.lease.JobID, c.lease.SlotToken, rt0, c.lease.Policy)
-			jkEqual(t, ts.Kind, got.Kind, "TS original")
-			jkEqual(t, normState(ts.State), normState(got.State), "TS original")
+			require.Equal(t, ts.Kind, got.Kind, "TS original")
+			require.Equal(t, normState(ts.State), normState(got.State), "TS original")
 		})
 	}
 }
@@ -906,18 +908,18 @@ func TestReduceRelease(t *testing.T) {
 				got = ReduceRelease(s, c.lease, rt0)
 				return got.State
 			})
-			jkEqual(t, c.want.Kind, got.Kind)
-			jkEqual(t, normState(c.want.State), normState(got.State))
+			require.Equal(t, c.want.Kind, got.Kind)
+			require.Equal(t, normState(c.want.State), normState(got.State))
 			ts := tsReduceRelease(deepCopyState(c.state), c.lease.JobID, c.lease.SlotToken, rt0)
-			jkEqual(t, ts.Kind, got.Kind, "TS original")
-			jkEqual(t, normState(ts.State), normState(got.State), "TS original")
+			require.Equal(t, ts.Kind, got.Kind, "TS original")
+			require.Equal(t, normState(ts.State), normState(got.State), "TS original")
 		})
 	}
 	// Releasing the last slot of a key with nothing queued leaves an empty
 	// state, which the coordinator deletes.
 	got := ReduceRelease(rstate(1, 0, rslots(rlive("j1", "t1")), nil), lease("j1", "t1"), rt0)
-	jkEqual(t, KindReleased, got.Kind)
-	jkTrue(t, got.State.Empty())
+	require.Equal(t, KindReleased, got.Kind)
+	require.True(t, got.State.Empty())
 }
 
 func TestReduceRemoveQueued(t *testing.T) {
@@ -947,11 +949,11 @@ func TestReduceRemoveQueued(t *testing.T) {
 				got = ReduceRemoveQueued(s, c.job, rt0)
 				return got.State
 			})
-			jkEqual(t, c.want.Kind, got.Kind)
-			jkEqual(t, normState(c.want.State), normState(got.State))
+			require.Equal(t, c.want.Kind, got.Kind)
+			require.Equal(t, normState(c.want.State), normState(got.State))
 			ts := tsReduceRemoveQueued(deepCopyState(c.state), c.job, rt0)
-			jkEqual(t, ts.Kind, got.Kind, "TS original")
-			jkEqual(t, normState(ts.State), normState(got.State), "TS original")
+			require.Equal(t, ts.Kind, got.Kind, "TS original")
+			require.Equal(t, normState(ts.State), normState(got.State), "TS original")
 		})
 	}
 }
@@ -974,36 +976,36 @@ func TestReduceRestoreReplaced(t *testing.T) {
 		{
 			name:  "the replacement leaves the queue, the replaced job returns to its head",
 			state: rstate(1, 2, rslots(rlive("a1", "t1")), rqueue(rq("j3", rsec(-5)), rq("j4", rsec(-1)))), replacement: "j4", replaced: replaced,
-			want: Restoration{Kind: KindRestored, State: rwith(rstate(1, 2, rslots(rlive("a1", "t1")), rqueue(rq("j2", rsec(-9)), rq("j3", rsec(-5)))), func(s *KeyState) { s.UpdatedAt = rt0 })},
+			want: Restoration{State: rwith(rstate(1, 2, rslots(rlive("a1", "t1")), rqueue(rq("j2", rsec(-9)), rq("j3", rsec(-5)))), func(s *KeyState) { s.UpdatedAt = rt0 })},
 		},
 		{
 			name: "nil state: a new state holding the replaced job", replacement: "j4", replaced: replaced,
-			want: Restoration{Kind: KindRestored, State: rwith(rstate(1, 2, nil, rqueue(rq("j2", rsec(-9)))), func(s *KeyState) { s.UpdatedAt = rt0 })},
+			want: Restoration{State: rwith(rstate(1, 2, nil, rqueue(rq("j2", rsec(-9)))), func(s *KeyState) { s.UpdatedAt = rt0 })},
 		},
 		{
 			name:  "the replaced job is queued again already: not twice",
 			state: rstate(1, 2, nil, rqueue(rq("j2", rsec(-9)), rq("j4", rsec(-1)))), replacement: "j4", replaced: replaced,
-			want: Restoration{Kind: KindRestored, State: rwith(rstate(1, 2, nil, rqueue(rq("j2", rsec(-9)))), func(s *KeyState) { s.UpdatedAt = rt0 })},
+			want: Restoration{State: rwith(rstate(1, 2, nil, rqueue(rq("j2", rsec(-9)))), func(s *KeyState) { s.UpdatedAt = rt0 })},
 		},
 		{
 			name:  "the replaced job is active: not queued",
 			state: rstate(1, 2, rslots(rlive("j2", "t2")), rqueue(rq("j4", rsec(-1)))), replacement: "j4", replaced: replaced,
-			want: Restoration{Kind: KindRestored, State: rwith(rstate(1, 2, rslots(rlive("j2", "t2")), nil), func(s *KeyState) { s.UpdatedAt = rt0 })},
+			want: Restoration{State: rwith(rstate(1, 2, rslots(rlive("j2", "t2")), nil), func(s *KeyState) { s.UpdatedAt = rt0 })},
 		},
 		{
 			name:  "the replacement is no longer queued: the replaced job still returns",
 			state: rstate(1, 2, rslots(rlive("j4", "t4")), rqueue(rq("j3", rsec(-5)))), replacement: "j4", replaced: replaced,
-			want: Restoration{Kind: KindRestored, State: rwith(rstate(1, 2, rslots(rlive("j4", "t4")), rqueue(rq("j2", rsec(-9)), rq("j3", rsec(-5)))), func(s *KeyState) { s.UpdatedAt = rt0 })},
+			want: Restoration{State: rwith(rstate(1, 2, rslots(rlive("j4", "t4")), rqueue(rq("j2", rsec(-9)), rq("j3", rsec(-5)))), func(s *KeyState) { s.UpdatedAt = rt0 })},
 		},
 		{
 			name:  "limits are taken from the policy",
 			state: rstate(4, 0, nil, rqueue(rq("j4", rsec(-1)))), replacement: "j4", replaced: replaced,
-			want: Restoration{Kind: KindRestored, State: rwith(rstate(1, 2, nil, rqueue(rq("j2", rsec(-9)))), func(s *KeyState) { s.UpdatedAt = rt0 })},
+			want: Restoration{State: rwith(rstate(1, 2, nil, rqueue(rq("j2", rsec(-9)))), func(s *KeyState) { s.UpdatedAt = rt0 })},
 		},
 		{
 			name:  "nothing to change: nothing written",
 			state: rstate(1, 2, nil, rqueue(rq("j2", rsec(-9)))), replacement: "j4", replaced: replaced,
-			want: Restoration{Kind: KindRestored}, goNoWrite: true,
+			want: Restoration{}, goNoWrite: true,
 		},
 	}
 	for _, c := range cases {
@@ -1014,30 +1016,28 @@ func TestReduceRestoreReplaced(t *testing.T) {
 				got = ReduceRestoreReplaced(s, rtKey, req, p, rt0)
 				return got.State
 			})
-			jkEqual(t, c.want.Kind, got.Kind)
-			jkEqual(t, normState(c.want.State), normState(got.State))
+			require.Equal(t, normState(c.want.State), normState(got.State))
 			ts := tsReduceRestoreReplaced(deepCopyState(c.state), rtKey, req, p, rt0)
-			jkEqual(t, ts.Kind, got.Kind, "TS original")
 			if c.goNoWrite {
-				jkTrue(t, got.State == nil, "got.State is not nil")
-				jkEqual(t, normState(rwith(c.state, func(s *KeyState) { s.UpdatedAt = rt0 })), normState(ts.State),
+				require.True(t, got.State == nil, "got.State is not nil")
+				require.Equal(t, normState(rwith(c.state, func(s *KeyState) { s.UpdatedAt = rt0 })), normState(ts.State),
 					"the TS original changes only updatedAt here")
 				return
 			}
-			jkEqual(t, normState(ts.State), normState(got.State), "TS original")
+			require.Equal(t, normState(ts.State), normState(got.State), "TS original")
 		})
 	}
 
 	t.Run("missing request id and context of the replaced job are derived; createdAt cut to ms", func(t *testing.T) {
 		r := ReplacedJob{JobRef: JobRef{ID: "j7"}, CreatedAt: rsec(-9).Add(1500 * time.Microsecond)}
 		got := ReduceRestoreReplaced(nil, rtKey, RestoreRequest{ReplacementJobID: "j8", Replaced: r}, p, rt0)
-		jkEqual(t, 1, len(got.State.Queued), "length of got.State.Queued")
+		require.Equal(t, 1, len(got.State.Queued), "length of got.State.Queued")
 		q := got.State.Queued[0]
-		jkEqual(t, rsec(-9).Add(time.Millisecond), q.CreatedAt)
-		jkEqual(t, "j7", q.RequestID)
-		jkEqual(t, "j7", q.Context.RequestID)
-		jkTrue(t, q.Context.TraceID != "", "q.Context.TraceID is empty")
-		jkTrue(t, q.Context.Traceparent != "", "q.Context.Traceparent is empty")
+		require.Equal(t, rsec(-9).Add(time.Millisecond), q.CreatedAt)
+		require.Equal(t, "j7", q.RequestID)
+		require.Equal(t, "j7", q.Context.RequestID)
+		require.True(t, q.Context.TraceID != "", "q.Context.TraceID is empty")
+		require.True(t, q.Context.Traceparent != "", "q.Context.Traceparent is empty")
 	})
 }
 
@@ -1057,13 +1057,13 @@ func TestReducersOutcomeDoesNotAliasInput(t *testing.T) {
 		ReduceRestoreReplaced(in, rtKey, RestoreRequest{ReplacementJobID: "j2", Replaced: ReplacedJob{JobRef: JobRef{ID: "j0"}, RequestID: "r", Context: rctx("j0")}}, p, rt0).State,
 	}
 	for i, out := range outs {
-		jkTrue(t, out != nil, "outcome %d", i)
+		require.True(t, out != nil, "outcome %d", i)
 		for j := range out.Active[:cap(out.Active)] {
 			out.Active[:cap(out.Active)][j] = ActiveSlot{JobID: "mutated"}
 		}
 		for j := range out.Queued[:cap(out.Queued)] {
 			out.Queued[:cap(out.Queued)][j] = QueuedJob{JobID: "mutated"}
 		}
-		jkTrue(t, reflect.DeepEqual(before, in), "mutating outcome %d changed the input state", i)
+		require.True(t, reflect.DeepEqual(before, in), "mutating outcome %d changed the input state", i)
 	}
 }

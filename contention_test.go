@@ -1,0 +1,131 @@
+package jobkeys
+
+// Contention is measured at the store, not inside the coordinator: a
+// countingStore tells the compare-and-swap failures of each operation apart
+// into lost races (a write on a revision the operation read, or a create
+// after it read the key absent) and stale guesses (a write on a remembered
+// or assumed state), per operation when its context carries a raceCounter.
+
+import (
+	"context"
+	"errors"
+	"math"
+	"sync"
+	"sync/atomic"
+)
+
+// raceCounter counts what one operation's writes met.
+type raceCounter struct {
+	mu         sync.Mutex
+	readRevs   map[uint64]bool // revisions the operation's reads returned
+	readAbsent bool            // a read found the key absent
+	lost       int             // writes on state the operation read that lost
+	stale      int             // writes on a guess that found it stale
+}
+
+type raceCounterKey struct{}
+
+// withRaceCounter returns ctx carrying a new counter for one operation.
+func withRaceCounter(ctx context.Context) (context.Context, *raceCounter) {
+	rc := &raceCounter{readRevs: make(map[uint64]bool)}
+	return context.WithValue(ctx, raceCounterKey{}, rc), rc
+}
+
+func (rc *raceCounter) counts() (lost, stale int) {
+	rc.mu.Lock()
+	defer rc.mu.Unlock()
+	return rc.lost, rc.stale
+}
+
+// raceTotals sums what a countingStore saw over all operations.
+type raceTotals struct {
+	lost, stale atomic.Int64
+}
+
+// countingStore wraps a Store and classifies its compare-and-swap
+// failures (see the file comment). The zero totals field counts nothing.
+type countingStore struct {
+	Store
+	totals *raceTotals
+}
+
+func newCountingStore(s Store) countingStore { return countingStore{Store: s, totals: &raceTotals{}} }
+
+func (s countingStore) valueLimit(ctx context.Context, service string) (int, error) {
+	if l, ok := s.Store.(valueLimiter); ok {
+		return l.valueLimit(ctx, service)
+	}
+	return math.MaxInt, nil
+}
+
+func counterOf(ctx context.Context) *raceCounter {
+	rc, _ := ctx.Value(raceCounterKey{}).(*raceCounter)
+	return rc
+}
+
+func (s countingStore) Get(ctx context.Context, service, key string) ([]byte, uint64, error) {
+	v, rev, err := s.Store.Get(ctx, service, key)
+	if rc := counterOf(ctx); rc != nil {
+		rc.mu.Lock()
+		switch {
+		case err == nil:
+			rc.readRevs[rev] = true
+		case errors.Is(err, ErrKeyNotFound):
+			rc.readAbsent = true
+		}
+		rc.mu.Unlock()
+	}
+	return v, rev, err
+}
+
+// record classifies a write's error; read says whether the write rested on
+// what the operation read.
+func (s countingStore) record(ctx context.Context, err error, read func(*raceCounter) bool) {
+	if !errors.Is(err, ErrRevisionConflict) {
+		return
+	}
+	lost := false
+	if rc := counterOf(ctx); rc != nil {
+		rc.mu.Lock()
+		lost = read(rc)
+		if lost {
+			rc.lost++
+		} else {
+			rc.stale++
+		}
+		rc.mu.Unlock()
+	}
+	if s.totals == nil {
+		return
+	}
+	if lost {
+		s.totals.lost.Add(1)
+	} else {
+		s.totals.stale.Add(1)
+	}
+}
+
+func (s countingStore) Create(ctx context.Context, service, key string, value []byte) (uint64, error) {
+	rev, err := s.Store.Create(ctx, service, key, value)
+	s.record(ctx, err, func(rc *raceCounter) bool { return rc.readAbsent })
+	return rev, err
+}
+
+func (s countingStore) Update(ctx context.Context, service, key string, value []byte, revision uint64) (uint64, error) {
+	rev, err := s.Store.Update(ctx, service, key, value, revision)
+	s.record(ctx, err, func(rc *raceCounter) bool { return rc.readRevs[revision] })
+	return rev, err
+}
+
+func (s countingStore) Delete(ctx context.Context, service, key string, revision uint64) error {
+	err := s.Store.Delete(ctx, service, key, revision)
+	s.record(ctx, err, func(rc *raceCounter) bool { return rc.readRevs[revision] })
+	return err
+}
+
+// len returns the number of entries in t.
+func (t *keyTable) len() int {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	return len(t.entries)
+}

@@ -1,0 +1,196 @@
+package jobkeys
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strings"
+	"time"
+)
+
+// Operator operations work on a KV key as listed or watched, without the
+// job's payload or policy: for the cases the normal operations cannot
+// reach, a producer that died between Admit and publishing its job (a queue
+// entry whose job never arrives blocks its key), and a value that cannot be
+// read (the coordinator never overwrites what it cannot read). Each is a
+// compare-and-swap and honours ctx; they go through the key's lane like
+// every other operation of the coordinator.
+
+// QueueEntryRef names one queued job by where it is stored.
+type QueueEntryRef struct {
+	Service string // the service whose bucket holds the key
+	KVKey   string // the KV key, "<service>.<jobType>.<keyHash>"
+	JobID   string // the queued job
+}
+
+// RemoveQueuedEntry removes the queued job ref.JobID from the key stored at
+// ref.KVKey, or reports [KindNotFound] when it is not queued there. Unlike
+// RemoveQueued it needs no payload or policy, so an operator can clear an
+// entry whose job is gone. State that cannot be read is an error (see
+// [KeyCoordinator.Repair]).
+func (c *KeyCoordinator) RemoveQueuedEntry(ctx context.Context, ref QueueEntryRef) (Removal, error) {
+	key, err := operatorKey(ref.Service, ref.KVKey)
+	if err != nil {
+		return Removal{}, err
+	}
+	if ref.JobID == "" {
+		return Removal{}, fmt.Errorf("%w: JobID is empty", ErrInvalidRequest)
+	}
+	var out Removal
+	err = c.update(ctx, key, false, func(st *KeyState, now time.Time) *KeyState {
+		out = ReduceRemoveQueued(st, ref.JobID, now)
+		return out.State
+	})
+	if err != nil {
+		return Removal{}, err
+	}
+	return out, nil
+}
+
+// Inspection is what a KV key holds, as an operator sees it before a
+// repair.
+type Inspection struct {
+	// Revision is the value's revision; pass it to Repair. 0 when the key
+	// is absent.
+	Revision uint64
+	Value    []byte    // the stored bytes; nil when the key is absent
+	State    *KeyState // the value as key state; nil when absent or unusable
+	// Problem says why the value cannot be used: an error wrapping
+	// [ErrCorruptState] or [ErrForeignState]. Nil when State is set or the
+	// key is absent.
+	Problem error
+}
+
+// Inspect reads the KV key kvKey of service's bucket as it is, whether or
+// not it holds usable key state. A missing key is an Inspection with
+// Revision 0, not an error.
+func (c *KeyCoordinator) Inspect(ctx context.Context, service, kvKey string) (Inspection, error) {
+	key, err := operatorKey(service, kvKey)
+	if err != nil {
+		return Inspection{}, err
+	}
+	value, rev, err := c.store.Get(ctx, key.Service, key.KVKey)
+	switch {
+	case errors.Is(err, ErrKeyNotFound):
+		return Inspection{}, nil
+	case err != nil && ctx.Err() != nil:
+		return Inspection{}, ctx.Err()
+	case err != nil:
+		return Inspection{}, err
+	}
+	in := Inspection{Revision: rev, Value: value}
+	in.State, in.Problem = decodeFor(key, value, rev)
+	return in, nil
+}
+
+// RepairRequest asks to replace or delete the value of a KV key that the
+// operator inspected.
+type RepairRequest struct {
+	Service string // the service whose bucket holds the key
+	KVKey   string // the KV key, "<service>.<jobType>.<keyHash>"
+	// Revision is the revision the operator inspected (Inspection.Revision):
+	// the repair applies only while the key is still at it, so nothing is
+	// overwritten that the operator did not see. Required.
+	Revision uint64
+	// Replacement is the state to write instead. Its Service, JobType and
+	// KeyHash must be the KV key's. Nil, or a state without slots or queued
+	// jobs, deletes the value.
+	Replacement *KeyState
+}
+
+// RepairOutcome says what a repair changed.
+type RepairOutcome struct {
+	Previous []byte // the value that was replaced or deleted
+	Deleted  bool   // the value was deleted
+	// Revision is the replacement's revision; 0 when the value was deleted.
+	Revision uint64
+}
+
+// Repair replaces or deletes the value of req.KVKey, whatever it holds,
+// with a compare-and-swap on req.Revision: the explicit operation for state
+// the coordinator refuses to overwrite (corrupt, or another key's). When
+// the key is no longer at req.Revision nothing is written and the error
+// wraps [ErrRevisionConflict]: inspect it again. Deleting state that holds
+// live slots lets their jobs' keys run more jobs than MaxActive until
+// those jobs finish; the operator decides.
+func (c *KeyCoordinator) Repair(ctx context.Context, req RepairRequest) (RepairOutcome, error) {
+	key, err := operatorKey(req.Service, req.KVKey)
+	if err != nil {
+		return RepairOutcome{}, err
+	}
+	if req.Revision == 0 {
+		return RepairOutcome{}, fmt.Errorf("%w: Revision is 0: give the revision of the value you inspected", ErrInvalidRequest)
+	}
+	var value []byte
+	if r := req.Replacement; r != nil && !r.Empty() {
+		if r.Service != key.Service || r.JobType != key.JobType || r.KeyHash != key.KeyHash {
+			return RepairOutcome{}, fmt.Errorf("%w: Replacement holds service %q, job type %q, key hash %q, not those of KV key %q",
+				ErrInvalidRequest, r.Service, r.JobType, r.KeyHash, key.KVKey)
+		}
+		if err := checkTimes(key.KVKey, r, c.cfg.Now); err != nil {
+			return RepairOutcome{}, err
+		}
+		value = appendState(nil, r)
+		if _, err := decodeState(value); err != nil {
+			return RepairOutcome{}, fmt.Errorf("%w: Replacement is not valid key state: %w", ErrInvalidRequest, err)
+		}
+	}
+
+	e := c.keys.pin(key.KVKey)
+	defer c.keys.unpin(key.KVKey, e)
+	if err := e.lock(ctx); err != nil {
+		return RepairOutcome{}, err
+	}
+	defer e.unlock()
+	prev, rev, err := c.store.Get(ctx, key.Service, key.KVKey)
+	switch {
+	case errors.Is(err, ErrKeyNotFound):
+		return RepairOutcome{}, fmt.Errorf("%w: KV key %q is absent, not at revision %d: inspect it again", ErrRevisionConflict, key.KVKey, req.Revision)
+	case err != nil && ctx.Err() != nil:
+		return RepairOutcome{}, ctx.Err()
+	case err != nil:
+		return RepairOutcome{}, err
+	case rev != req.Revision:
+		return RepairOutcome{}, fmt.Errorf("%w: KV key %q is at revision %d, not %d: inspect it again", ErrRevisionConflict, key.KVKey, rev, req.Revision)
+	}
+	out := RepairOutcome{Previous: prev}
+	if value == nil {
+		err = c.store.Delete(ctx, key.Service, key.KVKey, rev)
+	} else {
+		out.Revision, err = c.store.Update(ctx, key.Service, key.KVKey, value, rev)
+	}
+	if err != nil {
+		e.conflict()
+		if ctx.Err() != nil {
+			return RepairOutcome{}, ctx.Err()
+		}
+		return RepairOutcome{}, fmt.Errorf("jobkeys: repair of KV key %q at revision %d: %w", key.KVKey, rev, err)
+	}
+	if value == nil {
+		out.Deleted = true
+		e.commit(nil, 0, c.cfg.RetryBackoff)
+	} else {
+		e.commit(snapshot(req.Replacement), out.Revision, c.cfg.RetryBackoff)
+	}
+	return out, nil
+}
+
+// operatorKey returns the key of kvKey in service's bucket; its display key
+// is unknown (empty), which only a state created anew would need.
+func operatorKey(service, kvKey string) (JobKey, error) {
+	if err := validateService(service); err != nil {
+		return JobKey{}, err
+	}
+	rest, ok := strings.CutPrefix(kvKey, service+".")
+	jobType, keyHash, ok2 := strings.Cut(rest, ".")
+	if !ok || !ok2 {
+		return JobKey{}, fmt.Errorf("%w: KV key %q is not \"%s.<jobType>.<keyHash>\"", ErrInvalidRequest, kvKey, service)
+	}
+	if err := validateJobType(jobType); err != nil {
+		return JobKey{}, fmt.Errorf("KV key %q: %w", kvKey, err)
+	}
+	if !isKeyHash(keyHash) {
+		return JobKey{}, fmt.Errorf("%w: KV key %q: key hash %q is not 64 lowercase hex digits", ErrInvalidRequest, kvKey, keyHash)
+	}
+	return JobKey{Service: service, JobType: jobType, KeyHash: keyHash, KVKey: kvKey}, nil
+}
