@@ -1,0 +1,5 @@
+package main
+
+const jobsBucketDefault = "JOBKEYS_JOBS"
+
+func jobCommands() []*command { return nil }
