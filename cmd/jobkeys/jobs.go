@@ -1,5 +1,400 @@
 package main
 
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"time"
+
+	"github.com/jobkeys/jobkeys/jobs"
+)
+
+// jobsBucketDefault is the job store's bucket unless --jobs-bucket says
+// otherwise (jobs.NATSBucketDefault).
 const jobsBucketDefault = "JOBKEYS_JOBS"
 
-func jobCommands() []*command { return nil }
+func jobCommands() []*command {
+	var (
+		lsLimit       *int
+		lsAll         *bool
+		lsState       *string
+		cancelArchive *bool
+		pauseReason   *string
+		pauseRev      *uint64
+		resumeRev     *uint64
+		resumeIn      *time.Duration
+		retryRev      *uint64
+	)
+	return []*command{
+		{name: "jobs ls", args: "CHANNEL", min: 1, max: 1,
+			short: "list a channel's jobs, newest first",
+			flags: func(fs *flagSet) {
+				lsLimit = fs.Int("limit", 50, "at most this many jobs")
+				lsAll = fs.Bool("all", false, "every job of the channel (follows the pages)")
+				lsState = fs.String("state", "", "only jobs in this state (pending, paused, running, completed, failed, cancelled, superseded)")
+			},
+			run: func(ctx context.Context, c *cli, o *options, args []string) error {
+				return jobsLs(ctx, c, o, args[0], *lsLimit, *lsAll, jobs.State(*lsState))
+			}},
+		{name: "jobs show", args: "CHANNEL JOBID", min: 2, max: 2, run: jobsShow,
+			short: "show one job: its state, claim, progress, target and artifact"},
+		{name: "jobs cancel", args: "CHANNEL JOBID", min: 2, max: 2,
+			short: "cancel a pending, paused or running job (final); asks first",
+			flags: func(fs *flagSet) {
+				cancelArchive = fs.Bool("allow-archived", false, "cancel a job of an archived channel")
+			},
+			run: func(ctx context.Context, c *cli, o *options, args []string) error {
+				return jobsCancel(ctx, c, o, args[0], args[1], *cancelArchive)
+			}},
+		{name: "jobs pause", args: "CHANNEL JOBID", min: 2, max: 2,
+			short: "pause a pending or running job (a running one loses its claim)",
+			flags: func(fs *flagSet) {
+				pauseReason = fs.String("reason", "paused by an operator", "why, recorded in the job")
+				pauseRev = fs.Uint64("revision", 0, "the job revision you saw (default: the one read now)")
+			},
+			run: func(ctx context.Context, c *cli, o *options, args []string) error {
+				return jobsPause(ctx, c, o, args[0], args[1], *pauseReason, *pauseRev)
+			}},
+		{name: "jobs resume", args: "CHANNEL JOBID", min: 2, max: 2,
+			short: "make a paused job pending again",
+			flags: func(fs *flagSet) {
+				resumeIn = fs.Duration("in", 0, "due this long from now (default: now)")
+				resumeRev = fs.Uint64("revision", 0, "the job revision you saw (default: the one read now)")
+			},
+			run: func(ctx context.Context, c *cli, o *options, args []string) error {
+				return jobsResume(ctx, c, o, args[0], args[1], *resumeIn, *resumeRev)
+			}},
+		{name: "jobs retry", args: "CHANNEL JOBID", min: 2, max: 2,
+			short: "make a paused job, or a pending one waiting out its backoff, due now",
+			long: `retry makes a job due now: a paused job is resumed (due now); a pending
+job whose AvailableAt is in the future (waiting out a retry backoff) is
+paused and resumed at once, which makes it due now and keeps its attempts
+and failures. A pending job already due, or a running one, has nothing to
+retry (exit code 4). A failed, cancelled, completed or superseded job is
+final in the job store: retry refuses it (exit code 4); enqueue the work
+anew through the application, which admits it to its key too.`,
+			flags: func(fs *flagSet) {
+				retryRev = fs.Uint64("revision", 0, "the job revision you saw (default: the one read now)")
+			},
+			run: func(ctx context.Context, c *cli, o *options, args []string) error {
+				return jobsRetry(ctx, c, o, args[0], args[1], *retryRev)
+			}},
+	}
+}
+
+// openJobs opens the job store over the session's connection.
+func (c *cli) openJobs(ctx context.Context, o *options) (*session, jobs.Store, error) {
+	s, err := c.connect(ctx, o)
+	if err != nil {
+		return nil, nil, err
+	}
+	open := c.jobStore
+	if open == nil {
+		open = openNATSJobs
+	}
+	st, err := open(ctx, s, o)
+	if err != nil {
+		s.close()
+		return nil, nil, err
+	}
+	return s, st, nil
+}
+
+// summaryJSON is a job in "jobs ls --json".
+type summaryJSON struct {
+	ID               string     `json:"id"`
+	Type             string     `json:"type"`
+	Version          int        `json:"version"`
+	State            jobs.State `json:"state"`
+	TargetKey        string     `json:"targetKey"`
+	TargetGeneration uint64     `json:"targetGeneration"`
+	Revision         uint64     `json:"revision"`
+	Attempts         int        `json:"attempts"`
+	Failures         int        `json:"failures"`
+	ClaimOwner       string     `json:"claimOwner,omitempty"`
+	ClaimExpiresAt   *string    `json:"claimExpiresAt,omitempty"`
+	AvailableAt      *string    `json:"availableAt"`
+	Reason           string     `json:"reason,omitempty"`
+	Subject          string     `json:"subject,omitempty"`
+	CreatedAt        *string    `json:"createdAt"`
+	UpdatedAt        *string    `json:"updatedAt"`
+}
+
+func jobsLs(ctx context.Context, c *cli, o *options, channel string, limit int, all bool, state jobs.State) error {
+	if limit < 1 {
+		return usagef("--limit %d is not positive", limit)
+	}
+	s, st, err := c.openJobs(ctx, o)
+	if err != nil {
+		return err
+	}
+	defer s.close()
+	var list []jobs.Summary
+	var after *jobs.Cursor
+	for {
+		rctx, cancel := withTimeout(ctx, o)
+		page, err := st.List(rctx, jobs.ListRequest{ChannelID: channel, Limit: min(limit, 100), After: after})
+		cancel()
+		if err != nil {
+			return err
+		}
+		for _, j := range page.Jobs {
+			if state == "" || j.State == state {
+				list = append(list, j)
+			}
+		}
+		if page.Next == nil || (!all && len(list) >= limit) {
+			break
+		}
+		after = page.Next
+	}
+	if !all && len(list) > limit {
+		list = list[:limit]
+	}
+	if o.json {
+		out := make([]summaryJSON, 0, len(list))
+		for _, j := range list {
+			out = append(out, summaryJSON{ID: j.ID, Type: j.Type, Version: j.Version, State: j.State, TargetKey: j.TargetKey,
+				TargetGeneration: j.TargetGeneration, Revision: j.Revision, Attempts: j.Attempts, Failures: j.Failures,
+				ClaimOwner: j.ClaimOwner, ClaimExpiresAt: jsonTime(j.ClaimExpiresAt), AvailableAt: jsonTime(j.AvailableAt),
+				Reason: j.Reason, Subject: j.Subject, CreatedAt: jsonTime(j.CreatedAt), UpdatedAt: jsonTime(j.UpdatedAt)})
+		}
+		return c.printJSON(out)
+	}
+	if len(list) == 0 {
+		fmt.Fprintf(c.stdout, "no jobs in channel %s\n", channel)
+		return nil
+	}
+	now := time.Now()
+	tw := c.table()
+	fmt.Fprintln(tw, "ID\tTYPE\tSTATE\tTARGET\tATTEMPTS\tFAILURES\tDUE\tUPDATED\tREASON")
+	for _, j := range list {
+		due := "-"
+		switch j.State {
+		case jobs.StatePending:
+			due = until(now, j.AvailableAt)
+		case jobs.StateRunning:
+			due = "claim " + until(now, j.ClaimExpiresAt)
+		}
+		fmt.Fprintf(tw, "%s\t%s/v%d\t%s\t%s#%d\t%d\t%d\t%s\t%s ago\t%s\n", j.ID, j.Type, j.Version, j.State, j.TargetKey, j.TargetGeneration,
+			j.Attempts, j.Failures, due, ago(now, j.UpdatedAt), oneLine(j.Reason))
+	}
+	return tw.Flush()
+}
+
+// detailJSON is "jobs show --json".
+type detailJSON struct {
+	Revision uint64         `json:"channelRevision"`
+	Job      jobs.Job       `json:"job"`
+	Target   jobs.Target    `json:"target"`
+	Artifact *jobs.Artifact `json:"artifact,omitempty"`
+}
+
+func jobsShow(ctx context.Context, c *cli, o *options, args []string) error {
+	s, st, err := c.openJobs(ctx, o)
+	if err != nil {
+		return err
+	}
+	defer s.close()
+	rctx, cancel := withTimeout(ctx, o)
+	defer cancel()
+	d, err := st.Get(rctx, args[0], args[1])
+	if err != nil {
+		return err
+	}
+	if o.json {
+		return c.printJSON(detailJSON{Revision: d.Revision, Job: d.Job, Target: d.Target, Artifact: d.Artifact})
+	}
+	printJob(c, d)
+	return nil
+}
+
+func printJob(c *cli, d jobs.Detail) {
+	j, now := d.Job, time.Now()
+	tw := c.table()
+	fmt.Fprintf(tw, "Job:\t%s (channel %s)\n", j.ID, j.ChannelID)
+	fmt.Fprintf(tw, "Type:\t%s v%d (origin %s)\n", j.Type, j.Version, orDash(j.Origin))
+	fmt.Fprintf(tw, "State:\t%s\n", j.State)
+	if j.Reason != "" {
+		fmt.Fprintf(tw, "Reason:\t%s\n", j.Reason)
+	}
+	fmt.Fprintf(tw, "Revision:\t%d (channel at %d)\n", j.Revision, d.Revision)
+	gen := fmt.Sprintf("%d", j.TargetGeneration)
+	if d.Target.Generation != j.TargetGeneration {
+		gen += fmt.Sprintf(" (the target is at generation %d: a newer job supersedes this one)", d.Target.Generation)
+	}
+	fmt.Fprintf(tw, "Target:\t%s, generation %s\n", j.TargetKey, gen)
+	fmt.Fprintf(tw, "Attempts:\t%d (%d failures)\n", j.Attempts, j.Failures)
+	if j.State == jobs.StateRunning {
+		fmt.Fprintf(tw, "Claim:\t%s, generation %d, expires %s (%s)\n", j.ClaimOwner, j.ClaimGeneration, stamp(j.ClaimExpiresAt), until(now, j.ClaimExpiresAt))
+	}
+	fmt.Fprintf(tw, "Available at:\t%s (%s)\n", stamp(j.AvailableAt), until(now, j.AvailableAt))
+	fmt.Fprintf(tw, "Created:\t%s\n", stamp(j.CreatedAt))
+	fmt.Fprintf(tw, "Updated:\t%s (%s ago)\n", stamp(j.UpdatedAt), ago(now, j.UpdatedAt))
+	fmt.Fprintf(tw, "Idempotency key:\t%s\n", j.IdempotencyKey)
+	fmt.Fprintf(tw, "Input:\t%s\n", printable(j.Input))
+	if d.Artifact != nil {
+		fmt.Fprintf(tw, "Artifact:\t%s (revision %d)\n", printable(d.Artifact.Value), d.Artifact.Revision)
+	}
+	tw.Flush()
+	if len(j.Progress) > 0 {
+		fmt.Fprintln(c.stdout, "\nProgress:")
+		tw = c.table()
+		fmt.Fprintln(tw, "  ATTEMPT\tSTAGE\tSTATE\tLABEL\tREASON\tAT")
+		for _, p := range j.Progress {
+			fmt.Fprintf(tw, "  %d\t%s\t%s\t%s\t%s\t%s\n", p.Attempt, p.Stage, p.State, p.Label, orDash(p.Reason), stamp(p.CreatedAt))
+		}
+		tw.Flush()
+	}
+}
+
+func orDash(s string) string {
+	if s == "" {
+		return "-"
+	}
+	return s
+}
+
+// changed prints the job after a control call.
+func (c *cli) changed(o *options, verb string, j jobs.Job) error {
+	if o.json {
+		b, err := json.Marshal(j)
+		if err != nil {
+			return err
+		}
+		return c.printJSON(json.RawMessage(b))
+	}
+	extra := ""
+	if j.State == jobs.StatePending {
+		extra = ", due " + until(time.Now(), j.AvailableAt)
+	}
+	fmt.Fprintf(c.stdout, "%s job %s of channel %s: now %s at revision %d%s\n", verb, j.ID, j.ChannelID, j.State, j.Revision, extra)
+	return nil
+}
+
+// current reads the job and checks that it is at the revision the operator
+// gave (0: any).
+func current(ctx context.Context, o *options, st jobs.Store, channel, id string, rev uint64) (jobs.Job, error) {
+	rctx, cancel := withTimeout(ctx, o)
+	defer cancel()
+	d, err := st.Get(rctx, channel, id)
+	if err != nil {
+		return jobs.Job{}, err
+	}
+	if rev != 0 && d.Job.Revision != rev {
+		return jobs.Job{}, fmt.Errorf("%w: job %q of channel %q is at revision %d, not %d as given: look at it again; nothing changed",
+			errConflict, id, channel, d.Job.Revision, rev)
+	}
+	return d.Job, nil
+}
+
+func jobsCancel(ctx context.Context, c *cli, o *options, channel, id string, allowArchived bool) error {
+	s, st, err := c.openJobs(ctx, o)
+	if err != nil {
+		return err
+	}
+	defer s.close()
+	j, err := current(ctx, o, st, channel, id, 0)
+	if err != nil {
+		return err
+	}
+	if !o.json {
+		fmt.Fprintf(c.stdout, "Job %s (%s/v%d, target %s) is %s, %d attempts.\n", j.ID, j.Type, j.Version, j.TargetKey, j.State, j.Attempts)
+	}
+	if err := c.confirm(o, fmt.Sprintf("Cancel job %s of channel %s? This is final.", id, channel)); err != nil {
+		return err
+	}
+	rctx, cancel := withTimeout(ctx, o)
+	defer cancel()
+	j, err = st.Cancel(rctx, jobs.CancelRequest{ChannelID: channel, JobID: id, AllowArchived: allowArchived})
+	if err != nil {
+		return err
+	}
+	return c.changed(o, "cancelled", j)
+}
+
+func jobsPause(ctx context.Context, c *cli, o *options, channel, id, reason string, rev uint64) error {
+	s, st, err := c.openJobs(ctx, o)
+	if err != nil {
+		return err
+	}
+	defer s.close()
+	j, err := current(ctx, o, st, channel, id, rev)
+	if err != nil {
+		return err
+	}
+	rctx, cancel := withTimeout(ctx, o)
+	defer cancel()
+	j, err = st.Pause(rctx, jobs.PauseRequest{ChannelID: channel, JobID: id, ExpectedRevision: j.Revision, Reason: reason})
+	if err != nil {
+		return err
+	}
+	return c.changed(o, "paused", j)
+}
+
+func jobsResume(ctx context.Context, c *cli, o *options, channel, id string, in time.Duration, rev uint64) error {
+	if in < 0 {
+		return usagef("--in %v is negative", in)
+	}
+	s, st, err := c.openJobs(ctx, o)
+	if err != nil {
+		return err
+	}
+	defer s.close()
+	j, err := current(ctx, o, st, channel, id, rev)
+	if err != nil {
+		return err
+	}
+	var at time.Time
+	if in > 0 {
+		at = time.Now().Add(in)
+	}
+	rctx, cancel := withTimeout(ctx, o)
+	defer cancel()
+	j, err = st.Resume(rctx, jobs.ResumeRequest{ChannelID: channel, JobID: id, ExpectedRevision: j.Revision, AvailableAt: at})
+	if err != nil {
+		return err
+	}
+	return c.changed(o, "resumed", j)
+}
+
+func jobsRetry(ctx context.Context, c *cli, o *options, channel, id string, rev uint64) error {
+	s, st, err := c.openJobs(ctx, o)
+	if err != nil {
+		return err
+	}
+	defer s.close()
+	j, err := current(ctx, o, st, channel, id, rev)
+	if err != nil {
+		return err
+	}
+	rctx, cancel := withTimeout(ctx, o)
+	defer cancel()
+	pausedHere := false
+	switch j.State {
+	case jobs.StatePaused:
+	case jobs.StatePending:
+		if !j.AvailableAt.After(time.Now()) {
+			return fmt.Errorf("%w: job %q is pending and already due (since %s): nothing to retry", errConflict, id, stamp(j.AvailableAt))
+		}
+		// Pause and resume at once: due now, attempts and failures kept.
+		if j, err = st.Pause(rctx, jobs.PauseRequest{ChannelID: channel, JobID: id, ExpectedRevision: j.Revision, Reason: "retry by an operator"}); err != nil {
+			return err
+		}
+		pausedHere = true
+	case jobs.StateRunning:
+		return fmt.Errorf("%w: job %q is running (claimed by %s until %s): nothing to retry; pause it first to stop it",
+			errConflict, id, j.ClaimOwner, stamp(j.ClaimExpiresAt))
+	default:
+		return fmt.Errorf("%w: job %q is %s, which is final in the job store: retry does not revive it; enqueue the work anew through the application (which admits it to its key)",
+			errConflict, id, j.State)
+	}
+	resumed, err := st.Resume(rctx, jobs.ResumeRequest{ChannelID: channel, JobID: id, ExpectedRevision: j.Revision})
+	if err != nil {
+		if !pausedHere {
+			return err
+		}
+		return fmt.Errorf("job %q was paused for the retry but not resumed (resume it with 'jobkeys jobs resume %s %s'): %w", id, channel, id, err)
+	}
+	return c.changed(o, "retried", resumed)
+}

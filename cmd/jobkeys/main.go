@@ -28,6 +28,8 @@ import (
 	"os/signal"
 	"strings"
 	"syscall"
+
+	"github.com/jobkeys/jobkeys/jobs"
 )
 
 // Exit codes, documented in the package comment and the README.
@@ -61,6 +63,8 @@ type cli struct {
 	stdout, stderr io.Writer
 	getenv         func(string) string
 	isTerminal     func(io.Reader) bool
+	// jobStore opens the job store; nil: the NATS job store (openNATSJobs).
+	jobStore func(ctx context.Context, s *session, o *options) (jobs.Store, error)
 }
 
 // command is a leaf of the command tree.

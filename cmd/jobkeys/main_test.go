@@ -22,6 +22,7 @@ import (
 	"github.com/jobkeys/jobkeys"
 	"github.com/jobkeys/jobkeys/internal/leakcheck"
 	"github.com/jobkeys/jobkeys/internal/natstest"
+	"github.com/jobkeys/jobkeys/jobs"
 )
 
 func TestMain(m *testing.M) { leakcheck.Main(m) }
@@ -58,6 +59,7 @@ type runner struct {
 	env      map[string]string
 	terminal bool   // stdin is a terminal
 	stdin    string // what the operator types
+	jobStore func(context.Context, *session, *options) (jobs.Store, error)
 }
 
 func newRunner(t *testing.T, url string) *runner {
@@ -75,7 +77,7 @@ func (r *runner) run(args ...string) cliRun {
 func (r *runner) runCtx(ctx context.Context, out, errOut *syncBuffer, args ...string) cliRun {
 	c := &cli{stdin: strings.NewReader(r.stdin), stdout: out, stderr: errOut,
 		getenv:     func(k string) string { return r.env[k] },
-		isTerminal: func(io.Reader) bool { return r.terminal }}
+		isTerminal: func(io.Reader) bool { return r.terminal }, jobStore: r.jobStore}
 	code := c.run(ctx, args)
 	return cliRun{code: code, stdout: out.String(), stderr: errOut.String()}
 }
