@@ -183,7 +183,7 @@ func printKeyTable(c *cli, infos []jobkeys.KeyInfo) {
 	fmt.Fprintln(tw, "KEY\tACTIVE\tQUEUED\tOLDEST QUEUED\tNEXT EXPIRY\tEXPIRED\tSTALE\tKV KEY\tPROBLEM")
 	for _, k := range infos {
 		if k.Corrupt() {
-			fmt.Fprintf(tw, "?\t-\t-\t-\t-\t-\t-\t%s\t%s\n", k.KVKey, oneLine(k.Problem.Error()))
+			fmt.Fprintf(tw, "(corrupt)\t-\t-\t-\t-\t-\t-\t%s\t%s\n", k.KVKey, oneLine(k.Problem.Error()))
 			continue
 		}
 		oldest := "-"
@@ -262,7 +262,7 @@ func keysShow(ctx context.Context, c *cli, o *options, args []string, displayKey
 	}
 	for _, k := range infos {
 		if k.Corrupt() {
-			return fmt.Errorf("%w: KV key %q at revision %d: %v", errCorrupt, k.KVKey, k.Revision, k.Problem)
+			return k.Problem // names the KV key and the revision; exit code 5
 		}
 	}
 	return nil
@@ -551,13 +551,13 @@ func keysSweep(ctx context.Context, c *cli, o *options, service, jobType string,
 			fmt.Fprintf(c.stdout, "no expired slots in %d keys\n", len(infos))
 			return nil
 		}
-		printSlots(fmt.Sprintf("%d expired slots in %d of %d keys (dry run: nothing removed):", len(expired), len(keys), len(infos)), expired)
+		printSlots(fmt.Sprintf("%s in %d of %d keys (dry run: nothing removed):", plural(len(expired), "expired slot"), len(keys), len(infos)), expired)
 		return nil
 	}
 	if !o.json {
-		printSlots(fmt.Sprintf("%d expired slots in %d of %d keys:", len(expired), len(keys), len(infos)), expired)
+		printSlots(fmt.Sprintf("%s in %d of %d keys:", plural(len(expired), "expired slot"), len(keys), len(infos)), expired)
 	}
-	if err := c.confirm(o, fmt.Sprintf("Remove %d expired slots from %d keys of %s/%s?", len(expired), len(keys), service, jobType)); err != nil {
+	if err := c.confirm(o, fmt.Sprintf("Remove %s from %d keys of %s/%s?", plural(len(expired), "expired slot"), len(keys), service, jobType)); err != nil {
 		return err
 	}
 	jt, err := s.coord.JobType(service, jobType, jobkeys.Policy{Key: []string{"operator-sweep"}, StalePolicy: jobkeys.FailStale})
@@ -576,12 +576,19 @@ func keysSweep(ctx context.Context, c *cli, o *options, service, jobType string,
 			return err
 		}
 	} else {
-		fmt.Fprintf(c.stdout, "removed %d expired slots; %d keys left empty were deleted; record the jobs as failed:\n", len(removed), rep.Deleted)
+		fmt.Fprintf(c.stdout, "removed %s; %d keys left empty were deleted; record their jobs as failed:\n", plural(len(removed), "expired slot"), rep.Deleted)
 		for _, r := range removed {
 			fmt.Fprintf(c.stdout, "  %s (instance %s, key %s)\n", r.JobID, r.InstanceID, r.Key)
 		}
 	}
 	return sweepErr
+}
+
+func plural(n int, noun string) string {
+	if n == 1 {
+		return "1 " + noun
+	}
+	return fmt.Sprintf("%d %ss", n, noun)
 }
 
 func nonNil[T any](s []T) []T {

@@ -216,9 +216,9 @@ func TestKeysLs(t *testing.T) {
 	assert.Equal(t, []string{"idle", "0/1", "1/2", "0s", "-", "0", "0", f.kv["idle"]}, fixAges(rows["idle"]))
 	assert.Equal(t, []string{"expired", "1/1", "0/1", "-", "-", "1", "0", f.kv["expired"]}, rows["expired"])
 	assert.Equal(t, []string{"orphan", "0/1", "1/2", "1h0m0s", "-", "0", "0", f.kv["orphan"]}, fixAges(rows["orphan"]))
-	require.Contains(t, rows, "?")
-	assert.Equal(t, f.kv["corrupt"], rows["?"][7])
-	assert.Contains(t, strings.Join(rows["?"], " "), "corrupt key state")
+	require.Contains(t, rows, "(corrupt)")
+	assert.Equal(t, f.kv["corrupt"], rows["(corrupt)"][7])
+	assert.Contains(t, strings.Join(rows["(corrupt)"], " "), "corrupt key state")
 
 	// Columns line up.
 	col := strings.Index(lines[0], "KV KEY")
