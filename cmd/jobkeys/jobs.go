@@ -266,7 +266,10 @@ func (c *cli) changed(o *options, verb string, j jobs.Job) error {
 	}
 	extra := ""
 	if j.State == jobs.StatePending {
-		extra = ", due " + until(time.Now(), j.AvailableAt)
+		extra = ", due now"
+		if now := time.Now(); j.AvailableAt.After(now) {
+			extra = ", due " + until(now, j.AvailableAt)
+		}
 	}
 	fmt.Fprintf(c.stdout, "%s job %s of channel %s: now %s at revision %d%s\n", verb, j.ID, j.ChannelID, j.State, j.Revision, extra)
 	return nil
