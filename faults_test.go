@@ -298,7 +298,7 @@ func (f *faultRun) forget(c *linClient) {
 	f.mu.Lock()
 	delete(f.clients, c.id)
 	f.mu.Unlock()
-	c.conn().Close()
+	c.close()
 }
 
 // randomClient returns a live client, or nil.
@@ -563,6 +563,10 @@ func (f *faultRun) finish(prod *sync.WaitGroup, js jetstream.JetStream, bucket s
 	f.workers.Wait()
 	f.chaos.Wait()
 	drainer := f.client()
+	if drainer == nil {
+		t.FailNow() // client reported why
+	}
+	defer f.forget(drainer)
 	drainer.drain(t, f.ctx)
 	log := f.rec.log()
 	actx, acancel := context.WithTimeout(context.Background(), 2*time.Minute)

@@ -193,10 +193,11 @@ type linClient struct {
 	rec      *linRecorder
 	instance string
 
-	mu    sync.Mutex
-	coord *KeyCoordinator
-	nc    *nats.Conn
-	js    jetstream.JetStream
+	mu     sync.Mutex
+	coord  *KeyCoordinator
+	nc     *nats.Conn
+	js     jetstream.JetStream
+	closed bool // close was called: redial must not open a new connection
 }
 
 // linDial opens a connection of its own to url (a comma-separated list for
@@ -250,7 +251,11 @@ func newLinStoreClient(t testing.TB, id int, store Store, service, jobType strin
 func newLinClient(t testing.TB, id int, url, service, jobType string, keys []linKey, rec *linRecorder) *linClient {
 	t.Helper()
 	c := &linClient{id: id, service: service, jobType: jobType, keys: keys, rec: rec, instance: fmt.Sprintf("client-%d", id)}
-	c.nc, c.js, c.coord = linConnect(t, url, c.instance)
+	var err error
+	if c.nc, c.js, c.coord, err = linDial(url, c.instance); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(c.close) // the connection of the last redial too
 	return c
 }
 
@@ -263,11 +268,26 @@ func (c *linClient) redial(url string) error {
 		return err
 	}
 	c.mu.Lock()
+	if c.closed {
+		c.mu.Unlock()
+		nc.Close()
+		return nil
+	}
 	old := c.nc
 	c.nc, c.js, c.coord = nc, js, coord
 	c.mu.Unlock()
 	old.Close()
 	return nil
+}
+
+// close closes the client's connection for good: a later redial closes the
+// connection it opens.
+func (c *linClient) close() {
+	c.mu.Lock()
+	c.closed = true
+	nc := c.nc
+	c.mu.Unlock()
+	nc.Close()
 }
 
 func (c *linClient) current() *KeyCoordinator {

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"regexp"
 	"strconv"
+	"strings"
 	"sync"
 
 	"github.com/nats-io/nats.go"
@@ -43,11 +44,28 @@ type natsBucket struct {
 	subjectPrefix string
 	markers       markerHints
 	// leaderGet is the API subject of the bucket stream's message get,
-	// which the stream leader answers, when the bucket is replicated and
-	// the JetStream context uses the default API prefix; empty otherwise.
-	// kv.Get uses direct gets, which any replica may answer, possibly one
-	// that has not applied the latest writes yet.
+	// which the stream leader answers, when the bucket is replicated (and
+	// not a mirror); empty otherwise. It carries the JetStream context's
+	// API prefix or domain. kv.Get uses direct gets, which any replica may
+	// answer, possibly one that has not applied the latest writes yet.
 	leaderGet string
+	// keySubjects is "$KV.<bucket>.", the prefix of the subjects the
+	// bucket's keys are stored under, when leaderGet is set.
+	keySubjects string
+}
+
+// apiPrefix returns the prefix of the JetStream API subjects of a context
+// with options opts, ending in ".": "$JS.<domain>.API." for a domain, the
+// API prefix when one is set, "$JS.API." otherwise (as jetstream does).
+func apiPrefix(opts jetstream.JetStreamOptions) string {
+	switch {
+	case opts.Domain != "":
+		return "$JS." + opts.Domain + ".API."
+	case opts.APIPrefix != "":
+		return strings.TrimSuffix(opts.APIPrefix, ".") + "."
+	default:
+		return jetstream.DefaultAPIPrefix
+	}
 }
 
 // markerHintsMax bounds the delete markers a bucket remembers.
@@ -178,10 +196,13 @@ func (s *NATSStore) bucket(ctx context.Context, service string) (*natsBucket, er
 	}
 	b = &natsBucket{kv: kv, maxValueSize: limit}
 	opts := s.js.Options()
-	if info := bucketStreamInfo(status); info != nil && info.Config.Mirror == nil && opts.APIPrefix == "" && opts.Domain == "" {
-		b.subjectPrefix = "$KV." + kv.Bucket() + "."
+	if info := bucketStreamInfo(status); info != nil && info.Config.Mirror == nil {
+		if opts.APIPrefix == "" && opts.Domain == "" {
+			b.subjectPrefix = "$KV." + kv.Bucket() + "."
+		}
 		if info.Config.Replicas > 1 {
-			b.leaderGet = "$JS.API.STREAM.MSG.GET." + info.Config.Name
+			b.leaderGet = apiPrefix(opts) + "STREAM.MSG.GET." + info.Config.Name
+			b.keySubjects = "$KV." + kv.Bucket() + "."
 		}
 	}
 	s.mu.Lock()
@@ -250,7 +271,7 @@ func (s *NATSStore) getFromLeader(ctx context.Context, b *natsBucket, key string
 		ctx, cancel = context.WithTimeout(ctx, s.js.Options().DefaultTimeout)
 		defer cancel()
 	}
-	req := `{"last_by_subj":"` + b.subjectPrefix + key + `"}` // valid keys need no JSON escaping
+	req := `{"last_by_subj":"` + b.keySubjects + key + `"}` // valid keys need no JSON escaping
 	msg, err := s.js.Conn().RequestWithContext(ctx, b.leaderGet, []byte(req))
 	if err != nil {
 		return nil, 0, fmt.Errorf("jobkeys: get %s from the stream leader: %w", key, err)

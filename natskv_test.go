@@ -12,7 +12,11 @@ import (
 	"testing"
 	"time"
 
+	"github.com/nats-io/nats-server/v2/server"
+	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
 
 	"github.com/jobkeys/jobkeys/internal/natstest"
 )
@@ -474,6 +478,80 @@ func TestNATSStorePurgedAndDeletedKeysAreAbsent(t *testing.T) {
 			rem, err := c.RemoveQueued(ctx, RemoveRequest{Service: svc, JobType: "job", JobID: "after-" + remove.name, Payload: payload, Policy: p})
 			jkNoErr(t, err)
 			jkEqual(t, KindRemoved, rem.Kind)
+		})
+	}
+}
+
+// TestNATSStoreLeaderReadWithDomainAndAPIPrefix: on a replicated bucket the
+// store reads through the stream leader (STREAM.MSG.GET) also when the
+// JetStream context has a domain or an API prefix, sending the get to the
+// prefixed API subject; it used to fall back to direct gets there, which a
+// lagging replica may answer with a stale value. A spy on the API subjects
+// (the server maps "$JS.hub.API.>" to "$JS.API.>") sees which get was sent.
+func TestNATSStoreLeaderReadWithDomainAndAPIPrefix(t *testing.T) {
+	t.Parallel()
+	const domain = "hub"
+	c := natstest.StartCluster(t, natstest.ClusterOptions{Nodes: 3, Configure: func(_ int, o *server.Options) {
+		o.JetStreamDomain = domain
+	}})
+	nc, _ := natstest.ConnectURL(t, c.URLs(0))
+	spy, _ := natstest.ConnectURL(t, c.URLs(1))
+
+	withDomain, err := jetstream.NewWithDomain(nc, domain)
+	require.NoError(t, err)
+	withPrefix, err := jetstream.NewWithAPIPrefix(nc, "$JS."+domain+".API")
+	require.NoError(t, err)
+
+	for name, js := range map[string]jetstream.JetStream{"Domain": withDomain, "APIPrefix": withPrefix} {
+		t.Run(name, func(t *testing.T) {
+			ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+			defer cancel()
+			svc := jkService("leader" + name)
+			bucket := BucketPrefixDefault + "_" + svc
+			for { // the cluster may still be settling its meta leader
+				_, err = js.CreateKeyValue(ctx, jetstream.KeyValueConfig{Bucket: bucket, Replicas: 3, Storage: jetstream.MemoryStorage})
+				if err == nil || ctx.Err() != nil {
+					break
+				}
+				time.Sleep(200 * time.Millisecond)
+			}
+			require.NoError(t, err, "create R3 bucket %s", bucket)
+
+			msgGets, directGets := make(chan string, 16), make(chan string, 16)
+			for subject, ch := range map[string]chan string{
+				"$JS.API.STREAM.MSG.GET.KV_" + bucket:    msgGets,
+				"$JS.API.DIRECT.GET.KV_" + bucket + ".>": directGets,
+				"$JS.API.DIRECT.GET.KV_" + bucket:        directGets,
+			} {
+				sub, err := spy.Subscribe(subject, func(m *nats.Msg) { ch <- m.Subject })
+				require.NoError(t, err)
+				t.Cleanup(func() { _ = sub.Unsubscribe() })
+			}
+			require.NoError(t, spy.Flush())
+
+			st, err := NewNATSStore(js)
+			require.NoError(t, err)
+			key := svc + ".job.k"
+			rev, err := st.Create(ctx, svc, key, []byte("v1"))
+			require.NoError(t, err)
+			rev, err = st.Update(ctx, svc, key, []byte("v2"), rev)
+			require.NoError(t, err)
+
+			value, got, err := st.Get(ctx, svc, key)
+			require.NoError(t, err)
+			assert.Equal(t, "v2", string(value))
+			assert.Equal(t, rev, got)
+			_, _, err = st.Get(ctx, svc, svc+".job.absent")
+			assert.ErrorIs(t, err, ErrKeyNotFound)
+
+			require.NoError(t, spy.Flush())
+			select {
+			case subject := <-msgGets:
+				assert.Equal(t, "$JS.API.STREAM.MSG.GET.KV_"+bucket, subject)
+			case <-time.After(rtWait):
+				t.Fatal("no STREAM.MSG.GET request reached the server: the leader read was skipped")
+			}
+			assert.Empty(t, directGets, "Get used a direct get, which any replica may answer")
 		})
 	}
 }
