@@ -17,7 +17,10 @@ import (
 // A service's watch starts with the first [Watcher.Subscribe] for it and
 // lasts until Close, or until the store ends it (a closed connection); the
 // next Subscribe then starts a new one. A Watcher is safe for concurrent use.
-// The zero value is not usable: create one with [NewWatcher].
+//
+// The zero value has no store to watch: its Subscribe fails with an error
+// wrapping [ErrInvalidRequest] (or [ErrWatcherClosed] after Close) and its
+// Close does nothing. Create a Watcher with [NewWatcher].
 type Watcher struct {
 	store  KeyWatcher
 	ctx    context.Context // parent of every watch; cancelled by Close
@@ -56,8 +59,9 @@ func NewWatcher(store KeyWatcher) (*Watcher, error) {
 // the subscription's Changed channel. Close the subscription when done.
 //
 // It fails with an error wrapping [ErrWatcherClosed] after [Watcher.Close],
-// with ctx.Err() when ctx ends first, or with the store's error when the
-// watch cannot start.
+// with one wrapping [ErrInvalidRequest] on a Watcher not made by
+// [NewWatcher], with ctx.Err() when ctx ends first, or with the store's
+// error when the watch cannot start.
 func (w *Watcher) Subscribe(ctx context.Context, service, kvKey string) (*Subscription, error) {
 	if _, err := keyFilter(service, ""); err != nil {
 		return nil, err
@@ -70,6 +74,10 @@ func (w *Watcher) Subscribe(ctx context.Context, service, kvKey string) (*Subscr
 		if w.closed {
 			w.mu.Unlock()
 			return nil, fmt.Errorf("%w: subscribe to %s", ErrWatcherClosed, kvKey)
+		}
+		if w.store == nil {
+			w.mu.Unlock()
+			return nil, fmt.Errorf("%w: subscribe to %s: the Watcher has no store; create it with NewWatcher", ErrInvalidRequest, kvKey)
 		}
 		sw := w.watches[service]
 		owner := sw == nil
@@ -191,7 +199,9 @@ func (w *Watcher) Close() {
 	w.mu.Lock()
 	w.closed = true
 	w.mu.Unlock()
-	w.cancel()
+	if w.cancel != nil { // nil in the zero value, which has no watches
+		w.cancel()
+	}
 	w.wg.Wait()
 }
 

@@ -14,6 +14,8 @@ import (
 
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
 
 	"github.com/jobkeys/jobkeys/internal/natstest"
 )
@@ -425,4 +427,22 @@ func TestWatcherNoGoroutineLeak(t *testing.T) {
 	jkNoErr(t, err)
 	rtEqual(t, keys, []string{svc + ".t.k1", svc + ".t.seed"})
 	settleGoroutines(t, baseline)
+}
+
+// TestWatcherZeroValue: a Watcher not made by NewWatcher has no store;
+// Subscribe fails with ErrInvalidRequest instead of panicking, and Close
+// does nothing.
+func TestWatcherZeroValue(t *testing.T) {
+	t.Parallel()
+	var w Watcher
+	require.NotPanics(t, func() {
+		sub, err := w.Subscribe(context.Background(), "svc", "svc.t.k")
+		assert.Nil(t, sub)
+		assert.ErrorIs(t, err, ErrInvalidRequest)
+		assert.ErrorContains(t, err, "NewWatcher")
+	})
+	require.NotPanics(t, w.Close)
+	require.NotPanics(t, w.Close)
+	_, err := w.Subscribe(context.Background(), "svc", "svc.t.k")
+	assert.ErrorIs(t, err, ErrWatcherClosed, "Subscribe after Close")
 }
