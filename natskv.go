@@ -30,6 +30,8 @@ type NATSStore struct {
 	prefix string
 	create *jetstream.KeyValueConfig // template for missing buckets; nil: do not create
 
+	guards permissionGuards // calls a refused subject cancels; see natskv_permission.go
+
 	mu      sync.Mutex
 	buckets map[string]*natsBucket
 }
@@ -152,7 +154,19 @@ func NewNATSStore(js jetstream.JetStream, opts ...NATSStoreOption) (*NATSStore, 
 			return nil, err
 		}
 	}
+	installPermissionGuards(js.Conn(), s.prefix, &s.guards)
 	return s, nil
+}
+
+// begin starts a call of kind on service's bucket: it returns the context
+// the call must use and its guard, which the caller must end with done. A
+// connection whose inbox subscription the server refused fails at once.
+func (s *NATSStore) begin(ctx context.Context, kind natsOpKind, service, op, key string) (context.Context, *permissionGuard, error) {
+	if v := s.guards.refusedInbox(s.js.Conn()); v != nil {
+		return nil, nil, fmt.Errorf("%w: %s %s: %v", ErrPermission, op, key, v)
+	}
+	gctx, pg := s.guards.guard(ctx, kind, service)
+	return gctx, pg, nil
 }
 
 // BucketName returns the name of the bucket that holds service's keys.
@@ -218,6 +232,16 @@ func (s *NATSStore) bucket(ctx context.Context, service string) (*natsBucket, er
 // KeyValue returns the opened KV bucket of service, for callers that need
 // more of the bucket than the Store methods give (watching, listing keys).
 func (s *NATSStore) KeyValue(ctx context.Context, service string) (jetstream.KeyValue, error) {
+	gctx, pg, err := s.begin(ctx, natsOpRead, service, "open the bucket of service", service)
+	if err != nil {
+		return nil, err
+	}
+	defer pg.done()
+	kv, err := s.keyValue(gctx, service)
+	return kv, explainPermission(ctx, gctx, "open the bucket of service", service, err)
+}
+
+func (s *NATSStore) keyValue(ctx context.Context, service string) (jetstream.KeyValue, error) {
 	b, err := s.bucket(ctx, service)
 	if err != nil {
 		return nil, err
@@ -227,6 +251,16 @@ func (s *NATSStore) KeyValue(ctx context.Context, service string) (jetstream.Key
 
 // Get implements [Store].
 func (s *NATSStore) Get(ctx context.Context, service, key string) ([]byte, uint64, error) {
+	gctx, pg, err := s.begin(ctx, natsOpRead, service, "get", key)
+	if err != nil {
+		return nil, 0, err
+	}
+	defer pg.done()
+	value, rev, err := s.getKey(gctx, service, key)
+	return value, rev, explainPermission(ctx, gctx, "get", key, err)
+}
+
+func (s *NATSStore) getKey(ctx context.Context, service, key string) ([]byte, uint64, error) {
 	b, err := s.bucket(ctx, service)
 	if err != nil {
 		return nil, 0, err
@@ -303,6 +337,16 @@ func (s *NATSStore) getFromLeader(ctx context.Context, b *natsBucket, key string
 
 // Create implements [Store].
 func (s *NATSStore) Create(ctx context.Context, service, key string, value []byte) (uint64, error) {
+	gctx, pg, err := s.begin(ctx, natsOpRead|natsOpWrite, service, "create", key)
+	if err != nil {
+		return 0, err
+	}
+	defer pg.done()
+	rev, err := s.createKey(gctx, service, key, value)
+	return rev, explainPermission(ctx, gctx, "create", key, err)
+}
+
+func (s *NATSStore) createKey(ctx context.Context, service, key string, value []byte) (uint64, error) {
 	b, err := s.bucket(ctx, service)
 	if err != nil {
 		return 0, err
@@ -324,6 +368,16 @@ func (s *NATSStore) Create(ctx context.Context, service, key string, value []byt
 
 // Update implements [Store].
 func (s *NATSStore) Update(ctx context.Context, service, key string, value []byte, revision uint64) (uint64, error) {
+	gctx, pg, err := s.begin(ctx, natsOpWrite, service, "update", key)
+	if err != nil {
+		return 0, err
+	}
+	defer pg.done()
+	rev, err := s.updateKey(gctx, service, key, value, revision)
+	return rev, explainPermission(ctx, gctx, "update", key, err)
+}
+
+func (s *NATSStore) updateKey(ctx context.Context, service, key string, value []byte, revision uint64) (uint64, error) {
 	b, err := s.bucket(ctx, service)
 	if err != nil {
 		return 0, err
@@ -343,6 +397,15 @@ func (s *NATSStore) Update(ctx context.Context, service, key string, value []byt
 // Delete implements [Store]. It writes a delete marker, which readers
 // (including the TS original) treat as absent.
 func (s *NATSStore) Delete(ctx context.Context, service, key string, revision uint64) error {
+	gctx, pg, err := s.begin(ctx, natsOpWrite, service, "delete", key)
+	if err != nil {
+		return err
+	}
+	defer pg.done()
+	return explainPermission(ctx, gctx, "delete", key, s.deleteKey(gctx, service, key, revision))
+}
+
+func (s *NATSStore) deleteKey(ctx context.Context, service, key string, revision uint64) error {
 	b, err := s.bucket(ctx, service)
 	if err != nil {
 		return err
