@@ -23,8 +23,56 @@ const BucketPrefixDefault = "JOBS_KEYS"
 const headerAllowance = 256
 
 // NATSStore is a [Store] over NATS JetStream KV: service S lives in bucket
-// "JOBS_KEYS_S". Buckets are opened on first use and cached. A NATSStore is
-// safe for concurrent use.
+// "JOBS_KEYS_S" (stream "KV_JOBS_KEYS_S"). Buckets are opened on first use
+// and cached. It also implements [KeyWatcher] and [KeyLister]. A NATSStore
+// is safe for concurrent use; create it with [NewNATSStore].
+//
+// On a replicated bucket, Get reads through the stream leader
+// (STREAM.MSG.GET, under the JetStream context's API prefix or domain), so
+// that a decision never rests on a replica that lags behind.
+//
+// # Permissions
+//
+// A worker of service S that does not create buckets needs, with the
+// default API prefix, permission to publish to
+//
+//	$KV.JOBS_KEYS_S.>                             writes and deletes
+//	$JS.API.STREAM.INFO.KV_JOBS_KEYS_S            opening the bucket
+//	$JS.API.DIRECT.GET.KV_JOBS_KEYS_S.>           reads (R1 buckets)
+//	$JS.API.STREAM.MSG.GET.KV_JOBS_KEYS_S         reads (replicated buckets)
+//	$JS.API.CONSUMER.CREATE.KV_JOBS_KEYS_S.>      watches and key listings
+//	$JS.API.CONSUMER.DELETE.KV_JOBS_KEYS_S.>      ending them
+//	$JS.FC.KV_JOBS_KEYS_S.>                       flow control of watches
+//
+// and to subscribe to its inboxes (_INBOX.> by default), where request
+// replies and watch deliveries arrive. Under a JetStream domain or API
+// prefix P ("$JS.<domain>.API" for a domain) the "$JS.API" subjects start
+// with P instead, and nats.go publishes writes to P.$KV.JOBS_KEYS_S.>.
+// [WithCreateBuckets] needs $JS.API.STREAM.CREATE.KV_JOBS_KEYS_S too.
+// Where users share a server, "_INBOX.>" lets any of them read the others'
+// replies: give each user its own prefix with [nats.CustomInboxPrefix] and
+// allow only that prefix.
+//
+// The server refuses a publish or subscription outside the permissions by
+// reporting it to the connection's async error handler; the refused request
+// itself would only time out. NewNATSStore therefore puts a handler in front
+// of the connection's (the handler it finds is still called, with every
+// error), and a call that needs a refused subject fails at once with an
+// error wrapping [ErrPermission] that names the subject. A refusal of one of
+// the bucket's subjects fails every call of the store in flight that needs
+// it. A handler set on the connection after NewNATSStore replaces the
+// store's; refused calls then time out.
+//
+// # Durability
+//
+// A file-storage bucket is only as durable as the server's fsync: by
+// default nats-server syncs every two minutes, and Jepsen's analysis of NATS
+// 2.12.1 found that a crash of the machine (not just of the process) can
+// then lose acknowledged writes, even on R3 buckets when the nodes fail
+// together. A lost write can resurrect a released slot or forget an
+// admitted job. Set sync_interval: always in the server's jetstream block
+// (or a short interval, accepting the loss of that much), or run R3 buckets
+// on nodes that do not fail together.
 type NATSStore struct {
 	js     jetstream.JetStream
 	prefix string
