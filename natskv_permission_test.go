@@ -217,7 +217,7 @@ func TestNATSStorePermissionErrors(t *testing.T) {
 				require.NoError(t, err)
 			}
 			// The deadline is far: the refusal must end the call first.
-			ctx, cancel := context.WithTimeout(context.Background(), 10*rtWait)
+			ctx, cancel := context.WithTimeout(context.Background(), 2*rtWait)
 			defer cancel()
 			err = c.call(ctx, env{store: st, coord: coord, watcher: w})
 			require.ErrorIs(t, err, ErrPermission)
