@@ -20,6 +20,8 @@ import (
 	"github.com/anishathalye/porcupine"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
 
 	"github.com/jobkeys/jobkeys/internal/natstest"
 )
@@ -40,9 +42,7 @@ func clusterBucket(t testing.TB, ctx context.Context, js jetstream.JetStream, se
 		time.Sleep(200 * time.Millisecond)
 	}
 	stream, err := js.Stream(ctx, "KV_"+bucket)
-	if err != nil {
-		t.Fatal(err)
-	}
+	require.NoError(t, err)
 	cfg := stream.CachedInfo().Config
 	cfg.MaxMsgsPerSubject = auditHistory
 	if _, err := js.UpdateStream(ctx, cfg); err != nil {
@@ -181,7 +181,5 @@ func clusterNodeLoss(t *testing.T, c *natstest.Cluster, service string) {
 		}
 	})
 	f.finish(prod, js, bucket)
-	if len(f.faults) == 0 {
-		t.Errorf("no node was lost")
-	}
+	assert.NotEmpty(t, f.faults, "no node was lost")
 }
