@@ -716,7 +716,7 @@ func linServer(t testing.TB) *server.Server { return natstest.Run(t) }
 func TestLinearizableUnderConcurrency(t *testing.T) {
 	t.Parallel()
 	seed := reliabilitySeed(t)
-	clients, opsPerClient, timeout := 6, 200, 30*time.Second
+	clients, opsPerClient, timeout := 6, 250, 30*time.Second
 	if reliabilityLong() {
 		clients, opsPerClient, timeout = 16, 1500, 5*time.Minute
 	}

@@ -221,6 +221,7 @@ func TestNATSStorePermissionErrors(t *testing.T) {
 			defer cancel()
 			err = c.call(ctx, env{store: st, coord: coord, watcher: w})
 			require.ErrorIs(t, err, ErrPermission)
+			t.Log(err)
 			assert.Contains(t, err.Error(), `"`+c.refused)
 			assert.NoError(t, ctx.Err(), "the call waited for its deadline")
 			userErr := recv(t, userErrs, "the violation on the user's own error handler")
