@@ -801,7 +801,6 @@ func TestLinearizabilityCheckerRejects(t *testing.T) {
 	require.Equal(t, porcupine.Illegal, porcupine.CheckOperationsTimeout(model, history, 10*time.Second),
 		"a history with two overlapping slots on a MaxActive 1 key")
 	// A renewal that reports a lease lost while its slot exists is illegal.
-	tampered = append(tampered[:0:0], tampered...)
 	lost := *log[3]
 	lost.in.kind, lost.out = opRenew, linOutput{renewal: Renewal{Kind: KindLost}}
 	lost.call, lost.ret = log[2].ret+1, log[2].ret+2
