@@ -78,7 +78,7 @@ type NATSStore struct {
 	prefix string
 	create *jetstream.KeyValueConfig // template for missing buckets; nil: do not create
 
-	guards permissionGuards // calls a refused subject cancels; see natskv_permission.go
+	guards *permissionGuards // of js.Conn(), shared by its stores; see natskv_permission.go
 
 	mu      sync.Mutex
 	buckets map[string]*natsBucket
@@ -202,7 +202,7 @@ func NewNATSStore(js jetstream.JetStream, opts ...NATSStoreOption) (*NATSStore, 
 			return nil, err
 		}
 	}
-	installPermissionGuards(js.Conn(), s.prefix, &s.guards)
+	s.guards = connectionGuards(js.Conn())
 	return s, nil
 }
 
@@ -213,7 +213,7 @@ func (s *NATSStore) begin(ctx context.Context, kind natsOpKind, service, op, key
 	if v := s.guards.refusedInbox(s.js.Conn()); v != nil {
 		return nil, nil, fmt.Errorf("%w: %s %s: %v", ErrPermission, op, key, v)
 	}
-	gctx, pg := s.guards.guard(ctx, kind, service)
+	gctx, pg := s.guards.guard(ctx, kind, s.prefix, service)
 	return gctx, pg, nil
 }
 

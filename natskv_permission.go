@@ -5,21 +5,23 @@ import (
 	"errors"
 	"fmt"
 	"regexp"
+	"runtime"
 	"strings"
 	"sync"
 	"sync/atomic"
+	"weak"
 
 	"github.com/nats-io/nats.go"
 )
 
 // A NATS server refuses a publish or subscription the user may not make by
 // sending the client an error, which nats.go hands only to the connection's
-// async error handler; the refused request itself would just time out. A
-// NATSStore therefore puts a handler of its own in front of the
-// connection's (see installPermissionGuards), and every call registers a
-// guard while it runs: a refusal of a subject the call needs cancels the
-// call at once, and the call returns an error wrapping ErrPermission that
-// names the subject.
+// async error handler; the refused request itself would just time out. The
+// first NATSStore on a connection therefore puts a handler in front of the
+// connection's (see connectionGuards), and every call of a store on it
+// registers a guard while it runs: a refusal of a subject the call needs
+// cancels the call at once, and the call returns an error wrapping
+// ErrPermission that names the subject.
 
 // permissionRe matches the server's violation messages (nats-server
 // client.go): `Permissions Violation for Publish to "subj"`, `… for
@@ -104,8 +106,9 @@ func inboxPrefix(nc *nats.Conn) string {
 	return nc.Opts.InboxPrefix + "."
 }
 
-// permissionGuards are the guards of a store's running calls. The zero
-// value is ready; its methods are safe for concurrent use.
+// permissionGuards are the guards of the running calls of the stores on one
+// connection. The zero value is ready; its methods are safe for concurrent
+// use.
 type permissionGuards struct {
 	mu     sync.Mutex
 	active map[*permissionGuard]struct{}
@@ -122,15 +125,17 @@ type permissionGuards struct {
 type permissionGuard struct {
 	guards  *permissionGuards
 	kind    natsOpKind
+	prefix  string // the store's bucket prefix
 	service string
 	cancel  context.CancelCauseFunc
 }
 
-// guard registers a call of kind on service and returns the context it
-// must use; release ends the registration (and does not cancel ctx).
-func (g *permissionGuards) guard(ctx context.Context, kind natsOpKind, service string) (context.Context, *permissionGuard) {
+// guard registers a call of kind on the bucket of service (under bucket
+// prefix prefix) and returns the context it must use; release ends the
+// registration (and does not cancel the context).
+func (g *permissionGuards) guard(ctx context.Context, kind natsOpKind, prefix, service string) (context.Context, *permissionGuard) {
 	gctx, cancel := context.WithCancelCause(ctx)
-	pg := &permissionGuard{guards: g, kind: kind, service: service, cancel: cancel}
+	pg := &permissionGuard{guards: g, kind: kind, prefix: prefix, service: service, cancel: cancel}
 	g.mu.Lock()
 	if g.active == nil {
 		g.active = make(map[*permissionGuard]struct{})
@@ -155,7 +160,7 @@ func (pg *permissionGuard) done() {
 
 // record is called with every error reported on the connection: a refusal
 // cancels the running calls that need the refused subject.
-func (g *permissionGuards) record(nc *nats.Conn, prefix string, err error) {
+func (g *permissionGuards) record(nc *nats.Conn, err error) {
 	v := parseViolation(nc, err)
 	if v == nil {
 		return
@@ -167,7 +172,7 @@ func (g *permissionGuards) record(nc *nats.Conn, prefix string, err error) {
 	g.mu.Lock()
 	defer g.mu.Unlock()
 	for pg := range g.active {
-		if needs(pg.kind, prefix+"_"+pg.service, inbox, v.subject) {
+		if needs(pg.kind, pg.prefix+"_"+pg.service, inbox, v.subject) {
 			pg.cancel(v)
 		}
 	}
@@ -201,25 +206,41 @@ func explainPermission(ctx, gctx context.Context, op, key string, err error) err
 	return err
 }
 
-// installMu makes reading and replacing a connection's error handler one
-// step for the stores of this package.
-var installMu sync.Mutex
+// connGuards maps a connection, weakly, to its permissionGuards, so that
+// every store on it shares one handler and a store per request does not
+// grow the handler chain; the entry goes when the connection is collected.
+var (
+	connGuardsMu sync.Mutex
+	connGuards   = make(map[weak.Pointer[nats.Conn]]*permissionGuards)
+)
 
-// installPermissionGuards puts a handler in front of nc's async error
-// handler that hands every error to g and then calls the handler it
-// replaced, if any. A handler set on nc later replaces this one; refused
-// requests then fail as the timeouts they are.
-func installPermissionGuards(nc *nats.Conn, prefix string, g *permissionGuards) {
+// connectionGuards returns nc's guards, on first use putting a handler in
+// front of nc's async error handler that hands every error to them and then
+// calls the handler it replaced, if any. A handler set on nc later
+// replaces this one; refused requests then fail as the timeouts they are.
+func connectionGuards(nc *nats.Conn) *permissionGuards {
 	if nc == nil {
-		return
+		return &permissionGuards{}
 	}
-	installMu.Lock()
-	defer installMu.Unlock()
+	key := weak.Make(nc)
+	connGuardsMu.Lock()
+	defer connGuardsMu.Unlock()
+	if g := connGuards[key]; g != nil {
+		return g
+	}
+	g := &permissionGuards{}
 	next := nc.ErrorHandler()
 	nc.SetErrorHandler(func(c *nats.Conn, sub *nats.Subscription, err error) {
-		g.record(c, prefix, err)
+		g.record(c, err)
 		if next != nil {
 			next(c, sub, err)
 		}
 	})
+	connGuards[key] = g
+	runtime.AddCleanup(nc, func(k weak.Pointer[nats.Conn]) {
+		connGuardsMu.Lock()
+		delete(connGuards, k)
+		connGuardsMu.Unlock()
+	}, key)
+	return g
 }

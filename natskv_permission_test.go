@@ -235,3 +235,27 @@ func TestNATSStorePermissionErrors(t *testing.T) {
 		})
 	}
 }
+
+// TestNATSStoresShareOneErrorHandler: stores on one connection share one
+// handler in front of the user's (which still sees the errors), so that a
+// store per request neither lengthens the chain nor stays reachable from
+// the connection.
+func TestNATSStoresShareOneErrorHandler(t *testing.T) {
+	t.Parallel()
+	s := permServer(t, permUser{name: "limited", publish: []string{"allowed"}, subsribe: workerSubscribe("_INBOX")})
+	userErrs := make(chan error, 16)
+	nc, js := natstest.Connect(t, s, nats.UserInfo("limited", "limited"),
+		nats.ErrorHandler(func(_ *nats.Conn, _ *nats.Subscription, err error) { userErrs <- err }))
+	var stores []*NATSStore
+	for range 3 {
+		st, err := NewNATSStore(js)
+		require.NoError(t, err)
+		stores = append(stores, st)
+	}
+	assert.Same(t, stores[0].guards, stores[1].guards)
+	assert.Same(t, stores[0].guards, stores[2].guards)
+
+	require.NoError(t, nc.Publish("forbidden", nil))
+	require.NoError(t, nc.Flush())
+	assert.ErrorIs(t, recv(t, userErrs, "the violation on the user's handler"), nats.ErrPermissionViolation)
+}
