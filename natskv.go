@@ -55,13 +55,14 @@ const headerAllowance = 256
 //
 // The server refuses a publish or subscription outside the permissions by
 // reporting it to the connection's async error handler; the refused request
-// itself would only time out. NewNATSStore therefore puts a handler in front
-// of the connection's (the handler it finds is still called, with every
-// error), and a call that needs a refused subject fails at once with an
-// error wrapping [ErrPermission] that names the subject. A refusal of one of
-// the bucket's subjects fails every call of the store in flight that needs
-// it. A handler set on the connection after NewNATSStore replaces the
-// store's; refused calls then time out.
+// itself would only time out. The first NewNATSStore on a connection
+// therefore puts a handler in front of the connection's (the handler it
+// finds is still called, with every error; the stores on the connection
+// share the one), and a call that needs a refused subject fails at once with
+// an error wrapping [ErrPermission] that names the subject. A refusal of one
+// of the bucket's subjects fails every call in flight that needs it. A
+// handler set on the connection after NewNATSStore replaces the store's;
+// refused calls then time out.
 //
 // # Durability
 //
