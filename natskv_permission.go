@@ -166,8 +166,8 @@ func (g *permissionGuards) record(nc *nats.Conn, err error) {
 		return
 	}
 	inbox := inboxPrefix(nc)
-	if v.what == "subscription to" && strings.HasPrefix(v.subject, inbox) {
-		g.inbox.Store(v)
+	if v.what == "subscription to" && strings.HasPrefix(v.subject, inbox) && strings.HasSuffix(v.subject, ".*") {
+		g.inbox.Store(v) // the reply subscription, "<inbox prefix><id>.*"
 	}
 	g.mu.Lock()
 	defer g.mu.Unlock()
