@@ -73,11 +73,8 @@ func needs(kind natsOpKind, bucket, inbox, subject string) bool {
 	if strings.HasPrefix(subject, inbox) {
 		return true // request replies and watch deliveries
 	}
-	if kind&natsOpWrite != 0 && strings.Contains(subject, "$KV."+bucket+".") {
-		return true // also behind an API prefix: "<prefix>.$KV.<bucket>.<key>"
-	}
 	stream := "KV_" + bucket
-	ofStream := false
+	ofStream := false // an API or flow control subject of the bucket's stream
 	for tok := range strings.SplitSeq(subject, ".") {
 		if tok == stream {
 			ofStream = true
@@ -85,7 +82,8 @@ func needs(kind natsOpKind, bucket, inbox, subject string) bool {
 		}
 	}
 	if !ofStream {
-		return false
+		// A key subject, also behind an API prefix: "<prefix>.$KV.<bucket>.<key>".
+		return kind&natsOpWrite != 0 && strings.Contains(subject, "$KV."+bucket+".")
 	}
 	switch {
 	case strings.Contains(subject, ".STREAM.INFO."):

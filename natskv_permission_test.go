@@ -259,3 +259,43 @@ func TestNATSStoresShareOneErrorHandler(t *testing.T) {
 	require.NoError(t, nc.Flush())
 	assert.ErrorIs(t, recv(t, userErrs, "the violation on the user's handler"), nats.ErrPermissionViolation)
 }
+
+// TestPermissionNeeds: which refused subjects cancel which calls.
+func TestPermissionNeeds(t *testing.T) {
+	t.Parallel()
+	const bucket, inbox = "JOBS_KEYS_s", "_INBOX."
+	all := natsOpRead | natsOpWrite | natsOpWatch
+	for _, c := range []struct {
+		subject string
+		kind    natsOpKind
+		want    bool
+	}{
+		{"_INBOX.abc.*", natsOpRead, true},
+		{"_INBOXES.abc.*", all, false},
+		{"$KV.JOBS_KEYS_s.s.t.k", natsOpWrite, true},
+		{"$KV.JOBS_KEYS_s.s.t.k", natsOpRead | natsOpWatch, false},
+		{"$JS.hub.API.$KV.JOBS_KEYS_s.s.t.k", natsOpWrite, true},
+		{"$KV.JOBS_KEYS_s2.s.t.k", all, false},
+		{"$JS.API.STREAM.INFO.KV_JOBS_KEYS_s", natsOpWatch, true},
+		{"$JS.API.STREAM.INFO.KV_JOBS_KEYS_s2", all, false},
+		{"$JS.API.DIRECT.GET.KV_JOBS_KEYS_s.$KV.JOBS_KEYS_s.s.t.k", natsOpRead, true},
+		{"$JS.API.DIRECT.GET.KV_JOBS_KEYS_s.$KV.JOBS_KEYS_s.s.t.k", natsOpWrite, false},
+		{"$JS.hub.API.STREAM.MSG.GET.KV_JOBS_KEYS_s", natsOpRead, true},
+		{"$JS.API.CONSUMER.CREATE.KV_JOBS_KEYS_s.x.$KV.JOBS_KEYS_s.>", natsOpWatch, true},
+		{"$JS.API.CONSUMER.CREATE.KV_JOBS_KEYS_s.x.$KV.JOBS_KEYS_s.>", natsOpRead, false},
+		{"$JS.FC.KV_JOBS_KEYS_s.a.b", natsOpWatch, true},
+		{"$JS.API.STREAM.CREATE.KV_JOBS_KEYS_s", all, false},
+		{"orders.new", all, false},
+	} {
+		assert.Equal(t, c.want, needs(c.kind, bucket, inbox, c.subject), "%s for kind %b", c.subject, c.kind)
+	}
+}
+
+// TestAPIPrefix: the API subject prefix of a JetStream context's options.
+func TestAPIPrefix(t *testing.T) {
+	t.Parallel()
+	assert.Equal(t, "$JS.API.", apiPrefix(jetstream.JetStreamOptions{}))
+	assert.Equal(t, "$JS.hub.API.", apiPrefix(jetstream.JetStreamOptions{Domain: "hub"}))
+	assert.Equal(t, "JS.acme.", apiPrefix(jetstream.JetStreamOptions{APIPrefix: "JS.acme"}))
+	assert.Equal(t, "JS.acme.", apiPrefix(jetstream.JetStreamOptions{APIPrefix: "JS.acme."}))
+}
