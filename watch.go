@@ -206,8 +206,9 @@ func (w *Watcher) Close() {
 }
 
 // Subscription is one waiter's interest in one KV key; see
-// [Watcher.Subscribe]. It is safe for concurrent use. The zero value is
-// not usable: a Subscription comes from Subscribe.
+// [Watcher.Subscribe]. It is safe for concurrent use. A Subscription comes
+// from Subscribe; the zero value is never signalled and its Close does
+// nothing.
 type Subscription struct {
 	w       *Watcher
 	sw      *serviceWatch
@@ -228,6 +229,9 @@ func (s *Subscription) Done() <-chan struct{} { return s.done }
 
 // Close ends the subscription and forgets it. It is idempotent.
 func (s *Subscription) Close() {
+	if s.w == nil { // the zero value
+		return
+	}
 	s.w.mu.Lock()
 	if subs := s.sw.subs[s.kvKey]; subs != nil {
 		delete(subs, s)

@@ -447,4 +447,8 @@ func TestWatcherZeroValue(t *testing.T) {
 	require.NotPanics(t, w.Close)
 	_, err := w.Subscribe(context.Background(), "svc", "svc.t.k")
 	assert.ErrorIs(t, err, ErrWatcherClosed, "Subscribe after Close")
+
+	var sub Subscription
+	require.NotPanics(t, sub.Close)
+	assert.False(t, pending(sub.Changed()), "a zero Subscription signalled")
 }
