@@ -15,7 +15,8 @@ import (
 )
 
 // BucketPrefixDefault is the prefix of the bucket names NATSStore uses: the
-// bucket of service S is "JOBS_KEYS_S", as in the TS original.
+// bucket of service S is "JOBS_KEYS_S", shared with workers in other
+// languages that use the same wire format.
 const BucketPrefixDefault = "JOBS_KEYS"
 
 // headerAllowance is kept free of a message's size limit for the headers a
@@ -444,7 +445,7 @@ func (s *NATSStore) updateKey(ctx context.Context, service, key string, value []
 }
 
 // Delete implements [Store]. It writes a delete marker, which readers
-// (including the TS original) treat as absent.
+// (those of nats.go and of other clients alike) treat as absent.
 func (s *NATSStore) Delete(ctx context.Context, service, key string, revision uint64) error {
 	gctx, pg, err := s.begin(ctx, natsOpWrite, service, "delete", key)
 	if err != nil {
