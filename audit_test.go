@@ -16,6 +16,8 @@ import (
 	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
 )
 
 // auditHistory is how many messages per key the audited bucket's stream
@@ -34,9 +36,7 @@ func auditCreateBucket(t testing.TB, ctx context.Context, js jetstream.JetStream
 		t.Fatalf("create audited bucket %s: %v", bucket, err)
 	}
 	stream, err := js.Stream(ctx, "KV_"+bucket)
-	if err != nil {
-		t.Fatalf("stream of bucket %s: %v", bucket, err)
-	}
+	require.NoError(t, err, "stream of bucket %s", bucket)
 	cfg := stream.CachedInfo().Config
 	cfg.MaxMsgsPerSubject = auditHistory
 	if _, err := js.UpdateStream(ctx, cfg); err != nil {
@@ -61,21 +61,13 @@ type auditEntry struct {
 func auditRead(t testing.TB, ctx context.Context, js jetstream.JetStream, bucket string) []auditEntry {
 	t.Helper()
 	kv, err := js.KeyValue(ctx, bucket)
-	if err != nil {
-		t.Fatalf("audit: open %s: %v", bucket, err)
-	}
+	require.NoError(t, err, "audit: open %s", bucket)
 	stream, err := js.Stream(ctx, "KV_"+bucket)
-	if err != nil {
-		t.Fatalf("audit: stream of %s: %v", bucket, err)
-	}
+	require.NoError(t, err, "audit: stream of %s", bucket)
 	info, err := stream.Info(ctx)
-	if err != nil {
-		t.Fatalf("audit: stream info of %s: %v", bucket, err)
-	}
+	require.NoError(t, err, "audit: stream info of %s", bucket)
 	w, err := kv.WatchAll(ctx, jetstream.IncludeHistory())
-	if err != nil {
-		t.Fatalf("audit: watch %s: %v", bucket, err)
-	}
+	require.NoError(t, err, "audit: watch %s", bucket)
 	defer func() { _ = w.Stop() }()
 	var entries []auditEntry
 	for {
@@ -439,9 +431,7 @@ func auditAll(t testing.TB, js jetstream.JetStream, bucket string, log []*linOp,
 func TestAuditCatchesViolations(t *testing.T) {
 	t.Parallel()
 	pol, err := Policy{Key: []string{"k"}, MaxActive: 1, HeartbeatTTL: time.Second, HeartbeatInterval: 100 * time.Millisecond}.Normalize()
-	if err != nil {
-		t.Fatal(err)
-	}
+	require.NoError(t, err)
 	key := modelKey
 	t0 := time.Date(2025, 3, 1, 12, 0, 0, 0, time.UTC)
 	slot := func(job, token string, start time.Time) ActiveSlot {
@@ -506,9 +496,7 @@ func TestAuditCatchesViolations(t *testing.T) {
 	for _, c := range cases {
 		rec := &auditRecorder{}
 		auditCheck(rec, c.entries, c.facts, policyOf, c.drained)
-		if !strings.Contains(rec.errors.String(), c.want) {
-			t.Errorf("%s: the audit did not report %q; it reported: %q", c.name, c.want, rec.errors.String())
-		}
+		assert.Contains(t, rec.errors.String(), c.want, "%s: what the audit reported", c.name)
 	}
 	// A clean history passes.
 	rec := &auditRecorder{}
@@ -523,9 +511,7 @@ func TestAuditCatchesViolations(t *testing.T) {
 		entry(5, state(t0, []ActiveSlot{slot("b", "tb", t0)})),
 		entry(6, nil),
 	}, f, policyOf, true)
-	if rec.errors.Len() > 0 {
-		t.Errorf("a clean history failed the audit: %s", rec.errors.String())
-	}
+	assert.Empty(t, rec.errors.String(), "a clean history failed the audit")
 }
 
 // auditRecorder is a testing.TB that records errors instead of failing.

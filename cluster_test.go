@@ -12,163 +12,19 @@ import (
 	"errors"
 	"fmt"
 	"math/rand/v2"
-	"net"
 	"os"
-	"strings"
 	"sync"
 	"testing"
 	"time"
 
 	"github.com/anishathalye/porcupine"
-	"github.com/nats-io/nats-server/v2/server"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/jobkeys/jobkeys/internal/natstest"
 )
-
-// natsCluster is an in-process cluster of JetStream servers on fixed
-// ports and store directories, so that a node can be stopped and
-// restarted as itself.
-type natsCluster struct {
-	t       testing.TB
-	opts    []*server.Options
-	mu      sync.Mutex
-	servers []*server.Server // nil while a node is down
-}
-
-// freePort returns a TCP port on 127.0.0.1 that was free a moment ago.
-func freePort(t testing.TB) int {
-	t.Helper()
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer l.Close()
-	return l.Addr().(*net.TCPAddr).Port
-}
-
-// startCluster starts n routed JetStream servers and waits until
-// JetStream answers through each of them.
-func startCluster(t testing.TB, n int) *natsCluster {
-	t.Helper()
-	c := &natsCluster{t: t, servers: make([]*server.Server, n)}
-	routes := make([]string, n)
-	clusterPorts := make([]int, n)
-	for i := range n {
-		clusterPorts[i] = freePort(t)
-		routes[i] = fmt.Sprintf("nats://127.0.0.1:%d", clusterPorts[i])
-	}
-	for i := range n {
-		c.opts = append(c.opts, &server.Options{
-			ServerName: fmt.Sprintf("n%d", i),
-			Host:       "127.0.0.1",
-			Port:       freePort(t),
-			JetStream:  true,
-			StoreDir:   t.TempDir(),
-			NoLog:      true,
-			NoSigs:     true,
-			Cluster:    server.ClusterOpts{Name: "jobkeys", Host: "127.0.0.1", Port: clusterPorts[i]},
-			Routes:     server.RoutesFromStr(strings.Join(routes, ",")),
-		})
-	}
-	t.Cleanup(func() {
-		for i := range n {
-			c.stop(i)
-		}
-	})
-	for i := range n {
-		if err := c.start(i); err != nil {
-			t.Fatal(err)
-		}
-	}
-	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
-	defer cancel()
-	for i := range n {
-		if err := c.waitJetStream(ctx, i); err != nil {
-			t.Fatalf("cluster node n%d: %v", i, err)
-		}
-	}
-	return c
-}
-
-func (c *natsCluster) start(i int) error {
-	opts := *c.opts[i]
-	s, err := server.NewServer(&opts)
-	if err != nil {
-		return fmt.Errorf("node n%d: %w", i, err)
-	}
-	go s.Start()
-	if !s.ReadyForConnections(30 * time.Second) {
-		s.Shutdown()
-		return fmt.Errorf("node n%d not ready for connections after 30s", i)
-	}
-	c.mu.Lock()
-	c.servers[i] = s
-	c.mu.Unlock()
-	return nil
-}
-
-func (c *natsCluster) stop(i int) {
-	c.mu.Lock()
-	s := c.servers[i]
-	c.servers[i] = nil
-	c.mu.Unlock()
-	if s != nil {
-		s.Shutdown()
-		s.WaitForShutdown()
-	}
-}
-
-func (c *natsCluster) url(i int) string { return fmt.Sprintf("nats://127.0.0.1:%d", c.opts[i].Port) }
-
-// urls lists every node's URL, node first first.
-func (c *natsCluster) urls(first int) string {
-	var u []string
-	for k := range c.opts {
-		u = append(u, c.url((first+k)%len(c.opts)))
-	}
-	return strings.Join(u, ",")
-}
-
-// waitJetStream waits until a JetStream request through node i succeeds.
-func (c *natsCluster) waitJetStream(ctx context.Context, i int) error {
-	nc, err := nats.Connect(c.url(i))
-	if err != nil {
-		return err
-	}
-	defer nc.Close()
-	js, err := jetstream.New(nc)
-	if err != nil {
-		return err
-	}
-	for {
-		actx, cancel := context.WithTimeout(ctx, 2*time.Second)
-		_, err := js.AccountInfo(actx)
-		cancel()
-		if err == nil {
-			return nil
-		}
-		select {
-		case <-ctx.Done():
-			return fmt.Errorf("JetStream not available: %w", err)
-		case <-time.After(100 * time.Millisecond):
-		}
-	}
-}
-
-// streamLeader returns the node that leads stream, or -1.
-func (c *natsCluster) streamLeader(stream string) int {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	for i, s := range c.servers {
-		if s != nil && s.JetStreamIsStreamLeader(globalAccountName, stream) {
-			return i
-		}
-	}
-	return -1
-}
-
-// globalAccountName is the account of clients on servers without auth.
-const globalAccountName = "$G"
 
 // clusterBucket creates the audited R3 bucket of service, retrying while
 // the cluster settles.
@@ -186,9 +42,7 @@ func clusterBucket(t testing.TB, ctx context.Context, js jetstream.JetStream, se
 		time.Sleep(200 * time.Millisecond)
 	}
 	stream, err := js.Stream(ctx, "KV_"+bucket)
-	if err != nil {
-		t.Fatal(err)
-	}
+	require.NoError(t, err)
 	cfg := stream.CachedInfo().Config
 	cfg.MaxMsgsPerSubject = auditHistory
 	if _, err := js.UpdateStream(ctx, cfg); err != nil {
@@ -214,16 +68,16 @@ func clusterEnabled(t *testing.T) {
 // already acknowledged are listed.
 func TestClusterLinearizable(t *testing.T) {
 	clusterEnabled(t)
-	c := startCluster(t, 3)
+	c := natstest.StartCluster(t, natstest.ClusterOptions{Nodes: 3})
 	clusterLinearizable(t, c, "clusterlin")
 }
 
-func clusterLinearizable(t *testing.T, c *natsCluster, service string) {
+func clusterLinearizable(t *testing.T, c *natstest.Cluster, service string) {
 	seed := reliabilitySeed(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 	defer cancel()
 	const jobType = "work"
-	_, js := clusterConnect(t, c.urls(0))
+	_, js := clusterConnect(t, c.URLs(0))
 	bucket := clusterBucket(t, ctx, js, service)
 	ttl := 300 * time.Millisecond
 	keys := []linKey{
@@ -238,7 +92,7 @@ func clusterLinearizable(t *testing.T, c *natsCluster, service string) {
 	pool := &linPool{jobs: make([][]string, len(keys))}
 	cs := make([]*linClient, clients)
 	for i := range cs {
-		cs[i] = newLinClient(t, i, c.urls(i%3), service, jobType, keys, rec)
+		cs[i] = newLinClient(t, i, c.URLs(i%3), service, jobType, keys, rec)
 	}
 	var wg sync.WaitGroup
 	for i, cl := range cs {
@@ -278,17 +132,17 @@ func clusterConnect(t testing.TB, url string) (*nats.Conn, jetstream.JetStream) 
 // audit of every revision holds.
 func TestClusterNodeLoss(t *testing.T) {
 	clusterEnabled(t)
-	c := startCluster(t, 3)
+	c := natstest.StartCluster(t, natstest.ClusterOptions{Nodes: 3})
 	clusterNodeLoss(t, c, "clusterfault")
 }
 
-func clusterNodeLoss(t *testing.T, c *natsCluster, service string) {
+func clusterNodeLoss(t *testing.T, c *natstest.Cluster, service string) {
 	seed := reliabilitySeed(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 	defer cancel()
-	_, js := clusterConnect(t, c.urls(0))
+	_, js := clusterConnect(t, c.URLs(0))
 	bucket := clusterBucket(t, ctx, js, service)
-	f := newFaultRun(t, ctx, c.urls(0), service, faultKeys(t, service, 500*time.Millisecond))
+	f := newFaultRun(t, ctx, c.URLs(0), service, faultKeys(t, service, 500*time.Millisecond))
 	f.opWait = 4 * time.Second
 	producers, jobs, workers := faultSize()
 	prod := f.start(producers, jobs, workers, seed)
@@ -306,20 +160,20 @@ func clusterNodeLoss(t *testing.T, c *natsCluster, service string) {
 					return
 				}
 			}
-			leader := c.streamLeader("KV_" + bucket)
+			leader := c.StreamLeader(natstest.GlobalAccount, "KV_"+bucket)
 			if leader < 0 {
 				t.Errorf("no stream leader for KV_%s", bucket)
 				return
 			}
-			c.stop(leader)
+			c.Stop(leader)
 			f.fault(fmt.Sprintf("stream leader n%d shut down", leader))
 			f.sleep(1500 * time.Millisecond)
 			// Bring it back, even when the run is over, for the next run.
-			if err := c.start(leader); err != nil {
+			if err := c.Start(leader); err != nil {
 				t.Errorf("restart n%d: %v", leader, err)
 				return
 			}
-			if err := c.waitJetStream(ctx, leader); err != nil {
+			if err := c.WaitJetStream(ctx, leader); err != nil {
 				t.Errorf("n%d after restart: %v", leader, err)
 				return
 			}
@@ -327,7 +181,5 @@ func clusterNodeLoss(t *testing.T, c *natsCluster, service string) {
 		}
 	})
 	f.finish(prod, js, bucket)
-	if len(f.faults) == 0 {
-		t.Errorf("no node was lost")
-	}
+	assert.NotEmpty(t, f.faults, "no node was lost")
 }

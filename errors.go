@@ -80,6 +80,12 @@ var (
 
 	// ErrWatcherClosed reports a use of a [Watcher] after its Close.
 	ErrWatcherClosed = errors.New("jobkeys: watcher closed")
+
+	// ErrPermission reports that the NATS server refused a publish or
+	// subscription a [NATSStore] call needed, for lack of permission: the
+	// error names the subject. The call's own error (often a timeout) is
+	// wrapped too. See [NATSStore] for the permissions a worker needs.
+	ErrPermission = errors.New("jobkeys: NATS permission denied")
 )
 
 // StateError is the error for key state that cannot be used: it names the KV

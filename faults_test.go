@@ -25,6 +25,8 @@ import (
 	"github.com/jobkeys/jobkeys/internal/natstest"
 	"github.com/nats-io/nats-server/v2/server"
 	"github.com/nats-io/nats.go/jetstream"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
 )
 
 // ---- a deterministic crash and takeover, on a fake clock ----
@@ -73,22 +75,17 @@ func TestCrashedWorkerTakenOver(t *testing.T) {
 			client := func(id int) *linClient {
 				c := newLinClient(t, id, s.ClientURL(), service, "work", keys, rec)
 				coord, err := NewCoordinator(faultNATSStore(t, c.js), &Config{InstanceID: c.instance, Now: clock.Now})
-				if err != nil {
-					t.Fatal(err)
-				}
+				require.NoError(t, err)
 				c.coord = coord
 				return c
 			}
 			a, b := client(0), client(1)
 			expect := func(what string, out linOutput, kind Kind, reason Reason) linOutput {
 				t.Helper()
-				if out.err != nil {
-					t.Fatalf("%s: %v", what, out.err)
-				}
+				require.NoError(t, out.err, what)
 				got := out.admission.Kind + out.acquisition.Kind + out.renewal.Kind + out.release.Kind
-				if got != kind || out.acquisition.Reason != reason {
-					t.Fatalf("%s: got %s %s, want %s %s", what, got, out.acquisition.Reason, kind, reason)
-				}
+				require.Equal(t, kind, got, what)
+				require.Equal(t, reason, out.acquisition.Reason, what)
 				return out
 			}
 			expect("admit j1", a.admit(ctx, 0, "j1", false, TraceContext{}), KindAccepted, "")
@@ -101,35 +98,29 @@ func TestCrashedWorkerTakenOver(t *testing.T) {
 			var after *KeyState
 			if stale == FailStale {
 				out := expect("B acquires j2 at the expiry", b.acquire(ctx, 0, "j2", false, 1, TraceContext{}), KindAcquired, "")
-				if len(out.acquisition.Stale) != 1 || out.acquisition.Stale[0].JobID != "j1" || out.acquisition.Stale[0].SlotToken != lease.SlotToken {
-					t.Fatalf("B's acquisition reports stale %v, want j1's slot", modelActiveIDs(out.acquisition.Stale))
-				}
+				require.Len(t, out.acquisition.Stale, 1, "B's acquisition reports j1's slot stale")
+				require.Equal(t, "j1", out.acquisition.Stale[0].JobID)
+				require.Equal(t, lease.SlotToken, out.acquisition.Stale[0].SlotToken)
 				after = out.acquisition.State
 				expect("B releases j2", b.release(ctx, 0, out.acquisition.Lease), KindReleased, "")
 			} else {
 				expect("B acquires j2 at the expiry", b.acquire(ctx, 0, "j2", false, 1, TraceContext{}), KindBlocked, ReasonStaleBlocked)
 				retry := client(2) // the redelivered j1, on another worker
 				out := expect("j1 redelivered", retry.acquire(ctx, 0, "j1", true, 2, TraceContext{}), KindAcquired, "")
-				if len(out.acquisition.Stale) != 0 {
-					t.Fatalf("a retry replacing its own slot reports stale %v", modelActiveIDs(out.acquisition.Stale))
-				}
+				require.Empty(t, out.acquisition.Stale, "a retry replacing its own slot reports stale slots")
 				after = out.acquisition.State
 				expect("B acquires j2 while j1's retry runs", b.acquire(ctx, 0, "j2", false, 1, TraceContext{}), KindBlocked, ReasonActiveLimit)
 				expect("j1's retry releases", retry.release(ctx, 0, out.acquisition.Lease), KindReleased, "")
 				out = expect("B acquires j2", b.acquire(ctx, 0, "j2", false, 1, TraceContext{}), KindAcquired, "")
 				expect("B releases j2", b.release(ctx, 0, out.acquisition.Lease), KindReleased, "")
 			}
-			if after.StaleTakeoverCount != 1 {
-				t.Errorf("staleTakeoverCount %d after one takeover, want 1", after.StaleTakeoverCount)
-			}
+			assert.Equal(t, 1, after.StaleTakeoverCount, "staleTakeoverCount after one takeover")
 			expect("A wakes up and renews", a.renew(ctx, 0, lease), KindLost, "")
 			expect("A wakes up and releases", a.release(ctx, 0, lease), KindStaleCompletion, "")
 			log := rec.log()
 			linCheckClock(t, keys, log)
 			sum := auditAll(t, js, bucket, log, linPolicyOf(keys), true)
-			if sum.TakenOver != 1 {
-				t.Errorf("the audit saw %d takeovers, want 1", sum.TakenOver)
-			}
+			assert.Equal(t, 1, sum.TakenOver, "takeovers the audit saw")
 		})
 	}
 }
@@ -137,9 +128,7 @@ func TestCrashedWorkerTakenOver(t *testing.T) {
 func faultNATSStore(t testing.TB, js jetstream.JetStream) *NATSStore {
 	t.Helper()
 	st, err := NewNATSStore(js)
-	if err != nil {
-		t.Fatal(err)
-	}
+	require.NoError(t, err)
 	return st
 }
 
@@ -298,7 +287,7 @@ func (f *faultRun) forget(c *linClient) {
 	f.mu.Lock()
 	delete(f.clients, c.id)
 	f.mu.Unlock()
-	c.conn().Close()
+	c.close()
 }
 
 // randomClient returns a live client, or nil.
@@ -563,6 +552,10 @@ func (f *faultRun) finish(prod *sync.WaitGroup, js jetstream.JetStream, bucket s
 	f.workers.Wait()
 	f.chaos.Wait()
 	drainer := f.client()
+	if drainer == nil {
+		t.FailNow() // client reported why
+	}
+	defer f.forget(drainer)
 	drainer.drain(t, f.ctx)
 	log := f.rec.log()
 	actx, acancel := context.WithTimeout(context.Background(), 2*time.Minute)
@@ -599,10 +592,8 @@ func (f *faultRun) finish(prod *sync.WaitGroup, js jetstream.JetStream, bucket s
 			lost = append(lost, job+" ("+how+")")
 		}
 	}
-	if len(lost) > 0 {
-		sort.Strings(lost)
-		t.Errorf("%d admitted jobs were lost: neither completed, nor replaced, nor removed: %v", len(lost), lost)
-	}
+	sort.Strings(lost)
+	assert.Empty(t, lost, "admitted jobs that were lost: neither completed, nor replaced, nor removed")
 	errs := 0
 	for _, op := range log {
 		if op.out.err != nil {
@@ -649,12 +640,8 @@ func TestFaultCrashingWorkers(t *testing.T) {
 	f.crashPct = 16
 	producers, jobs, workers := faultSize()
 	sum := f.finish(f.start(producers, jobs, workers, seed), js, bucket)
-	if f.faults["worker crashes"] == 0 {
-		t.Errorf("no worker crashed: the test proved nothing")
-	}
-	if sum.TakenOver == 0 {
-		t.Errorf("no slot was taken over: the test proved nothing")
-	}
+	assert.NotZero(t, f.faults["worker crashes"], "no worker crashed: the test proved nothing")
+	assert.NotZero(t, sum.TakenOver, "no slot was taken over: the test proved nothing")
 }
 
 // TestFaultConnectionsDropped: while the workload runs, clients lose their
@@ -701,9 +688,8 @@ func TestFaultConnectionsDropped(t *testing.T) {
 		}
 	})
 	f.finish(prod, js, bucket)
-	if f.faults["client closed its connection"] == 0 || f.faults["server disconnected a client"] == 0 {
-		t.Errorf("faults injected: %v; want both kinds", f.faults)
-	}
+	assert.NotZero(t, f.faults["client closed its connection"], "faults injected: %v", f.faults)
+	assert.NotZero(t, f.faults["server disconnected a client"], "faults injected: %v", f.faults)
 }
 
 // TestFaultServerRestart: the nats-server (file storage) is restarted
@@ -718,9 +704,7 @@ func TestFaultServerRestart(t *testing.T) {
 	seed := reliabilitySeed(t)
 	dir := t.TempDir()
 	s, stop, err := natstest.Start(natstest.Options{StoreDir: dir})
-	if err != nil {
-		t.Fatal(err)
-	}
+	require.NoError(t, err)
 	var mu sync.Mutex
 	current := func() (*server.Server, func()) {
 		mu.Lock()
@@ -777,9 +761,7 @@ func TestFaultServerRestart(t *testing.T) {
 					t.Errorf("paused restart: %v", err)
 					return
 				}
-				if fmt.Sprint(before) != fmt.Sprint(after) {
-					t.Errorf("state changed across a restart:\n before %v\n  after %v", before, after)
-				}
+				assert.Equal(t, before, after, "state across a restart")
 				f.fault("server restarts (paused, state compared)")
 			} else {
 				for f.inflight.Load() == 0 { // operations in flight
@@ -797,9 +779,8 @@ func TestFaultServerRestart(t *testing.T) {
 	}()
 	<-chaosDone
 	f.finish(prod, js, bucket)
-	if f.faults["server restarts (paused, state compared)"] == 0 || f.faults["server restarts (operations in flight)"] == 0 {
-		t.Errorf("faults injected: %v; want both kinds of restart", f.faults)
-	}
+	assert.NotZero(t, f.faults["server restarts (paused, state compared)"], "faults injected: %v", f.faults)
+	assert.NotZero(t, f.faults["server restarts (operations in flight)"], "faults injected: %v", f.faults)
 }
 
 // faultSnapshot returns the revision of every key of bucket and the

@@ -28,6 +28,7 @@ import (
 	"github.com/nats-io/nats-server/v2/server"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
+	"github.com/stretchr/testify/require"
 )
 
 // opKind names a coordinator operation in a recorded history.
@@ -58,14 +59,10 @@ func newLinKey(t testing.TB, service, jobType, tenant string, p Policy) linKey {
 	t.Helper()
 	p.Key = []string{"tenant", "/t"}
 	norm, err := p.Normalize()
-	if err != nil {
-		t.Fatal(err)
-	}
+	require.NoError(t, err)
 	payload := fmt.Appendf(nil, `{"t":%q}`, tenant)
 	key, err := DeriveKey(service, jobType, payload, norm.Key)
-	if err != nil {
-		t.Fatal(err)
-	}
+	require.NoError(t, err)
 	return linKey{payload: payload, policy: norm, key: key, mp: modelPolicy{maxActive: norm.MaxActive, maxQueued: norm.MaxQueuedPerKey,
 		whenFull: norm.WhenFull, stale: norm.StalePolicy, ttl: norm.HeartbeatTTL.Milliseconds()}}
 }
@@ -193,10 +190,11 @@ type linClient struct {
 	rec      *linRecorder
 	instance string
 
-	mu    sync.Mutex
-	coord *KeyCoordinator
-	nc    *nats.Conn
-	js    jetstream.JetStream
+	mu     sync.Mutex
+	coord  *KeyCoordinator
+	nc     *nats.Conn
+	js     jetstream.JetStream
+	closed bool // close was called: redial must not open a new connection
 }
 
 // linDial opens a connection of its own to url (a comma-separated list for
@@ -227,9 +225,7 @@ func linDial(url string, instance string) (*nats.Conn, jetstream.JetStream, *Key
 func linConnect(t testing.TB, url string, instance string) (*nats.Conn, jetstream.JetStream, *KeyCoordinator) {
 	t.Helper()
 	nc, js, coord, err := linDial(url, instance)
-	if err != nil {
-		t.Fatal(err)
-	}
+	require.NoError(t, err)
 	t.Cleanup(nc.Close)
 	return nc, js, coord
 }
@@ -240,9 +236,7 @@ func newLinStoreClient(t testing.TB, id int, store Store, service, jobType strin
 	t.Helper()
 	c := &linClient{id: id, service: service, jobType: jobType, keys: keys, rec: rec, instance: fmt.Sprintf("client-%d", id)}
 	coord, err := NewCoordinator(store, &Config{InstanceID: c.instance})
-	if err != nil {
-		t.Fatal(err)
-	}
+	require.NoError(t, err)
 	c.coord = coord
 	return c
 }
@@ -250,7 +244,11 @@ func newLinStoreClient(t testing.TB, id int, store Store, service, jobType strin
 func newLinClient(t testing.TB, id int, url, service, jobType string, keys []linKey, rec *linRecorder) *linClient {
 	t.Helper()
 	c := &linClient{id: id, service: service, jobType: jobType, keys: keys, rec: rec, instance: fmt.Sprintf("client-%d", id)}
-	c.nc, c.js, c.coord = linConnect(t, url, c.instance)
+	var err error
+	if c.nc, c.js, c.coord, err = linDial(url, c.instance); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(c.close) // the connection of the last redial too
 	return c
 }
 
@@ -263,11 +261,26 @@ func (c *linClient) redial(url string) error {
 		return err
 	}
 	c.mu.Lock()
+	if c.closed {
+		c.mu.Unlock()
+		nc.Close()
+		return nil
+	}
 	old := c.nc
 	c.nc, c.js, c.coord = nc, js, coord
 	c.mu.Unlock()
 	old.Close()
 	return nil
+}
+
+// close closes the client's connection for good: a later redial closes the
+// connection it opens.
+func (c *linClient) close() {
+	c.mu.Lock()
+	c.closed = true
+	nc := c.nc
+	c.mu.Unlock()
+	nc.Close()
 }
 
 func (c *linClient) current() *KeyCoordinator {
@@ -357,9 +370,7 @@ func (c *linClient) drain(t testing.TB, ctx context.Context) {
 				continue
 			}
 			st, err := ParseState(e.Value())
-			if err != nil {
-				t.Fatalf("drain: key %s revision %d: %v", key.key.KVKey, e.Revision(), err)
-			}
+			require.NoError(t, err, "drain: key %s revision %d", key.key.KVKey, e.Revision())
 			switch {
 			case len(st.Active) > 0:
 				a := st.Active[0]
@@ -771,12 +782,9 @@ func TestLinearizabilityCheckerRejects(t *testing.T) {
 	second := c.acquire(ctx, 0, "j2", false, 0, TraceContext{})
 	c.release(ctx, 0, second.acquisition.Lease)
 	log := rec.log()
-	if first.acquisition.Kind != KindAcquired || second.acquisition.Kind != KindAcquired {
-		t.Fatalf("setup: acquisitions %s and %s", first.acquisition.Kind, second.acquisition.Kind)
-	}
-	if res := linCheck(t, keys, log, 10*time.Second); res != porcupine.Ok {
-		t.Fatalf("a sequential history is %s", res)
-	}
+	require.Equal(t, KindAcquired, first.acquisition.Kind, "setup: first acquisition")
+	require.Equal(t, KindAcquired, second.acquisition.Kind, "setup: second acquisition")
+	require.Equal(t, porcupine.Ok, linCheck(t, keys, log, 10*time.Second), "a sequential history")
 	// j2's acquisition now seems to finish before j1's release started:
 	// with MaxActive 1 it must have been blocked.
 	tampered := make([]*linOp, len(log))
@@ -790,11 +798,9 @@ func TestLinearizabilityCheckerRejects(t *testing.T) {
 	for _, op := range tampered {
 		history = append(history, porcupine.Operation{ClientId: op.client, Input: op.in, Output: op.out, Call: op.call, Return: op.ret})
 	}
-	if res := porcupine.CheckOperationsTimeout(model, history, 10*time.Second); res != porcupine.Illegal {
-		t.Fatalf("a history with two overlapping slots on a MaxActive 1 key is %s, want Illegal", res)
-	}
+	require.Equal(t, porcupine.Illegal, porcupine.CheckOperationsTimeout(model, history, 10*time.Second),
+		"a history with two overlapping slots on a MaxActive 1 key")
 	// A renewal that reports a lease lost while its slot exists is illegal.
-	tampered = append(tampered[:0:0], tampered...)
 	lost := *log[3]
 	lost.in.kind, lost.out = opRenew, linOutput{renewal: Renewal{Kind: KindLost}}
 	lost.call, lost.ret = log[2].ret+1, log[2].ret+2
@@ -802,9 +808,8 @@ func TestLinearizabilityCheckerRejects(t *testing.T) {
 	for _, op := range append(slices.Clone(log[:3]), &lost) {
 		history = append(history, porcupine.Operation{ClientId: op.client, Input: op.in, Output: op.out, Call: op.call, Return: op.ret})
 	}
-	if res := porcupine.CheckOperationsTimeout(model, history, 10*time.Second); res != porcupine.Illegal {
-		t.Fatalf("a renewal reported lost while its slot is held is %s, want Illegal", res)
-	}
+	require.Equal(t, porcupine.Illegal, porcupine.CheckOperationsTimeout(model, history, 10*time.Second),
+		"a renewal reported lost while its slot is held")
 }
 
 // linStaleReads looks for the usual cause of an illegal history on a

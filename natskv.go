@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"regexp"
 	"strconv"
+	"strings"
 	"sync"
 
 	"github.com/nats-io/nats.go"
@@ -14,7 +15,8 @@ import (
 )
 
 // BucketPrefixDefault is the prefix of the bucket names NATSStore uses: the
-// bucket of service S is "JOBS_KEYS_S", as in the TS original.
+// bucket of service S is "JOBS_KEYS_S", shared with workers in other
+// languages that use the same wire format.
 const BucketPrefixDefault = "JOBS_KEYS"
 
 // headerAllowance is kept free of a message's size limit for the headers a
@@ -22,12 +24,63 @@ const BucketPrefixDefault = "JOBS_KEYS"
 const headerAllowance = 256
 
 // NATSStore is a [Store] over NATS JetStream KV: service S lives in bucket
-// "JOBS_KEYS_S". Buckets are opened on first use and cached. A NATSStore is
-// safe for concurrent use.
+// "JOBS_KEYS_S" (stream "KV_JOBS_KEYS_S"). Buckets are opened on first use
+// and cached. It also implements [KeyWatcher] and [KeyLister]. A NATSStore
+// is safe for concurrent use; create it with [NewNATSStore].
+//
+// On a replicated bucket, Get reads through the stream leader
+// (STREAM.MSG.GET, under the JetStream context's API prefix or domain), so
+// that a decision never rests on a replica that lags behind.
+//
+// # Permissions
+//
+// A worker of service S that does not create buckets needs, with the
+// default API prefix, permission to publish to
+//
+//	$KV.JOBS_KEYS_S.>                             writes and deletes
+//	$JS.API.STREAM.INFO.KV_JOBS_KEYS_S            opening the bucket
+//	$JS.API.DIRECT.GET.KV_JOBS_KEYS_S.>           reads (R1 buckets)
+//	$JS.API.STREAM.MSG.GET.KV_JOBS_KEYS_S         reads (replicated buckets)
+//	$JS.API.CONSUMER.CREATE.KV_JOBS_KEYS_S.>      watches and key listings
+//	$JS.API.CONSUMER.DELETE.KV_JOBS_KEYS_S.>      ending them
+//	$JS.FC.KV_JOBS_KEYS_S.>                       flow control of watches
+//
+// and to subscribe to its inboxes (_INBOX.> by default), where request
+// replies and watch deliveries arrive. Under a JetStream domain or API
+// prefix P ("$JS.<domain>.API" for a domain) the "$JS.API" subjects start
+// with P instead, and nats.go publishes writes to P.$KV.JOBS_KEYS_S.>.
+// [WithCreateBuckets] needs $JS.API.STREAM.CREATE.KV_JOBS_KEYS_S too.
+// Where users share a server, "_INBOX.>" lets any of them read the others'
+// replies: give each user its own prefix with [nats.CustomInboxPrefix] and
+// allow only that prefix.
+//
+// The server refuses a publish or subscription outside the permissions by
+// reporting it to the connection's async error handler; the refused request
+// itself would only time out. The first NewNATSStore on a connection
+// therefore puts a handler in front of the connection's (the handler it
+// finds is still called, with every error; the stores on the connection
+// share the one), and a call that needs a refused subject fails at once with
+// an error wrapping [ErrPermission] that names the subject. A refusal of one
+// of the bucket's subjects fails every call in flight that needs it. A
+// handler set on the connection after NewNATSStore replaces the store's;
+// refused calls then time out.
+//
+// # Durability
+//
+// A file-storage bucket is only as durable as the server's fsync: by
+// default nats-server syncs every two minutes, and Jepsen's analysis of NATS
+// 2.12.1 found that a crash of the machine (not just of the process) can
+// then lose acknowledged writes, even on R3 buckets when the nodes fail
+// together. A lost write can resurrect a released slot or forget an
+// admitted job. Set sync_interval: always in the server's jetstream block
+// (or a short interval, accepting the loss of that much), or run R3 buckets
+// on nodes that do not fail together.
 type NATSStore struct {
 	js     jetstream.JetStream
 	prefix string
 	create *jetstream.KeyValueConfig // template for missing buckets; nil: do not create
+
+	guards *permissionGuards // of js.Conn(), shared by its stores; see natskv_permission.go
 
 	mu      sync.Mutex
 	buckets map[string]*natsBucket
@@ -43,11 +96,28 @@ type natsBucket struct {
 	subjectPrefix string
 	markers       markerHints
 	// leaderGet is the API subject of the bucket stream's message get,
-	// which the stream leader answers, when the bucket is replicated and
-	// the JetStream context uses the default API prefix; empty otherwise.
-	// kv.Get uses direct gets, which any replica may answer, possibly one
-	// that has not applied the latest writes yet.
+	// which the stream leader answers, when the bucket is replicated (and
+	// not a mirror); empty otherwise. It carries the JetStream context's
+	// API prefix or domain. kv.Get uses direct gets, which any replica may
+	// answer, possibly one that has not applied the latest writes yet.
 	leaderGet string
+	// keySubjects is "$KV.<bucket>.", the prefix of the subjects the
+	// bucket's keys are stored under, when leaderGet is set.
+	keySubjects string
+}
+
+// apiPrefix returns the prefix of the JetStream API subjects of a context
+// with options opts, ending in ".": "$JS.<domain>.API." for a domain, the
+// API prefix when one is set, "$JS.API." otherwise (as jetstream does).
+func apiPrefix(opts jetstream.JetStreamOptions) string {
+	switch {
+	case opts.Domain != "":
+		return "$JS." + opts.Domain + ".API."
+	case opts.APIPrefix != "":
+		return strings.TrimSuffix(opts.APIPrefix, ".") + "."
+	default:
+		return jetstream.DefaultAPIPrefix
+	}
 }
 
 // markerHintsMax bounds the delete markers a bucket remembers.
@@ -134,7 +204,19 @@ func NewNATSStore(js jetstream.JetStream, opts ...NATSStoreOption) (*NATSStore, 
 			return nil, err
 		}
 	}
+	s.guards = connectionGuards(js.Conn())
 	return s, nil
+}
+
+// begin starts a call of kind on service's bucket: it returns the context
+// the call must use and its guard, which the caller must end with done. A
+// connection whose inbox subscription the server refused fails at once.
+func (s *NATSStore) begin(ctx context.Context, kind natsOpKind, service, op, key string) (context.Context, *permissionGuard, error) {
+	if v := s.guards.refusedInbox(s.js.Conn()); v != nil {
+		return nil, nil, fmt.Errorf("%w: %s %s: %v", ErrPermission, op, key, v)
+	}
+	gctx, pg := s.guards.guard(ctx, kind, s.prefix, service)
+	return gctx, pg, nil
 }
 
 // BucketName returns the name of the bucket that holds service's keys.
@@ -178,10 +260,13 @@ func (s *NATSStore) bucket(ctx context.Context, service string) (*natsBucket, er
 	}
 	b = &natsBucket{kv: kv, maxValueSize: limit}
 	opts := s.js.Options()
-	if info := bucketStreamInfo(status); info != nil && info.Config.Mirror == nil && opts.APIPrefix == "" && opts.Domain == "" {
-		b.subjectPrefix = "$KV." + kv.Bucket() + "."
+	if info := bucketStreamInfo(status); info != nil && info.Config.Mirror == nil {
+		if opts.APIPrefix == "" && opts.Domain == "" {
+			b.subjectPrefix = "$KV." + kv.Bucket() + "."
+		}
 		if info.Config.Replicas > 1 {
-			b.leaderGet = "$JS.API.STREAM.MSG.GET." + info.Config.Name
+			b.leaderGet = apiPrefix(opts) + "STREAM.MSG.GET." + info.Config.Name
+			b.keySubjects = "$KV." + kv.Bucket() + "."
 		}
 	}
 	s.mu.Lock()
@@ -197,6 +282,16 @@ func (s *NATSStore) bucket(ctx context.Context, service string) (*natsBucket, er
 // KeyValue returns the opened KV bucket of service, for callers that need
 // more of the bucket than the Store methods give (watching, listing keys).
 func (s *NATSStore) KeyValue(ctx context.Context, service string) (jetstream.KeyValue, error) {
+	gctx, pg, err := s.begin(ctx, natsOpRead, service, "open the bucket of service", service)
+	if err != nil {
+		return nil, err
+	}
+	defer pg.done()
+	kv, err := s.keyValue(gctx, service)
+	return kv, explainPermission(ctx, gctx, "open the bucket of service", service, err)
+}
+
+func (s *NATSStore) keyValue(ctx context.Context, service string) (jetstream.KeyValue, error) {
 	b, err := s.bucket(ctx, service)
 	if err != nil {
 		return nil, err
@@ -206,6 +301,16 @@ func (s *NATSStore) KeyValue(ctx context.Context, service string) (jetstream.Key
 
 // Get implements [Store].
 func (s *NATSStore) Get(ctx context.Context, service, key string) ([]byte, uint64, error) {
+	gctx, pg, err := s.begin(ctx, natsOpRead, service, "get", key)
+	if err != nil {
+		return nil, 0, err
+	}
+	defer pg.done()
+	value, rev, err := s.getKey(gctx, service, key)
+	return value, rev, explainPermission(ctx, gctx, "get", key, err)
+}
+
+func (s *NATSStore) getKey(ctx context.Context, service, key string) ([]byte, uint64, error) {
 	b, err := s.bucket(ctx, service)
 	if err != nil {
 		return nil, 0, err
@@ -250,7 +355,7 @@ func (s *NATSStore) getFromLeader(ctx context.Context, b *natsBucket, key string
 		ctx, cancel = context.WithTimeout(ctx, s.js.Options().DefaultTimeout)
 		defer cancel()
 	}
-	req := `{"last_by_subj":"` + b.subjectPrefix + key + `"}` // valid keys need no JSON escaping
+	req := `{"last_by_subj":"` + b.keySubjects + key + `"}` // valid keys need no JSON escaping
 	msg, err := s.js.Conn().RequestWithContext(ctx, b.leaderGet, []byte(req))
 	if err != nil {
 		return nil, 0, fmt.Errorf("jobkeys: get %s from the stream leader: %w", key, err)
@@ -282,6 +387,16 @@ func (s *NATSStore) getFromLeader(ctx context.Context, b *natsBucket, key string
 
 // Create implements [Store].
 func (s *NATSStore) Create(ctx context.Context, service, key string, value []byte) (uint64, error) {
+	gctx, pg, err := s.begin(ctx, natsOpRead|natsOpWrite, service, "create", key)
+	if err != nil {
+		return 0, err
+	}
+	defer pg.done()
+	rev, err := s.createKey(gctx, service, key, value)
+	return rev, explainPermission(ctx, gctx, "create", key, err)
+}
+
+func (s *NATSStore) createKey(ctx context.Context, service, key string, value []byte) (uint64, error) {
 	b, err := s.bucket(ctx, service)
 	if err != nil {
 		return 0, err
@@ -303,6 +418,16 @@ func (s *NATSStore) Create(ctx context.Context, service, key string, value []byt
 
 // Update implements [Store].
 func (s *NATSStore) Update(ctx context.Context, service, key string, value []byte, revision uint64) (uint64, error) {
+	gctx, pg, err := s.begin(ctx, natsOpWrite, service, "update", key)
+	if err != nil {
+		return 0, err
+	}
+	defer pg.done()
+	rev, err := s.updateKey(gctx, service, key, value, revision)
+	return rev, explainPermission(ctx, gctx, "update", key, err)
+}
+
+func (s *NATSStore) updateKey(ctx context.Context, service, key string, value []byte, revision uint64) (uint64, error) {
 	b, err := s.bucket(ctx, service)
 	if err != nil {
 		return 0, err
@@ -320,8 +445,17 @@ func (s *NATSStore) Update(ctx context.Context, service, key string, value []byt
 }
 
 // Delete implements [Store]. It writes a delete marker, which readers
-// (including the TS original) treat as absent.
+// (those of nats.go and of other clients alike) treat as absent.
 func (s *NATSStore) Delete(ctx context.Context, service, key string, revision uint64) error {
+	gctx, pg, err := s.begin(ctx, natsOpWrite, service, "delete", key)
+	if err != nil {
+		return err
+	}
+	defer pg.done()
+	return explainPermission(ctx, gctx, "delete", key, s.deleteKey(gctx, service, key, revision))
+}
+
+func (s *NATSStore) deleteKey(ctx context.Context, service, key string, revision uint64) error {
 	b, err := s.bucket(ctx, service)
 	if err != nil {
 		return err

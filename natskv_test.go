@@ -12,7 +12,11 @@ import (
 	"testing"
 	"time"
 
+	"github.com/nats-io/nats-server/v2/server"
+	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
 
 	"github.com/jobkeys/jobkeys/internal/natstest"
 )
@@ -22,15 +26,15 @@ func TestNATSStoreMissingBucket(t *testing.T) {
 	n := startJKNATS(t)
 	ctx := context.Background()
 	st, err := NewNATSStore(n.js) // no WithCreateBuckets
-	jkNoErr(t, err)
+	require.NoError(t, err)
 	svc := jkService("missing")
 	bucket := "JOBS_KEYS_" + svc
-	jkEqual(t, bucket, st.BucketName(svc))
+	require.Equal(t, bucket, st.BucketName(svc))
 
 	check := func(what string, err error) {
 		t.Helper()
-		jkTrue(t, errors.Is(err, ErrBucketNotFound), "%s: want ErrBucketNotFound, got %v", what, err)
-		jkTrue(t, strings.Contains(err.Error(), bucket), "%s: error does not name bucket %s: %v", what, bucket, err)
+		require.ErrorIs(t, err, ErrBucketNotFound, "%s: want ErrBucketNotFound, got %v", what, err)
+		require.ErrorContains(t, err, bucket, "%s: the error names the bucket", what)
 	}
 	_, _, err = st.Get(ctx, svc, "k")
 	check("Get", err)
@@ -44,7 +48,7 @@ func TestNATSStoreMissingBucket(t *testing.T) {
 
 	// Through a coordinator, the same error comes out.
 	c, err := NewCoordinator(st, nil)
-	jkNoErr(t, err)
+	require.NoError(t, err)
 	_, err = c.Admit(ctx, AdmitRequest{Service: svc, JobType: "job", JobID: "j1", Payload: []byte(`{"tenant":"a"}`),
 		Policy: Policy{Key: []string{"/tenant"}}})
 	check("Admit", err)
@@ -52,11 +56,11 @@ func TestNATSStoreMissingBucket(t *testing.T) {
 	// Nothing was created behind our back, and a failure is not cached:
 	// once the bucket exists the same store uses it.
 	_, err = n.js.KeyValue(ctx, bucket)
-	jkTrue(t, errors.Is(err, jetstream.ErrBucketNotFound), "the store created the bucket without WithCreateBuckets: %v", err)
+	require.ErrorIs(t, err, jetstream.ErrBucketNotFound, "the store created the bucket without WithCreateBuckets: %v", err)
 	n.createBucket(t, svc, 0, 1)
 	rev, err := st.Create(ctx, svc, "k", []byte("v"))
-	jkNoErr(t, err, "Create once the bucket exists")
-	jkTrue(t, rev > 0, "revision %d", rev)
+	require.NoError(t, err, "Create once the bucket exists")
+	require.Positive(t, rev)
 }
 
 func TestNATSStoreCreatesBucket(t *testing.T) {
@@ -65,39 +69,39 @@ func TestNATSStoreCreatesBucket(t *testing.T) {
 	ctx := context.Background()
 	svc := jkService("create")
 	st, err := NewNATSStore(n.js, WithCreateBuckets(jetstream.MemoryStorage, 1))
-	jkNoErr(t, err)
+	require.NoError(t, err)
 	_, err = st.Create(ctx, svc, "k", []byte("v"))
-	jkNoErr(t, err)
+	require.NoError(t, err)
 	kv, err := n.js.KeyValue(ctx, "JOBS_KEYS_"+svc)
-	jkNoErr(t, err, "bucket JOBS_KEYS_%s", svc)
+	require.NoError(t, err, "bucket JOBS_KEYS_%s", svc)
 	status, err := kv.Status(ctx)
-	jkNoErr(t, err)
-	jkEqual(t, int64(1), status.History(), "bucket history")
+	require.NoError(t, err)
+	require.Equal(t, int64(1), status.History(), "bucket history")
 	cfg := status.(*jetstream.KeyValueBucketStatus).StreamInfo().Config
-	jkEqual(t, jetstream.MemoryStorage, cfg.Storage)
-	jkEqual(t, 1, cfg.Replicas)
+	require.Equal(t, jetstream.MemoryStorage, cfg.Storage)
+	require.Equal(t, 1, cfg.Replicas)
 
 	// Stores on other connections find the bucket, and a second store with
 	// the create option does not fail because it exists.
 	_, js2 := natstest.Connect(t, n.srv)
 	st2, err := NewNATSStore(js2, WithCreateBuckets(jetstream.MemoryStorage, 1))
-	jkNoErr(t, err)
+	require.NoError(t, err)
 	v, _, err := st2.Get(ctx, svc, "k")
-	jkNoErr(t, err)
-	jkEqual(t, "v", string(v))
+	require.NoError(t, err)
+	require.Equal(t, "v", string(v))
 
 	// Another prefix is another bucket.
 	st3, err := NewNATSStore(n.js, WithBucketPrefix("OTHER_KEYS"), WithCreateBuckets(jetstream.MemoryStorage, 1))
-	jkNoErr(t, err)
-	jkEqual(t, "OTHER_KEYS_"+svc, st3.BucketName(svc))
+	require.NoError(t, err)
+	require.Equal(t, "OTHER_KEYS_"+svc, st3.BucketName(svc))
 	_, _, err = st3.Get(ctx, svc, "k")
-	jkTrue(t, errors.Is(err, ErrKeyNotFound), "key in another prefix's bucket: %v", err)
+	require.ErrorIs(t, err, ErrKeyNotFound, "key in another prefix's bucket: %v", err)
 }
 
 func TestNATSStoreOptionsAndNames(t *testing.T) {
 	t.Parallel()
 	_, err := NewNATSStore(nil)
-	jkTrue(t, errors.Is(err, ErrInvalidRequest), "nil JetStream: %v", err)
+	require.ErrorIs(t, err, ErrInvalidRequest, "nil JetStream: %v", err)
 
 	n := startJKNATS(t)
 	for _, bad := range []NATSStoreOption{
@@ -109,14 +113,14 @@ func TestNATSStoreOptionsAndNames(t *testing.T) {
 		WithBucketPrefix("a*"),
 	} {
 		_, err := NewNATSStore(n.js, bad)
-		jkTrue(t, err != nil, "a bad option was accepted")
+		require.Error(t, err, "a bad option was accepted")
 	}
 
 	st := n.store(t)
 	ctx := context.Background()
 	for _, svc := range []string{"", "a.b", "a b", "a*", "a>"} {
 		_, _, err := st.Get(ctx, svc, "k")
-		jkTrue(t, errors.Is(err, ErrInvalidName), "service %q: want ErrInvalidName, got %v", svc, err)
+		require.ErrorIs(t, err, ErrInvalidName, "service %q: want ErrInvalidName, got %v", svc, err)
 	}
 }
 
@@ -130,17 +134,17 @@ func TestNATSStoreConflictByErrorCode(t *testing.T) {
 	st := n.store(t)
 	svc := jkService("cas")
 	rev, err := st.Create(ctx, svc, "k", []byte("v1"))
-	jkNoErr(t, err)
+	require.NoError(t, err)
 	_, err = st.Update(ctx, svc, "k", []byte("v2"), rev)
-	jkNoErr(t, err)
+	require.NoError(t, err)
 
 	check := func(what string, err error) {
 		t.Helper()
-		jkTrue(t, errors.Is(err, ErrRevisionConflict), "%s: want ErrRevisionConflict, got %v", what, err)
+		require.ErrorIs(t, err, ErrRevisionConflict, "%s: want ErrRevisionConflict, got %v", what, err)
 		var apiErr *jetstream.APIError
-		jkTrue(t, errors.As(err, &apiErr), "%s: no *jetstream.APIError in the chain: %v", what, err)
-		jkEqual(t, jetstream.JSErrCodeStreamWrongLastSequence, apiErr.ErrorCode, "%s: error code", what)
-		jkEqual(t, jetstream.ErrorCode(10071), apiErr.ErrorCode)
+		require.ErrorAs(t, err, &apiErr, "%s: a *jetstream.APIError in the chain", what)
+		require.Equal(t, jetstream.JSErrCodeStreamWrongLastSequence, apiErr.ErrorCode, "%s: error code", what)
+		require.Equal(t, jetstream.ErrorCode(10071), apiErr.ErrorCode)
 	}
 	_, err = st.Update(ctx, svc, "k", []byte("v3"), rev)
 	check("Update at a stale revision", err)
@@ -150,14 +154,14 @@ func TestNATSStoreConflictByErrorCode(t *testing.T) {
 
 	// The raw client sees the same code, which is what the store matches.
 	kv, err := st.KeyValue(ctx, svc)
-	jkNoErr(t, err)
+	require.NoError(t, err)
 	_, raw := kv.Update(ctx, "k", []byte("v3"), rev)
 	var apiErr *jetstream.APIError
-	jkTrue(t, errors.As(raw, &apiErr) && apiErr.ErrorCode == 10071, "raw Update error: %v", raw)
-	jkTrue(t, isCASConflict(raw), "isCASConflict(%v)", raw)
-	jkTrue(t, isCASConflict(&jetstream.APIError{ErrorCode: 10164}), "10164 (replicated streams)")
-	jkTrue(t, !isCASConflict(&jetstream.APIError{ErrorCode: 10037, Description: "wrong last sequence"}), "a message that merely reads like a conflict")
-	jkTrue(t, !isCASConflict(errors.New("wrong last sequence: 5")), "matched by message text")
+	require.True(t, errors.As(raw, &apiErr) && apiErr.ErrorCode == 10071, "raw Update error: %v", raw)
+	require.True(t, isCASConflict(raw), "isCASConflict(%v)", raw)
+	require.True(t, isCASConflict(&jetstream.APIError{ErrorCode: 10164}), "10164 (replicated streams)")
+	require.False(t, isCASConflict(&jetstream.APIError{ErrorCode: 10037, Description: "wrong last sequence"}), "a message that merely reads like a conflict")
+	require.False(t, isCASConflict(errors.New("wrong last sequence: 5")), "matched by message text")
 }
 
 // concurrentRun describes one run of TestNATSConcurrentWorkers.
@@ -184,7 +188,7 @@ func TestNATSConcurrentWorkers(t *testing.T) {
 		scale = 10
 	}
 	t.Run("OneKey", func(t *testing.T) {
-		runConcurrentWorkers(t, n, concurrentRun{workers: 16, jobsPerWorker: 5 * scale, batch: 4, policy: policy,
+		runConcurrentWorkers(t, n, concurrentRun{workers: 16, jobsPerWorker: 3 * scale, batch: 4, policy: policy,
 			tenant: func(int, int) string { return "hot" }})
 	})
 	t.Run("ManyKeys", func(t *testing.T) {
@@ -201,13 +205,13 @@ func runConcurrentWorkers(t *testing.T, n *jkNATS, run concurrentRun) {
 	// History 64 lets the watcher see every revision even when it lags.
 	kv := n.createBucket(t, svc, 0, 64)
 	p, err := run.policy.Normalize()
-	jkNoErr(t, err)
+	require.NoError(t, err)
 
 	// The watcher: every state any worker wrote, in order.
 	watchCtx, stopWatch := context.WithCancel(ctx)
 	defer stopWatch()
 	w, err := kv.WatchAll(watchCtx)
-	jkNoErr(t, err)
+	require.NoError(t, err)
 	var (
 		watchMu       sync.Mutex
 		watchSeen     int
@@ -260,9 +264,9 @@ func runConcurrentWorkers(t *testing.T, n *jkNATS, run concurrentRun) {
 	for wi := range run.workers {
 		_, js := natstest.Connect(t, n.srv) // each worker its own connection
 		st, err := NewNATSStore(js)
-		jkNoErr(t, err)
+		require.NoError(t, err)
 		c, err := NewCoordinator(st, &Config{InstanceID: fmt.Sprintf("worker-%d", wi)})
-		jkNoErr(t, err)
+		require.NoError(t, err)
 		var pending []job
 		for j := range run.jobsPerWorker {
 			tenant := run.tenant(wi, j)
@@ -350,28 +354,21 @@ func runConcurrentWorkers(t *testing.T, n *jkNATS, run concurrentRun) {
 	}
 	wg.Wait()
 	elapsed := time.Since(start)
-	if firstErr != nil {
-		if errors.Is(firstErr, ErrContention) {
-			t.Fatalf("a worker ran out of compare-and-swap attempts: %v", firstErr)
-		}
-		t.Fatal(firstErr)
-	}
+	require.NotErrorIs(t, firstErr, ErrContention, "a worker ran out of compare-and-swap attempts")
+	require.NoError(t, firstErr)
 	total := int64(run.workers * run.jobsPerWorker)
-	jkEqual(t, total, completed.Load(), "completed jobs")
-	jkTrue(t, maxSeen.Load() <= int64(p.MaxActive), "peak running %d", maxSeen.Load())
+	require.Equal(t, total, completed.Load(), "completed jobs")
+	require.LessOrEqual(t, maxSeen.Load(), int64(p.MaxActive), "peak running")
 
 	// Every key ends empty, and empty state is deleted.
 	keys, err := kv.Keys(ctx)
-	if !errors.Is(err, jetstream.ErrNoKeysFound) {
-		jkNoErr(t, err)
-		t.Fatalf("keys left in the bucket after every job completed: %v", keys)
-	}
+	require.ErrorIs(t, err, jetstream.ErrNoKeysFound, "keys left in the bucket after every job completed: %v", keys)
 
 	// Let the watcher catch up to the last revision, then judge.
 	info, err := n.js.Stream(ctx, "KV_"+BucketPrefixDefault+"_"+svc)
-	jkNoErr(t, err)
+	require.NoError(t, err)
 	si, err := info.Info(ctx)
-	jkNoErr(t, err)
+	require.NoError(t, err)
 	last := si.State.LastSeq
 	deadline := time.Now().Add(30 * time.Second)
 	for {
@@ -387,10 +384,8 @@ func runConcurrentWorkers(t *testing.T, n *jkNATS, run concurrentRun) {
 	<-watchDone
 	watchMu.Lock()
 	defer watchMu.Unlock()
-	jkTrue(t, watchLastRev >= last, "watcher stopped at revision %d of %d", watchLastRev, last)
-	if len(watchProblems) > 0 {
-		t.Fatalf("the watcher saw %d bad states, first: %s", len(watchProblems), watchProblems[0])
-	}
+	require.GreaterOrEqual(t, watchLastRev, last, "the watcher's last revision")
+	require.Empty(t, watchProblems, "bad states the watcher saw")
 	t.Logf("%d jobs on %d workers in %v: %d admissions rejected, %d acquisitions blocked; watcher saw %d of %d revisions, peak %d running",
 		total, run.workers, elapsed.Round(time.Millisecond), rejected.Load(), blocked.Load(), watchSeen, last, maxSeen.Load())
 }
@@ -440,12 +435,12 @@ func TestNATSStorePurgedAndDeletedKeysAreAbsent(t *testing.T) {
 	p := Policy{Key: []string{"/tenant"}, MaxActive: 1, MaxQueuedPerKey: 2}
 	payload := []byte(`{"tenant":"acme"}`)
 	key, err := DeriveKey(svc, "job", payload, p.Key)
-	jkNoErr(t, err)
+	require.NoError(t, err)
 	c := cCoordinator(t, st, nil)
 	admit := func(id string) Admission {
 		t.Helper()
 		adm, err := c.Admit(ctx, AdmitRequest{Service: svc, JobType: "job", JobID: id, Payload: payload, Policy: p})
-		jkNoErr(t, err)
+		require.NoError(t, err)
 		return adm
 	}
 	for _, remove := range []struct {
@@ -456,24 +451,98 @@ func TestNATSStorePurgedAndDeletedKeysAreAbsent(t *testing.T) {
 		{"delete", func(kv jetstream.KeyValue) error { return kv.Delete(ctx, key.KVKey) }},
 	} {
 		t.Run(remove.name, func(t *testing.T) {
-			jkEqual(t, KindAccepted, admit("before-"+remove.name).Kind)
+			require.Equal(t, KindAccepted, admit("before-"+remove.name).Kind)
 			kv, err := st.KeyValue(ctx, svc)
-			jkNoErr(t, err)
-			jkNoErr(t, remove.do(kv))
+			require.NoError(t, err)
+			require.NoError(t, remove.do(kv))
 			_, _, err = st.Get(ctx, svc, key.KVKey)
-			jkTrue(t, errors.Is(err, ErrKeyNotFound), "Get after %s: %v", remove.name, err)
+			require.ErrorIs(t, err, ErrKeyNotFound, "Get after %s: %v", remove.name, err)
 			// The coordinator's memory of the key is stale now; it must
 			// still start afresh.
 			adm := admit("after-" + remove.name)
-			jkEqual(t, KindAccepted, adm.Kind)
+			require.Equal(t, KindAccepted, adm.Kind)
 			v, _, err := st.Get(ctx, svc, key.KVKey)
-			jkNoErr(t, err)
+			require.NoError(t, err)
 			s, err := ParseState(v)
-			jkNoErr(t, err)
-			jkEqual(t, []string{"after-" + remove.name}, queuedIDs(s))
+			require.NoError(t, err)
+			require.Equal(t, []string{"after-" + remove.name}, queuedIDs(s))
 			rem, err := c.RemoveQueued(ctx, RemoveRequest{Service: svc, JobType: "job", JobID: "after-" + remove.name, Payload: payload, Policy: p})
-			jkNoErr(t, err)
-			jkEqual(t, KindRemoved, rem.Kind)
+			require.NoError(t, err)
+			require.Equal(t, KindRemoved, rem.Kind)
+		})
+	}
+}
+
+// TestNATSStoreLeaderReadWithDomainAndAPIPrefix: on a replicated bucket the
+// store reads through the stream leader (STREAM.MSG.GET) also when the
+// JetStream context has a domain or an API prefix, sending the get to the
+// prefixed API subject; it used to fall back to direct gets there, which a
+// lagging replica may answer with a stale value. A spy on the API subjects
+// (the server maps "$JS.hub.API.>" to "$JS.API.>") sees which get was sent.
+func TestNATSStoreLeaderReadWithDomainAndAPIPrefix(t *testing.T) {
+	t.Parallel()
+	const domain = "hub"
+	c := natstest.StartCluster(t, natstest.ClusterOptions{Nodes: 3, Configure: func(_ int, o *server.Options) {
+		o.JetStreamDomain = domain
+	}})
+	nc, _ := natstest.ConnectURL(t, c.URLs(0))
+	spy, _ := natstest.ConnectURL(t, c.URLs(1))
+
+	withDomain, err := jetstream.NewWithDomain(nc, domain)
+	require.NoError(t, err)
+	withPrefix, err := jetstream.NewWithAPIPrefix(nc, "$JS."+domain+".API")
+	require.NoError(t, err)
+
+	for name, js := range map[string]jetstream.JetStream{"Domain": withDomain, "APIPrefix": withPrefix} {
+		t.Run(name, func(t *testing.T) {
+			ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+			defer cancel()
+			svc := jkService("leader" + name)
+			bucket := BucketPrefixDefault + "_" + svc
+			for { // the cluster may still be settling its meta leader
+				_, err = js.CreateKeyValue(ctx, jetstream.KeyValueConfig{Bucket: bucket, Replicas: 3, Storage: jetstream.MemoryStorage})
+				if err == nil || ctx.Err() != nil {
+					break
+				}
+				time.Sleep(200 * time.Millisecond)
+			}
+			require.NoError(t, err, "create R3 bucket %s", bucket)
+
+			msgGets, directGets := make(chan string, 16), make(chan string, 16)
+			for subject, ch := range map[string]chan string{
+				"$JS.API.STREAM.MSG.GET.KV_" + bucket:    msgGets,
+				"$JS.API.DIRECT.GET.KV_" + bucket + ".>": directGets,
+				"$JS.API.DIRECT.GET.KV_" + bucket:        directGets,
+			} {
+				sub, err := spy.Subscribe(subject, func(m *nats.Msg) { ch <- m.Subject })
+				require.NoError(t, err)
+				t.Cleanup(func() { _ = sub.Unsubscribe() })
+			}
+			require.NoError(t, spy.Flush())
+
+			st, err := NewNATSStore(js)
+			require.NoError(t, err)
+			key := svc + ".job.k"
+			rev, err := st.Create(ctx, svc, key, []byte("v1"))
+			require.NoError(t, err)
+			rev, err = st.Update(ctx, svc, key, []byte("v2"), rev)
+			require.NoError(t, err)
+
+			value, got, err := st.Get(ctx, svc, key)
+			require.NoError(t, err)
+			assert.Equal(t, "v2", string(value))
+			assert.Equal(t, rev, got)
+			_, _, err = st.Get(ctx, svc, svc+".job.absent")
+			assert.ErrorIs(t, err, ErrKeyNotFound)
+
+			require.NoError(t, spy.Flush())
+			select {
+			case subject := <-msgGets:
+				assert.Equal(t, "$JS.API.STREAM.MSG.GET.KV_"+bucket, subject)
+			case <-time.After(rtWait):
+				t.Fatal("no STREAM.MSG.GET request reached the server: the leader read was skipped")
+			}
+			assert.Empty(t, directGets, "Get used a direct get, which any replica may answer")
 		})
 	}
 }

@@ -1,6 +1,8 @@
 package jobkeys
 
-import "context"
+import (
+	"context"
+)
 
 // Store is the port the coordinator writes key state through: a revisioned
 // key-value store with compare-and-swap, one bucket per service. Revisions
@@ -33,4 +35,48 @@ type Store interface {
 	// included, as for Update) is revision. Any other revision returns an
 	// error wrapping ErrRevisionConflict.
 	Delete(ctx context.Context, service, key string, revision uint64) error
+}
+
+// KeyWatcher is an optional capability of a [Store]: telling which keys of a
+// service's bucket change. A [Watcher] needs it to wake blocked acquisitions
+// when a slot is released. [NATSStore] and [MemoryStore] implement it.
+type KeyWatcher interface {
+	// WatchKeys starts watching the keys of service's bucket that belong to
+	// jobType, or to every job type when jobType is "", and returns once the
+	// watch is in place: every write or delete after it returns is reported
+	// by calling changed with the KV key, in the order of the writes, from
+	// one goroutine at a time. changed should return quickly; while it runs,
+	// further changes wait.
+	//
+	// The watch ends when ctx is cancelled, or when the store can no longer
+	// watch (its connection closed). The returned channel is closed once the
+	// watch has ended; changed is not called after that. An error means no
+	// watch was started.
+	WatchKeys(ctx context.Context, service, jobType string, changed func(kvKey string)) (ended <-chan struct{}, err error)
+}
+
+// KeyLister is an optional capability of a [Store]: listing the keys of a
+// service's bucket. A [Sweeper] needs it. [NATSStore] and [MemoryStore]
+// implement it.
+type KeyLister interface {
+	// ListKeys returns the KV keys of service's bucket that belong to
+	// jobType, or to every job type when jobType is "", sorted. Deleted keys
+	// are left out. A bucket with no such key returns an empty list and no
+	// error.
+	ListKeys(ctx context.Context, service, jobType string) ([]string, error)
+}
+
+// keyFilter validates service and jobType ("" for all job types) and returns
+// the KV key prefix they select, ending in ".".
+func keyFilter(service, jobType string) (string, error) {
+	if err := validateService(service); err != nil {
+		return "", err
+	}
+	if jobType == "" {
+		return service + ".", nil
+	}
+	if err := validateJobType(jobType); err != nil {
+		return "", err
+	}
+	return service + "." + jobType + ".", nil
 }

@@ -12,6 +12,7 @@ import (
 
 	"github.com/nats-io/nats-server/v2/server"
 	"github.com/nats-io/nats.go/jetstream"
+	"github.com/stretchr/testify/require"
 
 	"github.com/jobkeys/jobkeys/internal/natstest"
 )
@@ -51,7 +52,7 @@ func startJKNATS(t *testing.T) *jkNATS {
 func (n *jkNATS) store(t *testing.T) *NATSStore {
 	t.Helper()
 	st, err := NewNATSStore(n.js, WithCreateBuckets(jetstream.MemoryStorage, 1))
-	jkNoErr(t, err)
+	require.NoError(t, err)
 	return st
 }
 
@@ -63,7 +64,7 @@ func (n *jkNATS) createBucket(t *testing.T, service string, maxValueSize int32, 
 		Bucket: BucketPrefixDefault + "_" + service, History: history, MaxValueSize: maxValueSize,
 		Storage: jetstream.MemoryStorage, Replicas: 1,
 	})
-	jkNoErr(t, err, "create bucket for %s", service)
+	require.NoError(t, err, "create bucket for %s", service)
 	return kv
 }
 
@@ -83,7 +84,7 @@ func memoryHarness() storeHarness {
 		open: func(t *testing.T) (Store, string) { return NewMemoryStore(), jkService("conf") },
 		openLimited: func(t *testing.T, maxValueSize int) (Store, string) {
 			m := NewMemoryStore()
-			jkNoErr(t, m.SetMaxValueSize(maxValueSize))
+			require.NoError(t, m.SetMaxValueSize(maxValueSize))
 			return m, jkService("conf-small")
 		},
 	}
@@ -105,15 +106,15 @@ func TestMemoryStoreZeroValue(t *testing.T) {
 	ctx := context.Background()
 	var m MemoryStore
 	_, _, err := m.Get(ctx, "s", "k")
-	jkTrue(t, errors.Is(err, ErrKeyNotFound), "Get on the zero store: %v", err)
+	require.ErrorIs(t, err, ErrKeyNotFound, "Get on the zero store: %v", err)
 	rev, err := m.Create(ctx, "s", "k", []byte("v"))
-	jkNoErr(t, err, "Create on the zero store")
+	require.NoError(t, err, "Create on the zero store")
 	value, got, err := m.Get(ctx, "s", "k")
-	jkNoErr(t, err)
-	jkEqual(t, "v", string(value))
-	jkEqual(t, rev, got)
+	require.NoError(t, err)
+	require.Equal(t, "v", string(value))
+	require.Equal(t, rev, got)
 	_, err = m.Create(ctx, "s", "big", bytes.Repeat([]byte("x"), MemoryStoreMaxValueSizeDefault+1))
-	jkTrue(t, errors.Is(err, ErrStateTooLarge), "over the default limit: %v", err)
+	require.ErrorIs(t, err, ErrStateTooLarge, "over the default limit: %v", err)
 }
 
 func TestMemoryStoreSetMaxValueSize(t *testing.T) {
@@ -121,13 +122,13 @@ func TestMemoryStoreSetMaxValueSize(t *testing.T) {
 	m := NewMemoryStore()
 	for _, n := range []int{0, -1} {
 		err := m.SetMaxValueSize(n)
-		jkTrue(t, errors.Is(err, ErrInvalidRequest), "SetMaxValueSize(%d): %v", n, err)
+		require.ErrorIs(t, err, ErrInvalidRequest, "SetMaxValueSize(%d): %v", n, err)
 	}
 	big := bytes.Repeat([]byte("x"), MemoryStoreMaxValueSizeDefault)
 	_, err := m.Create(context.Background(), "s", "k", big)
-	jkNoErr(t, err, "a value of exactly the default limit")
+	require.NoError(t, err, "a value of exactly the default limit")
 	_, err = m.Create(context.Background(), "s", "k2", append(big, 'x'))
-	jkTrue(t, errors.Is(err, ErrStateTooLarge), "one byte over the default limit: %v", err)
+	require.ErrorIs(t, err, ErrStateTooLarge, "one byte over the default limit: %v", err)
 }
 
 // exerciseStore is the Store contract, run against every implementation.
@@ -136,18 +137,18 @@ func exerciseStore(t *testing.T, h storeHarness) {
 	const key = "svc.sync.0123abcd"
 	isNotFound := func(t *testing.T, err error, what string) {
 		t.Helper()
-		jkTrue(t, errors.Is(err, ErrKeyNotFound), "%s: want ErrKeyNotFound, got %v", what, err)
+		require.ErrorIs(t, err, ErrKeyNotFound, "%s: want ErrKeyNotFound, got %v", what, err)
 	}
 	isConflict := func(t *testing.T, err error, what string) {
 		t.Helper()
-		jkTrue(t, errors.Is(err, ErrRevisionConflict), "%s: want ErrRevisionConflict, got %v", what, err)
+		require.ErrorIs(t, err, ErrRevisionConflict, "%s: want ErrRevisionConflict, got %v", what, err)
 	}
 	holds := func(t *testing.T, st Store, svc, key string, value []byte, rev uint64) {
 		t.Helper()
 		v, r, err := st.Get(ctx, svc, key)
-		jkNoErr(t, err, "Get %s", key)
-		jkEqual(t, string(value), string(v), "value of %s", key)
-		jkEqual(t, rev, r, "revision of %s", key)
+		require.NoError(t, err, "Get %s", key)
+		require.Equal(t, string(value), string(v), "value of %s", key)
+		require.Equal(t, rev, r, "revision of %s", key)
 	}
 	missing := func(t *testing.T, st Store, svc, key string) {
 		t.Helper()
@@ -166,12 +167,12 @@ func exerciseStore(t *testing.T, h storeHarness) {
 		st, svc := h.open(t)
 		value := []byte(`{"v":1}`)
 		rev, err := st.Create(ctx, svc, key, value)
-		jkNoErr(t, err)
-		jkTrue(t, rev > 0, "revision %d", rev)
+		require.NoError(t, err)
+		require.Positive(t, rev)
 		value[2] = 'X' // the store keeps its own copy
 		holds(t, st, svc, key, []byte(`{"v":1}`), rev)
 		got, _, err := st.Get(ctx, svc, key)
-		jkNoErr(t, err)
+		require.NoError(t, err)
 		got[0] = 'X' // and hands out copies
 		holds(t, st, svc, key, []byte(`{"v":1}`), rev)
 	})
@@ -180,7 +181,7 @@ func exerciseStore(t *testing.T, h storeHarness) {
 		t.Parallel()
 		st, svc := h.open(t)
 		rev, err := st.Create(ctx, svc, key, []byte("one"))
-		jkNoErr(t, err)
+		require.NoError(t, err)
 		_, err = st.Create(ctx, svc, key, []byte("two"))
 		isConflict(t, err, "second Create")
 		holds(t, st, svc, key, []byte("one"), rev)
@@ -190,10 +191,10 @@ func exerciseStore(t *testing.T, h storeHarness) {
 		t.Parallel()
 		st, svc := h.open(t)
 		rev1, err := st.Create(ctx, svc, key, []byte("one"))
-		jkNoErr(t, err)
+		require.NoError(t, err)
 		rev2, err := st.Update(ctx, svc, key, []byte("two"), rev1)
-		jkNoErr(t, err)
-		jkTrue(t, rev2 > rev1, "revision %d after %d", rev2, rev1)
+		require.NoError(t, err)
+		require.Greater(t, rev2, rev1)
 		holds(t, st, svc, key, []byte("two"), rev2)
 
 		for _, wrong := range []uint64{rev1, rev2 + 1, rev2 + 1000, 0} {
@@ -202,8 +203,8 @@ func exerciseStore(t *testing.T, h storeHarness) {
 			holds(t, st, svc, key, []byte("two"), rev2)
 		}
 		rev3, err := st.Update(ctx, svc, key, []byte("three"), rev2)
-		jkNoErr(t, err)
-		jkTrue(t, rev3 > rev2, "revision %d after %d", rev3, rev2)
+		require.NoError(t, err)
+		require.Greater(t, rev3, rev2)
 	})
 
 	t.Run("UpdateMissing", func(t *testing.T) {
@@ -211,7 +212,7 @@ func exerciseStore(t *testing.T, h storeHarness) {
 		st, svc := h.open(t)
 		// Give the bucket some history so that revision 1 exists somewhere.
 		rev, err := st.Create(ctx, svc, "other.key", []byte("x"))
-		jkNoErr(t, err)
+		require.NoError(t, err)
 		for _, r := range []uint64{0, 1, rev} {
 			_, err = st.Update(ctx, svc, key, []byte("v"), r)
 			isConflict(t, err, fmt.Sprintf("Update of a missing key at revision %d", r))
@@ -223,16 +224,16 @@ func exerciseStore(t *testing.T, h storeHarness) {
 		t.Parallel()
 		st, svc := h.open(t)
 		rev1, err := st.Create(ctx, svc, key, []byte("one"))
-		jkNoErr(t, err)
+		require.NoError(t, err)
 		rev2, err := st.Update(ctx, svc, key, []byte("two"), rev1)
-		jkNoErr(t, err)
+		require.NoError(t, err)
 
 		for _, wrong := range []uint64{rev1, rev2 + 1, 0} {
 			err = st.Delete(ctx, svc, key, wrong)
 			isConflict(t, err, fmt.Sprintf("Delete at revision %d (current %d)", wrong, rev2))
 			holds(t, st, svc, key, []byte("two"), rev2)
 		}
-		jkNoErr(t, st.Delete(ctx, svc, key, rev2))
+		require.NoError(t, st.Delete(ctx, svc, key, rev2))
 		missing(t, st, svc, key)
 
 		isConflict(t, st.Delete(ctx, svc, key, rev2), "Delete of a deleted key")
@@ -252,15 +253,15 @@ func exerciseStore(t *testing.T, h storeHarness) {
 		t.Parallel()
 		st, svc := h.open(t)
 		rev, err := st.Create(ctx, svc, key, []byte("one"))
-		jkNoErr(t, err)
-		jkNoErr(t, st.Delete(ctx, svc, key, rev))
+		require.NoError(t, err)
+		require.NoError(t, st.Delete(ctx, svc, key, rev))
 		_, err = st.Update(ctx, svc, key, []byte("stale"), rev)
 		isConflict(t, err, "Update of a deleted key at the revision before the delete")
 		missing(t, st, svc, key)
 		isConflict(t, st.Delete(ctx, svc, key, rev), "Delete of a deleted key at the revision before the delete")
 		missing(t, st, svc, key)
 		rev2, err := st.Update(ctx, svc, key, []byte("again"), rev+1)
-		jkNoErr(t, err, "Update at the delete marker's revision")
+		require.NoError(t, err, "Update at the delete marker's revision")
 		holds(t, st, svc, key, []byte("again"), rev2)
 	})
 
@@ -268,16 +269,16 @@ func exerciseStore(t *testing.T, h storeHarness) {
 		t.Parallel()
 		st, svc := h.open(t)
 		rev1, err := st.Create(ctx, svc, key, []byte("one"))
-		jkNoErr(t, err)
-		jkNoErr(t, st.Delete(ctx, svc, key, rev1))
+		require.NoError(t, err)
+		require.NoError(t, st.Delete(ctx, svc, key, rev1))
 		rev2, err := st.Create(ctx, svc, key, []byte("again"))
-		jkNoErr(t, err, "Create after Delete")
-		jkTrue(t, rev2 > rev1, "revision %d after %d", rev2, rev1)
+		require.NoError(t, err, "Create after Delete")
+		require.Greater(t, rev2, rev1)
 		holds(t, st, svc, key, []byte("again"), rev2)
 		_, err = st.Create(ctx, svc, key, []byte("thrice"))
 		isConflict(t, err, "Create over the recreated key")
 		rev3, err := st.Update(ctx, svc, key, []byte("updated"), rev2)
-		jkNoErr(t, err)
+		require.NoError(t, err)
 		holds(t, st, svc, key, []byte("updated"), rev3)
 	})
 
@@ -287,8 +288,8 @@ func exerciseStore(t *testing.T, h storeHarness) {
 		var last uint64
 		next := func(rev uint64, err error) uint64 {
 			t.Helper()
-			jkNoErr(t, err)
-			jkTrue(t, rev > last, "revision %d does not exceed %d", rev, last)
+			require.NoError(t, err)
+			require.Greater(t, rev, last)
 			last = rev
 			return rev
 		}
@@ -296,7 +297,7 @@ func exerciseStore(t *testing.T, h storeHarness) {
 		b := next(st.Create(ctx, svc, "k.b", []byte("1")))
 		a = next(st.Update(ctx, svc, "k.a", []byte("2"), a))
 		b = next(st.Update(ctx, svc, "k.b", []byte("2"), b))
-		jkNoErr(t, st.Delete(ctx, svc, "k.a", a))
+		require.NoError(t, st.Delete(ctx, svc, "k.a", a))
 		a = next(st.Create(ctx, svc, "k.a", []byte("3")))
 		next(st.Update(ctx, svc, "k.a", []byte("4"), a))
 		next(st.Update(ctx, svc, "k.b", []byte("3"), b))
@@ -307,11 +308,11 @@ func exerciseStore(t *testing.T, h storeHarness) {
 		st, svc := h.open(t)
 		other := svc + "b"
 		ra, err := st.Create(ctx, svc, key, []byte("a"))
-		jkNoErr(t, err)
+		require.NoError(t, err)
 		missing(t, st, other, key)
 		rb, err := st.Create(ctx, other, key, []byte("b"))
-		jkNoErr(t, err, "the same key in another service")
-		jkNoErr(t, st.Delete(ctx, svc, key, ra))
+		require.NoError(t, err, "the same key in another service")
+		require.NoError(t, st.Delete(ctx, svc, key, ra))
 		holds(t, st, other, key, []byte("b"), rb)
 	})
 
@@ -321,17 +322,17 @@ func exerciseStore(t *testing.T, h storeHarness) {
 		st, svc := h.openLimited(t, limit)
 		big := bytes.Repeat([]byte("x"), limit+1)
 		_, err := st.Create(ctx, svc, key, big)
-		jkTrue(t, errors.Is(err, ErrStateTooLarge), "Create of %d bytes: want ErrStateTooLarge, got %v", len(big), err)
+		require.ErrorIs(t, err, ErrStateTooLarge, "Create of %d bytes: want ErrStateTooLarge, got %v", len(big), err)
 		missing(t, st, svc, key)
 
 		small := bytes.Repeat([]byte("y"), limit/2)
 		rev, err := st.Create(ctx, svc, key, small)
-		jkNoErr(t, err, "Create of %d bytes", len(small))
+		require.NoError(t, err, "Create of %d bytes", len(small))
 		_, err = st.Update(ctx, svc, key, big, rev)
-		jkTrue(t, errors.Is(err, ErrStateTooLarge), "Update of %d bytes: want ErrStateTooLarge, got %v", len(big), err)
+		require.ErrorIs(t, err, ErrStateTooLarge, "Update of %d bytes: want ErrStateTooLarge, got %v", len(big), err)
 		holds(t, st, svc, key, small, rev)
 		_, err = st.Update(ctx, svc, key, bytes.Repeat([]byte("z"), 10*limit), rev)
-		jkTrue(t, errors.Is(err, ErrStateTooLarge), "Update of %d bytes: %v", 10*limit, err)
+		require.ErrorIs(t, err, ErrStateTooLarge, "Update of %d bytes: %v", 10*limit, err)
 		holds(t, st, svc, key, small, rev)
 	})
 
@@ -341,7 +342,7 @@ func exerciseStore(t *testing.T, h storeHarness) {
 		cancel()
 		isCancelled := func(t *testing.T, err error, what string) {
 			t.Helper()
-			jkTrue(t, errors.Is(err, context.Canceled), "%s with a cancelled ctx: want context.Canceled, got %v", what, err)
+			require.ErrorIs(t, err, context.Canceled, "%s with a cancelled ctx: want context.Canceled, got %v", what, err)
 		}
 		// A store that has not opened the bucket yet.
 		st, svc := h.open(t)
@@ -352,7 +353,7 @@ func exerciseStore(t *testing.T, h storeHarness) {
 
 		// A store with the bucket open and a value in it.
 		rev, err := st.Create(ctx, svc, key, []byte("v"))
-		jkNoErr(t, err)
+		require.NoError(t, err)
 		_, _, err = st.Get(cancelled, svc, key)
 		isCancelled(t, err, "Get")
 		_, err = st.Create(cancelled, svc, "another.key", []byte("v"))
@@ -386,14 +387,14 @@ func exerciseStore(t *testing.T, h storeHarness) {
 			}
 			isConflict(t, err, fmt.Sprintf("losing Create %d", i))
 		}
-		jkEqual(t, 1, wins, "successful concurrent Creates")
+		require.Equal(t, 1, wins, "successful concurrent Creates")
 	})
 
 	t.Run("ConcurrentCompareAndSwapLosesNoUpdate", func(t *testing.T) {
 		t.Parallel()
 		st, svc := h.open(t)
 		_, err := st.Create(ctx, svc, key, []byte("0"))
-		jkNoErr(t, err)
+		require.NoError(t, err)
 		const workers, each = 4, 10
 		var wg sync.WaitGroup
 		errc := make(chan error, workers)
@@ -428,10 +429,10 @@ func exerciseStore(t *testing.T, h storeHarness) {
 		wg.Wait()
 		close(errc)
 		for err := range errc {
-			jkNoErr(t, err)
+			require.NoError(t, err)
 		}
 		v, _, err := st.Get(ctx, svc, key)
-		jkNoErr(t, err)
-		jkEqual(t, strconv.Itoa(workers*each), string(v), "counter after %d compare-and-swap increments", workers*each)
+		require.NoError(t, err)
+		require.Equal(t, strconv.Itoa(workers*each), string(v), "counter after %d compare-and-swap increments", workers*each)
 	})
 }

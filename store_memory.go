@@ -125,19 +125,3 @@ func (m *MemoryStore) Delete(ctx context.Context, service, key string, revision 
 	m.notify(service, key, nil, m.rev, true)
 	return nil
 }
-
-// memoryWatcher is a hook for watches over a MemoryStore; see notify.
-type memoryWatcher struct {
-	service string
-	fn      func(key string, value []byte, rev uint64, deleted bool)
-}
-
-// notify tells watchers of service about a change. Called with m.mu held;
-// watcher functions must not block or call back into the store.
-func (m *MemoryStore) notify(service, key string, value []byte, rev uint64, deleted bool) {
-	for _, w := range m.watchers {
-		if w.service == service {
-			w.fn(key, value, rev, deleted)
-		}
-	}
-}

@@ -2,7 +2,6 @@ package jobkeys
 
 import (
 	"context"
-	"errors"
 	"reflect"
 	"runtime"
 	"strconv"
@@ -14,6 +13,8 @@ import (
 
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
 
 	"github.com/jobkeys/jobkeys/internal/natstest"
 )
@@ -35,7 +36,7 @@ func rtNATS(t testing.TB) (*NATSStore, *nats.Conn) {
 	s := natstest.Run(t)
 	nc, js := natstest.Connect(t, s)
 	store, err := NewNATSStore(js, WithCreateBuckets(jetstream.MemoryStorage, 1))
-	jkNoErr(t, err)
+	require.NoError(t, err)
 	return store, nc
 }
 
@@ -57,6 +58,8 @@ func rtStores(t *testing.T) map[string]func(t *testing.T) rtStore {
 	}
 }
 
+// rtEqual reports (without stopping the test) unless got equals want.
+// Kept for runner_test.go; new tests use testify's assert.Equal.
 func rtEqual[T any](t testing.TB, got, want T) {
 	t.Helper()
 	if !reflect.DeepEqual(got, want) {
@@ -136,7 +139,7 @@ func TestStoreWatchKeys(t *testing.T) {
 			svc := rtService()
 			// The bucket exists before the watch (NATSStore creates it on first use).
 			_, err := store.Create(ctx, svc, svc+".other.k0", []byte("x"))
-			jkNoErr(t, err)
+			require.NoError(t, err)
 
 			wctx, cancel := context.WithCancel(ctx)
 			keys := make(chan string, 16)
@@ -145,29 +148,29 @@ func TestStoreWatchKeys(t *testing.T) {
 				calls.Add(1)
 				keys <- k
 			})
-			jkNoErr(t, err)
+			require.NoError(t, err)
 
 			k1, k2 := svc+".render.k1", svc+".render.k2"
 			r1, err := store.Create(ctx, svc, k1, []byte("a"))
-			jkNoErr(t, err)
+			require.NoError(t, err)
 			_, err = store.Create(ctx, svc, svc+".other.k3", []byte("b")) // another job type: not reported
-			jkNoErr(t, err)
+			require.NoError(t, err)
 			_, err = store.Create(ctx, svc, k2, []byte("c"))
-			jkNoErr(t, err)
-			jkNoErr(t, store.Delete(ctx, svc, k1, r1))
+			require.NoError(t, err)
+			require.NoError(t, store.Delete(ctx, svc, k1, r1))
 
-			rtEqual(t, recv(t, keys, "create of k1"), k1)
-			rtEqual(t, recv(t, keys, "create of k2"), k2)
-			rtEqual(t, recv(t, keys, "delete of k1"), k1)
+			assert.Equal(t, k1, recv(t, keys, "create of k1"))
+			assert.Equal(t, k2, recv(t, keys, "create of k2"))
+			assert.Equal(t, k1, recv(t, keys, "delete of k1"))
 
 			cancel()
 			recv(t, ended, "the end of the watch")
 			before := calls.Load()
 			_, err = store.Create(ctx, svc, svc+".render.k4", []byte("d"))
-			jkNoErr(t, err)
+			require.NoError(t, err)
 			time.Sleep(50 * time.Millisecond) // a late call would show up here
-			jkCheck(t, calls.Load() == before, "changed called after the watch ended")
-			jkCheck(t, !pending(keys), "a key reported after the watch ended")
+			assert.Equal(t, before, calls.Load(), "changed called after the watch ended")
+			assert.False(t, pending(keys), "a key reported after the watch ended")
 		})
 	}
 }
@@ -181,17 +184,17 @@ func TestStoreWatchKeysErrors(t *testing.T) {
 			ctx := context.Background()
 			nop := func(string) {}
 			_, err := store.WatchKeys(ctx, "bad.service", "", nop)
-			jkErrorIs(t, err, ErrInvalidName)
+			assert.ErrorIs(t, err, ErrInvalidName)
 			_, err = store.WatchKeys(ctx, rtService(), "bad type", nop)
-			jkErrorIs(t, err, ErrInvalidName)
+			assert.ErrorIs(t, err, ErrInvalidName)
 			_, err = store.WatchKeys(ctx, rtService(), "", nil)
-			jkErrorIs(t, err, ErrInvalidRequest)
+			assert.ErrorIs(t, err, ErrInvalidRequest)
 			_, err = store.ListKeys(ctx, "", "")
-			jkErrorIs(t, err, ErrInvalidName)
+			assert.ErrorIs(t, err, ErrInvalidName)
 			cancelled, cancel := context.WithCancel(ctx)
 			cancel()
 			_, err = store.WatchKeys(cancelled, rtService(), "", nop)
-			jkErrorIs(t, err, context.Canceled)
+			assert.ErrorIs(t, err, context.Canceled)
 		})
 	}
 }
@@ -206,24 +209,24 @@ func TestStoreListKeys(t *testing.T) {
 			svc := rtService()
 
 			keys, err := store.ListKeys(ctx, svc, "render")
-			jkNoErr(t, err)
-			jkCheck(t, len(keys) == 0, "keys %q in a new bucket", keys)
+			require.NoError(t, err)
+			assert.Empty(t, keys, "keys in a new bucket")
 
 			for _, k := range []string{"render.c", "render.a", "other.x", "render.b"} {
 				_, err := store.Create(ctx, svc, svc+"."+k, []byte("v"))
-				jkNoErr(t, err)
+				require.NoError(t, err)
 			}
 			_, rev, err := store.Get(ctx, svc, svc+".render.b")
-			jkNoErr(t, err)
-			jkNoErr(t, store.Delete(ctx, svc, svc+".render.b", rev))
+			require.NoError(t, err)
+			require.NoError(t, store.Delete(ctx, svc, svc+".render.b", rev))
 
 			keys, err = store.ListKeys(ctx, svc, "render")
-			jkNoErr(t, err)
-			rtEqual(t, keys, []string{svc + ".render.a", svc + ".render.c"})
+			require.NoError(t, err)
+			assert.Equal(t, []string{svc + ".render.a", svc + ".render.c"}, keys)
 
 			keys, err = store.ListKeys(ctx, svc, "")
-			jkNoErr(t, err)
-			rtEqual(t, keys, []string{svc + ".other.x", svc + ".render.a", svc + ".render.c"})
+			require.NoError(t, err)
+			assert.Equal(t, []string{svc + ".other.x", svc + ".render.a", svc + ".render.c"}, keys)
 		})
 	}
 }
@@ -234,11 +237,11 @@ func putKey(t testing.TB, store Store, svc, key string, value []byte) {
 	ctx := context.Background()
 	if _, rev, err := store.Get(ctx, svc, key); err == nil {
 		_, err = store.Update(ctx, svc, key, value, rev)
-		jkNoErr(t, err)
+		require.NoError(t, err)
 		return
 	}
 	_, err := store.Create(ctx, svc, key, value)
-	jkNoErr(t, err)
+	require.NoError(t, err)
 }
 
 func TestWatcherFanOut(t *testing.T) {
@@ -251,18 +254,18 @@ func TestWatcherFanOut(t *testing.T) {
 			svc := rtService()
 			putKey(t, store, svc, svc+".t.seed", []byte("x")) // the bucket exists
 			w, err := NewWatcher(store)
-			jkNoErr(t, err)
+			require.NoError(t, err)
 			defer w.Close()
 
 			ka, kb, kc := svc+".t.a", svc+".t.b", svc+".t.c"
 			a1, err := w.Subscribe(ctx, svc, ka)
-			jkNoErr(t, err)
+			require.NoError(t, err)
 			a2, err := w.Subscribe(ctx, svc, ka)
-			jkNoErr(t, err)
+			require.NoError(t, err)
 			b, err := w.Subscribe(ctx, svc, kb)
-			jkNoErr(t, err)
+			require.NoError(t, err)
 			c, err := w.Subscribe(ctx, svc, kc)
-			jkNoErr(t, err)
+			require.NoError(t, err)
 
 			putKey(t, store, svc, ka, []byte("1"))
 			putKey(t, store, svc, ka, []byte("2")) // coalesced with the first
@@ -272,7 +275,7 @@ func TestWatcherFanOut(t *testing.T) {
 			recv(t, c.Changed(), "a change of c")
 			// Changes are dispatched in order, so b would have been signalled
 			// by now if a change of another key could reach it.
-			jkCheck(t, !pending(b.Changed()), "b signalled by changes of other keys")
+			assert.False(t, pending(b.Changed()), "b signalled by changes of other keys")
 
 			b.Close()
 			b.Close() // idempotent
@@ -280,14 +283,14 @@ func TestWatcherFanOut(t *testing.T) {
 			putKey(t, store, svc, kb, []byte("1"))
 			putKey(t, store, svc, kc, []byte("2"))
 			recv(t, c.Changed(), "the second change of c")
-			jkCheck(t, !pending(b.Changed()), "a closed subscription signalled")
+			assert.False(t, pending(b.Changed()), "a closed subscription signalled")
 
 			for _, s := range []*Subscription{a1, a2, c} {
 				s.Close()
 			}
 			w.mu.Lock()
-			jkCheck(t, len(w.watches[svc].subs) == 0, "closed subscriptions are remembered: %v", w.watches[svc].subs)
-			jkCheck(t, len(w.watches) == 1, "%d watches, want the service's one", len(w.watches))
+			assert.Empty(t, w.watches[svc].subs, "closed subscriptions are remembered")
+			assert.Len(t, w.watches, 1, "the service's one watch")
 			w.mu.Unlock()
 		})
 	}
@@ -297,29 +300,29 @@ func TestWatcherSubscribeErrors(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
 	_, err := NewWatcher(nil)
-	jkErrorIs(t, err, ErrInvalidRequest)
+	assert.ErrorIs(t, err, ErrInvalidRequest)
 
 	w, err := NewWatcher(NewMemoryStore())
-	jkNoErr(t, err)
+	require.NoError(t, err)
 	_, err = w.Subscribe(ctx, "svc", "other.t.k")
-	jkErrorIs(t, err, ErrInvalidRequest)
+	assert.ErrorIs(t, err, ErrInvalidRequest)
 	_, err = w.Subscribe(ctx, "bad.svc", "bad.svc.t.k")
-	jkErrorIs(t, err, ErrInvalidName)
+	assert.ErrorIs(t, err, ErrInvalidName)
 	cancelled, cancel := context.WithCancel(ctx)
 	cancel()
 	_, err = w.Subscribe(cancelled, "svc", "svc.t.k")
-	jkCheck(t, err == context.Canceled, "Subscribe with a cancelled context: %v, want context.Canceled unchanged", err)
+	assert.Equal(t, context.Canceled, err, "Subscribe with a cancelled context returns ctx.Err() unchanged")
 	w.mu.Lock()
-	jkCheck(t, len(w.watches) == 0, "a failed start left a watch behind")
+	assert.Empty(t, w.watches, "a failed start left a watch behind")
 	w.mu.Unlock()
 
 	sub, err := w.Subscribe(ctx, "svc", "svc.t.k")
-	jkNoErr(t, err)
+	require.NoError(t, err)
 	w.Close()
 	recv(t, sub.Done(), "the end of a subscription when the watcher closes")
 	w.Close() // idempotent
 	_, err = w.Subscribe(ctx, "svc", "svc.t.k")
-	jkErrorIs(t, err, ErrWatcherClosed)
+	assert.ErrorIs(t, err, ErrWatcherClosed)
 }
 
 // TestWatcherConcurrentSubscribe starts one service's watch from many
@@ -328,7 +331,7 @@ func TestWatcherConcurrentSubscribe(t *testing.T) {
 	t.Parallel()
 	store := &countingWatchStore{MemoryStore: NewMemoryStore()}
 	w, err := NewWatcher(store)
-	jkNoErr(t, err)
+	require.NoError(t, err)
 	defer w.Close()
 	var wg sync.WaitGroup
 	subs := make([]*Subscription, 32)
@@ -338,9 +341,9 @@ func TestWatcherConcurrentSubscribe(t *testing.T) {
 	}
 	wg.Wait()
 	for i := range subs {
-		jkNoErr(t, errs[i])
+		require.NoError(t, errs[i])
 	}
-	rtEqual(t, store.watches.Load(), 1)
+	assert.Equal(t, int64(1), store.watches.Load())
 	putKey(t, store, "svc", "svc.t.k", []byte("v"))
 	for _, s := range subs {
 		recv(t, s.Changed(), "a change")
@@ -365,20 +368,21 @@ func TestWatcherConnectionClosed(t *testing.T) {
 	s := natstest.Run(t)
 	nc, js := natstest.Connect(t, s)
 	store, err := NewNATSStore(js, WithCreateBuckets(jetstream.MemoryStorage, 1))
-	jkNoErr(t, err)
+	require.NoError(t, err)
 	svc := rtService()
 	w, err := NewWatcher(store)
-	jkNoErr(t, err)
+	require.NoError(t, err)
 	defer w.Close()
 	sub, err := w.Subscribe(context.Background(), svc, svc+".t.k")
-	jkNoErr(t, err)
+	require.NoError(t, err)
 	nc.Close()
 	recv(t, sub.Done(), "the end of the subscription after the connection closed")
 	w.mu.Lock()
-	jkCheck(t, len(w.watches) == 0, "the ended watch is remembered")
+	assert.Empty(t, w.watches, "the ended watch is remembered")
 	w.mu.Unlock()
 	_, err = w.Subscribe(context.Background(), svc, svc+".t.k")
-	jkCheck(t, err != nil && !errors.Is(err, ErrWatcherClosed), "subscribe over a closed connection: got %v, want the store's error", err)
+	assert.Error(t, err, "subscribe over a closed connection")
+	assert.NotErrorIs(t, err, ErrWatcherClosed, "subscribe over a closed connection: want the store's error")
 }
 
 // TestWatcherNoGoroutineLeak is not parallel: it counts the process's goroutines.
@@ -387,22 +391,22 @@ func TestWatcherNoGoroutineLeak(t *testing.T) {
 	svc := rtService()
 	putKey(t, store, svc, svc+".t.seed", []byte("x"))
 	_, err := store.ListKeys(context.Background(), svc, "")
-	jkNoErr(t, err)
+	require.NoError(t, err)
 	baseline, _ := clientGoroutines()
 
 	w, err := NewWatcher(store)
-	jkNoErr(t, err)
+	require.NoError(t, err)
 	var subs []*Subscription
 	for i := range 3 {
 		sub, err := w.Subscribe(context.Background(), svc, svc+".t.k"+strconv.Itoa(i))
-		jkNoErr(t, err)
+		require.NoError(t, err)
 		subs = append(subs, sub)
 	}
 	putKey(t, store, svc, svc+".t.k1", []byte("v"))
 	recv(t, subs[1].Changed(), "a change")
 	subs[0].Close()
 	n, _ := clientGoroutines()
-	jkCheck(t, n > baseline, "a running watch has no goroutines of its own (%d, baseline %d): this test proves nothing", n, baseline)
+	assert.Greater(t, n, baseline, "a running watch has no goroutines of its own: this test proves nothing")
 	w.Close()
 	settleGoroutines(t, baseline)
 
@@ -410,19 +414,41 @@ func TestWatcherNoGoroutineLeak(t *testing.T) {
 	mem := NewMemoryStore()
 	baseline, _ = clientGoroutines()
 	mw, err := NewWatcher(mem)
-	jkNoErr(t, err)
+	require.NoError(t, err)
 	_, err = mw.Subscribe(context.Background(), "svc", "svc.t.k")
-	jkNoErr(t, err)
+	require.NoError(t, err)
 	mw.Close()
 	settleGoroutines(t, baseline)
 	mem.mu.Lock()
-	jkCheck(t, len(mem.watchers) == 0, "the memory store remembers a stopped watch")
+	assert.Empty(t, mem.watchers, "the memory store remembers a stopped watch")
 	mem.mu.Unlock()
 
 	// And a listing.
 	baseline, _ = clientGoroutines()
 	keys, err := store.ListKeys(context.Background(), svc, "t")
-	jkNoErr(t, err)
-	rtEqual(t, keys, []string{svc + ".t.k1", svc + ".t.seed"})
+	require.NoError(t, err)
+	assert.Equal(t, []string{svc + ".t.k1", svc + ".t.seed"}, keys)
 	settleGoroutines(t, baseline)
+}
+
+// TestWatcherZeroValue: a Watcher not made by NewWatcher has no store;
+// Subscribe fails with ErrInvalidRequest instead of panicking, and Close
+// does nothing.
+func TestWatcherZeroValue(t *testing.T) {
+	t.Parallel()
+	var w Watcher
+	require.NotPanics(t, func() {
+		sub, err := w.Subscribe(context.Background(), "svc", "svc.t.k")
+		assert.Nil(t, sub)
+		assert.ErrorIs(t, err, ErrInvalidRequest)
+		assert.ErrorContains(t, err, "NewWatcher")
+	})
+	require.NotPanics(t, w.Close)
+	require.NotPanics(t, w.Close)
+	_, err := w.Subscribe(context.Background(), "svc", "svc.t.k")
+	assert.ErrorIs(t, err, ErrWatcherClosed, "Subscribe after Close")
+
+	var sub Subscription
+	require.NotPanics(t, sub.Close)
+	assert.False(t, pending(sub.Changed()), "a zero Subscription signalled")
 }

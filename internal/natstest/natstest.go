@@ -1,10 +1,12 @@
 // Package natstest starts embedded nats-server instances with JetStream for
-// the tests and examples of jobkeys. Nothing here is part of the library.
+// the tests and examples of jobkeys: single servers ([Start], [Run]) and
+// routed clusters ([StartCluster]). Nothing here is part of the library.
 package natstest
 
 import (
 	"errors"
 	"fmt"
+	"net"
 	"os"
 	"testing"
 	"time"
@@ -21,7 +23,14 @@ type Options struct {
 	StoreDir string
 	// Port is the client port; 0 picks a free one.
 	Port int
+	// Configure, when set, edits the server options after the fields above
+	// are applied and before the server starts: users and permissions,
+	// accounts, a JetStream domain.
+	Configure func(*server.Options)
 }
+
+// readyWait bounds how long a server may take to accept connections.
+const readyWait = 30 * time.Second
 
 // Start starts a JetStream-enabled server listening on 127.0.0.1 and waits
 // until it accepts connections. stop shuts it down and waits for it.
@@ -38,14 +47,18 @@ func Start(o Options) (s *server.Server, stop func(), err error) {
 	if port == 0 {
 		port = -1
 	}
-	s, err = server.NewServer(&server.Options{
+	opts := &server.Options{
 		Host:      "127.0.0.1",
 		Port:      port,
 		JetStream: true,
 		StoreDir:  dir,
 		NoLog:     true,
 		NoSigs:    true,
-	})
+	}
+	if o.Configure != nil {
+		o.Configure(opts)
+	}
+	s, err = server.NewServer(opts)
 	stop = func() {
 		if s != nil {
 			s.Shutdown()
@@ -60,9 +73,9 @@ func Start(o Options) (s *server.Server, stop func(), err error) {
 		return nil, nil, fmt.Errorf("natstest: new server: %w", err)
 	}
 	go s.Start()
-	if !s.ReadyForConnections(10 * time.Second) {
+	if !s.ReadyForConnections(readyWait) {
 		stop()
-		return nil, nil, errors.New("natstest: server not ready for connections after 10s")
+		return nil, nil, fmt.Errorf("natstest: server not ready for connections after %v", readyWait)
 	}
 	if !s.JetStreamEnabled() {
 		stop()
@@ -75,7 +88,16 @@ func Start(o Options) (s *server.Server, stop func(), err error) {
 // test ends.
 func Run(t testing.TB) *server.Server {
 	t.Helper()
-	s, stop, err := Start(Options{StoreDir: t.TempDir()})
+	return RunWith(t, Options{})
+}
+
+// RunWith is Run with options; an empty StoreDir means t.TempDir().
+func RunWith(t testing.TB, o Options) *server.Server {
+	t.Helper()
+	if o.StoreDir == "" {
+		o.StoreDir = t.TempDir()
+	}
+	s, stop, err := Start(o)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -84,10 +106,19 @@ func Run(t testing.TB) *server.Server {
 }
 
 // Connect opens a client connection to s over TCP and returns it with its
-// JetStream context; the connection is closed when the test ends.
-func Connect(t testing.TB, s *server.Server) (*nats.Conn, jetstream.JetStream) {
+// JetStream context; the connection is closed when the test ends. It
+// reconnects without limit every 50ms; opts come after those defaults and
+// may override them.
+func Connect(t testing.TB, s *server.Server, opts ...nats.Option) (*nats.Conn, jetstream.JetStream) {
 	t.Helper()
-	nc, err := nats.Connect(s.ClientURL(), nats.MaxReconnects(-1), nats.ReconnectWait(50*time.Millisecond))
+	return ConnectURL(t, s.ClientURL(), opts...)
+}
+
+// ConnectURL is Connect for a URL (or a comma-separated list of them).
+func ConnectURL(t testing.TB, url string, opts ...nats.Option) (*nats.Conn, jetstream.JetStream) {
+	t.Helper()
+	all := append([]nats.Option{nats.MaxReconnects(-1), nats.ReconnectWait(50 * time.Millisecond)}, opts...)
+	nc, err := nats.Connect(url, all...)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -97,4 +128,15 @@ func Connect(t testing.TB, s *server.Server) (*nats.Conn, jetstream.JetStream) {
 		t.Fatal(err)
 	}
 	return nc, js
+}
+
+// FreePort returns a TCP port on 127.0.0.1 that was free a moment ago.
+func FreePort(t testing.TB) int {
+	t.Helper()
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	return l.Addr().(*net.TCPAddr).Port
 }

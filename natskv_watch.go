@@ -1,0 +1,178 @@
+package jobkeys
+
+import (
+	"context"
+	"fmt"
+	"slices"
+	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
+)
+
+// This file holds NATSStore's optional capabilities: watching and listing
+// keys.
+
+var (
+	_ KeyWatcher = (*NATSStore)(nil)
+	_ KeyLister  = (*NATSStore)(nil)
+)
+
+// natsWatchDrainTimeout bounds how long stopping a KV watch waits for the
+// client library to close its channel.
+const natsWatchDrainTimeout = 10 * time.Second
+
+// WatchKeys implements [KeyWatcher] with one JetStream KV watch (an ordered
+// push consumer) that delivers only new changes and no values. A watch the
+// server refuses (no permission to create the consumer or to subscribe to
+// its delivery subject) fails with an error wrapping [ErrPermission].
+func (s *NATSStore) WatchKeys(ctx context.Context, service, jobType string, changed func(kvKey string)) (<-chan struct{}, error) {
+	prefix, err := keyFilter(service, jobType)
+	if err != nil {
+		return nil, err
+	}
+	if changed == nil {
+		return nil, fmt.Errorf("%w: changed function is nil", ErrInvalidRequest)
+	}
+	filter := prefix + ">"
+	// The guard's context is the watch's for its whole life; the guard
+	// itself is released once the watch has started.
+	wctx, pg, err := s.begin(ctx, natsOpRead|natsOpWatch, service, "watch", filter)
+	if err != nil {
+		return nil, err
+	}
+	kw, err := s.startWatch(ctx, wctx, service, filter)
+	if err != nil {
+		pg.done()
+		return nil, err
+	}
+	pg.release()
+	ended := make(chan struct{})
+	go func() {
+		defer close(ended)
+		defer stopNATSWatch(kw, pg.done)
+		for {
+			select {
+			case <-wctx.Done():
+				return
+			case e, ok := <-kw.Updates():
+				if !ok {
+					return // the subscription closed (connection closed)
+				}
+				if e != nil {
+					changed(e.Key())
+				}
+			}
+		}
+	}()
+	return ended, nil
+}
+
+// startWatch starts the KV watch of WatchKeys on wctx, the guarded context
+// derived from the caller's ctx, and makes sure the server accepted its
+// subscription.
+func (s *NATSStore) startWatch(ctx, wctx context.Context, service, filter string) (jetstream.KeyWatcher, error) {
+	kv, err := s.keyValue(wctx, service)
+	if err != nil {
+		return nil, explainPermission(ctx, wctx, "watch", filter, err)
+	}
+	nc := s.js.Conn()
+	before := nc.LastError()
+	kw, err := kv.Watch(wctx, filter, jetstream.UpdatesOnly(), jetstream.MetaOnly())
+	if err != nil {
+		if ctx.Err() != nil {
+			return nil, ctx.Err()
+		}
+		return nil, explainPermission(ctx, wctx, "watch", filter,
+			fmt.Errorf("jobkeys: watch %s in KV bucket %q: %w", filter, kv.Bucket(), err))
+	}
+	// The server refuses a delivery subscription without failing the
+	// watch, which would then never deliver. The refusal reaches the
+	// client before the answer to a flush, and nats.go sets it as the
+	// connection's last error as soon as it arrives.
+	fctx, cancel := context.WithTimeout(wctx, s.js.Options().DefaultTimeout)
+	ferr := nc.FlushWithContext(fctx)
+	cancel()
+	if last := nc.LastError(); ferr == nil && last != nil && last != before {
+		if v := parseViolation(nc, last); v != nil && needs(natsOpWatch, kv.Bucket(), inboxPrefix(nc), v.subject) {
+			_ = kw.Stop()
+			return nil, fmt.Errorf("%w: watch %s: %v", ErrPermission, filter, v)
+		}
+	}
+	return kw, nil
+}
+
+// stopNATSWatch stops a KV watch and drains its channel until the client
+// closes it: the client's delivery goroutine may be blocked sending to the
+// channel, and would never exit otherwise.
+func stopNATSWatch(kw jetstream.KeyWatcher, cancel func()) {
+	_ = kw.Stop() // fails only when already stopped or the connection is closed; both end the watch
+	cancel()
+	t := time.NewTimer(natsWatchDrainTimeout)
+	defer t.Stop()
+	for {
+		select {
+		case _, ok := <-kw.Updates():
+			if !ok {
+				return
+			}
+		case <-t.C:
+			return
+		}
+	}
+}
+
+// ListKeys implements [KeyLister]: it reads the last entry of every key of
+// the selection (headers only) and leaves out deleted keys.
+//
+// It does not use jetstream's KeyValue.ListKeysFiltered, which runs the same
+// kind of watch: that listing cannot tell a complete list from one cut
+// short, since its channel closes the same way after the last key, when
+// the connection closes mid-listing and when ctx ends. A Sweeper acting on
+// a partial list would skip keys silently; this one fails instead.
+func (s *NATSStore) ListKeys(ctx context.Context, service, jobType string) ([]string, error) {
+	prefix, err := keyFilter(service, jobType)
+	if err != nil {
+		return nil, err
+	}
+	filter := prefix + ">"
+	lctx, pg, err := s.begin(ctx, natsOpRead|natsOpWatch, service, "list", filter)
+	if err != nil {
+		return nil, err
+	}
+	defer pg.done()
+	keys, err := s.listKeys(lctx, service, filter)
+	if err != nil && ctx.Err() != nil {
+		return nil, ctx.Err()
+	}
+	return keys, explainPermission(ctx, lctx, "list", filter, err)
+}
+
+// listKeys lists the keys matching filter on lctx, which ListKeys cancels
+// when it returns.
+func (s *NATSStore) listKeys(lctx context.Context, service, filter string) ([]string, error) {
+	kv, err := s.keyValue(lctx, service)
+	if err != nil {
+		return nil, err
+	}
+	kw, err := kv.Watch(lctx, filter, jetstream.IgnoreDeletes(), jetstream.MetaOnly())
+	if err != nil {
+		return nil, fmt.Errorf("jobkeys: list %s in KV bucket %q: %w", filter, kv.Bucket(), err)
+	}
+	defer stopNATSWatch(kw, func() {})
+	var keys []string
+	for {
+		select {
+		case <-lctx.Done():
+			return nil, lctx.Err()
+		case e, ok := <-kw.Updates():
+			if !ok {
+				return nil, fmt.Errorf("jobkeys: list %s in KV bucket %q: the watch closed before the listing was complete", filter, kv.Bucket())
+			}
+			if e == nil { // all current keys delivered
+				slices.Sort(keys)
+				return slices.Compact(keys), nil
+			}
+			keys = append(keys, e.Key())
+		}
+	}
+}

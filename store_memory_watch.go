@@ -1,0 +1,128 @@
+package jobkeys
+
+import (
+	"context"
+	"fmt"
+	"slices"
+	"strings"
+	"sync"
+)
+
+// This file holds MemoryStore's optional capabilities: watching and listing
+// keys.
+
+var (
+	_ KeyWatcher = (*MemoryStore)(nil)
+	_ KeyLister  = (*MemoryStore)(nil)
+)
+
+// memoryWatcher is a hook for watches over a MemoryStore; see notify.
+type memoryWatcher struct {
+	service string
+	fn      func(key string, value []byte, rev uint64, deleted bool)
+}
+
+// notify tells watchers of service about a change. Called with m.mu held;
+// watcher functions must not block or call back into the store.
+func (m *MemoryStore) notify(service, key string, value []byte, rev uint64, deleted bool) {
+	for _, w := range m.watchers {
+		if w.service == service {
+			w.fn(key, value, rev, deleted)
+		}
+	}
+}
+
+// WatchKeys implements [KeyWatcher]. Changes are queued in memory, so a slow
+// changed function never holds up writers.
+func (m *MemoryStore) WatchKeys(ctx context.Context, service, jobType string, changed func(kvKey string)) (<-chan struct{}, error) {
+	prefix, err := keyFilter(service, jobType)
+	if err != nil {
+		return nil, err
+	}
+	if changed == nil {
+		return nil, fmt.Errorf("%w: changed function is nil", ErrInvalidRequest)
+	}
+	if err := ctx.Err(); err != nil {
+		return nil, err
+	}
+	q := &keyQueue{signal: make(chan struct{}, 1)}
+	mw := &memoryWatcher{service: service, fn: func(key string, _ []byte, _ uint64, _ bool) {
+		if strings.HasPrefix(key, prefix) {
+			q.push(key)
+		}
+	}}
+	m.mu.Lock()
+	m.watchers = append(m.watchers, mw)
+	m.mu.Unlock()
+
+	ended := make(chan struct{})
+	go func() {
+		defer close(ended)
+		defer func() {
+			m.mu.Lock()
+			m.watchers = slices.DeleteFunc(m.watchers, func(x *memoryWatcher) bool { return x == mw })
+			m.mu.Unlock()
+		}()
+		for {
+			select {
+			case <-ctx.Done():
+				return
+			case <-q.signal:
+			}
+			for _, key := range q.take() {
+				if ctx.Err() != nil {
+					return
+				}
+				changed(key)
+			}
+		}
+	}()
+	return ended, nil
+}
+
+// keyQueue is an unbounded FIFO of changed keys between a store's writers and
+// a watch goroutine.
+type keyQueue struct {
+	mu     sync.Mutex
+	keys   []string
+	signal chan struct{} // capacity 1: "keys is not empty"
+}
+
+func (q *keyQueue) push(key string) {
+	q.mu.Lock()
+	q.keys = append(q.keys, key)
+	q.mu.Unlock()
+	select {
+	case q.signal <- struct{}{}:
+	default:
+	}
+}
+
+func (q *keyQueue) take() []string {
+	q.mu.Lock()
+	keys := q.keys
+	q.keys = nil
+	q.mu.Unlock()
+	return keys
+}
+
+// ListKeys implements [KeyLister].
+func (m *MemoryStore) ListKeys(ctx context.Context, service, jobType string) ([]string, error) {
+	prefix, err := keyFilter(service, jobType)
+	if err != nil {
+		return nil, err
+	}
+	if err := ctx.Err(); err != nil {
+		return nil, err
+	}
+	m.mu.Lock()
+	keys := make([]string, 0, len(m.buckets[service]))
+	for k, e := range m.buckets[service] {
+		if !e.deleted && strings.HasPrefix(k, prefix) {
+			keys = append(keys, k)
+		}
+	}
+	m.mu.Unlock()
+	slices.Sort(keys)
+	return keys, nil
+}
