@@ -92,7 +92,8 @@ func (c *cli) connect(ctx context.Context, o *options) (*session, error) {
 	if o.creds != "" {
 		opts = append(opts, nats.UserCredentials(o.creds))
 	}
-	opts = append(opts, nats.Name("jobkeys CLI"), nats.Timeout(o.timeout), nats.MaxReconnects(0), nats.NoCallbacksAfterClientClose())
+	opts = append(opts, nats.Name("jobkeys CLI"), nats.Timeout(o.timeout), nats.MaxReconnects(0), nats.NoCallbacksAfterClientClose(),
+		nats.ErrorHandler(func(*nats.Conn, *nats.Subscription, error) {})) // errors are reported by the calls that meet them
 	nc, err := nats.Connect(url, opts...)
 	if err != nil {
 		return nil, fmt.Errorf("connect to %s: %w", url, err)
@@ -152,7 +153,7 @@ func exitCode(err error) int {
 
 // isPermission reports whether the server refused the CLI's user.
 func isPermission(err error) bool {
-	if errors.Is(err, nats.ErrPermissionViolation) || errors.Is(err, nats.ErrAuthorization) {
+	if errors.Is(err, jobkeys.ErrPermission) || errors.Is(err, nats.ErrPermissionViolation) || errors.Is(err, nats.ErrAuthorization) {
 		return true
 	}
 	var apiErr *jetstream.APIError
