@@ -286,6 +286,10 @@ func (c *KeyCoordinator) WatchOccupancy(ctx context.Context, service, jobType st
 				w.end(ctx.Err())
 				return
 			case <-ended:
+				if ctx.Err() != nil { // the store's watch ended because ctx did
+					w.end(ctx.Err())
+					return
+				}
 				w.end(fmt.Errorf("jobkeys: watch of service %q job type %q ended: the store stopped watching (connection closed?)", service, jobType))
 				return
 			case <-p.signal:

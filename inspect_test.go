@@ -243,3 +243,59 @@ func ExampleKeyCoordinator_InspectKeys() {
 	// Output:
 	// a-42 active 1/1 queued 1/2 next expiry 10:02:00
 }
+
+// An operator follows a job type's keys: the keys as they are, then each
+// change of occupancy; the renewal in between is not an event.
+func ExampleKeyCoordinator_WatchOccupancy() {
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	coord, err := NewCoordinator(NewMemoryStore(), nil)
+	if err != nil {
+		fmt.Println(err)
+		return
+	}
+	jt, err := coord.JobType("billing", "sync", Policy{Key: []string{"/account"}})
+	if err != nil {
+		fmt.Println(err)
+		return
+	}
+	payload := []byte(`{"account":"a-42"}`)
+	if _, err := jt.Admit(ctx, "sync-1", payload); err != nil {
+		fmt.Println(err)
+		return
+	}
+	w, err := coord.WatchOccupancy(ctx, "billing", "sync")
+	if err != nil {
+		fmt.Println(err)
+		return
+	}
+	print := func() {
+		ch := <-w.Changes()
+		fmt.Printf("%s initial=%t deleted=%t active %d queued %d\n", ch.Info.Key, ch.Initial, ch.Deleted, ch.Info.Active, ch.Info.Queued)
+	}
+	print()
+	acq, err := jt.Acquire(ctx, "sync-1", payload)
+	if err != nil {
+		fmt.Println(err)
+		return
+	}
+	print()
+	if _, err := jt.Renew(ctx, acq.Lease); err != nil {
+		fmt.Println(err)
+		return
+	}
+	if _, err := jt.Release(ctx, acq.Lease); err != nil {
+		fmt.Println(err)
+		return
+	}
+	print()
+	cancel()
+	for range w.Changes() {
+	}
+	fmt.Println(w.Err())
+	// Output:
+	// a-42 initial=true deleted=false active 0 queued 1
+	// a-42 initial=false deleted=false active 1 queued 0
+	//  initial=false deleted=true active 0 queued 0
+	// context canceled
+}
