@@ -1,0 +1,320 @@
+package jobs
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"iter"
+	"strconv"
+	"strings"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+	"github.com/synadia-io/orbit.go/jetstreamext"
+)
+
+// The reads and writes NATSStore makes, below the rules: single and batched
+// last-message reads, the channel revision, compare-and-swap writes, the
+// atomic enqueue batch and the purges.
+
+// natsMsg is the last message of a key: its value and revision.
+type natsMsg struct {
+	data []byte
+	rev  uint64
+}
+
+// natsReadChunk bounds the subjects of one batched read, keeping the request
+// far below the server's payload limit and the 1,024 results a batched
+// direct get may return.
+const natsReadChunk = 256
+
+// natsUnavailable wraps an I/O error; a cancelled or expired ctx is returned
+// unchanged.
+func natsUnavailable(ctx context.Context, op, what string, err error) error {
+	if ctx.Err() != nil {
+		return ctx.Err()
+	}
+	if errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded) {
+		return err
+	}
+	return fmt.Errorf("%w: %s: %s: %w", ErrUnavailable, op, what, err)
+}
+
+// isNATSCASConflict reports a compare-and-swap conflict: JetStream error
+// 10071 (wrong last sequence) or 10164 (the same on a replicated stream
+// while a write is in flight). Matched by code, never by text.
+func isNATSCASConflict(err error) bool {
+	var apiErr *jetstream.APIError
+	if !errors.As(err, &apiErr) {
+		return false
+	}
+	return apiErr.ErrorCode == jetstream.JSErrCodeStreamWrongLastSequence ||
+		apiErr.ErrorCode == jetstream.JSErrCodeStreamWrongLastSequenceConstant
+}
+
+// isNATSDeleted reports a KV delete or purge marker.
+func isNATSDeleted(h nats.Header) bool {
+	op := h.Get("KV-Operation")
+	return op == "DEL" || op == "PURGE"
+}
+
+// getOne reads the last message of key. found is false when the key has
+// none (or a delete marker). On a replicated bucket the read goes to the
+// stream leader, so it sees every acknowledged write.
+func (s *NATSStore) getOne(ctx context.Context, op, key string) (natsMsg, bool, error) {
+	if s.leaderReads {
+		return s.getFromLeader(ctx, op, s.keys.subject(key))
+	}
+	m, err := s.stream.GetLastMsgForSubject(ctx, s.keys.subject(key))
+	if errors.Is(err, jetstream.ErrMsgNotFound) {
+		return natsMsg{}, false, nil
+	}
+	if err != nil {
+		return natsMsg{}, false, natsUnavailable(ctx, op, "read KV key "+strconv.Quote(key), err)
+	}
+	if isNATSDeleted(m.Header) {
+		return natsMsg{}, false, nil
+	}
+	return natsMsg{data: m.Data, rev: m.Sequence}, true, nil
+}
+
+// natsMsgGetResponse is the JetStream API's answer to STREAM.MSG.GET.
+type natsMsgGetResponse struct {
+	Error *struct {
+		Code        int    `json:"code"`
+		ErrCode     int    `json:"err_code"`
+		Description string `json:"description"`
+	} `json:"error"`
+	Message *struct {
+		Subject string `json:"subject"`
+		Seq     uint64 `json:"seq"`
+		Hdrs    []byte `json:"hdrs"`
+		Data    []byte `json:"data"`
+	} `json:"message"`
+}
+
+// getFromLeader reads the last message of subject (wildcards allowed)
+// through STREAM.MSG.GET, which the stream leader answers.
+func (s *NATSStore) getFromLeader(ctx context.Context, op, subject string) (natsMsg, bool, error) {
+	if _, ok := ctx.Deadline(); !ok {
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithTimeout(ctx, s.js.Options().DefaultTimeout)
+		defer cancel()
+	}
+	req, err := json.Marshal(map[string]string{"last_by_subj": subject})
+	if err != nil {
+		return natsMsg{}, false, err
+	}
+	reply, err := s.js.Conn().RequestWithContext(ctx, s.msgGet, req)
+	if err != nil {
+		return natsMsg{}, false, natsUnavailable(ctx, op, "read "+subject+" from the stream leader", err)
+	}
+	var resp natsMsgGetResponse
+	if err := json.Unmarshal(reply.Data, &resp); err != nil {
+		return natsMsg{}, false, natsUnavailable(ctx, op, "read "+subject, fmt.Errorf("bad response: %w", err))
+	}
+	switch {
+	case resp.Error != nil && resp.Error.ErrCode == int(jetstream.JSErrCodeMessageNotFound):
+		return natsMsg{}, false, nil
+	case resp.Error != nil:
+		return natsMsg{}, false, natsUnavailable(ctx, op, "read "+subject, &jetstream.APIError{
+			Code: resp.Error.Code, ErrorCode: jetstream.ErrorCode(resp.Error.ErrCode), Description: resp.Error.Description})
+	case resp.Message == nil:
+		return natsMsg{}, false, natsUnavailable(ctx, op, "read "+subject, errors.New("response without a message"))
+	}
+	if len(resp.Message.Hdrs) > 0 {
+		h, err := nats.DecodeHeadersMsg(resp.Message.Hdrs)
+		if err != nil {
+			return natsMsg{}, false, natsUnavailable(ctx, op, "read "+subject, fmt.Errorf("bad headers: %w", err))
+		}
+		if isNATSDeleted(h) {
+			return natsMsg{}, false, nil
+		}
+	}
+	return natsMsg{data: resp.Message.Data, rev: resp.Message.Seq}, true, nil
+}
+
+// getMany reads the last messages of keys in batched direct gets of at most
+// natsReadChunk subjects each. Keys without a message are absent from the
+// result.
+func (s *NATSStore) getMany(ctx context.Context, op string, keys []string) (map[string]natsMsg, error) {
+	out := make(map[string]natsMsg, len(keys))
+	for start := 0; start < len(keys); start += natsReadChunk {
+		chunk := keys[start:min(start+natsReadChunk, len(keys))]
+		subjects := make([]string, len(chunk))
+		for i, k := range chunk {
+			subjects[i] = s.keys.subject(k)
+		}
+		it, err := jetstreamext.GetLastMsgsFor(ctx, s.js, s.streamName, subjects)
+		if err != nil {
+			return nil, natsUnavailable(ctx, op, fmt.Sprintf("read %d KV keys", len(chunk)), err)
+		}
+		if err := s.collect(ctx, op, it, out); err != nil {
+			return nil, err
+		}
+	}
+	return out, nil
+}
+
+// errTooManyResults reports a batched read that matched more subjects than
+// the server answers in one request.
+var errTooManyResults = errors.New("too many results for one batched read")
+
+// collect drains a batched read into out, keyed by KV key.
+func (s *NATSStore) collect(ctx context.Context, op string, it iter.Seq2[*jetstream.RawStreamMsg, error], out map[string]natsMsg) error {
+	for m, err := range it {
+		if errors.Is(err, jetstreamext.ErrNoMessages) {
+			return nil
+		}
+		if errors.Is(err, jetstreamext.ErrBatchUnsupported) {
+			// The server answers "413 Too Many Results" without the
+			// headers of a batch response.
+			return errTooManyResults
+		}
+		if err != nil {
+			return natsUnavailable(ctx, op, "batched read", err)
+		}
+		if isNATSDeleted(m.Header) {
+			continue
+		}
+		if key, ok := s.keys.key(m.Subject); ok {
+			out[key] = natsMsg{data: m.Data, rev: m.Sequence}
+		}
+	}
+	return nil
+}
+
+// lastMatching reads the last message of every subject matching filter.
+// When more subjects match than one batched read returns, it falls back to
+// the stream's subject list, whose entries carry the stream's last sequence
+// as their revision: an upper bound, enough for dropActive.
+func (s *NATSStore) lastMatching(ctx context.Context, op, filter string) (map[string]natsMsg, error) {
+	out := make(map[string]natsMsg)
+	it, err := jetstreamext.GetLastMsgsFor(ctx, s.js, s.streamName, []string{filter})
+	if err != nil {
+		return nil, natsUnavailable(ctx, op, "read "+filter, err)
+	}
+	err = s.collect(ctx, op, it, out)
+	if errors.Is(err, errTooManyResults) {
+		names, last, err := s.subjects(ctx, op, filter)
+		if err != nil {
+			return nil, err
+		}
+		out = make(map[string]natsMsg, len(names))
+		for _, key := range names {
+			out[key] = natsMsg{rev: last}
+		}
+		return out, nil
+	}
+	return out, err
+}
+
+// subjects lists the KV keys matching filter (key names only, no values)
+// and the stream's last sequence at the time of the listing.
+func (s *NATSStore) subjects(ctx context.Context, op, filter string) ([]string, uint64, error) {
+	info, err := s.stream.Info(ctx, jetstream.WithSubjectFilter(filter))
+	if err != nil {
+		return nil, 0, natsUnavailable(ctx, op, "list "+filter, err)
+	}
+	keys := make([]string, 0, len(info.State.Subjects))
+	for subj := range info.State.Subjects {
+		if key, ok := s.keys.key(subj); ok {
+			keys = append(keys, key)
+		}
+	}
+	return keys, info.State.LastSeq, nil
+}
+
+// channelRevision is the revision of the channel's last change: the
+// sequence of the last message of any of its keys; 0 when it has none.
+func (s *NATSStore) channelRevision(ctx context.Context, op, channelID string) (uint64, error) {
+	m, found, err := s.getFromLeader(ctx, op, s.keys.channelFilter(channelID))
+	if err != nil || !found {
+		return 0, err
+	}
+	return m.rev, nil
+}
+
+// update writes value over key's revision rev. conflict is true when the key
+// changed since.
+func (s *NATSStore) update(ctx context.Context, op, key string, value []byte, rev uint64) (newRev uint64, conflict bool, err error) {
+	newRev, err = s.kv.Update(ctx, key, value, rev)
+	if err == nil {
+		return newRev, false, nil
+	}
+	if isNATSCASConflict(err) {
+		return 0, true, nil
+	}
+	return 0, false, natsUnavailable(ctx, op, "write KV key "+strconv.Quote(key), err)
+}
+
+// natsBatchMsg is one write of an atomic batch: key, value and the revision
+// the key must have (0: no message), or no expectation.
+type natsBatchMsg struct {
+	key    string
+	value  []byte
+	expect uint64
+	check  bool
+}
+
+// publishBatch writes msgs as one atomic batch and returns the sequence of
+// the last. conflict is true when an expectation failed; nothing is written
+// then.
+func (s *NATSStore) publishBatch(ctx context.Context, op string, msgs []natsBatchMsg) (lastRev uint64, conflict bool, err error) {
+	out := make([]*nats.Msg, len(msgs))
+	for i, m := range msgs {
+		nm := nats.NewMsg(s.keys.subject(m.key))
+		nm.Data = m.value
+		if m.check {
+			nm.Header.Set(jetstream.ExpectedLastSubjSeqHeader, strconv.FormatUint(m.expect, 10))
+		}
+		out[i] = nm
+	}
+	publish := s.batchPublish
+	if publish == nil {
+		publish = func(ctx context.Context, msgs []*nats.Msg) (uint64, error) {
+			ack, err := jetstreamext.PublishMsgBatch(ctx, s.js, msgs,
+				jetstreamext.BatchFlowControl{AckFirst: false, AckTimeout: s.js.Options().DefaultTimeout})
+			if err != nil {
+				return 0, err
+			}
+			return ack.Sequence, nil
+		}
+	}
+	lastRev, err = publish(ctx, out)
+	if err == nil {
+		return lastRev, false, nil
+	}
+	if isNATSCASConflict(err) {
+		return 0, true, nil
+	}
+	return 0, false, natsUnavailable(ctx, op, fmt.Sprintf("atomic batch of %d writes", len(msgs)), err)
+}
+
+// dropActive removes key's active entry if it was written before revision
+// before: a purge that cannot remove an entry written later (a job re-created
+// after DeleteChannel). It is cleanup: a failure leaves the entry for the
+// next Claim to remove.
+func (s *NATSStore) dropActive(ctx context.Context, key string, before uint64) {
+	if before == 0 {
+		return
+	}
+	_ = s.stream.Purge(ctx, jetstream.WithPurgeSubject(s.keys.subject(key)), jetstream.WithPurgeSequence(before))
+}
+
+// natsAPIPrefix is the JetStream API subject prefix of js: "$JS.API." or
+// the one its options name.
+func natsAPIPrefix(opts jetstream.JetStreamOptions) string {
+	switch {
+	case opts.APIPrefix != "":
+		p := opts.APIPrefix
+		if !strings.HasSuffix(p, ".") {
+			p += "."
+		}
+		return p
+	case opts.Domain != "":
+		return "$JS." + opts.Domain + ".API."
+	}
+	return "$JS.API."
+}

@@ -1,0 +1,166 @@
+package jobs
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats-server/v2/server"
+	"github.com/nats-io/nats.go/jetstream"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/jobkeys/jobkeys/internal/natstest"
+)
+
+var natsBucketSeq atomic.Int64
+
+// newTestNATSStore returns a store over a new memory-storage bucket of s
+// on a connection of its own.
+func newTestNATSStore(t testing.TB, s *server.Server, cfg *Config) (*NATSStore, jetstream.JetStream) {
+	t.Helper()
+	_, js := natstest.Connect(t, s)
+	bucket := fmt.Sprintf("JOBS_T%d", natsBucketSeq.Add(1))
+	st, err := NewNATSStore(js, cfg, WithBucket(bucket), WithCreateBucket(jetstream.MemoryStorage, 1))
+	require.NoError(t, err)
+	return st, js
+}
+
+// openTestNATSStore opens another store (another connection: another
+// process, as far as the server can tell) over st's bucket.
+func openTestNATSStore(t testing.TB, s *server.Server, st *NATSStore, cfg *Config) *NATSStore {
+	t.Helper()
+	_, js := natstest.Connect(t, s)
+	other, err := NewNATSStore(js, cfg, WithBucket(st.Bucket()))
+	require.NoError(t, err)
+	return other
+}
+
+// fixedClock is a clock that moves only when told.
+type fixedClock struct{ ns atomic.Int64 }
+
+func newFixedClock() *fixedClock {
+	c := &fixedClock{}
+	c.ns.Store(time.Date(2026, 3, 4, 5, 6, 7, 0, time.UTC).UnixNano())
+	return c
+}
+
+func (c *fixedClock) Now() time.Time          { return time.Unix(0, c.ns.Load()).UTC() }
+func (c *fixedClock) Advance(d time.Duration) { c.ns.Add(int64(d)) }
+
+func testEnqueueRequest(channel, id, target string) EnqueueRequest {
+	return EnqueueRequest{
+		ID: id, ChannelID: channel, Type: "render", Version: 1, Origin: "user",
+		TargetKey: target, IdempotencyKey: "idem-" + id, Fingerprint: "fp-" + id,
+		Input: json.RawMessage(`{"n":1}`),
+	}
+}
+
+func TestNATSStoreMissingBucket(t *testing.T) {
+	t.Parallel()
+	s := natstest.Run(t)
+	_, js := natstest.Connect(t, s)
+	_, err := NewNATSStore(js, nil, WithBucket("NOPE"))
+	require.ErrorIs(t, err, ErrNotFound)
+	assert.Contains(t, err.Error(), `"NOPE"`)
+	assert.Contains(t, err.Error(), "WithCreateBucket")
+}
+
+func TestNATSStoreBucketWithoutAtomicPublish(t *testing.T) {
+	t.Parallel()
+	s := natstest.Run(t)
+	_, js := natstest.Connect(t, s)
+	ctx := context.Background()
+	_, err := js.CreateKeyValue(ctx, jetstream.KeyValueConfig{Bucket: "PLAIN", Storage: jetstream.MemoryStorage})
+	require.NoError(t, err)
+	_, err = NewNATSStore(js, nil, WithBucket("PLAIN"))
+	require.ErrorIs(t, err, ErrConflict)
+	assert.Contains(t, err.Error(), "atomic batch publish")
+	assert.Contains(t, err.Error(), "KV_PLAIN")
+}
+
+func TestNATSStoreOptions(t *testing.T) {
+	t.Parallel()
+	s := natstest.Run(t)
+	_, js := natstest.Connect(t, s)
+	for _, name := range []string{"", "a.b", "a b", string(make([]byte, 65))} {
+		_, err := NewNATSStore(js, nil, WithBucket(name))
+		assert.ErrorIs(t, err, ErrConflict, "bucket %q", name)
+	}
+	_, err := NewNATSStore(js, nil, WithCreateBucket(jetstream.FileStorage, 0))
+	assert.ErrorIs(t, err, ErrConflict)
+	_, err = NewNATSStore(nil, nil)
+	assert.ErrorIs(t, err, ErrConflict)
+	st, err := NewNATSStore(js, nil, WithCreateBucket(jetstream.MemoryStorage, 1))
+	require.NoError(t, err)
+	assert.Equal(t, NATSBucketDefault, st.Bucket())
+}
+
+func TestNATSStoreCycle(t *testing.T) {
+	t.Parallel()
+	s := natstest.Run(t)
+	clk := newFixedClock()
+	st, _ := newTestNATSStore(t, s, &Config{Now: clk.Now})
+	ctx := context.Background()
+
+	enq, err := st.Enqueue(ctx, testEnqueueRequest("ch/1", "job.1", "doc 1"))
+	require.NoError(t, err)
+	require.False(t, enq.Repeated)
+	assert.Equal(t, StatePending, enq.Job.State)
+	assert.Equal(t, uint64(1), enq.Job.TargetGeneration)
+	assert.NotZero(t, enq.Job.Revision)
+
+	again, err := st.Enqueue(ctx, testEnqueueRequest("ch/1", "job.1", "doc 1"))
+	require.NoError(t, err)
+	assert.True(t, again.Repeated)
+	assert.Equal(t, enq.Job, again.Job)
+
+	claimed, err := st.Claim(ctx, ClaimRequest{ChannelID: "ch/1", Owner: "w1", Count: 5, TTL: time.Minute})
+	require.NoError(t, err)
+	require.Len(t, claimed, 1)
+	j := claimed[0]
+	assert.Equal(t, StateRunning, j.State)
+	assert.Greater(t, j.Revision, enq.Job.Revision)
+
+	clk.Advance(time.Second)
+	p, err := st.AppendProgress(ctx, ProgressRequest{Claim: ClaimOf(j), Stage: "fetch", Label: "fetching", State: ProgressStarted})
+	require.NoError(t, err)
+	require.Len(t, p.Progress, 1)
+	assert.Equal(t, p.Revision, p.Progress[0].Revision)
+
+	r, err := st.Renew(ctx, RenewRequest{Claim: ClaimOf(j), ExpectedRevision: p.Revision, TTL: 2 * time.Minute, Binding: json.RawMessage(`{"slot":"x"}`)})
+	require.NoError(t, err)
+	assert.Equal(t, p.Progress[0].Revision, r.Progress[0].Revision, "an older entry keeps its revision")
+
+	d, err := st.Settle(ctx, SettleRequest{Claim: ClaimOf(j), Artifact: json.RawMessage(`{"ok":true}`)})
+	require.NoError(t, err)
+	assert.Equal(t, StateCompleted, d.Job.State)
+	require.NotNil(t, d.Artifact)
+	assert.Equal(t, d.Job.Revision, d.Artifact.Revision)
+
+	got, err := st.Get(ctx, "ch/1", "job.1")
+	require.NoError(t, err)
+	assert.Equal(t, d.Job, got.Job)
+	assert.Equal(t, d.Artifact, got.Artifact)
+	assert.Equal(t, Target{ChannelID: "ch/1", TargetKey: "doc 1", Generation: 1}, got.Target)
+
+	page, err := st.List(ctx, ListRequest{ChannelID: "ch/1", Limit: 10})
+	require.NoError(t, err)
+	require.Len(t, page.Jobs, 1)
+	assert.GreaterOrEqual(t, page.Revision, d.Job.Revision)
+
+	none, err := st.Claim(ctx, ClaimRequest{ChannelID: "ch/1", Owner: "w1", Count: 5, TTL: time.Minute})
+	require.NoError(t, err)
+	assert.Empty(t, none)
+
+	require.NoError(t, st.DeleteChannel(ctx, "ch/1"))
+	_, err = st.Get(ctx, "ch/1", "job.1")
+	require.ErrorIs(t, err, ErrNotFound)
+	fresh, err := st.Enqueue(ctx, testEnqueueRequest("ch/1", "job.1", "doc 1"))
+	require.NoError(t, err)
+	assert.False(t, fresh.Repeated)
+	assert.Greater(t, fresh.Job.Revision, d.Job.Revision, "revisions are never reused")
+}
