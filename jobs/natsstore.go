@@ -186,7 +186,9 @@ func createNATSBucket(ctx context.Context, js jetstream.JetStream, o natsStoreOp
 }
 
 // Bucket returns the name of the store's KV bucket.
-func (s *NATSStore) Bucket() string { return strings.TrimSuffix(strings.TrimPrefix(s.keys.prefix, "$KV."), ".") }
+func (s *NATSStore) Bucket() string {
+	return strings.TrimSuffix(strings.TrimPrefix(s.keys.prefix, "$KV."), ".")
+}
 
 // readJob reads and decodes a job. found is false when the channel has no
 // such job.
