@@ -25,7 +25,7 @@ import (
 // length: no claim expires, so a job's owner can only change by a claim of
 // a pending job.
 
-const linJobs = 4
+const linJobs = 8
 
 type linState struct {
 	jobs [linJobs]linJob
@@ -165,7 +165,7 @@ func TestNATSStoreLinearizableClaims(t *testing.T) {
 				if held != nil {
 					in.job, in.gen, in.expect = jobIndex(held.ID), held.ClaimGeneration, lastRev
 					switch r := rng.IntN(10); {
-					case r < 5:
+					case r < 7:
 						in.kind = linRenew
 						if r == 0 {
 							in.expect-- // a stale revision
