@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -163,4 +164,132 @@ func TestNATSStoreCycle(t *testing.T) {
 	require.NoError(t, err)
 	assert.False(t, fresh.Repeated)
 	assert.Greater(t, fresh.Job.Revision, d.Job.Revision, "revisions are never reused")
+}
+
+// TestNATSStoreCorruptRecords stores job records that do not decode or
+// validate and checks that every call reading them fails with ErrCorrupt
+// naming the job and the KV key, and that none overwrites them.
+func TestNATSStoreCorruptRecords(t *testing.T) {
+	t.Parallel()
+	s := natstest.Run(t)
+	ctx := context.Background()
+	cases := []struct {
+		name   string
+		mutate func(m map[string]any) // nil: raw is stored
+		raw    string
+	}{
+		{name: "not JSON", raw: `{"v":1,`},
+		{name: "trailing data", raw: `{"v":1} {}`},
+		{name: "unknown field", mutate: func(m map[string]any) { m["extra"] = 1 }},
+		{name: "unknown state", mutate: func(m map[string]any) { m["state"] = "lost" }},
+		{name: "running without owner", mutate: func(m map[string]any) { delete(m, "claimOwner") }},
+		{name: "running without expiry", mutate: func(m map[string]any) { delete(m, "claimExpiresAt") }},
+		{name: "pending with a claim", mutate: func(m map[string]any) { m["state"] = "pending" }},
+		{name: "completed without artifact", mutate: func(m map[string]any) {
+			m["state"] = "completed"
+			delete(m, "claimOwner")
+			delete(m, "claimExpiresAt")
+		}},
+		{name: "bad progress stage", mutate: func(m map[string]any) {
+			m["progress"] = []any{map[string]any{"attempt": 1, "stage": "Bad Stage", "label": "x", "state": "started", "createdAt": "2026-03-04T05:06:07Z"}}
+		}},
+		{name: "another job's record", mutate: func(m map[string]any) { m["id"] = "other" }},
+		{name: "another format version", mutate: func(m map[string]any) { m["v"] = 2 }},
+		{name: "version 0", mutate: func(m map[string]any) { m["version"] = 0 }},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			st, js := newTestNATSStore(t, s, nil)
+			_, err := st.Enqueue(ctx, testEnqueueRequest("ch", "job-1", "doc"))
+			require.NoError(t, err)
+			claimed, err := st.Claim(ctx, ClaimRequest{ChannelID: "ch", Owner: "w", Count: 1, TTL: time.Hour})
+			require.NoError(t, err)
+			require.Len(t, claimed, 1)
+			kv, err := js.KeyValue(ctx, st.Bucket())
+			require.NoError(t, err)
+			key := st.keys.job("ch", "job-1")
+			e, err := kv.Get(ctx, key)
+			require.NoError(t, err)
+			value := []byte(tc.raw)
+			if tc.mutate != nil {
+				var m map[string]any
+				require.NoError(t, json.Unmarshal(e.Value(), &m))
+				tc.mutate(m)
+				value, err = json.Marshal(m)
+				require.NoError(t, err)
+			}
+			rev, err := kv.Put(ctx, key, value)
+			require.NoError(t, err)
+
+			claim := ClaimOf(claimed[0])
+			calls := map[string]func() error{
+				"get": func() error { _, err := st.Get(ctx, "ch", "job-1"); return err },
+				"renew": func() error {
+					_, err := st.Renew(ctx, RenewRequest{Claim: claim, ExpectedRevision: rev, TTL: 2 * time.Hour})
+					return err
+				},
+				"settle": func() error { _, err := st.Settle(ctx, SettleRequest{Claim: claim}); return err },
+				"cancel": func() error { _, err := st.Cancel(ctx, CancelRequest{ChannelID: "ch", JobID: "job-1"}); return err },
+				"claim": func() error {
+					_, err := st.Claim(ctx, ClaimRequest{ChannelID: "ch", Owner: "w2", Count: 1, TTL: time.Hour})
+					return err
+				},
+				"list":   func() error { _, err := st.List(ctx, ListRequest{ChannelID: "ch", Limit: 10}); return err },
+				"replay": func() error { _, err := st.Enqueue(ctx, testEnqueueRequest("ch", "job-1", "doc")); return err },
+			}
+			for name, call := range calls {
+				err := call()
+				require.ErrorIs(t, err, ErrCorrupt, name)
+				assert.Contains(t, err.Error(), `"job-1"`, name)
+				assert.Contains(t, err.Error(), key, name)
+			}
+			after, err := kv.Get(ctx, key)
+			require.NoError(t, err)
+			assert.Equal(t, rev, after.Revision(), "the corrupt record was overwritten")
+			assert.Equal(t, value, after.Value())
+		})
+	}
+}
+
+// TestNATSStoreTwoProcessesClaim has workers over separate connections
+// claim the same channel's jobs at once: every job is claimed exactly once.
+func TestNATSStoreTwoProcessesClaim(t *testing.T) {
+	t.Parallel()
+	s := natstest.Run(t)
+	ctx := context.Background()
+	first, _ := newTestNATSStore(t, s, nil)
+	const jobs = 60
+	for i := range jobs {
+		_, err := first.Enqueue(ctx, testEnqueueRequest("ch", fmt.Sprintf("job-%02d", i), fmt.Sprintf("doc-%d", i)))
+		require.NoError(t, err)
+	}
+	stores := []*NATSStore{first, openTestNATSStore(t, s, first, nil), openTestNATSStore(t, s, first, nil)}
+	var mu sync.Mutex
+	owners := map[string]string{}
+	var wg sync.WaitGroup
+	for w, st := range stores {
+		for g := range 2 {
+			owner := fmt.Sprintf("w%d-%d", w, g)
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				for {
+					got, err := st.Claim(ctx, ClaimRequest{ChannelID: "ch", Owner: owner, Count: 3, TTL: time.Hour})
+					if !assert.NoError(t, err) || len(got) == 0 {
+						return
+					}
+					mu.Lock()
+					for _, j := range got {
+						assert.Empty(t, owners[j.ID], "job %s claimed twice", j.ID)
+						assert.Equal(t, owner, j.ClaimOwner)
+						owners[j.ID] = owner
+					}
+					mu.Unlock()
+				}
+			}()
+		}
+	}
+	wg.Wait()
+	assert.Len(t, owners, jobs)
 }
