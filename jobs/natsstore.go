@@ -191,18 +191,19 @@ func (s *NATSStore) Bucket() string {
 }
 
 // readJob reads and decodes a job. found is false when the channel has no
-// such job.
-func (s *NATSStore) readJob(ctx context.Context, op, channelID, jobID string) (Job, *Artifact, bool, error) {
+// such job. entryRev is the KV entry's revision, which a compare-and-swap
+// presents (the job's Revision may be later: see RevisionOffset).
+func (s *NATSStore) readJob(ctx context.Context, op, channelID, jobID string) (j Job, art *Artifact, entryRev uint64, found bool, err error) {
 	key := s.keys.job(channelID, jobID)
 	m, found, err := s.getOne(ctx, op, key)
 	if err != nil || !found {
-		return Job{}, nil, false, err
+		return Job{}, nil, 0, false, err
 	}
-	j, art, err := decodeNATSJob(key, m.rev, m.data, channelID, jobID)
+	j, art, err = decodeNATSJob(key, m.rev, m.data, channelID, jobID)
 	if err != nil {
-		return Job{}, nil, false, err
+		return Job{}, nil, 0, false, err
 	}
-	return j, art, true, nil
+	return j, art, m.rev, true, nil
 }
 
 // Enqueue implements [Store.Enqueue]. The job, its idempotency record, its
@@ -237,7 +238,7 @@ func (s *NATSStore) Enqueue(ctx context.Context, req EnqueueRequest) (Enqueued, 
 		if err := checkNewJob(req, taken); err != nil {
 			return Enqueued{}, err
 		}
-		var generation, targetRev uint64
+		var generation, targetRev, prevRev uint64
 		var prev *Job
 		if m, ok := read[targetKey]; ok {
 			t, err := decodeNATSTarget(targetKey, m.rev, m.data)
@@ -245,12 +246,12 @@ func (s *NATSStore) Enqueue(ctx context.Context, req EnqueueRequest) (Enqueued, 
 				return Enqueued{}, err
 			}
 			generation, targetRev = t.Generation, m.rev
-			p, _, found, err := s.readJob(ctx, op, req.ChannelID, t.JobID)
+			p, _, rev, found, err := s.readJob(ctx, op, req.ChannelID, t.JobID)
 			if err != nil {
 				return Enqueued{}, err
 			}
 			if found {
-				prev = &p
+				prev, prevRev = &p, rev
 			}
 		}
 		var targetJobs []Job
@@ -259,7 +260,7 @@ func (s *NATSStore) Enqueue(ctx context.Context, req EnqueueRequest) (Enqueued, 
 		}
 		now := s.cfg.now()
 		j, t, superseded := enqueueJob(req, generation, targetJobs, now, 0)
-		msgs, err := s.enqueueBatch(&j, t, targetRev, superseded, prev)
+		msgs, err := s.enqueueBatch(&j, t, targetRev, superseded, prevRev)
 		if err != nil {
 			return Enqueued{}, err
 		}
@@ -270,7 +271,7 @@ func (s *NATSStore) Enqueue(ctx context.Context, req EnqueueRequest) (Enqueued, 
 		if conflict {
 			continue
 		}
-		j.Revision = rev
+		j.Revision = rev // the superseded job's too, by its RevisionOffset
 		for _, p := range superseded {
 			s.dropActive(ctx, s.keys.active(p.ChannelID, p.ID), rev)
 		}
@@ -280,8 +281,10 @@ func (s *NATSStore) Enqueue(ctx context.Context, req EnqueueRequest) (Enqueued, 
 }
 
 // enqueueBatch builds the writes of an enqueue; the job comes last, so its
-// revision is the batch's last sequence.
-func (s *NATSStore) enqueueBatch(j *Job, t Target, targetRev uint64, superseded []Job, prev *Job) ([]natsBatchMsg, error) {
+// revision is the batch's last sequence, and the superseded job (at most
+// one: only a target's newest job can be active) just before it, written
+// over prevRev.
+func (s *NATSStore) enqueueBatch(j *Job, t Target, targetRev uint64, superseded []Job, prevRev uint64) ([]natsBatchMsg, error) {
 	target, err := json.Marshal(natsTargetRecord{Generation: t.Generation, JobID: j.ID})
 	if err != nil {
 		return nil, err
@@ -290,7 +293,7 @@ func (s *NATSStore) enqueueBatch(j *Job, t Target, targetRev uint64, superseded 
 	if err != nil {
 		return nil, err
 	}
-	job, err := encodeNATSJob(j, nil)
+	job, err := encodeNATSJob(j, nil, 0)
 	if err != nil {
 		return nil, err
 	}
@@ -300,13 +303,16 @@ func (s *NATSStore) enqueueBatch(j *Job, t Target, targetRev uint64, superseded 
 		{key: s.keys.list(j.ChannelID, j.CreatedAt, j.ID)},
 		{key: s.keys.active(j.ChannelID, j.ID)},
 	}
+	if len(superseded) > 1 {
+		return nil, fmt.Errorf("%w: enqueue: target %q has %d active jobs; only its newest can be", ErrCorrupt, j.TargetKey, len(superseded))
+	}
 	for i := range superseded {
 		p := &superseded[i]
-		v, err := encodeNATSJob(p, nil)
+		v, err := encodeNATSJob(p, nil, 1)
 		if err != nil {
 			return nil, err
 		}
-		msgs = append(msgs, natsBatchMsg{key: s.keys.job(p.ChannelID, p.ID), value: v, expect: prev.Revision, check: true})
+		msgs = append(msgs, natsBatchMsg{key: s.keys.job(p.ChannelID, p.ID), value: v, expect: prevRev, check: true})
 	}
 	msgs = append(msgs, natsBatchMsg{key: s.keys.job(j.ChannelID, j.ID), value: job, expect: 0, check: true})
 	return msgs, nil
@@ -326,7 +332,7 @@ func (s *NATSStore) replay(ctx context.Context, req EnqueueRequest, idemKey stri
 		}
 	} else {
 		var found bool
-		if j, _, found, err = s.readJob(ctx, "enqueue", req.ChannelID, idem.JobID); err != nil {
+		if j, _, _, found, err = s.readJob(ctx, "enqueue", req.ChannelID, idem.JobID); err != nil {
 			return Enqueued{}, err
 		}
 		if !found {
@@ -341,11 +347,12 @@ func (s *NATSStore) replay(ctx context.Context, req EnqueueRequest, idemKey stri
 	return out, nil
 }
 
-// natsCandidate is a claimable job (its Revision: the one it was read at)
-// and its KV key.
+// natsCandidate is a claimable job, its KV key and the entry revision it
+// was read at.
 type natsCandidate struct {
 	job Job
 	key string
+	rev uint64
 }
 
 // Claim implements [Store.Claim]. It lists the active entries of the
@@ -409,7 +416,7 @@ func (s *NATSStore) Claim(ctx context.Context, req ClaimRequest) ([]Job, error) 
 		// the previous one in its batch), so an active job's generation is
 		// its target's current one.
 		if claimable(&j, j.TargetGeneration, now) {
-			due = append(due, natsCandidate{job: j, key: jk})
+			due = append(due, natsCandidate{job: j, key: jk, rev: m.rev})
 		}
 	}
 	for _, key := range stale {
@@ -424,11 +431,11 @@ func (s *NATSStore) Claim(ctx context.Context, req ClaimRequest) ([]Job, error) 
 			return nil, err
 		}
 		claimed := claimJob(&c.job, req, now, 0)
-		value, err := encodeNATSJob(&claimed, nil)
+		value, err := encodeNATSJob(&claimed, nil, 0)
 		if err != nil {
 			return nil, err
 		}
-		rev, conflict, err := s.update(ctx, op, c.key, value, c.job.Revision)
+		rev, conflict, err := s.update(ctx, op, c.key, value, c.rev)
 		if err != nil {
 			if len(out) > 0 && ctx.Err() == nil {
 				return out, nil // the claimed jobs are the caller's now
@@ -455,9 +462,15 @@ func (s *NATSStore) change(ctx context.Context, op, channelID, jobID string,
 	}
 	key := s.keys.job(channelID, jobID)
 	for range natsCASAttempts {
-		stored, storedArt, found, err := s.readJob(ctx, op, channelID, jobID)
-		if err != nil {
-			return Job{}, nil, err
+		var stored Job
+		var storedArt *Artifact
+		var entryRev uint64
+		found := false
+		if channelID != "" && jobID != "" { // an empty id is no key; the rule reports it
+			var err error
+			if stored, storedArt, entryRev, found, err = s.readJob(ctx, op, channelID, jobID); err != nil {
+				return Job{}, nil, err
+			}
 		}
 		var jp *Job
 		var gen uint64
@@ -471,11 +484,11 @@ func (s *NATSStore) change(ctx context.Context, op, channelID, jobID string,
 		if art == nil && storedArt != nil {
 			art = storedArt // never dropped; a completed job does not change
 		}
-		value, err := encodeNATSJob(&next, art)
+		value, err := encodeNATSJob(&next, art, 0)
 		if err != nil {
 			return Job{}, nil, err
 		}
-		rev, conflict, err := s.update(ctx, op, key, value, stored.Revision)
+		rev, conflict, err := s.update(ctx, op, key, value, entryRev)
 		if err != nil {
 			return Job{}, nil, err
 		}
@@ -717,7 +730,7 @@ func (s *NATSStore) Get(ctx context.Context, channelID, jobID string) (Detail, e
 	if err := s.cfg.channelExists(ctx, op, channelID); err != nil {
 		return Detail{}, err
 	}
-	j, art, found, err := s.readJob(ctx, op, channelID, jobID)
+	j, art, _, found, err := s.readJob(ctx, op, channelID, jobID)
 	if err != nil {
 		return Detail{}, err
 	}

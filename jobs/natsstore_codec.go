@@ -5,11 +5,16 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"math"
 	"time"
 )
 
 // natsRecordVersion is the version of the stored job record format.
 const natsRecordVersion = 1
+
+// natsMaxBatch bounds the messages of an enqueue's batch, and so a record's
+// RevisionOffset.
+const natsMaxBatch = 16
 
 // natsJobRecord is a job as NATSStore stores it under its "job" key. The
 // job's Revision is not stored: it is the KV entry's revision (a stream
@@ -17,7 +22,12 @@ const natsRecordVersion = 1
 // or artifact written by the write that produced the value carries revision
 // 0 in the value and takes the entry's revision when read.
 type natsJobRecord struct {
-	V                int                `json:"v"`
+	V int `json:"v"`
+	// RevisionOffset is added to the entry's revision to give the job's:
+	// a job superseded by an enqueue is written in the enqueue's batch
+	// just before the new job, whose revision (the batch's last sequence;
+	// a batch's sequences are contiguous) is the change's.
+	RevisionOffset   uint64             `json:"revisionOffset,omitempty"`
 	ID               string             `json:"id"`
 	ChannelID        string             `json:"channelId"`
 	Type             string             `json:"type"`
@@ -76,9 +86,10 @@ type natsTargetRecord struct {
 // encodeNATSJob encodes j (and its artifact, once settled) for a write.
 // The rules stamp what this write adds with revision 0, the placeholder
 // decodeNATSJob replaces with the entry's revision.
-func encodeNATSJob(j *Job, art *Artifact) ([]byte, error) {
+// offset is the record's RevisionOffset.
+func encodeNATSJob(j *Job, art *Artifact, offset uint64) ([]byte, error) {
 	r := natsJobRecord{
-		V: natsRecordVersion, ID: j.ID, ChannelID: j.ChannelID, Type: j.Type, Version: j.Version,
+		V: natsRecordVersion, RevisionOffset: offset, ID: j.ID, ChannelID: j.ChannelID, Type: j.Type, Version: j.Version,
 		Origin: j.Origin, TargetKey: j.TargetKey, TargetGeneration: j.TargetGeneration,
 		IdempotencyKey: j.IdempotencyKey, Fingerprint: j.Fingerprint, Input: j.Input,
 		State: j.State, Attempts: j.Attempts, Failures: j.Failures, ClaimGeneration: j.ClaimGeneration,
@@ -97,7 +108,8 @@ func encodeNATSJob(j *Job, art *Artifact) ([]byte, error) {
 	return json.Marshal(&r)
 }
 
-// decodeNATSJob decodes and validates the value of key at revision rev. Any
+// decodeNATSJob decodes and validates the value of key at revision rev (the
+// entry's; the job's is rev plus the record's RevisionOffset). Any
 // value that does not decode or validate is ErrCorrupt naming the job and
 // the key. The returned job and artifact share no memory with data.
 func decodeNATSJob(key string, rev uint64, data []byte, wantChannel, wantJob string) (Job, *Artifact, error) {
@@ -110,6 +122,10 @@ func decodeNATSJob(key string, rev uint64, data []byte, wantChannel, wantJob str
 	if dec.More() {
 		return Job{}, nil, natsCorrupt(wantJob, key, rev, errors.New("trailing data after the record"))
 	}
+	if r.RevisionOffset > natsMaxBatch || rev > math.MaxUint64-r.RevisionOffset {
+		return Job{}, nil, natsCorrupt(wantJob, key, rev, fmt.Errorf("revision offset %d exceeds a batch", r.RevisionOffset))
+	}
+	rev += r.RevisionOffset
 	if err := validateNATSRecord(&r, rev, wantChannel, wantJob); err != nil {
 		return Job{}, nil, natsCorrupt(wantJob, key, rev, err)
 	}

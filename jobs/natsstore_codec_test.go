@@ -38,7 +38,7 @@ func natsSeedRecords(t testing.TB) [][]byte {
 		{completed, &Artifact{JobID: "job-1", Value: json.RawMessage(`{"ok":true}`), CreatedAt: now}},
 		{completed, &Artifact{JobID: "job-1", Revision: 4, CreatedAt: now}},
 	} {
-		b, err := encodeNATSJob(&c.j, c.art)
+		b, err := encodeNATSJob(&c.j, c.art, 0)
 		require.NoError(t, err)
 		out = append(out, b)
 	}
@@ -66,7 +66,7 @@ func FuzzNATSJobRecord(f *testing.F) {
 		}
 		require.NoError(t, validateJob(&j))
 		assert.Equal(t, rev, j.Revision)
-		again, err := encodeNATSJob(&j, art)
+		again, err := encodeNATSJob(&j, art, j.Revision-rev)
 		require.NoError(t, err)
 		j2, art2, err := decodeNATSJob(key, rev, again, "ch", "job-1")
 		require.NoError(t, err)
