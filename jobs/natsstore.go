@@ -47,8 +47,17 @@ type NATSStore struct {
 	streamName string
 	keys       natsKeys
 	// msgGet is the STREAM.MSG.GET API subject of the bucket's stream,
-	// which its leader answers.
-	msgGet string
+	// which its leader answers; directGet its DIRECT.GET subject, which
+	// any replica answers.
+	msgGet, directGet string
+	// purge is the STREAM.PURGE API subject of the bucket's stream.
+	purge string
+	// replies receives the answers of batched reads.
+	replies natsReplies
+	// cache remembers the running jobs this store wrote last; targets the
+	// targets it has seen stored.
+	cache   natsJobCache
+	targets natsTargetHints
 	// leaderReads is set on replicated buckets: single-key reads go to the
 	// stream leader, since a direct get may be answered by a replica that
 	// has not applied the latest writes.
@@ -141,6 +150,8 @@ func NewNATSStore(js jetstream.JetStream, cfg *Config, opts ...NATSStoreOption) 
 	case !info.Config.AllowAtomicPublish:
 		return nil, fmt.Errorf("%w: NewNATSStore: stream %q of KV bucket %q does not allow atomic batch publish, which enqueues need; enable it (nats stream edit %s --allow-batch) or create the bucket with WithCreateBucket",
 			ErrConflict, streamName, o.bucket, streamName)
+	case !info.Config.AllowDirect:
+		return nil, fmt.Errorf("%w: NewNATSStore: stream %q of KV bucket %q does not allow direct gets, which batched reads need", ErrConflict, streamName, o.bucket)
 	case info.Config.Mirror != nil || len(info.Config.Sources) > 0:
 		return nil, fmt.Errorf("%w: NewNATSStore: KV bucket %q is a mirror or has sources; the store writes to the bucket itself", ErrConflict, o.bucket)
 	}
@@ -152,6 +163,8 @@ func NewNATSStore(js jetstream.JetStream, cfg *Config, opts ...NATSStoreOption) 
 		streamName:  streamName,
 		keys:        natsKeys{prefix: "$KV." + o.bucket + "."},
 		msgGet:      natsAPIPrefix(js.Options()) + "STREAM.MSG.GET." + streamName,
+		directGet:   natsAPIPrefix(js.Options()) + "DIRECT.GET." + streamName,
+		purge:       natsAPIPrefix(js.Options()) + "STREAM.PURGE." + streamName,
 		leaderReads: info.Config.Replicas > 1,
 	}, nil
 }
@@ -226,16 +239,25 @@ func (s *NATSStore) Enqueue(ctx context.Context, req EnqueueRequest) (Enqueued, 
 	idemKey := s.keys.idem(req.ChannelID, req.IdempotencyKey)
 	jobKey := s.keys.job(req.ChannelID, req.ID)
 	targetKey := s.keys.target(req.ChannelID, req.TargetKey)
+	optimistic := !s.targets.has(targetKey)
 	for range natsCASAttempts {
-		read, err := s.getMany(ctx, op, []string{idemKey, jobKey, targetKey})
-		if err != nil {
-			return Enqueued{}, err
+		var read map[string]natsMsg
+		guess := optimistic
+		optimistic = false
+		if !guess {
+			var err error
+			if read, err = s.getMany(ctx, op, []string{idemKey, jobKey, targetKey}); err != nil {
+				return Enqueued{}, err
+			}
 		}
 		if m, ok := read[idemKey]; ok {
 			return s.replay(ctx, req, idemKey, m, read)
 		}
 		_, taken := read[jobKey]
 		if err := checkNewJob(req, taken); err != nil {
+			if guess {
+				continue // a replay comes first: read
+			}
 			return Enqueued{}, err
 		}
 		var generation, targetRev, prevRev uint64
@@ -246,6 +268,7 @@ func (s *NATSStore) Enqueue(ctx context.Context, req EnqueueRequest) (Enqueued, 
 				return Enqueued{}, err
 			}
 			generation, targetRev = t.Generation, m.rev
+			s.targets.add(targetKey)
 			p, _, rev, found, err := s.readJob(ctx, op, req.ChannelID, t.JobID)
 			if err != nil {
 				return Enqueued{}, err
@@ -271,6 +294,7 @@ func (s *NATSStore) Enqueue(ctx context.Context, req EnqueueRequest) (Enqueued, 
 		if conflict {
 			continue
 		}
+		s.targets.add(targetKey)
 		j.Revision = rev // the superseded job's too, by its RevisionOffset
 		for _, p := range superseded {
 			s.dropActive(ctx, s.keys.active(p.ChannelID, p.ID), rev)
@@ -446,6 +470,7 @@ func (s *NATSStore) Claim(ctx context.Context, req ClaimRequest) ([]Job, error) 
 			continue // claimed or changed by another process since the read
 		}
 		claimed.Revision = rev
+		s.cache.put(c.key, claimed, rev)
 		out = append(out, cloneJob(claimed))
 	}
 	return out, nil
@@ -461,12 +486,17 @@ func (s *NATSStore) change(ctx context.Context, op, channelID, jobID string,
 		return Job{}, nil, err
 	}
 	key := s.keys.job(channelID, jobID)
+	cached, useCache := s.cache.get(key)
 	for range natsCASAttempts {
 		var stored Job
 		var storedArt *Artifact
 		var entryRev uint64
 		found := false
-		if channelID != "" && jobID != "" { // an empty id is no key; the rule reports it
+		fromCache := useCache
+		useCache = false
+		if fromCache {
+			stored, entryRev, found = cached.job, cached.rev, true
+		} else if channelID != "" && jobID != "" { // an empty id is no key; the rule reports it
 			var err error
 			if stored, storedArt, entryRev, found, err = s.readJob(ctx, op, channelID, jobID); err != nil {
 				return Job{}, nil, err
@@ -478,6 +508,9 @@ func (s *NATSStore) change(ctx context.Context, op, channelID, jobID string,
 			jp, gen = &stored, stored.TargetGeneration
 		}
 		next, art, err := rule(jp, gen, s.cfg.now())
+		if err != nil && fromCache {
+			continue // the remembered job may be outdated: ask the stored one
+		}
 		if err != nil {
 			return Job{}, nil, err
 		}
@@ -493,6 +526,7 @@ func (s *NATSStore) change(ctx context.Context, op, channelID, jobID string,
 			return Job{}, nil, err
 		}
 		if conflict {
+			s.cache.drop(key)
 			continue
 		}
 		next.Revision = rev
@@ -505,6 +539,11 @@ func (s *NATSStore) change(ctx context.Context, op, channelID, jobID string,
 			a := *art
 			a.Revision = rev
 			art = &a
+		}
+		if next.State == StateRunning {
+			s.cache.put(key, next, rev)
+		} else {
+			s.cache.drop(key)
 		}
 		if !next.State.Active() {
 			s.dropActive(ctx, s.keys.active(channelID, jobID), rev)

@@ -5,9 +5,9 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"iter"
 	"strconv"
 	"strings"
+	"sync"
 
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
@@ -146,11 +146,7 @@ func (s *NATSStore) getMany(ctx context.Context, op string, keys []string) (map[
 		for i, k := range chunk {
 			subjects[i] = s.keys.subject(k)
 		}
-		it, err := jetstreamext.GetLastMsgsFor(ctx, s.js, s.streamName, subjects)
-		if err != nil {
-			return nil, natsUnavailable(ctx, op, fmt.Sprintf("read %d KV keys", len(chunk)), err)
-		}
-		if err := s.collect(ctx, op, it, out); err != nil {
+		if err := s.batchGet(ctx, op, subjects, len(chunk), out); err != nil {
 			return nil, err
 		}
 	}
@@ -161,29 +157,10 @@ func (s *NATSStore) getMany(ctx context.Context, op string, keys []string) (map[
 // the server answers in one request.
 var errTooManyResults = errors.New("too many results for one batched read")
 
-// collect drains a batched read into out, keyed by KV key.
-func (s *NATSStore) collect(ctx context.Context, op string, it iter.Seq2[*jetstream.RawStreamMsg, error], out map[string]natsMsg) error {
-	for m, err := range it {
-		if errors.Is(err, jetstreamext.ErrNoMessages) {
-			return nil
-		}
-		if errors.Is(err, jetstreamext.ErrBatchUnsupported) {
-			// The server answers "413 Too Many Results" without the
-			// headers of a batch response.
-			return errTooManyResults
-		}
-		if err != nil {
-			return natsUnavailable(ctx, op, "batched read", err)
-		}
-		if isNATSDeleted(m.Header) {
-			continue
-		}
-		if key, ok := s.keys.key(m.Subject); ok {
-			out[key] = natsMsg{data: m.Data, rev: m.Sequence}
-		}
-	}
-	return nil
-}
+// natsBatchGetMax is the most messages the server returns for one batched
+// direct get (its maxAllowedResponses); more matches are "413 Too Many
+// Results".
+const natsBatchGetMax = 1024
 
 // lastMatching reads the last message of every subject matching filter.
 // When more subjects match than one batched read returns, it falls back to
@@ -191,11 +168,7 @@ func (s *NATSStore) collect(ctx context.Context, op string, it iter.Seq2[*jetstr
 // as their revision: an upper bound, enough for dropActive.
 func (s *NATSStore) lastMatching(ctx context.Context, op, filter string) (map[string]natsMsg, error) {
 	out := make(map[string]natsMsg)
-	it, err := jetstreamext.GetLastMsgsFor(ctx, s.js, s.streamName, []string{filter})
-	if err != nil {
-		return nil, natsUnavailable(ctx, op, "read "+filter, err)
-	}
-	err = s.collect(ctx, op, it, out)
+	err := s.batchGet(ctx, op, []string{filter}, natsBatchGetMax, out)
 	if errors.Is(err, errTooManyResults) {
 		names, last, err := s.subjects(ctx, op, filter)
 		if err != nil {
@@ -208,6 +181,122 @@ func (s *NATSStore) lastMatching(ctx context.Context, op, filter string) (map[st
 		return out, nil
 	}
 	return out, err
+}
+
+// batchGet sends one batched direct get ("multi_last") for subjects, which
+// may match up to most messages, and adds the answers to out by KV key.
+// Replies arrive on the store's own inbox subscription (see natsReplies):
+// a subscription per request would cost a SUB, an UNSUB and a large
+// buffer every time.
+func (s *NATSStore) batchGet(ctx context.Context, op string, subjects []string, most int, out map[string]natsMsg) error {
+	if _, ok := ctx.Deadline(); !ok {
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithTimeout(ctx, s.js.Options().DefaultTimeout)
+		defer cancel()
+	}
+	replies, err := s.replies.open(s.js.Conn())
+	if err != nil {
+		return natsUnavailable(ctx, op, "subscribe to batched read replies", err)
+	}
+	body, err := json.Marshal(struct {
+		MultiLast []string `json:"multi_last"`
+	}{subjects})
+	if err != nil {
+		return err
+	}
+	inbox, ch, done := replies.await(most + 2)
+	defer done()
+	if err := s.js.Conn().PublishRequest(s.directGet, inbox, body); err != nil {
+		return natsUnavailable(ctx, op, fmt.Sprintf("batched read of %d subjects", len(subjects)), err)
+	}
+	for {
+		var m *nats.Msg
+		select {
+		case m = <-ch:
+		case <-ctx.Done():
+			return natsUnavailable(ctx, op, fmt.Sprintf("batched read of %d subjects", len(subjects)), ctx.Err())
+		}
+		if len(m.Data) == 0 {
+			switch m.Header.Get("Status") {
+			case "204": // end of batch
+				return nil
+			case "404": // no subject matched
+				return nil
+			case "413":
+				return errTooManyResults
+			case "":
+			default:
+				return natsUnavailable(ctx, op, "batched read", fmt.Errorf("status %s %s", m.Header.Get("Status"), m.Header.Get("Description")))
+			}
+		}
+		seq, err := strconv.ParseUint(m.Header.Get(jetstream.SequenceHeader), 10, 64)
+		if err != nil {
+			return natsUnavailable(ctx, op, "batched read", fmt.Errorf("reply without a sequence: %w", err))
+		}
+		if isNATSDeleted(m.Header) {
+			continue
+		}
+		if key, ok := s.keys.key(m.Header.Get(jetstream.SubjectHeader)); ok {
+			out[key] = natsMsg{data: m.Data, rev: seq}
+		}
+	}
+}
+
+// natsReplies is one inbox subscription per store for the replies of
+// batched reads, each request told apart by the last token of its reply
+// subject. It lives as long as the connection.
+type natsReplies struct {
+	mu      sync.Mutex
+	sub     *nats.Subscription
+	prefix  string
+	next    uint64
+	waiting map[string]chan *nats.Msg
+}
+
+// open subscribes on first use.
+func (r *natsReplies) open(nc *nats.Conn) (*natsReplies, error) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.sub != nil && r.sub.IsValid() {
+		return r, nil
+	}
+	prefix := nc.NewInbox() + "."
+	sub, err := nc.Subscribe(prefix+"*", r.deliver)
+	if err != nil {
+		return nil, err
+	}
+	r.sub, r.prefix, r.waiting = sub, prefix, make(map[string]chan *nats.Msg)
+	return r, nil
+}
+
+func (r *natsReplies) deliver(m *nats.Msg) {
+	token := m.Subject[strings.LastIndexByte(m.Subject, '.')+1:]
+	r.mu.Lock()
+	ch := r.waiting[token]
+	r.mu.Unlock()
+	if ch == nil {
+		return // a request that gave up
+	}
+	select {
+	case ch <- m:
+	default: // more replies than the server sends for one request
+	}
+}
+
+// await registers a request that expects at most n replies; done
+// unregisters it.
+func (r *natsReplies) await(n int) (inbox string, ch chan *nats.Msg, done func()) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.next++
+	token := strconv.FormatUint(r.next, 36)
+	ch = make(chan *nats.Msg, n)
+	r.waiting[token] = ch
+	return r.prefix + token, ch, func() {
+		r.mu.Lock()
+		delete(r.waiting, token)
+		r.mu.Unlock()
+	}
 }
 
 // subjects lists the KV keys matching filter (key names only, no values)
@@ -293,14 +382,22 @@ func (s *NATSStore) publishBatch(ctx context.Context, op string, msgs []natsBatc
 }
 
 // dropActive removes key's active entry if it was written before revision
-// before: a purge that cannot remove an entry written later (a job re-created
-// after DeleteChannel). It is cleanup: a failure leaves the entry for the
-// next Claim to remove.
+// before: a purge that cannot remove an entry written later (a job
+// re-created after DeleteChannel). It is cleanup, sent without waiting for
+// the answer: an entry it misses is removed by the next Claim that meets
+// it.
 func (s *NATSStore) dropActive(ctx context.Context, key string, before uint64) {
-	if before == 0 {
+	if before == 0 || ctx.Err() != nil {
 		return
 	}
-	_ = s.stream.Purge(ctx, jetstream.WithPurgeSubject(s.keys.subject(key)), jetstream.WithPurgeSequence(before))
+	body, err := json.Marshal(struct {
+		Filter string `json:"filter"`
+		Seq    uint64 `json:"seq"`
+	}{s.keys.subject(key), before})
+	if err != nil {
+		return
+	}
+	_ = s.js.Conn().Publish(s.purge, body)
 }
 
 // natsAPIPrefix is the JetStream API subject prefix of js: "$JS.API." or

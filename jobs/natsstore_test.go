@@ -293,3 +293,101 @@ func TestNATSStoreTwoProcessesClaim(t *testing.T) {
 	wg.Wait()
 	assert.Len(t, owners, jobs)
 }
+
+// TestNATSStoreGuessesAreChecked covers the two guesses a store makes from
+// what it wrote itself — a new target's keys are all absent, a running job
+// is as this store last wrote it — when another process proved them wrong.
+func TestNATSStoreGuessesAreChecked(t *testing.T) {
+	t.Parallel()
+	s := natstest.Run(t)
+	ctx := context.Background()
+	clk := newFixedClock()
+	a, _ := newTestNATSStore(t, s, &Config{Now: clk.Now})
+	b := openTestNATSStore(t, s, a, &Config{Now: clk.Now})
+
+	first, err := a.Enqueue(ctx, testEnqueueRequest("ch", "j1", "doc"))
+	require.NoError(t, err)
+	// b has seen none of it: its guesses fail and it reads.
+	replayed, err := b.Enqueue(ctx, testEnqueueRequest("ch", "j1", "doc"))
+	require.NoError(t, err)
+	assert.True(t, replayed.Repeated)
+	assert.Equal(t, first.Job, replayed.Job)
+	emptyType := testEnqueueRequest("ch", "j1", "doc")
+	emptyType.Type = ""
+	replayed, err = openTestNATSStore(t, s, a, nil).Enqueue(ctx, emptyType)
+	require.NoError(t, err, "a replay is answered before the new job's fields are checked")
+	assert.True(t, replayed.Repeated)
+	second, err := openTestNATSStore(t, s, a, &Config{Now: clk.Now}).Enqueue(ctx, testEnqueueRequest("ch", "j2", "doc"))
+	require.NoError(t, err)
+	assert.Equal(t, uint64(2), second.Job.TargetGeneration)
+	old, err := a.Get(ctx, "ch", "j1")
+	require.NoError(t, err)
+	assert.Equal(t, StateSuperseded, old.Job.State)
+	assert.Equal(t, second.Job.Revision, old.Job.Revision, "superseded in the enqueue's change")
+
+	// a claims j2 and remembers it; b renews it under the same claim; a's
+	// renewal with b's revision succeeds (a reads), and a's settle after b
+	// paused the job fails.
+	claimed, err := a.Claim(ctx, ClaimRequest{ChannelID: "ch", Owner: "w", Count: 1, TTL: time.Minute})
+	require.NoError(t, err)
+	require.Len(t, claimed, 1)
+	clk.Advance(time.Second)
+	byB, err := b.Renew(ctx, RenewRequest{Claim: ClaimOf(claimed[0]), ExpectedRevision: claimed[0].Revision, TTL: time.Minute})
+	require.NoError(t, err)
+	clk.Advance(time.Second)
+	byA, err := a.Renew(ctx, RenewRequest{Claim: ClaimOf(claimed[0]), ExpectedRevision: byB.Revision, TTL: time.Minute})
+	require.NoError(t, err)
+	assert.Greater(t, byA.Revision, byB.Revision)
+	_, err = b.Pause(ctx, PauseRequest{ChannelID: "ch", JobID: "j2", ExpectedRevision: byA.Revision})
+	require.NoError(t, err)
+	_, err = a.Settle(ctx, SettleRequest{Claim: ClaimOf(claimed[0])})
+	require.ErrorIs(t, err, ErrConflict)
+	got, err := a.Get(ctx, "ch", "j2")
+	require.NoError(t, err)
+	assert.Equal(t, StatePaused, got.Job.State)
+	assert.Nil(t, got.Artifact)
+}
+
+// TestNATSStoreActiveIndex checks that claiming reads only the active
+// index: a terminal write removes the job's entry, and an entry left
+// behind (its removal lost) is removed by the next claim.
+func TestNATSStoreActiveIndex(t *testing.T) {
+	t.Parallel()
+	s := natstest.Run(t)
+	ctx := context.Background()
+	st, js := newTestNATSStore(t, s, nil)
+	for i := range 5 {
+		_, err := st.Enqueue(ctx, testEnqueueRequest("ch", fmt.Sprintf("j%d", i), fmt.Sprintf("doc%d", i)))
+		require.NoError(t, err)
+	}
+	active := func() []string {
+		keys, _, err := st.subjects(ctx, "test", st.keys.activeFilter("ch"))
+		require.NoError(t, err)
+		return keys
+	}
+	require.Len(t, active(), 5)
+	claimed, err := st.Claim(ctx, ClaimRequest{ChannelID: "ch", Owner: "w", Count: 5, TTL: time.Minute})
+	require.NoError(t, err)
+	require.Len(t, claimed, 5)
+	for _, j := range claimed[:3] {
+		_, err := st.Settle(ctx, SettleRequest{Claim: ClaimOf(j)})
+		require.NoError(t, err)
+	}
+	_, err = st.Cancel(ctx, CancelRequest{ChannelID: "ch", JobID: claimed[3].ID})
+	require.NoError(t, err)
+	require.Eventually(t, func() bool { return len(active()) == 1 }, 10*time.Second, 10*time.Millisecond,
+		"terminal jobs leave the active index")
+
+	// A lost removal: the entry of a completed job written back.
+	kv, err := js.KeyValue(ctx, st.Bucket())
+	require.NoError(t, err)
+	_, err = kv.Put(ctx, st.keys.active("ch", claimed[0].ID), nil)
+	require.NoError(t, err)
+	require.Len(t, active(), 2)
+	none, err := st.Claim(ctx, ClaimRequest{ChannelID: "ch", Owner: "w", Count: 5, TTL: time.Minute})
+	require.NoError(t, err)
+	assert.Empty(t, none)
+	require.Eventually(t, func() bool { return len(active()) == 1 }, 10*time.Second, 10*time.Millisecond,
+		"the claim removes the stale entry")
+	assert.Equal(t, []string{st.keys.active("ch", claimed[4].ID)}, active())
+}

@@ -1,0 +1,89 @@
+package jobs
+
+import "sync"
+
+// natsJobCacheMax bounds the jobs a NATSStore remembers.
+const natsJobCacheMax = 4096
+
+// natsJobCache remembers the running jobs this store wrote last (claimed,
+// renewed, progressed) with their entry revisions, so that the next
+// claimed call on one of them can apply its rule and write without reading
+// first. An entry is only a guess: the write presents the remembered
+// revision, so a job that changed since fails the compare-and-swap and the
+// call reads it and goes on as without the cache; a rule that refuses the
+// remembered job is tried again on the stored one. It is safe for
+// concurrent use.
+type natsJobCache struct {
+	mu      sync.Mutex
+	entries map[string]natsCached
+}
+
+type natsCached struct {
+	job Job // a private copy
+	rev uint64
+}
+
+func (c *natsJobCache) put(key string, j Job, rev uint64) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.entries == nil {
+		c.entries = make(map[string]natsCached)
+	}
+	if _, ok := c.entries[key]; !ok && len(c.entries) >= natsJobCacheMax {
+		for victim := range c.entries { // evict an arbitrary entry
+			delete(c.entries, victim)
+			break
+		}
+	}
+	c.entries[key] = natsCached{job: cloneJob(j), rev: rev}
+}
+
+// get returns a copy of key's entry.
+func (c *natsJobCache) get(key string) (natsCached, bool) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	e, ok := c.entries[key]
+	if ok {
+		e.job = cloneJob(e.job)
+	}
+	return e, ok
+}
+
+func (c *natsJobCache) drop(key string) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	delete(c.entries, key)
+}
+
+// natsTargetHints remembers targets this store has seen stored. An enqueue
+// for a target it has not seen first tries the batch that assumes the
+// idempotency key, the job id and the target are all new (one round trip
+// instead of a read and a write); a wrong guess fails the batch whole and
+// costs that round trip before the enqueue reads. It is safe for
+// concurrent use.
+type natsTargetHints struct {
+	mu   sync.Mutex
+	seen map[string]struct{}
+}
+
+func (h *natsTargetHints) has(key string) bool {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	_, ok := h.seen[key]
+	return ok
+}
+
+func (h *natsTargetHints) add(key string) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if h.seen == nil {
+		h.seen = make(map[string]struct{})
+	}
+	if _, ok := h.seen[key]; !ok && len(h.seen) >= natsJobCacheMax {
+		for victim := range h.seen {
+			delete(h.seen, victim)
+			break
+		}
+	}
+	h.seen[key] = struct{}{}
+}
