@@ -207,16 +207,23 @@ func (s *NATSStore) Bucket() string {
 // such job. entryRev is the KV entry's revision, which a compare-and-swap
 // presents (the job's Revision may be later: see RevisionOffset).
 func (s *NATSStore) readJob(ctx context.Context, op, channelID, jobID string) (j Job, art *Artifact, entryRev uint64, found bool, err error) {
+	j, art, entryRev, _, found, err = s.readJobMeta(ctx, op, channelID, jobID)
+	return j, art, entryRev, found, err
+}
+
+// readJobMeta is readJob that also returns the sequence of the job's active
+// entry (0: unknown).
+func (s *NATSStore) readJobMeta(ctx context.Context, op, channelID, jobID string) (j Job, art *Artifact, entryRev, activeSeq uint64, found bool, err error) {
 	key := s.keys.job(channelID, jobID)
 	m, found, err := s.getOne(ctx, op, key)
 	if err != nil || !found {
-		return Job{}, nil, 0, false, err
+		return Job{}, nil, 0, 0, false, err
 	}
-	j, art, err = decodeNATSJob(key, m.rev, m.data, channelID, jobID)
+	j, art, activeSeq, err = decodeNATSJobMeta(key, m.rev, m.data, channelID, jobID)
 	if err != nil {
-		return Job{}, nil, 0, false, err
+		return Job{}, nil, 0, 0, false, err
 	}
-	return j, art, m.rev, true, nil
+	return j, art, m.rev, activeSeq, true, nil
 }
 
 // Enqueue implements [Store.Enqueue]. The job, its idempotency record, its
@@ -260,7 +267,7 @@ func (s *NATSStore) Enqueue(ctx context.Context, req EnqueueRequest) (Enqueued, 
 			}
 			return Enqueued{}, err
 		}
-		var generation, targetRev, prevRev uint64
+		var generation, targetRev, prevRev, prevActive uint64
 		var prev *Job
 		if m, ok := read[targetKey]; ok {
 			t, err := decodeNATSTarget(targetKey, m.rev, m.data)
@@ -269,12 +276,12 @@ func (s *NATSStore) Enqueue(ctx context.Context, req EnqueueRequest) (Enqueued, 
 			}
 			generation, targetRev = t.Generation, m.rev
 			s.targets.add(targetKey)
-			p, _, rev, found, err := s.readJob(ctx, op, req.ChannelID, t.JobID)
+			p, _, rev, active, found, err := s.readJobMeta(ctx, op, req.ChannelID, t.JobID)
 			if err != nil {
 				return Enqueued{}, err
 			}
 			if found {
-				prev, prevRev = &p, rev
+				prev, prevRev, prevActive = &p, rev, active
 			}
 		}
 		var targetJobs []Job
@@ -283,7 +290,7 @@ func (s *NATSStore) Enqueue(ctx context.Context, req EnqueueRequest) (Enqueued, 
 		}
 		now := s.cfg.now()
 		j, t, superseded := enqueueJob(req, generation, targetJobs, now, 0)
-		msgs, err := s.enqueueBatch(&j, t, targetRev, superseded, prevRev)
+		msgs, err := s.enqueueBatch(&j, t, targetRev, superseded, prevRev, prevActive)
 		if err != nil {
 			return Enqueued{}, err
 		}
@@ -297,7 +304,7 @@ func (s *NATSStore) Enqueue(ctx context.Context, req EnqueueRequest) (Enqueued, 
 		s.targets.add(targetKey)
 		j.Revision = rev // the superseded job's too, by its RevisionOffset
 		for _, p := range superseded {
-			s.dropActive(ctx, s.keys.active(p.ChannelID, p.ID), rev)
+			s.dropActive(ctx, s.keys.active(p.ChannelID, p.ID), activeBound(prevActive, rev))
 		}
 		return Enqueued{Job: cloneJob(j)}, nil
 	}
@@ -308,7 +315,7 @@ func (s *NATSStore) Enqueue(ctx context.Context, req EnqueueRequest) (Enqueued, 
 // revision is the batch's last sequence, and the superseded job (at most
 // one: only a target's newest job can be active) just before it, written
 // over prevRev.
-func (s *NATSStore) enqueueBatch(j *Job, t Target, targetRev uint64, superseded []Job, prevRev uint64) ([]natsBatchMsg, error) {
+func (s *NATSStore) enqueueBatch(j *Job, t Target, targetRev uint64, superseded []Job, prevRev, prevActive uint64) ([]natsBatchMsg, error) {
 	target, err := json.Marshal(natsTargetRecord{Generation: t.Generation, JobID: j.ID})
 	if err != nil {
 		return nil, err
@@ -317,7 +324,9 @@ func (s *NATSStore) enqueueBatch(j *Job, t Target, targetRev uint64, superseded 
 	if err != nil {
 		return nil, err
 	}
-	job, err := encodeNATSJob(j, nil, 0)
+	// The active entry is the fourth write; the job the last, after the
+	// superseded one if any.
+	job, err := encodeNATSJobMeta(j, nil, natsMeta{activeOffset: uint64(1 + len(superseded))})
 	if err != nil {
 		return nil, err
 	}
@@ -332,7 +341,7 @@ func (s *NATSStore) enqueueBatch(j *Job, t Target, targetRev uint64, superseded 
 	}
 	for i := range superseded {
 		p := &superseded[i]
-		v, err := encodeNATSJob(p, nil, 1)
+		v, err := encodeNATSJobMeta(p, nil, natsMeta{revOffset: 1, activeSeq: prevActive})
 		if err != nil {
 			return nil, err
 		}
@@ -374,9 +383,10 @@ func (s *NATSStore) replay(ctx context.Context, req EnqueueRequest, idemKey stri
 // natsCandidate is a claimable job, its KV key and the entry revision it
 // was read at.
 type natsCandidate struct {
-	job Job
-	key string
-	rev uint64
+	job       Job
+	key       string
+	rev       uint64
+	activeSeq uint64
 }
 
 // Claim implements [Store.Claim]. It lists the active entries of the
@@ -428,7 +438,7 @@ func (s *NATSStore) Claim(ctx context.Context, req ClaimRequest) ([]Job, error) 
 			stale = append(stale, r.activeKey)
 			continue
 		}
-		j, _, err := decodeNATSJob(jk, m.rev, m.data, r.channelID, r.jobID)
+		j, _, activeSeq, err := decodeNATSJobMeta(jk, m.rev, m.data, r.channelID, r.jobID)
 		if err != nil {
 			return nil, err
 		}
@@ -440,7 +450,7 @@ func (s *NATSStore) Claim(ctx context.Context, req ClaimRequest) ([]Job, error) 
 		// the previous one in its batch), so an active job's generation is
 		// its target's current one.
 		if claimable(&j, j.TargetGeneration, now) {
-			due = append(due, natsCandidate{job: j, key: jk, rev: m.rev})
+			due = append(due, natsCandidate{job: j, key: jk, rev: m.rev, activeSeq: activeSeq})
 		}
 	}
 	for _, key := range stale {
@@ -455,7 +465,7 @@ func (s *NATSStore) Claim(ctx context.Context, req ClaimRequest) ([]Job, error) 
 			return nil, err
 		}
 		claimed := claimJob(&c.job, req, now, 0)
-		value, err := encodeNATSJob(&claimed, nil, 0)
+		value, err := encodeNATSJobMeta(&claimed, nil, natsMeta{activeSeq: c.activeSeq})
 		if err != nil {
 			return nil, err
 		}
@@ -470,7 +480,7 @@ func (s *NATSStore) Claim(ctx context.Context, req ClaimRequest) ([]Job, error) 
 			continue // claimed or changed by another process since the read
 		}
 		claimed.Revision = rev
-		s.cache.put(c.key, claimed, rev)
+		s.cache.put(c.key, claimed, rev, c.activeSeq)
 		out = append(out, cloneJob(claimed))
 	}
 	return out, nil
@@ -490,15 +500,15 @@ func (s *NATSStore) change(ctx context.Context, op, channelID, jobID string,
 	for range natsCASAttempts {
 		var stored Job
 		var storedArt *Artifact
-		var entryRev uint64
+		var entryRev, activeSeq uint64
 		found := false
 		fromCache := useCache
 		useCache = false
 		if fromCache {
-			stored, entryRev, found = cached.job, cached.rev, true
+			stored, entryRev, activeSeq, found = cached.job, cached.rev, cached.activeSeq, true
 		} else if channelID != "" && jobID != "" { // an empty id is no key; the rule reports it
 			var err error
-			if stored, storedArt, entryRev, found, err = s.readJob(ctx, op, channelID, jobID); err != nil {
+			if stored, storedArt, entryRev, activeSeq, found, err = s.readJobMeta(ctx, op, channelID, jobID); err != nil {
 				return Job{}, nil, err
 			}
 		}
@@ -517,7 +527,7 @@ func (s *NATSStore) change(ctx context.Context, op, channelID, jobID string,
 		if art == nil && storedArt != nil {
 			art = storedArt // never dropped; a completed job does not change
 		}
-		value, err := encodeNATSJob(&next, art, 0)
+		value, err := encodeNATSJobMeta(&next, art, natsMeta{activeSeq: activeSeq})
 		if err != nil {
 			return Job{}, nil, err
 		}
@@ -541,16 +551,27 @@ func (s *NATSStore) change(ctx context.Context, op, channelID, jobID string,
 			art = &a
 		}
 		if next.State == StateRunning {
-			s.cache.put(key, next, rev)
+			s.cache.put(key, next, rev, activeSeq)
 		} else {
 			s.cache.drop(key)
 		}
 		if !next.State.Active() {
-			s.dropActive(ctx, s.keys.active(channelID, jobID), rev)
+			s.dropActive(ctx, s.keys.active(channelID, jobID), activeBound(activeSeq, rev))
 		}
 		return cloneJob(next), cloneArtifact(art), nil
 	}
 	return Job{}, nil, conflictf("%s: job %q in channel %q changed concurrently %d times in a row", op, jobID, channelID, natsCASAttempts)
+}
+
+// activeBound is the purge bound for a job's active entry: just past the
+// entry when its sequence is known, else the job's terminal revision (the
+// entry is older; a purge bound far past it costs the server a scan of the
+// sequences in between).
+func activeBound(activeSeq, terminalRev uint64) uint64 {
+	if activeSeq > 0 && activeSeq < terminalRev {
+		return activeSeq + 1
+	}
+	return terminalRev
 }
 
 // single adapts a rule that returns only a job to change.

@@ -19,11 +19,12 @@ type natsJobCache struct {
 }
 
 type natsCached struct {
-	job Job // a private copy
-	rev uint64
+	job       Job // a private copy
+	rev       uint64
+	activeSeq uint64
 }
 
-func (c *natsJobCache) put(key string, j Job, rev uint64) {
+func (c *natsJobCache) put(key string, j Job, rev, activeSeq uint64) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if c.entries == nil {
@@ -35,7 +36,7 @@ func (c *natsJobCache) put(key string, j Job, rev uint64) {
 			break
 		}
 	}
-	c.entries[key] = natsCached{job: cloneJob(j), rev: rev}
+	c.entries[key] = natsCached{job: cloneJob(j), rev: rev, activeSeq: activeSeq}
 }
 
 // get returns a copy of key's entry.

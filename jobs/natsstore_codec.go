@@ -27,7 +27,13 @@ type natsJobRecord struct {
 	// a job superseded by an enqueue is written in the enqueue's batch
 	// just before the new job, whose revision (the batch's last sequence;
 	// a batch's sequences are contiguous) is the change's.
-	RevisionOffset   uint64             `json:"revisionOffset,omitempty"`
+	RevisionOffset uint64 `json:"revisionOffset,omitempty"`
+	// ActiveSeq is the sequence of the job's active entry, so that the
+	// terminal write's purge of it touches that one message; 0 when
+	// unknown. ActiveOffset gives it in a record an enqueue wrote, before
+	// the sequences were known: the entry's revision less ActiveOffset.
+	ActiveSeq        uint64             `json:"activeSeq,omitempty"`
+	ActiveOffset     uint64             `json:"activeOffset,omitempty"`
 	ID               string             `json:"id"`
 	ChannelID        string             `json:"channelId"`
 	Type             string             `json:"type"`
@@ -88,8 +94,19 @@ type natsTargetRecord struct {
 // decodeNATSJob replaces with the entry's revision.
 // offset is the record's RevisionOffset.
 func encodeNATSJob(j *Job, art *Artifact, offset uint64) ([]byte, error) {
+	return encodeNATSJobMeta(j, art, natsMeta{revOffset: offset})
+}
+
+// natsMeta is what a record holds beyond the job: see natsJobRecord.
+type natsMeta struct {
+	revOffset    uint64
+	activeSeq    uint64
+	activeOffset uint64
+}
+
+func encodeNATSJobMeta(j *Job, art *Artifact, meta natsMeta) ([]byte, error) {
 	r := natsJobRecord{
-		V: natsRecordVersion, RevisionOffset: offset, ID: j.ID, ChannelID: j.ChannelID, Type: j.Type, Version: j.Version,
+		V: natsRecordVersion, RevisionOffset: meta.revOffset, ActiveSeq: meta.activeSeq, ActiveOffset: meta.activeOffset, ID: j.ID, ChannelID: j.ChannelID, Type: j.Type, Version: j.Version,
 		Origin: j.Origin, TargetKey: j.TargetKey, TargetGeneration: j.TargetGeneration,
 		IdempotencyKey: j.IdempotencyKey, Fingerprint: j.Fingerprint, Input: j.Input,
 		State: j.State, Attempts: j.Attempts, Failures: j.Failures, ClaimGeneration: j.ClaimGeneration,
@@ -113,21 +130,43 @@ func encodeNATSJob(j *Job, art *Artifact, offset uint64) ([]byte, error) {
 // value that does not decode or validate is ErrCorrupt naming the job and
 // the key. The returned job and artifact share no memory with data.
 func decodeNATSJob(key string, rev uint64, data []byte, wantChannel, wantJob string) (Job, *Artifact, error) {
+	j, art, _, err := decodeNATSJobMeta(key, rev, data, wantChannel, wantJob)
+	return j, art, err
+}
+
+// decodeNATSJobMeta is decodeNATSJob that also returns the sequence of the
+// job's active entry (0: unknown).
+func decodeNATSJobMeta(key string, rev uint64, data []byte, wantChannel, wantJob string) (Job, *Artifact, uint64, error) {
+	j, art, activeSeq, err := decodeNATSRecord(key, rev, data, wantChannel, wantJob)
+	if err != nil {
+		return Job{}, nil, 0, err
+	}
+	return j, art, activeSeq, nil
+}
+
+func decodeNATSRecord(key string, rev uint64, data []byte, wantChannel, wantJob string) (Job, *Artifact, uint64, error) {
 	var r natsJobRecord
 	dec := json.NewDecoder(bytes.NewReader(data))
 	dec.DisallowUnknownFields()
 	if err := dec.Decode(&r); err != nil {
-		return Job{}, nil, natsCorrupt(wantJob, key, rev, fmt.Errorf("does not decode: %w", err))
+		return Job{}, nil, 0, natsCorrupt(wantJob, key, rev, fmt.Errorf("does not decode: %w", err))
 	}
 	if dec.More() {
-		return Job{}, nil, natsCorrupt(wantJob, key, rev, errors.New("trailing data after the record"))
+		return Job{}, nil, 0, natsCorrupt(wantJob, key, rev, errors.New("trailing data after the record"))
+	}
+	if r.ActiveOffset > natsMaxBatch || r.ActiveSeq >= rev || r.ActiveOffset >= rev {
+		return Job{}, nil, 0, natsCorrupt(wantJob, key, rev, fmt.Errorf("active entry sequence %d or offset %d", r.ActiveSeq, r.ActiveOffset))
+	}
+	activeSeq := r.ActiveSeq
+	if activeSeq == 0 && r.ActiveOffset > 0 {
+		activeSeq = rev - r.ActiveOffset
 	}
 	if r.RevisionOffset > natsMaxBatch || rev > math.MaxUint64-r.RevisionOffset {
-		return Job{}, nil, natsCorrupt(wantJob, key, rev, fmt.Errorf("revision offset %d exceeds a batch", r.RevisionOffset))
+		return Job{}, nil, 0, natsCorrupt(wantJob, key, rev, fmt.Errorf("revision offset %d exceeds a batch", r.RevisionOffset))
 	}
 	rev += r.RevisionOffset
 	if err := validateNATSRecord(&r, rev, wantChannel, wantJob); err != nil {
-		return Job{}, nil, natsCorrupt(wantJob, key, rev, err)
+		return Job{}, nil, 0, natsCorrupt(wantJob, key, rev, err)
 	}
 	j := Job{
 		ID: r.ID, ChannelID: r.ChannelID, Type: r.Type, Version: r.Version, Origin: r.Origin,
@@ -161,14 +200,14 @@ func decodeNATSJob(key string, rev uint64, data []byte, wantChannel, wantJob str
 		art = &Artifact{JobID: r.ID, Revision: ar, Value: natsNull(r.Artifact.Value), CreatedAt: r.Artifact.CreatedAt.UTC()}
 	}
 	if err := validateJob(&j); err != nil {
-		return Job{}, nil, natsCorrupt(wantJob, key, rev, err)
+		return Job{}, nil, 0, natsCorrupt(wantJob, key, rev, err)
 	}
 	if art != nil {
 		if err := validateArtifact(art, &j); err != nil {
-			return Job{}, nil, natsCorrupt(wantJob, key, rev, err)
+			return Job{}, nil, 0, natsCorrupt(wantJob, key, rev, err)
 		}
 	}
-	return j, art, nil
+	return j, art, activeSeq, nil
 }
 
 func natsCorrupt(jobID, key string, rev uint64, err error) error {

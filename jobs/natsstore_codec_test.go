@@ -58,7 +58,7 @@ func FuzzNATSJobRecord(f *testing.F) {
 	f.Add([]byte(``), uint64(0))
 	f.Fuzz(func(t *testing.T, data []byte, rev uint64) {
 		const key = "job.ch.job-1"
-		j, art, err := decodeNATSJob(key, rev, data, "ch", "job-1")
+		j, art, activeSeq, err := decodeNATSJobMeta(key, rev, data, "ch", "job-1")
 		if err != nil {
 			require.ErrorIs(t, err, ErrCorrupt)
 			require.Contains(t, err.Error(), key)
@@ -66,10 +66,11 @@ func FuzzNATSJobRecord(f *testing.F) {
 		}
 		require.NoError(t, validateJob(&j))
 		assert.Equal(t, rev, j.Revision)
-		again, err := encodeNATSJob(&j, art, j.Revision-rev)
+		again, err := encodeNATSJobMeta(&j, art, natsMeta{revOffset: j.Revision - rev, activeSeq: activeSeq})
 		require.NoError(t, err)
-		j2, art2, err := decodeNATSJob(key, rev, again, "ch", "job-1")
+		j2, art2, activeSeq2, err := decodeNATSJobMeta(key, rev, again, "ch", "job-1")
 		require.NoError(t, err)
+		assert.Equal(t, activeSeq, activeSeq2)
 		assert.Equal(t, j, j2)
 		assert.Equal(t, art, art2)
 	})

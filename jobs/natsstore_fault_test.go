@@ -131,7 +131,7 @@ func TestNATSStoreEnqueueBatchIsConditional(t *testing.T) {
 	rival.IdempotencyKey = first.IdempotencyKey
 	now := time.Now().UTC()
 	j, tgt, _ := enqueueJob(rival, 0, nil, now, 0)
-	msgs, err := st.enqueueBatch(&j, tgt, 0, nil, 0)
+	msgs, err := st.enqueueBatch(&j, tgt, 0, nil, 0, 0)
 	require.NoError(t, err)
 	_, conflict, err := st.publishBatch(ctx, "test", msgs)
 	require.NoError(t, err)

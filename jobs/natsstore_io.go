@@ -140,6 +140,16 @@ func (s *NATSStore) getFromLeader(ctx context.Context, op, subject string) (nats
 // result.
 func (s *NATSStore) getMany(ctx context.Context, op string, keys []string) (map[string]natsMsg, error) {
 	out := make(map[string]natsMsg, len(keys))
+	if len(keys) == 1 { // a single get answers faster than a batch
+		m, found, err := s.getOne(ctx, op, keys[0])
+		if err != nil {
+			return nil, err
+		}
+		if found {
+			out[keys[0]] = m
+		}
+		return out, nil
+	}
 	for start := 0; start < len(keys); start += natsReadChunk {
 		chunk := keys[start:min(start+natsReadChunk, len(keys))]
 		subjects := make([]string, len(chunk))
@@ -328,6 +338,9 @@ func (s *NATSStore) channelRevision(ctx context.Context, op, channelID string) (
 // update writes value over key's revision rev. conflict is true when the key
 // changed since.
 func (s *NATSStore) update(ctx context.Context, op, key string, value []byte, rev uint64) (newRev uint64, conflict bool, err error) {
+	if err := s.checkSize(op, key, len(value)); err != nil {
+		return 0, false, err
+	}
 	newRev, err = s.kv.Update(ctx, key, value, rev)
 	if err == nil {
 		return newRev, false, nil
@@ -336,6 +349,20 @@ func (s *NATSStore) update(ctx context.Context, op, key string, value []byte, re
 		return 0, true, nil
 	}
 	return 0, false, natsUnavailable(ctx, op, "write KV key "+strconv.Quote(key), err)
+}
+
+// natsHeaderAllowance is kept free of the server's payload limit for the
+// headers a write carries.
+const natsHeaderAllowance = 512
+
+// checkSize refuses, before any write, a record the server would refuse:
+// larger than its max_payload less room for headers.
+func (s *NATSStore) checkSize(op, key string, n int) error {
+	if limit := int(s.js.Conn().MaxPayload()) - natsHeaderAllowance; n > limit {
+		return conflictf("%s: KV key %q: the record is %d bytes, over the %d the server's max_payload (%d) leaves; store less input, artifact or binding",
+			op, key, n, limit, s.js.Conn().MaxPayload())
+	}
+	return nil
 }
 
 // natsBatchMsg is one write of an atomic batch: key, value and the revision
@@ -353,6 +380,9 @@ type natsBatchMsg struct {
 func (s *NATSStore) publishBatch(ctx context.Context, op string, msgs []natsBatchMsg) (lastRev uint64, conflict bool, err error) {
 	out := make([]*nats.Msg, len(msgs))
 	for i, m := range msgs {
+		if err := s.checkSize(op, m.key, len(m.value)); err != nil {
+			return 0, false, err
+		}
 		nm := nats.NewMsg(s.keys.subject(m.key))
 		nm.Data = m.value
 		if m.check {

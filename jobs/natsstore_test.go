@@ -391,3 +391,36 @@ func TestNATSStoreActiveIndex(t *testing.T) {
 		"the claim removes the stale entry")
 	assert.Equal(t, []string{st.keys.active("ch", claimed[4].ID)}, active())
 }
+
+// TestNATSStoreActiveSeqIsExact checks that every job record knows the
+// sequence of its active entry, so that the purge after a terminal write
+// is bounded by that one message.
+func TestNATSStoreActiveSeqIsExact(t *testing.T) {
+	t.Parallel()
+	s := natstest.Run(t)
+	ctx := context.Background()
+	st, _ := newTestNATSStore(t, s, nil)
+	check := func(id, when string) {
+		t.Helper()
+		_, _, _, activeSeq, found, err := st.readJobMeta(ctx, "test", "ch", id)
+		require.NoError(t, err)
+		require.True(t, found)
+		m, ok, err := st.getOne(ctx, "test", st.keys.active("ch", id))
+		require.NoError(t, err)
+		require.True(t, ok, "%s: %s has no active entry", when, id)
+		assert.Equal(t, m.rev, activeSeq, "%s: %s", when, id)
+	}
+	_, err := st.Enqueue(ctx, testEnqueueRequest("ch", "a", "doc"))
+	require.NoError(t, err)
+	check("a", "enqueued")
+	_, err = st.Enqueue(ctx, testEnqueueRequest("ch", "b", "doc")) // supersedes a
+	require.NoError(t, err)
+	check("b", "enqueued, superseding")
+	claimed, err := st.Claim(ctx, ClaimRequest{ChannelID: "ch", Owner: "w", Count: 1, TTL: time.Minute})
+	require.NoError(t, err)
+	require.Len(t, claimed, 1)
+	check("b", "claimed")
+	_, err = st.Renew(ctx, RenewRequest{Claim: ClaimOf(claimed[0]), ExpectedRevision: claimed[0].Revision, TTL: 2 * time.Minute})
+	require.NoError(t, err)
+	check("b", "renewed")
+}
