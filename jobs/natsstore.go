@@ -58,6 +58,7 @@ type NATSStore struct {
 	// targets it has seen stored.
 	cache   natsJobCache
 	targets natsTargetHints
+	pending natsPendingHints
 	// leaderReads is set on replicated buckets: single-key reads go to the
 	// stream leader, since a direct get may be answered by a replica that
 	// has not applied the latest writes.
@@ -302,6 +303,7 @@ func (s *NATSStore) Enqueue(ctx context.Context, req EnqueueRequest) (Enqueued, 
 			continue
 		}
 		s.targets.add(targetKey)
+		s.pending.add(jobKey)
 		j.Revision = rev // the superseded job's too, by its RevisionOffset
 		for _, p := range superseded {
 			s.dropActive(ctx, s.keys.active(p.ChannelID, p.ID), activeBound(prevActive, rev))
@@ -403,9 +405,19 @@ func (s *NATSStore) Claim(ctx context.Context, req ClaimRequest) ([]Job, error) 
 	if err := s.cfg.guard(ctx, op); err != nil {
 		return nil, err
 	}
-	entries, err := s.lastMatching(ctx, op, s.keys.activeFilter(req.ChannelID))
+	prefix := familyJob + "."
+	if req.ChannelID != "" {
+		prefix += escapeToken(req.ChannelID) + "."
+	}
+	hinted := s.pending.matching(prefix)
+	entries, prefetched, err := s.listActive(ctx, op, req.ChannelID, hinted)
 	if err != nil {
 		return nil, err
+	}
+	for _, jk := range hinted {
+		if _, ok := prefetched[jk]; !ok {
+			s.pending.remove(jk) // gone
+		}
 	}
 	out := []Job{}
 	if len(entries) == 0 {
@@ -424,9 +436,21 @@ func (s *NATSStore) Claim(ctx context.Context, req ClaimRequest) ([]Job, error) 
 		jobKeys = append(jobKeys, jk)
 	}
 	slices.Sort(jobKeys)
-	read, err := s.getMany(ctx, op, jobKeys)
-	if err != nil {
-		return nil, err
+	var missing []string
+	for _, jk := range jobKeys {
+		if _, ok := prefetched[jk]; !ok {
+			missing = append(missing, jk)
+		}
+	}
+	read := prefetched
+	if len(missing) > 0 {
+		more, err := s.getMany(ctx, op, missing)
+		if err != nil {
+			return nil, err
+		}
+		for k, m := range more {
+			read[k] = m
+		}
 	}
 	now := s.cfg.now()
 	var due []natsCandidate
@@ -441,6 +465,9 @@ func (s *NATSStore) Claim(ctx context.Context, req ClaimRequest) ([]Job, error) 
 		j, _, activeSeq, err := decodeNATSJobMeta(jk, m.rev, m.data, r.channelID, r.jobID)
 		if err != nil {
 			return nil, err
+		}
+		if j.State != StatePending {
+			s.pending.remove(jk)
 		}
 		if !j.State.Active() {
 			stale = append(stale, r.activeKey)
@@ -481,9 +508,40 @@ func (s *NATSStore) Claim(ctx context.Context, req ClaimRequest) ([]Job, error) 
 		}
 		claimed.Revision = rev
 		s.cache.put(c.key, claimed, rev, c.activeSeq)
+		s.pending.remove(c.key)
 		out = append(out, cloneJob(claimed))
 	}
 	return out, nil
+}
+
+// listActive reads the active entries of a channel (every channel when
+// channelID is empty) and, in the same request, the records of the job
+// keys in also: a consistent snapshot of both. With more entries than one
+// batched read answers it lists the entries alone.
+func (s *NATSStore) listActive(ctx context.Context, op, channelID string, also []string) (entries, jobs map[string]natsMsg, err error) {
+	filters := make([]string, 0, 1+len(also))
+	filters = append(filters, s.keys.activeFilter(channelID))
+	for _, k := range also {
+		filters = append(filters, s.keys.subject(k))
+	}
+	read := make(map[string]natsMsg)
+	err = s.batchGet(ctx, op, filters, natsBatchGetMax, read)
+	if errors.Is(err, errTooManyResults) {
+		entries, err = s.lastMatching(ctx, op, s.keys.activeFilter(channelID))
+		return entries, map[string]natsMsg{}, err
+	}
+	if err != nil {
+		return nil, nil, err
+	}
+	entries, jobs = make(map[string]natsMsg), make(map[string]natsMsg)
+	for k, m := range read {
+		if strings.HasPrefix(k, familyActive+".") {
+			entries[k] = m
+		} else {
+			jobs[k] = m
+		}
+	}
+	return entries, jobs, nil
 }
 
 // change runs the read–rule–write round of a single-job call: it reads the

@@ -88,3 +88,57 @@ func (h *natsTargetHints) add(key string) {
 	}
 	h.seen[key] = struct{}{}
 }
+
+// natsPendingHintsMax bounds the job keys natsPendingHints holds, and
+// natsPendingPrefetch how many a claim reads ahead.
+const (
+	natsPendingHintsMax = 1024
+	natsPendingPrefetch = 32
+)
+
+// natsPendingHints remembers the jobs this store enqueued and has not yet
+// seen claimed or finished: a claim reads their records in the same
+// request as the active index (a guess; whatever the index names beyond
+// them is read after). It is safe for concurrent use.
+type natsPendingHints struct {
+	mu   sync.Mutex
+	keys map[string]struct{}
+}
+
+func (h *natsPendingHints) add(key string) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if h.keys == nil {
+		h.keys = make(map[string]struct{})
+	}
+	if _, ok := h.keys[key]; !ok && len(h.keys) >= natsPendingHintsMax {
+		for victim := range h.keys {
+			delete(h.keys, victim)
+			break
+		}
+	}
+	h.keys[key] = struct{}{}
+}
+
+func (h *natsPendingHints) remove(key string) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	delete(h.keys, key)
+}
+
+// matching returns up to natsPendingPrefetch remembered job keys with the
+// given prefix.
+func (h *natsPendingHints) matching(prefix string) []string {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	var out []string
+	for k := range h.keys {
+		if len(out) == natsPendingPrefetch {
+			break
+		}
+		if len(k) >= len(prefix) && k[:len(prefix)] == prefix {
+			out = append(out, k)
+		}
+	}
+	return out
+}
