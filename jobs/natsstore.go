@@ -526,7 +526,7 @@ func (s *NATSStore) listActive(ctx context.Context, op, channelID string, also [
 	}
 	read := make(map[string]natsMsg)
 	err = s.batchGet(ctx, op, filters, natsBatchGetMax, read)
-	if errors.Is(err, errTooManyResults) {
+	if errors.Is(err, errTooManyResults) || errors.Is(err, errBatchCut) {
 		entries, err = s.lastMatching(ctx, op, s.keys.activeFilter(channelID))
 		return entries, map[string]natsMsg{}, err
 	}

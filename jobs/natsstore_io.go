@@ -156,7 +156,24 @@ func (s *NATSStore) getMany(ctx context.Context, op string, keys []string) (map[
 		for i, k := range chunk {
 			subjects[i] = s.keys.subject(k)
 		}
-		if err := s.batchGet(ctx, op, subjects, len(chunk), out); err != nil {
+		err := s.batchGet(ctx, op, subjects, len(chunk), out)
+		if errors.Is(err, errBatchCut) {
+			// Large records: read what the batch did not answer alone.
+			for _, k := range chunk {
+				if _, ok := out[k]; ok {
+					continue
+				}
+				m, found, err := s.getOne(ctx, op, k)
+				if err != nil {
+					return nil, err
+				}
+				if found {
+					out[k] = m
+				}
+			}
+			continue
+		}
+		if err != nil {
 			return nil, err
 		}
 	}
@@ -179,7 +196,7 @@ const natsBatchGetMax = 1024
 func (s *NATSStore) lastMatching(ctx context.Context, op, filter string) (map[string]natsMsg, error) {
 	out := make(map[string]natsMsg)
 	err := s.batchGet(ctx, op, []string{filter}, natsBatchGetMax, out)
-	if errors.Is(err, errTooManyResults) {
+	if errors.Is(err, errTooManyResults) || errors.Is(err, errBatchCut) {
 		names, last, err := s.subjects(ctx, op, filter)
 		if err != nil {
 			return nil, err
@@ -219,6 +236,12 @@ func (s *NATSStore) batchGet(ctx context.Context, op string, subjects []string, 
 	if err := s.js.Conn().PublishRequest(s.directGet, inbox, body); err != nil {
 		return natsUnavailable(ctx, op, fmt.Sprintf("batched read of %d subjects", len(subjects)), err)
 	}
+	// Every reply carries the number of matches still to come: they count
+	// down by one, so a reply lost on the way (a slow consumer) shows as a
+	// gap, and an end of batch with matches to come as a cut-short batch
+	// (the server stops at its byte limit).
+	var pending uint64
+	first := true
 	for {
 		var m *nats.Msg
 		select {
@@ -226,9 +249,13 @@ func (s *NATSStore) batchGet(ctx context.Context, op string, subjects []string, 
 		case <-ctx.Done():
 			return natsUnavailable(ctx, op, fmt.Sprintf("batched read of %d subjects", len(subjects)), ctx.Err())
 		}
+		np, npErr := strconv.ParseUint(m.Header.Get("Nats-Num-Pending"), 10, 64)
 		if len(m.Data) == 0 {
 			switch m.Header.Get("Status") {
 			case "204": // end of batch
+				if npErr == nil && np > 0 {
+					return errBatchCut
+				}
 				return nil
 			case "404": // no subject matched
 				return nil
@@ -239,6 +266,13 @@ func (s *NATSStore) batchGet(ctx context.Context, op string, subjects []string, 
 				return natsUnavailable(ctx, op, "batched read", fmt.Errorf("status %s %s", m.Header.Get("Status"), m.Header.Get("Description")))
 			}
 		}
+		if npErr != nil {
+			return natsUnavailable(ctx, op, "batched read", fmt.Errorf("reply without Nats-Num-Pending: %w", npErr))
+		}
+		if !first && np+1 != pending {
+			return natsUnavailable(ctx, op, "batched read", fmt.Errorf("replies lost: %d matches to come after %d", np, pending))
+		}
+		first, pending = false, np
 		seq, err := strconv.ParseUint(m.Header.Get(jetstream.SequenceHeader), 10, 64)
 		if err != nil {
 			return natsUnavailable(ctx, op, "batched read", fmt.Errorf("reply without a sequence: %w", err))
@@ -251,6 +285,10 @@ func (s *NATSStore) batchGet(ctx context.Context, op string, subjects []string, 
 		}
 	}
 }
+
+// errBatchCut reports a batched read the server ended before every match
+// (at its byte limit).
+var errBatchCut = errors.New("batched read cut short")
 
 // natsReplies is one inbox subscription per store for the replies of
 // batched reads, each request told apart by the last token of its reply

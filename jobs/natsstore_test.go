@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -423,4 +424,32 @@ func TestNATSStoreActiveSeqIsExact(t *testing.T) {
 	_, err = st.Renew(ctx, RenewRequest{Claim: ClaimOf(claimed[0]), ExpectedRevision: claimed[0].Revision, TTL: 2 * time.Minute})
 	require.NoError(t, err)
 	check("b", "renewed")
+}
+
+// TestNATSStoreLargeRecordsInBatchedReads claims jobs whose records
+// together exceed what the server sends for one batched read (its
+// max_pending): the batch ends early, and the records it left out are read
+// alone, not taken for deleted jobs (whose active entries a claim removes).
+func TestNATSStoreLargeRecordsInBatchedReads(t *testing.T) {
+	t.Parallel()
+	srv, err := server.NewServer(&server.Options{Host: "127.0.0.1", Port: -1, JetStream: true, StoreDir: t.TempDir(),
+		NoLog: true, NoSigs: true, MaxPending: 1 << 20})
+	require.NoError(t, err)
+	go srv.Start()
+	t.Cleanup(func() { srv.Shutdown(); srv.WaitForShutdown() })
+	require.True(t, srv.ReadyForConnections(10*time.Second))
+	st, _ := newTestNATSStore(t, srv, nil)
+	ctx := context.Background()
+	big := json.RawMessage(`"` + strings.Repeat("x", 200<<10) + `"`)
+	const jobs = 12 // 2.4 MB of records
+	for i := range jobs {
+		req := testEnqueueRequest("ch", fmt.Sprintf("j%02d", i), fmt.Sprintf("doc%d", i))
+		req.Input = big
+		_, err := st.Enqueue(ctx, req)
+		require.NoError(t, err)
+	}
+	other := openTestNATSStore(t, srv, st, nil) // no hints: every record in batched reads
+	claimed, err := other.Claim(ctx, ClaimRequest{ChannelID: "ch", Owner: "w", Count: jobs, TTL: time.Minute})
+	require.NoError(t, err)
+	assert.Equal(t, jobs, len(claimed), "jobs claimed")
 }
