@@ -36,9 +36,20 @@ const natsCASAttempts = 16
 // bucket's "active" index), never the completed ones. DeleteChannel is one
 // subject-filtered purge.
 //
-// A NATSStore holds no state of its own beyond its configuration: any
-// number of them, in any number of processes, may share a bucket. It is
-// safe for concurrent use.
+// List reads the key names of the channel's jobs (one "list" entry each,
+// no values) and the values of the page's jobs only; its cost grows with
+// the channel's jobs.
+//
+// Every decision rests on a compare-and-swap, so any number of stores, in
+// any number of processes, may share a bucket. What a store remembers — the
+// running jobs it wrote last, the targets and pending jobs it has seen — is
+// only a guess that saves a read: a wrong one costs a failed write or an
+// extra read, never a wrong result. A store keeps one subscription on js's
+// connection for the replies of batched reads, for the connection's
+// lifetime. A stored job record that does not validate fails every call
+// that reads it, Claim of its channel included, with ErrCorrupt naming the
+// KV key, until an operator repairs or removes it. It is safe for
+// concurrent use.
 type NATSStore struct {
 	js         jetstream.JetStream
 	cfg        config
