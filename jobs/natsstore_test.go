@@ -453,3 +453,41 @@ func TestNATSStoreLargeRecordsInBatchedReads(t *testing.T) {
 	require.NoError(t, err)
 	assert.Equal(t, jobs, len(claimed), "jobs claimed")
 }
+
+// TestNATSStoreHonoursContext: a cancelled context ends every call with
+// the context's error, unchanged.
+func TestNATSStoreHonoursContext(t *testing.T) {
+	t.Parallel()
+	s := natstest.Run(t)
+	st, _ := newTestNATSStore(t, s, nil)
+	ok := context.Background()
+	_, err := st.Enqueue(ok, testEnqueueRequest("ch", "j", "doc"))
+	require.NoError(t, err)
+	claimed, err := st.Claim(ok, ClaimRequest{ChannelID: "ch", Owner: "w", Count: 1, TTL: time.Minute})
+	require.NoError(t, err)
+	require.Len(t, claimed, 1)
+	claim := ClaimOf(claimed[0])
+	ctx, cancel := context.WithCancel(ok)
+	cancel()
+	calls := map[string]func() error{
+		"enqueue": func() error { _, err := st.Enqueue(ctx, testEnqueueRequest("ch", "k", "doc2")); return err },
+		"claim": func() error {
+			_, err := st.Claim(ctx, ClaimRequest{ChannelID: "ch", Owner: "w", Count: 1, TTL: time.Minute})
+			return err
+		},
+		"renew": func() error {
+			_, err := st.Renew(ctx, RenewRequest{Claim: claim, ExpectedRevision: claimed[0].Revision, TTL: 2 * time.Minute})
+			return err
+		},
+		"settle":         func() error { _, err := st.Settle(ctx, SettleRequest{Claim: claim}); return err },
+		"list":           func() error { _, err := st.List(ctx, ListRequest{ChannelID: "ch"}); return err },
+		"get":            func() error { _, err := st.Get(ctx, "ch", "j"); return err },
+		"delete channel": func() error { return st.DeleteChannel(ctx, "ch") },
+	}
+	for name, call := range calls {
+		assert.ErrorIs(t, call(), context.Canceled, name)
+	}
+	got, err := st.Get(ok, "ch", "j")
+	require.NoError(t, err)
+	assert.Equal(t, StateRunning, got.Job.State, "nothing was written")
+}
