@@ -1,14 +1,100 @@
 // Package jobs is the durable half of a job system: job records with a
-// lifecycle, kept in memory ([MemoryStore]) or in a NATS JetStream KV
+// lifecycle, kept in memory ([MemoryStore]) or in one NATS JetStream KV
 // bucket ([NATSStore]), both behind the [Store] interface and proven by one
 // conformance suite (package jobstest).
 //
-// A job is enqueued idempotently (an idempotency key per channel, a
-// fingerprint that must match on replay) for a target; a newer job for the
-// same target supersedes the older active ones. Workers claim due jobs in
-// batches with a TTL, renew their claims, report bounded progress, and
-// settle with an immutable artifact, requeue or fail; every claimed call is
-// fenced by the claim's owner and generation, so a worker whose claim was
-// reclaimed cannot write. Operators pause, resume, cancel and supersede
-// jobs and list a channel's jobs with cursors.
+// # Quick start
+//
+//	store, err := jobs.NewMemoryStore(nil) // or jobs.NewNATSStore(js, nil, jobs.WithCreateBucket(jetstream.FileStorage, 1))
+//	out, err := store.Enqueue(ctx, jobs.EnqueueRequest{
+//		ID: id, ChannelID: "acme", Type: "render", Version: 1,
+//		TargetKey: "doc-42", IdempotencyKey: "doc-42@v7", Fingerprint: hash,
+//		Input: input})
+//	claimed, err := store.Claim(ctx, jobs.ClaimRequest{Owner: "worker-1", Count: 10, TTL: time.Minute})
+//	for _, job := range claimed {
+//		claim := jobs.ClaimOf(job)
+//		// work, calling store.Renew before the claim expires and
+//		// store.AppendProgress as stages start and end, then:
+//		_, err = store.Settle(ctx, jobs.SettleRequest{Claim: claim, Artifact: result})
+//		// or store.Requeue (retry later) or store.Fail (give up)
+//	}
+//
+// # Jobs, channels and targets
+//
+// A [Job] belongs to a channel (a tenant or workspace; [Config.Channels]
+// says which exist and which are archived) and updates a target (a
+// document, a report). Its id is unique in the channel. Every job of a
+// target has a generation: the target's first job 1, the next 2, and so on.
+// Enqueuing a job supersedes the target's older pending, paused and running
+// jobs in the same change, and only a job of its target's current
+// generation can be claimed or controlled: work on a stale version of a
+// resource stops by itself.
+//
+// # Idempotency
+//
+// An enqueue names an idempotency key, unique in the channel, and a
+// fingerprint of its content. Enqueuing a key again with the same
+// fingerprint returns the job as it is now, with [Enqueued].Repeated set,
+// and changes nothing; with another fingerprint it is [ErrConflict].
+// [Store.DeleteChannel] forgets the keys: an identical enqueue afterwards
+// makes a new job.
+//
+// # States
+//
+// A job is pending until claimed, running while claimed, and ends
+// completed ([Store.Settle]), failed ([Store.Fail]), cancelled or
+// superseded. [Store.Requeue] makes a running job pending again (later,
+// counting a failure if asked); operators [Store.Pause] a pending or
+// running job, [Store.Resume] a paused one, [Store.Cancel] or
+// [Store.Supersede] any active one. Pause, Resume and Supersede take the
+// revision the operator saw (ExpectedRevision), so they never act on a job
+// that changed meanwhile. Cancelling a job of an archived channel needs
+// AllowArchived.
+//
+// # Claims and fencing
+//
+// [Store.Claim] takes up to ClaimCountLimit due jobs — pending ones whose
+// AvailableAt has come and running ones whose claim expired — ordered by due
+// time, creation time and id, from one channel or from all. A claim makes the
+// job running with a new claim generation and an expiry of now+TTL. Every
+// claimed call (Renew, Requeue, AppendProgress, Settle, Fail) presents the
+// [Claim] and is refused with ErrConflict unless the job is still running
+// under that owner and generation, the claim has not expired and the job
+// is of its target's current generation: a worker whose claim expired and
+// was taken over cannot write. [Store.Renew] also takes the revision the
+// worker last saw and must move the expiry later; it can bind a small
+// value (such as a key-layer lease) to the claim.
+//
+// # Progress and artifacts
+//
+// Progress entries name a stage (^[a-z][a-z0-9-]{0,63}$), a label of 1 to
+// LabelLimit characters and a [ProgressState]; an interrupted stage has a
+// reason. A job keeps its last ProgressLimit entries. Settle stores the
+// job's artifact once; it never changes after.
+//
+// # Revisions
+//
+// Every change in a channel raises the channel's revision, and every job a
+// change touches carries it as its Revision; [Page] and [Detail] carry the
+// channel's. Revisions only grow, but are not contiguous: in a NATSStore
+// they are stream sequences, and jobs changed by one call may carry
+// different ones. Compare them, never count them.
+//
+// # Errors and limits
+//
+// Errors wrap one of [ErrConflict], [ErrNotFound], [ErrCorrupt] and
+// [ErrUnavailable] and say which field or job was wrong; a cancelled
+// context's error is returned unchanged. Requests are checked before
+// anything is written: empty identifiers, bad JSON, and inputs, artifacts,
+// bindings, identifiers and reasons over InputSizeLimit,
+// ArtifactSizeLimit, BindingSizeLimit, IdentifierSizeLimit and
+// ReasonSizeLimit are conflicts that name the limit. A stored record that
+// does not validate is ErrCorrupt, naming the job (and the KV key), and is
+// never overwritten.
+//
+// # Copies and concurrency
+//
+// Stores are safe for concurrent use; a NATSStore is safe across any
+// number of processes. Every value a store returns is a copy, and the
+// store keeps no reference to a request's slices.
 package jobs

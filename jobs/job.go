@@ -144,7 +144,9 @@ type Progress struct {
 
 // Target is the generation counter of one target key in a channel.
 type Target struct {
+	// ChannelID is the target's channel.
 	ChannelID string `json:"channelId"`
+	// TargetKey is the resource, as in [Job.TargetKey].
 	TargetKey string `json:"targetKey"`
 	// Generation is the generation of the target's newest job.
 	Generation uint64 `json:"generation"`
@@ -152,6 +154,7 @@ type Target struct {
 
 // Artifact is the immutable result a job was settled with.
 type Artifact struct {
+	// JobID is the settled job.
 	JobID string `json:"jobId"`
 	// Revision is the channel revision of the settle.
 	Revision uint64 `json:"revision"`
@@ -177,6 +180,7 @@ type Detail struct {
 // Summary is a job as a list shows it: without Input, Fingerprint,
 // IdempotencyKey and ClaimBinding, with the Subject [Config.Subject] gives it.
 type Summary struct {
+	// The fields of the job, as in [Job].
 	ID               string
 	ChannelID        string
 	Type             string
@@ -204,8 +208,10 @@ type Summary struct {
 // Cursor is a position in a list: the list continues after the job with
 // this CreatedAt and ID.
 type Cursor struct {
+	// CreatedAt is the CreatedAt of the job the page ended with.
 	CreatedAt time.Time
-	ID        string
+	// ID is the ID of the job the page ended with.
+	ID string
 }
 
 // Page is one page of a list, newest jobs first.
@@ -220,11 +226,18 @@ type Page struct {
 }
 
 // Claim is the claim a worker holds on a running job; every claimed call
-// presents it. [ClaimOf] gives the claim of a claimed job.
+// presents it. [ClaimOf] gives the claim of a claimed job. A claim is lost
+// — its calls are ErrConflict — once the job is no longer running under
+// this owner and generation, the claim expired, or a newer job of the
+// target exists.
 type Claim struct {
-	ChannelID  string
-	JobID      string
-	Owner      string
+	// ChannelID is the job's channel.
+	ChannelID string
+	// JobID is the claimed job.
+	JobID string
+	// Owner is the claiming worker ([ClaimRequest.Owner]).
+	Owner string
+	// Generation is the job's ClaimGeneration when it was claimed.
 	Generation uint64
 }
 
@@ -282,6 +295,7 @@ type ClaimRequest struct {
 
 // RenewRequest extends a claim.
 type RenewRequest struct {
+	// Claim is the claim the worker holds ([ClaimOf]).
 	Claim Claim
 	// ExpectedRevision must be the job's current Revision.
 	ExpectedRevision uint64
@@ -294,6 +308,7 @@ type RenewRequest struct {
 
 // RequeueRequest hands a claimed job back as pending.
 type RequeueRequest struct {
+	// Claim is the claim the worker holds ([ClaimOf]).
 	Claim Claim
 	// AvailableAt is when it may be claimed again; zero: now.
 	AvailableAt time.Time
@@ -305,6 +320,7 @@ type RequeueRequest struct {
 
 // ProgressRequest appends a progress entry to a claimed job.
 type ProgressRequest struct {
+	// Claim is the claim the worker holds ([ClaimOf]).
 	Claim Claim
 	// Stage matches ^[a-z][a-z0-9-]{0,63}$.
 	Stage string
@@ -319,6 +335,7 @@ type ProgressRequest struct {
 
 // SettleRequest completes a claimed job with its artifact.
 type SettleRequest struct {
+	// Claim is the claim the worker holds ([ClaimOf]).
 	Claim Claim
 	// Artifact is JSON of at most ArtifactSizeLimit bytes; empty or null
 	// for none.
@@ -327,6 +344,7 @@ type SettleRequest struct {
 
 // FailRequest gives a claimed job up.
 type FailRequest struct {
+	// Claim is the claim the worker holds ([ClaimOf]).
 	Claim Claim
 	// Reason says why; optional, at most ReasonSizeLimit bytes.
 	Reason string
@@ -334,6 +352,7 @@ type FailRequest struct {
 
 // PauseRequest pauses a pending or running job.
 type PauseRequest struct {
+	// ChannelID and JobID name the job.
 	ChannelID, JobID string
 	// ExpectedRevision must be the job's current Revision.
 	ExpectedRevision uint64
@@ -343,6 +362,7 @@ type PauseRequest struct {
 
 // ResumeRequest makes a paused job pending again.
 type ResumeRequest struct {
+	// ChannelID and JobID name the job.
 	ChannelID, JobID string
 	// ExpectedRevision must be the job's current Revision.
 	ExpectedRevision uint64
@@ -352,6 +372,7 @@ type ResumeRequest struct {
 
 // CancelRequest cancels a pending, paused or running job.
 type CancelRequest struct {
+	// ChannelID and JobID name the job.
 	ChannelID, JobID string
 	// AllowArchived permits cancelling a job of a channel that exists but
 	// is not active ([ChannelRegistry.ChannelActive]).
@@ -360,6 +381,7 @@ type CancelRequest struct {
 
 // SupersedeRequest supersedes a pending, paused or running job.
 type SupersedeRequest struct {
+	// ChannelID and JobID name the job.
 	ChannelID, JobID string
 	// ExpectedRevision must be the job's current Revision.
 	ExpectedRevision uint64
@@ -384,43 +406,57 @@ type ListRequest struct {
 type Store interface {
 	// Enqueue adds a job, or returns the existing one when the idempotency
 	// key was used before with the same fingerprint (another fingerprint is
-	// ErrConflict). A missing channel is ErrNotFound. The new job supersedes
-	// the active jobs of older generations of its target in the same change.
+	// ErrConflict). A missing channel is ErrNotFound; an empty identifier,
+	// Version < 1, an id used in the channel or an oversize field is
+	// ErrConflict. The new job supersedes the active jobs of older
+	// generations of its target in the same change.
 	Enqueue(ctx context.Context, req EnqueueRequest) (Enqueued, error)
-	// Claim claims up to req.Count due jobs (at most ClaimCountLimit),
-	// ordered by due time, creation time and id; none due is an empty slice
-	// and no error.
+	// Claim claims up to req.Count due jobs (at most ClaimCountLimit) of
+	// req.ChannelID, or of every channel when it is empty, ordered by due
+	// time, creation time and id. None due is an empty slice and no error;
+	// an empty Owner or a Count or TTL below 1 is ErrConflict.
 	Claim(ctx context.Context, req ClaimRequest) ([]Job, error)
-	// Renew extends a claim. A job not in the channel is ErrNotFound; a lost
-	// claim, another revision or an expiry not later than the current one is
+	// Renew extends a claim and sets its binding. A job not in the channel
+	// is ErrNotFound; a lost claim (see [Claim]), another revision than
+	// ExpectedRevision or an expiry not later than the current one is
 	// ErrConflict.
 	Renew(ctx context.Context, req RenewRequest) (Job, error)
-	// Requeue makes a claimed job pending again.
+	// Requeue makes a claimed job pending again at req.AvailableAt,
+	// counting a failure when asked. Errors as for Renew.
 	Requeue(ctx context.Context, req RequeueRequest) (Job, error)
 	// AppendProgress appends a progress entry to a claimed job, keeping the
-	// last ProgressLimit.
+	// last ProgressLimit; the claim stays. A bad stage, label, state or
+	// reason is ErrConflict; other errors as for Renew.
 	AppendProgress(ctx context.Context, req ProgressRequest) (Job, error)
-	// Settle completes a claimed job and stores its artifact, once.
+	// Settle completes a claimed job and stores its artifact, once: a
+	// second settle is ErrConflict (the claim is gone). Errors as for Renew.
 	Settle(ctx context.Context, req SettleRequest) (Detail, error)
-	// Fail gives a claimed job up, counting a failure.
+	// Fail gives a claimed job up, counting a failure. Errors as for Renew.
 	Fail(ctx context.Context, req FailRequest) (Job, error)
 	// Pause pauses a pending or running job of its target's current
-	// generation.
+	// generation whose revision is req.ExpectedRevision. A job not in the
+	// channel is ErrNotFound; another revision, state or generation is
+	// ErrConflict.
 	Pause(ctx context.Context, req PauseRequest) (Job, error)
-	// Resume makes a paused job pending.
+	// Resume makes a paused job pending. Errors as for Pause.
 	Resume(ctx context.Context, req ResumeRequest) (Job, error)
-	// Cancel cancels a pending, paused or running job.
+	// Cancel cancels a pending, paused or running job, whatever its
+	// revision. A job of an archived channel needs AllowArchived
+	// (ErrConflict otherwise); other errors as for Pause.
 	Cancel(ctx context.Context, req CancelRequest) (Job, error)
-	// Supersede supersedes a pending, paused or running job.
+	// Supersede supersedes a pending, paused or running job. Errors as for
+	// Pause.
 	Supersede(ctx context.Context, req SupersedeRequest) (Job, error)
 	// List returns a page of a channel's jobs, newest first. A missing
-	// channel is ErrNotFound.
+	// channel is ErrNotFound; a channel without jobs is an empty page with
+	// Revision 0.
 	List(ctx context.Context, req ListRequest) (Page, error)
 	// Get returns a job with its target and artifact. A missing channel or
 	// job is ErrNotFound.
 	Get(ctx context.Context, channelID, jobID string) (Detail, error)
 	// DeleteChannel removes the channel's jobs, targets, idempotency keys,
-	// artifacts and revision. Deleting a channel without jobs is no error.
+	// artifacts and revision: an identical enqueue afterwards makes a new
+	// job. Deleting a channel without jobs is no error.
 	DeleteChannel(ctx context.Context, channelID string) error
 }
 

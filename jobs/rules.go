@@ -56,7 +56,7 @@ func checkTime(op, field string, t time.Time) error {
 	return nil
 }
 
-// normJSON validates raw as JSON of at most limit bytes and returns a
+// normJSON validates raw as UTF-8 JSON of at most limit bytes and returns a
 // compact copy; empty input and JSON null become nil.
 func normJSON(op, field string, raw json.RawMessage, limit int) (json.RawMessage, error) {
 	if len(raw) > limit {
@@ -65,8 +65,8 @@ func normJSON(op, field string, raw json.RawMessage, limit int) (json.RawMessage
 	if len(bytes.TrimSpace(raw)) == 0 {
 		return nil, nil
 	}
-	if !json.Valid(raw) {
-		return nil, conflictf("%s: %s is not valid JSON", op, field)
+	if !utf8.Valid(raw) || !json.Valid(raw) {
+		return nil, conflictf("%s: %s is not valid UTF-8 JSON", op, field)
 	}
 	var buf bytes.Buffer
 	buf.Grow(len(raw))

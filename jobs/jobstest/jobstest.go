@@ -6,6 +6,22 @@
 // checks orderings, copies, fencing and the revision contract without ever
 // relying on exact revision numbers.
 //
+// A store's test runs it with a constructor that builds an empty store from
+// the suite's config:
+//
+//	func TestMyStore(t *testing.T) {
+//		jobstest.Run(t, func(t *testing.T, cfg *jobs.Config) jobs.Store {
+//			s, err := mystore.New(cfg) // an empty store, e.g. over a bucket of its own
+//			if err != nil {
+//				t.Fatal(err)
+//			}
+//			t.Cleanup(func() { s.Close() })
+//			return s
+//		})
+//	}
+//
+// The suite's registry treats channels named "missing…" as absent and
+// "archived…" as archived; its Subject is the input's "subject" field.
 // The package uses only the standard testing package, so importing it adds
 // no dependency to a module.
 package jobstest

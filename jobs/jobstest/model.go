@@ -557,11 +557,23 @@ func (r *modelRun) fail() {
 
 // control makes a pause, resume, cancel or supersede of a random job.
 func (r *modelRun) control() {
+	op := []string{"pause", "resume", "cancel", "supersede"}[r.pick(4)]
 	ch := modelChannels[r.pick(len(modelChannels))]
 	c := r.m.chans[ch]
 	id := "nope"
 	if c != nil && len(c.ids) > 0 && r.pick(20) > 0 {
 		id = c.ids[r.pick(len(c.ids))]
+		// Mostly a job the call applies to: most jobs end terminal,
+		// where every control is a conflict.
+		var live []string
+		for _, x := range c.ids {
+			if s := c.jobs[x].state; op == "resume" && s == jobs.StatePaused || op != "resume" && active(s) {
+				live = append(live, x)
+			}
+		}
+		if len(live) > 0 && r.pick(4) > 0 {
+			id = live[r.pick(len(live))]
+		}
 	}
 	var j *mJob
 	if c != nil {
@@ -574,7 +586,6 @@ func (r *modelRun) control() {
 			expected++
 		}
 	}
-	op := []string{"pause", "resume", "cancel", "supersede"}[r.pick(4)]
 	what := fmt.Sprintf("%s %s/%s expected %d", op, ch, id, expected)
 	r.logf("%s", what)
 	var got jobs.Job
