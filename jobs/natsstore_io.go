@@ -227,7 +227,8 @@ func (s *NATSStore) batchGet(ctx context.Context, op string, subjects []string, 
 	}
 	body, err := json.Marshal(struct {
 		MultiLast []string `json:"multi_last"`
-	}{subjects})
+		MaxBytes  int      `json:"max_bytes"`
+	}{subjects, natsBatchMaxBytes})
 	if err != nil {
 		return err
 	}
@@ -285,6 +286,11 @@ func (s *NATSStore) batchGet(ctx context.Context, op string, subjects []string, 
 		}
 	}
 }
+
+// natsBatchMaxBytes is where the server ends a batched read (the rest is
+// read key by key): well below the outbound buffer at which the server
+// treats a client as a slow consumer.
+const natsBatchMaxBytes = 1 << 20
 
 // errBatchCut reports a batched read the server ended before every match
 // (at its byte limit).

@@ -427,18 +427,14 @@ func TestNATSStoreActiveSeqIsExact(t *testing.T) {
 }
 
 // TestNATSStoreLargeRecordsInBatchedReads claims jobs whose records
-// together exceed what the server sends for one batched read (its
-// max_pending): the batch ends early, and the records it left out are read
-// alone, not taken for deleted jobs (whose active entries a claim removes).
+// together exceed what one batched read returns (the store asks the server
+// to stop at natsBatchMaxBytes): the batch ends early, and the records it
+// left out are read alone, not taken for deleted jobs (whose active
+// entries a claim removes).
 func TestNATSStoreLargeRecordsInBatchedReads(t *testing.T) {
 	t.Parallel()
-	srv, err := server.NewServer(&server.Options{Host: "127.0.0.1", Port: -1, JetStream: true, StoreDir: t.TempDir(),
-		NoLog: true, NoSigs: true, MaxPending: 1 << 20})
-	require.NoError(t, err)
-	go srv.Start()
-	t.Cleanup(func() { srv.Shutdown(); srv.WaitForShutdown() })
-	require.True(t, srv.ReadyForConnections(10*time.Second))
-	st, _ := newTestNATSStore(t, srv, nil)
+	s := natstest.Run(t)
+	st, _ := newTestNATSStore(t, s, nil)
 	ctx := context.Background()
 	big := json.RawMessage(`"` + strings.Repeat("x", 200<<10) + `"`)
 	const jobs = 12 // 2.4 MB of records
@@ -448,7 +444,7 @@ func TestNATSStoreLargeRecordsInBatchedReads(t *testing.T) {
 		_, err := st.Enqueue(ctx, req)
 		require.NoError(t, err)
 	}
-	other := openTestNATSStore(t, srv, st, nil) // no hints: every record in batched reads
+	other := openTestNATSStore(t, s, st, nil) // no hints: every record in batched reads
 	claimed, err := other.Claim(ctx, ClaimRequest{ChannelID: "ch", Owner: "w", Count: jobs, TTL: time.Minute})
 	require.NoError(t, err)
 	assert.Equal(t, jobs, len(claimed), "jobs claimed")
