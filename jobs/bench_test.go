@@ -163,8 +163,9 @@ func BenchmarkClaim(b *testing.B) {
 }
 
 // BenchmarkListPage reads a 20-job page of a channel of 10,000 jobs: the
-// first page and one from the middle (by cursor), beside RawKV: 20 Gets,
-// the values of the page alone.
+// first page and one from the middle (by cursor) with the store's kept
+// listing, the first page without it (cold), beside RawKV: 20 Gets, the
+// values of the page alone.
 func BenchmarkListPage(b *testing.B) {
 	s := natstest.Run(b)
 	ctx := context.Background()
@@ -174,10 +175,14 @@ func BenchmarkListPage(b *testing.B) {
 	for _, bc := range []struct {
 		name  string
 		after *Cursor
-	}{{"first", nil}, {"middle", mid}} {
+		cold  bool
+	}{{"first", nil, false}, {"middle", mid, false}, {"first-cold", nil, true}} {
 		b.Run("NATSStore/"+bc.name, func(b *testing.B) {
 			b.ReportAllocs()
 			for b.Loop() {
+				if bc.cold { // the listing as a store that has not listed the channel reads it
+					st.lists = natsListCache{}
+				}
 				page, err := st.List(ctx, ListRequest{ChannelID: "ch", Limit: 20, After: bc.after})
 				if err != nil || len(page.Jobs) != 20 {
 					b.Fatalf("list: %v %d", err, len(page.Jobs))

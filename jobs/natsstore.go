@@ -70,6 +70,7 @@ type NATSStore struct {
 	cache   natsJobCache
 	targets natsTargetHints
 	pending natsPendingHints
+	lists   natsListCache
 	// leaderReads is set on replicated buckets: single-key reads go to the
 	// stream leader, since a direct get may be answered by a replica that
 	// has not applied the latest writes.
@@ -782,7 +783,8 @@ func (s *NATSStore) Supersede(ctx context.Context, req SupersedeRequest) (Job, e
 
 // List implements [Store.List]. It lists the key names of the channel's
 // "list" entries, which carry each job's creation time, pages over them,
-// and reads the values of the page's jobs only.
+// and reads the values of the page's jobs only. The sorted listing is kept
+// for the next List of the channel while no job has been added to it.
 func (s *NATSStore) List(ctx context.Context, req ListRequest) (Page, error) {
 	const op = "list"
 	req, err := prepareList(req)
@@ -792,19 +794,10 @@ func (s *NATSStore) List(ctx context.Context, req ListRequest) (Page, error) {
 	if err := s.cfg.channelExists(ctx, op, req.ChannelID); err != nil {
 		return Page{}, err
 	}
-	names, _, err := s.subjects(ctx, op, s.keys.listFilter(req.ChannelID))
+	refs, err := s.listing(ctx, op, req.ChannelID)
 	if err != nil {
 		return Page{}, err
 	}
-	refs := make([]*Job, 0, len(names))
-	for _, key := range names {
-		created, jobID, err := parseList(key)
-		if err != nil {
-			return Page{}, fmt.Errorf("%w: list: KV key %q: %w", ErrCorrupt, key, err)
-		}
-		refs = append(refs, &Job{ID: jobID, CreatedAt: created})
-	}
-	slices.SortFunc(refs, listOrder)
 	start := 0
 	if req.After != nil {
 		start, _ = slices.BinarySearchFunc(refs, req.After, func(j *Job, c *Cursor) int {
@@ -847,6 +840,40 @@ func (s *NATSStore) List(ctx context.Context, req ListRequest) (Page, error) {
 		page.Next = &Cursor{CreatedAt: last.CreatedAt, ID: last.ID}
 	}
 	return page, nil
+}
+
+// listing returns the channel's list entries in list order: the kept
+// listing while the channel's last list entry is the one it was read at,
+// else the key names of every entry.
+func (s *NATSStore) listing(ctx context.Context, op, channelID string) ([]*Job, error) {
+	lastMsg, found, err := s.getFromLeader(ctx, op, s.keys.listFilter(channelID))
+	if err != nil {
+		return nil, err
+	}
+	var last uint64
+	if found {
+		last = lastMsg.rev
+	}
+	if refs, ok := s.lists.get(channelID, last); ok {
+		return refs, nil
+	}
+	var names []string
+	if last > 0 {
+		if names, _, err = s.subjects(ctx, op, s.keys.listFilter(channelID)); err != nil {
+			return nil, err
+		}
+	}
+	refs := make([]*Job, 0, len(names))
+	for _, key := range names {
+		created, jobID, err := parseList(key)
+		if err != nil {
+			return nil, fmt.Errorf("%w: list: KV key %q: %w", ErrCorrupt, key, err)
+		}
+		refs = append(refs, &Job{ID: jobID, CreatedAt: created})
+	}
+	slices.SortFunc(refs, listOrder)
+	s.lists.put(channelID, last, refs)
+	return refs, nil
 }
 
 // Get implements [Store.Get]: the job, its target and artifact, and the

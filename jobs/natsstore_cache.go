@@ -142,3 +142,53 @@ func (h *natsPendingHints) matching(prefix string) []string {
 	}
 	return out
 }
+
+// natsListCacheChannels bounds the channels whose listing a store keeps,
+// natsListCacheJobs the jobs of one kept listing.
+const (
+	natsListCacheChannels = 8
+	natsListCacheJobs     = 200000
+)
+
+// natsListCache keeps the sorted list entries of the channels this store
+// listed last, each with the sequence of the channel's last list entry when
+// it was read. List entries are only ever added (with a later sequence) or
+// purged with their channel, so while that sequence is unchanged the
+// listing is too. It is safe for concurrent use.
+type natsListCache struct {
+	mu       sync.Mutex
+	channels map[string]natsListing
+}
+
+type natsListing struct {
+	last uint64
+	refs []*Job // ID and CreatedAt only, in list order; never modified
+}
+
+func (c *natsListCache) get(channelID string, last uint64) ([]*Job, bool) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	l, ok := c.channels[channelID]
+	if !ok || l.last != last {
+		return nil, false
+	}
+	return l.refs, true
+}
+
+func (c *natsListCache) put(channelID string, last uint64, refs []*Job) {
+	if len(refs) > natsListCacheJobs {
+		return
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.channels == nil {
+		c.channels = make(map[string]natsListing)
+	}
+	if _, ok := c.channels[channelID]; !ok && len(c.channels) >= natsListCacheChannels {
+		for victim := range c.channels {
+			delete(c.channels, victim)
+			break
+		}
+	}
+	c.channels[channelID] = natsListing{last: last, refs: refs}
+}

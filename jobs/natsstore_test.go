@@ -487,3 +487,36 @@ func TestNATSStoreHonoursContext(t *testing.T) {
 	require.NoError(t, err)
 	assert.Equal(t, StateRunning, got.Job.State, "nothing was written")
 }
+
+// TestNATSStoreListSeesOtherWriters checks the kept listing: a job another
+// store enqueues, and a channel another store deletes, show in the next
+// List.
+func TestNATSStoreListSeesOtherWriters(t *testing.T) {
+	t.Parallel()
+	s := natstest.Run(t)
+	ctx := context.Background()
+	clk := newFixedClock()
+	a, _ := newTestNATSStore(t, s, &Config{Now: clk.Now})
+	b := openTestNATSStore(t, s, a, &Config{Now: clk.Now})
+	ids := func(st *NATSStore) []string {
+		page, err := st.List(ctx, ListRequest{ChannelID: "ch", Limit: 100})
+		require.NoError(t, err)
+		var out []string
+		for _, j := range page.Jobs {
+			out = append(out, j.ID)
+		}
+		return out
+	}
+	_, err := a.Enqueue(ctx, testEnqueueRequest("ch", "j1", "d1"))
+	require.NoError(t, err)
+	assert.Equal(t, []string{"j1"}, ids(a))
+	clk.Advance(time.Second)
+	_, err = b.Enqueue(ctx, testEnqueueRequest("ch", "j2", "d2"))
+	require.NoError(t, err)
+	assert.Equal(t, []string{"j2", "j1"}, ids(a))
+	require.NoError(t, b.DeleteChannel(ctx, "ch"))
+	assert.Empty(t, ids(a))
+	_, err = b.Enqueue(ctx, testEnqueueRequest("ch", "j3", "d3"))
+	require.NoError(t, err)
+	assert.Equal(t, []string{"j3"}, ids(a))
+}
