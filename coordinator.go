@@ -581,14 +581,6 @@ func (m *MemoryStore) valueLimit(context.Context, string) (int, error) {
 	return m.maxValueSize, nil
 }
 
-func (s *NATSStore) valueLimit(ctx context.Context, service string) (int, error) {
-	b, err := s.bucket(ctx, service)
-	if err != nil {
-		return 0, err
-	}
-	return b.maxValueSize, nil
-}
-
 // Room for a slot: what a queued job's entry grows by, at most, when it
 // becomes an active slot. The slot adds its token, instance id, two more
 // timestamps and its tries; room is kept for tokens and instance ids of up

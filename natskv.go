@@ -291,6 +291,22 @@ func (s *NATSStore) KeyValue(ctx context.Context, service string) (jetstream.Key
 	return kv, explainPermission(ctx, gctx, "open the bucket of service", service, err)
 }
 
+// valueLimit returns the largest value service's bucket takes (see
+// valueLimiter), opening the bucket under the permission guard like every
+// other call.
+func (s *NATSStore) valueLimit(ctx context.Context, service string) (int, error) {
+	gctx, pg, err := s.begin(ctx, natsOpRead, service, "open the bucket of service", service)
+	if err != nil {
+		return 0, err
+	}
+	defer pg.done()
+	b, err := s.bucket(gctx, service)
+	if err != nil {
+		return 0, explainPermission(ctx, gctx, "open the bucket of service", service, err)
+	}
+	return b.maxValueSize, nil
+}
+
 func (s *NATSStore) keyValue(ctx context.Context, service string) (jetstream.KeyValue, error) {
 	b, err := s.bucket(ctx, service)
 	if err != nil {

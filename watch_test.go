@@ -2,7 +2,6 @@ package jobkeys
 
 import (
 	"context"
-	"reflect"
 	"runtime"
 	"strconv"
 	"strings"
@@ -55,15 +54,6 @@ func rtStores(t *testing.T) map[string]func(t *testing.T) rtStore {
 			store, _ := rtNATS(t)
 			return store
 		},
-	}
-}
-
-// rtEqual reports (without stopping the test) unless got equals want.
-// Kept for runner_test.go; new tests use testify's assert.Equal.
-func rtEqual[T any](t testing.TB, got, want T) {
-	t.Helper()
-	if !reflect.DeepEqual(got, want) {
-		t.Errorf("got %#v, want %#v", got, want)
 	}
 }
 

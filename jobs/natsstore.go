@@ -1,0 +1,937 @@
+package jobs
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"slices"
+	"strings"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+)
+
+// NATSBucketDefault is the KV bucket a [NATSStore] uses unless [WithBucket]
+// names another.
+const NATSBucketDefault = "JOBKEYS_JOBS"
+
+// natsCASAttempts bounds the read–apply–write rounds of one call that lose
+// a compare-and-swap to a concurrent writer before it gives up with
+// ErrConflict.
+const natsCASAttempts = 16
+
+// NATSStore is a [Store] over one NATS JetStream KV bucket (see the layout
+// in natsstore_layout.go, and the package README): every record of a
+// deployment in that bucket, every change a compare-and-swap. An enqueue,
+// which changes several keys, is one atomic batch (the bucket's stream needs
+// AllowAtomicPublish, which [WithCreateBucket] sets); claim, renew,
+// progress, settle, requeue, fail and the control calls each write the
+// job's one key. Revisions are stream sequences: increasing per channel,
+// never reused, not contiguous; jobs claimed in one call carry different
+// revisions.
+//
+// Claiming reads only the pending, paused and running jobs (through the
+// bucket's "active" index), never the completed ones. DeleteChannel is one
+// subject-filtered purge.
+//
+// List reads the key names of the channel's jobs (one "list" entry each,
+// no values) and the values of the page's jobs only; its cost grows with
+// the channel's jobs.
+//
+// Every decision rests on a compare-and-swap, so any number of stores, in
+// any number of processes, may share a bucket. What a store remembers — the
+// running jobs it wrote last, the targets and pending jobs it has seen — is
+// only a guess that saves a read: a wrong one costs a failed write or an
+// extra read, never a wrong result. A store keeps one subscription on js's
+// connection for the replies of batched reads, for the connection's
+// lifetime. A stored job record that does not validate fails every call
+// that reads it, Claim of its channel included, with ErrCorrupt naming the
+// KV key, until an operator repairs or removes it. It is safe for
+// concurrent use.
+type NATSStore struct {
+	js         jetstream.JetStream
+	cfg        config
+	kv         jetstream.KeyValue
+	stream     jetstream.Stream
+	streamName string
+	keys       natsKeys
+	// msgGet is the STREAM.MSG.GET API subject of the bucket's stream,
+	// which its leader answers; directGet its DIRECT.GET subject, which
+	// any replica answers.
+	msgGet, directGet string
+	// purge is the STREAM.PURGE API subject of the bucket's stream.
+	purge string
+	// replies receives the answers of batched reads.
+	replies natsReplies
+	// cache remembers the running jobs this store wrote last; targets the
+	// targets it has seen stored.
+	cache   natsJobCache
+	targets natsTargetHints
+	pending natsPendingHints
+	lists   natsListCache
+	// leaderReads is set on replicated buckets: single-key reads go to the
+	// stream leader, since a direct get may be answered by a replica that
+	// has not applied the latest writes.
+	leaderReads bool
+	// batchPublish replaces the atomic batch publish in fault tests; nil:
+	// jetstreamext.PublishMsgBatch.
+	batchPublish func(ctx context.Context, msgs []*nats.Msg) (uint64, error)
+}
+
+var _ Store = (*NATSStore)(nil)
+
+// NATSStoreOption configures a [NATSStore].
+type NATSStoreOption func(*natsStoreOptions) error
+
+type natsStoreOptions struct {
+	bucket   string
+	create   bool
+	storage  jetstream.StorageType
+	replicas int
+}
+
+// WithBucket names the KV bucket (default [NATSBucketDefault]): letters,
+// digits, '-' and '_', at most 64 characters.
+func WithBucket(name string) NATSStoreOption {
+	return func(o *natsStoreOptions) error {
+		if name == "" || len(name) > 64 || strings.Trim(name, "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789-_") != "" {
+			return fmt.Errorf("%w: WithBucket: bucket name %q must be 1..64 letters, digits, '-' or '_'", ErrConflict, name)
+		}
+		o.bucket = name
+		return nil
+	}
+}
+
+// WithCreateBucket makes NewNATSStore create the bucket when it is missing:
+// history 1, the given storage and replicas (1 to 5), atomic batch publish
+// allowed. Without it a missing bucket is an error wrapping ErrNotFound.
+// An existing bucket is used as it is.
+func WithCreateBucket(storage jetstream.StorageType, replicas int) NATSStoreOption {
+	return func(o *natsStoreOptions) error {
+		if storage != jetstream.FileStorage && storage != jetstream.MemoryStorage {
+			return fmt.Errorf("%w: WithCreateBucket: unknown storage type %d", ErrConflict, storage)
+		}
+		if replicas < 1 || replicas > 5 {
+			return fmt.Errorf("%w: WithCreateBucket: replicas %d is not between 1 and 5", ErrConflict, replicas)
+		}
+		o.create, o.storage, o.replicas = true, storage, replicas
+		return nil
+	}
+}
+
+// NewNATSStore opens the store's bucket over js (creating it when
+// [WithCreateBucket] is given) and returns the store; cfg is copied (nil:
+// defaults, see [Config]). It fails with ErrNotFound when the bucket is
+// missing, and with ErrConflict when the bucket's stream does not allow
+// atomic batch publish (enable it with
+// `nats stream edit KV_<bucket> --allow-batch`, or create the bucket
+// through WithCreateBucket). It waits at most js's default timeout.
+func NewNATSStore(js jetstream.JetStream, cfg *Config, opts ...NATSStoreOption) (*NATSStore, error) {
+	if js == nil {
+		return nil, fmt.Errorf("%w: NewNATSStore: jetstream.JetStream is nil", ErrConflict)
+	}
+	o := natsStoreOptions{bucket: NATSBucketDefault}
+	for _, opt := range opts {
+		if opt == nil {
+			continue
+		}
+		if err := opt(&o); err != nil {
+			return nil, err
+		}
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), js.Options().DefaultTimeout)
+	defer cancel()
+	kv, err := js.KeyValue(ctx, o.bucket)
+	if errors.Is(err, jetstream.ErrBucketNotFound) && o.create {
+		kv, err = createNATSBucket(ctx, js, o)
+	}
+	if errors.Is(err, jetstream.ErrBucketNotFound) {
+		return nil, fmt.Errorf("%w: NewNATSStore: KV bucket %q does not exist; create it (with atomic publish allowed) or pass WithCreateBucket", ErrNotFound, o.bucket)
+	}
+	if err != nil {
+		return nil, fmt.Errorf("%w: NewNATSStore: open KV bucket %q: %w", ErrUnavailable, o.bucket, err)
+	}
+	streamName := "KV_" + o.bucket
+	stream, err := js.Stream(ctx, streamName)
+	if err != nil {
+		return nil, fmt.Errorf("%w: NewNATSStore: open stream %q of KV bucket %q: %w", ErrUnavailable, streamName, o.bucket, err)
+	}
+	info := stream.CachedInfo()
+	switch {
+	case !info.Config.AllowAtomicPublish:
+		return nil, fmt.Errorf("%w: NewNATSStore: stream %q of KV bucket %q does not allow atomic batch publish, which enqueues need; enable it (nats stream edit %s --allow-batch) or create the bucket with WithCreateBucket",
+			ErrConflict, streamName, o.bucket, streamName)
+	case !info.Config.AllowDirect:
+		return nil, fmt.Errorf("%w: NewNATSStore: stream %q of KV bucket %q does not allow direct gets, which batched reads need", ErrConflict, streamName, o.bucket)
+	case info.Config.Mirror != nil || len(info.Config.Sources) > 0:
+		return nil, fmt.Errorf("%w: NewNATSStore: KV bucket %q is a mirror or has sources; the store writes to the bucket itself", ErrConflict, o.bucket)
+	}
+	return &NATSStore{
+		js:          js,
+		cfg:         newConfig(cfg),
+		kv:          kv,
+		stream:      stream,
+		streamName:  streamName,
+		keys:        natsKeys{prefix: "$KV." + o.bucket + "."},
+		msgGet:      natsAPIPrefix(js.Options()) + "STREAM.MSG.GET." + streamName,
+		directGet:   natsAPIPrefix(js.Options()) + "DIRECT.GET." + streamName,
+		purge:       natsAPIPrefix(js.Options()) + "STREAM.PURGE." + streamName,
+		leaderReads: info.Config.Replicas > 1,
+	}, nil
+}
+
+// createNATSBucket creates the bucket and allows atomic publish on its
+// stream (KeyValueConfig has no field for it).
+func createNATSBucket(ctx context.Context, js jetstream.JetStream, o natsStoreOptions) (jetstream.KeyValue, error) {
+	kv, err := js.CreateKeyValue(ctx, jetstream.KeyValueConfig{
+		Bucket:      o.bucket,
+		Description: "jobkeys job records",
+		History:     1,
+		Storage:     o.storage,
+		Replicas:    o.replicas,
+	})
+	if errors.Is(err, jetstream.ErrBucketExists) { // created concurrently
+		kv, err = js.KeyValue(ctx, o.bucket)
+	}
+	if err != nil {
+		return nil, err
+	}
+	stream, err := js.Stream(ctx, "KV_"+o.bucket)
+	if err != nil {
+		return nil, err
+	}
+	if cfg := stream.CachedInfo().Config; !cfg.AllowAtomicPublish {
+		cfg.AllowAtomicPublish = true
+		if _, err := js.UpdateStream(ctx, cfg); err != nil {
+			return nil, fmt.Errorf("allow atomic publish on stream %q: %w", cfg.Name, err)
+		}
+	}
+	return kv, nil
+}
+
+// Bucket returns the name of the store's KV bucket.
+func (s *NATSStore) Bucket() string {
+	return strings.TrimSuffix(strings.TrimPrefix(s.keys.prefix, "$KV."), ".")
+}
+
+// readJob reads and decodes a job. found is false when the channel has no
+// such job. entryRev is the KV entry's revision, which a compare-and-swap
+// presents (the job's Revision may be later: see RevisionOffset).
+func (s *NATSStore) readJob(ctx context.Context, op, channelID, jobID string) (j Job, art *Artifact, entryRev uint64, found bool, err error) {
+	j, art, entryRev, _, found, err = s.readJobMeta(ctx, op, channelID, jobID)
+	return j, art, entryRev, found, err
+}
+
+// readJobMeta is readJob that also returns the sequence of the job's active
+// entry (0: unknown).
+func (s *NATSStore) readJobMeta(ctx context.Context, op, channelID, jobID string) (j Job, art *Artifact, entryRev, activeSeq uint64, found bool, err error) {
+	key := s.keys.job(channelID, jobID)
+	m, found, err := s.getOne(ctx, op, key)
+	if err != nil || !found {
+		return Job{}, nil, 0, 0, false, err
+	}
+	j, art, activeSeq, err = decodeNATSJobMeta(key, m.rev, m.data, channelID, jobID)
+	if err != nil {
+		return Job{}, nil, 0, 0, false, err
+	}
+	return j, art, m.rev, activeSeq, true, nil
+}
+
+// Enqueue implements [Store.Enqueue]. The job, its idempotency record, its
+// target, its list and active entries and the job it supersedes are written
+// in one atomic batch, each key with the revision it was read at: a
+// concurrent enqueue for the same key, id or target makes the batch fail
+// whole, and the enqueue reads again.
+func (s *NATSStore) Enqueue(ctx context.Context, req EnqueueRequest) (Enqueued, error) {
+	const op = "enqueue"
+	req, err := prepareEnqueue(req)
+	if err != nil {
+		return Enqueued{}, err
+	}
+	if err := s.cfg.guard(ctx, op); err != nil {
+		return Enqueued{}, err
+	}
+	if err := s.cfg.channelExists(ctx, op, req.ChannelID); err != nil {
+		return Enqueued{}, err
+	}
+	idemKey := s.keys.idem(req.ChannelID, req.IdempotencyKey)
+	jobKey := s.keys.job(req.ChannelID, req.ID)
+	targetKey := s.keys.target(req.ChannelID, req.TargetKey)
+	optimistic := !s.targets.has(targetKey)
+	for range natsCASAttempts {
+		var read map[string]natsMsg
+		guess := optimistic
+		optimistic = false
+		if !guess {
+			var err error
+			if read, err = s.getMany(ctx, op, []string{idemKey, jobKey, targetKey}); err != nil {
+				return Enqueued{}, err
+			}
+		}
+		if m, ok := read[idemKey]; ok {
+			return s.replay(ctx, req, idemKey, m, read)
+		}
+		_, taken := read[jobKey]
+		if err := checkNewJob(req, taken); err != nil {
+			if guess {
+				continue // a replay comes first: read
+			}
+			return Enqueued{}, err
+		}
+		var generation, targetRev, prevRev, prevActive uint64
+		var prev *Job
+		if m, ok := read[targetKey]; ok {
+			t, err := decodeNATSTarget(targetKey, m.rev, m.data)
+			if err != nil {
+				return Enqueued{}, err
+			}
+			generation, targetRev = t.Generation, m.rev
+			s.targets.add(targetKey)
+			p, _, rev, active, found, err := s.readJobMeta(ctx, op, req.ChannelID, t.JobID)
+			if err != nil {
+				return Enqueued{}, err
+			}
+			if found {
+				prev, prevRev, prevActive = &p, rev, active
+			}
+		}
+		var targetJobs []Job
+		if prev != nil {
+			targetJobs = []Job{*prev}
+		}
+		now := s.cfg.now()
+		j, t, superseded := enqueueJob(req, generation, targetJobs, now, 0)
+		msgs, err := s.enqueueBatch(&j, t, targetRev, superseded, prevRev, prevActive)
+		if err != nil {
+			return Enqueued{}, err
+		}
+		rev, conflict, err := s.publishBatch(ctx, op, msgs)
+		if err != nil {
+			return Enqueued{}, err
+		}
+		if conflict {
+			continue
+		}
+		s.targets.add(targetKey)
+		s.pending.add(jobKey)
+		j.Revision = rev // the superseded job's too, by its RevisionOffset
+		for _, p := range superseded {
+			s.dropActive(ctx, s.keys.active(p.ChannelID, p.ID), activeBound(prevActive, rev))
+		}
+		return Enqueued{Job: cloneJob(j)}, nil
+	}
+	return Enqueued{}, conflictf("%s: job %q in channel %q: its keys changed concurrently %d times in a row", op, req.ID, req.ChannelID, natsCASAttempts)
+}
+
+// enqueueBatch builds the writes of an enqueue; the job comes last, so its
+// revision is the batch's last sequence, and the superseded job (at most
+// one: only a target's newest job can be active) just before it, written
+// over prevRev.
+func (s *NATSStore) enqueueBatch(j *Job, t Target, targetRev uint64, superseded []Job, prevRev, prevActive uint64) ([]natsBatchMsg, error) {
+	target, err := json.Marshal(natsTargetRecord{Generation: t.Generation, JobID: j.ID})
+	if err != nil {
+		return nil, err
+	}
+	idem, err := json.Marshal(natsIdemRecord{JobID: j.ID, Fingerprint: j.Fingerprint})
+	if err != nil {
+		return nil, err
+	}
+	// The active entry is the fourth write; the job the last, after the
+	// superseded one if any.
+	job, err := encodeNATSJobMeta(j, nil, natsMeta{activeOffset: uint64(1 + len(superseded))})
+	if err != nil {
+		return nil, err
+	}
+	msgs := []natsBatchMsg{
+		{key: s.keys.target(j.ChannelID, j.TargetKey), value: target, expect: targetRev, check: true},
+		{key: s.keys.idem(j.ChannelID, j.IdempotencyKey), value: idem, expect: 0, check: true},
+		{key: s.keys.list(j.ChannelID, j.CreatedAt, j.ID)},
+		{key: s.keys.active(j.ChannelID, j.ID)},
+	}
+	if len(superseded) > 1 {
+		return nil, fmt.Errorf("%w: enqueue: target %q has %d active jobs; only its newest can be", ErrCorrupt, j.TargetKey, len(superseded))
+	}
+	for i := range superseded {
+		p := &superseded[i]
+		v, err := encodeNATSJobMeta(p, nil, natsMeta{revOffset: 1, activeSeq: prevActive})
+		if err != nil {
+			return nil, err
+		}
+		msgs = append(msgs, natsBatchMsg{key: s.keys.job(p.ChannelID, p.ID), value: v, expect: prevRev, check: true})
+	}
+	msgs = append(msgs, natsBatchMsg{key: s.keys.job(j.ChannelID, j.ID), value: job, expect: 0, check: true})
+	return msgs, nil
+}
+
+// replay answers an enqueue whose idempotency key is stored.
+func (s *NATSStore) replay(ctx context.Context, req EnqueueRequest, idemKey string, m natsMsg, read map[string]natsMsg) (Enqueued, error) {
+	idem, err := decodeNATSIdem(idemKey, m.rev, m.data)
+	if err != nil {
+		return Enqueued{}, err
+	}
+	var j Job
+	if jm, ok := read[s.keys.job(req.ChannelID, idem.JobID)]; ok {
+		key := s.keys.job(req.ChannelID, idem.JobID)
+		if j, _, err = decodeNATSJob(key, jm.rev, jm.data, req.ChannelID, idem.JobID); err != nil {
+			return Enqueued{}, err
+		}
+	} else {
+		var found bool
+		if j, _, _, found, err = s.readJob(ctx, "enqueue", req.ChannelID, idem.JobID); err != nil {
+			return Enqueued{}, err
+		}
+		if !found {
+			return Enqueued{}, fmt.Errorf("%w: enqueue: idempotency record KV key %q names job %q, which does not exist", ErrCorrupt, idemKey, idem.JobID)
+		}
+	}
+	out, err := replay(req, &j)
+	if err != nil {
+		return Enqueued{}, err
+	}
+	out.Job = cloneJob(out.Job)
+	return out, nil
+}
+
+// natsCandidate is a claimable job, its KV key and the entry revision it
+// was read at.
+type natsCandidate struct {
+	job       Job
+	key       string
+	rev       uint64
+	activeSeq uint64
+}
+
+// Claim implements [Store.Claim]. It lists the active entries of the
+// channel (or of every channel), reads their jobs in batched reads, and
+// claims the due ones in claim order, each with a compare-and-swap on its
+// key; a job another process claimed or changed in between is skipped.
+// Entries whose job is terminal or gone are removed on the way.
+func (s *NATSStore) Claim(ctx context.Context, req ClaimRequest) ([]Job, error) {
+	const op = "claim"
+	req, err := prepareClaim(req)
+	if err != nil {
+		return nil, err
+	}
+	if err := s.cfg.guard(ctx, op); err != nil {
+		return nil, err
+	}
+	prefix := familyJob + "."
+	if req.ChannelID != "" {
+		prefix += escapeToken(req.ChannelID) + "."
+	}
+	hinted := s.pending.matching(prefix)
+	entries, prefetched, err := s.listActive(ctx, op, req.ChannelID, hinted)
+	if err != nil {
+		return nil, err
+	}
+	for _, jk := range hinted {
+		if _, ok := prefetched[jk]; !ok {
+			s.pending.remove(jk) // gone
+		}
+	}
+	out := []Job{}
+	if len(entries) == 0 {
+		return out, nil
+	}
+	type ref struct{ channelID, jobID, activeKey string }
+	refs := make(map[string]ref, len(entries))
+	jobKeys := make([]string, 0, len(entries))
+	for key := range entries {
+		channelID, jobID, err := parseActive(key)
+		if err != nil {
+			continue // not written by this store; never claimable
+		}
+		jk := s.keys.job(channelID, jobID)
+		refs[jk] = ref{channelID, jobID, key}
+		jobKeys = append(jobKeys, jk)
+	}
+	slices.Sort(jobKeys)
+	var missing []string
+	for _, jk := range jobKeys {
+		if _, ok := prefetched[jk]; !ok {
+			missing = append(missing, jk)
+		}
+	}
+	read := prefetched
+	if len(missing) > 0 {
+		more, err := s.getMany(ctx, op, missing)
+		if err != nil {
+			return nil, err
+		}
+		for k, m := range more {
+			read[k] = m
+		}
+	}
+	now := s.cfg.now()
+	var due []natsCandidate
+	var stale []string
+	for _, jk := range jobKeys {
+		r := refs[jk]
+		m, ok := read[jk]
+		if !ok {
+			stale = append(stale, r.activeKey)
+			continue
+		}
+		j, _, activeSeq, err := decodeNATSJobMeta(jk, m.rev, m.data, r.channelID, r.jobID)
+		if err != nil {
+			return nil, err
+		}
+		if j.State != StatePending {
+			s.pending.remove(jk)
+		}
+		if !j.State.Active() {
+			stale = append(stale, r.activeKey)
+			continue
+		}
+		// Only the target's newest job can be active (an enqueue supersedes
+		// the previous one in its batch), so an active job's generation is
+		// its target's current one.
+		if claimable(&j, j.TargetGeneration, now) {
+			due = append(due, natsCandidate{job: j, key: jk, rev: m.rev, activeSeq: activeSeq})
+		}
+	}
+	for _, key := range stale {
+		s.dropActive(ctx, key, entries[key].rev+1)
+	}
+	slices.SortFunc(due, func(a, b natsCandidate) int { return claimOrder(&a.job, &b.job) })
+	for _, c := range due {
+		if len(out) == req.Count {
+			break
+		}
+		if err := ctx.Err(); err != nil {
+			return nil, err
+		}
+		claimed := claimJob(&c.job, req, now, 0)
+		value, err := encodeNATSJobMeta(&claimed, nil, natsMeta{activeSeq: c.activeSeq})
+		if err != nil {
+			return nil, err
+		}
+		rev, conflict, err := s.update(ctx, op, c.key, value, c.rev)
+		if err != nil {
+			if len(out) > 0 && ctx.Err() == nil {
+				return out, nil // the claimed jobs are the caller's now
+			}
+			return nil, err
+		}
+		if conflict {
+			continue // claimed or changed by another process since the read
+		}
+		claimed.Revision = rev
+		s.cache.put(c.key, claimed, rev, c.activeSeq)
+		s.pending.remove(c.key)
+		out = append(out, cloneJob(claimed))
+	}
+	return out, nil
+}
+
+// listActive reads the active entries of a channel (every channel when
+// channelID is empty) and, in the same request, the records of the job
+// keys in also: a consistent snapshot of both. With more entries than one
+// batched read answers it lists the entries alone.
+func (s *NATSStore) listActive(ctx context.Context, op, channelID string, also []string) (entries, jobs map[string]natsMsg, err error) {
+	filters := make([]string, 0, 1+len(also))
+	filters = append(filters, s.keys.activeFilter(channelID))
+	for _, k := range also {
+		filters = append(filters, s.keys.subject(k))
+	}
+	read := make(map[string]natsMsg)
+	err = s.batchGet(ctx, op, filters, natsBatchGetMax, read)
+	if errors.Is(err, errTooManyResults) || errors.Is(err, errBatchCut) {
+		entries, err = s.lastMatching(ctx, op, s.keys.activeFilter(channelID))
+		return entries, map[string]natsMsg{}, err
+	}
+	if err != nil {
+		return nil, nil, err
+	}
+	entries, jobs = make(map[string]natsMsg), make(map[string]natsMsg)
+	for k, m := range read {
+		if strings.HasPrefix(k, familyActive+".") {
+			entries[k] = m
+		} else {
+			jobs[k] = m
+		}
+	}
+	return entries, jobs, nil
+}
+
+// change runs the read–rule–write round of a single-job call: it reads the
+// job, applies rule (generation: the job's own, see Claim), writes the
+// result over the revision read, and reads again when another writer came
+// first. rule errors are returned as they are.
+func (s *NATSStore) change(ctx context.Context, op, channelID, jobID string,
+	rule func(j *Job, generation uint64, now time.Time) (Job, *Artifact, error)) (Job, *Artifact, error) {
+	if err := s.cfg.guard(ctx, op); err != nil {
+		return Job{}, nil, err
+	}
+	key := s.keys.job(channelID, jobID)
+	cached, useCache := s.cache.get(key)
+	for range natsCASAttempts {
+		var stored Job
+		var storedArt *Artifact
+		var entryRev, activeSeq uint64
+		found := false
+		fromCache := useCache
+		useCache = false
+		if fromCache {
+			stored, entryRev, activeSeq, found = cached.job, cached.rev, cached.activeSeq, true
+		} else if channelID != "" && jobID != "" { // an empty id is no key; the rule reports it
+			var err error
+			if stored, storedArt, entryRev, activeSeq, found, err = s.readJobMeta(ctx, op, channelID, jobID); err != nil {
+				return Job{}, nil, err
+			}
+		}
+		var jp *Job
+		var gen uint64
+		if found {
+			jp, gen = &stored, stored.TargetGeneration
+		}
+		next, art, err := rule(jp, gen, s.cfg.now())
+		if err != nil && fromCache {
+			continue // the remembered job may be outdated: ask the stored one
+		}
+		if err != nil {
+			return Job{}, nil, err
+		}
+		if art == nil && storedArt != nil {
+			art = storedArt // never dropped; a completed job does not change
+		}
+		value, err := encodeNATSJobMeta(&next, art, natsMeta{activeSeq: activeSeq})
+		if err != nil {
+			return Job{}, nil, err
+		}
+		rev, conflict, err := s.update(ctx, op, key, value, entryRev)
+		if err != nil {
+			return Job{}, nil, err
+		}
+		if conflict {
+			s.cache.drop(key)
+			continue
+		}
+		next.Revision = rev
+		for i := range next.Progress {
+			if next.Progress[i].Revision == 0 {
+				next.Progress[i].Revision = rev
+			}
+		}
+		if art != nil && art.Revision == 0 {
+			a := *art
+			a.Revision = rev
+			art = &a
+		}
+		if next.State == StateRunning {
+			s.cache.put(key, next, rev, activeSeq)
+		} else {
+			s.cache.drop(key)
+		}
+		if !next.State.Active() {
+			s.dropActive(ctx, s.keys.active(channelID, jobID), activeBound(activeSeq, rev))
+		}
+		return cloneJob(next), cloneArtifact(art), nil
+	}
+	return Job{}, nil, conflictf("%s: job %q in channel %q changed concurrently %d times in a row", op, jobID, channelID, natsCASAttempts)
+}
+
+// activeBound is the purge bound for a job's active entry: just past the
+// entry when its sequence is known, else the job's terminal revision (the
+// entry is older; a purge bound far past it costs the server a scan of the
+// sequences in between).
+func activeBound(activeSeq, terminalRev uint64) uint64 {
+	if activeSeq > 0 && activeSeq < terminalRev {
+		return activeSeq + 1
+	}
+	return terminalRev
+}
+
+// single adapts a rule that returns only a job to change.
+func single(rule func(j *Job, gen uint64, now time.Time, rev uint64) (Job, error)) func(*Job, uint64, time.Time) (Job, *Artifact, error) {
+	return func(j *Job, gen uint64, now time.Time) (Job, *Artifact, error) {
+		c, err := rule(j, gen, now, 0)
+		return c, nil, err
+	}
+}
+
+// Renew implements [Store.Renew]: one compare-and-swap on the job's key.
+func (s *NATSStore) Renew(ctx context.Context, req RenewRequest) (Job, error) {
+	req, err := prepareRenew(req)
+	if err != nil {
+		return Job{}, err
+	}
+	j, _, err := s.change(ctx, "renew", req.Claim.ChannelID, req.Claim.JobID, single(func(j *Job, gen uint64, now time.Time, rev uint64) (Job, error) {
+		return renewJob(j, req, gen, now, rev)
+	}))
+	return j, err
+}
+
+// Requeue implements [Store.Requeue]: one compare-and-swap on the job's key.
+func (s *NATSStore) Requeue(ctx context.Context, req RequeueRequest) (Job, error) {
+	req, err := prepareRequeue(req)
+	if err != nil {
+		return Job{}, err
+	}
+	j, _, err := s.change(ctx, "requeue", req.Claim.ChannelID, req.Claim.JobID, single(func(j *Job, gen uint64, now time.Time, rev uint64) (Job, error) {
+		return requeueJob(j, req, gen, now, rev)
+	}))
+	return j, err
+}
+
+// AppendProgress implements [Store.AppendProgress]: one compare-and-swap on
+// the job's key.
+func (s *NATSStore) AppendProgress(ctx context.Context, req ProgressRequest) (Job, error) {
+	req, err := prepareProgress(req)
+	if err != nil {
+		return Job{}, err
+	}
+	j, _, err := s.change(ctx, "progress", req.Claim.ChannelID, req.Claim.JobID, single(func(j *Job, gen uint64, now time.Time, rev uint64) (Job, error) {
+		return progressJob(j, req, gen, now, rev)
+	}))
+	return j, err
+}
+
+// Settle implements [Store.Settle]: one compare-and-swap on the job's key,
+// which then holds the artifact too. The returned detail's revision is the
+// settle's.
+func (s *NATSStore) Settle(ctx context.Context, req SettleRequest) (Detail, error) {
+	req, err := prepareSettle(req)
+	if err != nil {
+		return Detail{}, err
+	}
+	j, art, err := s.change(ctx, "settle", req.Claim.ChannelID, req.Claim.JobID, func(j *Job, gen uint64, now time.Time) (Job, *Artifact, error) {
+		c, a, err := settleJob(j, req, gen, now, 0)
+		if err != nil {
+			return Job{}, nil, err
+		}
+		return c, &a, nil
+	})
+	if err != nil {
+		return Detail{}, err
+	}
+	return Detail{
+		Revision: j.Revision,
+		Target:   Target{ChannelID: j.ChannelID, TargetKey: j.TargetKey, Generation: j.TargetGeneration},
+		Job:      j,
+		Artifact: art,
+	}, nil
+}
+
+// Fail implements [Store.Fail]: one compare-and-swap on the job's key.
+func (s *NATSStore) Fail(ctx context.Context, req FailRequest) (Job, error) {
+	req, err := prepareFail(req)
+	if err != nil {
+		return Job{}, err
+	}
+	j, _, err := s.change(ctx, "fail", req.Claim.ChannelID, req.Claim.JobID, single(func(j *Job, gen uint64, now time.Time, rev uint64) (Job, error) {
+		return failJob(j, req, gen, now, rev)
+	}))
+	return j, err
+}
+
+// Pause implements [Store.Pause]: one compare-and-swap on the job's key.
+func (s *NATSStore) Pause(ctx context.Context, req PauseRequest) (Job, error) {
+	req, err := preparePause(req)
+	if err != nil {
+		return Job{}, err
+	}
+	j, _, err := s.change(ctx, "pause", req.ChannelID, req.JobID, single(func(j *Job, gen uint64, now time.Time, rev uint64) (Job, error) {
+		return pauseJob(j, req, gen, now, rev)
+	}))
+	return j, err
+}
+
+// Resume implements [Store.Resume]: one compare-and-swap on the job's key.
+func (s *NATSStore) Resume(ctx context.Context, req ResumeRequest) (Job, error) {
+	req, err := prepareResume(req)
+	if err != nil {
+		return Job{}, err
+	}
+	j, _, err := s.change(ctx, "resume", req.ChannelID, req.JobID, single(func(j *Job, gen uint64, now time.Time, rev uint64) (Job, error) {
+		return resumeJob(j, req, gen, now, rev)
+	}))
+	return j, err
+}
+
+// Cancel implements [Store.Cancel]: one compare-and-swap on the job's key.
+func (s *NATSStore) Cancel(ctx context.Context, req CancelRequest) (Job, error) {
+	req, err := prepareCancel(req)
+	if err != nil {
+		return Job{}, err
+	}
+	if !req.AllowArchived {
+		if err := s.cfg.channelActive(ctx, "cancel", req.ChannelID); err != nil {
+			return Job{}, err
+		}
+	}
+	j, _, err := s.change(ctx, "cancel", req.ChannelID, req.JobID, single(func(j *Job, gen uint64, now time.Time, rev uint64) (Job, error) {
+		return cancelJob(j, req, gen, now, rev)
+	}))
+	return j, err
+}
+
+// Supersede implements [Store.Supersede]: one compare-and-swap on the job's
+// key.
+func (s *NATSStore) Supersede(ctx context.Context, req SupersedeRequest) (Job, error) {
+	req, err := prepareSupersede(req)
+	if err != nil {
+		return Job{}, err
+	}
+	j, _, err := s.change(ctx, "supersede", req.ChannelID, req.JobID, single(func(j *Job, gen uint64, now time.Time, rev uint64) (Job, error) {
+		return supersedeJob(j, req, gen, now, rev)
+	}))
+	return j, err
+}
+
+// List implements [Store.List]. It lists the key names of the channel's
+// "list" entries, which carry each job's creation time, pages over them,
+// and reads the values of the page's jobs only. The sorted listing is kept
+// for the next List of the channel while no job has been added to it.
+func (s *NATSStore) List(ctx context.Context, req ListRequest) (Page, error) {
+	const op = "list"
+	req, err := prepareList(req)
+	if err != nil {
+		return Page{}, err
+	}
+	if err := s.cfg.channelExists(ctx, op, req.ChannelID); err != nil {
+		return Page{}, err
+	}
+	refs, err := s.listing(ctx, op, req.ChannelID)
+	if err != nil {
+		return Page{}, err
+	}
+	start := 0
+	if req.After != nil {
+		start, _ = slices.BinarySearchFunc(refs, req.After, func(j *Job, c *Cursor) int {
+			if afterCursor(j, c) {
+				return 1
+			}
+			return -1
+		})
+	}
+	rest := refs[start:]
+	pageRefs := rest[:min(len(rest), req.Limit)]
+	keys := make([]string, len(pageRefs))
+	for i, r := range pageRefs {
+		keys[i] = s.keys.job(req.ChannelID, r.ID)
+	}
+	var read map[string]natsMsg
+	if len(keys) > 0 {
+		if read, err = s.getMany(ctx, op, keys); err != nil {
+			return Page{}, err
+		}
+	}
+	rev, err := s.channelRevision(ctx, op, req.ChannelID)
+	if err != nil {
+		return Page{}, err
+	}
+	page := Page{Revision: rev, Jobs: make([]Summary, 0, len(pageRefs))}
+	for i, r := range pageRefs {
+		m, ok := read[keys[i]]
+		if !ok {
+			continue // deleted with its channel since the listing
+		}
+		j, _, err := decodeNATSJob(keys[i], m.rev, m.data, req.ChannelID, r.ID)
+		if err != nil {
+			return Page{}, err
+		}
+		page.Jobs = append(page.Jobs, s.cfg.summarize(&j))
+	}
+	if len(rest) > len(pageRefs) && len(pageRefs) > 0 {
+		last := pageRefs[len(pageRefs)-1]
+		page.Next = &Cursor{CreatedAt: last.CreatedAt, ID: last.ID}
+	}
+	return page, nil
+}
+
+// listing returns the channel's list entries in list order: the kept
+// listing while the channel's last list entry is the one it was read at,
+// else the key names of every entry.
+func (s *NATSStore) listing(ctx context.Context, op, channelID string) ([]*Job, error) {
+	lastMsg, found, err := s.getFromLeader(ctx, op, s.keys.listFilter(channelID))
+	if err != nil {
+		return nil, err
+	}
+	var last uint64
+	if found {
+		last = lastMsg.rev
+	}
+	if refs, ok := s.lists.get(channelID, last); ok {
+		return refs, nil
+	}
+	var names []string
+	if last > 0 {
+		if names, _, err = s.subjects(ctx, op, s.keys.listFilter(channelID)); err != nil {
+			return nil, err
+		}
+	}
+	refs := make([]*Job, 0, len(names))
+	for _, key := range names {
+		created, jobID, err := parseList(key)
+		if err != nil {
+			return nil, fmt.Errorf("%w: list: KV key %q: %w", ErrCorrupt, key, err)
+		}
+		refs = append(refs, &Job{ID: jobID, CreatedAt: created})
+	}
+	slices.SortFunc(refs, listOrder)
+	s.lists.put(channelID, last, refs)
+	return refs, nil
+}
+
+// Get implements [Store.Get]: the job, its target and artifact, and the
+// channel revision.
+func (s *NATSStore) Get(ctx context.Context, channelID, jobID string) (Detail, error) {
+	const op = "get"
+	if err := prepareGet(channelID, jobID); err != nil {
+		return Detail{}, err
+	}
+	if err := s.cfg.channelExists(ctx, op, channelID); err != nil {
+		return Detail{}, err
+	}
+	j, art, _, found, err := s.readJob(ctx, op, channelID, jobID)
+	if err != nil {
+		return Detail{}, err
+	}
+	if !found {
+		return Detail{}, notFoundf("%s: job %q does not exist in channel %q", op, jobID, channelID)
+	}
+	tk := s.keys.target(channelID, j.TargetKey)
+	m, found, err := s.getOne(ctx, op, tk)
+	if err != nil {
+		return Detail{}, err
+	}
+	if !found {
+		return Detail{}, fmt.Errorf("%w: %s: job %q: its target record, KV key %q, does not exist", ErrCorrupt, op, jobID, tk)
+	}
+	t, err := decodeNATSTarget(tk, m.rev, m.data)
+	if err != nil {
+		return Detail{}, err
+	}
+	rev, err := s.channelRevision(ctx, op, channelID)
+	if err != nil {
+		return Detail{}, err
+	}
+	return Detail{
+		Revision: max(rev, j.Revision),
+		Target:   Target{ChannelID: channelID, TargetKey: j.TargetKey, Generation: t.Generation},
+		Job:      j,
+		Artifact: art,
+	}, nil
+}
+
+// DeleteChannel implements [Store.DeleteChannel]: one purge of every key of
+// the channel, in every record family.
+func (s *NATSStore) DeleteChannel(ctx context.Context, channelID string) error {
+	const op = "delete channel"
+	if err := checkString(op, "ChannelID", channelID, IdentifierSizeLimit); err != nil {
+		return err
+	}
+	if err := s.cfg.guard(ctx, op); err != nil {
+		return err
+	}
+	if channelID == "" {
+		return nil // no channel has the empty id
+	}
+	if err := s.stream.Purge(ctx, jetstream.WithPurgeSubject(s.keys.channelFilter(channelID))); err != nil {
+		return natsUnavailable(ctx, op, "purge channel "+channelID, err)
+	}
+	return nil
+}

@@ -1,0 +1,277 @@
+package jobs
+
+import (
+	"bytes"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"math"
+	"time"
+)
+
+// natsRecordVersion is the version of the stored job record format.
+const natsRecordVersion = 1
+
+// natsMaxBatch bounds the messages of an enqueue's batch, and so a record's
+// RevisionOffset.
+const natsMaxBatch = 16
+
+// natsJobRecord is a job as NATSStore stores it under its "job" key. The
+// job's Revision is not stored: it is the KV entry's revision (a stream
+// sequence), known only once written. For the same reason a progress entry
+// or artifact written by the write that produced the value carries revision
+// 0 in the value and takes the entry's revision when read.
+type natsJobRecord struct {
+	V int `json:"v"`
+	// RevisionOffset is added to the entry's revision to give the job's:
+	// a job superseded by an enqueue is written in the enqueue's batch
+	// just before the new job, whose revision (the batch's last sequence;
+	// a batch's sequences are contiguous) is the change's.
+	RevisionOffset uint64 `json:"revisionOffset,omitempty"`
+	// ActiveSeq is the sequence of the job's active entry, so that the
+	// terminal write's purge of it touches that one message; 0 when
+	// unknown. ActiveOffset gives it in a record an enqueue wrote, before
+	// the sequences were known: the entry's revision less ActiveOffset.
+	ActiveSeq        uint64             `json:"activeSeq,omitempty"`
+	ActiveOffset     uint64             `json:"activeOffset,omitempty"`
+	ID               string             `json:"id"`
+	ChannelID        string             `json:"channelId"`
+	Type             string             `json:"type"`
+	Version          int                `json:"version"`
+	Origin           string             `json:"origin,omitempty"`
+	TargetKey        string             `json:"targetKey"`
+	TargetGeneration uint64             `json:"targetGeneration"`
+	IdempotencyKey   string             `json:"idempotencyKey"`
+	Fingerprint      string             `json:"fingerprint"`
+	Input            json.RawMessage    `json:"input,omitempty"`
+	State            State              `json:"state"`
+	Attempts         int                `json:"attempts"`
+	Failures         int                `json:"failures"`
+	ClaimGeneration  uint64             `json:"claimGeneration"`
+	ClaimOwner       string             `json:"claimOwner,omitempty"`
+	ClaimBinding     json.RawMessage    `json:"claimBinding,omitempty"`
+	ClaimExpiresAt   time.Time          `json:"claimExpiresAt,omitzero"`
+	AvailableAt      time.Time          `json:"availableAt"`
+	Reason           string             `json:"reason,omitempty"`
+	Progress         []natsProgress     `json:"progress,omitempty"`
+	CreatedAt        time.Time          `json:"createdAt"`
+	UpdatedAt        time.Time          `json:"updatedAt"`
+	Artifact         *natsArtifactValue `json:"artifact,omitempty"`
+}
+
+type natsProgress struct {
+	Revision  uint64        `json:"revision,omitempty"`
+	Attempt   int           `json:"attempt"`
+	Stage     string        `json:"stage"`
+	Label     string        `json:"label"`
+	State     ProgressState `json:"state"`
+	Reason    string        `json:"reason,omitempty"`
+	CreatedAt time.Time     `json:"createdAt"`
+}
+
+type natsArtifactValue struct {
+	Revision  uint64          `json:"revision,omitempty"`
+	Value     json.RawMessage `json:"value"`
+	CreatedAt time.Time       `json:"createdAt"`
+}
+
+// natsIdemRecord is the value under an "idem" key.
+type natsIdemRecord struct {
+	JobID       string `json:"jobId"`
+	Fingerprint string `json:"fingerprint"`
+}
+
+// natsTargetRecord is the value under a "target" key: the target's current
+// generation and the job that holds it. Only that job can be active: an
+// enqueue supersedes the previous one in the same atomic batch.
+type natsTargetRecord struct {
+	Generation uint64 `json:"generation"`
+	JobID      string `json:"jobId"`
+}
+
+// encodeNATSJob encodes j (and its artifact, once settled) for a write.
+// The rules stamp what this write adds with revision 0, the placeholder
+// decodeNATSJob replaces with the entry's revision.
+// offset is the record's RevisionOffset.
+func encodeNATSJob(j *Job, art *Artifact, offset uint64) ([]byte, error) {
+	return encodeNATSJobMeta(j, art, natsMeta{revOffset: offset})
+}
+
+// natsMeta is what a record holds beyond the job: see natsJobRecord.
+type natsMeta struct {
+	revOffset    uint64
+	activeSeq    uint64
+	activeOffset uint64
+}
+
+func encodeNATSJobMeta(j *Job, art *Artifact, meta natsMeta) ([]byte, error) {
+	r := natsJobRecord{
+		V: natsRecordVersion, RevisionOffset: meta.revOffset, ActiveSeq: meta.activeSeq, ActiveOffset: meta.activeOffset, ID: j.ID, ChannelID: j.ChannelID, Type: j.Type, Version: j.Version,
+		Origin: j.Origin, TargetKey: j.TargetKey, TargetGeneration: j.TargetGeneration,
+		IdempotencyKey: j.IdempotencyKey, Fingerprint: j.Fingerprint, Input: j.Input,
+		State: j.State, Attempts: j.Attempts, Failures: j.Failures, ClaimGeneration: j.ClaimGeneration,
+		ClaimOwner: j.ClaimOwner, ClaimBinding: j.ClaimBinding, ClaimExpiresAt: j.ClaimExpiresAt,
+		AvailableAt: j.AvailableAt, Reason: j.Reason, CreatedAt: j.CreatedAt, UpdatedAt: j.UpdatedAt,
+	}
+	for _, p := range j.Progress {
+		r.Progress = append(r.Progress, natsProgress{
+			Revision: p.Revision, Attempt: p.Attempt, Stage: p.Stage, Label: p.Label,
+			State: p.State, Reason: p.Reason, CreatedAt: p.CreatedAt,
+		})
+	}
+	if art != nil {
+		r.Artifact = &natsArtifactValue{Revision: art.Revision, Value: art.Value, CreatedAt: art.CreatedAt}
+	}
+	return json.Marshal(&r)
+}
+
+// decodeNATSJob decodes and validates the value of key at revision rev (the
+// entry's; the job's is rev plus the record's RevisionOffset). Any
+// value that does not decode or validate is ErrCorrupt naming the job and
+// the key. The returned job and artifact share no memory with data.
+func decodeNATSJob(key string, rev uint64, data []byte, wantChannel, wantJob string) (Job, *Artifact, error) {
+	j, art, _, err := decodeNATSJobMeta(key, rev, data, wantChannel, wantJob)
+	return j, art, err
+}
+
+// decodeNATSJobMeta is decodeNATSJob that also returns the sequence of the
+// job's active entry (0: unknown).
+func decodeNATSJobMeta(key string, rev uint64, data []byte, wantChannel, wantJob string) (Job, *Artifact, uint64, error) {
+	j, art, activeSeq, err := decodeNATSRecord(key, rev, data, wantChannel, wantJob)
+	if err != nil {
+		return Job{}, nil, 0, err
+	}
+	return j, art, activeSeq, nil
+}
+
+func decodeNATSRecord(key string, rev uint64, data []byte, wantChannel, wantJob string) (Job, *Artifact, uint64, error) {
+	var r natsJobRecord
+	dec := json.NewDecoder(bytes.NewReader(data))
+	dec.DisallowUnknownFields()
+	if err := dec.Decode(&r); err != nil {
+		return Job{}, nil, 0, natsCorrupt(wantJob, key, rev, fmt.Errorf("does not decode: %w", err))
+	}
+	if dec.More() {
+		return Job{}, nil, 0, natsCorrupt(wantJob, key, rev, errors.New("trailing data after the record"))
+	}
+	if r.ActiveOffset > natsMaxBatch || r.ActiveSeq >= rev || r.ActiveOffset >= rev {
+		return Job{}, nil, 0, natsCorrupt(wantJob, key, rev, fmt.Errorf("active entry sequence %d or offset %d", r.ActiveSeq, r.ActiveOffset))
+	}
+	activeSeq := r.ActiveSeq
+	if activeSeq == 0 && r.ActiveOffset > 0 {
+		activeSeq = rev - r.ActiveOffset
+	}
+	if r.RevisionOffset > natsMaxBatch || rev > math.MaxUint64-r.RevisionOffset {
+		return Job{}, nil, 0, natsCorrupt(wantJob, key, rev, fmt.Errorf("revision offset %d exceeds a batch", r.RevisionOffset))
+	}
+	rev += r.RevisionOffset
+	if err := validateNATSRecord(&r, rev, wantChannel, wantJob); err != nil {
+		return Job{}, nil, 0, natsCorrupt(wantJob, key, rev, err)
+	}
+	j := Job{
+		ID: r.ID, ChannelID: r.ChannelID, Type: r.Type, Version: r.Version, Origin: r.Origin,
+		TargetKey: r.TargetKey, TargetGeneration: r.TargetGeneration, IdempotencyKey: r.IdempotencyKey,
+		Fingerprint: r.Fingerprint, Input: natsNull(r.Input), State: r.State, Revision: rev,
+		Attempts: r.Attempts, Failures: r.Failures, ClaimGeneration: r.ClaimGeneration,
+		ClaimOwner: r.ClaimOwner, ClaimBinding: natsNull(r.ClaimBinding),
+		ClaimExpiresAt: r.ClaimExpiresAt.UTC(), AvailableAt: r.AvailableAt.UTC(), Reason: r.Reason,
+		CreatedAt: r.CreatedAt.UTC(), UpdatedAt: r.UpdatedAt.UTC(),
+	}
+	if r.ClaimExpiresAt.IsZero() {
+		j.ClaimExpiresAt = time.Time{}
+	}
+	if len(r.Progress) > 0 {
+		j.Progress = make([]Progress, len(r.Progress))
+		for i, p := range r.Progress {
+			pr := p.Revision
+			if pr == 0 {
+				pr = rev
+			}
+			j.Progress[i] = Progress{Revision: pr, Attempt: p.Attempt, Stage: p.Stage, Label: p.Label,
+				State: p.State, Reason: p.Reason, CreatedAt: p.CreatedAt.UTC()}
+		}
+	}
+	var art *Artifact
+	if r.Artifact != nil {
+		ar := r.Artifact.Revision
+		if ar == 0 {
+			ar = rev
+		}
+		art = &Artifact{JobID: r.ID, Revision: ar, Value: natsNull(r.Artifact.Value), CreatedAt: r.Artifact.CreatedAt.UTC()}
+	}
+	if err := validateJob(&j); err != nil {
+		return Job{}, nil, 0, natsCorrupt(wantJob, key, rev, err)
+	}
+	if art != nil {
+		if err := validateArtifact(art, &j); err != nil {
+			return Job{}, nil, 0, natsCorrupt(wantJob, key, rev, err)
+		}
+	}
+	return j, art, activeSeq, nil
+}
+
+func natsCorrupt(jobID, key string, rev uint64, err error) error {
+	return fmt.Errorf("%w: job %q: KV key %q (revision %d): %w", ErrCorrupt, jobID, key, rev, err)
+}
+
+// validateNATSRecord checks what the record format adds to [validateJob]:
+// the format version, the key the record is stored under, an artifact
+// exactly when completed, and no revision later than the record's own.
+func validateNATSRecord(r *natsJobRecord, rev uint64, wantChannel, wantJob string) error {
+	switch {
+	case r.V != natsRecordVersion:
+		return fmt.Errorf("record version %d is not %d", r.V, natsRecordVersion)
+	case r.ID != wantJob || r.ChannelID != wantChannel:
+		return fmt.Errorf("record of job %q in channel %q stored under job %q in channel %q", r.ID, r.ChannelID, wantJob, wantChannel)
+	case (r.State == StateCompleted) != (r.Artifact != nil):
+		return fmt.Errorf("%s with artifact %t", r.State, r.Artifact != nil)
+	case r.Artifact != nil && r.Artifact.Revision > rev:
+		return fmt.Errorf("artifact revision %d is later than the record's %d", r.Artifact.Revision, rev)
+	}
+	for i, p := range r.Progress {
+		if p.Revision > rev {
+			return fmt.Errorf("progress %d: revision %d is later than the record's %d", i, p.Revision, rev)
+		}
+	}
+	return nil
+}
+
+// natsNull copies raw JSON; nil and JSON null become nil.
+func natsNull(b json.RawMessage) json.RawMessage {
+	if b == nil || string(b) == "null" {
+		return nil
+	}
+	return natsClone(b)
+}
+
+// natsClone copies raw JSON; nil stays nil.
+func natsClone(b json.RawMessage) json.RawMessage {
+	if b == nil {
+		return nil
+	}
+	return append(json.RawMessage(nil), b...)
+}
+
+// decodeNATSIdem decodes an "idem" value.
+func decodeNATSIdem(key string, rev uint64, data []byte) (natsIdemRecord, error) {
+	var r natsIdemRecord
+	if err := json.Unmarshal(data, &r); err != nil || r.JobID == "" || r.Fingerprint == "" {
+		if err == nil {
+			err = errors.New("empty job id or fingerprint")
+		}
+		return r, fmt.Errorf("%w: idempotency record: KV key %q (revision %d): %w", ErrCorrupt, key, rev, err)
+	}
+	return r, nil
+}
+
+// decodeNATSTarget decodes a "target" value.
+func decodeNATSTarget(key string, rev uint64, data []byte) (natsTargetRecord, error) {
+	var r natsTargetRecord
+	if err := json.Unmarshal(data, &r); err != nil || r.JobID == "" || r.Generation == 0 {
+		if err == nil {
+			err = errors.New("empty job id or generation 0")
+		}
+		return r, fmt.Errorf("%w: target record: KV key %q (revision %d): %w", ErrCorrupt, key, rev, err)
+	}
+	return r, nil
+}

@@ -1,0 +1,491 @@
+package jobs
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"strconv"
+	"strings"
+	"sync"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+	"github.com/synadia-io/orbit.go/jetstreamext"
+)
+
+// The reads and writes NATSStore makes, below the rules: single and batched
+// last-message reads, the channel revision, compare-and-swap writes, the
+// atomic enqueue batch and the purges.
+
+// natsMsg is the last message of a key: its value and revision.
+type natsMsg struct {
+	data []byte
+	rev  uint64
+}
+
+// natsReadChunk bounds the subjects of one batched read, keeping the request
+// far below the server's payload limit and the 1,024 results a batched
+// direct get may return.
+const natsReadChunk = 256
+
+// natsUnavailable wraps an I/O error; a cancelled or expired ctx is returned
+// unchanged.
+func natsUnavailable(ctx context.Context, op, what string, err error) error {
+	if ctx.Err() != nil {
+		return ctx.Err()
+	}
+	if errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded) {
+		return err
+	}
+	return fmt.Errorf("%w: %s: %s: %w", ErrUnavailable, op, what, err)
+}
+
+// isNATSCASConflict reports a compare-and-swap conflict: JetStream error
+// 10071 (wrong last sequence) or 10164 (the same on a replicated stream
+// while a write is in flight). Matched by code, never by text.
+func isNATSCASConflict(err error) bool {
+	var apiErr *jetstream.APIError
+	if !errors.As(err, &apiErr) {
+		return false
+	}
+	return apiErr.ErrorCode == jetstream.JSErrCodeStreamWrongLastSequence ||
+		apiErr.ErrorCode == jetstream.JSErrCodeStreamWrongLastSequenceConstant
+}
+
+// isNATSDeleted reports a KV delete or purge marker.
+func isNATSDeleted(h nats.Header) bool {
+	op := h.Get("KV-Operation")
+	return op == "DEL" || op == "PURGE"
+}
+
+// getOne reads the last message of key. found is false when the key has
+// none (or a delete marker). On a replicated bucket the read goes to the
+// stream leader, so it sees every acknowledged write.
+func (s *NATSStore) getOne(ctx context.Context, op, key string) (natsMsg, bool, error) {
+	if s.leaderReads {
+		return s.getFromLeader(ctx, op, s.keys.subject(key))
+	}
+	m, err := s.stream.GetLastMsgForSubject(ctx, s.keys.subject(key))
+	if errors.Is(err, jetstream.ErrMsgNotFound) {
+		return natsMsg{}, false, nil
+	}
+	if err != nil {
+		return natsMsg{}, false, natsUnavailable(ctx, op, "read KV key "+strconv.Quote(key), err)
+	}
+	if isNATSDeleted(m.Header) {
+		return natsMsg{}, false, nil
+	}
+	return natsMsg{data: m.Data, rev: m.Sequence}, true, nil
+}
+
+// natsMsgGetResponse is the JetStream API's answer to STREAM.MSG.GET.
+type natsMsgGetResponse struct {
+	Error *struct {
+		Code        int    `json:"code"`
+		ErrCode     int    `json:"err_code"`
+		Description string `json:"description"`
+	} `json:"error"`
+	Message *struct {
+		Subject string `json:"subject"`
+		Seq     uint64 `json:"seq"`
+		Hdrs    []byte `json:"hdrs"`
+		Data    []byte `json:"data"`
+	} `json:"message"`
+}
+
+// getFromLeader reads the last message of subject (wildcards allowed)
+// through STREAM.MSG.GET, which the stream leader answers.
+func (s *NATSStore) getFromLeader(ctx context.Context, op, subject string) (natsMsg, bool, error) {
+	if _, ok := ctx.Deadline(); !ok {
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithTimeout(ctx, s.js.Options().DefaultTimeout)
+		defer cancel()
+	}
+	req, err := json.Marshal(map[string]string{"last_by_subj": subject})
+	if err != nil {
+		return natsMsg{}, false, err
+	}
+	reply, err := s.js.Conn().RequestWithContext(ctx, s.msgGet, req)
+	if err != nil {
+		return natsMsg{}, false, natsUnavailable(ctx, op, "read "+subject+" from the stream leader", err)
+	}
+	var resp natsMsgGetResponse
+	if err := json.Unmarshal(reply.Data, &resp); err != nil {
+		return natsMsg{}, false, natsUnavailable(ctx, op, "read "+subject, fmt.Errorf("bad response: %w", err))
+	}
+	switch {
+	case resp.Error != nil && resp.Error.ErrCode == int(jetstream.JSErrCodeMessageNotFound):
+		return natsMsg{}, false, nil
+	case resp.Error != nil:
+		return natsMsg{}, false, natsUnavailable(ctx, op, "read "+subject, &jetstream.APIError{
+			Code: resp.Error.Code, ErrorCode: jetstream.ErrorCode(resp.Error.ErrCode), Description: resp.Error.Description})
+	case resp.Message == nil:
+		return natsMsg{}, false, natsUnavailable(ctx, op, "read "+subject, errors.New("response without a message"))
+	}
+	if len(resp.Message.Hdrs) > 0 {
+		h, err := nats.DecodeHeadersMsg(resp.Message.Hdrs)
+		if err != nil {
+			return natsMsg{}, false, natsUnavailable(ctx, op, "read "+subject, fmt.Errorf("bad headers: %w", err))
+		}
+		if isNATSDeleted(h) {
+			return natsMsg{}, false, nil
+		}
+	}
+	return natsMsg{data: resp.Message.Data, rev: resp.Message.Seq}, true, nil
+}
+
+// getMany reads the last messages of keys in batched direct gets of at most
+// natsReadChunk subjects each. Keys without a message are absent from the
+// result.
+func (s *NATSStore) getMany(ctx context.Context, op string, keys []string) (map[string]natsMsg, error) {
+	out := make(map[string]natsMsg, len(keys))
+	if len(keys) == 1 { // a single get answers faster than a batch
+		m, found, err := s.getOne(ctx, op, keys[0])
+		if err != nil {
+			return nil, err
+		}
+		if found {
+			out[keys[0]] = m
+		}
+		return out, nil
+	}
+	for start := 0; start < len(keys); start += natsReadChunk {
+		chunk := keys[start:min(start+natsReadChunk, len(keys))]
+		subjects := make([]string, len(chunk))
+		for i, k := range chunk {
+			subjects[i] = s.keys.subject(k)
+		}
+		err := s.batchGet(ctx, op, subjects, len(chunk), out)
+		if errors.Is(err, errBatchCut) {
+			// Large records: read what the batch did not answer alone.
+			for _, k := range chunk {
+				if _, ok := out[k]; ok {
+					continue
+				}
+				m, found, err := s.getOne(ctx, op, k)
+				if err != nil {
+					return nil, err
+				}
+				if found {
+					out[k] = m
+				}
+			}
+			continue
+		}
+		if err != nil {
+			return nil, err
+		}
+	}
+	return out, nil
+}
+
+// errTooManyResults reports a batched read that matched more subjects than
+// the server answers in one request.
+var errTooManyResults = errors.New("too many results for one batched read")
+
+// natsBatchGetMax is the most messages the server returns for one batched
+// direct get (its maxAllowedResponses); more matches are "413 Too Many
+// Results".
+const natsBatchGetMax = 1024
+
+// lastMatching reads the last message of every subject matching filter.
+// When more subjects match than one batched read returns, it falls back to
+// the stream's subject list, whose entries carry the stream's last sequence
+// as their revision: an upper bound, enough for dropActive.
+func (s *NATSStore) lastMatching(ctx context.Context, op, filter string) (map[string]natsMsg, error) {
+	out := make(map[string]natsMsg)
+	err := s.batchGet(ctx, op, []string{filter}, natsBatchGetMax, out)
+	if errors.Is(err, errTooManyResults) || errors.Is(err, errBatchCut) {
+		names, last, err := s.subjects(ctx, op, filter)
+		if err != nil {
+			return nil, err
+		}
+		out = make(map[string]natsMsg, len(names))
+		for _, key := range names {
+			out[key] = natsMsg{rev: last}
+		}
+		return out, nil
+	}
+	return out, err
+}
+
+// batchGet sends one batched direct get ("multi_last") for subjects, which
+// may match up to most messages, and adds the answers to out by KV key.
+// Replies arrive on the store's own inbox subscription (see natsReplies):
+// a subscription per request would cost a SUB, an UNSUB and a large
+// buffer every time.
+func (s *NATSStore) batchGet(ctx context.Context, op string, subjects []string, most int, out map[string]natsMsg) error {
+	if _, ok := ctx.Deadline(); !ok {
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithTimeout(ctx, s.js.Options().DefaultTimeout)
+		defer cancel()
+	}
+	replies, err := s.replies.open(s.js.Conn())
+	if err != nil {
+		return natsUnavailable(ctx, op, "subscribe to batched read replies", err)
+	}
+	body, err := json.Marshal(struct {
+		MultiLast []string `json:"multi_last"`
+		MaxBytes  int      `json:"max_bytes"`
+	}{subjects, natsBatchMaxBytes})
+	if err != nil {
+		return err
+	}
+	inbox, ch, done := replies.await(most + 2)
+	defer done()
+	if err := s.js.Conn().PublishRequest(s.directGet, inbox, body); err != nil {
+		return natsUnavailable(ctx, op, fmt.Sprintf("batched read of %d subjects", len(subjects)), err)
+	}
+	// Every reply carries the number of matches still to come: they count
+	// down by one, so a reply lost on the way (a slow consumer) shows as a
+	// gap, and an end of batch with matches to come as a cut-short batch
+	// (the server stops at its byte limit).
+	var pending uint64
+	first := true
+	for {
+		var m *nats.Msg
+		select {
+		case m = <-ch:
+		case <-ctx.Done():
+			return natsUnavailable(ctx, op, fmt.Sprintf("batched read of %d subjects", len(subjects)), ctx.Err())
+		}
+		np, npErr := strconv.ParseUint(m.Header.Get("Nats-Num-Pending"), 10, 64)
+		if len(m.Data) == 0 {
+			switch m.Header.Get("Status") {
+			case "204": // end of batch
+				if npErr == nil && np > 0 {
+					return errBatchCut
+				}
+				return nil
+			case "404": // no subject matched
+				return nil
+			case "413":
+				return errTooManyResults
+			case "":
+			default:
+				return natsUnavailable(ctx, op, "batched read", fmt.Errorf("status %s %s", m.Header.Get("Status"), m.Header.Get("Description")))
+			}
+		}
+		if npErr != nil {
+			return natsUnavailable(ctx, op, "batched read", fmt.Errorf("reply without Nats-Num-Pending: %w", npErr))
+		}
+		if !first && np+1 != pending {
+			return natsUnavailable(ctx, op, "batched read", fmt.Errorf("replies lost: %d matches to come after %d", np, pending))
+		}
+		first, pending = false, np
+		seq, err := strconv.ParseUint(m.Header.Get(jetstream.SequenceHeader), 10, 64)
+		if err != nil {
+			return natsUnavailable(ctx, op, "batched read", fmt.Errorf("reply without a sequence: %w", err))
+		}
+		if isNATSDeleted(m.Header) {
+			continue
+		}
+		if key, ok := s.keys.key(m.Header.Get(jetstream.SubjectHeader)); ok {
+			out[key] = natsMsg{data: m.Data, rev: seq}
+		}
+	}
+}
+
+// natsBatchMaxBytes is where the server ends a batched read (the rest is
+// read key by key): well below the outbound buffer at which the server
+// treats a client as a slow consumer.
+const natsBatchMaxBytes = 1 << 20
+
+// errBatchCut reports a batched read the server ended before every match
+// (at its byte limit).
+var errBatchCut = errors.New("batched read cut short")
+
+// natsReplies is one inbox subscription per store for the replies of
+// batched reads, each request told apart by the last token of its reply
+// subject. It lives as long as the connection.
+type natsReplies struct {
+	mu      sync.Mutex
+	sub     *nats.Subscription
+	prefix  string
+	next    uint64
+	waiting map[string]chan *nats.Msg
+}
+
+// open subscribes on first use.
+func (r *natsReplies) open(nc *nats.Conn) (*natsReplies, error) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.sub != nil && r.sub.IsValid() {
+		return r, nil
+	}
+	prefix := nc.NewInbox() + "."
+	sub, err := nc.Subscribe(prefix+"*", r.deliver)
+	if err != nil {
+		return nil, err
+	}
+	r.sub, r.prefix, r.waiting = sub, prefix, make(map[string]chan *nats.Msg)
+	return r, nil
+}
+
+func (r *natsReplies) deliver(m *nats.Msg) {
+	token := m.Subject[strings.LastIndexByte(m.Subject, '.')+1:]
+	r.mu.Lock()
+	ch := r.waiting[token]
+	r.mu.Unlock()
+	if ch == nil {
+		return // a request that gave up
+	}
+	select {
+	case ch <- m:
+	default: // more replies than the server sends for one request
+	}
+}
+
+// await registers a request that expects at most n replies; done
+// unregisters it.
+func (r *natsReplies) await(n int) (inbox string, ch chan *nats.Msg, done func()) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.next++
+	token := strconv.FormatUint(r.next, 36)
+	ch = make(chan *nats.Msg, n)
+	r.waiting[token] = ch
+	return r.prefix + token, ch, func() {
+		r.mu.Lock()
+		delete(r.waiting, token)
+		r.mu.Unlock()
+	}
+}
+
+// subjects lists the KV keys matching filter (key names only, no values)
+// and the stream's last sequence at the time of the listing.
+func (s *NATSStore) subjects(ctx context.Context, op, filter string) ([]string, uint64, error) {
+	info, err := s.stream.Info(ctx, jetstream.WithSubjectFilter(filter))
+	if err != nil {
+		return nil, 0, natsUnavailable(ctx, op, "list "+filter, err)
+	}
+	keys := make([]string, 0, len(info.State.Subjects))
+	for subj := range info.State.Subjects {
+		if key, ok := s.keys.key(subj); ok {
+			keys = append(keys, key)
+		}
+	}
+	return keys, info.State.LastSeq, nil
+}
+
+// channelRevision is the revision of the channel's last change: the
+// sequence of the last message of any of its keys; 0 when it has none.
+func (s *NATSStore) channelRevision(ctx context.Context, op, channelID string) (uint64, error) {
+	m, found, err := s.getFromLeader(ctx, op, s.keys.channelFilter(channelID))
+	if err != nil || !found {
+		return 0, err
+	}
+	return m.rev, nil
+}
+
+// update writes value over key's revision rev. conflict is true when the key
+// changed since.
+func (s *NATSStore) update(ctx context.Context, op, key string, value []byte, rev uint64) (newRev uint64, conflict bool, err error) {
+	if err := s.checkSize(op, key, len(value)); err != nil {
+		return 0, false, err
+	}
+	newRev, err = s.kv.Update(ctx, key, value, rev)
+	if err == nil {
+		return newRev, false, nil
+	}
+	if isNATSCASConflict(err) {
+		return 0, true, nil
+	}
+	return 0, false, natsUnavailable(ctx, op, "write KV key "+strconv.Quote(key), err)
+}
+
+// natsHeaderAllowance is kept free of the server's payload limit for the
+// headers a write carries.
+const natsHeaderAllowance = 512
+
+// checkSize refuses, before any write, a record the server would refuse:
+// larger than its max_payload less room for headers.
+func (s *NATSStore) checkSize(op, key string, n int) error {
+	if limit := int(s.js.Conn().MaxPayload()) - natsHeaderAllowance; n > limit {
+		return conflictf("%s: KV key %q: the record is %d bytes, over the %d the server's max_payload (%d) leaves; store less input, artifact or binding",
+			op, key, n, limit, s.js.Conn().MaxPayload())
+	}
+	return nil
+}
+
+// natsBatchMsg is one write of an atomic batch: key, value and the revision
+// the key must have (0: no message), or no expectation.
+type natsBatchMsg struct {
+	key    string
+	value  []byte
+	expect uint64
+	check  bool
+}
+
+// publishBatch writes msgs as one atomic batch and returns the sequence of
+// the last. conflict is true when an expectation failed; nothing is written
+// then.
+func (s *NATSStore) publishBatch(ctx context.Context, op string, msgs []natsBatchMsg) (lastRev uint64, conflict bool, err error) {
+	out := make([]*nats.Msg, len(msgs))
+	for i, m := range msgs {
+		if err := s.checkSize(op, m.key, len(m.value)); err != nil {
+			return 0, false, err
+		}
+		nm := nats.NewMsg(s.keys.subject(m.key))
+		nm.Data = m.value
+		if m.check {
+			nm.Header.Set(jetstream.ExpectedLastSubjSeqHeader, strconv.FormatUint(m.expect, 10))
+		}
+		out[i] = nm
+	}
+	publish := s.batchPublish
+	if publish == nil {
+		publish = func(ctx context.Context, msgs []*nats.Msg) (uint64, error) {
+			ack, err := jetstreamext.PublishMsgBatch(ctx, s.js, msgs,
+				jetstreamext.BatchFlowControl{AckFirst: false, AckTimeout: s.js.Options().DefaultTimeout})
+			if err != nil {
+				return 0, err
+			}
+			return ack.Sequence, nil
+		}
+	}
+	lastRev, err = publish(ctx, out)
+	if err == nil {
+		return lastRev, false, nil
+	}
+	if isNATSCASConflict(err) {
+		return 0, true, nil
+	}
+	return 0, false, natsUnavailable(ctx, op, fmt.Sprintf("atomic batch of %d writes", len(msgs)), err)
+}
+
+// dropActive removes key's active entry if it was written before revision
+// before: a purge that cannot remove an entry written later (a job
+// re-created after DeleteChannel). It is cleanup, sent without waiting for
+// the answer: an entry it misses is removed by the next Claim that meets
+// it.
+func (s *NATSStore) dropActive(ctx context.Context, key string, before uint64) {
+	if before == 0 || ctx.Err() != nil {
+		return
+	}
+	body, err := json.Marshal(struct {
+		Filter string `json:"filter"`
+		Seq    uint64 `json:"seq"`
+	}{s.keys.subject(key), before})
+	if err != nil {
+		return
+	}
+	_ = s.js.Conn().Publish(s.purge, body)
+}
+
+// natsAPIPrefix is the JetStream API subject prefix of js: "$JS.API." or
+// the one its options name.
+func natsAPIPrefix(opts jetstream.JetStreamOptions) string {
+	switch {
+	case opts.APIPrefix != "":
+		p := opts.APIPrefix
+		if !strings.HasSuffix(p, ".") {
+			p += "."
+		}
+		return p
+	case opts.Domain != "":
+		return "$JS." + opts.Domain + ".API."
+	}
+	return "$JS.API."
+}
