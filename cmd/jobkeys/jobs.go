@@ -11,7 +11,7 @@ import (
 
 // jobsBucketDefault is the job store's bucket unless --jobs-bucket says
 // otherwise (jobs.NATSBucketDefault).
-const jobsBucketDefault = "JOBKEYS_JOBS"
+const jobsBucketDefault = jobs.NATSBucketDefault
 
 func jobCommands() []*command {
 	var (

@@ -7,6 +7,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/nats-io/nats.go/jetstream"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
@@ -162,4 +163,19 @@ func testJobs(t *testing.T, st jobs.Store, r *runner) {
 	assert.Equal(t, jobs.StateCancelled, jobState(t, st, "j-running").State)
 	res = r.run("jobs", "cancel", "-f", "ch", "j-running")
 	assert.Equal(t, exitConflict, res.code, "already final")
+}
+
+// The same over the NATS job store, opened by the CLI in --jobs-bucket.
+func TestJobsNATS(t *testing.T) {
+	t.Parallel()
+	srv := natstest.Run(t)
+	_, js := natstest.Connect(t, srv)
+	st, err := jobs.NewNATSStore(js, nil, jobs.WithBucket("OPS_JOBS"), jobs.WithCreateBucket(jetstream.MemoryStorage, 1))
+	require.NoError(t, err)
+	r := newRunner(t, srv.ClientURL())
+	res := r.run("jobs", "ls", "ch")
+	assert.Equal(t, exitNotFound, res.code, "no bucket JOBKEYS_JOBS: %s", res.stderr)
+	assert.Contains(t, res.stderr, `"JOBKEYS_JOBS"`)
+	r.defaultArgs = []string{"--jobs-bucket", "OPS_JOBS"}
+	testJobs(t, st, r)
 }

@@ -60,6 +60,8 @@ type runner struct {
 	terminal bool   // stdin is a terminal
 	stdin    string // what the operator types
 	jobStore func(context.Context, *session, *options) (jobs.Store, error)
+	// defaultArgs go before the arguments of every run.
+	defaultArgs []string
 }
 
 func newRunner(t *testing.T, url string) *runner {
@@ -78,7 +80,7 @@ func (r *runner) runCtx(ctx context.Context, out, errOut *syncBuffer, args ...st
 	c := &cli{stdin: strings.NewReader(r.stdin), stdout: out, stderr: errOut,
 		getenv:     func(k string) string { return r.env[k] },
 		isTerminal: func(io.Reader) bool { return r.terminal }, jobStore: r.jobStore}
-	code := c.run(ctx, args)
+	code := c.run(ctx, append(append([]string(nil), r.defaultArgs...), args...))
 	return cliRun{code: code, stdout: out.String(), stderr: errOut.String()}
 }
 
