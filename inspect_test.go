@@ -299,3 +299,19 @@ func ExampleKeyCoordinator_WatchOccupancy() {
 	//  initial=false deleted=true active 0 queued 0
 	// context canceled
 }
+
+// A store that cannot list or watch keys is told so, not used halfway.
+func TestInspectNeedsCapabilities(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	plain := struct{ Store }{NewMemoryStore()} // only the Store methods
+	coord := cCoordinator(t, plain, nil)
+	_, err := coord.InspectKeys(ctx, "svc", "render")
+	require.ErrorIs(t, err, ErrInvalidRequest)
+	assert.Contains(t, err.Error(), "KeyLister")
+	_, err = coord.WatchOccupancy(ctx, "svc", "render")
+	require.ErrorIs(t, err, ErrInvalidRequest)
+	assert.Contains(t, err.Error(), "KeyWatcher")
+	_, err = cCoordinator(t, NewMemoryStore(), nil).InspectKeys(ctx, "svc", "a.b")
+	require.ErrorIs(t, err, ErrInvalidName)
+}

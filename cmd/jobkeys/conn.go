@@ -147,6 +147,8 @@ func exitCode(err error) int {
 		return exitNotFound
 	case errors.Is(err, errConflict), errors.Is(err, jobkeys.ErrRevisionConflict), errors.Is(err, jobs.ErrConflict):
 		return exitConflict
+	case errors.Is(err, jobkeys.ErrInvalidName), errors.Is(err, jobkeys.ErrInvalidRequest):
+		return exitUsage // a service, job type or KV key that cannot be one
 	}
 	return exitError
 }

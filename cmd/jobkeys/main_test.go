@@ -251,6 +251,9 @@ func TestKeysLs(t *testing.T) {
 	assert.Contains(t, bad.Problem, f.kv["corrupt"], "the problem names the KV key")
 	assert.Nil(t, bad.State)
 
+	res = r.run("keys", "ls", "svc", "a.b")
+	assert.Equal(t, exitUsage, res.code, "a job type that cannot be one: %s", res.stderr)
+	assert.Contains(t, res.stderr, `"a.b"`)
 	// A missing bucket is named.
 	res = r.run("keys", "ls", "nosuch")
 	assert.Equal(t, exitNotFound, res.code)
