@@ -40,7 +40,7 @@ func newFlagSet(name string, o *options) *flagSet {
 	if o.timeout == 0 {
 		o.timeout = 10 * time.Second
 	}
-	f.fs.DurationVar(&o.timeout, "timeout", o.timeout, "bound on connecting and on each request")
+	f.fs.DurationVar(&o.timeout, "timeout", o.timeout, "bound on connecting and on each step of a command (a listing, a write)")
 	if o.bucketPrefix == "" {
 		o.bucketPrefix = "JOBS_KEYS"
 	}
