@@ -29,7 +29,7 @@ type Coordinator interface {
 	// Renew extends a lease, or reports it lost (ReduceRenew).
 	Renew(ctx context.Context, req RenewRequest) (Renewal, error)
 	// Release frees a slot, or reports a stale completion (ReduceRelease).
-	Release(ctx context.Context, req ReleaseRequest) (Release, error)
+	Release(ctx context.Context, req ReleaseRequest) (ReleaseOutcome, error)
 	// RemoveQueued takes a job out of the queue (ReduceRemoveQueued).
 	RemoveQueued(ctx context.Context, req RemoveRequest) (Removal, error)
 	// RestoreReplaced undoes a replacement (ReduceRestoreReplaced).
@@ -281,12 +281,12 @@ func (c *KeyCoordinator) Renew(ctx context.Context, req RenewRequest) (Renewal, 
 // Release frees the slot, or reports a stale completion when it was
 // already gone (taken over after its lease expired). Like Renew, it is not
 // paced and retries until the lease expires.
-func (c *KeyCoordinator) Release(ctx context.Context, req ReleaseRequest) (Release, error) {
+func (c *KeyCoordinator) Release(ctx context.Context, req ReleaseRequest) (ReleaseOutcome, error) {
 	lease, key, err := leaseKey(req.Lease)
 	if err != nil {
-		return Release{}, err
+		return ReleaseOutcome{}, err
 	}
-	var out Release
+	var out ReleaseOutcome
 	err = c.run(ctx, key, retry{lease: &lease}, func(st *KeyState, now time.Time) *KeyState {
 		out = ReduceRelease(st, lease, now)
 		return out.State
@@ -358,7 +358,7 @@ func leaseKey(l Lease) (Lease, JobKey, error) {
 		return Lease{}, JobKey{}, fmt.Errorf("%w: Lease.Policy (use the Lease from Acquire): %w", ErrInvalidRequest, err)
 	}
 	l.Policy = p
-	return l, JobKey{Service: l.Service, JobType: l.JobType, Key: l.Key, KeyHash: l.KeyHash,
+	return l, JobKey{Service: l.Service, JobType: l.JobType, DisplayKey: l.DisplayKey, KeyHash: l.KeyHash,
 		KVKey: kvKeyFor(l.Service, l.JobType, l.KeyHash)}, nil
 }
 

@@ -132,7 +132,7 @@ func activeJobIDs(s *KeyState) []string {
 func everyOperation(ctx context.Context, c *KeyCoordinator, key JobKey) map[string]error {
 	p := cPolicy()
 	np, _ := p.Normalize()
-	lease := Lease{Service: key.Service, JobType: key.JobType, JobID: "j1", Key: key.Key, KeyHash: key.KeyHash, SlotToken: "tok-1", Policy: np}
+	lease := Lease{Service: key.Service, JobType: key.JobType, JobID: "j1", DisplayKey: key.DisplayKey, KeyHash: key.KeyHash, SlotToken: "tok-1", Policy: np}
 	errs := map[string]error{}
 	_, errs["Admit"] = c.Admit(ctx, cAdmit(key.Service, "j9", p))
 	_, errs["Acquire"] = c.Acquire(ctx, cAcquire(key.Service, "j1", p, true))
@@ -160,7 +160,7 @@ func checkStateErr(t testing.TB, what string, err, sentinel error, kvKey string)
 // changed by f.
 func stateDoc(t testing.TB, key JobKey, f func(*KeyState)) []byte {
 	t.Helper()
-	s := &KeyState{Version: 1, Service: key.Service, JobType: key.JobType, Key: key.Key, KeyHash: key.KeyHash,
+	s := &KeyState{Version: 1, Service: key.Service, JobType: key.JobType, DisplayKey: key.DisplayKey, KeyHash: key.KeyHash,
 		MaxActive: 1, MaxQueuedPerKey: 4, Queued: []QueuedJob{rq("j1", rt0)}, UpdatedAt: rt0}
 	if f != nil {
 		f(s)
@@ -718,14 +718,14 @@ func TestCoordinatorDeterministic(t *testing.T) {
 
 	key := cKey(t, "determinism")
 	np, _ := Policy{Key: cPolicy().Key, MaxActive: 1, MaxQueuedPerKey: 2}.Normalize()
-	want := &KeyState{Version: 1, Service: "determinism", JobType: cJobType, Key: "tenant:acme", KeyHash: key.KeyHash,
+	want := &KeyState{Version: 1, Service: "determinism", JobType: cJobType, DisplayKey: "tenant:acme", KeyHash: key.KeyHash,
 		MaxActive: 1, MaxQueuedPerKey: 2,
 		Active: []ActiveSlot{{JobID: "j1", SlotToken: "tok-1", InstanceID: "inst-a", StartedAt: rt0, HeartbeatAt: rt0,
 			LeaseExpiresAt: rt0.Add(120 * time.Second), Tries: 1, Context: rctx("j1")}},
 		Queued:    []QueuedJob{rq("j2", rt0)},
 		UpdatedAt: rt0}
 	require.Equal(t, string(encodeState(t, want)), string(bytes1))
-	require.Equal(t, Lease{Service: "determinism", JobType: cJobType, JobID: "j1", Key: "tenant:acme", KeyHash: key.KeyHash,
+	require.Equal(t, Lease{Service: "determinism", JobType: cJobType, JobID: "j1", DisplayKey: "tenant:acme", KeyHash: key.KeyHash,
 		SlotToken: "tok-1", Policy: np, LeaseExpiresAt: rt0.Add(120 * time.Second)}, lease)
 }
 
@@ -761,7 +761,7 @@ func TestCoordinatorRejectsBadInputBeforeIO(t *testing.T) {
 	np, _ := p.Normalize()
 	svc := "svc"
 	key := cKey(t, svc)
-	lease := Lease{Service: svc, JobType: cJobType, JobID: "j1", Key: key.Key, KeyHash: key.KeyHash, SlotToken: "tok", Policy: np}
+	lease := Lease{Service: svc, JobType: cJobType, JobID: "j1", DisplayKey: key.DisplayKey, KeyHash: key.KeyHash, SlotToken: "tok", Policy: np}
 	is := func(what string, err, want error) {
 		t.Helper()
 		require.True(t, errors.Is(err, want), "%s: want %v, got %v", what, want, err)
@@ -961,7 +961,7 @@ func TestCoordinatorContinuesStateWrittenByOthers(t *testing.T) {
 				require.NoError(t, err)
 				for _, slot := range orig.Active {
 					rel, err := c.Release(ctx, ReleaseRequest{Lease: Lease{Service: "fixtures", JobType: "sync", JobID: slot.JobID,
-						Key: key.Key, KeyHash: key.KeyHash, SlotToken: slot.SlotToken, Policy: np}})
+						DisplayKey: key.DisplayKey, KeyHash: key.KeyHash, SlotToken: slot.SlotToken, Policy: np}})
 					require.NoError(t, err)
 					require.Equal(t, KindReleased, rel.Kind, "release of the other side's slot %s", slot.JobID)
 				}

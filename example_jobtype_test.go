@@ -111,7 +111,7 @@ func ExampleJobType_Acquire() {
 		fmt.Println(err)
 		return
 	}
-	fmt.Println(acq.Kind, acq.Lease.JobID, acq.Lease.Key, acq.State.Active[0].Tries, acq.State.Active[0].InstanceID)
+	fmt.Println(acq.Kind, acq.Lease.JobID, acq.Lease.DisplayKey, acq.State.Active[0].Tries, acq.State.Active[0].InstanceID)
 	if _, err := jt.Release(ctx, acq.Lease); err != nil {
 		fmt.Println(err)
 	}

@@ -36,7 +36,7 @@ func ExampleRunner() {
 		}
 	}
 	render := func(ctx context.Context, lease jobkeys.Lease) error {
-		fmt.Println("rendering", lease.JobID, "of", lease.Key)
+		fmt.Println("rendering", lease.JobID, "of", lease.DisplayKey)
 		return nil
 	}
 

@@ -52,7 +52,7 @@ func ExampleSweeper() {
 
 	sweeper, err := jobkeys.NewSweeper(jt, time.Minute, func(rep jobkeys.SweepReport, err error) {
 		for _, s := range rep.Removed {
-			fmt.Println("removed", s.Slot.JobID, "of", s.Slot.InstanceID, "from key", s.Key)
+			fmt.Println("removed", s.Slot.JobID, "of", s.Slot.InstanceID, "from key", s.DisplayKey)
 		}
 		fmt.Println("keys:", rep.Keys, "deleted:", rep.Deleted, "error:", err)
 		cancel() // one sweep is enough here

@@ -39,7 +39,7 @@ func Example() {
 		if err != nil {
 			fmt.Println(err)
 		}
-		fmt.Println("acquire", id, acq.Key, outcome(acq.Kind, acq.Reason))
+		fmt.Println("acquire", id, acq.DisplayKey, outcome(acq.Kind, acq.Reason))
 		return acq
 	}
 	first := acquire("job-1")

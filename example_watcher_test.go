@@ -50,7 +50,7 @@ func ExampleWatcher() {
 		}
 	}
 	<-sub.Changed()
-	fmt.Println("key", key.Key, "changed")
+	fmt.Println("key", key.DisplayKey, "changed")
 
 	// A Runner with the watcher waits for the key to change.
 	blocked := make(chan jobkeys.Reason, 1)

@@ -150,7 +150,7 @@ func FuzzDeriveKey(f *testing.F) {
 		if policyOK && checkJSONText(text) == nil && encodingJSONAgrees(text) {
 			key, keyHash, ok := oracleKey(t, text, template)
 			require.Equal(t, ok, err == nil, "DeriveKey(%q, %q) = %v, but encoding/json resolves ok=%v", payload, template, err, ok)
-			require.False(t, ok && (k.Key != key || k.KeyHash != keyHash), "DeriveKey(%q, %q) = %q %s, encoding/json oracle = %q %s", payload, template, k.Key, k.KeyHash, key, keyHash)
+			require.False(t, ok && (k.DisplayKey != key || k.KeyHash != keyHash), "DeriveKey(%q, %q) = %q %s, encoding/json oracle = %q %s", payload, template, k.DisplayKey, k.KeyHash, key, keyHash)
 		}
 		if err != nil {
 			return
@@ -164,11 +164,11 @@ func FuzzDeriveKey(f *testing.F) {
 		for i, seg := range template {
 			one, err := DeriveKey("svc", "job", payload, []string{seg})
 			require.NoError(t, err, "segment %q alone", seg)
-			parts[i] = one.Key
+			parts[i] = one.DisplayKey
 		}
-		require.Equal(t, strings.Join(parts, ":"), k.Key, "Key is not the join of its segments")
+		require.Equal(t, strings.Join(parts, ":"), k.DisplayKey, "Key is not the join of its segments")
 		if !surrogateEscape.Match(payload) {
-			require.True(t, utf8.ValidString(k.Key), "Key %q is not valid UTF-8 though the payload has no surrogate escapes", k.Key)
+			require.True(t, utf8.ValidString(k.DisplayKey), "Key %q is not valid UTF-8 though the payload has no surrogate escapes", k.DisplayKey)
 		}
 	})
 }

@@ -22,7 +22,7 @@ type KeyInfo struct {
 	KVKey string // the KV key, "<service>.<jobType>.<keyHash>"
 	Inspection
 
-	Key        string // the display key
+	DisplayKey string // the display key
 	Active     int    // slots held, expired ones included
 	MaxActive  int    // the MaxActive the state was last written under
 	Queued     int    // jobs waiting
@@ -63,7 +63,7 @@ func keyInfo(kvKey string, in Inspection, now time.Time) KeyInfo {
 	if st == nil {
 		return info
 	}
-	info.Key = st.Key
+	info.DisplayKey = st.DisplayKey
 	info.Active, info.MaxActive = len(st.Active), st.MaxActive
 	info.Queued, info.MaxQueued = len(st.Queued), st.MaxQueuedPerKey
 	info.QueueLimit = st.MaxQueuedPerKey + max(0, st.MaxActive-len(st.Active))
@@ -87,13 +87,13 @@ func keyInfo(kvKey string, in Inspection, now time.Time) KeyInfo {
 // when jobType is ""), sorted by KV key, each with its occupancy. A key whose
 // value is corrupt or belongs to another key is listed with its Problem, not
 // an error of the listing; a key deleted between listing and reading is left
-// out. The store must list keys (implement [KeyLister], as [NATSStore] and
+// out. The store must list keys (implement [ListableStore], as [NATSStore] and
 // [MemoryStore] do); otherwise the error wraps [ErrInvalidRequest]. A missing
 // bucket is an error wrapping [ErrBucketNotFound].
 func (c *KeyCoordinator) InspectKeys(ctx context.Context, service, jobType string) ([]KeyInfo, error) {
-	lister, ok := c.store.(KeyLister)
+	lister, ok := c.store.(ListableStore)
 	if !ok {
-		return nil, fmt.Errorf("%w: store %T cannot list keys (it does not implement KeyLister)", ErrInvalidRequest, c.store)
+		return nil, fmt.Errorf("%w: store %T cannot list keys (it does not implement ListableStore)", ErrInvalidRequest, c.store)
 	}
 	kvKeys, err := lister.ListKeys(ctx, service, jobType)
 	if err != nil {
@@ -231,17 +231,17 @@ func (o occupancy) equal(p occupancy) bool {
 // expiring, which writes nothing (compare [KeyInfo.ExpiredSlots] of the
 // next event). Rapid writes to one key may be seen as one change.
 //
-// The store must watch and list keys ([KeyWatcher], [KeyLister]). The watch
+// The store must watch and list keys ([WatchableStore], [ListableStore]). The watch
 // runs until ctx ends or the store stops watching; Changes is closed then. A
 // consumer that does not keep up holds up the watch, not the store's
 // writers.
 func (c *KeyCoordinator) WatchOccupancy(ctx context.Context, service, jobType string) (*OccupancyWatch, error) {
-	watcher, ok := c.store.(KeyWatcher)
+	watcher, ok := c.store.(WatchableStore)
 	if !ok {
-		return nil, fmt.Errorf("%w: store %T cannot watch keys (it does not implement KeyWatcher)", ErrInvalidRequest, c.store)
+		return nil, fmt.Errorf("%w: store %T cannot watch keys (it does not implement WatchableStore)", ErrInvalidRequest, c.store)
 	}
-	if _, ok := c.store.(KeyLister); !ok {
-		return nil, fmt.Errorf("%w: store %T cannot list keys (it does not implement KeyLister)", ErrInvalidRequest, c.store)
+	if _, ok := c.store.(ListableStore); !ok {
+		return nil, fmt.Errorf("%w: store %T cannot list keys (it does not implement ListableStore)", ErrInvalidRequest, c.store)
 	}
 	wctx, cancel := context.WithCancel(ctx)
 	p := &pendingKeys{signal: make(chan struct{}, 1), seen: make(map[string]bool)}

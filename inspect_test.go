@@ -87,7 +87,7 @@ func TestInspectKeys(t *testing.T) {
 					byKey["corrupt"] = in
 					continue
 				}
-				byKey[in.Key] = in
+				byKey[in.DisplayKey] = in
 			}
 			require.Len(t, infos, 5, "idle, full, expired, other-full and the corrupt key; not the other job type")
 			for i := 1; i < len(infos); i++ {
@@ -238,7 +238,7 @@ func ExampleKeyCoordinator_InspectKeys() {
 	}
 	for _, k := range keys {
 		fmt.Printf("%s active %d/%d queued %d/%d next expiry %s\n",
-			k.Key, k.Active, k.MaxActive, k.Queued, k.QueueLimit, k.NextLeaseExpiry.Format(time.TimeOnly))
+			k.DisplayKey, k.Active, k.MaxActive, k.Queued, k.QueueLimit, k.NextLeaseExpiry.Format(time.TimeOnly))
 	}
 	// Output:
 	// a-42 active 1/1 queued 1/2 next expiry 10:02:00
@@ -271,7 +271,7 @@ func ExampleKeyCoordinator_WatchOccupancy() {
 	}
 	print := func() {
 		ch := <-w.Changes()
-		fmt.Printf("%s initial=%t deleted=%t active %d queued %d\n", ch.Info.Key, ch.Initial, ch.Deleted, ch.Info.Active, ch.Info.Queued)
+		fmt.Printf("%s initial=%t deleted=%t active %d queued %d\n", ch.Info.DisplayKey, ch.Initial, ch.Deleted, ch.Info.Active, ch.Info.Queued)
 	}
 	print()
 	acq, err := jt.Acquire(ctx, "sync-1", payload)
@@ -308,10 +308,10 @@ func TestInspectNeedsCapabilities(t *testing.T) {
 	coord := cCoordinator(t, plain, nil)
 	_, err := coord.InspectKeys(ctx, "svc", "render")
 	require.ErrorIs(t, err, ErrInvalidRequest)
-	assert.Contains(t, err.Error(), "KeyLister")
+	assert.Contains(t, err.Error(), "ListableStore")
 	_, err = coord.WatchOccupancy(ctx, "svc", "render")
 	require.ErrorIs(t, err, ErrInvalidRequest)
-	assert.Contains(t, err.Error(), "KeyWatcher")
+	assert.Contains(t, err.Error(), "WatchableStore")
 	_, err = cCoordinator(t, NewMemoryStore(), nil).InspectKeys(ctx, "svc", "a.b")
 	require.ErrorIs(t, err, ErrInvalidName)
 }

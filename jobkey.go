@@ -26,14 +26,14 @@ type JobKey struct {
 	// JobType is the type of the job, the second token of KVKey.
 	JobType string
 
-	// Key is the display key: the template's segments joined with ":", each
+	// DisplayKey is the display key: the template's segments joined with ":", each
 	// literal as written and each pointer's value as JavaScript's String(v)
-	// prints it. Different templates and payloads can give the same Key (a
+	// prints it. Different templates and payloads can give the same DisplayKey (a
 	// segment may contain ":", and "42" prints as the number 42 does), so it
 	// is for people, not for identity. It is valid UTF-8 unless a payload
 	// string held a lone surrogate escape such as "\ud800": JavaScript keeps
-	// that, and so does Key, encoded as WTF-8 (three bytes ED A0 80).
-	Key string
+	// that, and so does DisplayKey, encoded as WTF-8 (three bytes ED A0 80).
+	DisplayKey string
 
 	// KeyHash is the lowercase hex SHA-256 of the bytes JavaScript's
 	// JSON.stringify({version: 1, segments}) writes for the key's segments,
@@ -172,11 +172,11 @@ func deriveKey(service, jobType string, payload any, template []string) (JobKey,
 	kv.Write(hexSum[:])
 	kvKey := kv.String()
 	return JobKey{
-		Service: service,
-		JobType: jobType,
-		Key:     string(key),
-		KeyHash: kvKey[len(kvKey)-2*len(sum):],
-		KVKey:   kvKey,
+		Service:    service,
+		JobType:    jobType,
+		DisplayKey: string(key),
+		KeyHash:    kvKey[len(kvKey)-2*len(sum):],
+		KVKey:      kvKey,
 	}, nil
 }
 

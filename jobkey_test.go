@@ -81,7 +81,7 @@ func (v keyVector) check(t *testing.T, payload any) {
 		require.NoError(t, err)
 		wantKey = string(b)
 	}
-	want := JobKey{Service: v.Service, JobType: v.JobType, Key: wantKey, KeyHash: v.KeyHash, KVKey: v.KVKey}
+	want := JobKey{Service: v.Service, JobType: v.JobType, DisplayKey: wantKey, KeyHash: v.KeyHash, KVKey: v.KVKey}
 	assert.Equal(t, want, got, v.Name)
 }
 

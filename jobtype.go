@@ -133,10 +133,10 @@ func (jt *JobType) Renew(ctx context.Context, lease Lease) (Renewal, error) {
 // (KindStaleCompletion) when the slot was gone already (taken over or swept
 // after the lease expired). A lease of another job type is an error
 // wrapping [ErrInvalidRequest].
-func (jt *JobType) Release(ctx context.Context, lease Lease) (Release, error) {
+func (jt *JobType) Release(ctx context.Context, lease Lease) (ReleaseOutcome, error) {
 	lease, err := jt.own(lease)
 	if err != nil {
-		return Release{}, err
+		return ReleaseOutcome{}, err
 	}
 	return jt.coord.Release(ctx, ReleaseRequest{Lease: lease})
 }

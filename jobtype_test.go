@@ -46,7 +46,7 @@ func TestJobTypeChecksOnce(t *testing.T) {
 	assert.Equal(t, []string{"tenant", "/tenant"}, jt.Policy().Key)
 	adm, err := jt.Admit(context.Background(), "job-1", []byte(`{"tenant":"acme"}`))
 	require.NoError(t, err)
-	assert.Equal(t, "tenant:acme", adm.Key)
+	assert.Equal(t, "tenant:acme", adm.DisplayKey)
 }
 
 func TestJobTypeBadCalls(t *testing.T) {
@@ -277,5 +277,5 @@ func TestJobTypeLeaseIsTheCallers(t *testing.T) {
 	assert.Equal(t, []string{"/tenant"}, jt.Policy().Key)
 	key, err := jt.Key(rtPayload)
 	require.NoError(t, err)
-	assert.Equal(t, "acme", key.Key)
+	assert.Equal(t, "acme", key.DisplayKey)
 }

@@ -102,7 +102,7 @@ type linOutput struct {
 	admission   Admission
 	acquisition Acquisition
 	renewal     Renewal
-	release     Release
+	release     ReleaseOutcome
 	removal     Removal
 	restoration Restoration
 }
@@ -374,7 +374,7 @@ func (c *linClient) drain(t testing.TB, ctx context.Context) {
 			switch {
 			case len(st.Active) > 0:
 				a := st.Active[0]
-				c.release(ctx, k, Lease{Service: st.Service, JobType: st.JobType, JobID: a.JobID, Key: st.Key,
+				c.release(ctx, k, Lease{Service: st.Service, JobType: st.JobType, JobID: a.JobID, DisplayKey: st.DisplayKey,
 					KeyHash: st.KeyHash, SlotToken: a.SlotToken, Policy: key.policy})
 			case len(st.Queued) > 0:
 				out := c.acquire(ctx, k, st.Queued[0].JobID, false, 1, TraceContext{})

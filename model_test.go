@@ -531,7 +531,7 @@ func reliabilityLong() bool { return os.Getenv("JOBKEYS_LONG") == "1" }
 
 // ---- the model test ----
 
-var modelKey = JobKey{Service: "svc", JobType: "type", Key: "tenant:7",
+var modelKey = JobKey{Service: "svc", JobType: "type", DisplayKey: "tenant:7",
 	KeyHash: strings.Repeat("ab", 32), KVKey: "svc.type." + strings.Repeat("ab", 32)}
 
 // modelRun holds one random sequence: the policy family, the state as the
@@ -648,7 +648,7 @@ func (r *modelRun) leaseFor(t testing.TB) Lease {
 		l.JobID = r.job()
 		return l
 	}
-	return Lease{Service: modelKey.Service, JobType: modelKey.JobType, JobID: r.job(), Key: modelKey.Key,
+	return Lease{Service: modelKey.Service, JobType: modelKey.JobType, JobID: r.job(), DisplayKey: modelKey.DisplayKey,
 		KeyHash: modelKey.KeyHash, SlotToken: fmt.Sprintf("tok-%d", r.pick(r.tokens+1)), Policy: pol}
 }
 

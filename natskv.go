@@ -25,7 +25,7 @@ const headerAllowance = 256
 
 // NATSStore is a [Store] over NATS JetStream KV: service S lives in bucket
 // "JOBS_KEYS_S" (stream "KV_JOBS_KEYS_S"). Buckets are opened on first use
-// and cached. It also implements [KeyWatcher] and [KeyLister]. A NATSStore
+// and cached. It also implements [WatchableStore] and [ListableStore]. A NATSStore
 // is safe for concurrent use; create it with [NewNATSStore].
 //
 // On a replicated bucket, Get reads through the stream leader

@@ -330,12 +330,12 @@ func runConcurrentWorkers(t *testing.T, n *jkNATS, run concurrentRun) {
 					blocked.Add(1)
 					nap()
 				}
-				counter, _ := running.LoadOrStore(lease.Key, new(atomic.Int64))
+				counter, _ := running.LoadOrStore(lease.DisplayKey, new(atomic.Int64))
 				now := counter.(*atomic.Int64).Add(1)
 				for m := maxSeen.Load(); now > m && !maxSeen.CompareAndSwap(m, now); m = maxSeen.Load() {
 				}
 				if now > int64(p.MaxActive) {
-					fail(fmt.Errorf("worker %d: %d jobs running on key %q at once (MaxActive %d)", wi, now, lease.Key, p.MaxActive))
+					fail(fmt.Errorf("worker %d: %d jobs running on key %q at once (MaxActive %d)", wi, now, lease.DisplayKey, p.MaxActive))
 				}
 				time.Sleep(time.Duration(200+rng.IntN(800)) * time.Microsecond) // the job's work
 				counter.(*atomic.Int64).Add(-1)

@@ -13,15 +13,15 @@ import (
 // keys.
 
 var (
-	_ KeyWatcher = (*NATSStore)(nil)
-	_ KeyLister  = (*NATSStore)(nil)
+	_ WatchableStore = (*NATSStore)(nil)
+	_ ListableStore  = (*NATSStore)(nil)
 )
 
 // natsWatchDrainTimeout bounds how long stopping a KV watch waits for the
 // client library to close its channel.
 const natsWatchDrainTimeout = 10 * time.Second
 
-// WatchKeys implements [KeyWatcher] with one JetStream KV watch (an ordered
+// WatchKeys implements [WatchableStore] with one JetStream KV watch (an ordered
 // push consumer) that delivers only new changes and no values. A watch the
 // server refuses (no permission to create the consumer or to subscribe to
 // its delivery subject) fails with an error wrapping [ErrPermission].
@@ -121,7 +121,7 @@ func stopNATSWatch(kw jetstream.KeyWatcher, cancel func()) {
 	}
 }
 
-// ListKeys implements [KeyLister]: it reads the last entry of every key of
+// ListKeys implements [ListableStore]: it reads the last entry of every key of
 // the selection (headers only) and leaves out deleted keys.
 //
 // It does not use jetstream's KeyValue.ListKeysFiltered, which runs the same

@@ -11,7 +11,7 @@ import (
 // opDoc is a valid state document for key holding queued jobs ids,
 // changed by f.
 func opDoc(key JobKey, f func(*KeyState), ids ...string) []byte {
-	s := &KeyState{Version: 1, Service: key.Service, JobType: key.JobType, Key: key.Key, KeyHash: key.KeyHash,
+	s := &KeyState{Version: 1, Service: key.Service, JobType: key.JobType, DisplayKey: key.DisplayKey, KeyHash: key.KeyHash,
 		MaxActive: 1, MaxQueuedPerKey: 4, UpdatedAt: rt0}
 	for _, id := range ids {
 		s.Queued = append(s.Queued, rq(id, rt0))

@@ -57,9 +57,9 @@ type ReplacedJob struct {
 
 // Admission is the outcome of Admit.
 type Admission struct {
-	Kind    Kind   // accepted, rejected, coalesced or replaced
-	Key     string // display key
-	KeyHash string // the key hash
+	Kind       Kind   // accepted, rejected, coalesced or replaced
+	DisplayKey string // display key
+	KeyHash    string // the key hash
 	// AlreadyPresent is set with KindAccepted when the job id was already
 	// queued or active: no second entry was added.
 	AlreadyPresent bool
@@ -75,9 +75,9 @@ type Admission struct {
 
 // Acquisition is the outcome of Acquire.
 type Acquisition struct {
-	Kind    Kind   // acquired or blocked
-	Key     string // display key
-	KeyHash string // the key hash
+	Kind       Kind   // acquired or blocked
+	DisplayKey string // display key
+	KeyHash    string // the key hash
 	// Lease is the slot's lease (KindAcquired): pass it to Renew and Release.
 	Lease Lease
 	// Stale lists expired slots of other jobs that this acquisition dropped
@@ -114,7 +114,7 @@ type Lease struct {
 	Service        string    // the job's service
 	JobType        string    // the job's type
 	JobID          string    // the job holding the slot
-	Key            string    // display key
+	DisplayKey     string    // display key
 	KeyHash        string    // the key hash
 	SlotToken      string    // the slot's token; Renew and Release must present it
 	Policy         Policy    // the normalized policy the slot was acquired under
@@ -128,8 +128,8 @@ type Renewal struct {
 	State          *KeyState // the new key state (KindRenewed), else nil
 }
 
-// Release is the outcome of Release.
-type Release struct {
+// ReleaseOutcome is the outcome of ReleaseOutcome.
+type ReleaseOutcome struct {
 	Kind  Kind      // released or stale-completion
 	State *KeyState // the new key state when it changed, else nil
 }
@@ -154,7 +154,7 @@ func emptyState(key JobKey, policy Policy, now time.Time) *KeyState {
 		Version:         StateVersion,
 		Service:         key.Service,
 		JobType:         key.JobType,
-		Key:             key.Key,
+		DisplayKey:      key.DisplayKey,
 		KeyHash:         key.KeyHash,
 		MaxActive:       policy.MaxActive,
 		MaxQueuedPerKey: policy.MaxQueuedPerKey,
@@ -195,7 +195,7 @@ func ReduceAdmission(state *KeyState, key JobKey, req AdmitRequest, policy Polic
 	if state == nil {
 		state = emptyState(key, policy, now)
 	}
-	out := Admission{Key: state.Key, KeyHash: state.KeyHash}
+	out := Admission{DisplayKey: state.DisplayKey, KeyHash: state.KeyHash}
 	if indexQueued(state.Queued, req.JobID) >= 0 || indexActive(state.Active, req.JobID) >= 0 {
 		out.Kind, out.AlreadyPresent = KindAccepted, true
 		return out
@@ -305,7 +305,7 @@ func ReduceAcquire(state *KeyState, key JobKey, req AcquireRequest, policy Polic
 	if base == nil {
 		base = emptyState(key, policy, now)
 	}
-	out := Acquisition{Key: base.Key, KeyHash: base.KeyHash}
+	out := Acquisition{DisplayKey: base.DisplayKey, KeyHash: base.KeyHash}
 	if state != nil && (state.MaxActive != policy.MaxActive || state.MaxQueuedPerKey != policy.MaxQueuedPerKey) {
 		out.StoredLimits = &Limits{MaxActive: state.MaxActive, MaxQueuedPerKey: state.MaxQueuedPerKey}
 	}
@@ -392,7 +392,7 @@ func ReduceAcquire(state *KeyState, key JobKey, req AcquireRequest, policy Polic
 	out.Kind, out.State = KindAcquired, next
 	out.Lease = Lease{
 		Service: next.Service, JobType: next.JobType, JobID: req.JobID,
-		Key: next.Key, KeyHash: next.KeyHash, SlotToken: slotToken,
+		DisplayKey: next.DisplayKey, KeyHash: next.KeyHash, SlotToken: slotToken,
 		Policy: policy, LeaseExpiresAt: expires,
 	}
 	return out
@@ -423,10 +423,10 @@ func ReduceRenew(state *KeyState, lease Lease, now time.Time) Renewal {
 
 // ReduceRelease frees the slot that matches lease.JobID and
 // lease.SlotToken, or reports a stale completion when it is gone. Pure.
-func ReduceRelease(state *KeyState, lease Lease, now time.Time) Release {
+func ReduceRelease(state *KeyState, lease Lease, now time.Time) ReleaseOutcome {
 	now = jsNow(now)
 	if state == nil {
-		return Release{Kind: KindStaleCompletion}
+		return ReleaseOutcome{Kind: KindStaleCompletion}
 	}
 	for i := range state.Active {
 		slot := &state.Active[i]
@@ -436,9 +436,9 @@ func ReduceRelease(state *KeyState, lease Lease, now time.Time) Release {
 		next := state.clone()
 		next.Active = append(next.Active[:i], next.Active[i+1:]...)
 		next.UpdatedAt = now
-		return Release{Kind: KindReleased, State: next}
+		return ReleaseOutcome{Kind: KindReleased, State: next}
 	}
-	return Release{Kind: KindStaleCompletion}
+	return ReleaseOutcome{Kind: KindStaleCompletion}
 }
 
 // ReduceRemoveQueued removes job jobID from the queue, or reports it not

@@ -22,11 +22,11 @@ func rsec(n float64) time.Time { return rt0.Add(time.Duration(n * float64(time.S
 
 // rtKey is the derived key every table uses (the fixtures' key).
 var rtKey = JobKey{
-	Service: "fixtures",
-	JobType: "sync",
-	Key:     "tenant:acme",
-	KeyHash: "ebb59034518f7fd88ce5dfb2f428936d4972e4e4ee9108c05eabcdfb3876d3b3",
-	KVKey:   "fixtures.sync.ebb59034518f7fd88ce5dfb2f428936d4972e4e4ee9108c05eabcdfb3876d3b3",
+	Service:    "fixtures",
+	JobType:    "sync",
+	DisplayKey: "tenant:acme",
+	KeyHash:    "ebb59034518f7fd88ce5dfb2f428936d4972e4e4ee9108c05eabcdfb3876d3b3",
+	KVKey:      "fixtures.sync.ebb59034518f7fd88ce5dfb2f428936d4972e4e4ee9108c05eabcdfb3876d3b3",
 }
 
 func rctx(id string) TraceContext {
@@ -56,7 +56,7 @@ func rdead(id, tok string) ActiveSlot { return rslot(id, tok, rsec(-200), rsec(-
 func rstate(maxActive, maxQueued int, active []ActiveSlot, queued []QueuedJob) *KeyState {
 	return &KeyState{
 		Version: StateVersion, Service: rtKey.Service, JobType: rtKey.JobType,
-		Key: rtKey.Key, KeyHash: rtKey.KeyHash, MaxActive: maxActive, MaxQueuedPerKey: maxQueued,
+		DisplayKey: rtKey.DisplayKey, KeyHash: rtKey.KeyHash, MaxActive: maxActive, MaxQueuedPerKey: maxQueued,
 		Active: active, Queued: queued, StaleTakeoverCount: 0, UpdatedAt: rsec(-1),
 	}
 }
@@ -153,7 +153,7 @@ func runPure(t testing.TB, in *KeyState, reduce func(*KeyState) *KeyState) {
 // with the fields the TS outcome carries (plus Key and KeyHash as Go sets them).
 
 func tsEmptyState(key JobKey, p Policy, now time.Time) *KeyState {
-	return &KeyState{Version: 1, Service: key.Service, JobType: key.JobType, Key: key.Key,
+	return &KeyState{Version: 1, Service: key.Service, JobType: key.JobType, DisplayKey: key.DisplayKey,
 		KeyHash: key.KeyHash, MaxActive: p.MaxActive, MaxQueuedPerKey: p.MaxQueuedPerKey,
 		Active: []ActiveSlot{}, Queued: []QueuedJob{}, StaleTakeoverCount: 0, UpdatedAt: now}
 }
@@ -176,7 +176,7 @@ func tsReduceAdmission(state *KeyState, key JobKey, req AdmitRequest, p Policy, 
 	queued := len(state.Queued)
 	queueLimit := p.MaxQueuedPerKey + max(0, p.MaxActive-active)
 	if queued < queueLimit {
-		return Admission{Kind: KindAccepted, Key: state.Key, KeyHash: state.KeyHash,
+		return Admission{Kind: KindAccepted, DisplayKey: state.DisplayKey, KeyHash: state.KeyHash,
 			State: tsAppendQueued(state, req.JobID, req.Context, p, now)}
 	}
 	rejected := func() Admission {
@@ -184,7 +184,7 @@ func tsReduceAdmission(state *KeyState, key JobKey, req AdmitRequest, p Policy, 
 		if active >= p.MaxActive {
 			reason, limit = ReasonActiveLimit, p.MaxActive
 		}
-		return Admission{Kind: KindRejected, Key: state.Key, KeyHash: state.KeyHash, Reason: reason,
+		return Admission{Kind: KindRejected, DisplayKey: state.DisplayKey, KeyHash: state.KeyHash, Reason: reason,
 			Active: active, Queued: queued, Limit: limit}
 	}
 	if req.StrictCreate {
@@ -198,14 +198,14 @@ func tsReduceAdmission(state *KeyState, key JobKey, req AdmitRequest, p Policy, 
 			existing = state.Active[0].JobID
 		}
 		if existing != "" {
-			return Admission{Kind: KindCoalesced, Key: state.Key, KeyHash: state.KeyHash, Reason: reason,
+			return Admission{Kind: KindCoalesced, DisplayKey: state.DisplayKey, KeyHash: state.KeyHash, Reason: reason,
 				Existing: &JobRef{Service: state.Service, JobType: state.JobType, ID: existing}}
 		}
 	}
 	if p.WhenFull == ReplaceOldest && len(state.Queued) > 0 {
 		replaced := state.Queued[0]
 		remaining := rwith(state, func(s *KeyState) { s.Queued = append([]QueuedJob{}, state.Queued[1:]...) })
-		return Admission{Kind: KindReplaced, Key: state.Key, KeyHash: state.KeyHash,
+		return Admission{Kind: KindReplaced, DisplayKey: state.DisplayKey, KeyHash: state.KeyHash,
 			Replaced: &ReplacedJob{JobRef: JobRef{Service: state.Service, JobType: state.JobType, ID: replaced.JobID},
 				CreatedAt: replaced.CreatedAt, RequestID: replaced.RequestID, Context: replaced.Context},
 			State: tsAppendQueued(remaining, req.JobID, req.Context, p, now)}
@@ -217,7 +217,7 @@ func tsReduceRestoreReplaced(state *KeyState, key JobKey, req RestoreRequest, p 
 	now = now.UTC().Truncate(time.Millisecond)
 	base := state
 	if base == nil {
-		base = tsEmptyState(JobKey{Service: req.Replaced.Service, JobType: req.Replaced.JobType, Key: key.Key, KeyHash: key.KeyHash}, p, now)
+		base = tsEmptyState(JobKey{Service: req.Replaced.Service, JobType: req.Replaced.JobType, DisplayKey: key.DisplayKey, KeyHash: key.KeyHash}, p, now)
 	}
 	var without []QueuedJob
 	for _, e := range base.Queued {
@@ -258,7 +258,7 @@ func tsReduceAcquire(state *KeyState, key JobKey, req AcquireRequest, p Policy, 
 		}
 	}
 	blocked := func(reason Reason, active, limit int) Acquisition {
-		return Acquisition{Kind: KindBlocked, Key: base.Key, KeyHash: base.KeyHash, Reason: reason,
+		return Acquisition{Kind: KindBlocked, DisplayKey: base.DisplayKey, KeyHash: base.KeyHash, Reason: reason,
 			Active: active, Queued: len(base.Queued), Limit: limit}
 	}
 	if len(expired) > 0 && p.StalePolicy == Block && len(base.Active) >= p.MaxActive {
@@ -297,7 +297,7 @@ func tsReduceAcquire(state *KeyState, key JobKey, req AcquireRequest, p Policy, 
 		s.StaleTakeoverCount = base.StaleTakeoverCount + len(expired)
 		s.UpdatedAt = nowMs
 	})
-	out := Acquisition{Kind: KindAcquired, Key: base.Key, KeyHash: base.KeyHash, State: next,
+	out := Acquisition{Kind: KindAcquired, DisplayKey: base.DisplayKey, KeyHash: base.KeyHash, State: next,
 		Lease: Lease{SlotToken: slotToken}}
 	if p.StalePolicy == FailStale {
 		out.Stale = expired
@@ -346,9 +346,9 @@ func tsReduceRenew(state *KeyState, jobID, slotToken string, now time.Time, p Po
 	return Renewal{Kind: KindRenewed, State: rwith(state, func(s *KeyState) { s.Active, s.UpdatedAt = active, nowMs })}
 }
 
-func tsReduceRelease(state *KeyState, jobID, slotToken string, now time.Time) Release {
+func tsReduceRelease(state *KeyState, jobID, slotToken string, now time.Time) ReleaseOutcome {
 	if state == nil {
-		return Release{Kind: KindStaleCompletion}
+		return ReleaseOutcome{Kind: KindStaleCompletion}
 	}
 	var next []ActiveSlot
 	for _, s := range state.Active {
@@ -357,9 +357,9 @@ func tsReduceRelease(state *KeyState, jobID, slotToken string, now time.Time) Re
 		}
 	}
 	if len(next) == len(state.Active) {
-		return Release{Kind: KindStaleCompletion}
+		return ReleaseOutcome{Kind: KindStaleCompletion}
 	}
-	return Release{Kind: KindReleased, State: rwith(state, func(s *KeyState) {
+	return ReleaseOutcome{Kind: KindReleased, State: rwith(state, func(s *KeyState) {
 		s.Active, s.UpdatedAt = next, now.UTC().Truncate(time.Millisecond)
 	})}
 }
@@ -377,7 +377,7 @@ type admissionView struct {
 }
 
 func viewAdmission(a Admission) admissionView {
-	return admissionView{a.Kind, a.Key, a.Reason, a.Active, a.Queued, a.Limit, a.Existing, a.Replaced, normState(a.State)}
+	return admissionView{a.Kind, a.DisplayKey, a.Reason, a.Active, a.Queued, a.Limit, a.Existing, a.Replaced, normState(a.State)}
 }
 
 type acquisitionView struct {
@@ -395,7 +395,7 @@ func viewAcquisition(a Acquisition) acquisitionView {
 	if len(stale) == 0 {
 		stale = nil
 	}
-	return acquisitionView{a.Kind, a.Key, a.Reason, a.Active, a.Queued, a.Limit, a.Lease.SlotToken, stale, normState(a.State)}
+	return acquisitionView{a.Kind, a.DisplayKey, a.Reason, a.Active, a.Queued, a.Limit, a.Lease.SlotToken, stale, normState(a.State)}
 }
 
 // compareWithTS checks got against the TS original's outcome: equal when fix
@@ -427,20 +427,20 @@ func TestReduceAdmission(t *testing.T) {
 		return mustPolicy(t, Policy{MaxActive: active, MaxQueuedPerKey: queued, WhenFull: whenFull})
 	}
 	now := rsec(5)
-	key, hash := rtKey.Key, rtKey.KeyHash
+	key, hash := rtKey.DisplayKey, rtKey.KeyHash
 	ref := func(id string) *JobRef { return &JobRef{Service: rtKey.Service, JobType: rtKey.JobType, ID: id} }
 	cases := []tc{
 		{
 			name: "nil state: accepted, new state from the policy", policy: p(2, 1, Reject), job: "j1", now: now,
-			want: Admission{Kind: KindAccepted, Key: key, KeyHash: hash,
-				State: &KeyState{Version: 1, Service: "fixtures", JobType: "sync", Key: key, KeyHash: hash,
+			want: Admission{Kind: KindAccepted, DisplayKey: key, KeyHash: hash,
+				State: &KeyState{Version: 1, Service: "fixtures", JobType: "sync", DisplayKey: key, KeyHash: hash,
 					MaxActive: 2, MaxQueuedPerKey: 1, Queued: rqueue(rq("j1", now)), UpdatedAt: now}},
 		},
 		{
 			name: "below the limit: appended at the tail, limits from the policy, counters kept", policy: p(2, 1, Reject),
 			state: rwith(rstate(3, 0, rslots(rlive("a1", "t1")), rqueue(rq("j2", rsec(-3)))), func(s *KeyState) { s.StaleTakeoverCount = 4 }),
 			job:   "j3", now: now,
-			want: Admission{Kind: KindAccepted, Key: key, KeyHash: hash,
+			want: Admission{Kind: KindAccepted, DisplayKey: key, KeyHash: hash,
 				State: rwith(rstate(2, 1, rslots(rlive("a1", "t1")), rqueue(rq("j2", rsec(-3)), rq("j3", now))), func(s *KeyState) {
 					s.StaleTakeoverCount, s.UpdatedAt = 4, now
 				})},
@@ -448,115 +448,115 @@ func TestReduceAdmission(t *testing.T) {
 		{
 			name: "limit is maxQueued + free slots: 2+1 with none active takes a third", policy: p(2, 1, Reject),
 			state: rstate(2, 1, nil, rqueue(rq("j1", rsec(1)), rq("j2", rsec(2)))), job: "j3", now: now,
-			want: Admission{Kind: KindAccepted, Key: key, KeyHash: hash,
+			want: Admission{Kind: KindAccepted, DisplayKey: key, KeyHash: hash,
 				State: rwith(rstate(2, 1, nil, rqueue(rq("j1", rsec(1)), rq("j2", rsec(2)), rq("j3", now))), func(s *KeyState) { s.UpdatedAt = now })},
 		},
 		{
 			name: "limit is maxQueued + free slots: full at 3, strict: queue-depth", policy: p(2, 1, Reject),
 			state: rstate(2, 1, nil, rqueue(rq("j1", rsec(1)), rq("j2", rsec(2)), rq("j3", rsec(3)))), job: "j4", strict: true, now: now,
-			want: Admission{Kind: KindRejected, Key: key, KeyHash: hash, Reason: ReasonQueueDepth, Active: 0, Queued: 3, Limit: 3},
+			want: Admission{Kind: KindRejected, DisplayKey: key, KeyHash: hash, Reason: ReasonQueueDepth, Active: 0, Queued: 3, Limit: 3},
 		},
 		{
 			name: "a taken slot lowers the limit: 1+1 with one active", policy: p(2, 1, Reject),
 			state: rstate(2, 1, rslots(rlive("a1", "t1")), rqueue(rq("j1", rsec(1)), rq("j2", rsec(2)))), job: "j3", strict: true, now: now,
-			want: Admission{Kind: KindRejected, Key: key, KeyHash: hash, Reason: ReasonQueueDepth, Active: 1, Queued: 2, Limit: 2},
+			want: Admission{Kind: KindRejected, DisplayKey: key, KeyHash: hash, Reason: ReasonQueueDepth, Active: 1, Queued: 2, Limit: 2},
 		},
 		{
 			name: "more active than maxActive: free slots are max(0, ...), never negative", policy: p(2, 1, Reject),
 			state: rstate(3, 1, rslots(rlive("a1", "t1"), rlive("a2", "t2"), rlive("a3", "t3")), nil), job: "j1", now: now,
-			want: Admission{Kind: KindAccepted, Key: key, KeyHash: hash,
+			want: Admission{Kind: KindAccepted, DisplayKey: key, KeyHash: hash,
 				State: rwith(rstate(2, 1, rslots(rlive("a1", "t1"), rlive("a2", "t2"), rlive("a3", "t3")), rqueue(rq("j1", now))), func(s *KeyState) { s.UpdatedAt = now })},
 		},
 		{
 			name: "more active than maxActive and the queue at maxQueued: active-limit", policy: p(2, 1, Reject),
 			state: rstate(3, 1, rslots(rlive("a1", "t1"), rlive("a2", "t2"), rlive("a3", "t3")), rqueue(rq("j1", rsec(1)))), job: "j2", now: now,
-			want: Admission{Kind: KindRejected, Key: key, KeyHash: hash, Reason: ReasonActiveLimit, Active: 3, Queued: 1, Limit: 2},
+			want: Admission{Kind: KindRejected, DisplayKey: key, KeyHash: hash, Reason: ReasonActiveLimit, Active: 3, Queued: 1, Limit: 2},
 		},
 		{
 			name: "strict, every slot taken: active-limit with limit maxActive", policy: p(1, 1, Reject),
 			state: rstate(1, 1, rslots(rlive("a1", "t1")), rqueue(rq("j1", rsec(1)))), job: "j2", strict: true, now: now,
-			want: Admission{Kind: KindRejected, Key: key, KeyHash: hash, Reason: ReasonActiveLimit, Active: 1, Queued: 1, Limit: 1},
+			want: Admission{Kind: KindRejected, DisplayKey: key, KeyHash: hash, Reason: ReasonActiveLimit, Active: 1, Queued: 1, Limit: 1},
 		},
 		{
 			name: "strict never coalesces", policy: p(1, 1, Coalesce),
 			state: rstate(1, 1, rslots(rlive("a1", "t1")), rqueue(rq("j1", rsec(1)))), job: "j2", strict: true, now: now,
-			want: Admission{Kind: KindRejected, Key: key, KeyHash: hash, Reason: ReasonActiveLimit, Active: 1, Queued: 1, Limit: 1},
+			want: Admission{Kind: KindRejected, DisplayKey: key, KeyHash: hash, Reason: ReasonActiveLimit, Active: 1, Queued: 1, Limit: 1},
 		},
 		{
 			name: "strict never replaces", policy: p(2, 0, ReplaceOldest),
 			state: rstate(2, 0, rslots(rlive("a1", "t1")), rqueue(rq("j1", rsec(1)))), job: "j2", strict: true, now: now,
-			want: Admission{Kind: KindRejected, Key: key, KeyHash: hash, Reason: ReasonQueueDepth, Active: 1, Queued: 1, Limit: 1},
+			want: Admission{Kind: KindRejected, DisplayKey: key, KeyHash: hash, Reason: ReasonQueueDepth, Active: 1, Queued: 1, Limit: 1},
 		},
 		{
 			name: "coalesce into the oldest queued job: queue-full", policy: p(1, 2, Coalesce),
 			state: rstate(1, 2, rslots(rlive("a1", "t1")), rqueue(rq("j2", rsec(1)), rq("j3", rsec(2)))), job: "j4", now: now,
-			want: Admission{Kind: KindCoalesced, Key: key, KeyHash: hash, Reason: ReasonQueueFull, Existing: ref("j2")},
+			want: Admission{Kind: KindCoalesced, DisplayKey: key, KeyHash: hash, Reason: ReasonQueueFull, Existing: ref("j2")},
 		},
 		{
 			name: "coalesce with a free slot but a full queue: queue-full", policy: p(2, 0, Coalesce),
 			state: rstate(2, 0, rslots(rlive("a1", "t1")), rqueue(rq("j2", rsec(1)))), job: "j4", now: now,
-			want: Admission{Kind: KindCoalesced, Key: key, KeyHash: hash, Reason: ReasonQueueFull, Existing: ref("j2")},
+			want: Admission{Kind: KindCoalesced, DisplayKey: key, KeyHash: hash, Reason: ReasonQueueFull, Existing: ref("j2")},
 		},
 		{
 			name: "coalesce with an empty queue but an active slot: into the oldest active job, active-limit", policy: p(2, 0, Coalesce),
 			state: rstate(2, 0, rslots(rlive("a1", "t1"), rlive("a2", "t2")), nil), job: "j4", now: now,
-			want: Admission{Kind: KindCoalesced, Key: key, KeyHash: hash, Reason: ReasonActiveLimit, Existing: ref("a1")},
+			want: Admission{Kind: KindCoalesced, DisplayKey: key, KeyHash: hash, Reason: ReasonActiveLimit, Existing: ref("a1")},
 		},
 		{
 			name: "replace-oldest: the oldest queued job is dropped and reported, the new one queued at the tail", policy: p(1, 2, ReplaceOldest),
 			state: rstate(1, 2, rslots(rlive("a1", "t1")), rqueue(rq("j2", rsec(1)), rq("j3", rsec(2)))), job: "j4", now: now,
-			want: Admission{Kind: KindReplaced, Key: key, KeyHash: hash,
+			want: Admission{Kind: KindReplaced, DisplayKey: key, KeyHash: hash,
 				Replaced: &ReplacedJob{JobRef: *ref("j2"), CreatedAt: rsec(1), RequestID: "req-j2", Context: rctx("j2")},
 				State:    rwith(rstate(1, 2, rslots(rlive("a1", "t1")), rqueue(rq("j3", rsec(2)), rq("j4", now))), func(s *KeyState) { s.UpdatedAt = now })},
 		},
 		{
 			name: "replace-oldest with an empty queue: rejected active-limit", policy: p(1, 0, ReplaceOldest),
 			state: rstate(1, 0, rslots(rlive("a1", "t1")), nil), job: "j4", now: now,
-			want: Admission{Kind: KindRejected, Key: key, KeyHash: hash, Reason: ReasonActiveLimit, Active: 1, Queued: 0, Limit: 1},
+			want: Admission{Kind: KindRejected, DisplayKey: key, KeyHash: hash, Reason: ReasonActiveLimit, Active: 1, Queued: 0, Limit: 1},
 		},
 		{
 			name: "reject, non-strict, a slot free: queue-depth", policy: p(2, 0, Reject),
 			state: rstate(2, 0, rslots(rlive("a1", "t1")), rqueue(rq("j2", rsec(1)))), job: "j4", now: now,
-			want: Admission{Kind: KindRejected, Key: key, KeyHash: hash, Reason: ReasonQueueDepth, Active: 1, Queued: 1, Limit: 1},
+			want: Admission{Kind: KindRejected, DisplayKey: key, KeyHash: hash, Reason: ReasonQueueDepth, Active: 1, Queued: 1, Limit: 1},
 		},
 		{
 			name: "reject, non-strict, every slot taken: active-limit", policy: p(1, 1, Reject),
 			state: rstate(1, 1, rslots(rlive("a1", "t1")), rqueue(rq("j2", rsec(1)))), job: "j4", now: now,
-			want: Admission{Kind: KindRejected, Key: key, KeyHash: hash, Reason: ReasonActiveLimit, Active: 1, Queued: 1, Limit: 1},
+			want: Admission{Kind: KindRejected, DisplayKey: key, KeyHash: hash, Reason: ReasonActiveLimit, Active: 1, Queued: 1, Limit: 1},
 		},
 		{
 			name: "expired slots still count as active for admission", policy: mustPolicy(t, Policy{MaxActive: 1, StalePolicy: Block}),
 			state: rstate(1, 0, rslots(rdead("a1", "t1")), nil), job: "j4", now: now,
-			want: Admission{Kind: KindRejected, Key: key, KeyHash: hash, Reason: ReasonActiveLimit, Active: 1, Queued: 0, Limit: 1},
+			want: Admission{Kind: KindRejected, DisplayKey: key, KeyHash: hash, Reason: ReasonActiveLimit, Active: 1, Queued: 0, Limit: 1},
 		},
 		{
 			name: "now is cut to milliseconds as a JavaScript date", policy: p(1, 0, Reject), job: "j1", now: rsec(5).Add(999999 * time.Nanosecond),
-			want: Admission{Kind: KindAccepted, Key: key, KeyHash: hash,
-				State: &KeyState{Version: 1, Service: "fixtures", JobType: "sync", Key: key, KeyHash: hash,
+			want: Admission{Kind: KindAccepted, DisplayKey: key, KeyHash: hash,
+				State: &KeyState{Version: 1, Service: "fixtures", JobType: "sync", DisplayKey: key, KeyHash: hash,
 					MaxActive: 1, Queued: rqueue(rq("j1", rsec(5.000))), UpdatedAt: rsec(5)}},
 		},
 		{
 			name: "fix 1: a job already queued is not queued twice", policy: p(2, 2, Reject),
 			state: rstate(2, 2, nil, rqueue(rq("j1", rsec(1)))), job: "j1", now: now,
-			want: Admission{Kind: KindAccepted, Key: key, KeyHash: hash, AlreadyPresent: true},
+			want: Admission{Kind: KindAccepted, DisplayKey: key, KeyHash: hash, AlreadyPresent: true},
 			fix:  "fix 1",
 		},
 		{
 			name: "fix 1: a job already active is not queued", policy: p(2, 2, Reject),
 			state: rstate(2, 2, rslots(rlive("j1", "t1")), nil), job: "j1", now: now,
-			want: Admission{Kind: KindAccepted, Key: key, KeyHash: hash, AlreadyPresent: true},
+			want: Admission{Kind: KindAccepted, DisplayKey: key, KeyHash: hash, AlreadyPresent: true},
 			fix:  "fix 1",
 		},
 		{
 			name: "fix 1: a job already queued in a full queue is present, not rejected", policy: p(1, 0, Reject),
 			state: rstate(1, 0, rslots(rlive("a1", "t1")), rqueue(rq("j1", rsec(1)))), job: "j1", strict: true, now: now,
-			want: Admission{Kind: KindAccepted, Key: key, KeyHash: hash, AlreadyPresent: true},
+			want: Admission{Kind: KindAccepted, DisplayKey: key, KeyHash: hash, AlreadyPresent: true},
 			fix:  "fix 1",
 		},
 		{
 			name: "fix 1: replace-oldest does not replace a job with itself", policy: p(1, 0, ReplaceOldest),
 			state: rstate(1, 0, rslots(rlive("a1", "t1")), rqueue(rq("j1", rsec(1)))), job: "j1", now: now,
-			want: Admission{Kind: KindAccepted, Key: key, KeyHash: hash, AlreadyPresent: true},
+			want: Admission{Kind: KindAccepted, DisplayKey: key, KeyHash: hash, AlreadyPresent: true},
 			fix:  "fix 1",
 		},
 	}
@@ -623,7 +623,7 @@ func TestReduceAcquire(t *testing.T) {
 	block := func(active, queued int) Policy {
 		return mustPolicy(t, Policy{MaxActive: active, MaxQueuedPerKey: queued, StalePolicy: Block})
 	}
-	key, hash := rtKey.Key, rtKey.KeyHash
+	key, hash := rtKey.DisplayKey, rtKey.KeyHash
 	// newSlot is the slot the acquisition at rt0 creates for job id.
 	newSlot := func(id string) ActiveSlot {
 		return ActiveSlot{JobID: id, SlotToken: tok, InstanceID: "worker-b", StartedAt: rt0, HeartbeatAt: rt0,
@@ -631,12 +631,12 @@ func TestReduceAcquire(t *testing.T) {
 	}
 	acquired := func(p Policy, id string, next *KeyState, stale ...ActiveSlot) Acquisition {
 		next.UpdatedAt = rt0
-		return Acquisition{Kind: KindAcquired, Key: key, KeyHash: hash, State: next, Stale: stale,
-			Lease: Lease{Service: rtKey.Service, JobType: rtKey.JobType, JobID: id, Key: key, KeyHash: hash,
+		return Acquisition{Kind: KindAcquired, DisplayKey: key, KeyHash: hash, State: next, Stale: stale,
+			Lease: Lease{Service: rtKey.Service, JobType: rtKey.JobType, JobID: id, DisplayKey: key, KeyHash: hash,
 				SlotToken: tok, Policy: p, LeaseExpiresAt: rsec(120)}}
 	}
 	blocked := func(reason Reason, active, queued, limit int) Acquisition {
-		return Acquisition{Kind: KindBlocked, Key: key, KeyHash: hash, Reason: reason, Active: active, Queued: queued, Limit: limit}
+		return Acquisition{Kind: KindBlocked, DisplayKey: key, KeyHash: hash, Reason: reason, Active: active, Queued: queued, Limit: limit}
 	}
 	stale := func(s *KeyState, n int) *KeyState { s.StaleTakeoverCount = n; return s }
 	cases := []tc{
@@ -834,7 +834,7 @@ func TestReduceRenew(t *testing.T) {
 	p := mustPolicy(t, Policy{MaxActive: 2})
 	short := mustPolicy(t, Policy{MaxActive: 2, HeartbeatInterval: time.Second, HeartbeatTTL: 10 * time.Second})
 	lease := func(id, tok string, p Policy) Lease {
-		return Lease{Service: rtKey.Service, JobType: rtKey.JobType, JobID: id, Key: rtKey.Key, KeyHash: rtKey.KeyHash, SlotToken: tok, Policy: p}
+		return Lease{Service: rtKey.Service, JobType: rtKey.JobType, JobID: id, DisplayKey: rtKey.DisplayKey, KeyHash: rtKey.KeyHash, SlotToken: tok, Policy: p}
 	}
 	renewed := func(s ActiveSlot, ttl time.Duration) ActiveSlot {
 		s.HeartbeatAt, s.LeaseExpiresAt = rt0, rt0.Add(ttl)
@@ -888,22 +888,22 @@ func TestReduceRelease(t *testing.T) {
 		name  string
 		state *KeyState
 		lease Lease
-		want  Release
+		want  ReleaseOutcome
 	}{
-		{name: "nil state: stale completion", lease: lease("j1", "t2"), want: Release{Kind: KindStaleCompletion}},
+		{name: "nil state: stale completion", lease: lease("j1", "t2"), want: ReleaseOutcome{Kind: KindStaleCompletion}},
 		{name: "matching job and token: released, the rest kept", state: two, lease: lease("j1", "t2"),
-			want: Release{Kind: KindReleased, State: rwith(two, func(s *KeyState) { s.Active = rslots(rlive("a1", "t1")); s.UpdatedAt = rt0 })}},
-		{name: "same job, another token: stale completion", state: two, lease: lease("j1", "t1"), want: Release{Kind: KindStaleCompletion}},
-		{name: "same token, another job: stale completion", state: two, lease: lease("a9", "t2"), want: Release{Kind: KindStaleCompletion}},
+			want: ReleaseOutcome{Kind: KindReleased, State: rwith(two, func(s *KeyState) { s.Active = rslots(rlive("a1", "t1")); s.UpdatedAt = rt0 })}},
+		{name: "same job, another token: stale completion", state: two, lease: lease("j1", "t1"), want: ReleaseOutcome{Kind: KindStaleCompletion}},
+		{name: "same token, another job: stale completion", state: two, lease: lease("a9", "t2"), want: ReleaseOutcome{Kind: KindStaleCompletion}},
 		{name: "an expired slot not yet taken over is released", state: rstate(1, 0, rslots(rdead("j1", "t9")), nil), lease: lease("j1", "t9"),
-			want: Release{Kind: KindReleased, State: rwith(rstate(1, 0, nil, nil), func(s *KeyState) { s.UpdatedAt = rt0 })}},
+			want: ReleaseOutcome{Kind: KindReleased, State: rwith(rstate(1, 0, nil, nil), func(s *KeyState) { s.UpdatedAt = rt0 })}},
 		{name: "two slots of one job (TS-written): only the token's slot goes",
 			state: rstate(3, 0, rslots(rdead("j1", "t8"), rlive("j1", "t9")), nil), lease: lease("j1", "t9"),
-			want: Release{Kind: KindReleased, State: rwith(rstate(3, 0, rslots(rdead("j1", "t8")), nil), func(s *KeyState) { s.UpdatedAt = rt0 })}},
+			want: ReleaseOutcome{Kind: KindReleased, State: rwith(rstate(3, 0, rslots(rdead("j1", "t8")), nil), func(s *KeyState) { s.UpdatedAt = rt0 })}},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
-			var got Release
+			var got ReleaseOutcome
 			runPure(t, c.state, func(s *KeyState) *KeyState {
 				got = ReduceRelease(s, c.lease, rt0)
 				return got.State

@@ -18,7 +18,7 @@ type BlockedError struct {
 func (e *BlockedError) Error() string {
 	a := &e.Acquisition
 	return fmt.Sprintf("%v: job %q on key %q: %s (%d active, %d queued, limit %d)",
-		ErrBlocked, e.JobID, a.Key, a.Reason, a.Active, a.Queued, a.Limit)
+		ErrBlocked, e.JobID, a.DisplayKey, a.Reason, a.Active, a.Queued, a.Limit)
 }
 
 // Unwrap returns [ErrBlocked].
@@ -294,10 +294,10 @@ func (r *Runner) runHeld(ctx context.Context, acquired RunResult, deadline time.
 		}
 		switch {
 		case relErr != nil:
-			errs = append(errs, fmt.Errorf("jobkeys: release job %q on key %q: %w", lease.JobID, lease.Key, relErr))
+			errs = append(errs, fmt.Errorf("jobkeys: release job %q on key %q: %w", lease.JobID, lease.DisplayKey, relErr))
 		case rel.Kind == KindStaleCompletion:
 			res.Release = rel.Kind
-			errs = append(errs, fmt.Errorf("%w: job %q on key %q: the slot was gone at release (taken over or swept after the lease expired)", ErrStaleCompletion, lease.JobID, lease.Key))
+			errs = append(errs, fmt.Errorf("%w: job %q on key %q: the slot was gone at release (taken over or swept after the lease expired)", ErrStaleCompletion, lease.JobID, lease.DisplayKey))
 		default:
 			res.Release = rel.Kind
 		}

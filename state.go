@@ -68,7 +68,7 @@ type KeyState struct {
 	Version            int          // always StateVersion
 	Service            string       // the service (bucket JOBS_KEYS_<Service>)
 	JobType            string       // the job type
-	Key                string       // display key
+	DisplayKey         string       // display key
 	KeyHash            string       // the key hash, the last token of the KV key
 	MaxActive          int          // the policy's MaxActive when last admitted or acquired under
 	MaxQueuedPerKey    int          // the policy's MaxQueuedPerKey, likewise
@@ -325,7 +325,7 @@ func appendState(dst []byte, s *KeyState) []byte {
 	dst = append(dst, `,"jobType":`...)
 	dst = appendJSString(dst, s.JobType)
 	dst = append(dst, `,"key":`...)
-	dst = appendJSString(dst, s.Key)
+	dst = appendJSString(dst, s.DisplayKey)
 	dst = append(dst, `,"keyHash":`...)
 	dst = appendJSString(dst, s.KeyHash)
 	dst = append(dst, `,"maxActive":`...)
@@ -452,7 +452,7 @@ func decodeState(data []byte) (*KeyState, error) {
 	if s.JobType, err = r.nonEmpty("jobType", at[fJobType]); err != nil {
 		return nil, err
 	}
-	if s.Key, err = r.str("key", at[fKey]); err != nil {
+	if s.DisplayKey, err = r.str("key", at[fKey]); err != nil {
 		return nil, err
 	}
 	if s.KeyHash, err = r.nonEmpty("keyHash", at[fKeyHash]); err != nil {

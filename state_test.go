@@ -367,7 +367,7 @@ func tsExpectState(data []byte) (*KeyState, string) {
 		return TraceContext{RequestID: str(c, "requestId"), TraceID: str(c, "traceId"),
 			Traceparent: str(c, "traceparent"), Tracestate: str(c, "tracestate")}
 	}
-	s := &KeyState{Version: 1, Service: str(o, "service"), JobType: str(o, "jobType"), Key: str(o, "key"),
+	s := &KeyState{Version: 1, Service: str(o, "service"), JobType: str(o, "jobType"), DisplayKey: str(o, "key"),
 		KeyHash: str(o, "keyHash"), MaxActive: num(o, "maxActive"), MaxQueuedPerKey: num(o, "maxQueuedPerKey"),
 		StaleTakeoverCount: num(o, "staleTakeoverCount"), UpdatedAt: at(o, "updatedAt")}
 	for _, e := range o["active"].([]any) {
@@ -402,7 +402,7 @@ func stringsView(s *KeyState) *KeyState {
 	ctx := func(x TraceContext) TraceContext {
 		return TraceContext{v(x.RequestID), v(x.TraceID), v(x.Traceparent), v(x.Tracestate)}
 	}
-	c.Service, c.JobType, c.Key, c.KeyHash = v(c.Service), v(c.JobType), v(c.Key), v(c.KeyHash)
+	c.Service, c.JobType, c.DisplayKey, c.KeyHash = v(c.Service), v(c.JobType), v(c.DisplayKey), v(c.KeyHash)
 	for i := range c.Active {
 		a := &c.Active[i]
 		a.JobID, a.SlotToken, a.InstanceID, a.Context = v(a.JobID), v(a.SlotToken), v(a.InstanceID), ctx(a.Context)
@@ -582,7 +582,7 @@ func TestStateTSVectorValues(t *testing.T) {
 	c := TraceContext{RequestID: "r1", TraceID: "0af7651916cd43dd8448eb211c80319c",
 		Traceparent: "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"}
 	want := &KeyState{
-		Version: 1, Service: "fixtures", JobType: "sync", Key: "tenant:acme",
+		Version: 1, Service: "fixtures", JobType: "sync", DisplayKey: "tenant:acme",
 		KeyHash:   "ebb59034518f7fd88ce5dfb2f428936d4972e4e4ee9108c05eabcdfb3876d3b3",
 		MaxActive: 2, MaxQueuedPerKey: 3,
 		Active: []ActiveSlot{{JobID: "job-1", SlotToken: "0bc166b9-a13e-4bb5-a202-2df15d84c57d", InstanceID: "billing-worker",
@@ -645,8 +645,8 @@ func TestStateEncodeToISOStringAndEscaping(t *testing.T) {
 	local := time.Date(2026, 12, 1, 3, 30, 0, 987654321, zone) // 2026-11-30T22:00:00.987654321Z
 	s := &KeyState{
 		Version: 1, Service: "svc", JobType: "sync",
-		Key:     "a<b>&c\u2028\u0001\"\\é😀",
-		KeyHash: strings.Repeat("ab", 32), MaxActive: 1, MaxQueuedPerKey: 0,
+		DisplayKey: "a<b>&c\u2028\u0001\"\\é😀",
+		KeyHash:    strings.Repeat("ab", 32), MaxActive: 1, MaxQueuedPerKey: 0,
 		Active: []ActiveSlot{{JobID: "j1", SlotToken: "t", InstanceID: "w", StartedAt: local, HeartbeatAt: local,
 			LeaseExpiresAt: time.Date(2026, 1, 2, 3, 4, 5, 0, time.UTC), Tries: 0,
 			Context: TraceContext{RequestID: "r", TraceID: "x", Traceparent: "y", Tracestate: "k=v"}}},

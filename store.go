@@ -37,10 +37,10 @@ type Store interface {
 	Delete(ctx context.Context, service, key string, revision uint64) error
 }
 
-// KeyWatcher is an optional capability of a [Store]: telling which keys of a
+// WatchableStore is an optional capability of a [Store]: telling which keys of a
 // service's bucket change. A [Watcher] needs it to wake blocked acquisitions
 // when a slot is released. [NATSStore] and [MemoryStore] implement it.
-type KeyWatcher interface {
+type WatchableStore interface {
 	// WatchKeys starts watching the keys of service's bucket that belong to
 	// jobType, or to every job type when jobType is "", and returns once the
 	// watch is in place: every write or delete after it returns is reported
@@ -55,10 +55,10 @@ type KeyWatcher interface {
 	WatchKeys(ctx context.Context, service, jobType string, changed func(kvKey string)) (ended <-chan struct{}, err error)
 }
 
-// KeyLister is an optional capability of a [Store]: listing the keys of a
+// ListableStore is an optional capability of a [Store]: listing the keys of a
 // service's bucket. A [Sweeper] needs it. [NATSStore] and [MemoryStore]
 // implement it.
-type KeyLister interface {
+type ListableStore interface {
 	// ListKeys returns the KV keys of service's bucket that belong to
 	// jobType, or to every job type when jobType is "", sorted. Deleted keys
 	// are left out. A bucket with no such key returns an empty list and no

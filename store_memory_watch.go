@@ -12,8 +12,8 @@ import (
 // keys.
 
 var (
-	_ KeyWatcher = (*MemoryStore)(nil)
-	_ KeyLister  = (*MemoryStore)(nil)
+	_ WatchableStore = (*MemoryStore)(nil)
+	_ ListableStore  = (*MemoryStore)(nil)
 )
 
 // memoryWatcher is a hook for watches over a MemoryStore; see notify.
@@ -32,7 +32,7 @@ func (m *MemoryStore) notify(service, key string, value []byte, rev uint64, dele
 	}
 }
 
-// WatchKeys implements [KeyWatcher]. Changes are queued in memory, so a slow
+// WatchKeys implements [WatchableStore]. Changes are queued in memory, so a slow
 // changed function never holds up writers.
 func (m *MemoryStore) WatchKeys(ctx context.Context, service, jobType string, changed func(kvKey string)) (<-chan struct{}, error) {
 	prefix, err := keyFilter(service, jobType)
@@ -106,7 +106,7 @@ func (q *keyQueue) take() []string {
 	return keys
 }
 
-// ListKeys implements [KeyLister].
+// ListKeys implements [ListableStore].
 func (m *MemoryStore) ListKeys(ctx context.Context, service, jobType string) ([]string, error) {
 	prefix, err := keyFilter(service, jobType)
 	if err != nil {

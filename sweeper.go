@@ -8,8 +8,8 @@ import (
 	"time"
 )
 
-// Sweep is the outcome of [ReduceSweep] for one key.
-type Sweep struct {
+// SweepOutcome is the outcome of [ReduceSweep] for one key.
+type SweepOutcome struct {
 	// Removed lists the expired slots that were dropped (FailStale): their
 	// holders stopped renewing, so record those jobs as failed.
 	Removed []ActiveSlot
@@ -26,8 +26,8 @@ type Sweep struct {
 // Block it keeps them and reports them in Expired. policy must come from
 // [Policy.Normalize]; only its StalePolicy is read. state may be nil. Pure:
 // state is not modified.
-func ReduceSweep(state *KeyState, policy Policy, now time.Time) Sweep {
-	var out Sweep
+func ReduceSweep(state *KeyState, policy Policy, now time.Time) SweepOutcome {
+	var out SweepOutcome
 	if state == nil {
 		return out
 	}
@@ -59,9 +59,9 @@ func ReduceSweep(state *KeyState, policy Policy, now time.Time) Sweep {
 
 // SweptSlot is an expired slot a sweep found, with the key it was found in.
 type SweptSlot struct {
-	KVKey string     // the key the slot was on
-	Key   string     // display key
-	Slot  ActiveSlot // the expired slot
+	KVKey      string     // the key the slot was on
+	DisplayKey string     // display key
+	Slot       ActiveSlot // the expired slot
 }
 
 // SweepReport is what one sweep found and did.
@@ -83,7 +83,7 @@ type SweepReport struct {
 // that queued jobs can run without waiting for another acquisition to take
 // the stale slots over, and reports what it removed, kept and deleted. Any
 // number of processes may sweep the same keys. The coordinator's store must
-// list keys (implement [KeyLister], as [NATSStore] and [MemoryStore] do);
+// list keys (implement [ListableStore], as [NATSStore] and [MemoryStore] do);
 // otherwise Sweep returns an error wrapping [ErrInvalidRequest].
 //
 // A key whose state is corrupt, belongs to another key, or cannot be read
@@ -116,13 +116,13 @@ func (jt *JobType) Sweep(ctx context.Context) (SweepReport, error) {
 			errs = append(errs, err)
 			continue
 		}
-		var out Sweep
+		var out SweepOutcome
 		err = jt.coord.update(ctx, key, false, func(st *KeyState, now time.Time) *KeyState {
 			out = ReduceSweep(st, jt.policy, now)
 			if out.State != nil {
-				key.Key = out.State.Key
+				key.DisplayKey = out.State.DisplayKey
 			} else if st != nil {
-				key.Key = st.Key
+				key.DisplayKey = st.DisplayKey
 			}
 			return out.State
 		})
@@ -138,10 +138,10 @@ func (jt *JobType) Sweep(ctx context.Context) (SweepReport, error) {
 			continue
 		}
 		for _, slot := range out.Removed {
-			rep.Removed = append(rep.Removed, SweptSlot{KVKey: kvKey, Key: key.Key, Slot: slot})
+			rep.Removed = append(rep.Removed, SweptSlot{KVKey: kvKey, DisplayKey: key.DisplayKey, Slot: slot})
 		}
 		for _, slot := range out.Expired {
-			rep.Expired = append(rep.Expired, SweptSlot{KVKey: kvKey, Key: key.Key, Slot: slot})
+			rep.Expired = append(rep.Expired, SweptSlot{KVKey: kvKey, DisplayKey: key.DisplayKey, Slot: slot})
 		}
 		if out.State != nil && out.State.Empty() {
 			rep.Deleted++
@@ -150,12 +150,12 @@ func (jt *JobType) Sweep(ctx context.Context) (SweepReport, error) {
 	return rep, errors.Join(errs...)
 }
 
-// lister returns the coordinator's store as a KeyLister, or an error saying
+// lister returns the coordinator's store as a ListableStore, or an error saying
 // it cannot list keys.
-func (jt *JobType) lister() (KeyLister, error) {
-	lister, ok := jt.coord.store.(KeyLister)
+func (jt *JobType) lister() (ListableStore, error) {
+	lister, ok := jt.coord.store.(ListableStore)
 	if !ok {
-		return nil, fmt.Errorf("%w: store %T cannot list keys (it does not implement KeyLister)", ErrInvalidRequest, jt.coord.store)
+		return nil, fmt.Errorf("%w: store %T cannot list keys (it does not implement ListableStore)", ErrInvalidRequest, jt.coord.store)
 	}
 	return lister, nil
 }
@@ -177,7 +177,7 @@ type Sweeper struct {
 // the outcome of every sweep to report. report must not be nil, since it is
 // the only way to learn which jobs lost their slots; it is called from
 // Run's goroutine. jt's coordinator's store must list keys (implement
-// [KeyLister]).
+// [ListableStore]).
 func NewSweeper(jt *JobType, interval time.Duration, report func(SweepReport, error)) (*Sweeper, error) {
 	switch {
 	case jt == nil:

@@ -21,7 +21,7 @@ func TestReduceSweep(t *testing.T) {
 			HeartbeatAt: expires.Add(-time.Minute), LeaseExpiresAt: expires}
 	}
 	state := func(active []ActiveSlot, queued ...string) *KeyState {
-		st := &KeyState{Version: StateVersion, Service: "svc", JobType: "t", Key: "k", KeyHash: "h",
+		st := &KeyState{Version: StateVersion, Service: "svc", JobType: "t", DisplayKey: "k", KeyHash: "h",
 			MaxActive: 2, StaleTakeoverCount: 1, UpdatedAt: t0.Add(-time.Hour), Active: active}
 		for _, q := range queued {
 			st.Queued = append(st.Queued, QueuedJob{JobID: q, CreatedAt: t0.Add(-time.Hour), RequestID: q})
@@ -198,7 +198,7 @@ func TestSweepCrashedHolders(t *testing.T) {
 				for _, s := range rep.Removed {
 					if s.Slot.JobID == "crashed-acme" {
 						assert.Equal(t, e.kvKey(t, "acme"), s.KVKey)
-						assert.Equal(t, "acme", s.Key)
+						assert.Equal(t, "acme", s.DisplayKey)
 					}
 				}
 				_, _, err = store.Get(ctx, e.svc, e.kvKey(t, "globex"))

@@ -22,7 +22,7 @@ import (
 // wrapping [ErrInvalidRequest] (or [ErrWatcherClosed] after Close) and its
 // Close does nothing. Create a Watcher with [NewWatcher].
 type Watcher struct {
-	store  KeyWatcher
+	store  WatchableStore
 	ctx    context.Context // parent of every watch; cancelled by Close
 	cancel context.CancelFunc
 	wg     sync.WaitGroup // one per running watch's monitor goroutine
@@ -45,9 +45,9 @@ type serviceWatch struct {
 // NewWatcher returns a watcher over store, which should be the store of the
 // [KeyCoordinator]s whose acquisitions it wakes. No watch starts until the
 // first Subscribe.
-func NewWatcher(store KeyWatcher) (*Watcher, error) {
+func NewWatcher(store WatchableStore) (*Watcher, error) {
 	if store == nil {
-		return nil, fmt.Errorf("%w: KeyWatcher store is nil", ErrInvalidRequest)
+		return nil, fmt.Errorf("%w: watcher store is nil", ErrInvalidRequest)
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	return &Watcher{store: store, ctx: ctx, cancel: cancel, watches: make(map[string]*serviceWatch)}, nil

@@ -43,8 +43,8 @@ func rtNATS(t testing.TB) (*NATSStore, *nats.Conn) {
 // both implementations.
 type rtStore interface {
 	Store
-	KeyWatcher
-	KeyLister
+	WatchableStore
+	ListableStore
 }
 
 func rtStores(t *testing.T) map[string]func(t *testing.T) rtStore {

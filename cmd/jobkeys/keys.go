@@ -106,7 +106,7 @@ type keyJSON struct {
 }
 
 func toKeyJSON(k jobkeys.KeyInfo, withValue bool) keyJSON {
-	j := keyJSON{KVKey: k.KVKey, Revision: k.Revision, Key: k.Key, Corrupt: k.Corrupt(),
+	j := keyJSON{KVKey: k.KVKey, Revision: k.Revision, Key: k.DisplayKey, Corrupt: k.Corrupt(),
 		Active: k.Active, MaxActive: k.MaxActive, Queued: k.Queued, MaxQueuedPerKey: k.MaxQueued, QueueLimit: k.QueueLimit,
 		OldestQueuedAt: jsonTime(k.OldestQueuedAt), OldestQueuedAgeSec: k.OldestQueuedAge().Seconds(),
 		NextLeaseExpiry: jsonTime(k.NextLeaseExpiry), ExpiredSlots: k.ExpiredSlots, StaleTakeoverCount: k.StaleCount,
@@ -190,7 +190,7 @@ func printKeyTable(c *cli, infos []jobkeys.KeyInfo) {
 		if k.Queued > 0 {
 			oldest = ago(k.ReadAt, k.OldestQueuedAt)
 		}
-		fmt.Fprintf(tw, "%s\t%d/%d\t%d/%d\t%s\t%s\t%d\t%d\t%s\t\n", k.Key, k.Active, k.MaxActive, k.Queued, k.QueueLimit,
+		fmt.Fprintf(tw, "%s\t%d/%d\t%d/%d\t%s\t%s\t%d\t%d\t%s\t\n", k.DisplayKey, k.Active, k.MaxActive, k.Queued, k.QueueLimit,
 			oldest, until(k.ReadAt, k.NextLeaseExpiry), k.ExpiredSlots, k.StaleCount, k.KVKey)
 	}
 	tw.Flush()
@@ -231,7 +231,7 @@ func keysShow(ctx context.Context, c *cli, o *options, args []string, displayKey
 			return err
 		}
 		for _, k := range all {
-			if !k.Corrupt() && k.Key == displayKey {
+			if !k.Corrupt() && k.DisplayKey == displayKey {
 				infos = append(infos, k)
 			}
 		}
@@ -279,7 +279,7 @@ func printKey(c *cli, k jobkeys.KeyInfo) {
 		fmt.Fprintf(c.stdout, "Repair: jobkeys keys repair %s --revision %d\n", k.KVKey, k.Revision)
 		return
 	}
-	fmt.Fprintf(tw, "Key:\t%s\n", k.Key)
+	fmt.Fprintf(tw, "Key:\t%s\n", k.DisplayKey)
 	fmt.Fprintf(tw, "Active:\t%d/%d (%d expired)\n", k.Active, k.MaxActive, k.ExpiredSlots)
 	fmt.Fprintf(tw, "Queued:\t%d/%d (MaxQueuedPerKey %d)\n", k.Queued, k.QueueLimit, k.MaxQueued)
 	fmt.Fprintf(tw, "Stale takeovers:\t%d\n", k.StaleCount)
@@ -381,7 +381,7 @@ func keysWatch(ctx context.Context, c *cli, o *options, args []string) error {
 		case k.Corrupt():
 			fmt.Fprintf(c.stdout, "%s  %-8s  %s CORRUPT: %s\n", now, event, ch.KVKey, oneLine(k.Problem.Error()))
 		default:
-			fmt.Fprintf(c.stdout, "%s  %-8s  %s  active %d/%d  queued %d/%d  expired %d  %s\n", now, event, k.Key,
+			fmt.Fprintf(c.stdout, "%s  %-8s  %s  active %d/%d  queued %d/%d  expired %d  %s\n", now, event, k.DisplayKey,
 				k.Active, k.MaxActive, k.Queued, k.QueueLimit, k.ExpiredSlots, ch.KVKey)
 		}
 	}
@@ -528,7 +528,7 @@ func keysSweep(ctx context.Context, c *cli, o *options, service, jobType string,
 		}
 		for _, sl := range k.State.Active {
 			if !sl.LeaseExpiresAt.After(k.ReadAt) {
-				expired = append(expired, sweptJSON{KVKey: k.KVKey, Key: k.Key, JobID: sl.JobID, InstanceID: sl.InstanceID, LeaseExpiresAt: jsonTime(sl.LeaseExpiresAt)})
+				expired = append(expired, sweptJSON{KVKey: k.KVKey, Key: k.DisplayKey, JobID: sl.JobID, InstanceID: sl.InstanceID, LeaseExpiresAt: jsonTime(sl.LeaseExpiresAt)})
 				keys[k.KVKey] = true
 			}
 		}
@@ -569,7 +569,7 @@ func keysSweep(ctx context.Context, c *cli, o *options, service, jobType string,
 	rep, sweepErr := jt.Sweep(rctx2)
 	removed := make([]sweptJSON, 0, len(rep.Removed))
 	for _, r := range rep.Removed {
-		removed = append(removed, sweptJSON{KVKey: r.KVKey, Key: r.Key, JobID: r.Slot.JobID, InstanceID: r.Slot.InstanceID, LeaseExpiresAt: jsonTime(r.Slot.LeaseExpiresAt)})
+		removed = append(removed, sweptJSON{KVKey: r.KVKey, Key: r.DisplayKey, JobID: r.Slot.JobID, InstanceID: r.Slot.InstanceID, LeaseExpiresAt: jsonTime(r.Slot.LeaseExpiresAt)})
 	}
 	if o.json {
 		if err := c.printJSON(map[string]any{"keys": rep.Keys, "expired": expired, "removed": removed, "deletedKeys": rep.Deleted}); err != nil {
@@ -631,9 +631,9 @@ func keysRemoveQueued(ctx context.Context, c *cli, o *options, args []string) er
 	}
 	if !o.json {
 		fmt.Fprintf(c.stdout, "Queued job %s of key %s (KV key %s, revision %d): admitted %s, waiting %s.\n",
-			jobID, info.Key, kvKey, info.Revision, stamp(entry.CreatedAt), ago(info.ReadAt, entry.CreatedAt))
+			jobID, info.DisplayKey, kvKey, info.Revision, stamp(entry.CreatedAt), ago(info.ReadAt, entry.CreatedAt))
 	}
-	if err := c.confirm(o, fmt.Sprintf("Remove queued job %s from key %s?", jobID, info.Key)); err != nil {
+	if err := c.confirm(o, fmt.Sprintf("Remove queued job %s from key %s?", jobID, info.DisplayKey)); err != nil {
 		return err
 	}
 	rctx2, cancel2 := withTimeout(ctx, o)
@@ -652,7 +652,7 @@ func keysRemoveQueued(ctx context.Context, c *cli, o *options, args []string) er
 	if o.json {
 		return c.printJSON(map[string]any{"removed": true, "kvKey": kvKey, "jobId": jobID, "queuedLeft": left})
 	}
-	fmt.Fprintf(c.stdout, "removed queued job %s from key %s; %d still queued\n", jobID, info.Key, left)
+	fmt.Fprintf(c.stdout, "removed queued job %s from key %s; %d still queued\n", jobID, info.DisplayKey, left)
 	return nil
 }
 
@@ -704,7 +704,7 @@ func keysRepair(ctx context.Context, c *cli, o *options, kvKey string, revision 
 			fmt.Fprintf(c.stdout, "KV key %s, revision %d: %v\nValue (%d bytes):\n%s\n", kvKey, in.Revision, in.Problem, len(in.Value), printable(in.Value))
 		default:
 			fmt.Fprintf(c.stdout, "KV key %s, revision %d holds usable key state (key %s: %d slots, %d queued); repairing it is not needed.\n",
-				kvKey, in.Revision, in.State.Key, len(in.State.Active), len(in.State.Queued))
+				kvKey, in.Revision, in.State.DisplayKey, len(in.State.Active), len(in.State.Queued))
 		}
 	}
 	action := fmt.Sprintf("Delete the value of %s at revision %d?", kvKey, revision)

@@ -243,7 +243,7 @@ func scenario(ctx context.Context, url string, policy jobkeys.Policy) error {
 					if !waited[j.id] {
 						waited[j.id] = true
 						events = append(events, fmt.Sprintf("  %-9s waits %-11s (%s: %d of %d slots for %s in use)",
-							name, j.id, acq.Reason, acq.Active, acq.Limit, acq.Key))
+							name, j.id, acq.Reason, acq.Active, acq.Limit, acq.DisplayKey))
 					}
 					mu.Unlock()
 					time.Sleep(5 * time.Millisecond)
@@ -254,10 +254,10 @@ func scenario(ctx context.Context, url string, policy jobkeys.Policy) error {
 				s.running++
 				s.peak = max(s.peak, s.running)
 				if len(acq.State.Active) > policy.MaxActive {
-					events = append(events, fmt.Sprintf("BUG: %d slots held for %s", len(acq.State.Active), acq.Key))
+					events = append(events, fmt.Sprintf("BUG: %d slots held for %s", len(acq.State.Active), acq.DisplayKey))
 				}
 				events = append(events, fmt.Sprintf("  %-9s runs %-12s (%d of %d slots for %s in use)",
-					name, j.id, len(acq.State.Active), policy.MaxActive, acq.Key))
+					name, j.id, len(acq.State.Active), policy.MaxActive, acq.DisplayKey))
 				mu.Unlock()
 
 				time.Sleep(80 * time.Millisecond) // the job's work

@@ -152,7 +152,7 @@ func run() error {
 		Watcher: watcher,
 		MaxWait: 700 * time.Millisecond, // then nak, freeing the worker for other tenants
 		OnBlocked: func(jobID string, a jobkeys.Acquisition) {
-			say("%-9s waits: tenant %s is busy (%s)", jobID, a.Key, a.Reason)
+			say("%-9s waits: tenant %s is busy (%s)", jobID, a.DisplayKey, a.Reason)
 		},
 		OnStale: func(lease jobkeys.Lease, stale []jobkeys.ActiveSlot) {
 			for _, s := range stale {
@@ -172,7 +172,7 @@ func run() error {
 			say("sweeper: %v", err)
 		}
 		for _, s := range rep.Removed {
-			say("sweeper: removed the expired slot of %s (tenant %s, worker %s): recording it as failed", s.Slot.JobID, s.Key, s.Slot.InstanceID)
+			say("sweeper: removed the expired slot of %s (tenant %s, worker %s): recording it as failed", s.Slot.JobID, s.DisplayKey, s.Slot.InstanceID)
 			if err := t.finish(ctx, s.Slot.JobID, "failed: its worker stopped renewing"); err != nil {
 				say("sweeper: cannot record the end of %s: %v", s.Slot.JobID, err)
 			}
