@@ -2,6 +2,8 @@ package main
 
 import (
 	"context"
+	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 
@@ -31,4 +33,22 @@ func TestPermissionDenied(t *testing.T) {
 	res := r.run("keys", "ls", "svc", "--timeout", "3s")
 	assert.Equal(t, exitPermission, res.code, res.stderr)
 	assert.Contains(t, res.stderr, `"$JS.API.STREAM.INFO.KV_JOBS_KEYS_svc"`, "the refused subject is named")
+
+	// The credentials of a nats CLI context are used: the admin's list, the
+	// viewer's is refused.
+	dir := t.TempDir()
+	ctxDir := filepath.Join(dir, "nats", "context")
+	require.NoError(t, os.MkdirAll(ctxDir, 0o700))
+	for _, user := range []string{"admin", "viewer"} {
+		require.NoError(t, os.WriteFile(filepath.Join(ctxDir, user+".json"),
+			[]byte(`{"url":"`+srv.ClientURL()+`","user":"`+user+`","password":"`+user+`"}`), 0o600))
+	}
+	r = &runner{t: t, env: map[string]string{"XDG_CONFIG_HOME": dir}}
+	res = r.run("keys", "ls", "svc", "--context", "admin")
+	assert.Equal(t, exitOK, res.code, res.stderr)
+	assert.Equal(t, "no keys\n", res.stdout)
+	res = r.run("keys", "ls", "svc", "--context", "viewer", "--timeout", "3s")
+	assert.Equal(t, exitPermission, res.code, res.stderr)
+	res = r.run("keys", "ls", "svc", "--context", "viewer", "--server", srv.ClientURL(), "--timeout", "3s")
+	assert.Equal(t, exitPermission, res.code, "--server replaces the context's URL, not its credentials: %s", res.stderr)
 }
