@@ -95,6 +95,10 @@ func testJobs(t *testing.T, st jobs.Store, r *runner) {
 	require.Equal(t, exitOK, res.code, res.stderr)
 	require.NoError(t, json.Unmarshal([]byte(res.stdout), &list))
 	assert.Len(t, list, 2)
+	res = r.run("jobs", "ls", "ch", "--limit", "2", "--all", "--json")
+	require.Equal(t, exitOK, res.code, res.stderr)
+	require.NoError(t, json.Unmarshal([]byte(res.stdout), &list))
+	assert.Len(t, list, 5, "--all follows the pages")
 
 	res = r.run("jobs", "show", "ch", "j-running")
 	require.Equal(t, exitOK, res.code, res.stderr)

@@ -525,6 +525,17 @@ func TestKeysWatch(t *testing.T) {
 	stop()
 	res := <-done
 	assert.Equal(t, exitOK, res.code, res.stderr)
+
+	// For people: one aligned line per key.
+	tctx, tstop := context.WithCancel(ctx)
+	var tout, terr syncBuffer
+	go func() { done <- r.runCtx(tctx, &tout, &terr, "keys", "watch", "svc") }()
+	require.Eventually(t, func() bool { return strings.Count(tout.String(), "\n") >= 4 }, time.Minute, 20*time.Millisecond)
+	tstop()
+	res = <-done
+	assert.Equal(t, exitOK, res.code, res.stderr)
+	assert.Regexp(t, `(?m)^\d\d:\d\d:\d\d\.\d{3}  initial   full  active 1/1  queued 1/1  expired 0  `+regexp.QuoteMeta(f.kv["full"])+`$`, res.stdout)
+	assert.Regexp(t, `(?m)^\d\d:\d\d:\d\d\.\d{3}  initial   `+regexp.QuoteMeta(f.kv["corrupt"])+` CORRUPT: `, res.stdout)
 }
 
 // --context names a nats CLI context read from $XDG_CONFIG_HOME/nats/context;
