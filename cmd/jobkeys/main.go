@@ -85,11 +85,12 @@ type command struct {
 func commands() []*command { return append(keyCommands(), jobCommands()...) }
 
 func (c *cli) run(ctx context.Context, args []string) int {
-	if len(args) == 0 || args[0] == "-h" || args[0] == "--help" || args[0] == "help" {
+	if len(args) == 0 {
+		c.usage(c.stderr)
+		return exitUsage
+	}
+	if args[0] == "-h" || args[0] == "--help" || args[0] == "help" {
 		c.usage(c.stdout)
-		if len(args) == 0 {
-			return exitUsage
-		}
 		return exitOK
 	}
 	// Global flags may come before the command words.
