@@ -6,12 +6,15 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"log/slog"
 	"os"
 	"reflect"
 	"slices"
 	"strconv"
 	"time"
 	"unicode/utf8"
+
+	"go.opentelemetry.io/otel/metric"
 )
 
 // Coordinator is the keyed concurrency contract: one method per reducer.
@@ -142,6 +145,17 @@ type Config struct {
 
 	// NewSlotToken makes slot tokens. Defaults to random UUIDs (version 4).
 	NewSlotToken func() string
+
+	// MeterProvider receives the coordinator's metrics, and those of the
+	// Runners of its job types (see the package docs, "Metrics and logs").
+	// Pass otel.GetMeterProvider() for the global one. Defaults to nil: no
+	// metrics, and no cost.
+	MeterProvider metric.MeterProvider
+
+	// Logger receives the coordinator's logs: unusable key state (error),
+	// expired slots taken over (info), sweeps (debug, or info when they
+	// found expired slots), repairs (warn). Defaults to nil: no logs.
+	Logger *slog.Logger
 }
 
 // KeyCoordinator runs operations against a [Store]: derive the key, read the
@@ -176,7 +190,8 @@ type KeyCoordinator struct {
 	store    Store
 	cfg      Config
 	keys     *keyTable
-	slotRoom int // see checkRoom
+	slotRoom int       // see checkRoom
+	obs      *observer // metrics and logs; nil: none
 }
 
 // NewCoordinator returns a coordinator over store. cfg may be nil for the
@@ -229,7 +244,11 @@ func NewCoordinator(store Store, cfg *Config) (*KeyCoordinator, error) {
 	if c.NewSlotToken == nil {
 		c.NewSlotToken = newUUID
 	}
-	return &KeyCoordinator{store: store, cfg: c, keys: newKeyTable(c.StateCacheSize), slotRoom: slotRoom(c.InstanceID)}, nil
+	obs, err := newObserver(c.MeterProvider, c.Logger)
+	if err != nil {
+		return nil, err
+	}
+	return &KeyCoordinator{store: store, cfg: c, keys: newKeyTable(c.StateCacheSize), slotRoom: slotRoom(c.InstanceID), obs: obs}, nil
 }
 
 // InstanceID returns the instance id the coordinator writes into slots.
@@ -268,6 +287,7 @@ func (c *KeyCoordinator) Renew(ctx context.Context, req RenewRequest) (Renewal, 
 		return Renewal{}, err
 	}
 	var out Renewal
+	defer c.obs.end(ctx, metricOpRenew, &key, c.obs.begin(), &out.Kind, &err)
 	err = c.run(ctx, key, retry{lease: &lease}, func(st *KeyState, now time.Time) *KeyState {
 		out = ReduceRenew(st, lease, now)
 		return out.State
@@ -287,6 +307,7 @@ func (c *KeyCoordinator) Release(ctx context.Context, req ReleaseRequest) (Relea
 		return ReleaseOutcome{}, err
 	}
 	var out ReleaseOutcome
+	defer c.obs.end(ctx, metricOpRelease, &key, c.obs.begin(), &out.Kind, &err)
 	err = c.run(ctx, key, retry{lease: &lease}, func(st *KeyState, now time.Time) *KeyState {
 		out = ReduceRelease(st, lease, now)
 		return out.State
@@ -517,6 +538,9 @@ func (c *KeyCoordinator) attempt(ctx context.Context, e *keyEntry, key JobKey, s
 		}
 	}
 	e.conflict()
+	if errors.Is(err, ErrRevisionConflict) {
+		c.obs.conflict(ctx, &key)
+	}
 	switch {
 	case errors.Is(err, ErrStateTooLarge):
 		return false, &StateError{KVKey: key.KVKey, Reason: fmt.Sprintf("new state of %d bytes (%d active, %d queued): %v", len(*buf), len(next.Active), len(next.Queued), err), Err: ErrStateTooLarge}

@@ -275,8 +275,11 @@ func WithInstanceID(id string) AcquireOption {
 // request's own fields.
 
 func (c *KeyCoordinator) admitKey(ctx context.Context, key JobKey, policy Policy, req AdmitRequest) (Admission, error) {
+	req.Context = spanTraceContext(ctx, req.Context)
 	var out Admission
-	err := c.update(ctx, key, true, func(st *KeyState, now time.Time) *KeyState {
+	var err error
+	defer c.obs.end(ctx, metricOpAdmit, &key, c.obs.begin(), &out.Kind, &err)
+	err = c.update(ctx, key, true, func(st *KeyState, now time.Time) *KeyState {
 		out = ReduceAdmission(st, key, req, policy, now)
 		return out.State
 	})
@@ -300,8 +303,11 @@ func (c *KeyCoordinator) acquireKey(ctx context.Context, key JobKey, policy Poli
 	if token == "" || !utf8.ValidString(token) {
 		return Acquisition{}, fmt.Errorf("%w: Config.NewSlotToken returned %q, not a non-empty UTF-8 token", ErrInvalidRequest, token)
 	}
+	req.Context = spanTraceContext(ctx, req.Context)
 	var out Acquisition
-	err := c.update(ctx, key, false, func(st *KeyState, now time.Time) *KeyState {
+	var err error
+	defer c.obs.acquired(ctx, &key, c.obs.begin(), &out, &err)
+	err = c.update(ctx, key, false, func(st *KeyState, now time.Time) *KeyState {
 		out = ReduceAcquire(st, key, req, policy, now, token)
 		return out.State
 	})
@@ -313,7 +319,9 @@ func (c *KeyCoordinator) acquireKey(ctx context.Context, key JobKey, policy Poli
 
 func (c *KeyCoordinator) removeQueuedKey(ctx context.Context, key JobKey, jobID string) (Removal, error) {
 	var out Removal
-	err := c.update(ctx, key, false, func(st *KeyState, now time.Time) *KeyState {
+	var err error
+	defer c.obs.end(ctx, metricOpRemove, &key, c.obs.begin(), &out.Kind, &err)
+	err = c.update(ctx, key, false, func(st *KeyState, now time.Time) *KeyState {
 		out = ReduceRemoveQueued(st, jobID, now)
 		return out.State
 	})
@@ -331,7 +339,9 @@ func (c *KeyCoordinator) restoreKey(ctx context.Context, key JobKey, policy Poli
 		return Restoration{}, fmt.Errorf("%w: Replaced.CreatedAt %v is outside the years 0000 to 9999", ErrInvalidRequest, req.Replaced.CreatedAt)
 	}
 	var out Restoration
-	err := c.update(ctx, key, false, func(st *KeyState, now time.Time) *KeyState {
+	var err error
+	defer c.obs.restored(ctx, &key, c.obs.begin(), &out, &err)
+	err = c.update(ctx, key, false, func(st *KeyState, now time.Time) *KeyState {
 		out = ReduceRestoreReplaced(st, key, req, policy, now)
 		return out.State
 	})
