@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"log/slog"
 	"sync"
-	"sync/atomic"
 	"time"
 
 	"go.opentelemetry.io/otel/attribute"
@@ -80,8 +79,8 @@ type keyMetrics struct {
 	waiting   metric.Int64UpDownCounter
 	blocked   metric.Int64Counter
 
-	sets  sync.Map // attrKey -> metric.MeasurementOption
-	nsets atomic.Int64
+	mu   sync.RWMutex
+	sets map[attrKey]metric.MeasurementOption // bounded by maxAttrSets
 }
 
 // attrKey identifies one cached attribute set.
@@ -111,7 +110,7 @@ func newObserver(mp metric.MeterProvider, logger *slog.Logger) (*observer, error
 }
 
 func newKeyMetrics(meter metric.Meter) (*keyMetrics, error) {
-	var m keyMetrics
+	m := keyMetrics{sets: map[attrKey]metric.MeasurementOption{}}
 	var err, e error
 	m.ops, e = meter.Int64Counter("jobkeys.key.operations", metric.WithUnit("{operation}"),
 		metric.WithDescription("Key operations completed, by operation and outcome (the outcome's Kind, or error with error.type)."))
@@ -146,8 +145,11 @@ func newKeyMetrics(meter metric.Meter) (*keyMetrics, error) {
 
 // attrs returns the measurement option of k, cached.
 func (m *keyMetrics) attrs(k attrKey) metric.MeasurementOption {
-	if v, ok := m.sets.Load(k); ok {
-		return v.(metric.MeasurementOption)
+	m.mu.RLock()
+	opt, ok := m.sets[k]
+	m.mu.RUnlock()
+	if ok {
+		return opt
 	}
 	kv := make([]attribute.KeyValue, 0, 6)
 	kv = append(kv, attrService.String(k.service), attrJobType.String(k.jobType))
@@ -166,12 +168,12 @@ func (m *keyMetrics) attrs(k attrKey) metric.MeasurementOption {
 	if k.slot != "" {
 		kv = append(kv, attrSlot.String(k.slot))
 	}
-	opt := metric.WithAttributeSet(attribute.NewSet(kv...))
-	if m.nsets.Load() < maxAttrSets {
-		if _, loaded := m.sets.LoadOrStore(k, opt); !loaded {
-			m.nsets.Add(1)
-		}
+	opt = metric.WithAttributeSet(attribute.NewSet(kv...))
+	m.mu.Lock()
+	if len(m.sets) < maxAttrSets {
+		m.sets[k] = opt
 	}
+	m.mu.Unlock()
 	return opt
 }
 

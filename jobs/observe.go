@@ -68,7 +68,8 @@ type storeObserver struct {
 	// nil when there is no MeterProvider
 	transitions metric.Int64Counter
 	duration    metric.Float64Histogram
-	sets        sync.Map // setKey -> metric.MeasurementOption; bounded by the constants above
+	mu          sync.RWMutex
+	sets        map[setKey]metric.MeasurementOption // bounded: transitions × outcomes × error classes
 }
 
 type setKey struct {
@@ -85,7 +86,7 @@ func newStoreObserver(mp metric.MeterProvider, logger *slog.Logger) (*storeObser
 	if mp == nil && logger == nil {
 		return nil, nil
 	}
-	o := &storeObserver{logger: logger}
+	o := &storeObserver{logger: logger, sets: map[setKey]metric.MeasurementOption{}}
 	if mp == nil {
 		return o, nil
 	}
@@ -105,15 +106,20 @@ func newStoreObserver(mp metric.MeterProvider, logger *slog.Logger) (*storeObser
 }
 
 func (o *storeObserver) attrs(k setKey) metric.MeasurementOption {
-	if v, ok := o.sets.Load(k); ok {
-		return v.(metric.MeasurementOption)
+	o.mu.RLock()
+	opt, ok := o.sets[k]
+	o.mu.RUnlock()
+	if ok {
+		return opt
 	}
 	kv := []attribute.KeyValue{attrTransition.String(string(k.tr)), attrOutcome.String(k.outcome)}
 	if k.errType != "" {
 		kv = append(kv, attrErrorType.String(k.errType))
 	}
-	opt := metric.WithAttributeSet(attribute.NewSet(kv...))
-	o.sets.Store(k, opt)
+	opt = metric.WithAttributeSet(attribute.NewSet(kv...))
+	o.mu.Lock()
+	o.sets[k] = opt
+	o.mu.Unlock()
 	return opt
 }
 
@@ -170,13 +176,13 @@ func observe[Req, Out any](ctx context.Context, o *storeObserver, tr transition,
 	start := time.Now()
 	out, err := call(ctx, req)
 	n, outcome := 1, outcomeOK
-	switch v := any(out).(type) {
-	case Enqueued:
+	switch v := any(&out).(type) { // a pointer: boxing a result would allocate
+	case *Enqueued:
 		if v.Repeated {
 			outcome = outcomeRepeated
 		}
-	case []Job:
-		if n = len(v); n == 0 {
+	case *[]Job:
+		if n = len(*v); n == 0 {
 			outcome = outcomeEmpty
 		}
 	}
