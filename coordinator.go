@@ -50,8 +50,10 @@ type AdmitRequest struct {
 	// []byte or json.RawMessage are parsed as JSON, any other value is
 	// marshalled with encoding/json first.
 	Payload any
-	// Context is the job's trace context. Missing fields are derived from
-	// the job id when written: every reader of the key state requires them.
+	// Context is the job's trace context. Without a TraceID or Traceparent
+	// it takes them from the caller's span when ctx carries one (see
+	// [WithTraceContext]); fields still missing are derived from the job id
+	// when written: every reader of the key state requires them.
 	Context TraceContext
 	Policy  Policy // normalized by the coordinator
 	// StrictCreate rejects when the queue is full, whatever Policy.WhenFull says.
@@ -64,7 +66,7 @@ type AcquireRequest struct {
 	JobType string       // as in AdmitRequest
 	JobID   string       // the admitted job
 	Payload any          // as in AdmitRequest; must derive the same key
-	Context TraceContext // the trace context recorded in the slot
+	Context TraceContext // the trace context recorded in the slot; as in AdmitRequest
 	// Retry lets a job that is not queued take a slot: a retry of a job
 	// that ran before and whose queue entry is gone.
 	Retry bool
@@ -147,7 +149,7 @@ type Config struct {
 	NewSlotToken func() string
 
 	// MeterProvider receives the coordinator's metrics, and those of the
-	// Runners of its job types (see the package docs, "Metrics and logs").
+	// Runners of its job types (see the package docs, "Metrics and logs", and the README).
 	// Pass otel.GetMeterProvider() for the global one. Defaults to nil: no
 	// metrics, and no cost.
 	MeterProvider metric.MeterProvider

@@ -227,8 +227,11 @@ func (o traceOption) applyAcquire(r AcquireRequest) AcquireRequest {
 }
 
 // WithTraceContext records tc (W3C trace context) with the queued job or
-// the slot. Fields left empty are derived from the job id when written.
-// Without it the whole context is derived from the job id.
+// the slot. Without it, or when tc has neither TraceID nor Traceparent,
+// the trace id, traceparent and tracestate come from the caller's
+// OpenTelemetry span when ctx carries a valid one
+// ([go.opentelemetry.io/otel/trace.SpanContextFromContext]); fields still
+// empty are derived from the job id when written.
 func WithTraceContext(tc TraceContext) JobOption { return traceOption(tc) }
 
 // WithStrictCreate makes an admission to a full queue a rejection, whatever
