@@ -537,3 +537,106 @@ func TestErrorClass(t *testing.T) {
 	}
 	assert.True(t, slices.Contains(allowedKeyAttrs, attrErrorType))
 }
+
+// TestMetricsOperatorOutcomes covers the outcomes without a Kind of their
+// own (restore, repair) and the operator removal, and the repair's log.
+func TestMetricsOperatorOutcomes(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	store := NewMemoryStore()
+	mr := newMetricsReader(t)
+	var h captureHandler
+	coord, err := NewCoordinator(store, &Config{MeterProvider: mr.mp, Logger: slog.New(&h)})
+	require.NoError(t, err)
+	jt, err := coord.JobType("obsops", "t", Policy{Key: []string{"/k"}, MaxQueuedPerKey: 0, WhenFull: ReplaceOldest})
+	require.NoError(t, err)
+	p := []byte(`{"k":"a"}`)
+	_, err = jt.Admit(ctx, "j1", p)
+	require.NoError(t, err)
+	adm, err := jt.Admit(ctx, "j2", p) // replaces j1
+	require.NoError(t, err)
+	require.Equal(t, KindReplaced, adm.Kind)
+	res, err := jt.RestoreReplaced(ctx, "j2", p, *adm.Replaced)
+	require.NoError(t, err)
+	require.NotNil(t, res.State)
+	res, err = jt.RestoreReplaced(ctx, "j2", p, *adm.Replaced) // j2 is gone already: nothing changes
+	require.NoError(t, err)
+	require.Nil(t, res.State)
+	key, err := jt.Key(p)
+	require.NoError(t, err)
+	rem, err := coord.RemoveQueuedEntry(ctx, QueueEntryRef{Service: "obsops", KVKey: key.KVKey, JobID: "j1"})
+	require.NoError(t, err)
+	require.Equal(t, KindRemoved, rem.Kind)
+	rem, err = jt.RemoveQueued(ctx, "j1", p)
+	require.NoError(t, err)
+	require.Equal(t, KindNotFound, rem.Kind)
+
+	bad, err := jt.Key([]byte(`{"k":"bad"}`))
+	require.NoError(t, err)
+	rev, err := store.Create(ctx, "obsops", bad.KVKey, []byte(`{`))
+	require.NoError(t, err)
+	_, err = coord.Repair(ctx, RepairRequest{Service: "obsops", KVKey: bad.KVKey, Revision: rev + 1})
+	require.ErrorIs(t, err, ErrRevisionConflict)
+	out, err := coord.Repair(ctx, RepairRequest{Service: "obsops", KVKey: bad.KVKey, Revision: rev})
+	require.NoError(t, err)
+	require.True(t, out.Deleted)
+
+	ms := mr.collect()
+	op := func(o, outcome string, more ...attribute.KeyValue) int64 {
+		return valueWhere(t, ms, "jobkeys.key.operations", append(more, attrService.String("obsops"), attrJobType.String("t"), attrOperation.String(o), attrOutcome.String(outcome))...)
+	}
+	assert.Equal(t, int64(1), op(metricOpAdmit, string(KindReplaced)))
+	assert.Equal(t, int64(1), op(metricOpRestore, "restored"))
+	assert.Equal(t, int64(1), op(metricOpRestore, "unchanged"))
+	assert.Equal(t, int64(1), op(metricOpRemove, string(KindRemoved)))
+	assert.Equal(t, int64(1), op(metricOpRemove, string(KindNotFound)))
+	assert.Equal(t, int64(1), op(metricOpRepair, "deleted"))
+	assert.Equal(t, int64(1), op(metricOpRepair, outcomeError, attrErrorType.String("revision_conflict")))
+
+	recs := h.find("jobkeys: key state repaired")
+	require.Len(t, recs, 1)
+	assert.Equal(t, slog.LevelWarn, recs[0].Level)
+	assert.Equal(t, bad.KVKey, recs[0].Attrs["kv_key"])
+	assert.Equal(t, "deleted", recs[0].Attrs["outcome"])
+}
+
+// TestMetricsRunnerWaiting checks the waiting gauge while a Run waits for a
+// busy key, and the running gauge while two keys' handlers run.
+func TestMetricsRunnerWaiting(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	mr := newMetricsReader(t)
+	coord, err := NewCoordinator(NewMemoryStore(), &Config{MeterProvider: mr.mp})
+	require.NoError(t, err)
+	jt, err := coord.JobType("obswait", "t", Policy{Key: []string{"/k"}, MaxQueuedPerKey: 2})
+	require.NoError(t, err)
+	runner, err := NewRunner(jt, &RunnerConfig{RecheckInterval: time.Millisecond})
+	require.NoError(t, err)
+	p := []byte(`{"k":"a"}`)
+	for _, id := range []string{"j1", "j2"} {
+		_, err = jt.Admit(ctx, id, p)
+		require.NoError(t, err)
+	}
+	gauge := func(name string) int64 { return valueWhere(t, mr.collect(), name, attrService.String("obswait")) }
+
+	release := make(chan struct{})
+	first := make(chan error, 1)
+	go func() {
+		_, err := runner.Run(ctx, "j1", p, func(context.Context, Lease) error { <-release; return nil })
+		first <- err
+	}()
+	require.Eventually(t, func() bool { return gauge("jobkeys.runner.running") == 1 }, time.Minute, time.Millisecond)
+	second := make(chan error, 1)
+	go func() {
+		_, err := runner.Run(ctx, "j2", p, func(context.Context, Lease) error { return nil })
+		second <- err
+	}()
+	require.Eventually(t, func() bool { return gauge("jobkeys.runner.waiting") == 1 }, time.Minute, time.Millisecond)
+	assert.Equal(t, int64(1), gauge("jobkeys.runner.running"))
+	close(release)
+	require.NoError(t, <-first)
+	require.NoError(t, <-second)
+	assert.Equal(t, int64(0), gauge("jobkeys.runner.waiting"))
+	assert.Equal(t, int64(0), gauge("jobkeys.runner.running"))
+	assert.Zero(t, valueWhere(t, mr.collect(), "jobkeys.runner.blocked"), "a Run that waited and got its slot is not blocked")
+}
