@@ -155,7 +155,8 @@ type Config struct {
 	MeterProvider metric.MeterProvider
 
 	// Logger receives the coordinator's logs: unusable key state (error),
-	// expired slots taken over (info), sweeps (debug, or info when they
+	// acquisitions under other limits than the state's (warn), expired
+	// slots taken over (info), sweeps (debug, or info when they
 	// found expired slots), repairs (warn). Defaults to nil: no logs.
 	Logger *slog.Logger
 }

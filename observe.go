@@ -271,7 +271,15 @@ func (o *observer) acquired(ctx context.Context, key *JobKey, start time.Time, a
 		return
 	}
 	o.record(ctx, metricOpAcquire, key.Service, key.JobType, key.KVKey, start, string(acq.Kind), *err)
-	if *err != nil || len(acq.Stale) == 0 || o.logger == nil {
+	if *err != nil || o.logger == nil {
+		return
+	}
+	if l := acq.StoredLimits; l != nil {
+		o.logger.LogAttrs(ctx, slog.LevelWarn, "jobkeys: key state was written under other limits than this policy's",
+			slog.String("kv_key", key.KVKey), slog.Int("stored_max_active", l.MaxActive),
+			slog.Int("stored_max_queued_per_key", l.MaxQueuedPerKey))
+	}
+	if len(acq.Stale) == 0 {
 		return
 	}
 	o.logger.LogAttrs(ctx, slog.LevelInfo, "jobkeys: expired slots taken over",

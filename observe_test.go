@@ -640,3 +640,30 @@ func TestMetricsRunnerWaiting(t *testing.T) {
 	assert.Equal(t, int64(0), gauge("jobkeys.runner.running"))
 	assert.Zero(t, valueWhere(t, mr.collect(), "jobkeys.runner.blocked"), "a Run that waited and got its slot is not blocked")
 }
+
+func TestLogsStoredLimits(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	store := NewMemoryStore()
+	producer, err := NewCoordinator(store, nil)
+	require.NoError(t, err)
+	var h captureHandler
+	worker, err := NewCoordinator(store, &Config{Logger: slog.New(&h)})
+	require.NoError(t, err)
+	pjt, err := producer.JobType("limits", "t", Policy{Key: []string{"/k"}, MaxActive: 1, MaxQueuedPerKey: 3})
+	require.NoError(t, err)
+	wjt, err := worker.JobType("limits", "t", Policy{Key: []string{"/k"}, MaxActive: 2, MaxQueuedPerKey: 3})
+	require.NoError(t, err)
+	p := []byte(`{"k":"a"}`)
+	_, err = pjt.Admit(ctx, "j1", p)
+	require.NoError(t, err)
+	acq, err := wjt.Acquire(ctx, "j1", p)
+	require.NoError(t, err)
+	require.NotNil(t, acq.StoredLimits)
+
+	recs := h.find("jobkeys: key state was written under other limits than this policy's")
+	require.Len(t, recs, 1)
+	assert.Equal(t, slog.LevelWarn, recs[0].Level)
+	assert.Equal(t, int64(1), recs[0].Attrs["stored_max_active"])
+	assert.Equal(t, int64(3), recs[0].Attrs["stored_max_queued_per_key"])
+}
