@@ -57,3 +57,45 @@ func BenchmarkObserveKeyCycle(b *testing.B) {
 		})
 	}
 }
+
+// BenchmarkObserveHook measures the hook an operation defers, alone:
+// without an observer (what every operation pays when nothing is
+// configured) beside a function without the hook, and with the SDK.
+func BenchmarkObserveHook(b *testing.B) {
+	key := JobKey{Service: "bench", JobType: "hook", KVKey: "bench.hook.x"}
+	ctx := context.Background()
+	withHook := func(o *observer) (Admission, error) {
+		var out Admission
+		var err error
+		defer o.end(ctx, metricOpAdmit, &key, o.begin(), &out.Kind, &err)
+		out.Kind = KindAccepted
+		return out, err
+	}
+	without := func() (Admission, error) {
+		var out Admission
+		out.Kind = KindAccepted
+		return out, nil
+	}
+	b.Run("no-hook", func(b *testing.B) {
+		b.ReportAllocs()
+		for b.Loop() {
+			_, _ = without()
+		}
+	})
+	b.Run("nil-observer", func(b *testing.B) {
+		b.ReportAllocs()
+		for b.Loop() {
+			_, _ = withHook(nil)
+		}
+	})
+	b.Run("sdk-meter", func(b *testing.B) {
+		o, err := newObserver(sdkmetric.NewMeterProvider(sdkmetric.WithReader(sdkmetric.NewManualReader())), nil)
+		if err != nil {
+			b.Fatal(err)
+		}
+		b.ReportAllocs()
+		for b.Loop() {
+			_, _ = withHook(o)
+		}
+	})
+}
