@@ -6,12 +6,15 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"log/slog"
 	"os"
 	"reflect"
 	"slices"
 	"strconv"
 	"time"
 	"unicode/utf8"
+
+	"go.opentelemetry.io/otel/metric"
 )
 
 // Coordinator is the keyed concurrency contract: one method per reducer.
@@ -47,8 +50,10 @@ type AdmitRequest struct {
 	// []byte or json.RawMessage are parsed as JSON, any other value is
 	// marshalled with encoding/json first.
 	Payload any
-	// Context is the job's trace context. Missing fields are derived from
-	// the job id when written: every reader of the key state requires them.
+	// Context is the job's trace context. Without a TraceID or Traceparent
+	// it takes them from the caller's span when ctx carries one (see
+	// [WithTraceContext]); fields still missing are derived from the job id
+	// when written: every reader of the key state requires them.
 	Context TraceContext
 	Policy  Policy // normalized by the coordinator
 	// StrictCreate rejects when the queue is full, whatever Policy.WhenFull says.
@@ -61,7 +66,7 @@ type AcquireRequest struct {
 	JobType string       // as in AdmitRequest
 	JobID   string       // the admitted job
 	Payload any          // as in AdmitRequest; must derive the same key
-	Context TraceContext // the trace context recorded in the slot
+	Context TraceContext // the trace context recorded in the slot; as in AdmitRequest
 	// Retry lets a job that is not queued take a slot: a retry of a job
 	// that ran before and whose queue entry is gone.
 	Retry bool
@@ -142,6 +147,18 @@ type Config struct {
 
 	// NewSlotToken makes slot tokens. Defaults to random UUIDs (version 4).
 	NewSlotToken func() string
+
+	// MeterProvider receives the coordinator's metrics, and those of the
+	// Runners of its job types (see the package docs, "Metrics and logs", and the README).
+	// Pass otel.GetMeterProvider() for the global one. Defaults to nil: no
+	// metrics, and no cost.
+	MeterProvider metric.MeterProvider
+
+	// Logger receives the coordinator's logs: unusable key state (error),
+	// acquisitions under other limits than the state's (warn), expired
+	// slots taken over (info), sweeps (debug, or info when they
+	// found expired slots), repairs (warn). Defaults to nil: no logs.
+	Logger *slog.Logger
 }
 
 // KeyCoordinator runs operations against a [Store]: derive the key, read the
@@ -176,7 +193,8 @@ type KeyCoordinator struct {
 	store    Store
 	cfg      Config
 	keys     *keyTable
-	slotRoom int // see checkRoom
+	slotRoom int       // see checkRoom
+	obs      *observer // metrics and logs; nil: none
 }
 
 // NewCoordinator returns a coordinator over store. cfg may be nil for the
@@ -229,7 +247,11 @@ func NewCoordinator(store Store, cfg *Config) (*KeyCoordinator, error) {
 	if c.NewSlotToken == nil {
 		c.NewSlotToken = newUUID
 	}
-	return &KeyCoordinator{store: store, cfg: c, keys: newKeyTable(c.StateCacheSize), slotRoom: slotRoom(c.InstanceID)}, nil
+	obs, err := newObserver(c.MeterProvider, c.Logger)
+	if err != nil {
+		return nil, err
+	}
+	return &KeyCoordinator{store: store, cfg: c, keys: newKeyTable(c.StateCacheSize), slotRoom: slotRoom(c.InstanceID), obs: obs}, nil
 }
 
 // InstanceID returns the instance id the coordinator writes into slots.
@@ -268,6 +290,7 @@ func (c *KeyCoordinator) Renew(ctx context.Context, req RenewRequest) (Renewal, 
 		return Renewal{}, err
 	}
 	var out Renewal
+	defer c.obs.end(ctx, metricOpRenew, &key, c.obs.begin(), &out.Kind, &err)
 	err = c.run(ctx, key, retry{lease: &lease}, func(st *KeyState, now time.Time) *KeyState {
 		out = ReduceRenew(st, lease, now)
 		return out.State
@@ -287,6 +310,7 @@ func (c *KeyCoordinator) Release(ctx context.Context, req ReleaseRequest) (Relea
 		return ReleaseOutcome{}, err
 	}
 	var out ReleaseOutcome
+	defer c.obs.end(ctx, metricOpRelease, &key, c.obs.begin(), &out.Kind, &err)
 	err = c.run(ctx, key, retry{lease: &lease}, func(st *KeyState, now time.Time) *KeyState {
 		out = ReduceRelease(st, lease, now)
 		return out.State
@@ -517,6 +541,9 @@ func (c *KeyCoordinator) attempt(ctx context.Context, e *keyEntry, key JobKey, s
 		}
 	}
 	e.conflict()
+	if errors.Is(err, ErrRevisionConflict) {
+		c.obs.conflict(ctx, &key)
+	}
 	switch {
 	case errors.Is(err, ErrStateTooLarge):
 		return false, &StateError{KVKey: key.KVKey, Reason: fmt.Sprintf("new state of %d bytes (%d active, %d queued): %v", len(*buf), len(next.Active), len(next.Queued), err), Err: ErrStateTooLarge}

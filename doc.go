@@ -130,4 +130,17 @@
 // The bucket and key names, the key hash and the state JSON are those of the
 // TypeScript implementation this package comes from, so Go and TypeScript
 // workers can share a bucket.
+//
+// # Metrics and logs
+//
+// [Config.MeterProvider] takes an OpenTelemetry MeterProvider: the
+// coordinator, its job types' sweeps and its [Runner]s then report
+// operations by kind and outcome, their latency, compare-and-swap
+// conflicts and exhausted retries, and running and waiting jobs, with no
+// per-key or per-job attribute (meter [MeterName]; the README lists every
+// instrument). [Config.Logger] and [RunnerConfig.Logger] take a
+// [log/slog.Logger] for unusable state, stale takeovers, sweeps, failed
+// renewals and lost leases. Both default to nil: no metrics, no logs, no
+// cost. A job's trace context comes from the caller's span when ctx
+// carries one (see [WithTraceContext]).
 package jobkeys

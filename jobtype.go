@@ -227,8 +227,11 @@ func (o traceOption) applyAcquire(r AcquireRequest) AcquireRequest {
 }
 
 // WithTraceContext records tc (W3C trace context) with the queued job or
-// the slot. Fields left empty are derived from the job id when written.
-// Without it the whole context is derived from the job id.
+// the slot. Without it, or when tc has neither TraceID nor Traceparent,
+// the trace id, traceparent and tracestate come from the caller's
+// OpenTelemetry span when ctx carries a valid one
+// ([go.opentelemetry.io/otel/trace.SpanContextFromContext]); fields still
+// empty are derived from the job id when written.
 func WithTraceContext(tc TraceContext) JobOption { return traceOption(tc) }
 
 // WithStrictCreate makes an admission to a full queue a rejection, whatever
@@ -275,8 +278,11 @@ func WithInstanceID(id string) AcquireOption {
 // request's own fields.
 
 func (c *KeyCoordinator) admitKey(ctx context.Context, key JobKey, policy Policy, req AdmitRequest) (Admission, error) {
+	req.Context = spanTraceContext(ctx, req.Context)
 	var out Admission
-	err := c.update(ctx, key, true, func(st *KeyState, now time.Time) *KeyState {
+	var err error
+	defer c.obs.end(ctx, metricOpAdmit, &key, c.obs.begin(), &out.Kind, &err)
+	err = c.update(ctx, key, true, func(st *KeyState, now time.Time) *KeyState {
 		out = ReduceAdmission(st, key, req, policy, now)
 		return out.State
 	})
@@ -300,8 +306,11 @@ func (c *KeyCoordinator) acquireKey(ctx context.Context, key JobKey, policy Poli
 	if token == "" || !utf8.ValidString(token) {
 		return Acquisition{}, fmt.Errorf("%w: Config.NewSlotToken returned %q, not a non-empty UTF-8 token", ErrInvalidRequest, token)
 	}
+	req.Context = spanTraceContext(ctx, req.Context)
 	var out Acquisition
-	err := c.update(ctx, key, false, func(st *KeyState, now time.Time) *KeyState {
+	var err error
+	defer c.obs.acquired(ctx, &key, c.obs.begin(), &out, &err)
+	err = c.update(ctx, key, false, func(st *KeyState, now time.Time) *KeyState {
 		out = ReduceAcquire(st, key, req, policy, now, token)
 		return out.State
 	})
@@ -313,7 +322,9 @@ func (c *KeyCoordinator) acquireKey(ctx context.Context, key JobKey, policy Poli
 
 func (c *KeyCoordinator) removeQueuedKey(ctx context.Context, key JobKey, jobID string) (Removal, error) {
 	var out Removal
-	err := c.update(ctx, key, false, func(st *KeyState, now time.Time) *KeyState {
+	var err error
+	defer c.obs.end(ctx, metricOpRemove, &key, c.obs.begin(), &out.Kind, &err)
+	err = c.update(ctx, key, false, func(st *KeyState, now time.Time) *KeyState {
 		out = ReduceRemoveQueued(st, jobID, now)
 		return out.State
 	})
@@ -331,7 +342,9 @@ func (c *KeyCoordinator) restoreKey(ctx context.Context, key JobKey, policy Poli
 		return Restoration{}, fmt.Errorf("%w: Replaced.CreatedAt %v is outside the years 0000 to 9999", ErrInvalidRequest, req.Replaced.CreatedAt)
 	}
 	var out Restoration
-	err := c.update(ctx, key, false, func(st *KeyState, now time.Time) *KeyState {
+	var err error
+	defer c.obs.restored(ctx, &key, c.obs.begin(), &out, &err)
+	err = c.update(ctx, key, false, func(st *KeyState, now time.Time) *KeyState {
 		out = ReduceRestoreReplaced(st, key, req, policy, now)
 		return out.State
 	})

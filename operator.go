@@ -37,6 +37,7 @@ func (c *KeyCoordinator) RemoveQueuedEntry(ctx context.Context, ref QueueEntryRe
 		return Removal{}, fmt.Errorf("%w: JobID is empty", ErrInvalidRequest)
 	}
 	var out Removal
+	defer c.obs.end(ctx, metricOpRemove, &key, c.obs.begin(), &out.Kind, &err)
 	err = c.update(ctx, key, false, func(st *KeyState, now time.Time) *KeyState {
 		out = ReduceRemoveQueued(st, ref.JobID, now)
 		return out.State
@@ -113,7 +114,8 @@ type RepairOutcome struct {
 // wraps [ErrRevisionConflict]: inspect it again. Deleting state that holds
 // live slots lets their jobs' keys run more jobs than MaxActive until
 // those jobs finish; the operator decides.
-func (c *KeyCoordinator) Repair(ctx context.Context, req RepairRequest) (RepairOutcome, error) {
+func (c *KeyCoordinator) Repair(ctx context.Context, req RepairRequest) (_ RepairOutcome, err error) {
+	defer c.obs.repaired(ctx, req.Service, req.KVKey, c.obs.begin(), req.Replacement == nil || req.Replacement.Empty(), &err)
 	key, err := operatorKey(req.Service, req.KVKey)
 	if err != nil {
 		return RepairOutcome{}, err

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"time"
 )
 
@@ -65,6 +66,11 @@ type RunnerConfig struct {
 	// panics. The same slots are in RunResult.Stale. It runs on Run's
 	// goroutine while the slot is held; a panic in it releases the slot.
 	OnStale func(lease Lease, stale []ActiveSlot)
+
+	// Logger receives the Runner's logs: failed renewals (warn) and lost
+	// leases (warn). The Runner's metrics go to the coordinator's
+	// Config.MeterProvider. Defaults to nil: no logs.
+	Logger *slog.Logger
 }
 
 // Runner runs jobs of one [JobType] under leases: it acquires a slot
@@ -80,6 +86,7 @@ type Runner struct {
 	jt     *JobType
 	policy Policy // jt's
 	cfg    RunnerConfig
+	obs    *runnerObserver // metrics and logs; nil: none
 }
 
 // NewRunner returns a runner of jt's jobs. cfg may be nil for the defaults;
@@ -107,7 +114,7 @@ func NewRunner(jt *JobType, cfg *RunnerConfig) (*Runner, error) {
 	case c.ReleaseTimeout < 0:
 		return nil, fmt.Errorf("%w: RunnerConfig.ReleaseTimeout %v is negative", ErrInvalidRequest, c.ReleaseTimeout)
 	}
-	return &Runner{jt: jt, policy: jt.Policy(), cfg: c}, nil
+	return &Runner{jt: jt, policy: jt.Policy(), cfg: c, obs: newRunnerObserver(jt, c.Logger)}, nil
 }
 
 // Handler is the work of one job. ctx is cancelled when the caller's context
@@ -165,6 +172,7 @@ func (r *Runner) run(ctx context.Context, jobID string, payload any, handler Han
 	}
 	acq, deadline, waited, err := r.acquire(ctx, jobID, payload, opts, wait)
 	if err != nil {
+		r.obs.acquireFailed(ctx, err)
 		return RunResult{}, err
 	}
 	return r.runHeld(ctx, RunResult{Lease: acq.Lease, Stale: acq.Stale, Waited: waited}, deadline, handler)
@@ -218,6 +226,10 @@ func (r *Runner) acquire(ctx context.Context, jobID string, payload any, opts []
 			if !waiting && r.cfg.OnBlocked != nil {
 				r.cfg.OnBlocked(jobID, acq)
 			}
+			if !waiting {
+				r.obs.waiting(ctx, 1)
+				defer r.obs.waiting(ctx, -1)
+			}
 			waiting = true
 			d := r.cfg.RecheckInterval
 			if !acq.NextExpiry.IsZero() {
@@ -259,6 +271,8 @@ func (r *Runner) acquire(ctx context.Context, jobID string, payload any, opts []
 func (r *Runner) runHeld(ctx context.Context, acquired RunResult, deadline time.Time, handler Handler) (res RunResult, err error) {
 	res = acquired
 	lease := res.Lease
+	r.obs.running(ctx, 1)
+	defer r.obs.running(ctx, -1)
 	hctx, cancel := context.WithCancelCause(ctx)
 	defer cancel(nil)
 
@@ -271,6 +285,7 @@ func (r *Runner) runHeld(ctx context.Context, acquired RunResult, deadline time.
 		defer close(hbDone)
 		lost = r.heartbeat(hbCtx, lease, deadline)
 		if lost != nil {
+			r.obs.leaseLost(hbCtx, &lease, lost)
 			cancel(lost)
 		}
 	}()
@@ -362,6 +377,7 @@ func (r *Runner) heartbeat(ctx context.Context, lease Lease, expires time.Time) 
 			if remaining <= 0 {
 				return leaseExpired(lease, kvKey, lease.LeaseExpiresAt, lastErr)
 			}
+			r.obs.renewFailed(ctx, &lease, kvKey, remaining, err)
 			next = min(interval, max(remaining/2, heartbeatRetryFloor))
 		case out.Kind == KindLost:
 			return fmt.Errorf("%w: job %q on KV key %q: the slot was taken over or released", ErrLeaseLost, lease.JobID, kvKey)

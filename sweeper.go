@@ -92,8 +92,8 @@ type SweepReport struct {
 // [*StateError] for bad state). When ctx ends, Sweep stops and returns what
 // it did so far with an error wrapping ctx.Err() (joined with the errors of
 // the keys before).
-func (jt *JobType) Sweep(ctx context.Context) (SweepReport, error) {
-	var rep SweepReport
+func (jt *JobType) Sweep(ctx context.Context) (rep SweepReport, err error) {
+	defer jt.coord.obs.swept(ctx, jt, jt.coord.obs.begin(), &rep, &err)
 	lister, err := jt.lister()
 	if err != nil {
 		return rep, err

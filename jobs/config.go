@@ -14,14 +14,20 @@ type config struct {
 	channels ChannelRegistry
 	guardFn  func(ctx context.Context) error
 	subject  func(jobType string, input json.RawMessage) string
+	obs      *storeObserver // metrics and logs; nil: none
 }
 
-// newConfig copies cfg (nil: defaults).
-func newConfig(cfg *Config) config {
+// newConfig copies cfg (nil: defaults). Its error is one of
+// Config.MeterProvider's.
+func newConfig(cfg *Config) (config, error) {
 	if cfg == nil {
-		return config{}
+		return config{}, nil
 	}
-	return config{nowFn: cfg.Now, channels: cfg.Channels, guardFn: cfg.Guard, subject: cfg.Subject}
+	obs, err := newStoreObserver(cfg.MeterProvider, cfg.Logger)
+	if err != nil {
+		return config{}, err
+	}
+	return config{nowFn: cfg.Now, channels: cfg.Channels, guardFn: cfg.Guard, subject: cfg.Subject, obs: obs}, nil
 }
 
 // now returns the store's clock reading, normalised as stored times are

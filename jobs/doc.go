@@ -97,4 +97,13 @@
 // Stores are safe for concurrent use; a NATSStore is safe across any
 // number of processes. Every value a store returns is a copy, and the
 // store keeps no reference to a request's slices.
+//
+// # Metrics and logs
+//
+// [Config.MeterProvider] takes an OpenTelemetry MeterProvider: both stores
+// then count their transitions by outcome and measure their latency (meter
+// [MeterName]: jobkeys.jobs.transitions and jobkeys.jobs.duration; the
+// repository's README lists their attributes), with no per-job attribute.
+// [Config.Logger] logs corrupt records. Both default to nil: no metrics, no
+// logs, no cost.
 package jobs

@@ -3,7 +3,10 @@ package jobs
 import (
 	"context"
 	"encoding/json"
+	"log/slog"
 	"time"
+
+	"go.opentelemetry.io/otel/metric"
 )
 
 // State is where a job is in its lifecycle. Pending, paused and running jobs
@@ -476,6 +479,14 @@ type Config struct {
 	// Subject gives a listed job its Summary.Subject. Defaults to nil: no
 	// subjects.
 	Subject func(jobType string, input json.RawMessage) string
+	// MeterProvider receives the store's metrics: its transitions by
+	// outcome and their latency (see the package docs, "Metrics and
+	// logs"). Pass otel.GetMeterProvider() for the global one. Defaults to
+	// nil: no metrics, and no cost.
+	MeterProvider metric.MeterProvider
+	// Logger receives the store's logs: corrupt records (error, naming the
+	// job and the KV key). Defaults to nil: no logs.
+	Logger *slog.Logger
 }
 
 // ChannelRegistry tells a store which channels exist and which are active

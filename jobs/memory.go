@@ -36,7 +36,11 @@ type memChannel struct {
 // NewMemoryStore returns an empty store configured by cfg (nil: defaults;
 // see [Config]). cfg is copied.
 func NewMemoryStore(cfg *Config) (*MemoryStore, error) {
-	return &MemoryStore{cfg: newConfig(cfg)}, nil
+	c, err := newConfig(cfg)
+	if err != nil {
+		return nil, err
+	}
+	return &MemoryStore{cfg: c}, nil
 }
 
 // channel returns the channel's records, creating them when create is set;
@@ -84,6 +88,11 @@ func (ch *memChannel) put(j Job) {
 
 // Enqueue implements [Store.Enqueue].
 func (s *MemoryStore) Enqueue(ctx context.Context, req EnqueueRequest) (Enqueued, error) {
+	return observe(ctx, s.cfg.obs, trEnqueue, s.enqueue, req)
+}
+
+// enqueue is Enqueue without its metrics.
+func (s *MemoryStore) enqueue(ctx context.Context, req EnqueueRequest) (Enqueued, error) {
 	req, err := prepareEnqueue(req)
 	if err != nil {
 		return Enqueued{}, err
@@ -130,6 +139,11 @@ func (s *MemoryStore) Enqueue(ctx context.Context, req EnqueueRequest) (Enqueued
 
 // Claim implements [Store.Claim].
 func (s *MemoryStore) Claim(ctx context.Context, req ClaimRequest) ([]Job, error) {
+	return observe(ctx, s.cfg.obs, trClaim, s.claim, req)
+}
+
+// claim is Claim without its metrics.
+func (s *MemoryStore) claim(ctx context.Context, req ClaimRequest) ([]Job, error) {
 	req, err := prepareClaim(req)
 	if err != nil {
 		return nil, err
@@ -208,6 +222,11 @@ func (s *MemoryStore) change(ctx context.Context, op, channelID, jobID string,
 
 // Renew implements [Store.Renew].
 func (s *MemoryStore) Renew(ctx context.Context, req RenewRequest) (Job, error) {
+	return observe(ctx, s.cfg.obs, trRenew, s.renew, req)
+}
+
+// renew is Renew without its metrics.
+func (s *MemoryStore) renew(ctx context.Context, req RenewRequest) (Job, error) {
 	req, err := prepareRenew(req)
 	if err != nil {
 		return Job{}, err
@@ -219,6 +238,11 @@ func (s *MemoryStore) Renew(ctx context.Context, req RenewRequest) (Job, error) 
 
 // Requeue implements [Store.Requeue].
 func (s *MemoryStore) Requeue(ctx context.Context, req RequeueRequest) (Job, error) {
+	return observe(ctx, s.cfg.obs, trRequeue, s.requeue, req)
+}
+
+// requeue is Requeue without its metrics.
+func (s *MemoryStore) requeue(ctx context.Context, req RequeueRequest) (Job, error) {
 	req, err := prepareRequeue(req)
 	if err != nil {
 		return Job{}, err
@@ -230,6 +254,11 @@ func (s *MemoryStore) Requeue(ctx context.Context, req RequeueRequest) (Job, err
 
 // AppendProgress implements [Store.AppendProgress].
 func (s *MemoryStore) AppendProgress(ctx context.Context, req ProgressRequest) (Job, error) {
+	return observe(ctx, s.cfg.obs, trProgress, s.appendProgress, req)
+}
+
+// appendProgress is AppendProgress without its metrics.
+func (s *MemoryStore) appendProgress(ctx context.Context, req ProgressRequest) (Job, error) {
 	req, err := prepareProgress(req)
 	if err != nil {
 		return Job{}, err
@@ -241,6 +270,11 @@ func (s *MemoryStore) AppendProgress(ctx context.Context, req ProgressRequest) (
 
 // Settle implements [Store.Settle].
 func (s *MemoryStore) Settle(ctx context.Context, req SettleRequest) (Detail, error) {
+	return observe(ctx, s.cfg.obs, trSettle, s.settle, req)
+}
+
+// settle is Settle without its metrics.
+func (s *MemoryStore) settle(ctx context.Context, req SettleRequest) (Detail, error) {
 	req, err := prepareSettle(req)
 	if err != nil {
 		return Detail{}, err
@@ -275,6 +309,11 @@ func (s *MemoryStore) Settle(ctx context.Context, req SettleRequest) (Detail, er
 
 // Fail implements [Store.Fail].
 func (s *MemoryStore) Fail(ctx context.Context, req FailRequest) (Job, error) {
+	return observe(ctx, s.cfg.obs, trFail, s.fail, req)
+}
+
+// fail is Fail without its metrics.
+func (s *MemoryStore) fail(ctx context.Context, req FailRequest) (Job, error) {
 	req, err := prepareFail(req)
 	if err != nil {
 		return Job{}, err
@@ -286,6 +325,11 @@ func (s *MemoryStore) Fail(ctx context.Context, req FailRequest) (Job, error) {
 
 // Pause implements [Store.Pause].
 func (s *MemoryStore) Pause(ctx context.Context, req PauseRequest) (Job, error) {
+	return observe(ctx, s.cfg.obs, trPause, s.pause, req)
+}
+
+// pause is Pause without its metrics.
+func (s *MemoryStore) pause(ctx context.Context, req PauseRequest) (Job, error) {
 	req, err := preparePause(req)
 	if err != nil {
 		return Job{}, err
@@ -297,6 +341,11 @@ func (s *MemoryStore) Pause(ctx context.Context, req PauseRequest) (Job, error) 
 
 // Resume implements [Store.Resume].
 func (s *MemoryStore) Resume(ctx context.Context, req ResumeRequest) (Job, error) {
+	return observe(ctx, s.cfg.obs, trResume, s.resume, req)
+}
+
+// resume is Resume without its metrics.
+func (s *MemoryStore) resume(ctx context.Context, req ResumeRequest) (Job, error) {
 	req, err := prepareResume(req)
 	if err != nil {
 		return Job{}, err
@@ -308,6 +357,11 @@ func (s *MemoryStore) Resume(ctx context.Context, req ResumeRequest) (Job, error
 
 // Cancel implements [Store.Cancel].
 func (s *MemoryStore) Cancel(ctx context.Context, req CancelRequest) (Job, error) {
+	return observe(ctx, s.cfg.obs, trCancel, s.cancel, req)
+}
+
+// cancel is Cancel without its metrics.
+func (s *MemoryStore) cancel(ctx context.Context, req CancelRequest) (Job, error) {
 	req, err := prepareCancel(req)
 	if err != nil {
 		return Job{}, err
@@ -324,6 +378,11 @@ func (s *MemoryStore) Cancel(ctx context.Context, req CancelRequest) (Job, error
 
 // Supersede implements [Store.Supersede].
 func (s *MemoryStore) Supersede(ctx context.Context, req SupersedeRequest) (Job, error) {
+	return observe(ctx, s.cfg.obs, trSupersede, s.supersede, req)
+}
+
+// supersede is Supersede without its metrics.
+func (s *MemoryStore) supersede(ctx context.Context, req SupersedeRequest) (Job, error) {
 	req, err := prepareSupersede(req)
 	if err != nil {
 		return Job{}, err

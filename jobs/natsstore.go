@@ -132,6 +132,10 @@ func NewNATSStore(js jetstream.JetStream, cfg *Config, opts ...NATSStoreOption) 
 	if js == nil {
 		return nil, fmt.Errorf("%w: NewNATSStore: jetstream.JetStream is nil", ErrConflict)
 	}
+	c, err := newConfig(cfg)
+	if err != nil {
+		return nil, err
+	}
 	o := natsStoreOptions{bucket: NATSBucketDefault}
 	for _, opt := range opts {
 		if opt == nil {
@@ -170,7 +174,7 @@ func NewNATSStore(js jetstream.JetStream, cfg *Config, opts ...NATSStoreOption) 
 	}
 	return &NATSStore{
 		js:          js,
-		cfg:         newConfig(cfg),
+		cfg:         c,
 		kv:          kv,
 		stream:      stream,
 		streamName:  streamName,
@@ -245,6 +249,11 @@ func (s *NATSStore) readJobMeta(ctx context.Context, op, channelID, jobID string
 // concurrent enqueue for the same key, id or target makes the batch fail
 // whole, and the enqueue reads again.
 func (s *NATSStore) Enqueue(ctx context.Context, req EnqueueRequest) (Enqueued, error) {
+	return observe(ctx, s.cfg.obs, trEnqueue, s.enqueue, req)
+}
+
+// enqueue is Enqueue without its metrics.
+func (s *NATSStore) enqueue(ctx context.Context, req EnqueueRequest) (Enqueued, error) {
 	const op = "enqueue"
 	req, err := prepareEnqueue(req)
 	if err != nil {
@@ -409,6 +418,11 @@ type natsCandidate struct {
 // key; a job another process claimed or changed in between is skipped.
 // Entries whose job is terminal or gone are removed on the way.
 func (s *NATSStore) Claim(ctx context.Context, req ClaimRequest) ([]Job, error) {
+	return observe(ctx, s.cfg.obs, trClaim, s.claim, req)
+}
+
+// claim is Claim without its metrics.
+func (s *NATSStore) claim(ctx context.Context, req ClaimRequest) ([]Job, error) {
 	const op = "claim"
 	req, err := prepareClaim(req)
 	if err != nil {
@@ -654,6 +668,11 @@ func single(rule func(j *Job, gen uint64, now time.Time, rev uint64) (Job, error
 
 // Renew implements [Store.Renew]: one compare-and-swap on the job's key.
 func (s *NATSStore) Renew(ctx context.Context, req RenewRequest) (Job, error) {
+	return observe(ctx, s.cfg.obs, trRenew, s.renew, req)
+}
+
+// renew is Renew without its metrics.
+func (s *NATSStore) renew(ctx context.Context, req RenewRequest) (Job, error) {
 	req, err := prepareRenew(req)
 	if err != nil {
 		return Job{}, err
@@ -666,6 +685,11 @@ func (s *NATSStore) Renew(ctx context.Context, req RenewRequest) (Job, error) {
 
 // Requeue implements [Store.Requeue]: one compare-and-swap on the job's key.
 func (s *NATSStore) Requeue(ctx context.Context, req RequeueRequest) (Job, error) {
+	return observe(ctx, s.cfg.obs, trRequeue, s.requeue, req)
+}
+
+// requeue is Requeue without its metrics.
+func (s *NATSStore) requeue(ctx context.Context, req RequeueRequest) (Job, error) {
 	req, err := prepareRequeue(req)
 	if err != nil {
 		return Job{}, err
@@ -679,6 +703,11 @@ func (s *NATSStore) Requeue(ctx context.Context, req RequeueRequest) (Job, error
 // AppendProgress implements [Store.AppendProgress]: one compare-and-swap on
 // the job's key.
 func (s *NATSStore) AppendProgress(ctx context.Context, req ProgressRequest) (Job, error) {
+	return observe(ctx, s.cfg.obs, trProgress, s.appendProgress, req)
+}
+
+// appendProgress is AppendProgress without its metrics.
+func (s *NATSStore) appendProgress(ctx context.Context, req ProgressRequest) (Job, error) {
 	req, err := prepareProgress(req)
 	if err != nil {
 		return Job{}, err
@@ -693,6 +722,11 @@ func (s *NATSStore) AppendProgress(ctx context.Context, req ProgressRequest) (Jo
 // which then holds the artifact too. The returned detail's revision is the
 // settle's.
 func (s *NATSStore) Settle(ctx context.Context, req SettleRequest) (Detail, error) {
+	return observe(ctx, s.cfg.obs, trSettle, s.settle, req)
+}
+
+// settle is Settle without its metrics.
+func (s *NATSStore) settle(ctx context.Context, req SettleRequest) (Detail, error) {
 	req, err := prepareSettle(req)
 	if err != nil {
 		return Detail{}, err
@@ -717,6 +751,11 @@ func (s *NATSStore) Settle(ctx context.Context, req SettleRequest) (Detail, erro
 
 // Fail implements [Store.Fail]: one compare-and-swap on the job's key.
 func (s *NATSStore) Fail(ctx context.Context, req FailRequest) (Job, error) {
+	return observe(ctx, s.cfg.obs, trFail, s.fail, req)
+}
+
+// fail is Fail without its metrics.
+func (s *NATSStore) fail(ctx context.Context, req FailRequest) (Job, error) {
 	req, err := prepareFail(req)
 	if err != nil {
 		return Job{}, err
@@ -729,6 +768,11 @@ func (s *NATSStore) Fail(ctx context.Context, req FailRequest) (Job, error) {
 
 // Pause implements [Store.Pause]: one compare-and-swap on the job's key.
 func (s *NATSStore) Pause(ctx context.Context, req PauseRequest) (Job, error) {
+	return observe(ctx, s.cfg.obs, trPause, s.pause, req)
+}
+
+// pause is Pause without its metrics.
+func (s *NATSStore) pause(ctx context.Context, req PauseRequest) (Job, error) {
 	req, err := preparePause(req)
 	if err != nil {
 		return Job{}, err
@@ -741,6 +785,11 @@ func (s *NATSStore) Pause(ctx context.Context, req PauseRequest) (Job, error) {
 
 // Resume implements [Store.Resume]: one compare-and-swap on the job's key.
 func (s *NATSStore) Resume(ctx context.Context, req ResumeRequest) (Job, error) {
+	return observe(ctx, s.cfg.obs, trResume, s.resume, req)
+}
+
+// resume is Resume without its metrics.
+func (s *NATSStore) resume(ctx context.Context, req ResumeRequest) (Job, error) {
 	req, err := prepareResume(req)
 	if err != nil {
 		return Job{}, err
@@ -753,6 +802,11 @@ func (s *NATSStore) Resume(ctx context.Context, req ResumeRequest) (Job, error) 
 
 // Cancel implements [Store.Cancel]: one compare-and-swap on the job's key.
 func (s *NATSStore) Cancel(ctx context.Context, req CancelRequest) (Job, error) {
+	return observe(ctx, s.cfg.obs, trCancel, s.cancel, req)
+}
+
+// cancel is Cancel without its metrics.
+func (s *NATSStore) cancel(ctx context.Context, req CancelRequest) (Job, error) {
 	req, err := prepareCancel(req)
 	if err != nil {
 		return Job{}, err
@@ -771,6 +825,11 @@ func (s *NATSStore) Cancel(ctx context.Context, req CancelRequest) (Job, error) 
 // Supersede implements [Store.Supersede]: one compare-and-swap on the job's
 // key.
 func (s *NATSStore) Supersede(ctx context.Context, req SupersedeRequest) (Job, error) {
+	return observe(ctx, s.cfg.obs, trSupersede, s.supersede, req)
+}
+
+// supersede is Supersede without its metrics.
+func (s *NATSStore) supersede(ctx context.Context, req SupersedeRequest) (Job, error) {
 	req, err := prepareSupersede(req)
 	if err != nil {
 		return Job{}, err
