@@ -232,15 +232,7 @@ func (c *KeyCoordinator) Admit(ctx context.Context, req AdmitRequest) (Admission
 	if err != nil {
 		return Admission{}, err
 	}
-	var out Admission
-	err = c.update(ctx, key, true, func(st *KeyState, now time.Time) *KeyState {
-		out = ReduceAdmission(st, key, req, policy, now)
-		return out.State
-	})
-	if err != nil {
-		return zeroOf(out), err
-	}
-	return out, nil
+	return c.admitKey(ctx, key, policy, req)
 }
 
 // Acquire gives req.JobID a slot if the rules allow; the outcome's Lease
@@ -250,28 +242,7 @@ func (c *KeyCoordinator) Acquire(ctx context.Context, req AcquireRequest) (Acqui
 	if err != nil {
 		return Acquisition{}, err
 	}
-	if req.Tries < 0 || int64(req.Tries) > 1<<53-1 {
-		return Acquisition{}, fmt.Errorf("%w: Tries %d is not between 0 and 2^53-1", ErrInvalidRequest, req.Tries)
-	}
-	if req.InstanceID != "" && !utf8.ValidString(req.InstanceID) {
-		return Acquisition{}, fmt.Errorf("%w: InstanceID %q is not valid UTF-8", ErrInvalidRequest, req.InstanceID)
-	}
-	if req.InstanceID == "" {
-		req.InstanceID = c.cfg.InstanceID
-	}
-	token := c.cfg.NewSlotToken()
-	if token == "" || !utf8.ValidString(token) {
-		return Acquisition{}, fmt.Errorf("%w: Config.NewSlotToken returned %q, not a non-empty UTF-8 token", ErrInvalidRequest, token)
-	}
-	var out Acquisition
-	err = c.update(ctx, key, false, func(st *KeyState, now time.Time) *KeyState {
-		out = ReduceAcquire(st, key, req, policy, now, token)
-		return out.State
-	})
-	if err != nil {
-		return zeroOf(out), err
-	}
-	return out, nil
+	return c.acquireKey(ctx, key, policy, req)
 }
 
 // Renew extends the lease, or reports it lost.
@@ -315,15 +286,7 @@ func (c *KeyCoordinator) RemoveQueued(ctx context.Context, req RemoveRequest) (R
 	if err != nil {
 		return Removal{}, err
 	}
-	var out Removal
-	err = c.update(ctx, key, false, func(st *KeyState, now time.Time) *KeyState {
-		out = ReduceRemoveQueued(st, req.JobID, now)
-		return out.State
-	})
-	if err != nil {
-		return zeroOf(out), err
-	}
-	return out, nil
+	return c.removeQueuedKey(ctx, key, req.JobID)
 }
 
 // RestoreReplaced undoes a replacement (see [RestoreRequest]).
@@ -332,21 +295,7 @@ func (c *KeyCoordinator) RestoreReplaced(ctx context.Context, req RestoreRequest
 	if err != nil {
 		return Restoration{}, err
 	}
-	if req.Replaced.ID == "" || !utf8.ValidString(req.Replaced.ID) {
-		return Restoration{}, fmt.Errorf("%w: Replaced.ID %q is empty or not valid UTF-8", ErrInvalidRequest, req.Replaced.ID)
-	}
-	if !inJSYears(req.Replaced.CreatedAt) {
-		return Restoration{}, fmt.Errorf("%w: Replaced.CreatedAt %v is outside the years 0000 to 9999", ErrInvalidRequest, req.Replaced.CreatedAt)
-	}
-	var out Restoration
-	err = c.update(ctx, key, false, func(st *KeyState, now time.Time) *KeyState {
-		out = ReduceRestoreReplaced(st, key, req, policy, now)
-		return out.State
-	})
-	if err != nil {
-		return zeroOf(out), err
-	}
-	return out, nil
+	return c.restoreKey(ctx, key, policy, req)
 }
 
 func (c *KeyCoordinator) prepare(service, jobType, jobID string, payload any, p Policy) (Policy, JobKey, error) {

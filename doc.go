@@ -6,39 +6,41 @@
 //
 // Every change is a compare-and-swap on one KV key, so any number of
 // processes on any number of machines coordinate through the NATS server or
-// cluster they already run. The state is wire-compatible with the
-// TypeScript original (bucket JOBS_KEYS_<service>, key
-// <service>.<jobType>.<keyHash>, the same state JSON): Go and TS workers can
-// share a bucket.
+// cluster they already run: no extra service, no leader.
 //
 // # Quick start
 //
-// A [Policy] says how a job type is keyed and limited; a [KeyCoordinator]
-// applies it over a [Store] ([NATSStore] in production, [MemoryStore] in
-// tests and single processes):
+// A [Policy] says how a job type is keyed and limited. A [KeyCoordinator]
+// applies policies over a [Store] ([NATSStore] in production, [MemoryStore]
+// in tests and single processes); bind each job type once with
+// [KeyCoordinator.JobType] and call the handle with just the job:
 //
 //	store, err := jobkeys.NewNATSStore(js, jobkeys.WithCreateBuckets(jetstream.FileStorage, 1))
 //	coord, err := jobkeys.NewCoordinator(store, nil)
-//	policy := jobkeys.Policy{Key: []string{"tenant", "/tenant"}, MaxActive: 2, MaxQueuedPerKey: 10}
+//	jt, err := coord.JobType("billing", "sync", jobkeys.Policy{
+//		Key: []string{"tenant", "/tenant"}, MaxActive: 2, MaxQueuedPerKey: 10})
 //
-//	adm, err := coord.Admit(ctx, jobkeys.AdmitRequest{
-//		Service: "billing", JobType: "sync", JobID: id, Payload: payload, Policy: policy})
+//	adm, err := jt.Admit(ctx, id, payload)
 //	// adm.Kind: accepted, rejected, coalesced or replaced
 //
-//	acq, err := coord.Acquire(ctx, jobkeys.AcquireRequest{
-//		Service: "billing", JobType: "sync", JobID: id, Payload: payload, Policy: policy})
+//	acq, err := jt.Acquire(ctx, id, payload)
 //	if acq.Kind == jobkeys.KindAcquired {
-//		// run the job, calling coord.Renew every policy.HeartbeatInterval
-//		_, err = coord.Release(ctx, jobkeys.ReleaseRequest{Lease: acq.Lease})
+//		// run the job, calling jt.Renew(ctx, acq.Lease) every HeartbeatInterval
+//		_, err = jt.Release(ctx, acq.Lease)
 //	}
+//
+// Most workers use a [Runner] instead of Acquire, Renew and Release (see
+// Workers below). The request-struct methods of [KeyCoordinator] (Admit with
+// an [AdmitRequest], and so on) do the same for callers that carry the
+// service, job type and policy with every request.
 //
 // # Keys
 //
 // [Policy.Key] is a template of literal segments and RFC 6901 JSON pointers
-// into the job payload. [DeriveKey] turns it into a display key ("tenant:acme"),
-// a key hash (SHA-256 of the segments as JavaScript's JSON.stringify writes
-// them) and the KV key. Pointers must resolve to a string, a finite number or
-// a boolean.
+// into the job payload. [DeriveKey] (or [JobType.Key]) turns it into a
+// display key ("tenant:acme"), a key hash (SHA-256 of the segments) and the
+// KV key <service>.<jobType>.<keyHash> in the bucket JOBS_KEYS_<service>.
+// Pointers must resolve to a string, a finite number or a boolean.
 //
 // # Outcomes and errors
 //
@@ -50,15 +52,6 @@
 // [StateError] naming the KV key; the stored value is never overwritten),
 // exhausted compare-and-swap retries ([ErrContention]), and I/O.
 //
-// # Reducers
-//
-// The rules live in pure functions — [ReduceAdmission], [ReduceAcquire],
-// [ReduceRenew], [ReduceRelease], [ReduceRemoveQueued],
-// [ReduceRestoreReplaced] — that take the state, the request, the policy,
-// the time and the new slot token and return an outcome, with no clock,
-// randomness or I/O. The coordinator wraps them in read → reduce →
-// compare-and-swap, deleting a key's state when it becomes empty.
-//
 // # Workers
 //
 // A [Runner] is the worker loop most users want: [Runner.Run] acquires a
@@ -68,14 +61,73 @@
 // renews the lease every HeartbeatInterval, and releases the slot on every
 // exit, panics included. [Runner.TryRun] hands a blocked job back as a
 // [*BlockedError] instead, for consumers that would rather NakWithDelay. A
-// [Sweeper] removes the expired slots of crashed workers from keys nobody
-// asks for. See examples/worker.
+// [Sweeper] runs [JobType.Sweep] now and then, removing the expired slots of
+// crashed workers from keys nobody asks for. See examples/worker.
+//
+// # Retries
+//
+// [WithRetry] lets a job that is not queued take a slot, for a job that ran
+// before, failed and released its slot. The coordinator cannot check that
+// claim, and a JetStream delivery count cannot either: NumDelivered > 1 is
+// also what these look like, and the recipe "WithRetry when NumDelivered > 1"
+// runs or loses them:
+//
+//   - A redelivery after AckWait while the first worker is alive but frozen
+//     (a long pause, a partition). The retry waits for the frozen worker's
+//     lease to expire and then takes its slot over; the frozen worker learns
+//     it lost the lease only at its next renewal, so both may have worked on
+//     the job, and the frozen worker's ack or nak of its older delivery
+//     counts for nothing.
+//   - A redelivery of a job that is over: replaced by a newer job
+//     ([ReplaceOldest]), removed ([JobType.RemoveQueued]), done but its ack
+//     was lost, or failed because its worker stopped renewing (a stale slot
+//     reported in RunResult.Stale or a [SweepReport]). As a retry it runs
+//     again.
+//   - A message that runs out of deliveries (MaxDeliver, naks of busy keys
+//     count) while its job is queued: the job never runs, and its queue entry
+//     keeps a place until it is removed.
+//
+// Until the jobs runtime of this module decides these for you: record how
+// each job ended (done, failed, replaced, removed, stale) in a store you own,
+// keyed by job id, before you ack or terminate its message, and look it up
+// before you acquire a redelivered message: a job with an end is acked
+// without running, and only a job without one is run [WithRetry]. Keep a live
+// worker's message from being redelivered with AckWait well above
+// HeartbeatTTL and msg.InProgress() while the handler runs. Make handlers
+// idempotent, since delivery is at least once, and let a handler whose
+// context ends with [ErrLeaseLost] stop before its side effects.
+// examples/worker does all of this.
+//
+// # Clocks
+//
+// Leases are timestamps written by one host and compared by others. Mutual
+// exclusion holds while the clocks of the hosts sharing a bucket differ by
+// less than HeartbeatTTL − HeartbeatInterval: a host whose clock runs ahead
+// by more sees live leases as expired and takes their slots over. Keep
+// clocks synchronised (NTP) and that margin wide. A [Runner] counts its own
+// lease's time on the local monotonic clock, so a clock step on its own host
+// does not change when it gives its lease up as lost.
+//
+// # Reducers
+//
+// The rules live in pure functions ([ReduceAdmission], [ReduceAcquire],
+// [ReduceRenew], [ReduceRelease], [ReduceRemoveQueued],
+// [ReduceRestoreReplaced], [ReduceSweep]) that take the state, the request,
+// the policy, the time and the new slot token and return an outcome, with no
+// clock, randomness or I/O. The coordinator wraps them in read → reduce →
+// compare-and-swap, deleting a key's state when it becomes empty.
 //
 // # Concurrency
 //
-// [KeyCoordinator], [NATSStore] and [MemoryStore] are safe for concurrent use.
-// A coordinator remembers the last state and revision it read or wrote per
-// key, so an uncontended admit → acquire → release cycle costs three writes
-// and no reads; a stale memory only costs a failed compare-and-swap and a
-// read.
+// [KeyCoordinator], [JobType], [Runner], [Watcher], [Sweeper], [NATSStore]
+// and [MemoryStore] are safe for concurrent use. A coordinator remembers the
+// last state and revision it read or wrote per key, so an uncontended admit
+// → acquire → release cycle costs three writes and no reads; a stale memory
+// only costs a failed compare-and-swap and a read.
+//
+// # Wire compatibility
+//
+// The bucket and key names, the key hash and the state JSON are those of the
+// TypeScript implementation this package comes from, so Go and TypeScript
+// workers can share a bucket.
 package jobkeys

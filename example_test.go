@@ -17,12 +17,16 @@ func Example() {
 		fmt.Println(err)
 		return
 	}
-	policy := jobkeys.Policy{Key: []string{"tenant", "/tenant"}, MaxActive: 1, MaxQueuedPerKey: 1}
+	// Bind the job type once: names and policy are checked here.
+	jt, err := coord.JobType("billing", "sync", jobkeys.Policy{Key: []string{"tenant", "/tenant"}, MaxActive: 1, MaxQueuedPerKey: 1})
+	if err != nil {
+		fmt.Println(err)
+		return
+	}
 	payload := []byte(`{"tenant":"acme"}`)
 
 	for _, id := range []string{"job-1", "job-2", "job-3"} {
-		adm, err := coord.Admit(ctx, jobkeys.AdmitRequest{
-			Service: "billing", JobType: "sync", JobID: id, Payload: payload, Policy: policy, StrictCreate: true})
+		adm, err := jt.Admit(ctx, id, payload)
 		if err != nil {
 			fmt.Println(err)
 			return
@@ -31,8 +35,7 @@ func Example() {
 	}
 
 	acquire := func(id string) jobkeys.Acquisition {
-		acq, err := coord.Acquire(ctx, jobkeys.AcquireRequest{
-			Service: "billing", JobType: "sync", JobID: id, Payload: payload, Policy: policy})
+		acq, err := jt.Acquire(ctx, id, payload)
 		if err != nil {
 			fmt.Println(err)
 		}
@@ -42,7 +45,7 @@ func Example() {
 	first := acquire("job-1")
 	acquire("job-2")
 
-	rel, err := coord.Release(ctx, jobkeys.ReleaseRequest{Lease: first.Lease})
+	rel, err := jt.Release(ctx, first.Lease)
 	if err != nil {
 		fmt.Println(err)
 		return

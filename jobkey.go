@@ -90,6 +90,12 @@ func DeriveKey(service, jobType string, payload any, template []string) (JobKey,
 			}
 		}
 	}
+	return deriveKey(service, jobType, payload, template)
+}
+
+// deriveKey is DeriveKey for names and a template that were checked
+// already ([JobType] checks them once).
+func deriveKey(service, jobType string, payload any, template []string) (JobKey, error) {
 	text, err := payloadText(payload)
 	if err != nil {
 		return JobKey{}, err

@@ -55,9 +55,9 @@ type RunnerConfig struct {
 	ReleaseTimeout time.Duration
 
 	// OnBlocked, if set, is called once per Run that has to wait, with the
-	// request and the blocked outcome, just before it starts waiting (never
+	// job id and the blocked outcome, just before it starts waiting (never
 	// by TryRun). It runs on Run's goroutine and should return quickly.
-	OnBlocked func(req AcquireRequest, blocked Acquisition)
+	OnBlocked func(jobID string, blocked Acquisition)
 
 	// OnStale, if set, is called when an acquisition dropped the expired
 	// slots of other jobs (FailStale), before the handler starts, so that
@@ -67,21 +67,26 @@ type RunnerConfig struct {
 	OnStale func(lease Lease, stale []ActiveSlot)
 }
 
-// Runner runs jobs under leases: it acquires a slot (waiting while the key is
-// busy), runs the handler while renewing the lease every
-// Policy.HeartbeatInterval, cancels the handler's context when the lease is
-// lost, and releases the slot on every exit. Create it with [NewRunner]. It
-// is safe for concurrent use; one Runner serves all of a process's workers.
+// Runner runs jobs of one [JobType] under leases: it acquires a slot
+// (waiting while the key is busy), runs the handler while renewing the lease
+// every Policy.HeartbeatInterval, cancels the handler's context when the
+// lease is lost, and releases the slot on every exit. It works only through
+// the JobType's methods, and measures time with the local monotonic clock.
+//
+// Create it with [NewRunner]. It is safe for concurrent use: one Runner
+// serves all of a process's workers of its job type, and Runners of several
+// job types can share one [Watcher]. The zero value is not usable.
 type Runner struct {
-	coord *KeyCoordinator
-	cfg   RunnerConfig
+	jt     *JobType
+	policy Policy // jt's
+	cfg    RunnerConfig
 }
 
-// NewRunner returns a runner over coord. cfg may be nil for the defaults; a
-// bad value is an error naming the field.
-func NewRunner(coord *KeyCoordinator, cfg *RunnerConfig) (*Runner, error) {
-	if coord == nil {
-		return nil, fmt.Errorf("%w: coordinator is nil", ErrInvalidRequest)
+// NewRunner returns a runner of jt's jobs. cfg may be nil for the defaults;
+// a bad value is an error naming the field.
+func NewRunner(jt *JobType, cfg *RunnerConfig) (*Runner, error) {
+	if jt == nil {
+		return nil, fmt.Errorf("%w: job type is nil", ErrInvalidRequest)
 	}
 	var c RunnerConfig
 	if cfg != nil {
@@ -102,7 +107,7 @@ func NewRunner(coord *KeyCoordinator, cfg *RunnerConfig) (*Runner, error) {
 	case c.ReleaseTimeout < 0:
 		return nil, fmt.Errorf("%w: RunnerConfig.ReleaseTimeout %v is negative", ErrInvalidRequest, c.ReleaseTimeout)
 	}
-	return &Runner{coord: coord, cfg: c}, nil
+	return &Runner{jt: jt, policy: jt.Policy(), cfg: c}, nil
 }
 
 // Handler is the work of one job. ctx is cancelled when the caller's context
@@ -128,9 +133,10 @@ type RunResult struct {
 	LeaseLost error
 }
 
-// Run acquires a slot for req's job, runs handler under its lease, and
-// releases the slot when handler returns, fails or panics (the panic
-// continues after the release). While the key is busy it waits: for the key
+// Run acquires a slot for job jobID on its payload's key (as
+// [JobType.Acquire] does, with the same options), runs handler under its
+// lease, and releases the slot when handler returns, fails or panics (the
+// panic continues after the release). While the key is busy it waits: for the key
 // to change (with a Watcher), for the earliest lease it saw to expire, or
 // RecheckInterval, whichever comes first, and tries again; it gives up when
 // ctx ends (returning ctx.Err()) or after MaxWait (returning a
@@ -142,37 +148,44 @@ type RunResult struct {
 // handler's error joined with an error wrapping [ErrStaleCompletion] when the
 // slot was gone at release, or with the release's own error. The result
 // tells the same in fields, and lists stale slots the acquisition dropped.
-func (r *Runner) Run(ctx context.Context, req AcquireRequest, handler Handler) (RunResult, error) {
-	return r.run(ctx, req, handler, true)
+func (r *Runner) Run(ctx context.Context, jobID string, payload any, handler Handler, opts ...AcquireOption) (RunResult, error) {
+	return r.run(ctx, jobID, payload, handler, opts, true)
 }
 
 // TryRun is [Runner.Run] without waiting: when the key is busy it returns a
 // [*BlockedError] at once, for a caller that would rather retry later (a
 // JetStream consumer that naks with a delay).
-func (r *Runner) TryRun(ctx context.Context, req AcquireRequest, handler Handler) (RunResult, error) {
-	return r.run(ctx, req, handler, false)
+func (r *Runner) TryRun(ctx context.Context, jobID string, payload any, handler Handler, opts ...AcquireOption) (RunResult, error) {
+	return r.run(ctx, jobID, payload, handler, opts, false)
 }
 
-func (r *Runner) run(ctx context.Context, req AcquireRequest, handler Handler, wait bool) (RunResult, error) {
+func (r *Runner) run(ctx context.Context, jobID string, payload any, handler Handler, opts []AcquireOption, wait bool) (RunResult, error) {
 	if handler == nil {
 		return RunResult{}, fmt.Errorf("%w: handler is nil", ErrInvalidRequest)
 	}
-	acq, waited, err := r.acquire(ctx, req, wait)
+	acq, deadline, waited, err := r.acquire(ctx, jobID, payload, opts, wait)
 	if err != nil {
 		return RunResult{}, err
 	}
-	return r.runHeld(ctx, RunResult{Lease: acq.Lease, Stale: acq.Stale, Waited: waited}, handler)
+	return r.runHeld(ctx, RunResult{Lease: acq.Lease, Stale: acq.Stale, Waited: waited}, deadline, handler)
 }
 
-// acquire gets a slot, waiting while blocked if wait is set, and says how
-// long it waited.
-func (r *Runner) acquire(ctx context.Context, req AcquireRequest, wait bool) (Acquisition, time.Duration, error) {
-	acq, err := r.coord.Acquire(ctx, req)
+// acquire gets a slot, waiting while blocked if wait is set, and says until
+// when (local clock) the lease lasts at least and how long it waited.
+func (r *Runner) acquire(ctx context.Context, jobID string, payload any, opts []AcquireOption, wait bool) (Acquisition, time.Time, time.Duration, error) {
+	try := func() (Acquisition, time.Time, error) {
+		// The coordinator's clock reads later than start: the lease
+		// lasts at least TTL from start.
+		start := time.Now()
+		acq, err := r.jt.Acquire(ctx, jobID, payload, opts...)
+		return acq, start.Add(r.policy.HeartbeatTTL), err
+	}
+	acq, deadline, err := try()
 	if err != nil || acq.Kind == KindAcquired {
-		return acq, 0, err
+		return acq, deadline, 0, err
 	}
 	if !wait || acq.Reason == ReasonNotQueued {
-		return Acquisition{}, 0, &BlockedError{JobID: req.JobID, Acquisition: acq}
+		return Acquisition{}, time.Time{}, 0, &BlockedError{JobID: jobID, Acquisition: acq}
 	}
 	blockedAt := time.Now()
 
@@ -193,24 +206,26 @@ func (r *Runner) acquire(ctx context.Context, req AcquireRequest, wait bool) (Ac
 	waiting := false
 	for {
 		if sub == nil && r.cfg.Watcher != nil {
-			kvKey := kvKeyFor(req.Service, req.JobType, acq.KeyHash)
-			if sub, err = r.cfg.Watcher.Subscribe(ctx, req.Service, kvKey); err != nil {
+			kvKey := kvKeyFor(r.jt.Service(), r.jt.Name(), acq.KeyHash)
+			if sub, err = r.cfg.Watcher.Subscribe(ctx, r.jt.Service(), kvKey); err != nil {
 				if ctx.Err() != nil {
-					return Acquisition{}, 0, ctx.Err()
+					return Acquisition{}, time.Time{}, 0, ctx.Err()
 				}
-				return Acquisition{}, 0, fmt.Errorf("jobkeys: wait for a slot for job %q: %w (a Runner without a Watcher polls instead)", req.JobID, err)
+				return Acquisition{}, time.Time{}, 0, fmt.Errorf("jobkeys: wait for a slot for job %q: %w (a Runner without a Watcher polls instead)", jobID, err)
 			}
 			// The key may have changed before the subscription: look again.
 		} else {
 			if !waiting && r.cfg.OnBlocked != nil {
-				r.cfg.OnBlocked(req, acq)
+				r.cfg.OnBlocked(jobID, acq)
 			}
 			waiting = true
 			d := r.cfg.RecheckInterval
 			if !acq.NextExpiry.IsZero() {
 				// A lease that expires frees its slot (FailStale) without
-				// any write to the key.
-				d = min(d, acq.NextExpiry.Sub(r.coord.cfg.Now())+time.Millisecond)
+				// any write to the key. (NextExpiry is on the coordinator's
+				// clock; should that be another, this only changes when
+				// the key is looked at again.)
+				d = min(d, time.Until(acq.NextExpiry)+time.Millisecond)
 			}
 			recheck.Reset(max(d, time.Millisecond))
 			var changed, ended <-chan struct{}
@@ -219,9 +234,9 @@ func (r *Runner) acquire(ctx context.Context, req AcquireRequest, wait bool) (Ac
 			}
 			select {
 			case <-ctx.Done():
-				return Acquisition{}, 0, ctx.Err()
+				return Acquisition{}, time.Time{}, 0, ctx.Err()
 			case <-giveUp:
-				return Acquisition{}, 0, &BlockedError{JobID: req.JobID, Acquisition: acq}
+				return Acquisition{}, time.Time{}, 0, &BlockedError{JobID: jobID, Acquisition: acq}
 			case <-changed:
 			case <-ended:
 				sub.Close()
@@ -229,18 +244,19 @@ func (r *Runner) acquire(ctx context.Context, req AcquireRequest, wait bool) (Ac
 			case <-recheck.C:
 			}
 		}
-		acq, err = r.coord.Acquire(ctx, req)
+		acq, deadline, err = try()
 		if err != nil || acq.Kind == KindAcquired {
-			return acq, time.Since(blockedAt), err
+			return acq, deadline, time.Since(blockedAt), err
 		}
 		if acq.Reason == ReasonNotQueued {
-			return Acquisition{}, 0, &BlockedError{JobID: req.JobID, Acquisition: acq}
+			return Acquisition{}, time.Time{}, 0, &BlockedError{JobID: jobID, Acquisition: acq}
 		}
 	}
 }
 
-// runHeld runs handler under res.Lease and releases the slot on every exit.
-func (r *Runner) runHeld(ctx context.Context, acquired RunResult, handler Handler) (res RunResult, err error) {
+// runHeld runs handler under res.Lease, which lasts at least until deadline
+// (local clock) unless renewed, and releases the slot on every exit.
+func (r *Runner) runHeld(ctx context.Context, acquired RunResult, deadline time.Time, handler Handler) (res RunResult, err error) {
 	res = acquired
 	lease := res.Lease
 	hctx, cancel := context.WithCancelCause(ctx)
@@ -253,7 +269,7 @@ func (r *Runner) runHeld(ctx context.Context, acquired RunResult, handler Handle
 	var lost error // written by the heartbeat goroutine before hbDone closes
 	go func() {
 		defer close(hbDone)
-		lost = r.heartbeat(hbCtx, lease)
+		lost = r.heartbeat(hbCtx, lease, deadline)
 		if lost != nil {
 			cancel(lost)
 		}
@@ -267,7 +283,7 @@ func (r *Runner) runHeld(ctx context.Context, acquired RunResult, handler Handle
 		res.LeaseLost = lost
 
 		rctx, cancelRelease := context.WithTimeout(context.WithoutCancel(ctx), r.cfg.ReleaseTimeout)
-		rel, relErr := r.coord.Release(rctx, ReleaseRequest{Lease: lease})
+		rel, relErr := r.jt.Release(rctx, lease)
 		cancelRelease()
 		if panicked {
 			return // the panic (or runtime.Goexit) continues; nobody sees the result
@@ -308,10 +324,11 @@ const heartbeatRetryFloor = 10 * time.Millisecond
 
 // heartbeat renews lease every HeartbeatInterval until ctx ends (nil) or the
 // lease is lost (the cause, wrapping ErrLeaseLost). After a failed renewal it
-// tries again sooner, and gives up when the lease has expired.
-func (r *Runner) heartbeat(ctx context.Context, lease Lease) error {
-	interval := lease.Policy.HeartbeatInterval
-	expires := lease.LeaseExpiresAt
+// tries again sooner, and gives up when the lease may have expired: at
+// expires on the local clock, which every renewal moves to TTL after the
+// renewal started.
+func (r *Runner) heartbeat(ctx context.Context, lease Lease, expires time.Time) error {
+	interval, ttl := r.policy.HeartbeatInterval, r.policy.HeartbeatTTL
 	kvKey := kvKeyFor(lease.Service, lease.JobType, lease.KeyHash)
 	var lastErr error
 	t := time.NewTimer(interval)
@@ -322,12 +339,13 @@ func (r *Runner) heartbeat(ctx context.Context, lease Lease) error {
 			return nil
 		case <-t.C:
 		}
-		remaining := expires.Sub(r.coord.cfg.Now())
+		start := time.Now()
+		remaining := expires.Sub(start)
 		if remaining <= 0 {
-			return leaseExpired(lease, kvKey, expires, lastErr)
+			return leaseExpired(lease, kvKey, lease.LeaseExpiresAt, lastErr)
 		}
 		rctx, cancel := context.WithTimeout(ctx, remaining)
-		out, err := r.coord.Renew(rctx, RenewRequest{Lease: lease})
+		out, err := r.jt.Renew(rctx, lease)
 		cancel()
 		if ctx.Err() != nil {
 			return nil
@@ -340,15 +358,16 @@ func (r *Runner) heartbeat(ctx context.Context, lease Lease) error {
 				// cut short by the lease's expiry.
 				lastErr = err
 			}
-			remaining = expires.Sub(r.coord.cfg.Now())
+			remaining = time.Until(expires)
 			if remaining <= 0 {
-				return leaseExpired(lease, kvKey, expires, lastErr)
+				return leaseExpired(lease, kvKey, lease.LeaseExpiresAt, lastErr)
 			}
 			next = min(interval, max(remaining/2, heartbeatRetryFloor))
 		case out.Kind == KindLost:
 			return fmt.Errorf("%w: job %q on KV key %q: the slot was taken over or released", ErrLeaseLost, lease.JobID, kvKey)
 		default:
-			expires, lastErr = out.LeaseExpiresAt, nil
+			expires, lastErr = start.Add(ttl), nil
+			lease.LeaseExpiresAt = out.LeaseExpiresAt
 		}
 		t.Reset(next)
 	}

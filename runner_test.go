@@ -6,11 +6,13 @@ import (
 	"fmt"
 	mrand "math/rand/v2"
 	"strconv"
-	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
 )
 
 // rtPolicy keys jobs by tenant, one active per tenant, up to 8 waiting.
@@ -20,35 +22,62 @@ func rtPolicy(interval, ttl time.Duration) Policy {
 
 var rtPayload = []byte(`{"tenant":"acme"}`)
 
-// rtJob admits job id under svc and returns the request that acquires it.
-func rtJob(t testing.TB, c *KeyCoordinator, svc, id string, p Policy) AcquireRequest {
+// rtJobType returns the "render" job type of svc under p.
+func rtJobType(t testing.TB, c *KeyCoordinator, svc string, p Policy) *JobType {
 	t.Helper()
-	adm, err := c.Admit(context.Background(), AdmitRequest{Service: svc, JobType: "render", JobID: id, Payload: rtPayload, Policy: p})
-	jkNoErr(t, err)
-	if adm.Kind != KindAccepted {
-		t.Fatalf("admit %s: %s (%s)", id, adm.Kind, adm.Reason)
-	}
-	return AcquireRequest{Service: svc, JobType: "render", JobID: id, Payload: rtPayload, Policy: p}
+	jt, err := c.JobType(svc, "render", p)
+	require.NoError(t, err)
+	return jt
+}
+
+// rtAdmit admits job id with rtPayload and returns the id.
+func rtAdmit(t testing.TB, jt *JobType, id string) string {
+	t.Helper()
+	adm, err := jt.Admit(context.Background(), id, rtPayload)
+	require.NoError(t, err)
+	require.Equal(t, KindAccepted, adm.Kind, "admit %s: %s", id, adm.Reason)
+	return id
+}
+
+// rtAcquire admits and acquires job id, and returns its lease.
+func rtAcquire(t testing.TB, jt *JobType, id string) Lease {
+	t.Helper()
+	acq, err := jt.Acquire(context.Background(), rtAdmit(t, jt, id), rtPayload)
+	require.NoError(t, err)
+	require.Equal(t, KindAcquired, acq.Kind, "acquire %s: %s", id, acq.Reason)
+	return acq.Lease
 }
 
 // rtState reads the key state of rtPayload's key; nil when absent.
-func rtState(t testing.TB, store Store, svc string, p Policy) *KeyState {
+func rtState(t testing.TB, store Store, jt *JobType) *KeyState {
 	t.Helper()
-	key, err := DeriveKey(svc, "render", rtPayload, p.Key)
-	jkNoErr(t, err)
-	value, _, err := store.Get(context.Background(), svc, key.KVKey)
+	key, err := DeriveKey(jt.Service(), jt.Name(), rtPayload, jt.Policy().Key)
+	require.NoError(t, err)
+	value, _, err := store.Get(context.Background(), jt.Service(), key.KVKey)
 	if errors.Is(err, ErrKeyNotFound) {
 		return nil
 	}
-	jkNoErr(t, err)
+	require.NoError(t, err)
 	st, err := ParseState(value)
-	jkNoErr(t, err)
+	require.NoError(t, err)
 	return st
 }
 
+// activeIDs lists the job ids of st's slots; nil for a nil state.
+func activeIDs(st *KeyState) []string {
+	if st == nil {
+		return nil
+	}
+	var ids []string
+	for _, s := range st.Active {
+		ids = append(ids, s.JobID)
+	}
+	return ids
+}
+
 // signalTo returns an OnBlocked hook that signals ch without blocking.
-func signalTo(ch chan Acquisition) func(AcquireRequest, Acquisition) {
-	return func(_ AcquireRequest, a Acquisition) {
+func signalTo(ch chan Acquisition) func(string, Acquisition) {
+	return func(_ string, a Acquisition) {
 		select {
 		case ch <- a:
 		default:
@@ -56,12 +85,14 @@ func signalTo(ch chan Acquisition) func(AcquireRequest, Acquisition) {
 	}
 }
 
-func rtRunner(t testing.TB, c *KeyCoordinator, cfg *RunnerConfig) *Runner {
+func rtRunner(t testing.TB, jt *JobType, cfg *RunnerConfig) *Runner {
 	t.Helper()
-	r, err := NewRunner(c, cfg)
-	jkNoErr(t, err)
+	r, err := NewRunner(jt, cfg)
+	require.NoError(t, err)
 	return r
 }
+
+func ok(context.Context, Lease) error { return nil }
 
 // TestRunReleasesOnEveryExit: the slot is held while the handler runs and
 // gone after it returns, fails, panics or is cancelled.
@@ -87,11 +118,9 @@ func TestRunReleasesOnEveryExit(t *testing.T) {
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
 			t.Parallel()
-			svc := rtService()
-			p := rtPolicy(time.Minute, 10*time.Minute)
-			c := cCoordinator(t, store, nil)
-			r := rtRunner(t, c, nil)
-			req := rtJob(t, c, svc, "job-1", p)
+			jt := rtJobType(t, cCoordinator(t, store, nil), rtService(), rtPolicy(time.Minute, 10*time.Minute))
+			r := rtRunner(t, jt, nil)
+			id := rtAdmit(t, jt, "job-1")
 			ctx, cancel := context.WithCancel(context.Background())
 			defer cancel()
 
@@ -103,34 +132,30 @@ func TestRunReleasesOnEveryExit(t *testing.T) {
 			)
 			func() {
 				defer func() { panicVal = recover() }()
-				res, err = r.Run(ctx, req, func(ctx context.Context, lease Lease) error {
-					held = rtState(t, store, svc, p)
+				res, err = r.Run(ctx, id, rtPayload, func(ctx context.Context, lease Lease) error {
+					held = rtState(t, store, jt)
 					return tc.handler(ctx, cancel)
 				})
 			}()
 
-			if held == nil || len(held.Active) != 1 || held.Active[0].JobID != "job-1" || len(held.Queued) != 0 {
-				t.Fatalf("state while the handler ran: %+v, want job-1 active and nothing queued", held)
-			}
+			require.NotNil(t, held, "state while the handler ran")
+			assert.Equal(t, []string{"job-1"}, activeIDs(held), "slots while the handler ran")
+			assert.Empty(t, held.Queued, "queue while the handler ran")
 			if tc.panics {
-				if panicVal != errBoom {
-					t.Fatalf("recovered %v, want the handler's panic value re-panicked", panicVal)
-				}
+				assert.Equal(t, errBoom, panicVal, "the handler's panic value, re-panicked")
 			} else {
-				if panicVal != nil {
-					t.Fatalf("Run panicked: %v", panicVal)
+				require.Nil(t, panicVal, "Run panicked")
+				if tc.wantErr == nil {
+					assert.NoError(t, err)
+				} else {
+					assert.ErrorIs(t, err, tc.wantErr)
 				}
-				if tc.wantErr == nil && err != nil || tc.wantErr != nil && !errors.Is(err, tc.wantErr) {
-					t.Fatalf("Run error %v, want %v", err, tc.wantErr)
-				}
-				rtEqual(t, res.Release, KindReleased)
-				rtEqual(t, res.Lease.JobID, "job-1")
-				rtEqual(t, res.Waited, 0)
-				jkCheck(t, res.LeaseLost == nil, "lease lost: %v", res.LeaseLost)
+				assert.Equal(t, KindReleased, res.Release)
+				assert.Equal(t, "job-1", res.Lease.JobID)
+				assert.Zero(t, res.Waited)
+				assert.NoError(t, res.LeaseLost)
 			}
-			if st := rtState(t, store, svc, p); st != nil {
-				t.Fatalf("state after the run: %+v, want the key deleted", st)
-			}
+			assert.Nil(t, rtState(t, store, jt), "state after the run: want the key deleted")
 		})
 	}
 }
@@ -140,18 +165,15 @@ func TestRunReleasesOnEveryExit(t *testing.T) {
 func TestRunHeartbeats(t *testing.T) {
 	t.Parallel()
 	store, _ := rtNATS(t)
-	svc := rtService()
 	// A TTL far above the interval, so that a loaded machine does not lose
 	// the lease; the handler runs past the first expiry.
-	p := rtPolicy(50*time.Millisecond, time.Second)
-	c := cCoordinator(t, store, nil)
-	r := rtRunner(t, c, nil)
-	req := rtJob(t, c, svc, "job-1", p)
-	res, err := r.Run(context.Background(), req, func(ctx context.Context, lease Lease) error {
+	jt := rtJobType(t, cCoordinator(t, store, nil), rtService(), rtPolicy(50*time.Millisecond, time.Second))
+	r := rtRunner(t, jt, nil)
+	res, err := r.Run(context.Background(), rtAdmit(t, jt, "job-1"), rtPayload, func(ctx context.Context, lease Lease) error {
 		first := lease.LeaseExpiresAt
 		deadline := time.Now().Add(rtWait)
 		for {
-			st := rtState(t, store, svc, p)
+			st := rtState(t, store, jt)
 			if st == nil || len(st.Active) != 1 || st.Active[0].SlotToken != lease.SlotToken {
 				return fmt.Errorf("state %+v, want the handler's slot", st)
 			}
@@ -169,14 +191,50 @@ func TestRunHeartbeats(t *testing.T) {
 			}
 		}
 	})
-	jkNoErr(t, err)
-	rtEqual(t, res.Release, KindReleased)
+	require.NoError(t, err)
+	assert.Equal(t, KindReleased, res.Release)
+}
+
+// TestRunHeartbeatsOnLocalClock: a coordinator whose clock runs an hour
+// behind writes leases that look an hour in the past to the local clock;
+// the runner still renews them on time and keeps the slot, because it
+// counts the lease's time on its own monotonic clock, not against a
+// timestamp from another clock.
+func TestRunHeartbeatsOnLocalClock(t *testing.T) {
+	t.Parallel()
+	store := NewMemoryStore()
+	c := cCoordinator(t, store, &Config{Now: func() time.Time { return time.Now().Add(-time.Hour) }})
+	jt := rtJobType(t, c, rtService(), rtPolicy(20*time.Millisecond, 2*time.Second))
+	r := rtRunner(t, jt, nil)
+	renewals := 0
+	res, err := r.Run(context.Background(), rtAdmit(t, jt, "job-1"), rtPayload, func(ctx context.Context, lease Lease) error {
+		var last time.Time
+		for renewals < 3 {
+			select {
+			case <-ctx.Done():
+				return fmt.Errorf("handler cancelled: %w", context.Cause(ctx))
+			case <-time.After(10 * time.Millisecond):
+			}
+			st := rtState(t, store, jt)
+			if st == nil || len(st.Active) != 1 {
+				return fmt.Errorf("state %+v, want the handler's slot", st)
+			}
+			if hb := st.Active[0].HeartbeatAt; hb.After(lease.LeaseExpiresAt.Add(-jt.Policy().HeartbeatTTL)) && !hb.Equal(last) {
+				last = hb
+				renewals++
+			}
+		}
+		return nil
+	})
+	require.NoError(t, err)
+	assert.NoError(t, res.LeaseLost)
+	assert.Equal(t, KindReleased, res.Release)
 }
 
 // TestRunLeaseTakenOver: a holder is taken over by a second coordinator
 // whose clock is an hour ahead, so that it sees the lease expired; the first
-// handler's context is cancelled with the lost
-// lease cause, and the run reports a stale completion.
+// handler's context is cancelled with the lost lease cause, and the run
+// reports a stale completion.
 func TestRunLeaseTakenOver(t *testing.T) {
 	t.Parallel()
 	store, _ := rtNATS(t)
@@ -184,19 +242,18 @@ func TestRunLeaseTakenOver(t *testing.T) {
 	// The first holder's lease is long (renewal delays on a loaded machine
 	// cannot expire it); the second coordinator's clock sees it expired.
 	p := rtPolicy(100*time.Millisecond, 30*time.Second)
-	first := cCoordinator(t, store, &Config{InstanceID: "first"})
-	second := cCoordinator(t, store, &Config{InstanceID: "second", Now: func() time.Time { return time.Now().Add(time.Hour) }})
+	first := rtJobType(t, cCoordinator(t, store, &Config{InstanceID: "first"}), svc, p)
+	second := rtJobType(t, cCoordinator(t, store, &Config{InstanceID: "second", Now: func() time.Time { return time.Now().Add(time.Hour) }}), svc, p)
 	r := rtRunner(t, first, nil)
-	req1 := rtJob(t, first, svc, "job-1", p)
-	req2 := rtJob(t, first, svc, "job-2", p)
+	id1, id2 := rtAdmit(t, first, "job-1"), rtAdmit(t, first, "job-2")
 
 	var (
 		cause    error
 		takeover Acquisition
 	)
-	res, err := r.Run(context.Background(), req1, func(ctx context.Context, lease Lease) error {
+	res, err := r.Run(context.Background(), id1, rtPayload, func(ctx context.Context, lease Lease) error {
 		var err error
-		takeover, err = second.Acquire(context.Background(), req2)
+		takeover, err = second.Acquire(context.Background(), id2, rtPayload)
 		if err != nil {
 			return err
 		}
@@ -209,20 +266,16 @@ func TestRunLeaseTakenOver(t *testing.T) {
 		}
 	})
 
-	if takeover.Kind != KindAcquired || len(takeover.Stale) != 1 || takeover.Stale[0].JobID != "job-1" {
-		t.Fatalf("takeover: %+v, want job-2 acquired with job-1's slot reported stale", takeover)
-	}
-	if !errors.Is(cause, ErrLeaseLost) || !strings.Contains(cause.Error(), "taken over") {
-		t.Fatalf("handler context cause %v, want one wrapping ErrLeaseLost that says the slot was taken over", cause)
-	}
-	jkErrorIs(t, err, ErrLeaseLost)       // the handler's own error
-	jkErrorIs(t, err, ErrStaleCompletion) // and the release's finding
-	rtEqual(t, res.Release, KindStaleCompletion)
-	jkCheck(t, errors.Is(res.LeaseLost, ErrLeaseLost), "RunResult.LeaseLost %v", res.LeaseLost)
-	st := rtState(t, store, svc, p)
-	if st == nil || len(st.Active) != 1 || st.Active[0].JobID != "job-2" {
-		t.Fatalf("state after the run: %+v, want job-2's slot untouched", st)
-	}
+	require.Equal(t, KindAcquired, takeover.Kind, "job-2's takeover")
+	require.Len(t, takeover.Stale, 1, "job-1's slot reported stale")
+	assert.Equal(t, "job-1", takeover.Stale[0].JobID)
+	require.ErrorIs(t, cause, ErrLeaseLost, "the handler's context cause")
+	assert.Contains(t, cause.Error(), "taken over")
+	assert.ErrorIs(t, err, ErrLeaseLost)       // the handler's own error
+	assert.ErrorIs(t, err, ErrStaleCompletion) // and the release's finding
+	assert.Equal(t, KindStaleCompletion, res.Release)
+	assert.ErrorIs(t, res.LeaseLost, ErrLeaseLost)
+	assert.Equal(t, []string{"job-2"}, activeIDs(rtState(t, store, first)), "job-2's slot untouched")
 }
 
 // faultyStore fails updates while failing is set.
@@ -249,14 +302,11 @@ func TestRunLeaseLostWhenRenewalsFail(t *testing.T) {
 	t.Parallel()
 	nats, _ := rtNATS(t)
 	store := &faultyStore{Store: nats}
-	svc := rtService()
-	p := rtPolicy(100*time.Millisecond, 300*time.Millisecond)
-	c := cCoordinator(t, store, nil)
-	r := rtRunner(t, c, nil)
-	req := rtJob(t, c, svc, "job-1", p)
+	jt := rtJobType(t, cCoordinator(t, store, nil), rtService(), rtPolicy(100*time.Millisecond, 300*time.Millisecond))
+	r := rtRunner(t, jt, nil)
 
 	var cause error
-	res, err := r.Run(context.Background(), req, func(ctx context.Context, lease Lease) error {
+	res, err := r.Run(context.Background(), rtAdmit(t, jt, "job-1"), rtPayload, func(ctx context.Context, lease Lease) error {
 		store.failing.Store(true)
 		defer store.failing.Store(false) // let the release through
 		select {
@@ -267,17 +317,14 @@ func TestRunLeaseLostWhenRenewalsFail(t *testing.T) {
 			return errors.New("handler not cancelled while renewals failed")
 		}
 	})
-	jkNoErr(t, err)
-	if !errors.Is(cause, ErrLeaseLost) || !errors.Is(cause, errInjected) {
-		t.Fatalf("cause %v, want one wrapping ErrLeaseLost and the renewal error", cause)
-	}
-	jkCheck(t, store.failed.Load() >= 1, "%d failed renewals, want at least one before giving up", store.failed.Load())
-	jkCheck(t, errors.Is(res.LeaseLost, ErrLeaseLost), "RunResult.LeaseLost %v", res.LeaseLost)
+	require.NoError(t, err)
+	assert.ErrorIs(t, cause, ErrLeaseLost)
+	assert.ErrorIs(t, cause, errInjected, "the cause carries the renewal error")
+	assert.GreaterOrEqual(t, store.failed.Load(), int64(1), "failed renewals before giving up")
+	assert.ErrorIs(t, res.LeaseLost, ErrLeaseLost)
 	// Nobody took the slot over, so the release found it.
-	rtEqual(t, res.Release, KindReleased)
-	if st := rtState(t, nats, svc, p); st != nil {
-		t.Fatalf("state after the run: %+v, want the key deleted", st)
-	}
+	assert.Equal(t, KindReleased, res.Release)
+	assert.Nil(t, rtState(t, nats, jt), "state after the run: want the key deleted")
 }
 
 // TestRunWakesOnRelease: a blocked Run wakes on the release of the slot it
@@ -286,24 +333,20 @@ func TestRunLeaseLostWhenRenewalsFail(t *testing.T) {
 func TestRunWakesOnRelease(t *testing.T) {
 	t.Parallel()
 	store, _ := rtNATS(t)
-	svc := rtService()
-	p := rtPolicy(time.Minute, time.Hour)
-	c := cCoordinator(t, store, nil)
+	jt := rtJobType(t, cCoordinator(t, store, nil), rtService(), rtPolicy(time.Minute, time.Hour))
 	w, err := NewWatcher(store)
-	jkNoErr(t, err)
+	require.NoError(t, err)
 	defer w.Close()
 	blocked := make(chan Acquisition, 1)
 	var blockedCalls atomic.Int64
-	r := rtRunner(t, c, &RunnerConfig{Watcher: w, RecheckInterval: time.Hour, OnBlocked: func(req AcquireRequest, a Acquisition) {
+	r := rtRunner(t, jt, &RunnerConfig{Watcher: w, RecheckInterval: time.Hour, OnBlocked: func(jobID string, a Acquisition) {
 		blockedCalls.Add(1)
-		rtEqual(t, req.JobID, "waiter")
-		signalTo(blocked)(req, a)
+		assert.Equal(t, "waiter", jobID)
+		signalTo(blocked)(jobID, a)
 	}})
 
-	holder, err := c.Acquire(context.Background(), rtJob(t, c, svc, "holder", p))
-	jkNoErr(t, err)
-	rtEqual(t, holder.Kind, KindAcquired)
-	req := rtJob(t, c, svc, "waiter", p)
+	holder := rtAcquire(t, jt, "holder")
+	waiter := rtAdmit(t, jt, "waiter")
 
 	type result struct {
 		res RunResult
@@ -312,31 +355,29 @@ func TestRunWakesOnRelease(t *testing.T) {
 	}
 	done := make(chan result, 1)
 	go func() {
-		res, err := r.Run(context.Background(), req, func(context.Context, Lease) error { return nil })
+		res, err := r.Run(context.Background(), waiter, rtPayload, ok)
 		done <- result{res, err, time.Now()}
 	}()
 	a := recv(t, blocked, "the waiter to block")
-	if a.Reason != ReasonActiveLimit {
-		t.Fatalf("blocked with %q, want %q", a.Reason, ReasonActiveLimit)
-	}
+	assert.Equal(t, ReasonActiveLimit, a.Reason)
 	// Renewals change the key too: the waiter wakes, finds the slot still
 	// taken and waits again.
 	for range 3 {
-		ren, err := c.Renew(context.Background(), RenewRequest{Lease: holder.Lease})
-		jkNoErr(t, err)
-		rtEqual(t, ren.Kind, KindRenewed)
+		ren, err := jt.Renew(context.Background(), holder)
+		require.NoError(t, err)
+		assert.Equal(t, KindRenewed, ren.Kind)
 	}
-	jkCheck(t, !pending(done), "the waiter ran while the holder held the slot")
+	assert.False(t, pending(done), "the waiter ran while the holder held the slot")
 	released := time.Now()
-	rel, err := c.Release(context.Background(), ReleaseRequest{Lease: holder.Lease})
-	jkNoErr(t, err)
-	rtEqual(t, rel.Kind, KindReleased)
+	rel, err := jt.Release(context.Background(), holder)
+	require.NoError(t, err)
+	assert.Equal(t, KindReleased, rel.Kind)
 
 	got := recv(t, done, "the waiter to run after the release (re-check timer and lease: 1h)")
-	jkNoErr(t, got.err)
-	rtEqual(t, got.res.Release, KindReleased)
-	jkCheck(t, got.res.Waited > 0, "Waited %v", got.res.Waited)
-	rtEqual(t, blockedCalls.Load(), 1)
+	require.NoError(t, got.err)
+	assert.Equal(t, KindReleased, got.res.Release)
+	assert.Positive(t, got.res.Waited)
+	assert.Equal(t, int64(1), blockedCalls.Load())
 	t.Logf("woke %v after the release", got.at.Sub(released))
 }
 
@@ -346,80 +387,86 @@ func TestRunWakesOnRelease(t *testing.T) {
 func TestRunWaitsForStaleSlot(t *testing.T) {
 	t.Parallel()
 	store, _ := rtNATS(t)
-	svc := rtService()
-	p := rtPolicy(100*time.Millisecond, 300*time.Millisecond)
-	c := cCoordinator(t, store, nil)
+	jt := rtJobType(t, cCoordinator(t, store, nil), rtService(), rtPolicy(100*time.Millisecond, 300*time.Millisecond))
 	w, err := NewWatcher(store)
-	jkNoErr(t, err)
+	require.NoError(t, err)
 	defer w.Close()
 	var stale []ActiveSlot
-	r := rtRunner(t, c, &RunnerConfig{Watcher: w, RecheckInterval: time.Hour,
+	r := rtRunner(t, jt, &RunnerConfig{Watcher: w, RecheckInterval: time.Hour,
 		OnStale: func(_ Lease, s []ActiveSlot) { stale = s }})
 
-	crashed, err := c.Acquire(context.Background(), rtJob(t, c, svc, "crashed", p))
-	jkNoErr(t, err)
-	rtEqual(t, crashed.Kind, KindAcquired)
-	req := rtJob(t, c, svc, "next", p)
+	rtAcquire(t, jt, "crashed")
+	next := rtAdmit(t, jt, "next")
 
 	ctx, cancel := context.WithTimeout(context.Background(), rtWait)
 	defer cancel()
-	res, err := r.Run(ctx, req, func(context.Context, Lease) error { return nil })
-	jkNoErr(t, err)
-	if len(res.Stale) != 1 || res.Stale[0].JobID != "crashed" {
-		t.Fatalf("RunResult.Stale %+v, want the crashed job's slot", res.Stale)
-	}
-	rtEqual(t, stale, res.Stale)
-	jkCheck(t, res.Waited > 0, "Waited %v", res.Waited)
+	res, err := r.Run(ctx, next, rtPayload, ok)
+	require.NoError(t, err)
+	require.Len(t, res.Stale, 1, "RunResult.Stale: the crashed job's slot")
+	assert.Equal(t, "crashed", res.Stale[0].JobID)
+	assert.Equal(t, res.Stale, stale, "OnStale saw RunResult.Stale")
+	assert.Positive(t, res.Waited)
 }
 
 func TestTryRunBlocked(t *testing.T) {
 	t.Parallel()
 	store := NewMemoryStore()
-	svc := rtService()
-	p := rtPolicy(time.Minute, time.Hour)
-	c := cCoordinator(t, store, nil)
-	r := rtRunner(t, c, &RunnerConfig{MaxWait: 100 * time.Millisecond, RecheckInterval: 10 * time.Millisecond})
-	holder, err := c.Acquire(context.Background(), rtJob(t, c, svc, "holder", p))
-	jkNoErr(t, err)
-	rtEqual(t, holder.Kind, KindAcquired)
-	req := rtJob(t, c, svc, "waiter", p)
+	jt := rtJobType(t, cCoordinator(t, store, nil), rtService(), rtPolicy(time.Minute, time.Hour))
+	r := rtRunner(t, jt, &RunnerConfig{MaxWait: 100 * time.Millisecond, RecheckInterval: 10 * time.Millisecond})
+	rtAcquire(t, jt, "holder")
+	waiter := rtAdmit(t, jt, "waiter")
 	ran := false
 	handler := func(context.Context, Lease) error { ran = true; return nil }
 
 	var be *BlockedError
-	res, err := r.TryRun(context.Background(), req, handler)
-	if !errors.As(err, &be) || !errors.Is(err, ErrBlocked) || be.Acquisition.Reason != ReasonActiveLimit || be.JobID != "waiter" {
-		t.Fatalf("TryRun: %v, want a BlockedError for the active limit", err)
-	}
-	rtEqual(t, res, RunResult{})
+	res, err := r.TryRun(context.Background(), waiter, rtPayload, handler)
+	require.ErrorAs(t, err, &be)
+	assert.ErrorIs(t, err, ErrBlocked)
+	assert.Equal(t, ReasonActiveLimit, be.Acquisition.Reason)
+	assert.Equal(t, "waiter", be.JobID)
+	assert.Equal(t, RunResult{}, res)
 
 	start := time.Now()
-	_, err = r.Run(context.Background(), req, handler)
-	jkErrorIs(t, err, ErrBlocked)
-	jkCheck(t, time.Since(start) >= 100*time.Millisecond, "Run gave up after %v, before MaxWait", time.Since(start))
+	_, err = r.Run(context.Background(), waiter, rtPayload, handler)
+	assert.ErrorIs(t, err, ErrBlocked)
+	assert.GreaterOrEqual(t, time.Since(start), 100*time.Millisecond, "Run gave up before MaxWait")
 
 	ctx, cancel := context.WithTimeout(context.Background(), 50*time.Millisecond)
 	defer cancel()
-	_, err = rtRunner(t, c, nil).Run(ctx, req, handler)
-	if err != context.DeadlineExceeded {
-		t.Fatalf("Run with an expiring context: %v, want context.DeadlineExceeded unchanged", err)
-	}
+	_, err = rtRunner(t, jt, nil).Run(ctx, waiter, rtPayload, handler)
+	assert.Equal(t, context.DeadlineExceeded, err, "Run with an expiring context: ctx.Err() unchanged")
 
-	notQueued := req
-	notQueued.JobID = "never-admitted"
-	_, err = rtRunner(t, c, nil).Run(context.Background(), notQueued, handler)
-	if !errors.As(err, &be) || be.Acquisition.Reason != ReasonNotQueued {
-		t.Fatalf("Run of a job that is not queued: %v, want a BlockedError at once", err)
-	}
-	jkCheck(t, !ran, "a blocked handler ran")
-	if st := rtState(t, store, svc, p); st == nil || len(st.Queued) != 1 || st.Queued[0].JobID != "waiter" {
-		t.Fatalf("state %+v, want the waiter still queued", st)
-	}
+	_, err = rtRunner(t, jt, nil).Run(context.Background(), "never-admitted", rtPayload, handler)
+	require.ErrorAs(t, err, &be, "a job that is not queued: a BlockedError at once")
+	assert.Equal(t, ReasonNotQueued, be.Acquisition.Reason)
+	assert.False(t, ran, "a blocked handler ran")
+	st := rtState(t, store, jt)
+	require.NotNil(t, st)
+	require.Len(t, st.Queued, 1)
+	assert.Equal(t, "waiter", st.Queued[0].JobID, "the waiter is still queued")
+}
+
+// TestRunOptions: Run passes its options to the acquisition.
+func TestRunOptions(t *testing.T) {
+	t.Parallel()
+	store := NewMemoryStore()
+	jt := rtJobType(t, cCoordinator(t, store, nil), rtService(), rtPolicy(time.Minute, time.Hour))
+	r := rtRunner(t, jt, nil)
+	var slot ActiveSlot
+	_, err := r.Run(context.Background(), "retry", rtPayload, func(context.Context, Lease) error {
+		st := rtState(t, store, jt)
+		require.Len(t, st.Active, 1)
+		slot = st.Active[0]
+		return nil
+	}, WithRetry(), WithTries(3), WithInstanceID("w-7"))
+	require.NoError(t, err)
+	assert.Equal(t, 3, slot.Tries)
+	assert.Equal(t, "w-7", slot.InstanceID)
 }
 
 func TestRunnerConfigErrors(t *testing.T) {
 	t.Parallel()
-	c := cCoordinator(t, NewMemoryStore(), nil)
+	jt := rtJobType(t, cCoordinator(t, NewMemoryStore(), nil), "svc", rtPolicy(0, 0))
 	for _, tc := range []struct {
 		cfg   *RunnerConfig
 		field string
@@ -428,18 +475,24 @@ func TestRunnerConfigErrors(t *testing.T) {
 		{&RunnerConfig{MaxWait: -1}, "MaxWait"},
 		{&RunnerConfig{ReleaseTimeout: -1}, "ReleaseTimeout"},
 	} {
-		_, err := NewRunner(c, tc.cfg)
-		if !errors.Is(err, ErrInvalidRequest) || !strings.Contains(err.Error(), tc.field) {
-			t.Errorf("NewRunner(%+v): %v, want an error naming %s", tc.cfg, err, tc.field)
+		_, err := NewRunner(jt, tc.cfg)
+		if assert.ErrorIs(t, err, ErrInvalidRequest, "NewRunner(%+v)", tc.cfg) {
+			assert.Contains(t, err.Error(), tc.field)
 		}
 	}
 	_, err := NewRunner(nil, nil)
-	jkErrorIs(t, err, ErrInvalidRequest)
-	r := rtRunner(t, c, nil)
-	_, err = r.Run(context.Background(), AcquireRequest{}, nil)
-	jkErrorIs(t, err, ErrInvalidRequest)
-	_, err = r.Run(context.Background(), AcquireRequest{Service: "svc", JobType: "t", JobID: "j", Payload: rtPayload, Policy: rtPolicy(0, 0)}, func(context.Context, Lease) error { return nil })
-	jkErrorIs(t, err, ErrBlocked) // not queued
+	assert.ErrorIs(t, err, ErrInvalidRequest)
+	r := rtRunner(t, jt, nil)
+	_, err = r.Run(context.Background(), "j", rtPayload, nil)
+	assert.ErrorIs(t, err, ErrInvalidRequest, "nil handler")
+	_, err = r.Run(context.Background(), "", rtPayload, ok)
+	assert.ErrorIs(t, err, ErrInvalidRequest, "empty job id")
+	_, err = r.Run(context.Background(), "j", []byte(`{}`), ok)
+	assert.ErrorIs(t, err, ErrInvalidKey, "payload without the key")
+	_, err = r.Run(context.Background(), "j", rtPayload, ok, WithTries(-1))
+	assert.ErrorIs(t, err, ErrInvalidRequest, "negative tries")
+	_, err = r.Run(context.Background(), "j", rtPayload, ok)
+	assert.ErrorIs(t, err, ErrBlocked, "not queued")
 }
 
 // TestRunNoGoroutineLeak is not parallel: it counts the process's
@@ -447,34 +500,35 @@ func TestRunnerConfigErrors(t *testing.T) {
 func TestRunNoGoroutineLeak(t *testing.T) {
 	store, _ := rtNATS(t)
 	svc := rtService()
+	c := cCoordinator(t, store, nil)
 	// Slow heartbeats, so that a heartbeat goroutine left running would
 	// outlive the wait below; the holder heartbeats fast.
-	p := rtPolicy(time.Minute, 2*time.Minute)
-	fast := rtPolicy(20*time.Millisecond, 10*time.Second)
-	c := cCoordinator(t, store, nil)
-	rtJob(t, c, svc, "warm-up", p) // opens the bucket
+	slow := rtJobType(t, c, svc, rtPolicy(time.Minute, 2*time.Minute))
+	fast := rtJobType(t, c, svc, rtPolicy(20*time.Millisecond, 10*time.Second))
+	rtAdmit(t, slow, "warm-up") // opens the bucket
 	baseline, _ := clientGoroutines()
 
 	w, err := NewWatcher(store)
-	jkNoErr(t, err)
-	r := rtRunner(t, c, &RunnerConfig{Watcher: w})
+	require.NoError(t, err)
+	r := rtRunner(t, slow, &RunnerConfig{Watcher: w})
 	ctx := context.Background()
-	_, err = r.Run(ctx, rtJob(t, c, svc, "ok", p), func(context.Context, Lease) error { return nil })
-	jkNoErr(t, err)
-	_, err = r.Run(ctx, rtJob(t, c, svc, "fails", p), func(context.Context, Lease) error { return errInjected })
-	jkErrorIs(t, err, errInjected)
+	_, err = r.Run(ctx, rtAdmit(t, slow, "ok"), rtPayload, ok)
+	require.NoError(t, err)
+	_, err = r.Run(ctx, rtAdmit(t, slow, "fails"), rtPayload, func(context.Context, Lease) error { return errInjected })
+	assert.ErrorIs(t, err, errInjected)
 	func() {
 		defer func() { _ = recover() }()
-		_, _ = r.Run(ctx, rtJob(t, c, svc, "panics", p), func(context.Context, Lease) error { panic("x") })
+		_, _ = r.Run(ctx, rtAdmit(t, slow, "panics"), rtPayload, func(context.Context, Lease) error { panic("x") })
 	}()
 
 	// A waiter woken by a release, while the holder heartbeats.
 	holderIn, holderOut := make(chan struct{}), make(chan struct{})
-	holderReq, waiterReq := rtJob(t, c, svc, "holder", fast), rtJob(t, c, svc, "waiter", p)
+	holder, waiter := rtAdmit(t, fast, "holder"), rtAdmit(t, slow, "waiter")
 	errs := make(chan error, 2)
 	var wg sync.WaitGroup
+	rf := rtRunner(t, fast, &RunnerConfig{Watcher: w})
 	wg.Go(func() {
-		_, err := r.Run(ctx, holderReq, func(context.Context, Lease) error {
+		_, err := rf.Run(ctx, holder, rtPayload, func(context.Context, Lease) error {
 			close(holderIn)
 			<-holderOut
 			return nil
@@ -483,31 +537,30 @@ func TestRunNoGoroutineLeak(t *testing.T) {
 	})
 	recv(t, holderIn, "the holder to run")
 	blocked := make(chan Acquisition, 1)
-	rw := rtRunner(t, c, &RunnerConfig{Watcher: w, OnBlocked: signalTo(blocked)})
+	rw := rtRunner(t, slow, &RunnerConfig{Watcher: w, OnBlocked: signalTo(blocked)})
 	wg.Go(func() {
-		_, err := rw.Run(ctx, waiterReq, func(context.Context, Lease) error { return nil })
+		_, err := rw.Run(ctx, waiter, rtPayload, ok)
 		errs <- err
 	})
 	recv(t, blocked, "the waiter to block")
-	time.Sleep(3 * fast.HeartbeatInterval) // a few heartbeats
+	time.Sleep(3 * fast.Policy().HeartbeatInterval) // a few heartbeats
 	close(holderOut)
 	wg.Wait()
-	jkNoErr(t, <-errs)
-	jkNoErr(t, <-errs)
+	require.NoError(t, <-errs)
+	require.NoError(t, <-errs)
 
 	// A run cancelled while it waits.
-	holder, err := c.Acquire(ctx, rtJob(t, c, svc, "holder-2", p))
-	jkNoErr(t, err)
+	lease := rtAcquire(t, slow, "holder-2")
 	wctx, cancel := context.WithCancel(ctx)
-	rc := rtRunner(t, c, &RunnerConfig{Watcher: w, OnBlocked: func(AcquireRequest, Acquisition) { cancel() }})
-	_, err = rc.Run(wctx, rtJob(t, c, svc, "cancelled", p), func(context.Context, Lease) error { return nil })
-	jkErrorIs(t, err, context.Canceled)
-	_, err = c.Release(ctx, ReleaseRequest{Lease: holder.Lease})
-	jkNoErr(t, err)
+	rc := rtRunner(t, slow, &RunnerConfig{Watcher: w, OnBlocked: func(string, Acquisition) { cancel() }})
+	_, err = rc.Run(wctx, rtAdmit(t, slow, "cancelled"), rtPayload, ok)
+	assert.ErrorIs(t, err, context.Canceled)
+	_, err = slow.Release(ctx, lease)
+	require.NoError(t, err)
 
 	w.mu.Lock()
 	for service, sw := range w.watches {
-		jkCheck(t, len(sw.subs) == 0, "service %s: subscriptions left after the runs: %v", service, sw.subs)
+		assert.Empty(t, sw.subs, "service %s: subscriptions left after the runs", service)
 	}
 	w.mu.Unlock()
 	w.Close()
@@ -523,19 +576,17 @@ const benchReleaseSpread = 50 * time.Millisecond
 // job blocked on it runs, with the given runner configuration.
 func benchWake(b *testing.B, watch bool, recheck time.Duration) {
 	store, _ := rtNATS(b)
-	svc := rtService()
-	p := rtPolicy(time.Minute, time.Hour)
-	c := cCoordinator(b, store, nil)
+	jt := rtJobType(b, cCoordinator(b, store, nil), rtService(), rtPolicy(time.Minute, time.Hour))
 	cfg := &RunnerConfig{RecheckInterval: recheck}
 	if watch {
 		w, err := NewWatcher(store)
-		jkNoErr(b, err)
+		require.NoError(b, err)
 		b.Cleanup(w.Close)
 		cfg.Watcher = w
 	}
 	blocked := make(chan Acquisition, 1)
 	cfg.OnBlocked = signalTo(blocked)
-	r := rtRunner(b, c, cfg)
+	r := rtRunner(b, jt, cfg)
 	ctx := context.Background()
 	var (
 		total time.Duration
@@ -543,16 +594,12 @@ func benchWake(b *testing.B, watch bool, recheck time.Duration) {
 	)
 	b.ReportAllocs()
 	for ; b.Loop(); n++ {
-		i := n
-		holder, err := c.Acquire(ctx, rtJob(b, c, svc, "holder-"+strconv.Itoa(i), p))
-		if err != nil || holder.Kind != KindAcquired {
-			b.Fatalf("holder: %+v, %v", holder, err)
-		}
+		holder := rtAcquire(b, jt, "holder-"+strconv.Itoa(n))
 		ran := make(chan time.Time, 1)
 		done := make(chan error, 1)
-		req := rtJob(b, c, svc, "waiter-"+strconv.Itoa(i), p)
+		waiter := rtAdmit(b, jt, "waiter-"+strconv.Itoa(n))
 		go func() {
-			_, err := r.Run(ctx, req, func(context.Context, Lease) error {
+			_, err := r.Run(ctx, waiter, rtPayload, func(context.Context, Lease) error {
 				ran <- time.Now()
 				return nil
 			})
@@ -561,7 +608,7 @@ func benchWake(b *testing.B, watch bool, recheck time.Duration) {
 		recv(b, blocked, "the waiter to block")
 		time.Sleep(mrand.N(benchReleaseSpread))
 		released := time.Now()
-		if _, err := c.Release(ctx, ReleaseRequest{Lease: holder.Lease}); err != nil {
+		if _, err := jt.Release(ctx, holder); err != nil {
 			b.Fatal(err)
 		}
 		total += recv(b, ran, "the waiter to run").Sub(released)
@@ -578,3 +625,32 @@ func BenchmarkWakeOnRelease(b *testing.B) { benchWake(b, true, time.Hour) }
 // BenchmarkWakePolling: a blocked Run that polls every 50ms, the alternative
 // without a watch.
 func BenchmarkWakePolling(b *testing.B) { benchWake(b, false, 50*time.Millisecond) }
+
+// TestRunLeaseLostWhenCoordinatorClockStops: when the coordinator's clock
+// stops (or steps back) while renewals fail, the runner still gives the
+// lease up once TTL has passed on its own monotonic clock; before, it
+// measured the lease on the coordinator's clock and held on forever.
+func TestRunLeaseLostWhenCoordinatorClockStops(t *testing.T) {
+	t.Parallel()
+	store := &faultyStore{Store: NewMemoryStore()}
+	stopped := time.Now()
+	c := cCoordinator(t, store, &Config{Now: func() time.Time { return stopped }})
+	jt := rtJobType(t, c, rtService(), rtPolicy(100*time.Millisecond, 300*time.Millisecond))
+	r := rtRunner(t, jt, nil)
+
+	var cause error
+	res, err := r.Run(context.Background(), rtAdmit(t, jt, "job-1"), rtPayload, func(ctx context.Context, lease Lease) error {
+		store.failing.Store(true)
+		defer store.failing.Store(false)
+		select {
+		case <-ctx.Done():
+			cause = context.Cause(ctx)
+			return nil
+		case <-time.After(rtWait):
+			return errors.New("handler not cancelled while renewals failed")
+		}
+	})
+	require.NoError(t, err)
+	assert.ErrorIs(t, cause, ErrLeaseLost)
+	assert.ErrorIs(t, res.LeaseLost, ErrLeaseLost)
+}

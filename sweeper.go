@@ -57,14 +57,6 @@ func ReduceSweep(state *KeyState, policy Policy, now time.Time) Sweep {
 	return out
 }
 
-// SweepRequest selects the keys a [Sweeper] sweeps: those of one job type of
-// one service, under that job type's policy.
-type SweepRequest struct {
-	Service string // the service whose bucket is swept
-	JobType string // the job type whose keys are swept
-	Policy  Policy // the job type's policy; its StalePolicy decides
-}
-
 // SweptSlot is an expired slot a sweep found, with the key it was found in.
 type SweptSlot struct {
 	KVKey string     // the key the slot was on
@@ -86,62 +78,47 @@ type SweepReport struct {
 	Deleted int
 }
 
-// Sweeper removes the slots of crashed workers: it walks a service's keys and
-// applies [ReduceSweep] to each through the coordinator's compare-and-swap
-// loop, so that queued jobs can run without waiting for another acquisition
-// to take the stale slots over. Create it with [NewSweeper]. It is safe for
-// concurrent use, and several processes may sweep the same keys.
-type Sweeper struct {
-	coord  *KeyCoordinator
-	lister KeyLister
-}
-
-// NewSweeper returns a sweeper over coord, whose store must implement
-// [KeyLister] (as [NATSStore] and [MemoryStore] do).
-func NewSweeper(coord *KeyCoordinator) (*Sweeper, error) {
-	if coord == nil {
-		return nil, fmt.Errorf("%w: coordinator is nil", ErrInvalidRequest)
-	}
-	lister, ok := coord.store.(KeyLister)
-	if !ok {
-		return nil, fmt.Errorf("%w: store %T cannot list keys (it does not implement KeyLister)", ErrInvalidRequest, coord.store)
-	}
-	return &Sweeper{coord: coord, lister: lister}, nil
-}
-
-// Sweep sweeps req's keys once and reports what it removed, kept and
-// deleted. A key whose state is corrupt, belongs to another key, or cannot
-// be read or written is left as it is; the sweep goes on with the other keys
-// and the returned error joins one error per such key, each naming it (a
+// Sweep removes the slots of crashed workers from the job type's keys: it
+// walks them and applies [ReduceSweep] to each with a compare-and-swap, so
+// that queued jobs can run without waiting for another acquisition to take
+// the stale slots over, and reports what it removed, kept and deleted. Any
+// number of processes may sweep the same keys. The coordinator's store must
+// list keys (implement [KeyLister], as [NATSStore] and [MemoryStore] do);
+// otherwise Sweep returns an error wrapping [ErrInvalidRequest].
+//
+// A key whose state is corrupt, belongs to another key, or cannot be read
+// or written is left as it is; the sweep goes on with the other keys and
+// the returned error joins one error per such key, each naming it (a
 // [*StateError] for bad state). When ctx ends, Sweep stops and returns what
-// it did so far with ctx.Err().
-func (s *Sweeper) Sweep(ctx context.Context, req SweepRequest) (SweepReport, error) {
+// it did so far with an error wrapping ctx.Err() (joined with the errors of
+// the keys before).
+func (jt *JobType) Sweep(ctx context.Context) (SweepReport, error) {
 	var rep SweepReport
-	policy, err := req.Policy.Normalize()
+	lister, err := jt.lister()
 	if err != nil {
 		return rep, err
 	}
-	if err := validateJobType(req.JobType); err != nil {
-		return rep, err
-	}
-	keys, err := s.lister.ListKeys(ctx, req.Service, req.JobType)
+	keys, err := lister.ListKeys(ctx, jt.service, jt.name)
 	if err != nil {
-		return rep, fmt.Errorf("jobkeys: sweep job type %q of service %q: %w", req.JobType, req.Service, err)
+		if ctx.Err() != nil {
+			return rep, ctx.Err()
+		}
+		return rep, fmt.Errorf("jobkeys: sweep job type %q of service %q: %w", jt.name, jt.service, err)
 	}
 	var errs []error
 	for _, kvKey := range keys {
 		if err := ctx.Err(); err != nil {
-			return rep, err
+			return rep, errors.Join(append(errs, err)...)
 		}
 		rep.Keys++
-		key, err := parseKVKey(kvKey, req.Service, req.JobType)
+		key, err := parseKVKey(kvKey, jt.service, jt.name)
 		if err != nil {
 			errs = append(errs, err)
 			continue
 		}
 		var out Sweep
-		err = s.coord.update(ctx, key, false, func(st *KeyState, now time.Time) *KeyState {
-			out = ReduceSweep(st, policy, now)
+		err = jt.coord.update(ctx, key, false, func(st *KeyState, now time.Time) *KeyState {
+			out = ReduceSweep(st, jt.policy, now)
 			if out.State != nil {
 				key.Key = out.State.Key
 			} else if st != nil {
@@ -151,7 +128,7 @@ func (s *Sweeper) Sweep(ctx context.Context, req SweepRequest) (SweepReport, err
 		})
 		if err != nil {
 			if ctx.Err() != nil {
-				return rep, ctx.Err()
+				return rep, errors.Join(append(errs, ctx.Err())...)
 			}
 			var se *StateError
 			if !errors.As(err, &se) {
@@ -173,28 +150,61 @@ func (s *Sweeper) Sweep(ctx context.Context, req SweepRequest) (SweepReport, err
 	return rep, errors.Join(errs...)
 }
 
-// Run sweeps req's keys now and then every interval until ctx ends, and
-// returns ctx.Err(). report is called with the outcome of every sweep (from
-// Run's goroutine); it must not be nil, since it is the only way to learn
-// which jobs lost their slots.
-func (s *Sweeper) Run(ctx context.Context, req SweepRequest, interval time.Duration, report func(SweepReport, error)) error {
-	if interval <= 0 {
-		return fmt.Errorf("%w: sweep interval %v is not positive", ErrInvalidRequest, interval)
+// lister returns the coordinator's store as a KeyLister, or an error saying
+// it cannot list keys.
+func (jt *JobType) lister() (KeyLister, error) {
+	lister, ok := jt.coord.store.(KeyLister)
+	if !ok {
+		return nil, fmt.Errorf("%w: store %T cannot list keys (it does not implement KeyLister)", ErrInvalidRequest, jt.coord.store)
 	}
-	if report == nil {
-		return fmt.Errorf("%w: sweep report function is nil", ErrInvalidRequest)
+	return lister, nil
+}
+
+// Sweeper sweeps one job type's keys ([JobType.Sweep]) now and then, so
+// that the slots of crashed workers are removed from keys nobody asks for.
+// Create it with [NewSweeper] and call [Sweeper.Run]; one per job type and
+// process is plenty, and several processes may sweep the same keys. A
+// Sweeper holds no state of its own and is safe for concurrent use (two Runs
+// of one Sweeper call its report function concurrently). The zero value is
+// not usable.
+type Sweeper struct {
+	jt       *JobType
+	interval time.Duration
+	report   func(SweepReport, error)
+}
+
+// NewSweeper returns a sweeper of jt's keys every interval, which reports
+// the outcome of every sweep to report. report must not be nil, since it is
+// the only way to learn which jobs lost their slots; it is called from
+// Run's goroutine. jt's coordinator's store must list keys (implement
+// [KeyLister]).
+func NewSweeper(jt *JobType, interval time.Duration, report func(SweepReport, error)) (*Sweeper, error) {
+	switch {
+	case jt == nil:
+		return nil, fmt.Errorf("%w: job type is nil", ErrInvalidRequest)
+	case interval <= 0:
+		return nil, fmt.Errorf("%w: sweep interval %v is not positive", ErrInvalidRequest, interval)
+	case report == nil:
+		return nil, fmt.Errorf("%w: sweep report function is nil", ErrInvalidRequest)
 	}
-	if _, err := req.Policy.Normalize(); err != nil {
-		return err
+	if _, err := jt.lister(); err != nil {
+		return nil, err
 	}
-	t := time.NewTicker(interval)
+	return &Sweeper{jt: jt, interval: interval, report: report}, nil
+}
+
+// Run sweeps now and then every interval until ctx ends, and returns
+// ctx.Err(). Every sweep is reported, one that ctx cut short included (its
+// error then wraps ctx.Err()): the slots it removed are known to nobody
+// else.
+func (s *Sweeper) Run(ctx context.Context) error {
+	t := time.NewTicker(s.interval)
 	defer t.Stop()
 	for {
-		rep, err := s.Sweep(ctx, req)
+		s.report(s.jt.Sweep(ctx))
 		if ctx.Err() != nil {
 			return ctx.Err()
 		}
-		report(rep, err)
 		select {
 		case <-ctx.Done():
 			return ctx.Err()

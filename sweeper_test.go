@@ -8,6 +8,9 @@ import (
 	"sync"
 	"testing"
 	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
 )
 
 func TestReduceSweep(t *testing.T) {
@@ -65,22 +68,20 @@ func TestReduceSweep(t *testing.T) {
 			}
 			now := t0.Add(500 * time.Microsecond) // truncated to t0, as the TS original sees it
 			out := ReduceSweep(tc.state, tc.policy, now)
-			rtEqual(t, ids(out.Removed), tc.removed)
-			rtEqual(t, ids(out.Expired), tc.kept)
+			assert.Equal(t, tc.removed, ids(out.Removed), "Removed")
+			assert.Equal(t, tc.kept, ids(out.Expired), "Expired")
 			if tc.wantActive == nil {
-				jkCheck(t, out.State == nil, "new state %+v, want none", out.State)
+				assert.Nil(t, out.State, "new state")
 			} else {
-				if out.State == nil {
-					t.Fatal("no new state")
-				}
-				rtEqual(t, append([]string{}, ids(out.State.Active)...), tc.wantActive)
-				rtEqual(t, len(out.State.Queued), tc.wantQueued)
-				rtEqual(t, out.State.StaleTakeoverCount, tc.wantTakeovs)
-				rtEqual(t, out.State.UpdatedAt, t0)
-				rtEqual(t, out.State.Empty(), len(tc.wantActive) == 0 && tc.wantQueued == 0)
+				require.NotNil(t, out.State, "new state")
+				assert.Equal(t, tc.wantActive, append([]string{}, ids(out.State.Active)...))
+				assert.Len(t, out.State.Queued, tc.wantQueued)
+				assert.Equal(t, tc.wantTakeovs, out.State.StaleTakeoverCount)
+				assert.Equal(t, t0, out.State.UpdatedAt)
+				assert.Equal(t, len(tc.wantActive) == 0 && tc.wantQueued == 0, out.State.Empty())
 			}
-			if tc.state != nil && !bytes.Equal(appendState(nil, tc.state), before) {
-				t.Error("ReduceSweep modified its input")
+			if tc.state != nil {
+				assert.True(t, bytes.Equal(appendState(nil, tc.state), before), "ReduceSweep modified its input")
 			}
 		})
 	}
@@ -91,29 +92,26 @@ func TestReduceSweep(t *testing.T) {
 type sweepEnv struct {
 	store   Store
 	svc     string
-	policy  Policy
-	workers *KeyCoordinator // real clock
-	later   *KeyCoordinator // the sweeper's clock
-	sweeper *Sweeper
+	workers *JobType // real clock
+	later   *JobType // the sweeper's clock
+	sweeper *JobType // the sweeper's clock, its own coordinator
 	mu      sync.Mutex
 	now     time.Time // the sweeper's clock
 }
 
 func newSweepEnv(t *testing.T, store Store, stale StalePolicy) *sweepEnv {
 	t.Helper()
-	e := &sweepEnv{store: store, svc: rtService(), now: time.Now(),
-		policy: Policy{Key: []string{"/tenant"}, MaxActive: 1, MaxQueuedPerKey: 4,
-			HeartbeatInterval: time.Second, HeartbeatTTL: 3 * time.Second, StalePolicy: stale}}
-	e.workers = cCoordinator(t, store, nil)
+	e := &sweepEnv{store: store, svc: rtService(), now: time.Now()}
+	policy := Policy{Key: []string{"/tenant"}, MaxActive: 1, MaxQueuedPerKey: 4,
+		HeartbeatInterval: time.Second, HeartbeatTTL: 3 * time.Second, StalePolicy: stale}
 	clock := func() time.Time {
 		e.mu.Lock()
 		defer e.mu.Unlock()
 		return e.now
 	}
-	e.later = cCoordinator(t, store, &Config{Now: clock})
-	var err error
-	e.sweeper, err = NewSweeper(cCoordinator(t, store, &Config{Now: clock}))
-	jkNoErr(t, err)
+	e.workers = rtJobType(t, cCoordinator(t, store, nil), e.svc, policy)
+	e.later = rtJobType(t, cCoordinator(t, store, &Config{Now: clock}), e.svc, policy)
+	e.sweeper = rtJobType(t, cCoordinator(t, store, &Config{Now: clock}), e.svc, policy)
 	return e
 }
 
@@ -123,31 +121,35 @@ func (e *sweepEnv) advance(d time.Duration) {
 	e.mu.Unlock()
 }
 
-func (e *sweepEnv) req(tenant, id string) AcquireRequest {
-	return AcquireRequest{Service: e.svc, JobType: "render", JobID: id, Payload: []byte(`{"tenant":"` + tenant + `"}`), Policy: e.policy}
-}
+func tenantPayload(tenant string) []byte { return []byte(`{"tenant":"` + tenant + `"}`) }
 
-func (e *sweepEnv) admit(t *testing.T, tenant, id string) AcquireRequest {
+func (e *sweepEnv) admit(t *testing.T, tenant, id string) {
 	t.Helper()
-	r := e.req(tenant, id)
-	adm, err := e.workers.Admit(context.Background(), AdmitRequest{Service: r.Service, JobType: r.JobType, JobID: id, Payload: r.Payload, Policy: r.Policy})
-	jkNoErr(t, err)
-	rtEqual(t, adm.Kind, KindAccepted)
-	return r
+	adm, err := e.workers.Admit(context.Background(), id, tenantPayload(tenant))
+	require.NoError(t, err)
+	require.Equal(t, KindAccepted, adm.Kind)
 }
 
 // crash admits and acquires a job whose worker then dies: no heartbeats, no release.
 func (e *sweepEnv) crash(t *testing.T, tenant, id string) {
 	t.Helper()
-	acq, err := e.workers.Acquire(context.Background(), e.admit(t, tenant, id))
-	jkNoErr(t, err)
-	rtEqual(t, acq.Kind, KindAcquired)
+	e.admit(t, tenant, id)
+	acq, err := e.workers.Acquire(context.Background(), id, tenantPayload(tenant))
+	require.NoError(t, err)
+	require.Equal(t, KindAcquired, acq.Kind)
+}
+
+func (e *sweepEnv) kvKey(t *testing.T, tenant string) string {
+	t.Helper()
+	key, err := DeriveKey(e.svc, "render", tenantPayload(tenant), e.workers.Policy().Key)
+	require.NoError(t, err)
+	return key.KVKey
 }
 
 func (e *sweepEnv) sweep(t *testing.T) SweepReport {
 	t.Helper()
-	rep, err := e.sweeper.Sweep(context.Background(), SweepRequest{Service: e.svc, JobType: "render", Policy: e.policy})
-	jkNoErr(t, err)
+	rep, err := e.sweeper.Sweep(context.Background())
+	require.NoError(t, err)
 	return rep
 }
 
@@ -160,78 +162,75 @@ func sweptIDs(slots []SweptSlot) []string {
 	return out
 }
 
-// TestSweeperCrashedHolders: crashed holders are removed once their TTL has
+// TestSweepCrashedHolders: crashed holders are removed once their TTL has
 // passed under fail-stale, and kept under block; then the queued jobs
 // acquire (fail-stale) or stay blocked (block).
-func TestSweeperCrashedHolders(t *testing.T) {
+func TestSweepCrashedHolders(t *testing.T) {
 	t.Parallel()
 	store, _ := rtNATS(t)
 	for _, stale := range []StalePolicy{FailStale, Block} {
 		t.Run(string(stale), func(t *testing.T) {
 			t.Parallel()
 			e := newSweepEnv(t, store, stale)
+			ctx := context.Background()
 			e.crash(t, "acme", "crashed-acme")
 			e.crash(t, "globex", "crashed-globex")
-			next := e.admit(t, "acme", "next-acme")
-			live := e.admit(t, "initech", "live-initech")
-			liveAcq, err := e.workers.Acquire(context.Background(), live)
-			jkNoErr(t, err)
+			e.admit(t, "acme", "next-acme")
+			e.admit(t, "initech", "live-initech")
+			liveAcq, err := e.workers.Acquire(ctx, "live-initech", tenantPayload("initech"))
+			require.NoError(t, err)
 
 			rep := e.sweep(t)
-			rtEqual(t, rep.Keys, 3)
-			jkCheck(t, len(rep.Removed)+len(rep.Expired)+rep.Deleted == 0, "sweep before the TTL: %+v", rep)
+			assert.Equal(t, 3, rep.Keys)
+			assert.Equal(t, SweepReport{Keys: 3}, rep, "sweep before the TTL")
 
-			e.advance(e.policy.HeartbeatTTL + time.Second)
+			e.advance(e.workers.Policy().HeartbeatTTL + time.Second)
 			// The live holder heartbeats with the sweeper's clock.
-			_, err = e.later.Renew(context.Background(), RenewRequest{Lease: liveAcq.Lease})
-			jkNoErr(t, err)
+			_, err = e.later.Renew(ctx, liveAcq.Lease)
+			require.NoError(t, err)
 
 			rep = e.sweep(t)
-			acmeKey, err := DeriveKey(e.svc, "render", next.Payload, e.policy.Key)
-			jkNoErr(t, err)
 			switch stale {
 			case FailStale:
-				rtEqual(t, sweptIDs(rep.Removed), []string{"crashed-acme", "crashed-globex"})
-				jkCheck(t, len(rep.Expired) == 0, "expired kept under fail-stale: %+v", rep.Expired)
-				rtEqual(t, rep.Deleted, 1) // globex had nothing queued
+				assert.Equal(t, []string{"crashed-acme", "crashed-globex"}, sweptIDs(rep.Removed))
+				assert.Empty(t, rep.Expired, "expired kept under fail-stale")
+				assert.Equal(t, 1, rep.Deleted, "globex had nothing queued")
 				for _, s := range rep.Removed {
 					if s.Slot.JobID == "crashed-acme" {
-						rtEqual(t, s.KVKey, acmeKey.KVKey)
-						rtEqual(t, s.Key, "acme")
+						assert.Equal(t, e.kvKey(t, "acme"), s.KVKey)
+						assert.Equal(t, "acme", s.Key)
 					}
 				}
-				globex, err := DeriveKey(e.svc, "render", []byte(`{"tenant":"globex"}`), e.policy.Key)
-				jkNoErr(t, err)
-				_, _, err = store.Get(context.Background(), e.svc, globex.KVKey)
-				jkErrorIs(t, err, ErrKeyNotFound)
+				_, _, err = store.Get(ctx, e.svc, e.kvKey(t, "globex"))
+				assert.ErrorIs(t, err, ErrKeyNotFound)
 
-				acq, err := e.later.Acquire(context.Background(), next)
-				jkNoErr(t, err)
-				rtEqual(t, acq.Kind, KindAcquired)
-				jkCheck(t, len(acq.Stale) == 0, "the sweeper left stale slots to the acquisition: %+v", acq.Stale)
+				acq, err := e.later.Acquire(ctx, "next-acme", tenantPayload("acme"))
+				require.NoError(t, err)
+				assert.Equal(t, KindAcquired, acq.Kind)
+				assert.Empty(t, acq.Stale, "the sweeper left stale slots to the acquisition")
 				// A second sweep finds nothing.
-				rep = e.sweep(t)
-				jkCheck(t, len(rep.Removed) == 0, "second sweep removed %+v", rep.Removed)
+				assert.Empty(t, e.sweep(t).Removed, "second sweep")
 			case Block:
-				rtEqual(t, sweptIDs(rep.Expired), []string{"crashed-acme", "crashed-globex"})
-				jkCheck(t, len(rep.Removed) == 0 && rep.Deleted == 0, "removed under block: %+v", rep)
-				value, _, err := store.Get(context.Background(), e.svc, acmeKey.KVKey)
-				jkNoErr(t, err)
+				assert.Equal(t, []string{"crashed-acme", "crashed-globex"}, sweptIDs(rep.Expired))
+				assert.Empty(t, rep.Removed, "removed under block")
+				assert.Zero(t, rep.Deleted, "deleted under block")
+				value, _, err := store.Get(ctx, e.svc, e.kvKey(t, "acme"))
+				require.NoError(t, err)
 				st, err := ParseState(value)
-				jkNoErr(t, err)
-				rtEqual(t, len(st.Active), 1)
-				acq, err := e.later.Acquire(context.Background(), next)
-				jkNoErr(t, err)
-				rtEqual(t, acq.Kind, KindBlocked)
-				rtEqual(t, acq.Reason, ReasonStaleBlocked)
+				require.NoError(t, err)
+				assert.Len(t, st.Active, 1)
+				acq, err := e.later.Acquire(ctx, "next-acme", tenantPayload("acme"))
+				require.NoError(t, err)
+				assert.Equal(t, KindBlocked, acq.Kind)
+				assert.Equal(t, ReasonStaleBlocked, acq.Reason)
 			}
 		})
 	}
 }
 
-// TestSweeperReportsBadState: corrupt and foreign entries are reported by
+// TestSweepReportsBadState: corrupt and foreign entries are reported by
 // key and left alone, and do not stop the sweep of the other keys.
-func TestSweeperReportsBadState(t *testing.T) {
+func TestSweepReportsBadState(t *testing.T) {
 	t.Parallel()
 	store, _ := rtNATS(t)
 	e := newSweepEnv(t, store, FailStale)
@@ -244,39 +243,30 @@ func TestSweeperReportsBadState(t *testing.T) {
 	putKey(t, store, e.svc, corruptKey, garbage)
 	putKey(t, store, e.svc, foreignKey, []byte(`{}`))
 	// Valid state of another key hash, stored under the wrong KV key.
-	acme, err := DeriveKey(e.svc, "render", []byte(`{"tenant":"acme"}`), e.policy.Key)
-	jkNoErr(t, err)
-	acmeValue, _, err := store.Get(ctx, e.svc, acme.KVKey)
-	jkNoErr(t, err)
+	acmeValue, _, err := store.Get(ctx, e.svc, e.kvKey(t, "acme"))
+	require.NoError(t, err)
 	putKey(t, store, e.svc, otherKey, acmeValue)
 
 	e.advance(time.Hour)
-	rep, err := e.sweeper.Sweep(ctx, SweepRequest{Service: e.svc, JobType: "render", Policy: e.policy})
-	rtEqual(t, sweptIDs(rep.Removed), []string{"crashed"})
-	rtEqual(t, rep.Keys, 4)
-	var bad []string
+	rep, err := e.sweeper.Sweep(ctx)
+	assert.Equal(t, []string{"crashed"}, sweptIDs(rep.Removed))
+	assert.Equal(t, 4, rep.Keys)
 	var joined interface{ Unwrap() []error }
-	if !errors.As(err, &joined) {
-		t.Fatalf("error %v, want one error per bad key", err)
-	}
+	require.ErrorAs(t, err, &joined, "one error per bad key")
+	var bad []string
 	for _, e := range joined.Unwrap() {
 		var se *StateError
-		if !errors.As(e, &se) {
-			t.Fatalf("error %v is not a *StateError", e)
-		}
+		require.ErrorAs(t, e, &se)
 		bad = append(bad, se.KVKey)
 	}
-	slices.Sort(bad)
-	want := []string{corruptKey, otherKey, foreignKey}
-	slices.Sort(want)
-	rtEqual(t, bad, want)
-	jkErrorIs(t, err, ErrCorruptState)
-	jkErrorIs(t, err, ErrForeignState)
+	assert.ElementsMatch(t, []string{corruptKey, otherKey, foreignKey}, bad)
+	assert.ErrorIs(t, err, ErrCorruptState)
+	assert.ErrorIs(t, err, ErrForeignState)
 
 	for key, value := range map[string][]byte{corruptKey: garbage, foreignKey: []byte(`{}`), otherKey: acmeValue} {
 		got, _, err := store.Get(ctx, e.svc, key)
-		jkNoErr(t, err)
-		jkCheck(t, bytes.Equal(got, value), "%s was overwritten: %s", key, got)
+		require.NoError(t, err)
+		assert.Equal(t, string(value), string(got), "%s was overwritten", key)
 	}
 }
 
@@ -288,30 +278,110 @@ func TestSweeperRun(t *testing.T) {
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	var reports []SweepReport
-	err := e.sweeper.Run(ctx, SweepRequest{Service: e.svc, JobType: "render", Policy: e.policy}, time.Millisecond,
-		func(rep SweepReport, err error) {
-			jkNoErr(t, err)
-			reports = append(reports, rep)
-			if len(reports) == 3 {
-				cancel()
-			}
-		})
-	if err != context.Canceled {
-		t.Fatalf("Run: %v, want context.Canceled", err)
+	s, err := NewSweeper(e.sweeper, time.Millisecond, func(rep SweepReport, err error) {
+		if len(reports) < 3 {
+			assert.NoError(t, err)
+		}
+		reports = append(reports, rep)
+		if len(reports) == 3 {
+			cancel()
+		}
+	})
+	require.NoError(t, err)
+	assert.Equal(t, context.Canceled, s.Run(ctx), "Run returns ctx.Err() unchanged")
+	require.Len(t, reports, 3)
+	assert.Equal(t, []string{"crashed"}, sweptIDs(reports[0].Removed))
+	assert.Zero(t, reports[1].Keys)
+
+	report := func(SweepReport, error) {}
+	_, err = NewSweeper(e.sweeper, 0, report)
+	assert.ErrorIs(t, err, ErrInvalidRequest)
+	_, err = NewSweeper(e.sweeper, time.Second, nil)
+	assert.ErrorIs(t, err, ErrInvalidRequest)
+	_, err = NewSweeper(nil, time.Second, report)
+	assert.ErrorIs(t, err, ErrInvalidRequest)
+	// A store that cannot list keys cannot be swept.
+	unlisted := rtJobType(t, cCoordinator(t, struct{ Store }{NewMemoryStore()}, nil), e.svc, e.workers.Policy())
+	_, err = NewSweeper(unlisted, time.Second, report)
+	assert.ErrorIs(t, err, ErrInvalidRequest)
+	_, err = unlisted.Sweep(ctx)
+	assert.ErrorIs(t, err, ErrInvalidRequest)
+}
+
+// cancelOnWrite cancels a context after its first successful write, as a
+// shutdown that lands in the middle of a sweep.
+type cancelOnWrite struct {
+	*MemoryStore
+	mu     sync.Mutex
+	cancel context.CancelFunc
+}
+
+func (s *cancelOnWrite) wrote() {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.cancel != nil {
+		s.cancel()
 	}
-	rtEqual(t, len(reports), 3)
-	rtEqual(t, sweptIDs(reports[0].Removed), []string{"crashed"})
-	rtEqual(t, reports[1].Keys, 0)
+}
 
-	req := SweepRequest{Service: e.svc, JobType: "render", Policy: e.policy}
-	jkErrorIs(t, e.sweeper.Run(ctx, req, 0, func(SweepReport, error) {}), ErrInvalidRequest)
-	jkErrorIs(t, e.sweeper.Run(ctx, req, time.Second, nil), ErrInvalidRequest)
-	jkErrorIs(t, e.sweeper.Run(ctx, SweepRequest{Service: e.svc, JobType: "render"}, time.Second, func(SweepReport, error) {}), ErrInvalidPolicy)
-	_, err = e.sweeper.Sweep(context.Background(), SweepRequest{Service: e.svc, Policy: e.policy})
-	jkErrorIs(t, err, ErrInvalidName)
+func (s *cancelOnWrite) Update(ctx context.Context, service, key string, value []byte, revision uint64) (uint64, error) {
+	rev, err := s.MemoryStore.Update(ctx, service, key, value, revision)
+	if err == nil {
+		s.wrote()
+	}
+	return rev, err
+}
 
-	_, err = NewSweeper(cCoordinator(t, struct{ Store }{NewMemoryStore()}, nil))
-	jkErrorIs(t, err, ErrInvalidRequest)
-	_, err = NewSweeper(nil)
-	jkErrorIs(t, err, ErrInvalidRequest)
+func (s *cancelOnWrite) Delete(ctx context.Context, service, key string, revision uint64) error {
+	err := s.MemoryStore.Delete(ctx, service, key, revision)
+	if err == nil {
+		s.wrote()
+	}
+	return err
+}
+
+// TestSweeperRunReportsSweepCutShort: a sweep that removes a slot and is
+// then cut short by Run's context is still reported: the removed slot's job
+// must be recorded as failed by someone.
+func TestSweeperRunReportsSweepCutShort(t *testing.T) {
+	t.Parallel()
+	store := &cancelOnWrite{MemoryStore: NewMemoryStore()}
+	e := newSweepEnv(t, store, FailStale)
+	e.crash(t, "acme", "crashed-acme")
+	e.crash(t, "globex", "crashed-globex")
+	e.advance(time.Hour)
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	store.mu.Lock()
+	store.cancel = cancel
+	store.mu.Unlock()
+
+	var (
+		reported []string
+		errs     []error
+	)
+	s, err := NewSweeper(e.sweeper, time.Hour, func(rep SweepReport, err error) {
+		reported = append(reported, sweptIDs(rep.Removed)...)
+		errs = append(errs, err)
+	})
+	require.NoError(t, err)
+	assert.ErrorIs(t, s.Run(ctx), context.Canceled)
+
+	// Exactly one key was written before the cancellation took effect.
+	var left []string
+	for _, tenant := range []string{"acme", "globex"} {
+		value, _, err := store.Get(context.Background(), e.svc, e.kvKey(t, tenant))
+		if errors.Is(err, ErrKeyNotFound) {
+			continue
+		}
+		require.NoError(t, err)
+		st, err := ParseState(value)
+		require.NoError(t, err)
+		left = append(left, activeIDs(st)...)
+	}
+	require.Len(t, left, 1)
+	removed := slices.DeleteFunc([]string{"crashed-acme", "crashed-globex"}, func(id string) bool { return slices.Contains(left, id) })
+	assert.Equal(t, removed, reported, "the removed slot is reported")
+	require.Len(t, errs, 1)
+	assert.ErrorIs(t, errs[0], context.Canceled, "the cut-short sweep's error")
 }

@@ -20,11 +20,11 @@ import (
 	"sync"
 	"time"
 
+	"github.com/nats-io/nats-server/v2/server"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/jobkeys/jobkeys"
-	"github.com/jobkeys/jobkeys/internal/natstest"
 )
 
 const (
@@ -49,7 +49,7 @@ func run() error {
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
 
-	srv, stop, err := natstest.Start(natstest.Options{})
+	srv, stop, err := startServer()
 	if err != nil {
 		return err
 	}
@@ -70,13 +70,41 @@ func run() error {
 	return nil
 }
 
-// client is one worker process: its own connection, store and coordinator.
-type client struct {
-	nc    *nats.Conn
-	coord *jobkeys.KeyCoordinator
+// startServer starts a NATS server with JetStream in this process, on a free
+// port of 127.0.0.1, storing into a temporary directory; stop shuts it down
+// and removes the directory.
+func startServer() (srv *server.Server, stop func(), err error) {
+	dir, err := os.MkdirTemp("", "jobkeys-quickstart-*")
+	if err != nil {
+		return nil, nil, err
+	}
+	srv, err = server.NewServer(&server.Options{
+		Host: "127.0.0.1", Port: -1, JetStream: true, StoreDir: dir, NoLog: true, NoSigs: true})
+	if err != nil {
+		_ = os.RemoveAll(dir)
+		return nil, nil, fmt.Errorf("embedded NATS server: %w", err)
+	}
+	stop = func() {
+		srv.Shutdown()
+		srv.WaitForShutdown()
+		_ = os.RemoveAll(dir)
+	}
+	go srv.Start()
+	if !srv.ReadyForConnections(10 * time.Second) {
+		stop()
+		return nil, nil, fmt.Errorf("embedded NATS server: not ready after 10s")
+	}
+	return srv, stop, nil
 }
 
-func connect(url, name string) (*client, error) {
+// client is one worker process: its own connection, store and coordinator,
+// and the job type's handle.
+type client struct {
+	nc *nats.Conn
+	jt *jobkeys.JobType
+}
+
+func connect(url, name, jobType string, policy jobkeys.Policy) (*client, error) {
 	nc, err := nats.Connect(url, nats.Name(name))
 	if err != nil {
 		return nil, err
@@ -96,7 +124,14 @@ func connect(url, name string) (*client, error) {
 		nc.Close()
 		return nil, err
 	}
-	return &client{nc: nc, coord: coord}, nil
+	// The job type, its service and its policy are checked once, here;
+	// every call after this takes just the job.
+	jt, err := coord.JobType(service, jobType, policy)
+	if err != nil {
+		nc.Close()
+		return nil, err
+	}
+	return &client{nc: nc, jt: jt}, nil
 }
 
 type job struct {
@@ -116,7 +151,7 @@ func scenario(ctx context.Context, url string, policy jobkeys.Policy) error {
 	fmt.Printf("policy: key tenant:<tenant>, at most %d running and %d more waiting per tenant\n",
 		policy.MaxActive, policy.MaxQueuedPerKey)
 
-	submitter, err := connect(url, "submitter")
+	submitter, err := connect(url, "submitter", jobType, policy)
 	if err != nil {
 		return err
 	}
@@ -142,8 +177,7 @@ func scenario(ctx context.Context, url string, policy jobkeys.Policy) error {
 			n++
 			j := job{id: fmt.Sprintf("%s-%02d", t.name, round+1), tenant: t.name}
 			j.payload, _ = json.Marshal(map[string]string{"tenant": t.name})
-			adm, err := submitter.coord.Admit(ctx, jobkeys.AdmitRequest{
-				Service: service, JobType: jobType, JobID: j.id, Payload: j.payload, Policy: policy})
+			adm, err := submitter.jt.Admit(ctx, j.id, j.payload)
 			if err != nil {
 				return err
 			}
@@ -180,7 +214,7 @@ func scenario(ctx context.Context, url string, policy jobkeys.Policy) error {
 	errs := make(chan error, workers)
 	for w := 1; w <= workers; w++ {
 		name := fmt.Sprintf("worker-%d", w)
-		c, err := connect(url, name)
+		c, err := connect(url, name, jobType, policy)
 		if err != nil {
 			return err
 		}
@@ -198,8 +232,7 @@ func scenario(ctx context.Context, url string, policy jobkeys.Policy) error {
 				pending = pending[1:]
 				mu.Unlock()
 
-				acq, err := c.coord.Acquire(ctx, jobkeys.AcquireRequest{
-					Service: service, JobType: jobType, JobID: j.id, Payload: j.payload, Policy: policy})
+				acq, err := c.jt.Acquire(ctx, j.id, j.payload)
 				if err != nil {
 					errs <- err
 					return
@@ -234,7 +267,7 @@ func scenario(ctx context.Context, url string, policy jobkeys.Policy) error {
 				s.ran++
 				ranBy[name] = append(ranBy[name], j.id)
 				mu.Unlock()
-				rel, err := c.coord.Release(ctx, jobkeys.ReleaseRequest{Lease: acq.Lease})
+				rel, err := c.jt.Release(ctx, acq.Lease)
 				if err != nil {
 					errs <- err
 					return

@@ -10,7 +10,14 @@
 //	NATS_URL=nats://127.0.0.1:4222 go run ./examples/worker
 //
 // With NATS_URL the example deletes and recreates its own stream
-// (JOBKEYS_EXAMPLE_JOBS) and KV bucket (JOBS_KEYS_example-worker) first.
+// (JOBKEYS_EXAMPLE_JOBS) and KV buckets (JOBS_KEYS_example-worker and
+// JOBKEYS_EXAMPLE_ENDED) first.
+//
+// Retries: a redelivered message is run as a retry only if the job has no
+// end recorded in the ENDED bucket; every way a job ends (done, failed for
+// good, its worker stopped renewing) is recorded there before the message is
+// acked or terminated. See "Retries" in the package docs for what the
+// delivery count alone cannot tell apart.
 package main
 
 import (
@@ -26,17 +33,18 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/nats-io/nats-server/v2/server"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/jobkeys/jobkeys"
-	"github.com/jobkeys/jobkeys/internal/natstest"
 )
 
 const (
 	service     = "example-worker"
 	jobType     = "render"
 	streamName  = "JOBKEYS_EXAMPLE_JOBS"
+	endedBucket = "JOBKEYS_EXAMPLE_ENDED" // how each job ended, by job id
 	subject     = "jobkeys.example.jobs"
 	workers     = 4
 	maxAttempts = 5
@@ -95,9 +103,9 @@ func run() error {
 
 	url := os.Getenv("NATS_URL")
 	if url == "" {
-		srv, stopServer, err := natstest.Start(natstest.Options{})
+		srv, stopServer, err := startServer()
 		if err != nil {
-			return fmt.Errorf("start embedded NATS server: %w", err)
+			return err
 		}
 		defer stopServer()
 		url = srv.ClientURL()
@@ -113,8 +121,8 @@ func run() error {
 		return fmt.Errorf("jetstream: %w", err)
 	}
 
-	// The library: a store over NATS KV, a coordinator, one watcher for the
-	// process, a runner and a sweeper.
+	// The library: a store over NATS KV, a coordinator, the job type's
+	// handle, one watcher for the process, a runner and a sweeper.
 	store, err := jobkeys.NewNATSStore(js, jobkeys.WithCreateBuckets(jetstream.FileStorage, 1))
 	if err != nil {
 		return err
@@ -126,30 +134,50 @@ func run() error {
 	if err != nil {
 		return err
 	}
+	jt, err := coord.JobType(service, jobType, policy) // names and policy checked once
+	if err != nil {
+		return err
+	}
 	watcher, err := jobkeys.NewWatcher(store)
 	if err != nil {
 		return err
 	}
 	defer watcher.Close()
-	t := newTracker(len(batch) + len(crashed))
-	runner, err := jobkeys.NewRunner(coord, &jobkeys.RunnerConfig{
+	ended, err := js.CreateKeyValue(ctx, jetstream.KeyValueConfig{Bucket: endedBucket, Storage: jetstream.FileStorage})
+	if err != nil {
+		return fmt.Errorf("create KV bucket %s: %w", endedBucket, err)
+	}
+	t := newTracker(ended, len(batch)+len(crashed))
+	runner, err := jobkeys.NewRunner(jt, &jobkeys.RunnerConfig{
 		Watcher: watcher,
 		MaxWait: 700 * time.Millisecond, // then nak, freeing the worker for other tenants
-		OnBlocked: func(req jobkeys.AcquireRequest, a jobkeys.Acquisition) {
-			say("%-9s waits: tenant %s is busy (%s)", req.JobID, a.Key, a.Reason)
+		OnBlocked: func(jobID string, a jobkeys.Acquisition) {
+			say("%-9s waits: tenant %s is busy (%s)", jobID, a.Key, a.Reason)
 		},
 		OnStale: func(lease jobkeys.Lease, stale []jobkeys.ActiveSlot) {
 			for _, s := range stale {
 				say("%-9s took over the expired slot of %s (worker %s stopped renewing): recording %s as failed",
 					lease.JobID, s.JobID, s.InstanceID, s.JobID)
-				t.finish(s.JobID, "failed: its worker stopped renewing")
+				if err := t.finish(ctx, s.JobID, "failed: its worker stopped renewing"); err != nil {
+					say("cannot record the end of %s: %v", s.JobID, err)
+				}
 			}
 		},
 	})
 	if err != nil {
 		return err
 	}
-	sweeper, err := jobkeys.NewSweeper(coord)
+	sweeper, err := jobkeys.NewSweeper(jt, 250*time.Millisecond, func(rep jobkeys.SweepReport, err error) {
+		if err != nil && !errors.Is(err, context.Canceled) {
+			say("sweeper: %v", err)
+		}
+		for _, s := range rep.Removed {
+			say("sweeper: removed the expired slot of %s (tenant %s, worker %s): recording it as failed", s.Slot.JobID, s.Key, s.Slot.InstanceID)
+			if err := t.finish(ctx, s.Slot.JobID, "failed: its worker stopped renewing"); err != nil {
+				say("sweeper: cannot record the end of %s: %v", s.Slot.JobID, err)
+			}
+		}
+	})
 	if err != nil {
 		return err
 	}
@@ -158,7 +186,7 @@ func run() error {
 	// run out a second from now. The next globex job takes that slot over;
 	// nothing else waits for hooli, so the sweeper removes that one.
 	for _, c := range crashed {
-		if err := simulateCrash(ctx, coord, c); err != nil {
+		if err := simulateCrash(ctx, jt, c); err != nil {
 			return err
 		}
 	}
@@ -169,7 +197,7 @@ func run() error {
 		return err
 	}
 	for _, j := range batch {
-		if err := publish(ctx, js, coord, j); err != nil {
+		if err := publish(ctx, js, jt, t, j); err != nil {
 			return err
 		}
 	}
@@ -178,17 +206,7 @@ func run() error {
 	defer stopWork()
 	var wg sync.WaitGroup
 	wg.Go(func() {
-		err := sweeper.Run(workCtx, jobkeys.SweepRequest{Service: service, JobType: jobType, Policy: policy}, 250*time.Millisecond,
-			func(rep jobkeys.SweepReport, err error) {
-				if err != nil {
-					say("sweeper: %v", err)
-				}
-				for _, s := range rep.Removed {
-					say("sweeper: removed the expired slot of %s (tenant %s, worker %s): recording it as failed", s.Slot.JobID, s.Key, s.Slot.InstanceID)
-					t.finish(s.Slot.JobID, "failed: its worker stopped renewing")
-				}
-			})
-		if err != nil && !errors.Is(err, context.Canceled) {
+		if err := sweeper.Run(workCtx); err != nil && !errors.Is(err, context.Canceled) {
 			say("sweeper stopped: %v", err)
 		}
 	})
@@ -210,14 +228,43 @@ func run() error {
 	return nil
 }
 
-// reset deletes the example's stream and bucket, left over from an earlier
+// startServer starts a NATS server with JetStream in this process, on a free
+// port of 127.0.0.1, storing into a temporary directory; stop shuts it down
+// and removes the directory.
+func startServer() (srv *server.Server, stop func(), err error) {
+	dir, err := os.MkdirTemp("", "jobkeys-worker-*")
+	if err != nil {
+		return nil, nil, err
+	}
+	srv, err = server.NewServer(&server.Options{
+		Host: "127.0.0.1", Port: -1, JetStream: true, StoreDir: dir, NoLog: true, NoSigs: true})
+	if err != nil {
+		_ = os.RemoveAll(dir)
+		return nil, nil, fmt.Errorf("embedded NATS server: %w", err)
+	}
+	stop = func() {
+		srv.Shutdown()
+		srv.WaitForShutdown()
+		_ = os.RemoveAll(dir)
+	}
+	go srv.Start()
+	if !srv.ReadyForConnections(10 * time.Second) {
+		stop()
+		return nil, nil, errors.New("embedded NATS server: not ready after 10s")
+	}
+	return srv, stop, nil
+}
+
+// reset deletes the example's stream and buckets, left over from an earlier
 // run against the same server.
 func reset(ctx context.Context, js jetstream.JetStream, bucket string) error {
 	if err := js.DeleteStream(ctx, streamName); err != nil && !errors.Is(err, jetstream.ErrStreamNotFound) {
 		return fmt.Errorf("delete stream %s: %w", streamName, err)
 	}
-	if err := js.DeleteKeyValue(ctx, bucket); err != nil && !errors.Is(err, jetstream.ErrBucketNotFound) {
-		return fmt.Errorf("delete KV bucket %s: %w", bucket, err)
+	for _, b := range []string{bucket, endedBucket} {
+		if err := js.DeleteKeyValue(ctx, b); err != nil && !errors.Is(err, jetstream.ErrBucketNotFound) {
+			return fmt.Errorf("delete KV bucket %s: %w", b, err)
+		}
 	}
 	return nil
 }
@@ -233,10 +280,12 @@ func setupStream(ctx context.Context, js jetstream.JetStream) (jetstream.Consume
 		return nil, fmt.Errorf("create stream %s: %w", streamName, err)
 	}
 	cons, err := js.CreateOrUpdateConsumer(ctx, streamName, jetstream.ConsumerConfig{
-		Durable:    "workers",
-		AckPolicy:  jetstream.AckExplicitPolicy,
-		AckWait:    10 * time.Second,
-		MaxDeliver: 50, // naks of busy tenants count as deliveries
+		Durable:   "workers",
+		AckPolicy: jetstream.AckExplicitPolicy,
+		AckWait:   10 * time.Second,
+		// Naks of busy tenants count as deliveries. A message that runs out
+		// of them leaves its job queued: make MaxDeliver generous.
+		MaxDeliver: 50,
 	})
 	if err != nil {
 		return nil, fmt.Errorf("create consumer of %s: %w", streamName, err)
@@ -246,22 +295,32 @@ func setupStream(ctx context.Context, js jetstream.JetStream) (jetstream.Consume
 
 // publish admits j, and publishes it only if it was queued; if the publish
 // fails the job is taken out of the queue again.
-func publish(ctx context.Context, js jetstream.JetStream, coord *jobkeys.KeyCoordinator, j job) error {
+func publish(ctx context.Context, js jetstream.JetStream, jt *jobkeys.JobType, t *tracker, j job) error {
 	data, err := json.Marshal(j)
 	if err != nil {
 		return err
 	}
-	adm, err := coord.Admit(ctx, jobkeys.AdmitRequest{Service: service, JobType: jobType, JobID: j.ID, Payload: data, Policy: policy})
+	adm, err := jt.Admit(ctx, j.ID, data)
 	if err != nil {
 		return fmt.Errorf("admit %s: %w", j.ID, err)
 	}
-	if adm.Kind != jobkeys.KindAccepted {
+	switch adm.Kind {
+	case jobkeys.KindAccepted:
+	case jobkeys.KindReplaced:
+		// (Not with this policy.) The oldest waiting job was dropped for
+		// this one: record its end, so that a redelivery of its message is
+		// not run as a retry.
+		if err := t.finish(ctx, adm.Replaced.ID, "replaced by "+j.ID); err != nil {
+			_, rsErr := jt.RestoreReplaced(ctx, j.ID, data, *adm.Replaced)
+			return errors.Join(fmt.Errorf("record the end of %s: %w", adm.Replaced.ID, err), rsErr)
+		}
+	default:
 		// With Reject (the default WhenFull) a full queue rejects; this
 		// batch fits, so it would be a bug here.
 		return fmt.Errorf("admit %s: %s (%s, %d queued, limit %d)", j.ID, adm.Kind, adm.Reason, adm.Queued, adm.Limit)
 	}
 	if _, err := js.Publish(ctx, subject, data, jetstream.WithMsgID(j.ID)); err != nil {
-		_, rmErr := coord.RemoveQueued(ctx, jobkeys.RemoveRequest{Service: service, JobType: jobType, JobID: j.ID, Payload: data, Policy: policy})
+		_, rmErr := jt.RemoveQueued(ctx, j.ID, data)
 		return errors.Join(fmt.Errorf("publish %s: %w", j.ID, err), rmErr)
 	}
 	say("queued    %-9s tenant %s", j.ID, j.Tenant)
@@ -270,15 +329,15 @@ func publish(ctx context.Context, js jetstream.JetStream, coord *jobkeys.KeyCoor
 
 // simulateCrash admits and acquires j with another instance id, and never
 // renews or releases it.
-func simulateCrash(ctx context.Context, coord *jobkeys.KeyCoordinator, j job) error {
+func simulateCrash(ctx context.Context, jt *jobkeys.JobType, j job) error {
 	payload, err := json.Marshal(j)
 	if err != nil {
 		return err
 	}
-	if _, err := coord.Admit(ctx, jobkeys.AdmitRequest{Service: service, JobType: jobType, JobID: j.ID, Payload: payload, Policy: policy}); err != nil {
+	if _, err := jt.Admit(ctx, j.ID, payload); err != nil {
 		return fmt.Errorf("admit %s: %w", j.ID, err)
 	}
-	acq, err := coord.Acquire(ctx, jobkeys.AcquireRequest{Service: service, JobType: jobType, JobID: j.ID, Payload: payload, Policy: policy, InstanceID: "crashed-worker"})
+	acq, err := jt.Acquire(ctx, j.ID, payload, jobkeys.WithInstanceID("crashed-worker"))
 	if err != nil {
 		return fmt.Errorf("acquire for %s: %w", j.ID, err)
 	}
@@ -332,16 +391,33 @@ func (w *worker) handle(ctx context.Context, msg jetstream.Msg) {
 		w.settle(msg, msg.Nak, "nak", j.ID)
 		return
 	}
+	// A job whose end is recorded is over: this is a redelivery after a
+	// lost ack, or after its worker stopped renewing and its slot was
+	// taken over.
+	end, err := w.tracker.ended(ctx, j.ID)
+	switch {
+	case err != nil:
+		say("worker %d: %-9s cannot read its record (%v): nak", w.id, j.ID, err)
+		w.settle(msg, func() error { return msg.NakWithDelay(time.Second) }, "nak", j.ID)
+		return
+	case end != "":
+		say("worker %d: %-9s ended already (%s): dropping the message", w.id, j.ID, end)
+		w.settle(msg, msg.Ack, "ack", j.ID)
+		return
+	}
 	attempt := int(meta.NumDelivered)
-	req := jobkeys.AcquireRequest{
-		Service: service, JobType: jobType, JobID: j.ID, Payload: msg.Data(), Policy: policy,
-		// A redelivered job whose earlier run failed is no longer queued:
-		// it acquires as a retry.
-		Retry: attempt > 1,
-		Tries: attempt,
+	opts := []jobkeys.AcquireOption{jobkeys.WithTries(attempt)}
+	if attempt > 1 {
+		// Delivered before and not ended: the earlier attempt failed and
+		// released its slot, or its worker froze or died (then the slot
+		// is taken over once its lease expires). The job runs again.
+		opts = append(opts, jobkeys.WithRetry())
 	}
 	started := time.Now()
-	res, err := w.runner.Run(ctx, req, func(ctx context.Context, lease jobkeys.Lease) error {
+	res, err := w.runner.Run(ctx, j.ID, msg.Data(), func(ctx context.Context, lease jobkeys.Lease) error {
+		// Keep the message from being redelivered to another worker while
+		// this one is alive and holds the lease.
+		defer keepInProgress(ctx, msg, policy.HeartbeatInterval)()
 		w.tracker.running(j.Tenant, +1)
 		defer w.tracker.running(j.Tenant, -1)
 		say("worker %d: %-9s runs   (tenant %s, attempt %d)", w.id, j.ID, j.Tenant, attempt)
@@ -354,12 +430,12 @@ func (w *worker) handle(ctx context.Context, msg jetstream.Msg) {
 		case <-ctx.Done():
 			return context.Cause(ctx) // lease lost, or shutting down
 		}
-	})
+	}, opts...)
 
 	var blocked *jobkeys.BlockedError
 	switch {
 	case errors.As(err, &blocked) && blocked.Acquisition.Reason == jobkeys.ReasonNotQueued:
-		say("worker %d: %-9s is not queued (finished or removed already): dropping the message", w.id, j.ID)
+		say("worker %d: %-9s is not queued (removed, replaced or never admitted): dropping the message", w.id, j.ID)
 		w.settle(msg, msg.Ack, "ack", j.ID)
 	case errors.As(err, &blocked):
 		say("worker %d: %-9s still blocked after %v: nak, retry in %v", w.id, j.ID, time.Since(started).Round(time.Millisecond), nakDelay)
@@ -375,12 +451,10 @@ func (w *worker) handle(ctx context.Context, msg jetstream.Msg) {
 		// another run of the tenant may have overlapped. Keep the result,
 		// and make it visible.
 		say("worker %d: %-9s WARNING: %v", w.id, j.ID, err)
-		w.settle(msg, msg.Ack, "ack", j.ID)
-		w.tracker.finish(j.ID, "done (stale completion)")
+		w.end(ctx, msg, msg.Ack, "ack", j.ID, "done (stale completion)")
 	case err != nil && attempt >= maxAttempts:
 		say("worker %d: %-9s failed for good: %v", w.id, j.ID, err)
-		w.settle(msg, msg.Term, "term", j.ID)
-		w.tracker.finish(j.ID, "failed: "+err.Error())
+		w.end(ctx, msg, msg.Term, "term", j.ID, "failed: "+err.Error())
 	case err != nil:
 		say("worker %d: %-9s failed (%v): nak, retry in %v", w.id, j.ID, err, nakDelay)
 		w.settle(msg, func() error { return msg.NakWithDelay(nakDelay) }, "nak", j.ID)
@@ -390,9 +464,43 @@ func (w *worker) handle(ctx context.Context, msg jetstream.Msg) {
 			waited = fmt.Sprintf(", waited %v for the slot", res.Waited.Round(time.Millisecond))
 		}
 		say("worker %d: %-9s done   (%v%s)", w.id, j.ID, time.Since(started).Round(time.Millisecond), waited)
-		w.settle(msg, msg.Ack, "ack", j.ID)
-		w.tracker.finish(j.ID, "done")
+		w.end(ctx, msg, msg.Ack, "ack", j.ID, "done")
 	}
+}
+
+// keepInProgress tells the server every interval that msg is still being
+// worked on, until the returned function is called.
+func keepInProgress(ctx context.Context, msg jetstream.Msg, interval time.Duration) (stop func()) {
+	ctx, cancel := context.WithCancel(ctx)
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		t := time.NewTicker(interval)
+		defer t.Stop()
+		for {
+			select {
+			case <-ctx.Done():
+				return
+			case <-t.C:
+				_ = msg.InProgress() // a failure shows as a redelivery, which the record handles
+			}
+		}
+	}()
+	return func() {
+		cancel()
+		<-done
+	}
+}
+
+// end records how job jobID ended, then settles its message. If the record
+// cannot be written the message is not settled: it is redelivered and
+// retried.
+func (w *worker) end(ctx context.Context, msg jetstream.Msg, op func() error, what, jobID, result string) {
+	if err := w.tracker.finish(ctx, jobID, result); err != nil {
+		say("worker %d: %s: cannot record its end (%v): leaving the message to be redelivered", w.id, jobID, err)
+		return
+	}
+	w.settle(msg, op, what, jobID)
 }
 
 // settle acks, naks or terminates a message and reports a failure to do so
@@ -403,9 +511,11 @@ func (w *worker) settle(msg jetstream.Msg, op func() error, what, jobID string) 
 	}
 }
 
-// tracker records how each job ended and checks that no tenant ever ran two
-// jobs at once.
+// tracker records how each job ended, in the ENDED bucket (which every
+// worker process reads before running a job) and in memory for the summary,
+// and checks that no tenant ever ran two jobs at once.
 type tracker struct {
+	kv      jetstream.KeyValue
 	mu      sync.Mutex
 	want    int
 	results map[string]string
@@ -414,8 +524,8 @@ type tracker struct {
 	done    chan struct{}
 }
 
-func newTracker(want int) *tracker {
-	return &tracker{want: want, results: map[string]string{}, active: map[string]int{}, peak: map[string]int{}, done: make(chan struct{})}
+func newTracker(kv jetstream.KeyValue, want int) *tracker {
+	return &tracker{kv: kv, want: want, results: map[string]string{}, active: map[string]int{}, peak: map[string]int{}, done: make(chan struct{})}
 }
 
 func (t *tracker) running(tenant string, delta int) {
@@ -425,16 +535,34 @@ func (t *tracker) running(tenant string, delta int) {
 	t.peak[tenant] = max(t.peak[tenant], t.active[tenant])
 }
 
-func (t *tracker) finish(jobID, result string) {
+// ended returns how job jobID ended, or "" if it has not.
+func (t *tracker) ended(ctx context.Context, jobID string) (string, error) {
+	e, err := t.kv.Get(ctx, jobID)
+	if errors.Is(err, jetstream.ErrKeyNotFound) {
+		return "", nil
+	}
+	if err != nil {
+		return "", err
+	}
+	return string(e.Value()), nil
+}
+
+// finish records that job jobID ended with result; the first end recorded
+// stays (the sweeper and a takeover may both see a crash).
+func (t *tracker) finish(ctx context.Context, jobID, result string) error {
+	if _, err := t.kv.Create(ctx, jobID, []byte(result)); err != nil && !errors.Is(err, jetstream.ErrKeyExists) {
+		return err
+	}
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	if _, ok := t.results[jobID]; ok {
-		return // reported twice (the sweeper and a takeover may both see a crash)
+		return nil
 	}
 	t.results[jobID] = result
 	if len(t.results) == t.want {
 		close(t.done)
 	}
+	return nil
 }
 
 func (t *tracker) summary() {
