@@ -139,9 +139,9 @@ type Client struct {
 	wake     chan struct{}         // wakes the claim loop
 	wg       sync.WaitGroup        // the loops and every job goroutine
 	watcher  *jobkeys.Watcher
-	waiting  int // jobs waiting for a slot
-	slotFree chan struct{}         // signalled when a worker token frees
-	tokens   chan struct{}         // one per handler slot of MaxWorkers; made by Start
+	waiting  int           // jobs waiting for a slot
+	slotFree chan struct{} // signalled when a worker token frees
+	tokens   chan struct{} // one per handler slot of MaxWorkers; made by Start
 	bgCancel context.CancelFunc
 }
 

@@ -171,9 +171,9 @@ func (c *Client) releaseToken() {
 // last write; control calls of this client end it early.
 type activeRun struct {
 	mu     sync.Mutex
-	cause  error                   // why it must stop, once known
-	cancel func(error)             // ends the handler's context; nil until it runs
-	woken  chan struct{}           // signalled when cause is set
+	cause  error         // why it must stop, once known
+	cancel func(error)   // ends the handler's context; nil until it runs
+	woken  chan struct{} // signalled when cause is set
 }
 
 // stopWith records cause (the first one wins) and ends the handler's
