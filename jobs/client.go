@@ -143,6 +143,7 @@ type Client struct {
 	slotFree chan struct{} // signalled when a worker token frees
 	tokens   chan struct{} // one per handler slot of MaxWorkers; made by Start
 	bgCancel context.CancelFunc
+	claimTTL time.Duration // the longest HeartbeatTTL of the kinds; set by Start
 }
 
 type clientState int

@@ -25,8 +25,9 @@ type Kind[In, Out any] struct {
 	// another version is handed back for UnknownKindDelay. Defaults to 1.
 	Version int
 	// Policy is the key policy (key template, MaxActive, queue limit,
-	// WhenFull, heartbeat interval and TTL). Claims are renewed with the
-	// slot, every HeartbeatInterval, for HeartbeatTTL.
+	// WhenFull, heartbeat interval and TTL). The claim is renewed with the
+	// slot every HeartbeatInterval; claims last the longest HeartbeatTTL
+	// of the client's kinds (one claim call serves every kind).
 	Policy jobkeys.Policy
 	// MaxFailures is the failure budget: the attempt that makes Failures
 	// reach it fails the job for good. Defaults to MaxFailuresDefault (5).

@@ -39,6 +39,7 @@ func (c *Client) Start(ctx context.Context) error {
 	for _, k := range c.kinds {
 		ttl = max(ttl, k.jt.Policy().HeartbeatTTL)
 	}
+	c.claimTTL = ttl
 	c.tokens = make(chan struct{}, c.cfg.MaxWorkers)
 	bg, cancel := context.WithCancel(context.WithoutCancel(ctx))
 	c.bgCancel = cancel
@@ -241,7 +242,6 @@ func (c *Client) acquire(ctx context.Context, k *kind, run *Run, ar *activeRun) 
 	kid := keyJobID(job.ChannelID, job.ID)
 	input := []byte(inputOf(job))
 	retry := job.Failures > 0 || job.Attempts > 1
-	policy := k.jt.Policy()
 	var sub *jobkeys.Subscription
 	defer func() {
 		if sub != nil {
@@ -302,7 +302,7 @@ func (c *Client) acquire(ctx context.Context, k *kind, run *Run, ar *activeRun) 
 		if !until.IsZero() {
 			wait = min(wait, until.Sub(now)+time.Millisecond)
 		}
-		renewAt := run.job.ClaimExpiresAt.Add(-policy.HeartbeatTTL / 2)
+		renewAt := run.job.ClaimExpiresAt.Add(-c.claimTTL / 2)
 		wait = max(min(wait, renewAt.Sub(now)), time.Millisecond)
 		c.releaseToken()
 		c.mu.Lock()
@@ -350,7 +350,7 @@ func (c *Client) acquire(ctx context.Context, k *kind, run *Run, ar *activeRun) 
 			return jobkeys.Lease{}, false
 		}
 		if !c.cfg.Now().Before(renewAt) {
-			j, err := c.store.Renew(ctx, RenewRequest{Claim: run.claim, ExpectedRevision: run.job.Revision, TTL: policy.HeartbeatTTL})
+			j, err := c.store.Renew(ctx, RenewRequest{Claim: run.claim, ExpectedRevision: run.job.Revision, TTL: c.claimTTL})
 			if err != nil {
 				return jobkeys.Lease{}, false // lost, or it runs out and is claimed again
 			}
@@ -478,7 +478,7 @@ func (c *Client) heartbeat(ctx context.Context, k *kind, run *Run, lease jobkeys
 		}
 		rctx, rcancel := context.WithTimeout(ctx, policy.HeartbeatInterval)
 		run.mu.Lock()
-		j, err := c.store.Renew(rctx, RenewRequest{Claim: run.claim, ExpectedRevision: run.job.Revision, TTL: policy.HeartbeatTTL})
+		j, err := c.store.Renew(rctx, RenewRequest{Claim: run.claim, ExpectedRevision: run.job.Revision, TTL: c.claimTTL})
 		if err == nil {
 			run.job = j
 		}
