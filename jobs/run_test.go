@@ -163,3 +163,35 @@ func TestClientRegisterAndStartErrors(t *testing.T) {
 	_, err = jobs.NewClient(n.store, n.coord, &jobs.ClientConfig{KeyStore: n.keys, MaxWorkers: -1})
 	require.True(t, err != nil && !errors.Is(err, jobs.ErrConflict), fmt.Sprint(err))
 }
+
+// A kind whose HeartbeatTTL is shorter than another kind's keeps its claim
+// across heartbeats (claims last the client's longest TTL; renewing one for
+// the shorter TTL would not extend it, and lost it).
+func TestRunKeepsClaimUnderShorterTTLKind(t *testing.T) {
+	t.Parallel()
+	env := newRuntimeEnv(t)
+	n := env.newNode(fastConfig, nil)
+	long := quickPolicy
+	long.HeartbeatInterval, long.HeartbeatTTL = time.Second, time.Minute
+	require.NoError(t, jobs.Register(n.client, jobs.Kind[docIn, docOut]{Type: "long", Policy: long, Work: noWork}))
+	var cause error
+	require.NoError(t, jobs.Register(n.client, jobs.Kind[docIn, docOut]{
+		Type: "short", Policy: quickPolicy,
+		Work: func(ctx context.Context, run *jobs.Run, in docIn) (docOut, error) {
+			select {
+			case <-ctx.Done(): // lost
+				cause = context.Cause(ctx)
+			case <-time.After(5 * quickPolicy.HeartbeatInterval):
+			}
+			return docOut{}, nil
+		},
+	}))
+	ctx := context.Background()
+	_, err := n.client.Enqueue(ctx, enqueueReq("short", "k1", "t", "d"))
+	require.NoError(t, err)
+	require.NoError(t, n.client.Start(ctx))
+	j := waitState(t, n, "k1", jobs.StateCompleted)
+	require.NoError(t, n.client.Stop(ctx))
+	require.NoError(t, cause)
+	assert.Equal(t, 1, j.Attempts)
+}

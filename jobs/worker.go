@@ -393,13 +393,14 @@ func (c *Client) execute(ctx context.Context, k *kind, run *Run, ar *activeRun, 
 		cancel(early)
 	}
 
+	input := run.job.Input // before the heartbeat may change run.job
 	hbStop := make(chan struct{})
 	hbDone := make(chan struct{})
 	go func() {
 		defer close(hbDone)
 		c.heartbeat(ctx, k, run, lease, cancel, hbStop)
 	}()
-	out, werr := safeWork(k, hctx, run)
+	out, werr := safeWork(hctx, k, run, input)
 	close(hbStop)
 	<-hbDone
 
@@ -451,13 +452,13 @@ func (c *Client) failed(ctx context.Context, k *kind, claim Claim, job Job, werr
 }
 
 // safeWork runs the handler; a panic is its error.
-func safeWork(k *kind, ctx context.Context, run *Run) (out []byte, err error) {
+func safeWork(ctx context.Context, k *kind, run *Run, input []byte) (out []byte, err error) {
 	defer func() {
 		if p := recover(); p != nil {
 			err = fmt.Errorf("jobs: handler of job %q panicked: %v", run.claim.JobID, p)
 		}
 	}()
-	return k.work(ctx, run, run.job.Input)
+	return k.work(ctx, run, input)
 }
 
 // heartbeat renews the claim and the slot together every
