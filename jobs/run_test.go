@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -194,4 +195,59 @@ func TestRunKeepsClaimUnderShorterTTLKind(t *testing.T) {
 	require.NoError(t, n.client.Stop(ctx))
 	require.NoError(t, cause)
 	assert.Equal(t, 1, j.Attempts)
+}
+
+// outageStore is a job store whose renewals fail as during an outage.
+type outageStore struct {
+	jobs.Store
+	down atomic.Bool
+}
+
+func (s *outageStore) Renew(ctx context.Context, req jobs.RenewRequest) (jobs.Job, error) {
+	if s.down.Load() {
+		return jobs.Job{}, fmt.Errorf("%w: simulated outage", jobs.ErrUnavailable)
+	}
+	return s.Store.Renew(ctx, req)
+}
+
+// A handler whose claim cannot be renewed is stopped before the claim
+// lapses (the local deadline), not when the store answers again: by then
+// another worker may have taken the job over.
+func TestRunStopsBeforeUnrenewedClaimLapses(t *testing.T) {
+	t.Parallel()
+	env := newRuntimeEnv(t)
+	outage := &outageStore{}
+	n := env.newNode(fastConfig, func(s jobs.Store) jobs.Store { outage.Store = s; return outage })
+	type stopped struct {
+		cause error
+		at    time.Time
+	}
+	got := make(chan stopped, 1)
+	require.NoError(t, jobs.Register(n.client, jobs.Kind[docIn, docOut]{
+		Type: "outage", Policy: quickPolicy, MaxFailures: 1,
+		Work: func(ctx context.Context, run *jobs.Run, in docIn) (docOut, error) {
+			outage.down.Store(true)
+			select {
+			case <-ctx.Done():
+			case <-time.After(time.Minute):
+			}
+			got <- stopped{context.Cause(ctx), time.Now()}
+			return docOut{}, ctx.Err()
+		},
+	}))
+	ctx := context.Background()
+	_, err := n.client.Enqueue(ctx, enqueueReq("outage", "o1", "t", "d"))
+	require.NoError(t, err)
+	require.NoError(t, n.client.Start(ctx))
+	var s stopped
+	select {
+	case s = <-got:
+	case <-time.After(30 * time.Second):
+		t.Fatal("the handler was never stopped")
+	}
+	require.ErrorIs(t, s.cause, jobs.ErrClaimLost)
+	j := getJob(t, n, "o1")
+	require.Equal(t, jobs.StateRunning, j.State, "nothing was written")
+	assert.True(t, s.at.Before(j.ClaimExpiresAt), "stopped at %v, claim lapses at %v", s.at, j.ClaimExpiresAt)
+	outage.down.Store(false)
 }

@@ -463,17 +463,38 @@ func safeWork(ctx context.Context, k *kind, run *Run, input []byte) (out []byte,
 
 // heartbeat renews the claim and the slot together every
 // HeartbeatInterval until stop closes, and ends the handler's context
-// with the cause when either is lost, or when the client's grace ends.
+// with the cause when either is lost, when either would lapse before it
+// could be renewed (the local deadline: a margin before the earlier
+// expiry, so that the handler has stopped before another worker can take
+// over), or when the client's grace ends.
 func (c *Client) heartbeat(ctx context.Context, k *kind, run *Run, lease jobkeys.Lease, cancel context.CancelCauseFunc, stop <-chan struct{}) {
 	policy := k.jt.Policy()
 	t := time.NewTicker(policy.HeartbeatInterval)
 	defer t.Stop()
+	margin := min(policy.HeartbeatInterval/2, (policy.HeartbeatTTL-policy.HeartbeatInterval)/2)
+	run.mu.Lock()
+	claimExpires := run.job.ClaimExpiresAt
+	run.mu.Unlock()
+	deadline := time.NewTimer(time.Hour)
+	defer deadline.Stop()
+	arm := func() {
+		until := min(claimExpires.Sub(c.cfg.Now()), time.Until(lease.LeaseExpiresAt)) - margin
+		deadline.Reset(max(until, 0))
+	}
+	arm()
 	for {
 		select {
 		case <-stop:
 			return
 		case <-c.killCh:
 			cancel(ErrStopping)
+			return
+		case <-deadline.C:
+			if claimExpires.Sub(c.cfg.Now()) < time.Until(lease.LeaseExpiresAt) {
+				cancel(ErrClaimLost)
+			} else {
+				cancel(ErrSlotLost)
+			}
 			return
 		case <-t.C:
 		}
@@ -482,8 +503,8 @@ func (c *Client) heartbeat(ctx context.Context, k *kind, run *Run, lease jobkeys
 		j, err := c.store.Renew(rctx, RenewRequest{Claim: run.claim, ExpectedRevision: run.job.Revision, TTL: c.claimTTL})
 		if err == nil {
 			run.job = j
+			claimExpires = j.ClaimExpiresAt
 		}
-		expires := run.job.ClaimExpiresAt
 		run.mu.Unlock()
 		if err != nil {
 			if errors.Is(err, ErrConflict) || errors.Is(err, ErrNotFound) {
@@ -492,11 +513,6 @@ func (c *Client) heartbeat(ctx context.Context, k *kind, run *Run, lease jobkeys
 				return
 			}
 			c.cfg.Logger.Warn("jobs: renew claim", "job", run.claim.JobID, "err", err)
-			if !c.cfg.Now().Before(expires) {
-				cancel(ErrClaimLost)
-				rcancel()
-				return
-			}
 		}
 		ren, err := k.jt.Renew(rctx, lease)
 		rcancel()
@@ -509,6 +525,13 @@ func (c *Client) heartbeat(ctx context.Context, k *kind, run *Run, lease jobkeys
 		default:
 			lease.LeaseExpiresAt = ren.LeaseExpiresAt
 		}
+		if !deadline.Stop() {
+			select {
+			case <-deadline.C:
+			default:
+			}
+		}
+		arm()
 	}
 }
 
