@@ -92,13 +92,20 @@ func (c *Client) Stop(ctx context.Context) error {
 		close(c.killCh)
 		err = ctx.Err()
 	}
+	cleanup := func() {
+		if c.watcher != nil {
+			c.watcher.Close()
+		}
+		c.bgCancel()
+	}
 	if err != nil {
+		go func() { // once the last handler has returned
+			<-done
+			cleanup()
+		}()
 		return err
 	}
-	if c.watcher != nil {
-		c.watcher.Close()
-	}
-	c.bgCancel()
+	cleanup()
 	return nil
 }
 
@@ -248,7 +255,7 @@ func (c *Client) acquire(ctx context.Context, k *kind, run *Run, ar *activeRun) 
 			sub.Close()
 		}
 	}()
-	repaired := false
+	repaired, waited := false, false
 	timer := time.NewTimer(time.Hour)
 	defer timer.Stop()
 	for {
@@ -264,7 +271,16 @@ func (c *Client) acquire(ctx context.Context, k *kind, run *Run, ar *activeRun) 
 			return jobkeys.Lease{}, false
 		}
 		if acq.Kind == jobkeys.KindAcquired {
-			return acq.Lease, true
+			if !waited || c.stillOurs(ctx, run) {
+				return acq.Lease, true
+			}
+			// Paused, cancelled, superseded or taken over while it
+			// waited, by another process: give the slot back.
+			if _, err := k.jt.Release(ctx, acq.Lease); err != nil {
+				c.cfg.Logger.Warn("jobs: release slot", "job", job.ID, "err", err)
+			}
+			c.releaseToken()
+			return jobkeys.Lease{}, false
 		}
 		now := c.cfg.Now()
 		var until time.Time
@@ -342,6 +358,7 @@ func (c *Client) acquire(ctx context.Context, k *kind, run *Run, ar *activeRun) 
 		c.mu.Lock()
 		c.waiting--
 		c.mu.Unlock()
+		waited = true
 		if ar.stopped() != nil {
 			return jobkeys.Lease{}, false // paused, cancelled or superseded here: nothing to write
 		}
@@ -363,6 +380,16 @@ func (c *Client) acquire(ctx context.Context, k *kind, run *Run, ar *activeRun) 
 			return jobkeys.Lease{}, false
 		}
 	}
+}
+
+// stillOurs reports whether run's claim still holds (a read): a job that
+// waited for its slot may have been paused, cancelled or superseded by
+// another process meanwhile, which its own client learns only from the
+// record.
+func (c *Client) stillOurs(ctx context.Context, run *Run) bool {
+	d, err := c.store.Get(ctx, run.claim.ChannelID, run.claim.JobID)
+	return err == nil && d.Job.State == StateRunning && d.Job.ClaimOwner == run.claim.Owner &&
+		d.Job.ClaimGeneration == run.claim.Generation
 }
 
 // handBack requeues a claimed job for after delay without counting a

@@ -379,3 +379,50 @@ func TestClientFullKeyWaitsWithoutWrites(t *testing.T) {
 	j := getJob(t, n, "b")
 	assert.Equal(t, 1, j.Attempts, "waiting is not handing back")
 }
+
+// A job paused in another process while it waits for its key's slot does
+// not start when the slot frees; it runs after it is resumed.
+func TestClientWaitingJobPausedElsewhereDoesNotStart(t *testing.T) {
+	t.Parallel()
+	env := newRuntimeEnv(t)
+	worker := env.newNode(fastConfig, nil)
+	control := env.newNode(fastConfig, nil)
+	gate := make(chan struct{})
+	var l ledger
+	for _, n := range []*node{worker, control} {
+		require.NoError(t, jobs.Register(n.client, jobs.Kind[docIn, docOut]{
+			Type: "pw", Policy: jobkeys.Policy{Key: []string{"/doc"}, MaxActive: 1, MaxQueuedPerKey: 5},
+			Work: func(ctx context.Context, run *jobs.Run, in docIn) (docOut, error) {
+				l.start(run)
+				if run.Job().ID == "a" {
+					select {
+					case <-gate:
+					case <-ctx.Done():
+					}
+				}
+				return docOut{}, nil
+			},
+		}))
+	}
+	ctx := context.Background()
+	require.NoError(t, worker.client.Start(ctx))
+	_, err := control.client.Enqueue(ctx, enqueueReq("pw", "a", "a", "d"))
+	require.NoError(t, err)
+	require.Eventually(t, func() bool { return l.count("a") == 1 }, 30*time.Second, 10*time.Millisecond)
+	_, err = control.client.Enqueue(ctx, enqueueReq("pw", "b", "b", "d"))
+	require.NoError(t, err)
+	var b jobs.Job
+	require.Eventually(t, func() bool { b = getJob(t, control, "b"); return b.State == jobs.StateRunning }, 30*time.Second, 10*time.Millisecond)
+	_, err = control.client.Pause(ctx, jobs.PauseRequest{ChannelID: "ch", JobID: "b", ExpectedRevision: b.Revision, Reason: "operator"})
+	require.NoError(t, err)
+	close(gate)
+	waitState(t, control, "a", jobs.StateCompleted)
+	time.Sleep(3 * fastConfig.RecheckInterval) // the release woke b's wait
+	assert.Equal(t, 0, l.count("b"), "the paused job started")
+	b = getJob(t, control, "b")
+	require.Equal(t, jobs.StatePaused, b.State)
+	_, err = control.client.Resume(ctx, jobs.ResumeRequest{ChannelID: "ch", JobID: "b", ExpectedRevision: b.Revision})
+	require.NoError(t, err)
+	waitState(t, control, "b", jobs.StateCompleted)
+	assert.Equal(t, 1, l.count("b"))
+}
