@@ -426,3 +426,30 @@ func TestClientWaitingJobPausedElsewhereDoesNotStart(t *testing.T) {
 	waitState(t, control, "b", jobs.StateCompleted)
 	assert.Equal(t, 1, l.count("b"))
 }
+
+// A job of a type the client has no kind for is handed back without a
+// failure; a handler that panics fails its attempt like an error.
+func TestClientUnknownKindAndPanic(t *testing.T) {
+	t.Parallel()
+	env := newRuntimeEnv(t)
+	n := env.newNode(fastConfig, nil)
+	require.NoError(t, jobs.Register(n.client, jobs.Kind[docIn, docOut]{
+		Type: "panics", Policy: docPolicy, MaxFailures: 1,
+		Work: func(ctx context.Context, run *jobs.Run, in docIn) (docOut, error) { panic("handler bug") },
+	}))
+	ctx := context.Background()
+	other := enqueueReq("other", "u1", "u", "d")
+	other.Version = 1
+	_, err := n.store.Enqueue(ctx, other)
+	require.NoError(t, err)
+	_, err = n.client.Enqueue(ctx, enqueueReq("panics", "p1", "p", "d"))
+	require.NoError(t, err)
+	require.NoError(t, n.client.Start(ctx))
+	p := waitState(t, n, "p1", jobs.StateFailed)
+	assert.Contains(t, p.Reason, "panicked: handler bug")
+	require.Eventually(t, func() bool { return getJob(t, n, "u1").Attempts == 1 }, 30*time.Second, 10*time.Millisecond)
+	u := waitState(t, n, "u1", jobs.StatePending)
+	assert.Equal(t, 0, u.Failures)
+	assert.Equal(t, "unknown-kind", u.Reason)
+	assert.True(t, u.AvailableAt.After(u.UpdatedAt), "handed back for UnknownKindDelay")
+}
