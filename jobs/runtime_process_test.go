@@ -56,6 +56,17 @@ func TestRuntimeProcessFaults(t *testing.T) {
 	port := srv.Addr().(*net.TCPAddr).Port
 	url := srv.ClientURL()
 	ledger := filepath.Join(tmp, "ledger")
+	// The bucket first: NATSStore creates it, then enables atomic batch
+	// publish, and a process opening it in between refuses it.
+	{
+		nc, err := nats.Connect(url)
+		require.NoError(t, err)
+		js, err := jetstream.New(nc)
+		require.NoError(t, err)
+		_, err = jobs.NewNATSStore(js, nil, jobs.WithBucket("JOBS_PROC"), jobs.WithCreateBucket(jetstream.FileStorage, 1))
+		nc.Close()
+		require.NoError(t, err)
+	}
 
 	var procs []*proc
 	spawn := func(args ...string) *proc {

@@ -226,6 +226,13 @@ func (c *Client) handle(ctx context.Context, job Job) {
 		c.mu.Unlock()
 	}()
 	claim := ClaimOf(job)
+	select {
+	case <-c.stopCh: // claimed as Stop began: not ours to start
+		c.releaseToken()
+		c.handBack(ctx, claim, 0, "client-stopping")
+		return
+	default:
+	}
 	if k == nil || k.version != job.Version {
 		c.releaseToken()
 		c.handBack(ctx, claim, c.cfg.UnknownKindDelay, "unknown-kind")
@@ -276,9 +283,7 @@ func (c *Client) acquire(ctx context.Context, k *kind, run *Run, ar *activeRun) 
 			}
 			// Paused, cancelled, superseded or taken over while it
 			// waited, by another process: give the slot back.
-			if _, err := k.jt.Release(ctx, acq.Lease); err != nil {
-				c.cfg.Logger.Warn("jobs: release slot", "job", job.ID, "err", err)
-			}
+			c.release(ctx, k, acq.Lease)
 			c.releaseToken()
 			return jobkeys.Lease{}, false
 		}
@@ -454,10 +459,21 @@ func (c *Client) execute(ctx context.Context, k *kind, run *Run, ar *activeRun, 
 		}
 		c.failed(ctx, k, run.claim, job, werr)
 	}
-	if _, err := k.jt.Release(ctx, lease); err != nil {
-		c.cfg.Logger.Warn("jobs: release slot", "job", job.ID, "err", err)
-	}
+	c.release(ctx, k, lease)
 	c.poke()
+}
+
+// release frees a slot, trying a few times: a slot left behind holds its
+// key until its lease runs out.
+func (c *Client) release(ctx context.Context, k *kind, lease jobkeys.Lease) {
+	for i := range 3 {
+		_, err := k.jt.Release(ctx, lease)
+		if err == nil {
+			return
+		}
+		c.cfg.Logger.Warn("jobs: release slot", "job", lease.JobID, "attempt", i+1, "err", err)
+		time.Sleep(time.Duration(i+1) * 100 * time.Millisecond)
+	}
 }
 
 // failed counts a failure: the job is requeued with backoff, or failed
