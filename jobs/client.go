@@ -71,8 +71,10 @@ type ClientConfig struct {
 	MaxWorkers int
 
 	// MaxWaiting bounds how many claimed jobs wait in this client for a
-	// slot on a full key; a job blocked beyond it is handed back (without
-	// a failure) for RecheckInterval. Defaults to 4 × MaxWorkers.
+	// slot on a full key. A waiting job costs no writes but a claim
+	// renewal every half claim TTL; a job blocked beyond the bound is
+	// handed back (without a failure) for RecheckInterval, which costs a
+	// requeue and a claim each time. Defaults to 16 × MaxWorkers.
 	MaxWaiting int
 
 	// PollInterval is how long a client that found no due job waits before
@@ -206,7 +208,7 @@ func NewClient(store Store, coord *jobkeys.KeyCoordinator, cfg *ClientConfig) (*
 	}
 	switch {
 	case c.MaxWaiting == 0:
-		c.MaxWaiting = 4 * c.MaxWorkers
+		c.MaxWaiting = 16 * c.MaxWorkers
 	case c.MaxWaiting < 0:
 		return nil, fmt.Errorf("jobs: NewClient: ClientConfig.MaxWaiting %d is negative", c.MaxWaiting)
 	}
@@ -287,6 +289,7 @@ type RejectedError struct {
 	Limit  int            // the limit
 }
 
+// Error says which job was rejected on which key, and by which limit.
 func (e *RejectedError) Error() string {
 	return fmt.Sprintf("jobs: job %q of type %q rejected on key %q: %s (limit %d, %d active, %d queued)",
 		e.Job.ID, e.Job.Type, e.Key, e.Reason, e.Limit, e.Active, e.Queued)
