@@ -271,6 +271,16 @@ func (c *Client) acquire(ctx context.Context, k *kind, run *Run, ar *activeRun) 
 			opts = append(opts, jobkeys.WithRetry())
 		}
 		acq, err := k.jt.Acquire(ctx, kid, input, opts...)
+		if errors.Is(err, jobkeys.ErrInvalidKey) {
+			// Its input derives no key under the kind's policy: it can
+			// never run (the record was written past Client.Enqueue).
+			c.cfg.Logger.Warn("jobs: job derives no key", "job", job.ID, "err", err)
+			c.releaseToken()
+			if _, err := c.supersede(ctx, job.ChannelID, job.ID, ReasonBadKey); err != nil {
+				c.cfg.Logger.Warn("jobs: supersede job", "job", job.ID, "err", err)
+			}
+			return jobkeys.Lease{}, false
+		}
 		if err != nil {
 			c.cfg.Logger.Warn("jobs: acquire slot", "job", job.ID, "err", err)
 			c.releaseToken()
@@ -302,9 +312,13 @@ func (c *Client) acquire(ctx context.Context, k *kind, run *Run, ar *activeRun) 
 			res, err := c.admit(ctx, k, d.Job)
 			if err != nil || res.Outcome == OutcomeCoalesced {
 				// Superseded (rejected, coalesced, bad key), or the key
-				// layer failed: then the claim runs out and the job is
-				// claimed again.
+				// layer failed: then it is tried again later (a hand-back
+				// of a superseded job is refused and changes nothing).
 				c.releaseToken()
+				if err != nil && !errors.Is(err, ErrRejected) {
+					c.cfg.Logger.Warn("jobs: repair admission", "job", job.ID, "err", err)
+					c.handBack(ctx, run.claim, c.cfg.RecheckInterval, "key-unavailable")
+				}
 				return jobkeys.Lease{}, false
 			}
 			continue

@@ -453,3 +453,22 @@ func TestClientUnknownKindAndPanic(t *testing.T) {
 	assert.Equal(t, "unknown-kind", u.Reason)
 	assert.True(t, u.AvailableAt.After(u.UpdatedAt), "handed back for UnknownKindDelay")
 }
+
+// A record written past Client.Enqueue whose input derives no key is
+// superseded with reason "bad-key" by the worker that claims it, not
+// handed back forever.
+func TestClientBadKeyRecordIsSuperseded(t *testing.T) {
+	t.Parallel()
+	env := newRuntimeEnv(t)
+	n := env.newNode(fastConfig, nil)
+	require.NoError(t, jobs.Register(n.client, jobs.Kind[docIn, docOut]{Type: "bk", Policy: docPolicy, Work: noWork}))
+	ctx := context.Background()
+	req := enqueueReq("bk", "b1", "b", "d")
+	req.Version, req.Input = 1, []byte(`{"doc":[1]}`)
+	_, err := n.store.Enqueue(ctx, req)
+	require.NoError(t, err)
+	require.NoError(t, n.client.Start(ctx))
+	j := waitState(t, n, "b1", jobs.StateSuperseded)
+	assert.Equal(t, jobs.ReasonBadKey, j.Reason)
+	assert.Equal(t, 1, j.Attempts)
+}
