@@ -23,7 +23,8 @@ import (
 //
 //	go test -run '^$' -bench RuntimeJobCycle -benchtime 2000x ./jobs/
 //
-// ns/op is per job; the runtime cases keep 4 jobs per worker in flight, and
+// ns/op is per job; the runtime cases enqueue from as many goroutines as
+// there are workers and keep 4 jobs per worker in flight, and
 // a key admits workers/keys running jobs at once (at least 1).
 func BenchmarkRuntimeJobCycle(b *testing.B) {
 	s := natstest.Run(b)
@@ -110,10 +111,28 @@ func benchRuntime(b *testing.B, url string, workers, keys int) {
 	total.Store(int64(b.N))
 	b.ReportAllocs()
 	b.ResetTimer()
-	for i := range b.N {
-		inflight <- struct{}{}
-		id := strconv.Itoa(i)
-		if _, err := c.Enqueue(ctx, enqueueReq("bench", id, id, "k"+strconv.Itoa(i%keys))); err != nil {
+	// As many producers as workers, so that enqueueing keeps up.
+	var next atomic.Int64
+	errs := make(chan error, workers)
+	for range workers {
+		go func() {
+			for {
+				i := int(next.Add(1) - 1)
+				if i >= b.N {
+					errs <- nil
+					return
+				}
+				inflight <- struct{}{}
+				id := strconv.Itoa(i)
+				if _, err := c.Enqueue(ctx, enqueueReq("bench", id, id, "k"+strconv.Itoa(i%keys))); err != nil {
+					errs <- err
+					return
+				}
+			}
+		}()
+	}
+	for range workers {
+		if err := <-errs; err != nil {
 			b.Fatal(err)
 		}
 	}
