@@ -146,6 +146,8 @@ type Client struct {
 	tokens   chan struct{} // one per handler slot of MaxWorkers; made by Start
 	bgCancel context.CancelFunc
 	claimTTL time.Duration // the longest HeartbeatTTL of the kinds; set by Start
+
+	keyWaiters map[string]*keyWaiters // by KV key; guarded by mu
 }
 
 type clientState int
@@ -223,12 +225,13 @@ func NewClient(store Store, coord *jobkeys.KeyCoordinator, cfg *ClientConfig) (*
 	}
 	return &Client{
 		store: store, coord: coord, cfg: c,
-		kinds:    make(map[string]*kind),
-		runs:     make(map[jobRef]*activeRun),
-		stopCh:   make(chan struct{}),
-		killCh:   make(chan struct{}),
-		wake:     make(chan struct{}, 1),
-		slotFree: make(chan struct{}, 1),
+		kinds:      make(map[string]*kind),
+		runs:       make(map[jobRef]*activeRun),
+		keyWaiters: make(map[string]*keyWaiters),
+		stopCh:     make(chan struct{}),
+		killCh:     make(chan struct{}),
+		wake:       make(chan struct{}, 1),
+		slotFree:   make(chan struct{}, 1),
 	}, nil
 }
 

@@ -20,7 +20,6 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
-	"github.com/jobkeys/jobkeys/internal/natstest"
 	"github.com/jobkeys/jobkeys/jobs"
 )
 
@@ -50,23 +49,12 @@ func TestRuntimeProcessFaults(t *testing.T) {
 	require.NoError(t, err, "%s", out)
 
 	storeDir := filepath.Join(tmp, "js")
-	srv, stopSrv, err := natstest.Start(natstest.Options{StoreDir: storeDir})
+	l, err := net.Listen("tcp", "127.0.0.1:0")
 	require.NoError(t, err)
-	t.Cleanup(func() { stopSrv() })
-	port := srv.Addr().(*net.TCPAddr).Port
-	url := srv.ClientURL()
+	port := l.Addr().(*net.TCPAddr).Port
+	require.NoError(t, l.Close())
+	url := fmt.Sprintf("nats://127.0.0.1:%d", port)
 	ledger := filepath.Join(tmp, "ledger")
-	// The bucket first: NATSStore creates it, then enables atomic batch
-	// publish, and a process opening it in between refuses it.
-	{
-		nc, err := nats.Connect(url)
-		require.NoError(t, err)
-		js, err := jetstream.New(nc)
-		require.NoError(t, err)
-		_, err = jobs.NewNATSStore(js, nil, jobs.WithBucket("JOBS_PROC"), jobs.WithCreateBucket(jetstream.FileStorage, 1))
-		nc.Close()
-		require.NoError(t, err)
-	}
 
 	var procs []*proc
 	spawn := func(args ...string) *proc {
@@ -78,6 +66,30 @@ func TestRuntimeProcessFaults(t *testing.T) {
 		go func() { p.done <- cmd.Wait() }()
 		procs = append(procs, p)
 		return p
+	}
+	// The server is a process of its own too: its restart is a real one.
+	startServer := func() *proc {
+		p := spawn("-mode", "server", "-store", storeDir, "-port", strconv.Itoa(port))
+		require.Eventually(t, func() bool {
+			nc, err := nats.Connect(url)
+			if err == nil {
+				nc.Close()
+			}
+			return err == nil
+		}, time.Minute, 20*time.Millisecond, "the server never accepted connections")
+		return p
+	}
+	srv := startServer()
+	// The bucket first: NATSStore creates it, then enables atomic batch
+	// publish, and a process opening it in between refuses it.
+	{
+		nc, err := nats.Connect(url)
+		require.NoError(t, err)
+		js, err := jetstream.New(nc)
+		require.NoError(t, err)
+		_, err = jobs.NewNATSStore(js, nil, jobs.WithBucket("JOBS_PROC"), jobs.WithCreateBucket(jetstream.FileStorage, 1))
+		nc.Close()
+		require.NoError(t, err)
 	}
 	t.Cleanup(func() {
 		for _, p := range procs {
@@ -97,8 +109,12 @@ func TestRuntimeProcessFaults(t *testing.T) {
 		}
 	}
 	kill := func(p *proc) {
-		p.killed = time.Now()
-		require.NoError(t, p.cmd.Process.Signal(syscall.SIGKILL))
+		at := time.Now()
+		if err := p.cmd.Process.Signal(syscall.SIGKILL); err != nil {
+			t.Logf("process %d had exited before its kill", p.cmd.Process.Pid)
+		} else {
+			p.killed = at
+		}
 		_ = wait(p)
 	}
 
@@ -106,25 +122,25 @@ func TestRuntimeProcessFaults(t *testing.T) {
 	w1 := spawn("-mode", "worker")
 	spawn("-mode", "worker")
 	spawn("-mode", "worker")
-	p1 := spawn("-mode", "producer", "-from", "0", "-to", "40")
-	p2 := spawn("-mode", "producer", "-from", "40", "-to", strconv.Itoa(jobsN))
+	p1 := spawn("-mode", "producer", "-from", "0", "-to", "40", "-pace", "10ms")
+	p2 := spawn("-mode", "producer", "-from", "40", "-to", strconv.Itoa(jobsN), "-pace", "20ms")
 	orphan := spawn("-mode", "producer", "-orphan", "-from", strconv.Itoa(jobsN))
-	time.Sleep(700 * time.Millisecond)
+	time.Sleep(300 * time.Millisecond)
 	kill(p2)
 	p3 := spawn("-mode", "producer", "-from", "40", "-to", strconv.Itoa(jobsN)) // the rerun
 	time.Sleep(500 * time.Millisecond)
 	kill(w1)
 	spawn("-mode", "worker")
 	time.Sleep(500 * time.Millisecond)
-	stopSrv() // the server restarts on its files
-	srv, stopSrv, err = natstest.Start(natstest.Options{StoreDir: storeDir, Port: port})
-	require.NoError(t, err)
+	require.NoError(t, srv.cmd.Process.Signal(syscall.SIGTERM)) // the server restarts on its files
+	require.NoError(t, wait(srv))
+	srv = startServer()
 	require.NoError(t, wait(p1))
 	require.NoError(t, wait(p3))
 	assert.Error(t, wait(orphan), "the orphan producer exits as if killed")
 
 	// Every job ends completed.
-	nc, err := nats.Connect(srv.ClientURL())
+	nc, err := nats.Connect(url)
 	require.NoError(t, err)
 	defer nc.Close()
 	js, err := jetstream.New(nc)
@@ -140,13 +156,16 @@ func TestRuntimeProcessFaults(t *testing.T) {
 		}, 3*time.Minute, 50*time.Millisecond, "job %s never completed", id)
 	}
 	for _, p := range procs {
-		if p.killed.IsZero() && p.cmd.ProcessState == nil {
+		if p != srv && p.killed.IsZero() && p.cmd.ProcessState == nil {
 			_ = p.cmd.Process.Signal(syscall.SIGTERM)
 		}
 	}
 	for _, p := range procs {
-		_ = wait(p)
+		if p != srv {
+			_ = wait(p)
+		}
 	}
+	_ = srv.cmd.Process.Signal(syscall.SIGTERM)
 	auditLedger(t, ledger, procs, jobsN)
 }
 

@@ -256,10 +256,11 @@ func (c *Client) acquire(ctx context.Context, k *kind, run *Run, ar *activeRun) 
 	kid := keyJobID(job.ChannelID, job.ID)
 	input := []byte(inputOf(job))
 	retry := job.Failures > 0 || job.Attempts > 1
-	var sub *jobkeys.Subscription
+	var kvKey string         // the key this job waits on, once it waits
+	var turn <-chan struct{} // its turns to try after a change of the key
 	defer func() {
-		if sub != nil {
-			sub.Close()
+		if kvKey != "" {
+			c.leaveWaiters(kvKey)
 		}
 	}()
 	repaired, waited := false, false
@@ -288,6 +289,9 @@ func (c *Client) acquire(ctx context.Context, k *kind, run *Run, ar *activeRun) 
 			return jobkeys.Lease{}, false
 		}
 		if acq.Kind == jobkeys.KindAcquired {
+			if kvKey != "" {
+				c.passTurn(kvKey) // another slot may be free too
+			}
 			if !waited || c.stillOurs(ctx, run) {
 				return acq.Lease, true
 			}
@@ -297,6 +301,7 @@ func (c *Client) acquire(ctx context.Context, k *kind, run *Run, ar *activeRun) 
 			c.releaseToken()
 			return jobkeys.Lease{}, false
 		}
+		c.cfg.Logger.Debug("jobs: blocked", "job", job.ID, "reason", acq.Reason, "active", acq.Active, "limit", acq.Limit)
 		now := c.cfg.Now()
 		var until time.Time
 		switch {
@@ -350,19 +355,17 @@ func (c *Client) acquire(ctx context.Context, k *kind, run *Run, ar *activeRun) 
 			c.handBack(ctx, run.claim, c.cfg.RecheckInterval, "key-full")
 			return jobkeys.Lease{}, false
 		}
-		if sub == nil && c.watcher != nil {
+		if kvKey == "" {
 			if key, err := k.jt.Key(input); err == nil {
-				sub, _ = c.watcher.Subscribe(ctx, c.cfg.Service, key.KVKey)
+				kvKey = key.KVKey
+				turn = c.joinWaiters(ctx, kvKey)
 			}
 		}
-		var changed <-chan struct{}
-		if sub != nil {
-			changed = sub.Changed()
-		}
+		c.cfg.Logger.Debug("jobs: waiting", "job", job.ID, "for", wait, "watched", turn != nil)
 		timer.Reset(wait)
 		stop := false
 		select {
-		case <-changed:
+		case <-turn:
 		case <-timer.C:
 		case <-ar.woken:
 		case <-c.stopCh:
@@ -547,15 +550,17 @@ func (c *Client) heartbeat(ctx context.Context, k *kind, run *Run, lease jobkeys
 			cancel(ErrStopping)
 			return
 		case <-deadline.C:
-			if claimExpires.Sub(c.cfg.Now()) < time.Until(lease.LeaseExpiresAt) {
-				cancel(ErrClaimLost)
+			if claimExpires.Sub(c.cfg.Now()) <= margin {
+				cancel(ErrClaimLost) // nothing may be written: it wins over a lost slot
 			} else {
 				cancel(ErrSlotLost)
 			}
 			return
 		case <-t.C:
 		}
-		rctx, rcancel := context.WithTimeout(ctx, policy.HeartbeatInterval)
+		// A slow renewal may take until the local deadline, no longer.
+		left := min(claimExpires.Sub(c.cfg.Now()), time.Until(lease.LeaseExpiresAt)) - margin
+		rctx, rcancel := context.WithTimeout(ctx, max(policy.HeartbeatInterval, left))
 		run.mu.Lock()
 		j, err := c.store.Renew(rctx, RenewRequest{Claim: run.claim, ExpectedRevision: run.job.Revision, TTL: c.claimTTL})
 		if err == nil {
@@ -565,8 +570,10 @@ func (c *Client) heartbeat(ctx context.Context, k *kind, run *Run, lease jobkeys
 		run.mu.Unlock()
 		if err != nil {
 			if errors.Is(err, ErrConflict) || errors.Is(err, ErrNotFound) {
-				cancel(c.lostCause(rctx, run.claim))
 				rcancel()
+				cctx, ccancel := context.WithTimeout(ctx, 5*time.Second)
+				cancel(c.lostCause(cctx, run.claim))
+				ccancel()
 				return
 			}
 			c.cfg.Logger.Warn("jobs: renew claim", "job", run.claim.JobID, "err", err)

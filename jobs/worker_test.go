@@ -32,7 +32,8 @@ func (s *freezeStore) Renew(ctx context.Context, req jobs.RenewRequest) (jobs.Jo
 
 var quickPolicy = jobkeys.Policy{
 	Key: []string{"doc", "/doc"}, MaxActive: 1, MaxQueuedPerKey: 10,
-	HeartbeatInterval: 100 * time.Millisecond, HeartbeatTTL: 800 * time.Millisecond,
+	// A TTL far above the interval: a loaded machine must not lose leases.
+	HeartbeatInterval: 100 * time.Millisecond, HeartbeatTTL: 3 * time.Second,
 }
 
 // A worker frozen past its claim loses the job to another worker, which

@@ -10,7 +10,9 @@
 // A worker runs until SIGTERM (then drains) or SIGKILL (a crash). A
 // producer enqueues jobs -from to -to (retrying through outages) and
 // exits; with -orphan it writes one job record without its admission and
-// exits, as a producer killed between the two writes.
+// exits, as a producer killed between the two writes. A server (-mode
+// server) is an embedded nats-server with JetStream on file storage in
+// -store, on 127.0.0.1:-port, until SIGTERM.
 package main
 
 import (
@@ -26,6 +28,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/nats-io/nats-server/v2/server"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
@@ -36,7 +39,7 @@ import (
 // Policy is the policy every process of the test uses.
 var policy = jobkeys.Policy{
 	Key: []string{"k", "/k"}, MaxActive: 2, MaxQueuedPerKey: 1000,
-	HeartbeatInterval: 200 * time.Millisecond, HeartbeatTTL: 1500 * time.Millisecond,
+	HeartbeatInterval: 200 * time.Millisecond, HeartbeatTTL: 2500 * time.Millisecond,
 }
 
 type input struct {
@@ -55,9 +58,19 @@ func main() {
 		from    = flag.Int("from", 0, "producer: first job")
 		to      = flag.Int("to", 0, "producer: one past the last job")
 		orphan  = flag.Bool("orphan", false, "producer: write the record of job -from without its admission, then exit")
+		store   = flag.String("store", "", "server: JetStream storage directory")
+		port    = flag.Int("port", 0, "server: client port")
+		pace    = flag.Duration("pace", 0, "producer: pause between enqueues")
 	)
 	flag.Parse()
-	if err := run(*url, *mode, *ledger, *bucket, *service, *keys, *from, *to, *orphan); err != nil {
+	if *mode == "server" {
+		if err := serve(*store, *port); err != nil {
+			fmt.Fprintln(os.Stderr, "jobsproc:", err)
+			os.Exit(1)
+		}
+		return
+	}
+	if err := run(*url, *mode, *ledger, *bucket, *service, *keys, *from, *to, *orphan, *pace); err != nil {
 		fmt.Fprintln(os.Stderr, "jobsproc:", err)
 		os.Exit(1)
 	}
@@ -74,7 +87,7 @@ func (l *ledgerFile) line(format string, args ...any) {
 	_, _ = fmt.Fprintf(l.f, format+"\n", args...)
 }
 
-func run(url, mode, ledgerPath, bucket, service string, keys, from, to int, orphan bool) error {
+func run(url, mode, ledgerPath, bucket, service string, keys, from, to int, orphan bool, pace time.Duration) error {
 	f, err := os.OpenFile(ledgerPath, os.O_APPEND|os.O_CREATE|os.O_WRONLY, 0o644)
 	if err != nil {
 		return err
@@ -146,6 +159,7 @@ func run(url, mode, ledgerPath, bucket, service string, keys, from, to int, orph
 		os.Exit(3) // the crash between the record and the admission
 	case mode == "producer":
 		for i := from; i < to; i++ {
+			time.Sleep(pace)
 			for {
 				res, err := client.Enqueue(ctx, req(i))
 				var rej *jobs.RejectedError
@@ -171,4 +185,24 @@ func run(url, mode, ledgerPath, bucket, service string, keys, from, to int, orph
 	sctx, cancel := context.WithTimeout(ctx, 30*time.Second)
 	defer cancel()
 	return client.Stop(sctx)
+}
+
+// serve runs an embedded server until SIGTERM.
+func serve(dir string, port int) error {
+	srv, err := server.NewServer(&server.Options{
+		Host: "127.0.0.1", Port: port, JetStream: true, StoreDir: dir, NoLog: true, NoSigs: true,
+	})
+	if err != nil {
+		return err
+	}
+	go srv.Start()
+	if !srv.ReadyForConnections(30 * time.Second) {
+		return errors.New("server not ready after 30s")
+	}
+	sig := make(chan os.Signal, 1)
+	signal.Notify(sig, syscall.SIGTERM, os.Interrupt)
+	<-sig
+	srv.Shutdown()
+	srv.WaitForShutdown()
+	return nil
 }
