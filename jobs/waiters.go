@@ -23,15 +23,24 @@ func (c *Client) joinWaiters(ctx context.Context, kvKey string) <-chan struct{} 
 		return nil
 	}
 	c.mu.Lock()
-	defer c.mu.Unlock()
 	if w := c.keyWaiters[kvKey]; w != nil {
 		w.n++
+		c.mu.Unlock()
 		return w.turn
 	}
+	c.mu.Unlock()
+	// Subscribe without the lock: starting a watch is a round trip.
 	sub, err := c.watcher.Subscribe(ctx, c.cfg.Service, kvKey)
 	if err != nil {
 		c.cfg.Logger.Warn("jobs: watch key", "key", kvKey, "err", err)
 		return nil
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if w := c.keyWaiters[kvKey]; w != nil { // another waiter was quicker
+		sub.Close()
+		w.n++
+		return w.turn
 	}
 	wctx, stop := context.WithCancel(ctx)
 	w := &keyWaiters{n: 1, turn: make(chan struct{}, 1), stop: stop}
