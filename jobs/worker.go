@@ -333,6 +333,17 @@ func (c *Client) acquire(ctx context.Context, k *kind, run *Run, ar *activeRun) 
 			retry = true // admitted by the repair, and run since: a retry
 			continue
 		}
+		if kvKey == "" {
+			if key, err := k.jt.Key(input); err == nil {
+				kvKey = key.KVKey
+				if turn = c.joinWaiters(ctx, kvKey); turn != nil {
+					// Try once more now that changes are watched: a
+					// release between the blocked try and the watch
+					// would wake nobody.
+					continue
+				}
+			}
+		}
 		// Wait for a change of the key, a lease expiry, the grace, or the
 		// recheck bound, without a write.
 		wait := c.cfg.RecheckInterval
@@ -354,12 +365,6 @@ func (c *Client) acquire(ctx context.Context, k *kind, run *Run, ar *activeRun) 
 		if full {
 			c.handBack(ctx, run.claim, c.cfg.RecheckInterval, "key-full")
 			return jobkeys.Lease{}, false
-		}
-		if kvKey == "" {
-			if key, err := k.jt.Key(input); err == nil {
-				kvKey = key.KVKey
-				turn = c.joinWaiters(ctx, kvKey)
-			}
 		}
 		c.cfg.Logger.Debug("jobs: waiting", "job", job.ID, "for", wait, "watched", turn != nil)
 		timer.Reset(wait)
