@@ -32,9 +32,6 @@ var (
 	// ErrRejected: an enqueue was rejected by the key policy; the error is a
 	// [*RejectedError].
 	ErrRejected = errors.New("jobs: rejected by key policy")
-	// ErrClientStopped: the client was stopped, or was never started, for a
-	// call that needs it running.
-	ErrClientStopped = errors.New("jobs: client not running")
 )
 
 // Run is one attempt of a job, handed to the kind's Work function. Its
