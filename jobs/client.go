@@ -280,6 +280,10 @@ type EnqueueResult struct {
 	Key string
 }
 
+// ErrRejected reports an enqueue its key's policy rejected; the error is
+// a [*RejectedError].
+var ErrRejected = errors.New("jobs: rejected by key policy")
+
 // RejectedError is the error of an enqueue its key's policy rejected. The
 // new job's record is left superseded with reason "rejected": no pending
 // record remains.

@@ -29,9 +29,6 @@ var (
 	// ErrStopping: the client is stopping and the grace period passed. The
 	// job is handed back without a failure.
 	ErrStopping = errors.New("jobs: client stopping")
-	// ErrRejected: an enqueue was rejected by the key policy; the error is a
-	// [*RejectedError].
-	ErrRejected = errors.New("jobs: rejected by key policy")
 )
 
 // Run is one attempt of a job, handed to the kind's Work function. Its
