@@ -473,3 +473,41 @@ func TestClientBadKeyRecordIsSuperseded(t *testing.T) {
 	assert.Equal(t, jobs.ReasonBadKey, j.Reason)
 	assert.Equal(t, 1, j.Attempts)
 }
+
+// The one window Enqueue leaves: a producer killed after its admission
+// replaced a job but before it superseded that job's record. The replaced
+// job is pending without an admission, is admitted again by the worker
+// that claims it, and runs: it is not lost (see Client.Enqueue).
+func TestClientProducerKilledBeforeSupersedingReplaced(t *testing.T) {
+	t.Parallel()
+	env := newRuntimeEnv(t)
+	n := env.newNode(fastConfig, nil)
+	p := quickPolicy
+	p.MaxQueuedPerKey, p.WhenFull = 0, jobkeys.ReplaceOldest // one queued job per key
+	var l ledger
+	require.NoError(t, jobs.Register(n.client, jobs.Kind[docIn, docOut]{
+		Type: "rk", Policy: p,
+		Work: func(ctx context.Context, run *jobs.Run, in docIn) (docOut, error) { l.start(run); return docOut{}, nil },
+	}))
+	ctx := context.Background()
+	_, err := n.client.Enqueue(ctx, enqueueReq("rk", "old", "t-old", "d"))
+	require.NoError(t, err)
+	// The producer of "new": the record, the admission that replaces
+	// "old", then the crash.
+	req := enqueueReq("rk", "new", "t-new", "d")
+	req.Version = 1
+	_, err = n.store.Enqueue(ctx, req)
+	require.NoError(t, err)
+	jt, err := n.coord.JobType(env.service, "rk", p)
+	require.NoError(t, err)
+	adm, err := jt.Admit(ctx, "ch/new", req.Input)
+	require.NoError(t, err)
+	require.Equal(t, jobkeys.KindReplaced, adm.Kind)
+	require.Equal(t, "ch/old", adm.Replaced.ID)
+
+	require.NoError(t, n.client.Start(ctx))
+	waitState(t, n, "new", jobs.StateCompleted)
+	waitState(t, n, "old", jobs.StateCompleted)
+	assert.Equal(t, 1, l.count("new"))
+	assert.Equal(t, 1, l.count("old"))
+}
