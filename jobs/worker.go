@@ -289,6 +289,7 @@ func (c *Client) acquire(ctx context.Context, k *kind, run *Run, ar *activeRun) 
 			return jobkeys.Lease{}, false
 		}
 		if acq.Kind == jobkeys.KindAcquired {
+			c.cfg.Logger.Debug("jobs: acquired", "job", job.ID, "generation", run.claim.Generation, "waited", waited)
 			if kvKey != "" {
 				c.passTurn(kvKey) // another slot may be free too
 			}
@@ -296,7 +297,8 @@ func (c *Client) acquire(ctx context.Context, k *kind, run *Run, ar *activeRun) 
 				return acq.Lease, true
 			}
 			// Paused, cancelled, superseded or taken over while it
-			// waited, by another process: give the slot back.
+			// waited (by another process: this one's control calls
+			// stop it directly): give the slot back.
 			c.release(ctx, k, acq.Lease)
 			c.releaseToken()
 			return jobkeys.Lease{}, false
@@ -336,6 +338,7 @@ func (c *Client) acquire(ctx context.Context, k *kind, run *Run, ar *activeRun) 
 		if kvKey == "" {
 			if key, err := k.jt.Key(input); err == nil {
 				kvKey = key.KVKey
+				waited = true // starting the watch takes a while too
 				if turn = c.joinWaiters(ctx, kvKey); turn != nil {
 					// Try once more now that changes are watched: a
 					// release between the blocked try and the watch

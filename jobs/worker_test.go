@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"sort"
 	"sync"
 	"sync/atomic"
@@ -386,7 +387,10 @@ func TestClientFullKeyWaitsWithoutWrites(t *testing.T) {
 func TestClientWaitingJobPausedElsewhereDoesNotStart(t *testing.T) {
 	t.Parallel()
 	env := newRuntimeEnv(t)
-	worker := env.newNode(fastConfig, nil)
+	wc := fastConfig
+	waiting := &waitSignal{job: "b", seen: make(chan struct{})}
+	wc.Logger = slog.New(waiting)
+	worker := env.newNode(wc, nil)
 	control := env.newNode(fastConfig, nil)
 	gate := make(chan struct{})
 	var l ledger
@@ -412,8 +416,12 @@ func TestClientWaitingJobPausedElsewhereDoesNotStart(t *testing.T) {
 	require.Eventually(t, func() bool { return l.count("a") == 1 }, 30*time.Second, 10*time.Millisecond)
 	_, err = control.client.Enqueue(ctx, enqueueReq("pw", "b", "b", "d"))
 	require.NoError(t, err)
-	var b jobs.Job
-	require.Eventually(t, func() bool { b = getJob(t, control, "b"); return b.State == jobs.StateRunning }, 30*time.Second, 10*time.Millisecond)
+	select { // b is claimed and waits for the slot
+	case <-waiting.seen:
+	case <-time.After(30 * time.Second):
+		t.Fatal("b never waited for the slot")
+	}
+	b := getJob(t, control, "b")
 	_, err = control.client.Pause(ctx, jobs.PauseRequest{ChannelID: "ch", JobID: "b", ExpectedRevision: b.Revision, Reason: "operator"})
 	require.NoError(t, err)
 	close(gate)
@@ -510,4 +518,30 @@ func TestClientProducerKilledBeforeSupersedingReplaced(t *testing.T) {
 	waitState(t, n, "old", jobs.StateCompleted)
 	assert.Equal(t, 1, l.count("new"))
 	assert.Equal(t, 1, l.count("old"))
+}
+
+// waitSignal is a log handler that closes seen when the client logs that
+// job waits for its key's slot.
+type waitSignal struct {
+	job  string
+	once sync.Once
+	seen chan struct{}
+}
+
+func (w *waitSignal) Enabled(context.Context, slog.Level) bool { return true }
+func (w *waitSignal) WithAttrs([]slog.Attr) slog.Handler       { return w }
+func (w *waitSignal) WithGroup(string) slog.Handler            { return w }
+
+func (w *waitSignal) Handle(_ context.Context, r slog.Record) error {
+	if r.Message != "jobs: waiting" {
+		return nil
+	}
+	r.Attrs(func(a slog.Attr) bool {
+		if a.Key == "job" && a.Value.String() == w.job {
+			w.once.Do(func() { close(w.seen) })
+			return false
+		}
+		return true
+	})
+	return nil
 }
