@@ -2,6 +2,7 @@ package jobs
 
 import (
 	"context"
+	"time"
 )
 
 // keyWaiters are this client's jobs waiting for a slot on one key. They
@@ -15,10 +16,10 @@ type keyWaiters struct {
 	stop context.CancelFunc
 }
 
-// joinWaiters adds a waiter on kvKey and returns the channel its turns
-// come on; nil when the client has no watch (rechecks only). Call
-// leaveWaiters when it stops waiting.
-func (c *Client) joinWaiters(ctx context.Context, kvKey string) <-chan struct{} {
+// joinWaiters adds a waiter on kvKey and returns its group, whose turn
+// channel its turns come on; nil when the client has no watch (rechecks
+// only). Call leaveWaiters with the group when it stops waiting.
+func (c *Client) joinWaiters(ctx context.Context, kvKey string) *keyWaiters {
 	if c.watcher == nil {
 		return nil
 	}
@@ -26,11 +27,14 @@ func (c *Client) joinWaiters(ctx context.Context, kvKey string) <-chan struct{} 
 	if w := c.keyWaiters[kvKey]; w != nil {
 		w.n++
 		c.mu.Unlock()
-		return w.turn
+		return w
 	}
 	c.mu.Unlock()
-	// Subscribe without the lock: starting a watch is a round trip.
-	sub, err := c.watcher.Subscribe(ctx, c.cfg.Service, kvKey)
+	// Subscribe without the lock (starting a watch is a round trip), and
+	// not for long: the waiter falls back to rechecks.
+	sctx, cancel := context.WithTimeout(ctx, max(c.cfg.RecheckInterval, 5*time.Second))
+	sub, err := c.watcher.Subscribe(sctx, c.cfg.Service, kvKey)
+	cancel()
 	if err != nil {
 		c.cfg.Logger.Warn("jobs: watch key", "key", kvKey, "err", err)
 		return nil
@@ -40,7 +44,7 @@ func (c *Client) joinWaiters(ctx context.Context, kvKey string) <-chan struct{} 
 	if w := c.keyWaiters[kvKey]; w != nil { // another waiter was quicker
 		sub.Close()
 		w.n++
-		return w.turn
+		return w
 	}
 	wctx, stop := context.WithCancel(ctx)
 	w := &keyWaiters{n: 1, turn: make(chan struct{}, 1), stop: stop}
@@ -54,25 +58,31 @@ func (c *Client) joinWaiters(ctx context.Context, kvKey string) <-chan struct{} 
 			case <-wctx.Done():
 				return
 			case <-sub.Done():
-				return // the watch ended: the waiters fall back to rechecks
+				// The watch ended: these waiters fall back to rechecks,
+				// and the next one to join starts a new watch.
+				c.mu.Lock()
+				if c.keyWaiters[kvKey] == w {
+					delete(c.keyWaiters, kvKey)
+				}
+				c.mu.Unlock()
+				return
 			case <-sub.Changed():
 				w.pass()
 			}
 		}
 	}()
-	return w.turn
+	return w
 }
 
-// leaveWaiters removes a waiter on kvKey; the last one stops the watch.
-func (c *Client) leaveWaiters(kvKey string) {
+// leaveWaiters removes a waiter from group w of kvKey; the last one stops
+// the watch.
+func (c *Client) leaveWaiters(kvKey string, w *keyWaiters) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	w := c.keyWaiters[kvKey]
-	if w == nil {
-		return
-	}
 	if w.n--; w.n == 0 {
-		delete(c.keyWaiters, kvKey)
+		if c.keyWaiters[kvKey] == w {
+			delete(c.keyWaiters, kvKey)
+		}
 		w.stop()
 	}
 }

@@ -257,10 +257,11 @@ func (c *Client) acquire(ctx context.Context, k *kind, run *Run, ar *activeRun) 
 	input := []byte(inputOf(job))
 	retry := job.Failures > 0 || job.Attempts > 1
 	var kvKey string         // the key this job waits on, once it waits
+	var group *keyWaiters    // the client's waiters on that key, if watched
 	var turn <-chan struct{} // its turns to try after a change of the key
 	defer func() {
-		if kvKey != "" {
-			c.leaveWaiters(kvKey)
+		if group != nil {
+			c.leaveWaiters(kvKey, group)
 		}
 	}()
 	repaired, waited := false, false
@@ -339,7 +340,8 @@ func (c *Client) acquire(ctx context.Context, k *kind, run *Run, ar *activeRun) 
 			if key, err := k.jt.Key(input); err == nil {
 				kvKey = key.KVKey
 				waited = true // starting the watch takes a while too
-				if turn = c.joinWaiters(ctx, kvKey); turn != nil {
+				if group = c.joinWaiters(ctx, kvKey); group != nil {
+					turn = group.turn
 					// Try once more now that changes are watched: a
 					// release between the blocked try and the watch
 					// would wake nobody.
