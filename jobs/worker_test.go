@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"os"
 	"sort"
 	"sync"
 	"sync/atomic"
@@ -97,7 +98,7 @@ func TestClientReplacedJobNeverRuns(t *testing.T) {
 	t.Parallel()
 	env := newRuntimeEnv(t)
 	producer := env.newNode(fastConfig, nil)
-	worker := env.newNode(fastConfig, nil)
+	worker := env.newNode(debugConfig(fastConfig), nil)
 	p := quickPolicy
 	p.MaxQueuedPerKey, p.WhenFull = 1, jobkeys.ReplaceOldest
 	gate := make(chan struct{})
@@ -544,4 +545,13 @@ func (w *waitSignal) Handle(_ context.Context, r slog.Record) error {
 		return true
 	})
 	return nil
+}
+
+// debugConfig logs the client's debug lines to stderr when JOBS_DEBUG is
+// set.
+func debugConfig(cfg jobs.ClientConfig) jobs.ClientConfig {
+	if os.Getenv("JOBS_DEBUG") != "" {
+		cfg.Logger = slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelDebug}))
+	}
+	return cfg
 }
