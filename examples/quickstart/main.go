@@ -1,22 +1,24 @@
-// Command quickstart shows jobkeys at work on an embedded NATS server: no
-// setup, no ports to configure, done in seconds.
+// Command quickstart shows the jobkeys job system at work on an embedded
+// NATS server: no setup, no ports to configure, done in seconds.
 //
-// For each of the three WhenFull policies it submits a few dozen jobs for a
-// handful of tenants (at most 2 run per tenant, 1 more may wait), runs four
-// workers — each with its own NATS connection, as separate processes would —
-// and prints what happened to every job, who ran it, and the highest number
-// of jobs that ran at once per tenant.
+// A producer enqueues a burst of report jobs for a handful of tenants under
+// a key policy (at most 2 run per tenant, 2 more may wait, and a newer job
+// replaces the oldest waiting one). Three workers, each with its own NATS
+// connection as separate processes would have, run them. Some jobs fail
+// once and are retried with backoff; one worker crashes in the middle of a
+// job, which another worker takes over once the crashed claim runs out.
+// At the end every job is accounted for: completed, or replaced (and never
+// run), with the highest number of jobs that ran at once per tenant.
 //
 //	go run ./examples/quickstart
 package main
 
 import (
 	"context"
-	"encoding/json"
+	"errors"
 	"fmt"
 	"os"
 	"sort"
-	"strings"
 	"sync"
 	"time"
 
@@ -25,18 +27,34 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/jobkeys/jobkeys"
+	"github.com/jobkeys/jobkeys/jobs"
 )
 
-const (
-	service = "quickstart"
-	workers = 4
-)
+// report is the job's input: the key template points at its tenant.
+type report struct {
+	Tenant string `json:"tenant"`
+	N      int    `json:"n"`
+}
+
+// result is the job's artifact.
+type result struct {
+	Worker string `json:"worker"`
+}
+
+var policy = jobkeys.Policy{
+	Key:               []string{"tenant", "/tenant"},
+	MaxActive:         2,
+	MaxQueuedPerKey:   2,
+	WhenFull:          jobkeys.ReplaceOldest,
+	HeartbeatInterval: 250 * time.Millisecond, // short, so the crash is taken over quickly
+	HeartbeatTTL:      1500 * time.Millisecond,
+}
 
 // The burst each tenant sends: acme floods, the others stay in their limits.
 var tenants = []struct {
 	name string
 	jobs int
-}{{"acme", 6}, {"globex", 3}, {"initech", 2}, {"umbrella", 1}}
+}{{"acme", 7}, {"globex", 4}, {"initech", 3}, {"umbrella", 1}}
 
 func main() {
 	if err := run(); err != nil {
@@ -46,9 +64,8 @@ func main() {
 }
 
 func run() error {
-	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
-
 	srv, stop, err := startServer()
 	if err != nil {
 		return err
@@ -56,18 +73,251 @@ func run() error {
 	defer stop()
 	fmt.Printf("jobkeys quickstart: embedded NATS server at %s\n", srv.ClientURL())
 
-	for _, wf := range []jobkeys.WhenFull{jobkeys.Reject, jobkeys.Coalesce, jobkeys.ReplaceOldest} {
-		policy := jobkeys.Policy{
-			Key:             []string{"tenant", "/tenant"},
-			MaxActive:       2,
-			MaxQueuedPerKey: 1,
-			WhenFull:        wf,
-		}
-		if err := scenario(ctx, srv.ClientURL(), policy); err != nil {
-			return fmt.Errorf("when full %s: %w", wf, err)
+	var aud audit
+	producer, err := newNode(srv.ClientURL(), "producer", &aud)
+	if err != nil {
+		return err
+	}
+	defer producer.close()
+
+	fmt.Println("\nenqueueing (key tenant:<tenant>, 2 running + 2 waiting per tenant, replace the oldest):")
+	var ids []string
+	for _, t := range tenants {
+		for i := 1; i <= t.jobs; i++ {
+			id := fmt.Sprintf("%s-%02d", t.name, i)
+			res, err := producer.client.Enqueue(ctx, jobs.EnqueueRequest{
+				ID: id, ChannelID: "reports", Type: "report", Origin: "quickstart",
+				TargetKey: id, IdempotencyKey: id, Fingerprint: id,
+				Input: fmt.Appendf(nil, `{"tenant":%q,"n":%d}`, t.name, i),
+			})
+			var rej *jobs.RejectedError
+			switch {
+			case errors.As(err, &rej):
+				fmt.Printf("  %-12s rejected: %s (limit %d)\n", id, rej.Reason, rej.Limit)
+			case err != nil:
+				return err
+			case res.Outcome == jobs.OutcomeReplaced:
+				fmt.Printf("  %-12s accepted, replacing %s (its record is superseded: it will not run)\n", id, res.Replaced.ID)
+			default:
+				fmt.Printf("  %-12s %s\n", id, res.Outcome)
+			}
+			ids = append(ids, id)
 		}
 	}
+
+	fmt.Println("\nrunning three workers (each its own connection); w3 crashes mid-job:")
+	var workers []*node
+	for _, name := range []string{"w1", "w2", "w3"} {
+		w, err := newNode(srv.ClientURL(), name, &aud)
+		if err != nil {
+			return err
+		}
+		defer w.close()
+		if err := w.client.Start(ctx); err != nil {
+			return err
+		}
+		workers = append(workers, w)
+	}
+
+	// Wait until every job is over: completed, failed or superseded.
+	for _, id := range ids {
+		for {
+			d, err := producer.client.Get(ctx, "reports", id)
+			if err != nil {
+				return err
+			}
+			if !d.Job.State.Active() {
+				break
+			}
+			select {
+			case <-ctx.Done():
+				return fmt.Errorf("job %s still %s: %w", id, d.Job.State, ctx.Err())
+			case <-time.After(50 * time.Millisecond):
+			}
+		}
+	}
+	for _, w := range workers {
+		if err := w.client.Stop(ctx); err != nil {
+			return err
+		}
+	}
+
+	fmt.Println("\nwhat happened to every job:")
+	lost := 0
+	for _, id := range ids {
+		d, err := producer.client.Get(ctx, "reports", id)
+		if err != nil {
+			return err
+		}
+		j := d.Job
+		line := fmt.Sprintf("  %-12s %-10s attempts %d, failures %d", id, j.State, j.Attempts, j.Failures)
+		switch {
+		case j.State == jobs.StateCompleted:
+			line += ", done by " + string(d.Artifact.Value)
+		case j.State == jobs.StateSuperseded:
+			line += ", " + j.Reason
+			if aud.ran(id) {
+				line += " (but it ran!)"
+				lost++
+			}
+		default:
+			lost++
+		}
+		fmt.Println(line)
+	}
+	fmt.Println("\nthe most jobs that ran at once, per tenant (the limit is 2):")
+	peaks := aud.peaks()
+	names := make([]string, 0, len(peaks))
+	for t := range peaks {
+		names = append(names, t)
+	}
+	sort.Strings(names)
+	for _, t := range names {
+		fmt.Printf("  %-10s %d\n", t, peaks[t])
+		if peaks[t] > policy.MaxActive {
+			return fmt.Errorf("tenant %s ran %d jobs at once", t, peaks[t])
+		}
+	}
+	if lost > 0 {
+		return fmt.Errorf("%d jobs were not accounted for", lost)
+	}
+	fmt.Println("\nevery job is accounted for; none ran after it was replaced.")
 	return nil
+}
+
+// node is one process: its connection, stores, coordinator and client.
+type node struct {
+	name   string
+	nc     *nats.Conn
+	client *jobs.Client
+}
+
+func newNode(url, name string, aud *audit) (*node, error) {
+	nc, err := nats.Connect(url, nats.Name(name))
+	if err != nil {
+		return nil, err
+	}
+	n := &node{name: name, nc: nc}
+	if err := n.setup(aud); err != nil {
+		nc.Close()
+		return nil, err
+	}
+	return n, nil
+}
+
+func (n *node) setup(aud *audit) error {
+	js, err := jetstream.New(n.nc)
+	if err != nil {
+		return err
+	}
+	store, err := jobs.NewNATSStore(js, nil, jobs.WithCreateBucket(jetstream.MemoryStorage, 1))
+	if err != nil {
+		return err
+	}
+	keys, err := jobkeys.NewNATSStore(js, jobkeys.WithCreateBuckets(jetstream.MemoryStorage, 1))
+	if err != nil {
+		return err
+	}
+	coord, err := jobkeys.NewCoordinator(keys, &jobkeys.Config{InstanceID: n.name})
+	if err != nil {
+		return err
+	}
+	n.client, err = jobs.NewClient(store, coord, &jobs.ClientConfig{
+		KeyStore:   keys,
+		Service:    "quickstart",
+		Owner:      n.name,
+		MaxWorkers: 2,
+		// Quick retries and polls for the demonstration; the defaults are
+		// 1 s · 2^(n−1) and 1 s.
+		Backoff:      jobs.ExponentialBackoff(200*time.Millisecond, 5*time.Second),
+		PollInterval: 100 * time.Millisecond,
+		StopGrace:    2 * time.Second,
+	})
+	if err != nil {
+		return err
+	}
+	return jobs.Register(n.client, jobs.Kind[report, result]{
+		Type: "report", Version: 1, Policy: policy, MaxFailures: 3, Timeout: 10 * time.Second,
+		Work: func(ctx context.Context, run *jobs.Run, in report) (result, error) {
+			job := run.Job()
+			end := aud.start(in.Tenant, job.ID)
+			defer end()
+			fmt.Printf("  %s runs %-12s (attempt %d)\n", n.name, job.ID, job.Attempts)
+			if n.name == "w3" && job.Attempts == 1 && !aud.crashed() {
+				// The crash: the connection drops mid-job, nothing is
+				// written. Another worker claims the job once its claim
+				// runs out.
+				fmt.Printf("  %s crashes while running %s\n", n.name, job.ID)
+				n.nc.Close()
+				<-ctx.Done()
+				return result{}, context.Cause(ctx)
+			}
+			if in.N%3 == 0 && job.Failures == 0 {
+				return result{}, fmt.Errorf("the report service timed out for %s", job.ID)
+			}
+			if err := run.Progress("render", "rendering the report", jobs.ProgressStarted); err != nil {
+				return result{}, err
+			}
+			select {
+			case <-time.After(time.Duration(50+in.N*20) * time.Millisecond):
+			case <-ctx.Done():
+				return result{}, context.Cause(ctx)
+			}
+			return result{Worker: n.name}, nil
+		},
+	})
+}
+
+func (n *node) close() { n.nc.Close() }
+
+// audit records, from the handlers themselves, who ran and how many jobs
+// of a tenant ran at once.
+type audit struct {
+	mu      sync.Mutex
+	running map[string]int
+	peak    map[string]int
+	runs    map[string]int
+	crash   bool
+}
+
+func (a *audit) start(tenant, id string) (end func()) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	if a.running == nil {
+		a.running, a.peak, a.runs = map[string]int{}, map[string]int{}, map[string]int{}
+	}
+	a.running[tenant]++
+	a.peak[tenant] = max(a.peak[tenant], a.running[tenant])
+	a.runs[id]++
+	return func() {
+		a.mu.Lock()
+		a.running[tenant]--
+		a.mu.Unlock()
+	}
+}
+
+func (a *audit) crashed() bool {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	c := a.crash
+	a.crash = true
+	return c
+}
+
+func (a *audit) ran(id string) bool {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	return a.runs[id] > 0
+}
+
+func (a *audit) peaks() map[string]int {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	out := make(map[string]int, len(a.peak))
+	for k, v := range a.peak {
+		out[k] = v
+	}
+	return out
 }
 
 // startServer starts a NATS server with JetStream in this process, on a free
@@ -95,213 +345,4 @@ func startServer() (srv *server.Server, stop func(), err error) {
 		return nil, nil, fmt.Errorf("embedded NATS server: not ready after 10s")
 	}
 	return srv, stop, nil
-}
-
-// client is one worker process: its own connection, store and coordinator,
-// and the job type's handle.
-type client struct {
-	nc *nats.Conn
-	jt *jobkeys.JobType
-}
-
-func connect(url, name, jobType string, policy jobkeys.Policy) (*client, error) {
-	nc, err := nats.Connect(url, nats.Name(name))
-	if err != nil {
-		return nil, err
-	}
-	js, err := jetstream.New(nc)
-	if err != nil {
-		nc.Close()
-		return nil, err
-	}
-	store, err := jobkeys.NewNATSStore(js, jobkeys.WithCreateBuckets(jetstream.MemoryStorage, 1))
-	if err != nil {
-		nc.Close()
-		return nil, err
-	}
-	coord, err := jobkeys.NewCoordinator(store, &jobkeys.Config{InstanceID: name})
-	if err != nil {
-		nc.Close()
-		return nil, err
-	}
-	// The job type, its service and its policy are checked once, here;
-	// every call after this takes just the job.
-	jt, err := coord.JobType(service, jobType, policy)
-	if err != nil {
-		nc.Close()
-		return nil, err
-	}
-	return &client{nc: nc, jt: jt}, nil
-}
-
-type job struct {
-	id, tenant string
-	payload    []byte
-}
-
-// tally is what happened, per tenant.
-type tally struct {
-	accepted, rejected, coalesced, replaced, ran int
-	running, peak                                int
-}
-
-func scenario(ctx context.Context, url string, policy jobkeys.Policy) error {
-	jobType := "report-" + string(policy.WhenFull)
-	fmt.Printf("\n=== when the queue is full: %s ===\n", policy.WhenFull)
-	fmt.Printf("policy: key tenant:<tenant>, at most %d running and %d more waiting per tenant\n",
-		policy.MaxActive, policy.MaxQueuedPerKey)
-
-	submitter, err := connect(url, "submitter", jobType, policy)
-	if err != nil {
-		return err
-	}
-	defer submitter.nc.Close()
-
-	var (
-		mu     sync.Mutex
-		stats  = map[string]*tally{}
-		queue  []job               // admitted jobs not yet run
-		gone   = map[string]bool{} // replaced jobs: no longer queued
-		ranBy  = map[string][]string{}
-		waited = map[string]bool{}
-		events []string
-	)
-	for _, t := range tenants {
-		stats[t.name] = &tally{}
-	}
-
-	fmt.Println("\nsubmitting:")
-	n := 0
-	for _, t := range tenants {
-		for round := 0; round < t.jobs; round++ {
-			n++
-			j := job{id: fmt.Sprintf("%s-%02d", t.name, round+1), tenant: t.name}
-			j.payload, _ = json.Marshal(map[string]string{"tenant": t.name})
-			adm, err := submitter.jt.Admit(ctx, j.id, j.payload)
-			if err != nil {
-				return err
-			}
-			s := stats[t.name]
-			switch adm.Kind {
-			case jobkeys.KindAccepted:
-				s.accepted++
-				queue = append(queue, j)
-				fmt.Printf("  %-12s accepted: waits for a slot\n", j.id)
-			case jobkeys.KindRejected:
-				s.rejected++
-				fmt.Printf("  %-12s rejected: %s (limit %d)\n", j.id, adm.Reason, adm.Limit)
-			case jobkeys.KindCoalesced:
-				s.coalesced++
-				fmt.Printf("  %-12s coalesced into %s: that job will do this one's work\n", j.id, adm.Existing.ID)
-			case jobkeys.KindReplaced:
-				s.replaced++
-				gone[adm.Replaced.ID] = true
-				queue = append(queue, j)
-				fmt.Printf("  %-12s accepted, replacing %s, the oldest waiting job\n", j.id, adm.Replaced.ID)
-			}
-		}
-	}
-
-	// Workers take admitted jobs in order; a job whose tenant is at its limit
-	// goes back to the end of the line.
-	var pending []job
-	for _, j := range queue {
-		if !gone[j.id] {
-			pending = append(pending, j)
-		}
-	}
-	var wg sync.WaitGroup
-	errs := make(chan error, workers)
-	for w := 1; w <= workers; w++ {
-		name := fmt.Sprintf("worker-%d", w)
-		c, err := connect(url, name, jobType, policy)
-		if err != nil {
-			return err
-		}
-		defer c.nc.Close()
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			for {
-				mu.Lock()
-				if len(pending) == 0 {
-					mu.Unlock()
-					return
-				}
-				j := pending[0]
-				pending = pending[1:]
-				mu.Unlock()
-
-				acq, err := c.jt.Acquire(ctx, j.id, j.payload)
-				if err != nil {
-					errs <- err
-					return
-				}
-				if acq.Kind == jobkeys.KindBlocked {
-					mu.Lock()
-					pending = append(pending, j)
-					if !waited[j.id] {
-						waited[j.id] = true
-						events = append(events, fmt.Sprintf("  %-9s waits %-11s (%s: %d of %d slots for %s in use)",
-							name, j.id, acq.Reason, acq.Active, acq.Limit, acq.DisplayKey))
-					}
-					mu.Unlock()
-					time.Sleep(5 * time.Millisecond)
-					continue
-				}
-				mu.Lock()
-				s := stats[j.tenant]
-				s.running++
-				s.peak = max(s.peak, s.running)
-				if len(acq.State.Active) > policy.MaxActive {
-					events = append(events, fmt.Sprintf("BUG: %d slots held for %s", len(acq.State.Active), acq.DisplayKey))
-				}
-				events = append(events, fmt.Sprintf("  %-9s runs %-12s (%d of %d slots for %s in use)",
-					name, j.id, len(acq.State.Active), policy.MaxActive, acq.DisplayKey))
-				mu.Unlock()
-
-				time.Sleep(80 * time.Millisecond) // the job's work
-
-				mu.Lock()
-				s.running--
-				s.ran++
-				ranBy[name] = append(ranBy[name], j.id)
-				mu.Unlock()
-				rel, err := c.jt.Release(ctx, acq.Lease)
-				if err != nil {
-					errs <- err
-					return
-				}
-				if rel.Kind != jobkeys.KindReleased {
-					errs <- fmt.Errorf("release %s: %s", j.id, rel.Kind)
-					return
-				}
-			}
-		}()
-	}
-	wg.Wait()
-	close(errs)
-	if err := <-errs; err != nil {
-		return err
-	}
-
-	fmt.Printf("\nrunning (%d workers):\n%s\n", workers, strings.Join(events, "\n"))
-	fmt.Println("\nwho ran what:")
-	names := make([]string, 0, len(ranBy))
-	for name := range ranBy {
-		names = append(names, name)
-	}
-	sort.Strings(names)
-	for _, name := range names {
-		fmt.Printf("  %-9s %s\n", name, strings.Join(ranBy[name], ", "))
-	}
-	fmt.Printf("\n%d jobs submitted:\n", n)
-	fmt.Printf("  %-9s %8s %8s %9s %8s %4s %18s\n", "tenant", "accepted", "rejected", "coalesced", "replaced", "ran", "peak running (max)")
-	for _, t := range tenants {
-		s := stats[t.name]
-		fmt.Printf("  %-9s %8d %8d %9d %8d %4d %14d (%d)\n", t.name, s.accepted, s.rejected, s.coalesced, s.replaced, s.ran, s.peak, policy.MaxActive)
-	}
-	fmt.Println("  replaced: also accepted, by dropping the tenant's oldest waiting job, which then never runs")
-	fmt.Println("  coalesced: not queued; the existing job it names does its work")
-	return nil
 }

@@ -1,0 +1,566 @@
+package jobs
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net/url"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/jobkeys/jobkeys"
+)
+
+// Runtime defaults, used for zero-valued [ClientConfig] fields.
+const (
+	ServiceDefault           = "jobs"
+	MaxWorkersDefault        = 10
+	PollIntervalDefault      = time.Second
+	RecheckIntervalDefault   = 5 * time.Second
+	AdmitGraceDefault        = 30 * time.Second
+	ReconcileIntervalDefault = 30 * time.Second
+	StopGraceDefault         = 10 * time.Second
+	UnknownKindDelayDefault  = time.Minute
+	MaxFailuresDefault       = 5
+	BackoffBaseDefault       = time.Second
+	BackoffCapDefault        = 5 * time.Minute
+)
+
+// DefaultBackoff is the retry delay after the failures-th failure:
+// 1 s · 2^(failures−1), capped at 5 minutes.
+func DefaultBackoff(failures int) time.Duration {
+	return ExponentialBackoff(BackoffBaseDefault, BackoffCapDefault)(failures)
+}
+
+// ExponentialBackoff returns a backoff of base · 2^(failures−1), capped at
+// limit (and base for failures below 1).
+func ExponentialBackoff(base, limit time.Duration) func(failures int) time.Duration {
+	return func(failures int) time.Duration {
+		d := base
+		for i := 1; i < failures && d < limit; i++ {
+			d *= 2
+		}
+		return min(d, limit)
+	}
+}
+
+// ClientConfig configures a [Client]. Only KeyStore is required.
+type ClientConfig struct {
+	// KeyStore is the key store the coordinator was made with. The client
+	// watches it to wake jobs waiting for a slot when it implements
+	// [jobkeys.WatchableStore] (they fall back to rechecks otherwise), and
+	// lists and reads it to reconcile queue entries against job records.
+	// Required.
+	KeyStore jobkeys.Store
+
+	// Service is the key-layer service of every kind: the key bucket is
+	// JOBS_KEYS_<Service>. Defaults to ServiceDefault ("jobs").
+	Service string
+
+	// Owner names this client in the claims it takes. Defaults to the
+	// coordinator's instance id and a random suffix, unique per client.
+	Owner string
+
+	// MaxWorkers bounds how many handlers this client runs at once, beside
+	// the per-key limits of the kinds' policies. Defaults to
+	// MaxWorkersDefault (10).
+	MaxWorkers int
+
+	// MaxWaiting bounds how many claimed jobs wait in this client for a
+	// slot on a full key. A waiting job costs no writes but a claim
+	// renewal every half claim TTL; a job blocked beyond the bound is
+	// handed back (without a failure) for RecheckInterval, which costs a
+	// requeue and a claim each time. Defaults to 16 × MaxWorkers.
+	MaxWaiting int
+
+	// PollInterval is how long a client that found no due job waits before
+	// claiming again (a local enqueue or a finished job wakes it earlier).
+	// Defaults to PollIntervalDefault (1s).
+	PollInterval time.Duration
+
+	// RecheckInterval bounds how long a job waiting for a slot goes without
+	// trying again when no watch event and no lease expiry wakes it.
+	// Defaults to RecheckIntervalDefault (5s).
+	RecheckInterval time.Duration
+
+	// AdmitGrace is how long after its creation a pending job without a
+	// key admission is left to its producer (which writes the record, then
+	// the admission) before a worker repairs it, and how long a queue
+	// entry whose job record is missing is kept before reconciliation
+	// removes it. Defaults to AdmitGraceDefault (30s).
+	AdmitGrace time.Duration
+
+	// ReconcileInterval is how often the client reconciles (sweeps expired
+	// slots, removes queue entries of finished or missing jobs); negative
+	// disables it. Defaults to ReconcileIntervalDefault (30s).
+	ReconcileInterval time.Duration
+
+	// StopGrace is how long [Client.Stop] lets running handlers finish
+	// before it cancels them. Defaults to StopGraceDefault (10s).
+	StopGrace time.Duration
+
+	// UnknownKindDelay is how long a claimed job of a type (or version)
+	// this client has no kind for is handed back for, without a failure.
+	// Defaults to UnknownKindDelayDefault (1m).
+	UnknownKindDelay time.Duration
+
+	// Backoff is the retry delay after a job's n-th failure. Defaults to
+	// DefaultBackoff (1 s · 2^(n−1), capped at 5 minutes).
+	Backoff func(failures int) time.Duration
+
+	// Now is the clock for the times the client computes (retry times).
+	// It should be the store's clock. Defaults to time.Now.
+	Now func() time.Time
+
+	// Logger receives what the client cannot return to a caller (a failed
+	// heartbeat, a reconciliation error). Defaults to none.
+	Logger *slog.Logger
+}
+
+// Client is the job runtime: it enqueues jobs through the job store and
+// the key layer as one outcome, and runs the registered kinds' jobs under
+// their keys' limits. Make it with [NewClient], register kinds with
+// [Register], then [Client.Start] it; [Client.Stop] drains it. A Client is
+// safe for concurrent use; any number of clients, in any number of
+// processes, may share a store and a key bucket.
+type Client struct {
+	store Store
+	coord *jobkeys.KeyCoordinator
+	cfg   ClientConfig
+
+	mu       sync.Mutex
+	kinds    map[string]*kind
+	state    clientState
+	runs     map[jobRef]*activeRun // jobs this client holds a claim on
+	stopCh   chan struct{}         // closed by Stop: no new claims
+	killCh   chan struct{}         // closed when StopGrace passed: cancel handlers
+	wake     chan struct{}         // wakes the claim loop
+	wg       sync.WaitGroup        // the loops and every job goroutine
+	watcher  *jobkeys.Watcher
+	waiting  int           // jobs waiting for a slot
+	slotFree chan struct{} // signalled when a worker token frees
+	tokens   chan struct{} // one per handler slot of MaxWorkers; made by Start
+	bgCancel context.CancelFunc
+	claimTTL time.Duration // the longest HeartbeatTTL of the kinds; set by Start
+
+	keyWaiters map[string]*keyWaiters // by KV key; guarded by mu
+}
+
+type clientState int
+
+const (
+	clientNew clientState = iota
+	clientStarted
+	clientStopped
+)
+
+type jobRef struct{ channel, id string }
+
+// NewClient returns a client over store and coord. cfg holds the
+// required KeyStore; a bad field is an error naming it.
+func NewClient(store Store, coord *jobkeys.KeyCoordinator, cfg *ClientConfig) (*Client, error) {
+	if store == nil || coord == nil {
+		return nil, errors.New("jobs: NewClient: store and coordinator are required")
+	}
+	if cfg == nil || cfg.KeyStore == nil {
+		return nil, errors.New("jobs: NewClient: ClientConfig.KeyStore is required")
+	}
+	c := *cfg
+	if c.Service == "" {
+		c.Service = ServiceDefault
+	}
+	if c.Owner == "" {
+		var b [6]byte
+		_, _ = rand.Read(b[:])
+		c.Owner = coord.InstanceID() + "-" + hex.EncodeToString(b[:])
+	}
+	if len(c.Owner) > IdentifierSizeLimit {
+		return nil, fmt.Errorf("jobs: NewClient: ClientConfig.Owner is over %d bytes", IdentifierSizeLimit)
+	}
+	for _, d := range []struct {
+		name string
+		v    *time.Duration
+		def  time.Duration
+	}{
+		{"PollInterval", &c.PollInterval, PollIntervalDefault},
+		{"RecheckInterval", &c.RecheckInterval, RecheckIntervalDefault},
+		{"AdmitGrace", &c.AdmitGrace, AdmitGraceDefault},
+		{"StopGrace", &c.StopGrace, StopGraceDefault},
+		{"UnknownKindDelay", &c.UnknownKindDelay, UnknownKindDelayDefault},
+	} {
+		switch {
+		case *d.v == 0:
+			*d.v = d.def
+		case *d.v < 0:
+			return nil, fmt.Errorf("jobs: NewClient: ClientConfig.%s %v is negative", d.name, *d.v)
+		}
+	}
+	if c.ReconcileInterval == 0 {
+		c.ReconcileInterval = ReconcileIntervalDefault
+	}
+	switch {
+	case c.MaxWorkers == 0:
+		c.MaxWorkers = MaxWorkersDefault
+	case c.MaxWorkers < 0:
+		return nil, fmt.Errorf("jobs: NewClient: ClientConfig.MaxWorkers %d is negative", c.MaxWorkers)
+	}
+	switch {
+	case c.MaxWaiting == 0:
+		c.MaxWaiting = 16 * c.MaxWorkers
+	case c.MaxWaiting < 0:
+		return nil, fmt.Errorf("jobs: NewClient: ClientConfig.MaxWaiting %d is negative", c.MaxWaiting)
+	}
+	if c.Backoff == nil {
+		c.Backoff = DefaultBackoff
+	}
+	if c.Now == nil {
+		c.Now = time.Now
+	}
+	if c.Logger == nil {
+		c.Logger = slog.New(slog.DiscardHandler)
+	}
+	return &Client{
+		store: store, coord: coord, cfg: c,
+		kinds:      make(map[string]*kind),
+		runs:       make(map[jobRef]*activeRun),
+		keyWaiters: make(map[string]*keyWaiters),
+		stopCh:     make(chan struct{}),
+		killCh:     make(chan struct{}),
+		wake:       make(chan struct{}, 1),
+		slotFree:   make(chan struct{}, 1),
+	}, nil
+}
+
+// Owner returns the name this client claims jobs under.
+func (c *Client) Owner() string { return c.cfg.Owner }
+
+// Outcome is how an enqueue ended (a rejection is a [*RejectedError]).
+type Outcome string
+
+// Enqueue outcomes.
+const (
+	// OutcomeAccepted: the job is pending and queued on its key.
+	OutcomeAccepted Outcome = "accepted"
+	// OutcomeCoalesced: the key's queue was full and the job folded into
+	// the existing job, which EnqueueResult.Job is. The new job's record
+	// is superseded with reason "coalesced".
+	OutcomeCoalesced Outcome = "coalesced"
+	// OutcomeReplaced: the job is pending and queued, and the oldest queued
+	// job of its key was dropped: its record (EnqueueResult.Replaced) is
+	// superseded with reason "replaced".
+	OutcomeReplaced Outcome = "replaced"
+)
+
+// Reasons the runtime writes into job records.
+const (
+	ReasonReplaced  = "replaced"  // superseded: a newer job replaced it in its key's queue
+	ReasonCoalesced = "coalesced" // superseded: folded into an existing job of its key
+	ReasonRejected  = "rejected"  // superseded: its key's queue was full
+	ReasonBadKey    = "bad-key"   // superseded: its input derives no key under its kind's policy
+)
+
+// EnqueueResult is the outcome of [Client.Enqueue].
+type EnqueueResult struct {
+	// Outcome says how the enqueue ended.
+	Outcome Outcome
+	// Job is the new job (accepted, replaced) or the existing job the new
+	// one folded into (coalesced); with Repeated, the job enqueued before
+	// under the same idempotency key, as it is now.
+	Job Job
+	// Replaced is the replaced job's record (OutcomeReplaced), else nil.
+	Replaced *Job
+	// Repeated reports a replay of an idempotency key: nothing was written.
+	Repeated bool
+	// Key is the display key the job was admitted under (empty when
+	// Repeated).
+	Key string
+}
+
+// ErrRejected reports an enqueue its key's policy rejected; the error is
+// a [*RejectedError].
+var ErrRejected = errors.New("jobs: rejected by key policy")
+
+// RejectedError is the error of an enqueue its key's policy rejected. The
+// new job's record is left superseded with reason "rejected": no pending
+// record remains.
+type RejectedError struct {
+	Job    Job            // the rejected job's record
+	Key    string         // the display key
+	Reason jobkeys.Reason // why: the limit that was hit
+	Active int            // active slots seen
+	Queued int            // queued jobs seen
+	Limit  int            // the limit
+}
+
+// Error says which job was rejected on which key, and by which limit.
+func (e *RejectedError) Error() string {
+	return fmt.Sprintf("jobs: job %q of type %q rejected on key %q: %s (limit %d, %d active, %d queued)",
+		e.Job.ID, e.Job.Type, e.Key, e.Reason, e.Limit, e.Active, e.Queued)
+}
+
+// Unwrap returns ErrRejected.
+func (e *RejectedError) Unwrap() error { return ErrRejected }
+
+// Enqueue writes the job record and admits it on its key under its kind's
+// policy, as one outcome. req.Type must be a registered kind; a zero
+// req.Version is the kind's version. The store's rules apply first:
+// idempotency (a replay returns the job as it is, Repeated) and target
+// supersede. A rejection is a [*RejectedError] (match [ErrRejected]).
+//
+// The record is written first, then the admission. A crash between them
+// leaves a pending job without an admission, which the first worker that
+// claims it after AdmitGrace admits (the same decision as here); any
+// other error after the record was written leaves the same, and is
+// returned.
+func (c *Client) Enqueue(ctx context.Context, req EnqueueRequest) (EnqueueResult, error) {
+	k, err := c.kindOf(req.Type)
+	if err != nil {
+		return EnqueueResult{}, err
+	}
+	if req.Version == 0 {
+		req.Version = k.version
+	}
+	enq, err := c.store.Enqueue(ctx, req)
+	if err != nil {
+		return EnqueueResult{}, err
+	}
+	if enq.Repeated {
+		return EnqueueResult{Outcome: OutcomeAccepted, Job: enq.Job, Repeated: true}, nil
+	}
+	res, err := c.admit(ctx, k, enq.Job)
+	if err == nil {
+		c.poke()
+	}
+	return res, err
+}
+
+// admit admits job (pending, of kind k) on its key and applies the
+// outcome to the records: the decision Enqueue makes, and the repair of a
+// job whose producer died before making it.
+func (c *Client) admit(ctx context.Context, k *kind, job Job) (EnqueueResult, error) {
+	kid := keyJobID(job.ChannelID, job.ID)
+	for pruned := false; ; pruned = true {
+		adm, err := k.jt.Admit(ctx, kid, []byte(inputOf(job)))
+		if errors.Is(err, jobkeys.ErrInvalidKey) {
+			// The input can never be admitted: do not leave it pending.
+			if _, serr := c.supersede(ctx, job.ChannelID, job.ID, ReasonBadKey); serr != nil {
+				err = errors.Join(err, serr)
+			}
+			return EnqueueResult{}, fmt.Errorf("jobs: enqueue job %q of type %q: %w", job.ID, job.Type, err)
+		}
+		if err != nil {
+			return EnqueueResult{}, fmt.Errorf("jobs: admit job %q of type %q: %w", job.ID, job.Type, err)
+		}
+		switch adm.Kind {
+		case jobkeys.KindAccepted:
+			return EnqueueResult{Outcome: OutcomeAccepted, Job: job, Key: adm.DisplayKey}, nil
+		case jobkeys.KindReplaced:
+			res := EnqueueResult{Outcome: OutcomeReplaced, Job: job, Key: adm.DisplayKey}
+			if ch, id, ok := parseKeyJobID(adm.Replaced.ID); ok {
+				r, err := c.supersede(ctx, ch, id, ReasonReplaced)
+				if err != nil && !errors.Is(err, ErrNotFound) {
+					return res, fmt.Errorf("jobs: supersede job %q replaced by %q: %w", id, job.ID, err)
+				}
+				if err == nil {
+					res.Replaced = &r
+				}
+			}
+			return res, nil
+		case jobkeys.KindCoalesced:
+			existing, live, err := c.liveJob(ctx, adm.Existing.ID)
+			if err != nil {
+				return EnqueueResult{}, err
+			}
+			if !live && !pruned {
+				// Folded into an entry whose job is over: prune and retry.
+				if _, err := c.pruneKey(ctx, k, job); err != nil {
+					return EnqueueResult{}, err
+				}
+				continue
+			}
+			if _, err := c.supersede(ctx, job.ChannelID, job.ID, ReasonCoalesced); err != nil {
+				return EnqueueResult{}, fmt.Errorf("jobs: supersede job %q coalesced into %q: %w", job.ID, adm.Existing.ID, err)
+			}
+			return EnqueueResult{Outcome: OutcomeCoalesced, Job: existing, Key: adm.DisplayKey}, nil
+		default: // rejected
+			if !pruned {
+				n, err := c.pruneKey(ctx, k, job)
+				if err != nil {
+					return EnqueueResult{}, err
+				}
+				if n > 0 {
+					continue
+				}
+			}
+			r, err := c.supersede(ctx, job.ChannelID, job.ID, ReasonRejected)
+			if err != nil {
+				return EnqueueResult{}, fmt.Errorf("jobs: supersede rejected job %q: %w", job.ID, err)
+			}
+			return EnqueueResult{}, &RejectedError{Job: r, Key: adm.DisplayKey, Reason: adm.Reason, Active: adm.Active, Queued: adm.Queued, Limit: adm.Limit}
+		}
+	}
+}
+
+// liveJob returns the job a key-layer job id names and whether it is
+// still active (pending, paused or running).
+func (c *Client) liveJob(ctx context.Context, kid string) (Job, bool, error) {
+	ch, id, ok := parseKeyJobID(kid)
+	if !ok {
+		return Job{}, false, nil
+	}
+	d, err := c.store.Get(ctx, ch, id)
+	if errors.Is(err, ErrNotFound) {
+		return Job{}, false, nil
+	}
+	if err != nil {
+		return Job{}, false, err
+	}
+	return d.Job, d.Job.State.Active(), nil
+}
+
+// supersede makes job id of channel superseded with reason, unless it is
+// over already; it returns the record as it is then.
+func (c *Client) supersede(ctx context.Context, channel, id, reason string) (Job, error) {
+	var err error
+	for range 5 {
+		var d Detail
+		d, err = c.store.Get(ctx, channel, id)
+		if err != nil {
+			return Job{}, err
+		}
+		if !d.Job.State.Active() {
+			return d.Job, nil
+		}
+		var j Job
+		j, err = c.store.Supersede(ctx, SupersedeRequest{ChannelID: channel, JobID: id, ExpectedRevision: d.Job.Revision, Reason: reason})
+		if err == nil {
+			c.notify(j, ErrSuperseded)
+			return j, nil
+		}
+		if !errors.Is(err, ErrConflict) {
+			return Job{}, err
+		}
+	}
+	return Job{}, err
+}
+
+// poke wakes the claim loop.
+func (c *Client) poke() {
+	select {
+	case c.wake <- struct{}{}:
+	default:
+	}
+}
+
+// Get returns a job with its target and artifact (the store's Get).
+func (c *Client) Get(ctx context.Context, channelID, jobID string) (Detail, error) {
+	return c.store.Get(ctx, channelID, jobID)
+}
+
+// List lists a channel's jobs (the store's List).
+func (c *Client) List(ctx context.Context, req ListRequest) (Page, error) {
+	return c.store.List(ctx, req)
+}
+
+// Cancel cancels a job (the store's Cancel). A job running in this client
+// sees its context end at once with [ErrCancelled]; in another client, at
+// its next heartbeat. Its queue entry, if any, is removed.
+func (c *Client) Cancel(ctx context.Context, req CancelRequest) (Job, error) {
+	j, err := c.store.Cancel(ctx, req)
+	if err != nil {
+		return j, err
+	}
+	c.notify(j, ErrCancelled)
+	c.dropQueued(ctx, j)
+	return j, nil
+}
+
+// Supersede supersedes a job (the store's Supersede); as [Client.Cancel],
+// with [ErrSuperseded].
+func (c *Client) Supersede(ctx context.Context, req SupersedeRequest) (Job, error) {
+	j, err := c.store.Supersede(ctx, req)
+	if err != nil {
+		return j, err
+	}
+	c.notify(j, ErrSuperseded)
+	c.dropQueued(ctx, j)
+	return j, nil
+}
+
+// Pause pauses a job (the store's Pause). A running job's context ends
+// with [ErrPaused] (at once in this client, at the next heartbeat in
+// another); a job waiting for its key's slot does not start; one paused
+// in the moment between its claim and its slot may start and is stopped
+// at its first heartbeat. It keeps its queue entry and runs again after
+// [Client.Resume].
+func (c *Client) Pause(ctx context.Context, req PauseRequest) (Job, error) {
+	j, err := c.store.Pause(ctx, req)
+	if err != nil {
+		return j, err
+	}
+	c.notify(j, ErrPaused)
+	return j, nil
+}
+
+// Resume resumes a paused job (the store's Resume).
+func (c *Client) Resume(ctx context.Context, req ResumeRequest) (Job, error) {
+	j, err := c.store.Resume(ctx, req)
+	if err == nil {
+		c.poke()
+	}
+	return j, err
+}
+
+// dropQueued removes a finished job's queue entry, best effort:
+// reconciliation removes what this misses.
+func (c *Client) dropQueued(ctx context.Context, j Job) {
+	c.mu.Lock()
+	k := c.kinds[j.Type]
+	c.mu.Unlock()
+	if k == nil {
+		return
+	}
+	if _, err := k.jt.RemoveQueued(ctx, keyJobID(j.ChannelID, j.ID), []byte(inputOf(j))); err != nil {
+		c.cfg.Logger.Warn("jobs: remove queue entry", "job", j.ID, "err", err)
+	}
+}
+
+// notify ends the context of j's run in this client, if any, with cause.
+func (c *Client) notify(j Job, cause error) {
+	c.mu.Lock()
+	r := c.runs[jobRef{j.ChannelID, j.ID}]
+	c.mu.Unlock()
+	if r != nil {
+		r.stopWith(cause)
+	}
+}
+
+// keyJobID is the job id a job has in the key layer: its channel
+// (path-escaped, so it holds no '/') and its id.
+func keyJobID(channel, id string) string { return url.PathEscape(channel) + "/" + id }
+
+// parseKeyJobID reverses keyJobID.
+func parseKeyJobID(kid string) (channel, id string, ok bool) {
+	esc, id, found := strings.Cut(kid, "/")
+	if !found {
+		return "", "", false
+	}
+	channel, err := url.PathUnescape(esc)
+	if err != nil {
+		return "", "", false
+	}
+	return channel, id, true
+}
+
+// inputOf is the payload the key is derived from: the job's input, or
+// JSON null when it has none.
+func inputOf(j Job) string {
+	if len(j.Input) == 0 {
+		return "null"
+	}
+	return string(j.Input)
+}

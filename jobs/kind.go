@@ -1,0 +1,123 @@
+package jobs
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/jobkeys/jobkeys"
+)
+
+// ErrUnknownKind reports an enqueue of a type no kind is registered for.
+var ErrUnknownKind = errors.New("jobs: no kind registered for job type")
+
+// Kind is a kind of job: its type, the version of its input, the key
+// policy its jobs run under, its failure budget and timeout, and its
+// handler. In and Out are the handler's input and result, carried as JSON
+// in the job's Input and in the artifact a success settles.
+type Kind[In, Out any] struct {
+	// Type is the job type: the store's Job.Type and the key layer's job
+	// type, so it must be a valid key-layer job type. Required.
+	Type string
+	// Version is the input version this handler reads; a job enqueued with
+	// another version is handed back for UnknownKindDelay. Defaults to 1.
+	Version int
+	// Policy is the key policy (key template, MaxActive, queue limit,
+	// WhenFull, heartbeat interval and TTL). The claim is renewed with the
+	// slot every HeartbeatInterval; claims last the longest HeartbeatTTL
+	// of the client's kinds (one claim call serves every kind).
+	Policy jobkeys.Policy
+	// MaxFailures is the failure budget: the attempt that makes Failures
+	// reach it fails the job for good. Defaults to MaxFailuresDefault (5).
+	MaxFailures int
+	// Timeout bounds one attempt; passing it counts as a failure. Zero:
+	// none.
+	Timeout time.Duration
+	// Work runs one attempt. Its error requeues the job with backoff,
+	// counting a failure; a nil error settles the job with out as its
+	// artifact. ctx ends, with a cause saying why (see [ErrClaimLost] and
+	// the errors beside it), when the attempt must stop. Required.
+	Work func(ctx context.Context, run *Run, in In) (out Out, err error)
+}
+
+// kind is a registered Kind without its type parameters.
+type kind struct {
+	typ         string
+	version     int
+	jt          *jobkeys.JobType
+	maxFailures int
+	timeout     time.Duration
+	work        func(ctx context.Context, run *Run, input json.RawMessage) (json.RawMessage, error)
+}
+
+// Register adds kind k to client c. It must be called before
+// [Client.Start]; a type registered twice, a bad policy or name, or a
+// missing Work is an error.
+func Register[In, Out any](c *Client, k Kind[In, Out]) error {
+	if k.Work == nil {
+		return fmt.Errorf("jobs: register kind %q: Work is nil", k.Type)
+	}
+	if k.Version == 0 {
+		k.Version = 1
+	}
+	if k.Version < 0 {
+		return fmt.Errorf("jobs: register kind %q: Version %d is negative", k.Type, k.Version)
+	}
+	switch {
+	case k.MaxFailures == 0:
+		k.MaxFailures = MaxFailuresDefault
+	case k.MaxFailures < 0:
+		return fmt.Errorf("jobs: register kind %q: MaxFailures %d is negative", k.Type, k.MaxFailures)
+	}
+	if k.Timeout < 0 {
+		return fmt.Errorf("jobs: register kind %q: Timeout %v is negative", k.Type, k.Timeout)
+	}
+	jt, err := c.coord.JobType(c.cfg.Service, k.Type, k.Policy)
+	if err != nil {
+		return fmt.Errorf("jobs: register kind %q: %w", k.Type, err)
+	}
+	work := k.Work
+	rk := &kind{
+		typ: k.Type, version: k.Version, jt: jt, maxFailures: k.MaxFailures, timeout: k.Timeout,
+		work: func(ctx context.Context, run *Run, input json.RawMessage) (json.RawMessage, error) {
+			var in In
+			if len(input) > 0 {
+				if err := json.Unmarshal(input, &in); err != nil {
+					return nil, fmt.Errorf("jobs: decode input of job %q: %w", run.claim.JobID, err)
+				}
+			}
+			out, err := work(ctx, run, in)
+			if err != nil {
+				return nil, err
+			}
+			b, err := json.Marshal(out)
+			if err != nil {
+				return nil, fmt.Errorf("jobs: encode result of job %q: %w", run.claim.JobID, err)
+			}
+			return b, nil
+		},
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.state != clientNew {
+		return fmt.Errorf("jobs: register kind %q: the client has started", k.Type)
+	}
+	if _, dup := c.kinds[k.Type]; dup {
+		return fmt.Errorf("jobs: register kind %q: already registered", k.Type)
+	}
+	c.kinds[k.Type] = rk
+	return nil
+}
+
+// kindOf returns the kind registered for typ.
+func (c *Client) kindOf(typ string) (*kind, error) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	k := c.kinds[typ]
+	if k == nil {
+		return nil, fmt.Errorf("%w: %q", ErrUnknownKind, typ)
+	}
+	return k, nil
+}

@@ -1,0 +1,146 @@
+package jobs
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"time"
+
+	"github.com/jobkeys/jobkeys"
+)
+
+// ReconcileReport is what one [Client.Reconcile] did.
+type ReconcileReport struct {
+	// SlotsSwept counts expired slots removed from the kinds' keys.
+	SlotsSwept int
+	// QueueEntriesRemoved counts queue entries removed because their job
+	// is over (completed, failed, cancelled, superseded), or missing for
+	// longer than AdmitGrace.
+	QueueEntriesRemoved int
+}
+
+// Reconcile repairs what crashes leave in the key layer, for every
+// registered kind: it sweeps expired slots ([jobkeys.JobType.Sweep]) and
+// removes queue entries whose job is over or, past AdmitGrace, missing.
+// Expired claims need no pass of their own (claiming takes them over), nor
+// do pending jobs without an admission (the worker that claims one admits
+// it). Every write is a compare-and-swap: any number of processes may
+// reconcile at once. Queue entries the runtime did not write (key-layer
+// job ids without a channel) are left alone. A running client calls it
+// every ReconcileInterval; errors name the key or job and the pass goes on.
+func (c *Client) Reconcile(ctx context.Context) (ReconcileReport, error) {
+	var rep ReconcileReport
+	c.mu.Lock()
+	kinds := make([]*kind, 0, len(c.kinds))
+	for _, k := range c.kinds {
+		kinds = append(kinds, k)
+	}
+	c.mu.Unlock()
+	lister, _ := c.cfg.KeyStore.(jobkeys.ListableStore)
+	var errs []error
+	for _, k := range kinds {
+		sw, err := k.jt.Sweep(ctx)
+		rep.SlotsSwept += len(sw.Removed)
+		if err != nil {
+			errs = append(errs, err)
+		}
+		if lister == nil {
+			continue
+		}
+		keys, err := lister.ListKeys(ctx, c.cfg.Service, k.typ)
+		if err != nil {
+			errs = append(errs, fmt.Errorf("jobs: reconcile kind %q: list keys: %w", k.typ, err))
+			continue
+		}
+		for _, kv := range keys {
+			n, err := c.pruneKVKey(ctx, kv)
+			rep.QueueEntriesRemoved += n
+			if err != nil {
+				errs = append(errs, err)
+			}
+		}
+	}
+	if ctx.Err() != nil {
+		return rep, ctx.Err()
+	}
+	return rep, errors.Join(errs...)
+}
+
+// reconcileLoop reconciles now and then every ReconcileInterval (±10 %)
+// until the client stops.
+func (c *Client) reconcileLoop(ctx context.Context) {
+	defer c.wg.Done()
+	t := time.NewTimer(0)
+	defer t.Stop()
+	for {
+		select {
+		case <-c.stopCh:
+			return
+		case <-t.C:
+		}
+		if _, err := c.Reconcile(ctx); err != nil {
+			c.cfg.Logger.Warn("jobs: reconcile", "err", err)
+		}
+		d := c.cfg.ReconcileInterval
+		t.Reset(d - d/10 + rand.N(d/5+1))
+	}
+}
+
+// pruneKey removes the finished or missing jobs' entries from the queue
+// of the key job derives under k.
+func (c *Client) pruneKey(ctx context.Context, k *kind, job Job) (int, error) {
+	key, err := k.jt.Key([]byte(inputOf(job)))
+	if err != nil {
+		return 0, err
+	}
+	return c.pruneKVKey(ctx, key.KVKey)
+}
+
+// pruneKVKey removes the queue entries of kvKey whose job is over, or
+// missing past AdmitGrace, each with the coordinator's compare-and-swap
+// (KeyCoordinator.RemoveQueuedEntry); it returns how many it removed.
+// State that does not parse is an error and is left as it is.
+func (c *Client) pruneKVKey(ctx context.Context, kvKey string) (int, error) {
+	val, _, err := c.cfg.KeyStore.Get(ctx, c.cfg.Service, kvKey)
+	if errors.Is(err, jobkeys.ErrKeyNotFound) {
+		return 0, nil
+	}
+	if err != nil {
+		return 0, fmt.Errorf("jobs: reconcile KV key %q: %w", kvKey, err)
+	}
+	st, err := jobkeys.ParseState(val)
+	if err != nil {
+		return 0, fmt.Errorf("jobs: reconcile KV key %q: %w: %w", kvKey, jobkeys.ErrCorruptState, err)
+	}
+	now := c.cfg.Now()
+	var drop []string
+	for _, q := range st.Queued {
+		ch, id, ok := parseKeyJobID(q.JobID)
+		if !ok {
+			continue
+		}
+		d, err := c.store.Get(ctx, ch, id)
+		switch {
+		case errors.Is(err, ErrNotFound):
+			if !now.Before(q.CreatedAt.Add(c.cfg.AdmitGrace)) {
+				drop = append(drop, q.JobID)
+			}
+		case err != nil:
+			return 0, fmt.Errorf("jobs: reconcile KV key %q: job %q: %w", kvKey, id, err)
+		case !d.Job.State.Active():
+			drop = append(drop, q.JobID)
+		}
+	}
+	removed := 0
+	for _, id := range drop {
+		out, err := c.coord.RemoveQueuedEntry(ctx, jobkeys.QueueEntryRef{Service: c.cfg.Service, KVKey: kvKey, JobID: id})
+		if err != nil {
+			return removed, fmt.Errorf("jobs: reconcile KV key %q: %w", kvKey, err)
+		}
+		if out.Kind == jobkeys.KindRemoved {
+			removed++
+		}
+	}
+	return removed, nil
+}

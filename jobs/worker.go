@@ -1,0 +1,646 @@
+package jobs
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"time"
+	"unicode/utf8"
+
+	"github.com/jobkeys/jobkeys"
+)
+
+// Start starts the client's workers and its reconciliation: the client
+// claims due jobs of every channel, runs each registered kind's jobs
+// under their keys' slots, and reconciles every ReconcileInterval. At
+// least one kind must be registered. ctx bounds nothing after Start
+// returns: only [Client.Stop] stops the client.
+func (c *Client) Start(ctx context.Context) error {
+	if err := ctx.Err(); err != nil {
+		return err
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.state != clientNew {
+		return errors.New("jobs: Start: the client was started before")
+	}
+	if len(c.kinds) == 0 {
+		return errors.New("jobs: Start: no kind is registered")
+	}
+	c.state = clientStarted
+	if kw, ok := c.cfg.KeyStore.(jobkeys.WatchableStore); ok {
+		w, err := jobkeys.NewWatcher(kw)
+		if err == nil {
+			c.watcher = w
+		}
+	}
+	var ttl time.Duration
+	for _, k := range c.kinds {
+		ttl = max(ttl, k.jt.Policy().HeartbeatTTL)
+	}
+	c.claimTTL = ttl
+	c.tokens = make(chan struct{}, c.cfg.MaxWorkers)
+	bg, cancel := context.WithCancel(context.WithoutCancel(ctx))
+	c.bgCancel = cancel
+	c.wg.Add(1)
+	go c.claimLoop(bg, ttl)
+	if c.cfg.ReconcileInterval > 0 {
+		c.wg.Add(1)
+		go c.reconcileLoop(bg)
+	}
+	return nil
+}
+
+// Stop drains the client: it claims nothing more, hands jobs waiting for a
+// slot back at once, lets running handlers finish for StopGrace, then
+// ends their contexts with [ErrStopping] and hands what did not finish
+// back without counting a failure; every slot is released. It returns
+// once every job is handed back or finished, or with ctx.Err() when ctx
+// ends first (handlers are then cancelled at once, and what is left runs
+// down in the background). Stop of a client never started, or stopped
+// before, returns nil.
+func (c *Client) Stop(ctx context.Context) error {
+	c.mu.Lock()
+	if c.state != clientStarted {
+		c.state = clientStopped
+		c.mu.Unlock()
+		return nil
+	}
+	c.state = clientStopped
+	close(c.stopCh)
+	c.mu.Unlock()
+
+	done := make(chan struct{})
+	go func() {
+		c.wg.Wait()
+		close(done)
+	}()
+	grace := time.NewTimer(c.cfg.StopGrace)
+	defer grace.Stop()
+	var err error
+	select {
+	case <-done:
+	case <-grace.C:
+		close(c.killCh)
+		select {
+		case <-done:
+		case <-ctx.Done():
+			err = ctx.Err()
+		}
+	case <-ctx.Done():
+		close(c.killCh)
+		err = ctx.Err()
+	}
+	cleanup := func() {
+		if c.watcher != nil {
+			c.watcher.Close()
+		}
+		c.bgCancel()
+	}
+	if err != nil {
+		go func() { // once the last handler has returned
+			<-done
+			cleanup()
+		}()
+		return err
+	}
+	cleanup()
+	return nil
+}
+
+// claimLoop claims due jobs while worker tokens are free, and hands each
+// to its own goroutine.
+func (c *Client) claimLoop(ctx context.Context, ttl time.Duration) {
+	defer c.wg.Done()
+	poll := time.NewTimer(0)
+	defer poll.Stop()
+	for {
+		// Reserve the free worker tokens.
+		n := 0
+		for n < ClaimCountLimit {
+			select {
+			case c.tokens <- struct{}{}:
+				n++
+				continue
+			default:
+			}
+			break
+		}
+		if n == 0 {
+			select {
+			case <-c.stopCh:
+				return
+			case <-c.slotFree:
+			}
+			continue
+		}
+		var claimed []Job
+		var err error
+		select {
+		case <-c.stopCh:
+		default:
+			claimed, err = c.store.Claim(ctx, ClaimRequest{Owner: c.cfg.Owner, Count: n, TTL: ttl})
+		}
+		if err != nil {
+			c.cfg.Logger.Warn("jobs: claim", "err", err)
+		}
+		for _, j := range claimed {
+			c.wg.Add(1)
+			go c.handle(ctx, j)
+		}
+		for range n - len(claimed) {
+			<-c.tokens
+		}
+		if len(claimed) > 0 && err == nil {
+			continue
+		}
+		poll.Reset(c.cfg.PollInterval)
+		select {
+		case <-c.stopCh:
+			return
+		case <-c.wake:
+		case <-c.slotFree:
+		case <-poll.C:
+		}
+	}
+}
+
+// releaseToken gives a worker token back.
+func (c *Client) releaseToken() {
+	<-c.tokens
+	select {
+	case c.slotFree <- struct{}{}:
+	default:
+	}
+}
+
+// activeRun is a job this client holds a claim on, from the claim to the
+// last write; control calls of this client end it early.
+type activeRun struct {
+	mu     sync.Mutex
+	cause  error         // why it must stop, once known
+	cancel func(error)   // ends the handler's context; nil until it runs
+	woken  chan struct{} // signalled when cause is set
+}
+
+// stopWith records cause (the first one wins) and ends the handler's
+// context if it runs.
+func (r *activeRun) stopWith(cause error) {
+	r.mu.Lock()
+	if r.cause == nil {
+		r.cause = cause
+	}
+	fn := r.cancel
+	r.mu.Unlock()
+	if fn != nil {
+		fn(cause)
+	}
+	select {
+	case r.woken <- struct{}{}:
+	default:
+	}
+}
+
+func (r *activeRun) stopped() error {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.cause
+}
+
+// handle takes a claimed job (holding a worker token) through its slot,
+// its handler and its outcome.
+func (c *Client) handle(ctx context.Context, job Job) {
+	defer c.wg.Done()
+	ref := jobRef{job.ChannelID, job.ID}
+	ar := &activeRun{woken: make(chan struct{}, 1)}
+	c.mu.Lock()
+	c.runs[ref] = ar
+	k := c.kinds[job.Type]
+	c.mu.Unlock()
+	defer func() {
+		c.mu.Lock()
+		if c.runs[ref] == ar {
+			delete(c.runs, ref)
+		}
+		c.mu.Unlock()
+	}()
+	claim := ClaimOf(job)
+	select {
+	case <-c.stopCh: // claimed as Stop began: not ours to start
+		c.releaseToken()
+		c.handBack(ctx, claim, 0, "client-stopping")
+		return
+	default:
+	}
+	if k == nil || k.version != job.Version {
+		c.releaseToken()
+		c.handBack(ctx, claim, c.cfg.UnknownKindDelay, "unknown-kind")
+		return
+	}
+	run := &Run{c: c, job: job, claim: claim}
+	lease, ok := c.acquire(ctx, k, run, ar)
+	if !ok {
+		return
+	}
+	c.execute(ctx, k, run, ar, lease)
+	c.releaseToken()
+}
+
+// acquire gets job's slot, waiting (without writes) while its key is
+// full, and returns holding a worker token; or it deals with the job
+// (hands it back, or leaves it to whoever took it) and returns false
+// holding no token.
+func (c *Client) acquire(ctx context.Context, k *kind, run *Run, ar *activeRun) (jobkeys.Lease, bool) {
+	job := run.job
+	kid := keyJobID(job.ChannelID, job.ID)
+	input := []byte(inputOf(job))
+	retry := job.Failures > 0 || job.Attempts > 1
+	var kvKey string         // the key this job waits on, once it waits
+	var group *keyWaiters    // the client's waiters on that key, if watched
+	var turn <-chan struct{} // its turns to try after a change of the key
+	defer func() {
+		if group != nil {
+			c.leaveWaiters(kvKey, group)
+		}
+	}()
+	repaired, waited := false, false
+	timer := time.NewTimer(time.Hour)
+	defer timer.Stop()
+	for {
+		opts := []jobkeys.AcquireOption{jobkeys.WithTries(job.Attempts), jobkeys.WithInstanceID(c.cfg.Owner)}
+		if retry {
+			opts = append(opts, jobkeys.WithRetry())
+		}
+		acq, err := k.jt.Acquire(ctx, kid, input, opts...)
+		if errors.Is(err, jobkeys.ErrInvalidKey) {
+			// Its input derives no key under the kind's policy: it can
+			// never run (the record was written past Client.Enqueue).
+			c.cfg.Logger.Warn("jobs: job derives no key", "job", job.ID, "err", err)
+			c.releaseToken()
+			if _, err := c.supersede(ctx, job.ChannelID, job.ID, ReasonBadKey); err != nil {
+				c.cfg.Logger.Warn("jobs: supersede job", "job", job.ID, "err", err)
+			}
+			return jobkeys.Lease{}, false
+		}
+		if err != nil {
+			c.cfg.Logger.Warn("jobs: acquire slot", "job", job.ID, "err", err)
+			c.releaseToken()
+			c.handBack(ctx, run.claim, c.cfg.RecheckInterval, "key-unavailable")
+			return jobkeys.Lease{}, false
+		}
+		if acq.Kind == jobkeys.KindAcquired {
+			c.cfg.Logger.Debug("jobs: acquired", "job", job.ID, "generation", run.claim.Generation, "waited", waited)
+			if kvKey != "" {
+				c.passTurn(kvKey) // another slot may be free too
+			}
+			if !waited || c.stillOurs(ctx, run) {
+				return acq.Lease, true
+			}
+			// Paused, cancelled, superseded or taken over while it
+			// waited (by another process: this one's control calls
+			// stop it directly): give the slot back.
+			c.release(ctx, k, acq.Lease)
+			c.releaseToken()
+			return jobkeys.Lease{}, false
+		}
+		c.cfg.Logger.Debug("jobs: blocked", "job", job.ID, "reason", acq.Reason, "active", acq.Active, "limit", acq.Limit)
+		now := c.cfg.Now()
+		var until time.Time
+		switch {
+		case acq.Reason == jobkeys.ReasonNotQueued && !repaired && !now.Before(job.CreatedAt.Add(c.cfg.AdmitGrace)):
+			// No admission past the grace: the producer died between
+			// the record and the admission. Make its decision now.
+			repaired = true
+			d, err := c.store.Get(ctx, job.ChannelID, job.ID)
+			if err != nil || d.Job.State != StateRunning || d.Job.ClaimGeneration != job.ClaimGeneration {
+				c.releaseToken()
+				return jobkeys.Lease{}, false // not ours any more
+			}
+			res, err := c.admit(ctx, k, d.Job)
+			if err != nil || res.Outcome == OutcomeCoalesced {
+				// Superseded (rejected, coalesced, bad key), or the key
+				// layer failed: then it is tried again later (a hand-back
+				// of a superseded job is refused and changes nothing).
+				c.releaseToken()
+				if err != nil && !errors.Is(err, ErrRejected) {
+					c.cfg.Logger.Warn("jobs: repair admission", "job", job.ID, "err", err)
+					c.handBack(ctx, run.claim, c.cfg.RecheckInterval, "key-unavailable")
+				}
+				return jobkeys.Lease{}, false
+			}
+			continue
+		case acq.Reason == jobkeys.ReasonNotQueued && !repaired:
+			until = job.CreatedAt.Add(c.cfg.AdmitGrace)
+		case acq.Reason == jobkeys.ReasonNotQueued:
+			retry = true // admitted by the repair, and run since: a retry
+			continue
+		}
+		if kvKey == "" {
+			if key, err := k.jt.Key(input); err == nil {
+				kvKey = key.KVKey
+				waited = true // starting the watch takes a while too
+				if group = c.joinWaiters(ctx, kvKey); group != nil {
+					turn = group.turn
+					// Try once more now that changes are watched: a
+					// release between the blocked try and the watch
+					// would wake nobody.
+					continue
+				}
+			}
+		}
+		// Wait for a change of the key, a lease expiry, the grace, or the
+		// recheck bound, without a write.
+		wait := c.cfg.RecheckInterval
+		if !acq.NextExpiry.IsZero() {
+			wait = min(wait, acq.NextExpiry.Sub(now)+10*time.Millisecond)
+		}
+		if !until.IsZero() {
+			wait = min(wait, until.Sub(now)+time.Millisecond)
+		}
+		renewAt := run.job.ClaimExpiresAt.Add(-c.claimTTL / 2)
+		wait = max(min(wait, renewAt.Sub(now)), time.Millisecond)
+		c.releaseToken()
+		c.mu.Lock()
+		full := c.waiting >= c.cfg.MaxWaiting
+		if !full {
+			c.waiting++
+		}
+		c.mu.Unlock()
+		if full {
+			c.handBack(ctx, run.claim, c.cfg.RecheckInterval, "key-full")
+			return jobkeys.Lease{}, false
+		}
+		c.cfg.Logger.Debug("jobs: waiting", "job", job.ID, "for", wait, "watched", turn != nil)
+		timer.Reset(wait)
+		stop := false
+		select {
+		case <-turn:
+		case <-timer.C:
+		case <-ar.woken:
+		case <-c.stopCh:
+			stop = true
+		}
+		if !timer.Stop() {
+			select {
+			case <-timer.C:
+			default:
+			}
+		}
+		c.mu.Lock()
+		c.waiting--
+		c.mu.Unlock()
+		waited = true
+		if ar.stopped() != nil {
+			return jobkeys.Lease{}, false // paused, cancelled or superseded here: nothing to write
+		}
+		if stop {
+			c.handBack(ctx, run.claim, 0, "client-stopping")
+			return jobkeys.Lease{}, false
+		}
+		if !c.cfg.Now().Before(renewAt) {
+			j, err := c.store.Renew(ctx, RenewRequest{Claim: run.claim, ExpectedRevision: run.job.Revision, TTL: c.claimTTL})
+			if err != nil {
+				return jobkeys.Lease{}, false // lost, or it runs out and is claimed again
+			}
+			run.job = j
+		}
+		select {
+		case c.tokens <- struct{}{}:
+		case <-c.stopCh:
+			c.handBack(ctx, run.claim, 0, "client-stopping")
+			return jobkeys.Lease{}, false
+		}
+	}
+}
+
+// stillOurs reports whether run's claim still holds (a read): a job that
+// waited for its slot may have been paused, cancelled or superseded by
+// another process meanwhile, which its own client learns only from the
+// record.
+func (c *Client) stillOurs(ctx context.Context, run *Run) bool {
+	d, err := c.store.Get(ctx, run.claim.ChannelID, run.claim.JobID)
+	return err == nil && d.Job.State == StateRunning && d.Job.ClaimOwner == run.claim.Owner &&
+		d.Job.ClaimGeneration == run.claim.Generation
+}
+
+// handBack requeues a claimed job for after delay without counting a
+// failure. An error leaves the claim to run out.
+func (c *Client) handBack(ctx context.Context, claim Claim, delay time.Duration, reason string) {
+	_, err := c.store.Requeue(ctx, RequeueRequest{Claim: claim, AvailableAt: c.cfg.Now().Add(delay), Reason: reason})
+	if err != nil && !errors.Is(err, ErrConflict) {
+		c.cfg.Logger.Warn("jobs: hand job back", "job", claim.JobID, "err", err)
+	}
+}
+
+// execute runs the handler under the slot with heartbeats, then writes
+// the outcome and releases the slot.
+func (c *Client) execute(ctx context.Context, k *kind, run *Run, ar *activeRun, lease jobkeys.Lease) {
+	hctx, cancel := context.WithCancelCause(context.WithoutCancel(ctx))
+	defer cancel(nil)
+	var tcancel context.CancelFunc = func() {}
+	if k.timeout > 0 {
+		hctx, tcancel = context.WithTimeoutCause(hctx, k.timeout, ErrTimeout)
+	}
+	defer tcancel()
+	run.ctx = hctx
+	ar.mu.Lock()
+	ar.cancel = func(err error) { cancel(err) }
+	early := ar.cause
+	ar.mu.Unlock()
+	if early != nil {
+		cancel(early)
+	}
+
+	input := run.job.Input // before the heartbeat may change run.job
+	hbStop := make(chan struct{})
+	hbDone := make(chan struct{})
+	go func() {
+		defer close(hbDone)
+		c.heartbeat(ctx, k, run, lease, cancel, hbStop)
+	}()
+	out, werr := safeWork(hctx, k, run, input)
+	close(hbStop)
+	<-hbDone
+
+	cause := context.Cause(hctx)
+	if hctx.Err() == nil {
+		cause = nil
+	}
+	run.mu.Lock()
+	job := run.job
+	run.mu.Unlock()
+	switch {
+	case errors.Is(cause, ErrClaimLost), errors.Is(cause, ErrPaused),
+		errors.Is(cause, ErrCancelled), errors.Is(cause, ErrSuperseded):
+		// Not ours to write any more.
+	case werr == nil:
+		if _, err := c.store.Settle(ctx, SettleRequest{Claim: run.claim, Artifact: out}); err != nil {
+			c.cfg.Logger.Warn("jobs: settle", "job", job.ID, "err", err)
+		}
+	case errors.Is(cause, ErrStopping), errors.Is(cause, ErrSlotLost):
+		c.handBack(ctx, run.claim, 0, reasonOf(cause))
+	default:
+		if errors.Is(cause, ErrTimeout) {
+			werr = fmt.Errorf("%w after %v: %w", ErrTimeout, k.timeout, werr)
+		}
+		c.failed(ctx, k, run.claim, job, werr)
+	}
+	c.release(ctx, k, lease)
+	c.poke()
+}
+
+// release frees a slot, trying a few times: a slot left behind holds its
+// key until its lease runs out.
+func (c *Client) release(ctx context.Context, k *kind, lease jobkeys.Lease) {
+	for i := range 3 {
+		_, err := k.jt.Release(ctx, lease)
+		if err == nil {
+			return
+		}
+		c.cfg.Logger.Warn("jobs: release slot", "job", lease.JobID, "attempt", i+1, "err", err)
+		time.Sleep(time.Duration(i+1) * 100 * time.Millisecond)
+	}
+}
+
+// failed counts a failure: the job is requeued with backoff, or failed
+// when the failures reach the kind's budget.
+func (c *Client) failed(ctx context.Context, k *kind, claim Claim, job Job, werr error) {
+	reason := truncate(werr.Error(), ReasonSizeLimit)
+	failures := job.Failures + 1
+	var err error
+	if failures >= k.maxFailures {
+		_, err = c.store.Fail(ctx, FailRequest{Claim: claim, Reason: reason})
+	} else {
+		_, err = c.store.Requeue(ctx, RequeueRequest{
+			Claim: claim, AvailableAt: c.cfg.Now().Add(c.cfg.Backoff(failures)), Reason: reason, CountFailure: true,
+		})
+	}
+	if err != nil {
+		c.cfg.Logger.Warn("jobs: record failure", "job", job.ID, "err", err)
+	}
+}
+
+// safeWork runs the handler; a panic is its error.
+func safeWork(ctx context.Context, k *kind, run *Run, input []byte) (out []byte, err error) {
+	defer func() {
+		if p := recover(); p != nil {
+			err = fmt.Errorf("jobs: handler of job %q panicked: %v", run.claim.JobID, p)
+		}
+	}()
+	return k.work(ctx, run, input)
+}
+
+// heartbeat renews the claim and the slot together every
+// HeartbeatInterval until stop closes, and ends the handler's context
+// with the cause when either is lost, when either would lapse before it
+// could be renewed (the local deadline: a margin before the earlier
+// expiry, so that the handler has stopped before another worker can take
+// over), or when the client's grace ends.
+func (c *Client) heartbeat(ctx context.Context, k *kind, run *Run, lease jobkeys.Lease, cancel context.CancelCauseFunc, stop <-chan struct{}) {
+	policy := k.jt.Policy()
+	t := time.NewTicker(policy.HeartbeatInterval)
+	defer t.Stop()
+	margin := min(policy.HeartbeatInterval/2, (policy.HeartbeatTTL-policy.HeartbeatInterval)/2)
+	run.mu.Lock()
+	claimExpires := run.job.ClaimExpiresAt
+	run.mu.Unlock()
+	deadline := time.NewTimer(time.Hour)
+	defer deadline.Stop()
+	arm := func() {
+		until := min(claimExpires.Sub(c.cfg.Now()), time.Until(lease.LeaseExpiresAt)) - margin
+		deadline.Reset(max(until, 0))
+	}
+	arm()
+	for {
+		select {
+		case <-stop:
+			return
+		case <-c.killCh:
+			cancel(ErrStopping)
+			return
+		case <-deadline.C:
+			if claimExpires.Sub(c.cfg.Now()) <= margin {
+				cancel(ErrClaimLost) // nothing may be written: it wins over a lost slot
+			} else {
+				cancel(ErrSlotLost)
+			}
+			return
+		case <-t.C:
+		}
+		// A slow renewal may take until the local deadline, no longer.
+		left := min(claimExpires.Sub(c.cfg.Now()), time.Until(lease.LeaseExpiresAt)) - margin
+		rctx, rcancel := context.WithTimeout(ctx, max(policy.HeartbeatInterval, left))
+		run.mu.Lock()
+		j, err := c.store.Renew(rctx, RenewRequest{Claim: run.claim, ExpectedRevision: run.job.Revision, TTL: c.claimTTL})
+		if err == nil {
+			run.job = j
+			claimExpires = j.ClaimExpiresAt
+		}
+		run.mu.Unlock()
+		if err != nil {
+			if errors.Is(err, ErrConflict) || errors.Is(err, ErrNotFound) {
+				rcancel()
+				cctx, ccancel := context.WithTimeout(ctx, 5*time.Second)
+				cancel(c.lostCause(cctx, run.claim))
+				ccancel()
+				return
+			}
+			c.cfg.Logger.Warn("jobs: renew claim", "job", run.claim.JobID, "err", err)
+		}
+		ren, err := k.jt.Renew(rctx, lease)
+		rcancel()
+		switch {
+		case err != nil:
+			c.cfg.Logger.Warn("jobs: renew slot", "job", run.claim.JobID, "err", err)
+		case ren.Kind == jobkeys.KindLost:
+			cancel(ErrSlotLost)
+			return
+		default:
+			lease.LeaseExpiresAt = ren.LeaseExpiresAt
+		}
+		if !deadline.Stop() {
+			select {
+			case <-deadline.C:
+			default:
+			}
+		}
+		arm()
+	}
+}
+
+// lostCause says why a claim can no longer be renewed.
+func (c *Client) lostCause(ctx context.Context, claim Claim) error {
+	d, err := c.store.Get(ctx, claim.ChannelID, claim.JobID)
+	if err != nil {
+		return ErrClaimLost
+	}
+	switch d.Job.State {
+	case StatePaused:
+		return ErrPaused
+	case StateCancelled:
+		return ErrCancelled
+	case StateSuperseded:
+		return ErrSuperseded
+	}
+	return ErrClaimLost
+}
+
+func reasonOf(cause error) string {
+	if errors.Is(cause, ErrSlotLost) {
+		return "slot-lost"
+	}
+	return "client-stopping"
+}
+
+// truncate cuts s to at most n bytes of valid UTF-8.
+func truncate(s string, n int) string {
+	if len(s) <= n {
+		return s
+	}
+	s = s[:n]
+	for len(s) > 0 && !utf8.ValidString(s) {
+		s = s[:len(s)-1]
+	}
+	return s
+}

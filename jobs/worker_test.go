@@ -1,0 +1,557 @@
+package jobs_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"os"
+	"sort"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/jobkeys/jobkeys"
+	"github.com/jobkeys/jobkeys/jobs"
+)
+
+// freezeStore is a job store whose claim renewals hang while frozen: the
+// heartbeat of a worker frozen past its claim (a stopped process, a long
+// GC pause).
+type freezeStore struct {
+	jobs.Store
+	thawed chan struct{}
+}
+
+func (s *freezeStore) Renew(ctx context.Context, req jobs.RenewRequest) (jobs.Job, error) {
+	<-s.thawed
+	return s.Store.Renew(ctx, req)
+}
+
+var quickPolicy = jobkeys.Policy{
+	Key: []string{"doc", "/doc"}, MaxActive: 1, MaxQueuedPerKey: 10,
+	// A TTL far above the interval: a loaded machine must not lose leases.
+	HeartbeatInterval: 100 * time.Millisecond, HeartbeatTTL: 3 * time.Second,
+}
+
+// A worker frozen past its claim loses the job to another worker, which
+// completes it; when the frozen worker wakes its handler's context ends
+// with ErrClaimLost and it writes nothing.
+func TestClientFrozenWorkerLosesClaim(t *testing.T) {
+	t.Parallel()
+	env := newRuntimeEnv(t)
+	fs := &freezeStore{thawed: make(chan struct{})}
+	cfgA := fastConfig
+	cfgA.MaxWorkers = 1 // the frozen handler holds the only worker: no reclaim by A
+	a := env.newNode(cfgA, func(s jobs.Store) jobs.Store { fs.Store = s; return fs })
+	b := env.newNode(fastConfig, nil)
+	startedA := make(chan struct{})
+	causeA := make(chan error, 1)
+	var runsB atomic.Int64
+	require.NoError(t, jobs.Register(a.client, jobs.Kind[docIn, docOut]{
+		Type: "frozen", Policy: quickPolicy,
+		Work: func(ctx context.Context, run *jobs.Run, in docIn) (docOut, error) {
+			close(startedA)
+			<-ctx.Done()
+			causeA <- context.Cause(ctx)
+			return docOut{By: "a"}, ctx.Err()
+		},
+	}))
+	require.NoError(t, jobs.Register(b.client, jobs.Kind[docIn, docOut]{
+		Type: "frozen", Policy: quickPolicy,
+		Work: func(ctx context.Context, run *jobs.Run, in docIn) (docOut, error) {
+			runsB.Add(1)
+			return docOut{By: "b"}, nil
+		},
+	}))
+	ctx := context.Background()
+	_, err := a.client.Enqueue(ctx, enqueueReq("frozen", "j1", "t", "d"))
+	require.NoError(t, err)
+	require.NoError(t, a.client.Start(ctx))
+	<-startedA
+	require.NoError(t, b.client.Start(ctx))
+	j := waitState(t, b, "j1", jobs.StateCompleted)
+	close(fs.thawed)
+	select {
+	case cause := <-causeA:
+		require.ErrorIs(t, cause, jobs.ErrClaimLost)
+	case <-time.After(30 * time.Second):
+		t.Fatal("the frozen handler's context never ended")
+	}
+	require.NoError(t, a.client.Stop(ctx))
+	d, err := b.client.Get(ctx, "ch", "j1")
+	require.NoError(t, err)
+	assert.Equal(t, j.Revision, d.Job.Revision, "the frozen worker wrote nothing after it woke")
+	require.NotNil(t, d.Artifact)
+	assert.JSONEq(t, `{"by":"b"}`, string(d.Artifact.Value))
+	assert.Equal(t, int64(1), runsB.Load())
+	assert.Equal(t, 0, d.Job.Failures)
+}
+
+// A job replaced in its key's queue never runs: its record is superseded,
+// and every other job completes.
+func TestClientReplacedJobNeverRuns(t *testing.T) {
+	t.Parallel()
+	env := newRuntimeEnv(t)
+	producer := env.newNode(fastConfig, nil)
+	worker := env.newNode(debugConfig(fastConfig), nil)
+	p := quickPolicy
+	p.MaxQueuedPerKey, p.WhenFull = 1, jobkeys.ReplaceOldest
+	gate := make(chan struct{})
+	var l ledger
+	for _, n := range []*node{producer, worker} {
+		require.NoError(t, jobs.Register(n.client, jobs.Kind[docIn, docOut]{
+			Type: "repl", Policy: p,
+			Work: func(ctx context.Context, run *jobs.Run, in docIn) (docOut, error) {
+				l.start(run)
+				if run.Job().ID == "r0" {
+					select {
+					case <-gate:
+					case <-ctx.Done():
+					}
+				}
+				return docOut{By: run.Job().ID}, nil
+			},
+		}))
+	}
+	ctx := context.Background()
+	require.NoError(t, worker.client.Start(ctx))
+	_, err := producer.client.Enqueue(ctx, enqueueReq("repl", "r0", "t0", "d"))
+	require.NoError(t, err)
+	require.Eventually(t, func() bool { return l.count("r0") == 1 }, 30*time.Second, 10*time.Millisecond)
+	res, err := producer.client.Enqueue(ctx, enqueueReq("repl", "r1", "t1", "d"))
+	require.NoError(t, err)
+	require.Equal(t, jobs.OutcomeAccepted, res.Outcome)
+	// Let the worker claim r1 and wait for the slot, then replace it.
+	require.Eventually(t, func() bool { return getJob(t, producer, "r1").State == jobs.StateRunning }, 30*time.Second, 10*time.Millisecond)
+	res, err = producer.client.Enqueue(ctx, enqueueReq("repl", "r2", "t2", "d"))
+	require.NoError(t, err)
+	require.Equal(t, jobs.OutcomeReplaced, res.Outcome)
+	require.Equal(t, "r1", res.Replaced.ID)
+	close(gate)
+	waitState(t, producer, "r0", jobs.StateCompleted)
+	waitState(t, producer, "r2", jobs.StateCompleted)
+	r1 := getJob(t, producer, "r1")
+	assert.Equal(t, jobs.StateSuperseded, r1.State)
+	assert.Equal(t, jobs.ReasonReplaced, r1.Reason)
+	require.NoError(t, worker.client.Stop(ctx))
+	assert.Equal(t, 0, l.count("r1"), "the replaced job never ran")
+	assert.Equal(t, 1, l.count("r2"))
+	assert.Equal(t, jobs.StateSuperseded, getJob(t, producer, "r1").State, "the stopping worker did not hand r1 back")
+}
+
+// A producer killed between the job record and its admission leaves a
+// pending job without a queue entry: a worker admits it after AdmitGrace
+// and runs it. A queue entry whose job never arrived is removed by
+// reconciliation.
+func TestClientRepairsProducerKilledBetweenRecordAndAdmission(t *testing.T) {
+	t.Parallel()
+	env := newRuntimeEnv(t)
+	n := env.newNode(fastConfig, nil)
+	var l ledger
+	p := quickPolicy
+	p.MaxQueuedPerKey, p.WhenFull = 1, jobkeys.Reject
+	require.NoError(t, jobs.Register(n.client, jobs.Kind[docIn, docOut]{
+		Type: "orphan", Policy: p,
+		Work: func(ctx context.Context, run *jobs.Run, in docIn) (docOut, error) {
+			l.start(run)
+			return docOut{}, nil
+		},
+	}))
+	ctx := context.Background()
+	// The record of o1, then the crash: no admission.
+	req := enqueueReq("orphan", "o1", "t1", "a")
+	req.Version = 1
+	_, err := n.store.Enqueue(ctx, req)
+	require.NoError(t, err)
+	// An admission whose record never came (the key layer's own user, or
+	// a record deleted since), on another key.
+	jt, err := n.coord.JobType(env.service, "orphan", p)
+	require.NoError(t, err)
+	_, err = jt.Admit(ctx, "ch/ghost", []byte(`{"doc":"b"}`))
+	require.NoError(t, err)
+	ghostKey, err := jt.Key([]byte(`{"doc":"b"}`))
+	require.NoError(t, err)
+
+	require.NoError(t, n.client.Start(ctx))
+	waitState(t, n, "o1", jobs.StateCompleted)
+	assert.Equal(t, 1, l.count("o1"))
+	require.Eventually(t, func() bool {
+		_, _, err := n.keys.Get(ctx, env.service, ghostKey.KVKey)
+		return errors.Is(err, jobkeys.ErrKeyNotFound)
+	}, 30*time.Second, 20*time.Millisecond, "the ghost's queue entry was never removed")
+}
+
+// Per-key concurrency never exceeds MaxActive across three clients on
+// their own connections, audited from the handlers' own start and end
+// times, and every job completes exactly once.
+func TestClientPerKeyConcurrencyAcrossClients(t *testing.T) {
+	t.Parallel()
+	env := newRuntimeEnv(t)
+	p := jobkeys.Policy{Key: []string{"doc", "/doc"}, MaxActive: 2, MaxQueuedPerKey: 100}
+	type span struct {
+		key        string
+		start, end time.Time
+	}
+	var mu sync.Mutex
+	var spans []span
+	runs := map[string]int{}
+	nodes := make([]*node, 3)
+	for i := range nodes {
+		cfg := fastConfig
+		cfg.MaxWorkers = 4
+		nodes[i] = env.newNode(cfg, nil)
+		require.NoError(t, jobs.Register(nodes[i].client, jobs.Kind[docIn, docOut]{
+			Type: "work", Policy: p,
+			Work: func(ctx context.Context, run *jobs.Run, in docIn) (docOut, error) {
+				s := span{key: in.Doc, start: time.Now()}
+				time.Sleep(time.Duration(5+in.N%4*5) * time.Millisecond)
+				s.end = time.Now()
+				mu.Lock()
+				spans = append(spans, s)
+				runs[run.Job().ID]++
+				mu.Unlock()
+				return docOut{By: fmt.Sprint(i)}, nil
+			},
+		}))
+	}
+	ctx := context.Background()
+	var ids []string
+	for i := range 30 {
+		req := enqueueReq("work", fmt.Sprintf("w%02d", i), fmt.Sprintf("t%d", i), fmt.Sprintf("k%d", i%3))
+		req.Input = []byte(fmt.Sprintf(`{"doc":"k%d","n":%d}`, i%3, i))
+		_, err := nodes[0].client.Enqueue(ctx, req)
+		require.NoError(t, err)
+		ids = append(ids, req.ID)
+	}
+	for _, n := range nodes {
+		require.NoError(t, n.client.Start(ctx))
+	}
+	for _, id := range ids {
+		waitState(t, nodes[0], id, jobs.StateCompleted)
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	for _, id := range ids {
+		assert.Equal(t, 1, runs[id], "job %s", id)
+	}
+	peak := map[string]int{}
+	for key := range map[string]bool{"k0": true, "k1": true, "k2": true} {
+		type ev struct {
+			at time.Time
+			d  int
+		}
+		var evs []ev
+		for _, s := range spans {
+			if s.key == key {
+				evs = append(evs, ev{s.start, 1}, ev{s.end, -1})
+			}
+		}
+		sort.Slice(evs, func(i, j int) bool {
+			if evs[i].at.Equal(evs[j].at) {
+				return evs[i].d < evs[j].d
+			}
+			return evs[i].at.Before(evs[j].at)
+		})
+		cur := 0
+		for _, e := range evs {
+			cur += e.d
+			peak[key] = max(peak[key], cur)
+		}
+		assert.LessOrEqual(t, peak[key], p.MaxActive, "key %s", key)
+	}
+	t.Logf("per-key peaks: %v", peak)
+}
+
+// MaxWorkers bounds the handlers of one client, whatever the keys allow.
+func TestClientMaxWorkers(t *testing.T) {
+	t.Parallel()
+	env := newRuntimeEnv(t)
+	cfg := fastConfig
+	cfg.MaxWorkers = 2
+	n := env.newNode(cfg, nil)
+	var cur, peak atomic.Int64
+	require.NoError(t, jobs.Register(n.client, jobs.Kind[docIn, docOut]{
+		Type: "mw", Policy: jobkeys.Policy{Key: []string{"/doc"}, MaxActive: 10},
+		Work: func(ctx context.Context, run *jobs.Run, in docIn) (docOut, error) {
+			c := cur.Add(1)
+			for {
+				p := peak.Load()
+				if c <= p || peak.CompareAndSwap(p, c) {
+					break
+				}
+			}
+			time.Sleep(30 * time.Millisecond)
+			cur.Add(-1)
+			return docOut{}, nil
+		},
+	}))
+	ctx := context.Background()
+	for i := range 8 {
+		_, err := n.client.Enqueue(ctx, enqueueReq("mw", fmt.Sprintf("m%d", i), fmt.Sprintf("t%d", i), fmt.Sprintf("d%d", i)))
+		require.NoError(t, err)
+	}
+	require.NoError(t, n.client.Start(ctx))
+	for i := range 8 {
+		waitState(t, n, fmt.Sprintf("m%d", i), jobs.StateCompleted)
+	}
+	assert.LessOrEqual(t, peak.Load(), int64(2))
+	assert.Positive(t, peak.Load())
+}
+
+// countingStore counts the writes of a job store.
+type countingStore struct {
+	jobs.Store
+	writes atomic.Int64
+}
+
+func (s *countingStore) Claim(ctx context.Context, req jobs.ClaimRequest) ([]jobs.Job, error) {
+	js, err := s.Store.Claim(ctx, req)
+	if len(js) > 0 {
+		s.writes.Add(1)
+	}
+	return js, err
+}
+
+func (s *countingStore) Renew(ctx context.Context, req jobs.RenewRequest) (jobs.Job, error) {
+	s.writes.Add(1)
+	return s.Store.Renew(ctx, req)
+}
+
+func (s *countingStore) Requeue(ctx context.Context, req jobs.RequeueRequest) (jobs.Job, error) {
+	s.writes.Add(1)
+	return s.Store.Requeue(ctx, req)
+}
+
+func (s *countingStore) Settle(ctx context.Context, req jobs.SettleRequest) (jobs.Detail, error) {
+	s.writes.Add(1)
+	return s.Store.Settle(ctx, req)
+}
+
+// A key at capacity costs no writes, to the job store or the key bucket,
+// while its jobs wait; the release wakes them through the key watch (the
+// recheck is a minute away).
+func TestClientFullKeyWaitsWithoutWrites(t *testing.T) {
+	t.Parallel()
+	env := newRuntimeEnv(t)
+	cs := &countingStore{}
+	cfg := fastConfig
+	cfg.ReconcileInterval = -1
+	cfg.RecheckInterval = time.Minute // only the watch can wake them in time
+	n := env.newNode(cfg, func(s jobs.Store) jobs.Store { cs.Store = s; return cs })
+	gate := make(chan struct{})
+	var l ledger
+	require.NoError(t, jobs.Register(n.client, jobs.Kind[docIn, docOut]{
+		Type: "full", Policy: jobkeys.Policy{Key: []string{"/doc"}, MaxActive: 1, MaxQueuedPerKey: 5},
+		Work: func(ctx context.Context, run *jobs.Run, in docIn) (docOut, error) {
+			l.start(run)
+			if run.Job().ID == "a" {
+				select {
+				case <-gate:
+				case <-ctx.Done():
+				}
+			}
+			return docOut{}, nil
+		},
+	}))
+	ctx := context.Background()
+	_, err := n.client.Enqueue(ctx, enqueueReq("full", "a", "a", "d"))
+	require.NoError(t, err)
+	require.NoError(t, n.client.Start(ctx))
+	require.Eventually(t, func() bool { return l.count("a") == 1 }, 30*time.Second, 10*time.Millisecond)
+	for _, id := range []string{"b", "c"} {
+		_, err := n.client.Enqueue(ctx, enqueueReq("full", id, id, "d"))
+		require.NoError(t, err)
+	}
+	require.Eventually(t, func() bool {
+		return getJob(t, n, "b").State == jobs.StateRunning && getJob(t, n, "c").State == jobs.StateRunning
+	}, 30*time.Second, 10*time.Millisecond)
+	time.Sleep(100 * time.Millisecond) // b and c block on the key and wait
+	jobWrites, keyWrites := cs.writes.Load(), n.keys.writes.Load()
+	time.Sleep(500 * time.Millisecond)
+	assert.Equal(t, jobWrites, cs.writes.Load(), "job store writes while the key is full")
+	assert.Equal(t, keyWrites, n.keys.writes.Load(), "key writes while the key is full")
+	assert.Equal(t, 0, l.count("b")+l.count("c"))
+	close(gate)
+	waitState(t, n, "b", jobs.StateCompleted)
+	waitState(t, n, "c", jobs.StateCompleted)
+	j := getJob(t, n, "b")
+	assert.Equal(t, 1, j.Attempts, "waiting is not handing back")
+}
+
+// A job paused in another process while it waits for its key's slot does
+// not start when the slot frees; it runs after it is resumed.
+func TestClientWaitingJobPausedElsewhereDoesNotStart(t *testing.T) {
+	t.Parallel()
+	env := newRuntimeEnv(t)
+	wc := fastConfig
+	waiting := &waitSignal{job: "b", seen: make(chan struct{})}
+	wc.Logger = slog.New(waiting)
+	worker := env.newNode(wc, nil)
+	control := env.newNode(fastConfig, nil)
+	gate := make(chan struct{})
+	var l ledger
+	for _, n := range []*node{worker, control} {
+		require.NoError(t, jobs.Register(n.client, jobs.Kind[docIn, docOut]{
+			Type: "pw", Policy: jobkeys.Policy{Key: []string{"/doc"}, MaxActive: 1, MaxQueuedPerKey: 5},
+			Work: func(ctx context.Context, run *jobs.Run, in docIn) (docOut, error) {
+				l.start(run)
+				if run.Job().ID == "a" {
+					select {
+					case <-gate:
+					case <-ctx.Done():
+					}
+				}
+				return docOut{}, nil
+			},
+		}))
+	}
+	ctx := context.Background()
+	require.NoError(t, worker.client.Start(ctx))
+	_, err := control.client.Enqueue(ctx, enqueueReq("pw", "a", "a", "d"))
+	require.NoError(t, err)
+	require.Eventually(t, func() bool { return l.count("a") == 1 }, 30*time.Second, 10*time.Millisecond)
+	_, err = control.client.Enqueue(ctx, enqueueReq("pw", "b", "b", "d"))
+	require.NoError(t, err)
+	select { // b is claimed and waits for the slot
+	case <-waiting.seen:
+	case <-time.After(30 * time.Second):
+		t.Fatal("b never waited for the slot")
+	}
+	b := getJob(t, control, "b")
+	_, err = control.client.Pause(ctx, jobs.PauseRequest{ChannelID: "ch", JobID: "b", ExpectedRevision: b.Revision, Reason: "operator"})
+	require.NoError(t, err)
+	close(gate)
+	waitState(t, control, "a", jobs.StateCompleted)
+	time.Sleep(3 * fastConfig.RecheckInterval) // the release woke b's wait
+	assert.Equal(t, 0, l.count("b"), "the paused job started")
+	b = getJob(t, control, "b")
+	require.Equal(t, jobs.StatePaused, b.State)
+	_, err = control.client.Resume(ctx, jobs.ResumeRequest{ChannelID: "ch", JobID: "b", ExpectedRevision: b.Revision})
+	require.NoError(t, err)
+	waitState(t, control, "b", jobs.StateCompleted)
+	assert.Equal(t, 1, l.count("b"))
+}
+
+// A job of a type the client has no kind for is handed back without a
+// failure; a handler that panics fails its attempt like an error.
+func TestClientUnknownKindAndPanic(t *testing.T) {
+	t.Parallel()
+	env := newRuntimeEnv(t)
+	n := env.newNode(fastConfig, nil)
+	require.NoError(t, jobs.Register(n.client, jobs.Kind[docIn, docOut]{
+		Type: "panics", Policy: docPolicy, MaxFailures: 1,
+		Work: func(ctx context.Context, run *jobs.Run, in docIn) (docOut, error) { panic("handler bug") },
+	}))
+	ctx := context.Background()
+	other := enqueueReq("other", "u1", "u", "d")
+	other.Version = 1
+	_, err := n.store.Enqueue(ctx, other)
+	require.NoError(t, err)
+	_, err = n.client.Enqueue(ctx, enqueueReq("panics", "p1", "p", "d"))
+	require.NoError(t, err)
+	require.NoError(t, n.client.Start(ctx))
+	p := waitState(t, n, "p1", jobs.StateFailed)
+	assert.Contains(t, p.Reason, "panicked: handler bug")
+	require.Eventually(t, func() bool { return getJob(t, n, "u1").Attempts == 1 }, 30*time.Second, 10*time.Millisecond)
+	u := waitState(t, n, "u1", jobs.StatePending)
+	assert.Equal(t, 0, u.Failures)
+	assert.Equal(t, "unknown-kind", u.Reason)
+	assert.True(t, u.AvailableAt.After(u.UpdatedAt), "handed back for UnknownKindDelay")
+}
+
+// A record written past Client.Enqueue whose input derives no key is
+// superseded with reason "bad-key" by the worker that claims it, not
+// handed back forever.
+func TestClientBadKeyRecordIsSuperseded(t *testing.T) {
+	t.Parallel()
+	env := newRuntimeEnv(t)
+	n := env.newNode(fastConfig, nil)
+	require.NoError(t, jobs.Register(n.client, jobs.Kind[docIn, docOut]{Type: "bk", Policy: docPolicy, Work: noWork}))
+	ctx := context.Background()
+	req := enqueueReq("bk", "b1", "b", "d")
+	req.Version, req.Input = 1, []byte(`{"doc":[1]}`)
+	_, err := n.store.Enqueue(ctx, req)
+	require.NoError(t, err)
+	require.NoError(t, n.client.Start(ctx))
+	j := waitState(t, n, "b1", jobs.StateSuperseded)
+	assert.Equal(t, jobs.ReasonBadKey, j.Reason)
+	assert.Equal(t, 1, j.Attempts)
+}
+
+// The one window Enqueue leaves: a producer killed after its admission
+// replaced a job but before it superseded that job's record. The replaced
+// job is pending without an admission, is admitted again by the worker
+// that claims it, and runs: it is not lost (see Client.Enqueue).
+func TestClientProducerKilledBeforeSupersedingReplaced(t *testing.T) {
+	t.Parallel()
+	env := newRuntimeEnv(t)
+	n := env.newNode(fastConfig, nil)
+	p := quickPolicy
+	p.MaxQueuedPerKey, p.WhenFull = 0, jobkeys.ReplaceOldest // one queued job per key
+	var l ledger
+	require.NoError(t, jobs.Register(n.client, jobs.Kind[docIn, docOut]{
+		Type: "rk", Policy: p,
+		Work: func(ctx context.Context, run *jobs.Run, in docIn) (docOut, error) { l.start(run); return docOut{}, nil },
+	}))
+	ctx := context.Background()
+	_, err := n.client.Enqueue(ctx, enqueueReq("rk", "old", "t-old", "d"))
+	require.NoError(t, err)
+	// The producer of "new": the record, the admission that replaces
+	// "old", then the crash.
+	req := enqueueReq("rk", "new", "t-new", "d")
+	req.Version = 1
+	_, err = n.store.Enqueue(ctx, req)
+	require.NoError(t, err)
+	jt, err := n.coord.JobType(env.service, "rk", p)
+	require.NoError(t, err)
+	adm, err := jt.Admit(ctx, "ch/new", req.Input)
+	require.NoError(t, err)
+	require.Equal(t, jobkeys.KindReplaced, adm.Kind)
+	require.Equal(t, "ch/old", adm.Replaced.ID)
+
+	require.NoError(t, n.client.Start(ctx))
+	waitState(t, n, "new", jobs.StateCompleted)
+	waitState(t, n, "old", jobs.StateCompleted)
+	assert.Equal(t, 1, l.count("new"))
+	assert.Equal(t, 1, l.count("old"))
+}
+
+// waitSignal is a log handler that closes seen when the client logs that
+// job waits for its key's slot.
+type waitSignal struct {
+	job  string
+	once sync.Once
+	seen chan struct{}
+}
+
+func (w *waitSignal) Enabled(context.Context, slog.Level) bool { return true }
+func (w *waitSignal) WithAttrs([]slog.Attr) slog.Handler       { return w }
+func (w *waitSignal) WithGroup(string) slog.Handler            { return w }
+
+func (w *waitSignal) Handle(_ context.Context, r slog.Record) error {
+	if r.Message != "jobs: waiting" {
+		return nil
+	}
+	r.Attrs(func(a slog.Attr) bool {
+		if a.Key == "job" && a.Value.String() == w.job {
+			w.once.Do(func() { close(w.seen) })
+			return false
+		}
+		return true
+	})
+	return nil
+}
+
+// debugConfig logs the client's debug lines to stderr when JOBS_DEBUG is
+// set.
+func debugConfig(cfg jobs.ClientConfig) jobs.ClientConfig {
+	if os.Getenv("JOBS_DEBUG") != "" {
+		cfg.Logger = slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelDebug}))
+	}
+	return cfg
+}
