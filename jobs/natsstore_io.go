@@ -232,7 +232,7 @@ func (s *NATSStore) batchGet(ctx context.Context, op string, subjects []string, 
 	if err != nil {
 		return err
 	}
-	inbox, ch, done := replies.await(most + 2)
+	inbox, queue, done := replies.await(most + 2)
 	defer done()
 	if err := s.js.Conn().PublishRequest(s.directGet, inbox, body); err != nil {
 		return natsUnavailable(ctx, op, fmt.Sprintf("batched read of %d subjects", len(subjects)), err)
@@ -244,11 +244,9 @@ func (s *NATSStore) batchGet(ctx context.Context, op string, subjects []string, 
 	var pending uint64
 	first := true
 	for {
-		var m *nats.Msg
-		select {
-		case m = <-ch:
-		case <-ctx.Done():
-			return natsUnavailable(ctx, op, fmt.Sprintf("batched read of %d subjects", len(subjects)), ctx.Err())
+		m, err := queue.take(ctx)
+		if err != nil {
+			return natsUnavailable(ctx, op, fmt.Sprintf("batched read of %d subjects", len(subjects)), err)
 		}
 		np, npErr := strconv.ParseUint(m.Header.Get("Nats-Num-Pending"), 10, 64)
 		if len(m.Data) == 0 {
@@ -304,7 +302,18 @@ type natsReplies struct {
 	sub     *nats.Subscription
 	prefix  string
 	next    uint64
-	waiting map[string]chan *nats.Msg
+	waiting map[string]*natsReplyQueue
+}
+
+// natsReplyQueue holds the replies of one request until its reader takes
+// them: a queue that grows with the replies that arrive (a claim's batched
+// read usually answers a handful), never beyond the most the request can
+// get, so that a request costs no buffer sized for the largest answer.
+type natsReplyQueue struct {
+	mu     sync.Mutex
+	msgs   []*nats.Msg
+	most   int
+	signal chan struct{} // capacity 1: replies are waiting
 }
 
 // open subscribes on first use.
@@ -319,34 +328,59 @@ func (r *natsReplies) open(nc *nats.Conn) (*natsReplies, error) {
 	if err != nil {
 		return nil, err
 	}
-	r.sub, r.prefix, r.waiting = sub, prefix, make(map[string]chan *nats.Msg)
+	r.sub, r.prefix, r.waiting = sub, prefix, make(map[string]*natsReplyQueue)
 	return r, nil
 }
 
 func (r *natsReplies) deliver(m *nats.Msg) {
 	token := m.Subject[strings.LastIndexByte(m.Subject, '.')+1:]
 	r.mu.Lock()
-	ch := r.waiting[token]
+	q := r.waiting[token]
 	r.mu.Unlock()
-	if ch == nil {
+	if q == nil {
 		return // a request that gave up
 	}
+	q.mu.Lock()
+	if len(q.msgs) < q.most { // else more replies than the server sends for one request
+		q.msgs = append(q.msgs, m)
+	}
+	q.mu.Unlock()
 	select {
-	case ch <- m:
-	default: // more replies than the server sends for one request
+	case q.signal <- struct{}{}:
+	default:
+	}
+}
+
+// take waits for the next reply, or for ctx to end.
+func (q *natsReplyQueue) take(ctx context.Context) (*nats.Msg, error) {
+	for {
+		q.mu.Lock()
+		if len(q.msgs) > 0 {
+			m := q.msgs[0]
+			q.msgs[0] = nil
+			q.msgs = q.msgs[1:]
+			q.mu.Unlock()
+			return m, nil
+		}
+		q.mu.Unlock()
+		select {
+		case <-q.signal:
+		case <-ctx.Done():
+			return nil, ctx.Err()
+		}
 	}
 }
 
 // await registers a request that expects at most n replies; done
 // unregisters it.
-func (r *natsReplies) await(n int) (inbox string, ch chan *nats.Msg, done func()) {
+func (r *natsReplies) await(n int) (inbox string, q *natsReplyQueue, done func()) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	r.next++
 	token := strconv.FormatUint(r.next, 36)
-	ch = make(chan *nats.Msg, n)
-	r.waiting[token] = ch
-	return r.prefix + token, ch, func() {
+	q = &natsReplyQueue{most: n, signal: make(chan struct{}, 1)}
+	r.waiting[token] = q
+	return r.prefix + token, q, func() {
 		r.mu.Lock()
 		delete(r.waiting, token)
 		r.mu.Unlock()
