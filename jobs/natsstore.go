@@ -47,9 +47,9 @@ const natsCASAttempts = 16
 // extra read, never a wrong result. A store keeps one subscription on js's
 // connection for the replies of batched reads, for the connection's
 // lifetime. A stored job record that does not validate fails every call
-// that reads it, Claim of its channel included, with ErrCorrupt naming the
-// KV key, until an operator repairs or removes it. It is safe for
-// concurrent use.
+// that reads it with ErrCorrupt naming the KV key, until an operator
+// repairs or removes it; Claim skips it and claims the rest of its channel
+// (see [Store.Claim]). It is safe for concurrent use.
 type NATSStore struct {
 	js         jetstream.JetStream
 	cfg        config
@@ -407,7 +407,9 @@ type natsCandidate struct {
 // channel (or of every channel), reads their jobs in batched reads, and
 // claims the due ones in claim order, each with a compare-and-swap on its
 // key; a job another process claimed or changed in between is skipped.
-// Entries whose job is terminal or gone are removed on the way.
+// Entries whose job is terminal or gone are removed on the way. A job
+// record that does not validate is skipped (reported as [Store.Claim]
+// says); the other jobs of its channel are still claimed.
 func (s *NATSStore) Claim(ctx context.Context, req ClaimRequest) ([]Job, error) {
 	const op = "claim"
 	req, err := prepareClaim(req)
@@ -467,6 +469,7 @@ func (s *NATSStore) Claim(ctx context.Context, req ClaimRequest) ([]Job, error) 
 	now := s.cfg.now()
 	var due []natsCandidate
 	var stale []string
+	var skipped []error
 	for _, jk := range jobKeys {
 		r := refs[jk]
 		m, ok := read[jk]
@@ -476,7 +479,11 @@ func (s *NATSStore) Claim(ctx context.Context, req ClaimRequest) ([]Job, error) 
 		}
 		j, _, activeSeq, err := decodeNATSJobMeta(jk, m.rev, m.data, r.channelID, r.jobID)
 		if err != nil {
-			return nil, err
+			// Skipped, never written, its active entry kept: the rest of
+			// the channel is still claimed (see Claim's doc).
+			s.pending.remove(jk)
+			skipped = append(skipped, err)
+			continue
 		}
 		if j.State != StatePending {
 			s.pending.remove(jk)
@@ -500,20 +507,20 @@ func (s *NATSStore) Claim(ctx context.Context, req ClaimRequest) ([]Job, error) 
 		if len(out) == req.Count {
 			break
 		}
+		// Once a job is claimed it is the caller's: a failure after it
+		// ends the call with the jobs claimed so far (the next call
+		// reports it), never with an error that would drop them.
 		if err := ctx.Err(); err != nil {
-			return nil, err
+			return claimedOr(out, err)
 		}
 		claimed := claimJob(&c.job, req, now, 0)
 		value, err := encodeNATSJobMeta(&claimed, nil, natsMeta{activeSeq: c.activeSeq})
 		if err != nil {
-			return nil, err
+			return claimedOr(out, err)
 		}
 		rev, conflict, err := s.update(ctx, op, c.key, value, c.rev)
 		if err != nil {
-			if len(out) > 0 && ctx.Err() == nil {
-				return out, nil // the claimed jobs are the caller's now
-			}
-			return nil, err
+			return claimedOr(out, err)
 		}
 		if conflict {
 			continue // claimed or changed by another process since the read
@@ -523,7 +530,19 @@ func (s *NATSStore) Claim(ctx context.Context, req ClaimRequest) ([]Job, error) 
 		s.pending.remove(c.key)
 		out = append(out, cloneJob(claimed))
 	}
+	if len(out) == 0 && len(skipped) > 0 {
+		return out, fmt.Errorf("%s: no job claimed; skipped %d stored records that do not validate: %w", op, len(skipped), errors.Join(skipped...))
+	}
 	return out, nil
+}
+
+// claimedOr is what a Claim returns when it stops early with err: the jobs
+// it claimed, if any, with no error; else err.
+func claimedOr(out []Job, err error) ([]Job, error) {
+	if len(out) > 0 {
+		return out, nil
+	}
+	return nil, err
 }
 
 // listActive reads the active entries of a channel (every channel when
