@@ -584,6 +584,12 @@ func (s *NATSStore) change(ctx context.Context, op, channelID, jobID string,
 	if err := s.cfg.guard(ctx, op); err != nil {
 		return Job{}, nil, err
 	}
+	return s.apply(ctx, op, channelID, jobID, rule)
+}
+
+// apply is change after the guard.
+func (s *NATSStore) apply(ctx context.Context, op, channelID, jobID string,
+	rule func(j *Job, generation uint64, now time.Time) (Job, *Artifact, error)) (Job, *Artifact, error) {
 	key := s.keys.job(channelID, jobID)
 	cached, useCache := s.cache.get(key)
 	for range natsCASAttempts {
@@ -776,12 +782,10 @@ func (s *NATSStore) Cancel(ctx context.Context, req CancelRequest) (Job, error) 
 	if err != nil {
 		return Job{}, err
 	}
-	if !req.AllowArchived {
-		if err := s.cfg.channelActive(ctx, "cancel", req.ChannelID); err != nil {
-			return Job{}, err
-		}
+	if err := s.cfg.guardCancel(ctx, req); err != nil {
+		return Job{}, err
 	}
-	j, _, err := s.change(ctx, "cancel", req.ChannelID, req.JobID, single(func(j *Job, gen uint64, now time.Time, rev uint64) (Job, error) {
+	j, _, err := s.apply(ctx, "cancel", req.ChannelID, req.JobID, single(func(j *Job, gen uint64, now time.Time, rev uint64) (Job, error) {
 		return cancelJob(j, req, gen, now, rev)
 	}))
 	return j, err
