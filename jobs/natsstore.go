@@ -821,17 +821,7 @@ func (s *NATSStore) List(ctx context.Context, req ListRequest) (Page, error) {
 	if err != nil {
 		return Page{}, err
 	}
-	start := 0
-	if req.After != nil {
-		start, _ = slices.BinarySearchFunc(refs, req.After, func(j *Job, c *Cursor) int {
-			if afterCursor(j, c) {
-				return 1
-			}
-			return -1
-		})
-	}
-	rest := refs[start:]
-	pageRefs := rest[:min(len(rest), req.Limit)]
+	pageRefs, next := pageOf(refs, req)
 	keys := make([]string, len(pageRefs))
 	for i, r := range pageRefs {
 		keys[i] = s.keys.job(req.ChannelID, r.ID)
@@ -846,7 +836,7 @@ func (s *NATSStore) List(ctx context.Context, req ListRequest) (Page, error) {
 	if err != nil {
 		return Page{}, err
 	}
-	page := Page{Revision: rev, Jobs: make([]Summary, 0, len(pageRefs))}
+	page := Page{Revision: rev, Jobs: make([]Summary, 0, len(pageRefs)), Next: next}
 	for i, r := range pageRefs {
 		m, ok := read[keys[i]]
 		if !ok {
@@ -857,10 +847,6 @@ func (s *NATSStore) List(ctx context.Context, req ListRequest) (Page, error) {
 			return Page{}, err
 		}
 		page.Jobs = append(page.Jobs, s.cfg.summarize(&j))
-	}
-	if len(rest) > len(pageRefs) && len(pageRefs) > 0 {
-		last := pageRefs[len(pageRefs)-1]
-		page.Next = &Cursor{CreatedAt: last.CreatedAt, ID: last.ID}
 	}
 	return page, nil
 }
