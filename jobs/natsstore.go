@@ -68,8 +68,8 @@ type NATSStore struct {
 	// cache remembers the running jobs this store wrote last; targets the
 	// targets it has seen stored.
 	cache   natsJobCache
-	targets natsTargetHints
-	pending natsPendingHints
+	targets natsKeySet
+	pending natsKeySet
 	lists   natsListCache
 	// leaderReads is set on replicated buckets: single-key reads go to the
 	// stream leader, since a direct get may be answered by a replica that
@@ -178,6 +178,7 @@ func NewNATSStore(js jetstream.JetStream, cfg *Config, opts ...NATSStoreOption) 
 		msgGet:      natsAPIPrefix(js.Options()) + "STREAM.MSG.GET." + streamName,
 		directGet:   natsAPIPrefix(js.Options()) + "DIRECT.GET." + streamName,
 		purge:       natsAPIPrefix(js.Options()) + "STREAM.PURGE." + streamName,
+		pending:     natsKeySet{max: natsPendingHintsMax},
 		leaderReads: info.Config.Replicas > 1,
 	}, nil
 }
