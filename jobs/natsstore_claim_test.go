@@ -109,3 +109,27 @@ func TestNATSStoreClaimKeepsWhatItClaimed(t *testing.T) {
 	_, err = st.Claim(ctx, ClaimRequest{ChannelID: "ch", Owner: "w", Count: 3, TTL: time.Minute})
 	assert.ErrorIs(t, err, context.Canceled, "nothing claimed: the ctx error, unchanged")
 }
+
+// TestNATSStoreOwnTimeoutIsUnavailable is the regression test for a read
+// that ran out of the store's own time (the JetStream context's default
+// timeout, applied when the caller's ctx has no deadline): it returned a
+// bare context.DeadlineExceeded, as if the caller's ctx had expired. It is
+// ErrUnavailable naming the read now.
+func TestNATSStoreOwnTimeoutIsUnavailable(t *testing.T) {
+	t.Parallel()
+	s := natstest.Run(t)
+	ctx := context.Background()
+	st, _ := newTestNATSStore(t, s, nil)
+	_, err := st.Enqueue(ctx, testEnqueueRequest("ch", "j", "doc"))
+	require.NoError(t, err)
+	nc, _ := natstest.Connect(t, s)
+	short, err := jetstream.New(nc, jetstream.WithDefaultTimeout(time.Nanosecond))
+	require.NoError(t, err)
+	st.js = short // the leader and batched reads take their timeout from it
+	_, err = st.List(ctx, ListRequest{ChannelID: "ch"})
+	require.ErrorIs(t, err, ErrUnavailable)
+	assert.Contains(t, err.Error(), "list")
+	_, err = st.Claim(ctx, ClaimRequest{ChannelID: "ch", Owner: "w", Count: 1, TTL: time.Minute})
+	require.ErrorIs(t, err, ErrUnavailable)
+	assert.Contains(t, err.Error(), "batched read")
+}

@@ -29,16 +29,24 @@ type natsMsg struct {
 // direct get may return.
 const natsReadChunk = 256
 
-// natsUnavailable wraps an I/O error; a cancelled or expired ctx is returned
-// unchanged.
+// natsUnavailable wraps an I/O error; the error of the caller's ctx, when
+// it has ended, is returned unchanged. ctx must be the caller's: a timeout
+// of the store's own (the JetStream default timeout) is ErrUnavailable,
+// not the caller's deadline.
 func natsUnavailable(ctx context.Context, op, what string, err error) error {
 	if ctx.Err() != nil {
 		return ctx.Err()
 	}
-	if errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded) {
-		return err
-	}
 	return fmt.Errorf("%w: %s: %s: %w", ErrUnavailable, op, what, err)
+}
+
+// natsDeadline is ctx with the JetStream default timeout of js when ctx
+// has no deadline of its own.
+func natsDeadline(ctx context.Context, js jetstream.JetStream) (context.Context, context.CancelFunc) {
+	if _, ok := ctx.Deadline(); ok {
+		return ctx, func() {}
+	}
+	return context.WithTimeout(ctx, js.Options().DefaultTimeout)
 }
 
 // isNATSCASConflict reports a compare-and-swap conflict: JetStream error
@@ -97,16 +105,13 @@ type natsMsgGetResponse struct {
 // getFromLeader reads the last message of subject (wildcards allowed)
 // through STREAM.MSG.GET, which the stream leader answers.
 func (s *NATSStore) getFromLeader(ctx context.Context, op, subject string) (natsMsg, bool, error) {
-	if _, ok := ctx.Deadline(); !ok {
-		var cancel context.CancelFunc
-		ctx, cancel = context.WithTimeout(ctx, s.js.Options().DefaultTimeout)
-		defer cancel()
-	}
+	rctx, cancel := natsDeadline(ctx, s.js)
+	defer cancel()
 	req, err := json.Marshal(map[string]string{"last_by_subj": subject})
 	if err != nil {
 		return natsMsg{}, false, err
 	}
-	reply, err := s.js.Conn().RequestWithContext(ctx, s.msgGet, req)
+	reply, err := s.js.Conn().RequestWithContext(rctx, s.msgGet, req)
 	if err != nil {
 		return natsMsg{}, false, natsUnavailable(ctx, op, "read "+subject+" from the stream leader", err)
 	}
@@ -216,11 +221,8 @@ func (s *NATSStore) lastMatching(ctx context.Context, op, filter string) (map[st
 // a subscription per request would cost a SUB, an UNSUB and a large
 // buffer every time.
 func (s *NATSStore) batchGet(ctx context.Context, op string, subjects []string, most int, out map[string]natsMsg) error {
-	if _, ok := ctx.Deadline(); !ok {
-		var cancel context.CancelFunc
-		ctx, cancel = context.WithTimeout(ctx, s.js.Options().DefaultTimeout)
-		defer cancel()
-	}
+	rctx, cancel := natsDeadline(ctx, s.js)
+	defer cancel()
 	replies, err := s.replies.open(s.js.Conn())
 	if err != nil {
 		return natsUnavailable(ctx, op, "subscribe to batched read replies", err)
@@ -244,7 +246,7 @@ func (s *NATSStore) batchGet(ctx context.Context, op string, subjects []string, 
 	var pending uint64
 	first := true
 	for {
-		m, err := queue.take(ctx)
+		m, err := queue.take(rctx)
 		if err != nil {
 			return natsUnavailable(ctx, op, fmt.Sprintf("batched read of %d subjects", len(subjects)), err)
 		}
