@@ -429,15 +429,6 @@ func (s *NATSStore) Claim(ctx context.Context, req ClaimRequest) ([]Job, error) 
 	if err != nil {
 		return nil, err
 	}
-	for _, jk := range hinted {
-		if _, ok := prefetched[jk]; !ok {
-			s.pending.remove(jk) // gone
-		}
-	}
-	out := []Job{}
-	if len(entries) == 0 {
-		return out, nil
-	}
 	type ref struct{ channelID, jobID, activeKey string }
 	refs := make(map[string]ref, len(entries))
 	jobKeys := make([]string, 0, len(entries))
@@ -449,6 +440,15 @@ func (s *NATSStore) Claim(ctx context.Context, req ClaimRequest) ([]Job, error) 
 		jk := s.keys.job(channelID, jobID)
 		refs[jk] = ref{channelID, jobID, key}
 		jobKeys = append(jobKeys, jk)
+	}
+	for _, jk := range hinted {
+		if _, ok := refs[jk]; !ok {
+			s.pending.remove(jk) // gone, or finished by another store
+		}
+	}
+	out := []Job{}
+	if len(jobKeys) == 0 {
+		return out, nil
 	}
 	slices.Sort(jobKeys)
 	var missing []string

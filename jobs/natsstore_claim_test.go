@@ -133,3 +133,39 @@ func TestNATSStoreOwnTimeoutIsUnavailable(t *testing.T) {
 	require.ErrorIs(t, err, ErrUnavailable)
 	assert.Contains(t, err.Error(), "batched read")
 }
+
+// TestNATSStoreClaimForgetsHintsOfJobsFinishedElsewhere is the regression
+// test for the pending hints of a store whose jobs another store claims and
+// settles: they stayed (up to 1,024), and every Claim of the first store
+// read up to 32 of those completed jobs again — claims reading terminal
+// jobs. A hint whose job has no active entry is now dropped.
+func TestNATSStoreClaimForgetsHintsOfJobsFinishedElsewhere(t *testing.T) {
+	t.Parallel()
+	s := natstest.Run(t)
+	ctx := context.Background()
+	a, js := newTestNATSStore(t, s, nil)
+	b := openTestNATSStore(t, s, a, nil)
+	_, err := a.Enqueue(ctx, testEnqueueRequest("ch", "j", "doc"))
+	require.NoError(t, err)
+	jk := a.keys.job("ch", "j")
+	require.True(t, a.pending.has(jk))
+	got, err := b.Claim(ctx, ClaimRequest{ChannelID: "ch", Owner: "w", Count: 1, TTL: time.Minute})
+	require.NoError(t, err)
+	require.Len(t, got, 1)
+	_, err = b.Settle(ctx, SettleRequest{Claim: ClaimOf(got[0])})
+	require.NoError(t, err)
+	kv, err := js.KeyValue(ctx, a.Bucket())
+	require.NoError(t, err)
+	require.Eventually(t, func() bool { // the settle's purge is sent without waiting
+		_, err := kv.Get(ctx, a.keys.active("ch", "j"))
+		return err != nil
+	}, 10*time.Second, 10*time.Millisecond)
+
+	_, err = a.Enqueue(ctx, testEnqueueRequest("ch", "k", "doc2")) // the channel has an active job
+	require.NoError(t, err)
+	_, err = a.Claim(ctx, ClaimRequest{ChannelID: "ch", Owner: "w", Count: 1, TTL: time.Minute})
+	require.NoError(t, err)
+	assert.False(t, a.pending.has(jk), "the hint of a job settled elsewhere is kept")
+	_, err = a.Claim(ctx, ClaimRequest{ChannelID: "other", Owner: "w", Count: 1, TTL: time.Minute})
+	require.NoError(t, err)
+}
