@@ -192,8 +192,8 @@ func decodeNATSJobMeta(key string, rev uint64, data []byte, wantChannel, wantJob
 		}
 		art = &Artifact{JobID: r.ID, Revision: ar, Value: natsNull(r.Artifact.Value), CreatedAt: r.Artifact.CreatedAt.UTC()}
 	}
-	if err := validateJob(&j); err != nil {
-		return Job{}, nil, 0, natsCorrupt(wantJob, key, rev, err)
+	if msg := checkJob(&j); msg != "" { // natsCorrupt names the job: not validateJob's message
+		return Job{}, nil, 0, natsCorrupt(wantJob, key, rev, errors.New(msg))
 	}
 	if art != nil {
 		if err := validateArtifact(art, &j); err != nil {
