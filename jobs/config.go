@@ -101,6 +101,19 @@ func (c config) channelActive(ctx context.Context, op, channelID string) error {
 	return nil
 }
 
+// guardCancel is what a cancel checks before it reads the job: the guard
+// (as before every write), then that the channel is active unless
+// req.AllowArchived.
+func (c config) guardCancel(ctx context.Context, req CancelRequest) error {
+	if err := c.guard(ctx, "cancel"); err != nil {
+		return err
+	}
+	if req.AllowArchived {
+		return nil
+	}
+	return c.channelActive(ctx, "cancel", req.ChannelID)
+}
+
 // summarize gives j's summary with its subject.
 func (c config) summarize(j *Job) Summary {
 	s := summary(j)

@@ -90,7 +90,9 @@
 // ArtifactSizeLimit, BindingSizeLimit, IdentifierSizeLimit and
 // ReasonSizeLimit are conflicts that name the limit. A stored record that
 // does not validate is ErrCorrupt, naming the job (and the KV key), and is
-// never overwritten.
+// never overwritten. Claim skips such a record and claims the rest of the
+// channel; it reports the skipped records (ErrCorrupt) only when it
+// claimed nothing, so an error from Claim never comes with claimed jobs.
 //
 // # Copies and concurrency
 //

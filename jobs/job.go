@@ -417,7 +417,13 @@ type Store interface {
 	// Claim claims up to req.Count due jobs (at most ClaimCountLimit) of
 	// req.ChannelID, or of every channel when it is empty, ordered by due
 	// time, creation time and id. None due is an empty slice and no error;
-	// an empty Owner or a Count or TTL below 1 is ErrConflict.
+	// an empty Owner or a Count or TTL below 1 is ErrConflict. A returned
+	// error never comes with claimed jobs: a Claim that fails after
+	// claiming some (its ctx ended, the store stopped answering) returns
+	// those and no error, and the next call reports the failure. A stored
+	// record that does not validate is skipped, never claimed or
+	// overwritten; when nothing else was claimed the call returns an error
+	// wrapping ErrCorrupt naming every record it skipped.
 	Claim(ctx context.Context, req ClaimRequest) ([]Job, error)
 	// Renew extends a claim and sets its binding. A job not in the channel
 	// is ErrNotFound; a lost claim (see [Claim]), another revision than

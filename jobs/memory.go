@@ -191,14 +191,19 @@ func (s *MemoryStore) claim(ctx context.Context, req ClaimRequest) ([]Job, error
 	return out, nil
 }
 
-// change applies rule to the job (nil when missing) under the lock and
-// stores its result, stamping the channel's next revision. The guard runs
-// first.
+// change runs the guard, then [MemoryStore.apply].
 func (s *MemoryStore) change(ctx context.Context, op, channelID, jobID string,
 	rule func(j *Job, generation uint64, now time.Time, rev uint64) (Job, error)) (Job, error) {
 	if err := s.cfg.guard(ctx, op); err != nil {
 		return Job{}, err
 	}
+	return s.apply(channelID, jobID, rule)
+}
+
+// apply applies rule to the job (nil when missing) under the lock and
+// stores its result, stamping the channel's next revision.
+func (s *MemoryStore) apply(channelID, jobID string,
+	rule func(j *Job, generation uint64, now time.Time, rev uint64) (Job, error)) (Job, error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	var j *Job
@@ -366,12 +371,10 @@ func (s *MemoryStore) cancel(ctx context.Context, req CancelRequest) (Job, error
 	if err != nil {
 		return Job{}, err
 	}
-	if !req.AllowArchived {
-		if err := s.cfg.channelActive(ctx, "cancel", req.ChannelID); err != nil {
-			return Job{}, err
-		}
+	if err := s.cfg.guardCancel(ctx, req); err != nil {
+		return Job{}, err
 	}
-	return s.change(ctx, "cancel", req.ChannelID, req.JobID, func(j *Job, gen uint64, now time.Time, rev uint64) (Job, error) {
+	return s.apply(req.ChannelID, req.JobID, func(j *Job, gen uint64, now time.Time, rev uint64) (Job, error) {
 		return cancelJob(j, req, gen, now, rev)
 	})
 }

@@ -47,9 +47,9 @@ const natsCASAttempts = 16
 // extra read, never a wrong result. A store keeps one subscription on js's
 // connection for the replies of batched reads, for the connection's
 // lifetime. A stored job record that does not validate fails every call
-// that reads it, Claim of its channel included, with ErrCorrupt naming the
-// KV key, until an operator repairs or removes it. It is safe for
-// concurrent use.
+// that reads it with ErrCorrupt naming the KV key, until an operator
+// repairs or removes it; Claim skips it and claims the rest of its channel
+// (see [Store.Claim]). It is safe for concurrent use.
 type NATSStore struct {
 	js         jetstream.JetStream
 	cfg        config
@@ -68,8 +68,8 @@ type NATSStore struct {
 	// cache remembers the running jobs this store wrote last; targets the
 	// targets it has seen stored.
 	cache   natsJobCache
-	targets natsTargetHints
-	pending natsPendingHints
+	targets natsKeySet
+	pending natsKeySet
 	lists   natsListCache
 	// leaderReads is set on replicated buckets: single-key reads go to the
 	// stream leader, since a direct get may be answered by a replica that
@@ -182,6 +182,7 @@ func NewNATSStore(js jetstream.JetStream, cfg *Config, opts ...NATSStoreOption) 
 		msgGet:      natsAPIPrefix(js.Options()) + "STREAM.MSG.GET." + streamName,
 		directGet:   natsAPIPrefix(js.Options()) + "DIRECT.GET." + streamName,
 		purge:       natsAPIPrefix(js.Options()) + "STREAM.PURGE." + streamName,
+		pending:     natsKeySet{max: natsPendingHintsMax},
 		leaderReads: info.Config.Replicas > 1,
 	}, nil
 }
@@ -416,7 +417,9 @@ type natsCandidate struct {
 // channel (or of every channel), reads their jobs in batched reads, and
 // claims the due ones in claim order, each with a compare-and-swap on its
 // key; a job another process claimed or changed in between is skipped.
-// Entries whose job is terminal or gone are removed on the way.
+// Entries whose job is terminal or gone are removed on the way. A job
+// record that does not validate is skipped (reported as [Store.Claim]
+// says); the other jobs of its channel are still claimed.
 func (s *NATSStore) Claim(ctx context.Context, req ClaimRequest) ([]Job, error) {
 	return observe(ctx, s.cfg.obs, trClaim, s.claim, req)
 }
@@ -440,15 +443,6 @@ func (s *NATSStore) claim(ctx context.Context, req ClaimRequest) ([]Job, error) 
 	if err != nil {
 		return nil, err
 	}
-	for _, jk := range hinted {
-		if _, ok := prefetched[jk]; !ok {
-			s.pending.remove(jk) // gone
-		}
-	}
-	out := []Job{}
-	if len(entries) == 0 {
-		return out, nil
-	}
 	type ref struct{ channelID, jobID, activeKey string }
 	refs := make(map[string]ref, len(entries))
 	jobKeys := make([]string, 0, len(entries))
@@ -460,6 +454,15 @@ func (s *NATSStore) claim(ctx context.Context, req ClaimRequest) ([]Job, error) 
 		jk := s.keys.job(channelID, jobID)
 		refs[jk] = ref{channelID, jobID, key}
 		jobKeys = append(jobKeys, jk)
+	}
+	for _, jk := range hinted {
+		if _, ok := refs[jk]; !ok {
+			s.pending.remove(jk) // gone, or finished by another store
+		}
+	}
+	out := []Job{}
+	if len(jobKeys) == 0 {
+		return out, nil
 	}
 	slices.Sort(jobKeys)
 	var missing []string
@@ -481,6 +484,7 @@ func (s *NATSStore) claim(ctx context.Context, req ClaimRequest) ([]Job, error) 
 	now := s.cfg.now()
 	var due []natsCandidate
 	var stale []string
+	var skipped []error
 	for _, jk := range jobKeys {
 		r := refs[jk]
 		m, ok := read[jk]
@@ -490,7 +494,11 @@ func (s *NATSStore) claim(ctx context.Context, req ClaimRequest) ([]Job, error) 
 		}
 		j, _, activeSeq, err := decodeNATSJobMeta(jk, m.rev, m.data, r.channelID, r.jobID)
 		if err != nil {
-			return nil, err
+			// Skipped, never written, its active entry kept: the rest of
+			// the channel is still claimed (see Claim's doc).
+			s.pending.remove(jk)
+			skipped = append(skipped, err)
+			continue
 		}
 		if j.State != StatePending {
 			s.pending.remove(jk)
@@ -514,20 +522,20 @@ func (s *NATSStore) claim(ctx context.Context, req ClaimRequest) ([]Job, error) 
 		if len(out) == req.Count {
 			break
 		}
+		// Once a job is claimed it is the caller's: a failure after it
+		// ends the call with the jobs claimed so far (the next call
+		// reports it), never with an error that would drop them.
 		if err := ctx.Err(); err != nil {
-			return nil, err
+			return claimedOr(out, err)
 		}
 		claimed := claimJob(&c.job, req, now, 0)
 		value, err := encodeNATSJobMeta(&claimed, nil, natsMeta{activeSeq: c.activeSeq})
 		if err != nil {
-			return nil, err
+			return claimedOr(out, err)
 		}
 		rev, conflict, err := s.update(ctx, op, c.key, value, c.rev)
 		if err != nil {
-			if len(out) > 0 && ctx.Err() == nil {
-				return out, nil // the claimed jobs are the caller's now
-			}
-			return nil, err
+			return claimedOr(out, err)
 		}
 		if conflict {
 			continue // claimed or changed by another process since the read
@@ -537,7 +545,19 @@ func (s *NATSStore) claim(ctx context.Context, req ClaimRequest) ([]Job, error) 
 		s.pending.remove(c.key)
 		out = append(out, cloneJob(claimed))
 	}
+	if len(out) == 0 && len(skipped) > 0 {
+		return out, fmt.Errorf("%s: no job claimed; skipped %d stored records that do not validate: %w", op, len(skipped), errors.Join(skipped...))
+	}
 	return out, nil
+}
+
+// claimedOr is what a Claim returns when it stops early with err: the jobs
+// it claimed, if any, with no error; else err.
+func claimedOr(out []Job, err error) ([]Job, error) {
+	if len(out) > 0 {
+		return out, nil
+	}
+	return nil, err
 }
 
 // listActive reads the active entries of a channel (every channel when
@@ -579,6 +599,12 @@ func (s *NATSStore) change(ctx context.Context, op, channelID, jobID string,
 	if err := s.cfg.guard(ctx, op); err != nil {
 		return Job{}, nil, err
 	}
+	return s.apply(ctx, op, channelID, jobID, rule)
+}
+
+// apply is change after the guard.
+func (s *NATSStore) apply(ctx context.Context, op, channelID, jobID string,
+	rule func(j *Job, generation uint64, now time.Time) (Job, *Artifact, error)) (Job, *Artifact, error) {
 	key := s.keys.job(channelID, jobID)
 	cached, useCache := s.cache.get(key)
 	for range natsCASAttempts {
@@ -811,12 +837,10 @@ func (s *NATSStore) cancel(ctx context.Context, req CancelRequest) (Job, error) 
 	if err != nil {
 		return Job{}, err
 	}
-	if !req.AllowArchived {
-		if err := s.cfg.channelActive(ctx, "cancel", req.ChannelID); err != nil {
-			return Job{}, err
-		}
+	if err := s.cfg.guardCancel(ctx, req); err != nil {
+		return Job{}, err
 	}
-	j, _, err := s.change(ctx, "cancel", req.ChannelID, req.JobID, single(func(j *Job, gen uint64, now time.Time, rev uint64) (Job, error) {
+	j, _, err := s.apply(ctx, "cancel", req.ChannelID, req.JobID, single(func(j *Job, gen uint64, now time.Time, rev uint64) (Job, error) {
 		return cancelJob(j, req, gen, now, rev)
 	}))
 	return j, err
@@ -857,17 +881,7 @@ func (s *NATSStore) List(ctx context.Context, req ListRequest) (Page, error) {
 	if err != nil {
 		return Page{}, err
 	}
-	start := 0
-	if req.After != nil {
-		start, _ = slices.BinarySearchFunc(refs, req.After, func(j *Job, c *Cursor) int {
-			if afterCursor(j, c) {
-				return 1
-			}
-			return -1
-		})
-	}
-	rest := refs[start:]
-	pageRefs := rest[:min(len(rest), req.Limit)]
+	pageRefs, next := pageOf(refs, req)
 	keys := make([]string, len(pageRefs))
 	for i, r := range pageRefs {
 		keys[i] = s.keys.job(req.ChannelID, r.ID)
@@ -882,7 +896,7 @@ func (s *NATSStore) List(ctx context.Context, req ListRequest) (Page, error) {
 	if err != nil {
 		return Page{}, err
 	}
-	page := Page{Revision: rev, Jobs: make([]Summary, 0, len(pageRefs))}
+	page := Page{Revision: rev, Jobs: make([]Summary, 0, len(pageRefs)), Next: next}
 	for i, r := range pageRefs {
 		m, ok := read[keys[i]]
 		if !ok {
@@ -893,10 +907,6 @@ func (s *NATSStore) List(ctx context.Context, req ListRequest) (Page, error) {
 			return Page{}, err
 		}
 		page.Jobs = append(page.Jobs, s.cfg.summarize(&j))
-	}
-	if len(rest) > len(pageRefs) && len(pageRefs) > 0 {
-		last := pageRefs[len(pageRefs)-1]
-		page.Next = &Cursor{CreatedAt: last.CreatedAt, ID: last.ID}
 	}
 	return page, nil
 }

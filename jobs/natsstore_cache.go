@@ -1,6 +1,9 @@
 package jobs
 
-import "sync"
+import (
+	"strings"
+	"sync"
+)
 
 // natsJobCacheMax bounds the jobs a NATSStore remembers.
 const natsJobCacheMax = 4096
@@ -56,62 +59,47 @@ func (c *natsJobCache) drop(key string) {
 	delete(c.entries, key)
 }
 
-// natsTargetHints remembers targets this store has seen stored. An enqueue
-// for a target it has not seen first tries the batch that assumes the
-// idempotency key, the job id and the target are all new (one round trip
-// instead of a read and a write); a wrong guess fails the batch whole and
-// costs that round trip before the enqueue reads. It is safe for
-// concurrent use.
-type natsTargetHints struct {
+// natsKeySet is a set of KV keys of at most max entries (0: natsJobCacheMax);
+// adding to a full set evicts an arbitrary key. The store keeps two: the
+// targets it has seen stored (an enqueue for a target it has not seen
+// first tries the batch that assumes the idempotency key, the job id and
+// the target are all new: one round trip instead of a read and a write; a
+// wrong guess fails the batch whole and costs that round trip before the
+// enqueue reads), and the jobs it enqueued and has not yet seen claimed or
+// finished (a claim reads their records in the same request as the active
+// index; whatever the index names beyond them is read after). Both are
+// guesses. It is safe for concurrent use.
+type natsKeySet struct {
 	mu   sync.Mutex
-	seen map[string]struct{}
+	max  int
+	keys map[string]struct{}
 }
 
-func (h *natsTargetHints) has(key string) bool {
-	h.mu.Lock()
-	defer h.mu.Unlock()
-	_, ok := h.seen[key]
-	return ok
-}
-
-func (h *natsTargetHints) add(key string) {
-	h.mu.Lock()
-	defer h.mu.Unlock()
-	if h.seen == nil {
-		h.seen = make(map[string]struct{})
-	}
-	if _, ok := h.seen[key]; !ok && len(h.seen) >= natsJobCacheMax {
-		for victim := range h.seen {
-			delete(h.seen, victim)
-			break
-		}
-	}
-	h.seen[key] = struct{}{}
-}
-
-// natsPendingHintsMax bounds the job keys natsPendingHints holds, and
+// natsPendingHintsMax bounds the job keys the pending set holds, and
 // natsPendingPrefetch how many a claim reads ahead.
 const (
 	natsPendingHintsMax = 1024
 	natsPendingPrefetch = 32
 )
 
-// natsPendingHints remembers the jobs this store enqueued and has not yet
-// seen claimed or finished: a claim reads their records in the same
-// request as the active index (a guess; whatever the index names beyond
-// them is read after). It is safe for concurrent use.
-type natsPendingHints struct {
-	mu   sync.Mutex
-	keys map[string]struct{}
+func (h *natsKeySet) has(key string) bool {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	_, ok := h.keys[key]
+	return ok
 }
 
-func (h *natsPendingHints) add(key string) {
+func (h *natsKeySet) add(key string) {
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	if h.keys == nil {
 		h.keys = make(map[string]struct{})
 	}
-	if _, ok := h.keys[key]; !ok && len(h.keys) >= natsPendingHintsMax {
+	most := h.max
+	if most == 0 {
+		most = natsJobCacheMax
+	}
+	if _, ok := h.keys[key]; !ok && len(h.keys) >= most {
 		for victim := range h.keys {
 			delete(h.keys, victim)
 			break
@@ -120,15 +108,14 @@ func (h *natsPendingHints) add(key string) {
 	h.keys[key] = struct{}{}
 }
 
-func (h *natsPendingHints) remove(key string) {
+func (h *natsKeySet) remove(key string) {
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	delete(h.keys, key)
 }
 
-// matching returns up to natsPendingPrefetch remembered job keys with the
-// given prefix.
-func (h *natsPendingHints) matching(prefix string) []string {
+// matching returns up to natsPendingPrefetch keys with the given prefix.
+func (h *natsKeySet) matching(prefix string) []string {
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	var out []string
@@ -136,7 +123,7 @@ func (h *natsPendingHints) matching(prefix string) []string {
 		if len(out) == natsPendingPrefetch {
 			break
 		}
-		if len(k) >= len(prefix) && k[:len(prefix)] == prefix {
+		if strings.HasPrefix(k, prefix) {
 			out = append(out, k)
 		}
 	}

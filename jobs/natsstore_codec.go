@@ -138,14 +138,6 @@ func decodeNATSJob(key string, rev uint64, data []byte, wantChannel, wantJob str
 // decodeNATSJobMeta is decodeNATSJob that also returns the sequence of the
 // job's active entry (0: unknown).
 func decodeNATSJobMeta(key string, rev uint64, data []byte, wantChannel, wantJob string) (Job, *Artifact, uint64, error) {
-	j, art, activeSeq, err := decodeNATSRecord(key, rev, data, wantChannel, wantJob)
-	if err != nil {
-		return Job{}, nil, 0, err
-	}
-	return j, art, activeSeq, nil
-}
-
-func decodeNATSRecord(key string, rev uint64, data []byte, wantChannel, wantJob string) (Job, *Artifact, uint64, error) {
 	var r natsJobRecord
 	dec := json.NewDecoder(bytes.NewReader(data))
 	dec.DisallowUnknownFields()
@@ -200,8 +192,8 @@ func decodeNATSRecord(key string, rev uint64, data []byte, wantChannel, wantJob 
 		}
 		art = &Artifact{JobID: r.ID, Revision: ar, Value: natsNull(r.Artifact.Value), CreatedAt: r.Artifact.CreatedAt.UTC()}
 	}
-	if err := validateJob(&j); err != nil {
-		return Job{}, nil, 0, natsCorrupt(wantJob, key, rev, err)
+	if msg := checkJob(&j); msg != "" { // natsCorrupt names the job: not validateJob's message
+		return Job{}, nil, 0, natsCorrupt(wantJob, key, rev, errors.New(msg))
 	}
 	if art != nil {
 		if err := validateArtifact(art, &j); err != nil {
@@ -239,18 +231,10 @@ func validateNATSRecord(r *natsJobRecord, rev uint64, wantChannel, wantJob strin
 
 // natsNull copies raw JSON; nil and JSON null become nil.
 func natsNull(b json.RawMessage) json.RawMessage {
-	if b == nil || string(b) == "null" {
+	if string(b) == "null" {
 		return nil
 	}
-	return natsClone(b)
-}
-
-// natsClone copies raw JSON; nil stays nil.
-func natsClone(b json.RawMessage) json.RawMessage {
-	if b == nil {
-		return nil
-	}
-	return append(json.RawMessage(nil), b...)
+	return cloneRaw(b)
 }
 
 // decodeNATSIdem decodes an "idem" value.

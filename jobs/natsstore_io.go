@@ -29,16 +29,24 @@ type natsMsg struct {
 // direct get may return.
 const natsReadChunk = 256
 
-// natsUnavailable wraps an I/O error; a cancelled or expired ctx is returned
-// unchanged.
+// natsUnavailable wraps an I/O error; the error of the caller's ctx, when
+// it has ended, is returned unchanged. ctx must be the caller's: a timeout
+// of the store's own (the JetStream default timeout) is ErrUnavailable,
+// not the caller's deadline.
 func natsUnavailable(ctx context.Context, op, what string, err error) error {
 	if ctx.Err() != nil {
 		return ctx.Err()
 	}
-	if errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded) {
-		return err
-	}
 	return fmt.Errorf("%w: %s: %s: %w", ErrUnavailable, op, what, err)
+}
+
+// natsDeadline is ctx with the JetStream default timeout of js when ctx
+// has no deadline of its own.
+func natsDeadline(ctx context.Context, js jetstream.JetStream) (context.Context, context.CancelFunc) {
+	if _, ok := ctx.Deadline(); ok {
+		return ctx, func() {}
+	}
+	return context.WithTimeout(ctx, js.Options().DefaultTimeout)
 }
 
 // isNATSCASConflict reports a compare-and-swap conflict: JetStream error
@@ -97,16 +105,13 @@ type natsMsgGetResponse struct {
 // getFromLeader reads the last message of subject (wildcards allowed)
 // through STREAM.MSG.GET, which the stream leader answers.
 func (s *NATSStore) getFromLeader(ctx context.Context, op, subject string) (natsMsg, bool, error) {
-	if _, ok := ctx.Deadline(); !ok {
-		var cancel context.CancelFunc
-		ctx, cancel = context.WithTimeout(ctx, s.js.Options().DefaultTimeout)
-		defer cancel()
-	}
+	rctx, cancel := natsDeadline(ctx, s.js)
+	defer cancel()
 	req, err := json.Marshal(map[string]string{"last_by_subj": subject})
 	if err != nil {
 		return natsMsg{}, false, err
 	}
-	reply, err := s.js.Conn().RequestWithContext(ctx, s.msgGet, req)
+	reply, err := s.js.Conn().RequestWithContext(rctx, s.msgGet, req)
 	if err != nil {
 		return natsMsg{}, false, natsUnavailable(ctx, op, "read "+subject+" from the stream leader", err)
 	}
@@ -216,11 +221,8 @@ func (s *NATSStore) lastMatching(ctx context.Context, op, filter string) (map[st
 // a subscription per request would cost a SUB, an UNSUB and a large
 // buffer every time.
 func (s *NATSStore) batchGet(ctx context.Context, op string, subjects []string, most int, out map[string]natsMsg) error {
-	if _, ok := ctx.Deadline(); !ok {
-		var cancel context.CancelFunc
-		ctx, cancel = context.WithTimeout(ctx, s.js.Options().DefaultTimeout)
-		defer cancel()
-	}
+	rctx, cancel := natsDeadline(ctx, s.js)
+	defer cancel()
 	replies, err := s.replies.open(s.js.Conn())
 	if err != nil {
 		return natsUnavailable(ctx, op, "subscribe to batched read replies", err)
@@ -232,7 +234,7 @@ func (s *NATSStore) batchGet(ctx context.Context, op string, subjects []string, 
 	if err != nil {
 		return err
 	}
-	inbox, ch, done := replies.await(most + 2)
+	inbox, queue, done := replies.await(most + 2)
 	defer done()
 	if err := s.js.Conn().PublishRequest(s.directGet, inbox, body); err != nil {
 		return natsUnavailable(ctx, op, fmt.Sprintf("batched read of %d subjects", len(subjects)), err)
@@ -244,11 +246,9 @@ func (s *NATSStore) batchGet(ctx context.Context, op string, subjects []string, 
 	var pending uint64
 	first := true
 	for {
-		var m *nats.Msg
-		select {
-		case m = <-ch:
-		case <-ctx.Done():
-			return natsUnavailable(ctx, op, fmt.Sprintf("batched read of %d subjects", len(subjects)), ctx.Err())
+		m, err := queue.take(rctx)
+		if err != nil {
+			return natsUnavailable(ctx, op, fmt.Sprintf("batched read of %d subjects", len(subjects)), err)
 		}
 		np, npErr := strconv.ParseUint(m.Header.Get("Nats-Num-Pending"), 10, 64)
 		if len(m.Data) == 0 {
@@ -304,7 +304,18 @@ type natsReplies struct {
 	sub     *nats.Subscription
 	prefix  string
 	next    uint64
-	waiting map[string]chan *nats.Msg
+	waiting map[string]*natsReplyQueue
+}
+
+// natsReplyQueue holds the replies of one request until its reader takes
+// them: a queue that grows with the replies that arrive (a claim's batched
+// read usually answers a handful), never beyond the most the request can
+// get, so that a request costs no buffer sized for the largest answer.
+type natsReplyQueue struct {
+	mu     sync.Mutex
+	msgs   []*nats.Msg
+	most   int
+	signal chan struct{} // capacity 1: replies are waiting
 }
 
 // open subscribes on first use.
@@ -319,34 +330,59 @@ func (r *natsReplies) open(nc *nats.Conn) (*natsReplies, error) {
 	if err != nil {
 		return nil, err
 	}
-	r.sub, r.prefix, r.waiting = sub, prefix, make(map[string]chan *nats.Msg)
+	r.sub, r.prefix, r.waiting = sub, prefix, make(map[string]*natsReplyQueue)
 	return r, nil
 }
 
 func (r *natsReplies) deliver(m *nats.Msg) {
 	token := m.Subject[strings.LastIndexByte(m.Subject, '.')+1:]
 	r.mu.Lock()
-	ch := r.waiting[token]
+	q := r.waiting[token]
 	r.mu.Unlock()
-	if ch == nil {
+	if q == nil {
 		return // a request that gave up
 	}
+	q.mu.Lock()
+	if len(q.msgs) < q.most { // else more replies than the server sends for one request
+		q.msgs = append(q.msgs, m)
+	}
+	q.mu.Unlock()
 	select {
-	case ch <- m:
-	default: // more replies than the server sends for one request
+	case q.signal <- struct{}{}:
+	default:
+	}
+}
+
+// take waits for the next reply, or for ctx to end.
+func (q *natsReplyQueue) take(ctx context.Context) (*nats.Msg, error) {
+	for {
+		q.mu.Lock()
+		if len(q.msgs) > 0 {
+			m := q.msgs[0]
+			q.msgs[0] = nil
+			q.msgs = q.msgs[1:]
+			q.mu.Unlock()
+			return m, nil
+		}
+		q.mu.Unlock()
+		select {
+		case <-q.signal:
+		case <-ctx.Done():
+			return nil, ctx.Err()
+		}
 	}
 }
 
 // await registers a request that expects at most n replies; done
 // unregisters it.
-func (r *natsReplies) await(n int) (inbox string, ch chan *nats.Msg, done func()) {
+func (r *natsReplies) await(n int) (inbox string, q *natsReplyQueue, done func()) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	r.next++
 	token := strconv.FormatUint(r.next, 36)
-	ch = make(chan *nats.Msg, n)
-	r.waiting[token] = ch
-	return r.prefix + token, ch, func() {
+	q = &natsReplyQueue{most: n, signal: make(chan struct{}, 1)}
+	r.waiting[token] = q
+	return r.prefix + token, q, func() {
 		r.mu.Lock()
 		delete(r.waiting, token)
 		r.mu.Unlock()

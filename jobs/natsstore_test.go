@@ -244,6 +244,7 @@ func TestNATSStoreCorruptRecords(t *testing.T) {
 				require.ErrorIs(t, err, ErrCorrupt, name)
 				assert.Contains(t, err.Error(), `"job-1"`, name)
 				assert.Contains(t, err.Error(), key, name)
+				assert.Equal(t, 1, strings.Count(err.Error(), ErrCorrupt.Error()), "%s: %v", name, err)
 			}
 			after, err := kv.Get(ctx, key)
 			require.NoError(t, err)

@@ -718,26 +718,34 @@ func afterCursor(j *Job, c *Cursor) bool {
 // Next is set when jobs remain after the page.
 func listPage(jobs []*Job, req ListRequest, rev uint64, summarize func(*Job) Summary) Page {
 	slices.SortFunc(jobs, listOrder)
+	page, next := pageOf(jobs, req)
+	out := Page{Revision: rev, Jobs: make([]Summary, 0, len(page)), Next: next}
+	for _, j := range page {
+		out.Jobs = append(out.Jobs, summarize(j))
+	}
+	return out
+}
+
+// pageOf returns the jobs of sorted (in list order) that come after
+// req.After, at most req.Limit of them, and the cursor of the next page:
+// nil when no job remains after them.
+func pageOf(sorted []*Job, req ListRequest) (page []*Job, next *Cursor) {
 	start := 0
 	if req.After != nil {
-		start, _ = slices.BinarySearchFunc(jobs, req.After, func(j *Job, c *Cursor) int {
+		start, _ = slices.BinarySearchFunc(sorted, req.After, func(j *Job, c *Cursor) int {
 			if afterCursor(j, c) {
 				return 1
 			}
 			return -1
 		})
 	}
-	rest := jobs[start:]
-	n := min(len(rest), req.Limit)
-	page := Page{Revision: rev, Jobs: make([]Summary, 0, n)}
-	for _, j := range rest[:n] {
-		page.Jobs = append(page.Jobs, summarize(j))
+	rest := sorted[start:]
+	page = rest[:min(len(rest), req.Limit)]
+	if len(rest) > len(page) && len(page) > 0 {
+		last := page[len(page)-1]
+		next = &Cursor{CreatedAt: last.CreatedAt, ID: last.ID}
 	}
-	if len(rest) > n && n > 0 {
-		last := rest[n-1]
-		page.Next = &Cursor{CreatedAt: last.CreatedAt, ID: last.ID}
-	}
-	return page
+	return page, next
 }
 
 // summary is j as a list shows it, without Subject; Progress is copied.

@@ -34,15 +34,15 @@ func checkJob(j *Job) string {
 		if f.v == "" {
 			return f.name + " is empty"
 		}
-		if len(f.v) > IdentifierSizeLimit || !utf8.ValidString(f.v) {
-			return f.name + " is over the identifier limit or not UTF-8"
+		if msg := checkStored(f.name, f.v, IdentifierSizeLimit); msg != "" {
+			return msg
 		}
 	}
-	if len(j.Origin) > IdentifierSizeLimit || !utf8.ValidString(j.Origin) {
-		return "origin is over the identifier limit or not UTF-8"
+	if msg := checkStored("origin", j.Origin, IdentifierSizeLimit); msg != "" {
+		return msg
 	}
-	if len(j.Reason) > ReasonSizeLimit || !utf8.ValidString(j.Reason) {
-		return "reason is over the limit or not UTF-8"
+	if msg := checkStored("reason", j.Reason, ReasonSizeLimit); msg != "" {
+		return msg
 	}
 	if !j.State.Valid() {
 		return "unknown state " + quote(string(j.State))
@@ -54,14 +54,20 @@ func checkJob(j *Job) string {
 		return "targetGeneration is 0"
 	case j.Revision < 1:
 		return "revision is 0"
-	case j.Attempts < 0 || j.Failures < 0:
-		return "negative attempts or failures"
+	case j.Attempts < 0:
+		return "attempts " + itoa(j.Attempts) + " is negative"
+	case j.Failures < 0:
+		return "failures " + itoa(j.Failures) + " is negative"
 	case j.Failures > j.Attempts:
-		return "more failures than attempts"
+		return "failures " + itoa(j.Failures) + " exceed attempts " + itoa(j.Attempts)
 	case uint64(j.Attempts) > j.ClaimGeneration:
-		return "more attempts than claim generations"
-	case j.CreatedAt.IsZero() || j.UpdatedAt.IsZero() || j.AvailableAt.IsZero():
-		return "createdAt, updatedAt or availableAt is missing"
+		return "attempts " + itoa(j.Attempts) + " exceed claimGeneration " + strconv.FormatUint(j.ClaimGeneration, 10)
+	case j.CreatedAt.IsZero():
+		return "createdAt is missing"
+	case j.UpdatedAt.IsZero():
+		return "updatedAt is missing"
+	case j.AvailableAt.IsZero():
+		return "availableAt is missing"
 	case j.UpdatedAt.Before(j.CreatedAt):
 		return "updatedAt is before createdAt"
 	}
@@ -74,20 +80,27 @@ func checkJob(j *Job) string {
 		case j.ClaimGeneration < 1:
 			return "running with claimGeneration 0"
 		}
-	} else if j.ClaimOwner != "" || !j.ClaimExpiresAt.IsZero() || j.ClaimBinding != nil {
-		return string(j.State) + " with a claim (owner, expiry or binding)"
+	} else {
+		switch {
+		case j.ClaimOwner != "":
+			return string(j.State) + " with a claimOwner"
+		case !j.ClaimExpiresAt.IsZero():
+			return string(j.State) + " with a claimExpiresAt"
+		case j.ClaimBinding != nil:
+			return string(j.State) + " with a claimBinding"
+		}
 	}
-	if len(j.ClaimOwner) > IdentifierSizeLimit || !utf8.ValidString(j.ClaimOwner) {
-		return "claimOwner is over the identifier limit or not UTF-8"
+	if msg := checkStored("claimOwner", j.ClaimOwner, IdentifierSizeLimit); msg != "" {
+		return msg
 	}
-	if j.Input != nil && (len(j.Input) > InputSizeLimit || !json.Valid(j.Input)) {
-		return "input is over the limit or not valid JSON"
+	if msg := checkStoredJSON("input", j.Input, InputSizeLimit); msg != "" {
+		return msg
 	}
-	if j.ClaimBinding != nil && (len(j.ClaimBinding) > BindingSizeLimit || !json.Valid(j.ClaimBinding)) {
-		return "claimBinding is over the limit or not valid JSON"
+	if msg := checkStoredJSON("claimBinding", j.ClaimBinding, BindingSizeLimit); msg != "" {
+		return msg
 	}
 	if len(j.Progress) > ProgressLimit {
-		return "more than ProgressLimit progress entries"
+		return itoa(len(j.Progress)) + " progress entries, over the limit of " + itoa(ProgressLimit)
 	}
 	for i := range j.Progress {
 		if msg := checkProgress(&j.Progress[i], j.Attempts); msg != "" {
@@ -105,7 +118,7 @@ func checkProgress(p *Progress, attempts int) string {
 	case !utf8.ValidString(p.Label) || strings.TrimSpace(p.Label) != p.Label:
 		return "label is not trimmed UTF-8"
 	case utf8.RuneCountInString(p.Label) < 1 || utf8.RuneCountInString(p.Label) > LabelLimit:
-		return "label length outside 1..LabelLimit"
+		return "label is " + itoa(utf8.RuneCountInString(p.Label)) + " characters, outside 1.." + itoa(LabelLimit)
 	case !p.State.Valid():
 		return "unknown progress state " + quote(string(p.State))
 	case p.State == ProgressInterrupted && !isToken(p.Reason):
@@ -115,7 +128,7 @@ func checkProgress(p *Progress, attempts int) string {
 	case p.Revision < 1:
 		return "revision is 0"
 	case p.Attempt < 0 || p.Attempt > attempts:
-		return "attempt outside 0..attempts"
+		return "attempt " + itoa(p.Attempt) + " is outside 0.." + itoa(attempts)
 	case p.CreatedAt.IsZero():
 		return "createdAt is missing"
 	}
@@ -147,12 +160,37 @@ func validateArtifact(a *Artifact, j *Job) error {
 		return corruptf("artifact of job %q in channel %q: the job is %s, not completed", j.ID, j.ChannelID, j.State)
 	case a.Revision < 1:
 		return corruptf("artifact of job %q: revision is 0", a.JobID)
-	case a.Value != nil && (len(a.Value) > ArtifactSizeLimit || !json.Valid(a.Value)):
-		return corruptf("artifact of job %q: value is over the limit or not valid JSON", a.JobID)
+	case checkStoredJSON("value", a.Value, ArtifactSizeLimit) != "":
+		return corruptf("artifact of job %q: %s", a.JobID, checkStoredJSON("value", a.Value, ArtifactSizeLimit))
 	case a.CreatedAt.IsZero():
 		return corruptf("artifact of job %q: createdAt is missing", a.JobID)
 	}
 	return nil
+}
+
+// checkStored says what is wrong with a stored string field: over limit
+// bytes or not UTF-8; "" when nothing is.
+func checkStored(name, v string, limit int) string {
+	switch {
+	case len(v) > limit:
+		return name + " is " + itoa(len(v)) + " bytes, over the limit of " + itoa(limit)
+	case !utf8.ValidString(v):
+		return name + " is not valid UTF-8"
+	}
+	return ""
+}
+
+// checkStoredJSON says what is wrong with a stored JSON field (nil: none):
+// over limit bytes or not valid JSON; "" when nothing is.
+func checkStoredJSON(name string, v json.RawMessage, limit int) string {
+	switch {
+	case v == nil:
+	case len(v) > limit:
+		return name + " is " + itoa(len(v)) + " bytes, over the limit of " + itoa(limit)
+	case !json.Valid(v):
+		return name + " is not valid JSON"
+	}
+	return ""
 }
 
 // quote quotes s for a message, cut to 80 bytes.

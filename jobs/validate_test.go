@@ -76,7 +76,19 @@ func TestValidateJobCorrupt(t *testing.T) {
 			for len(j.Progress) <= ProgressLimit {
 				j.Progress = append(j.Progress, j.Progress[0])
 			}
-		}, "ProgressLimit"},
+		}, "33 progress entries, over the limit of 32"},
+		// Regressions: each message names the one field that is wrong (they
+		// used to name a group: "createdAt, updatedAt or availableAt").
+		{"missing updatedAt", func(j *Job) { j.UpdatedAt = time.Time{} }, "updatedAt is missing"},
+		{"missing availableAt", func(j *Job) { j.AvailableAt = time.Time{} }, "availableAt is missing"},
+		{"negative failures", func(j *Job) { j.Failures = -1 }, "failures -1 is negative"},
+		{"pending with an expiry only", func(j *Job) {
+			j.State, j.ClaimOwner = StatePending, ""
+		}, "pending with a claimExpiresAt"},
+		{"identifier too long", func(j *Job) { j.Type = strings.Repeat("t", 300) }, "type is 300 bytes, over the limit of 256"},
+		{"input too large", func(j *Job) {
+			j.Input = json.RawMessage(`"` + strings.Repeat("x", InputSizeLimit) + `"`)
+		}, "input is 262146 bytes, over the limit of 262144"},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {

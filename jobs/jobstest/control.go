@@ -219,7 +219,14 @@ func testCancelArchived(t *testing.T, h *harness) {
 	_, err := h.store.Cancel(h.ctx, jobs.CancelRequest{ChannelID: h.ch, JobID: "j1"})
 	wantErr(t, err, jobs.ErrConflict, "cancel in an archived channel", "AllowArchived")
 	h.unchanged(rev, "cancel in an archived channel")
+	// The guard runs before every write, before the registry is asked.
+	h.guard.fail(errGuard)
+	_, err = h.store.Cancel(h.ctx, jobs.CancelRequest{ChannelID: h.ch, JobID: "j1"})
+	wantErr(t, err, jobs.ErrConflict, "cancel in an archived channel with a failing guard", errGuard.Error())
+	h.guard.fail(nil)
+	calls := h.guard.count()
 	got, err := h.store.Cancel(h.ctx, jobs.CancelRequest{ChannelID: h.ch, JobID: "j1", AllowArchived: true})
 	noErr(t, err, "cancel with AllowArchived")
 	equal(t, got.State, jobs.StateCancelled, "State with AllowArchived")
+	equal(t, h.guard.count()-calls, 1, "guard calls of one cancel")
 }

@@ -150,6 +150,12 @@ func (g *guard) check(context.Context) error {
 	return g.err
 }
 
+func (g *guard) count() int {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	return g.calls
+}
+
 func (g *guard) fail(err error) {
 	g.mu.Lock()
 	defer g.mu.Unlock()
