@@ -107,7 +107,9 @@ func WithBucket(name string) NATSStoreOption {
 // WithCreateBucket makes NewNATSStore create the bucket when it is missing:
 // history 1, the given storage and replicas (1 to 5), atomic batch publish
 // allowed. Without it a missing bucket is an error wrapping ErrNotFound.
-// An existing bucket is used as it is.
+// An existing bucket is used as it is, except that atomic publish is allowed
+// on it when it is not yet: another process may have created the bucket and
+// not yet taken that second step.
 func WithCreateBucket(storage jetstream.StorageType, replicas int) NATSStoreOption {
 	return func(o *natsStoreOptions) error {
 		if storage != jetstream.FileStorage && storage != jetstream.MemoryStorage {
@@ -163,6 +165,13 @@ func NewNATSStore(js jetstream.JetStream, cfg *Config, opts ...NATSStoreOption) 
 		return nil, fmt.Errorf("%w: NewNATSStore: open stream %q of KV bucket %q: %w", ErrUnavailable, streamName, o.bucket, err)
 	}
 	info := stream.CachedInfo()
+	if !info.Config.AllowAtomicPublish && o.create {
+		// Another process created the bucket and has not allowed atomic
+		// publish on it yet (createNATSBucket's second step): finish it.
+		if info, err = allowAtomicPublish(ctx, js, stream); err != nil {
+			return nil, fmt.Errorf("%w: NewNATSStore: KV bucket %q: %w", ErrUnavailable, o.bucket, err)
+		}
+	}
 	switch {
 	case !info.Config.AllowAtomicPublish:
 		return nil, fmt.Errorf("%w: NewNATSStore: stream %q of KV bucket %q does not allow atomic batch publish, which enqueues need; enable it (nats stream edit %s --allow-batch) or create the bucket with WithCreateBucket",
@@ -207,13 +216,27 @@ func createNATSBucket(ctx context.Context, js jetstream.JetStream, o natsStoreOp
 	if err != nil {
 		return nil, err
 	}
-	if cfg := stream.CachedInfo().Config; !cfg.AllowAtomicPublish {
-		cfg.AllowAtomicPublish = true
-		if _, err := js.UpdateStream(ctx, cfg); err != nil {
-			return nil, fmt.Errorf("allow atomic publish on stream %q: %w", cfg.Name, err)
-		}
+	if _, err := allowAtomicPublish(ctx, js, stream); err != nil {
+		return nil, err
 	}
 	return kv, nil
+}
+
+// allowAtomicPublish allows atomic batch publish on stream if it does not
+// yet, and returns the stream's info as it is then. Any number of
+// processes may do it at once.
+func allowAtomicPublish(ctx context.Context, js jetstream.JetStream, stream jetstream.Stream) (*jetstream.StreamInfo, error) {
+	info := stream.CachedInfo()
+	if info.Config.AllowAtomicPublish {
+		return info, nil
+	}
+	cfg := info.Config
+	cfg.AllowAtomicPublish = true
+	updated, err := js.UpdateStream(ctx, cfg)
+	if err != nil {
+		return nil, fmt.Errorf("allow atomic publish on stream %q: %w", cfg.Name, err)
+	}
+	return updated.CachedInfo(), nil
 }
 
 // Bucket returns the name of the store's KV bucket.

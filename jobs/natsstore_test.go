@@ -84,6 +84,29 @@ func TestNATSStoreBucketWithoutAtomicPublish(t *testing.T) {
 	assert.Contains(t, err.Error(), "KV_PLAIN")
 }
 
+// TestNATSStoreCreateBucketFinishesAnotherCreation is the window between
+// one process creating the bucket and allowing atomic publish on it: a
+// second process with WithCreateBucket that opens the bucket then must
+// finish the job, not fail with "does not allow atomic batch publish".
+func TestNATSStoreCreateBucketFinishesAnotherCreation(t *testing.T) {
+	t.Parallel()
+	s := natstest.Run(t)
+	_, js := natstest.Connect(t, s)
+	ctx := context.Background()
+	// What the first process's createNATSBucket has done so far.
+	_, err := js.CreateKeyValue(ctx, jetstream.KeyValueConfig{Bucket: "HALF", History: 1, Storage: jetstream.MemoryStorage})
+	require.NoError(t, err)
+
+	st, err := NewNATSStore(js, nil, WithBucket("HALF"), WithCreateBucket(jetstream.MemoryStorage, 1))
+	require.NoError(t, err)
+	stream, err := js.Stream(ctx, "KV_HALF")
+	require.NoError(t, err)
+	assert.True(t, stream.CachedInfo().Config.AllowAtomicPublish)
+	_, err = st.Enqueue(ctx, EnqueueRequest{ID: "j1", ChannelID: "c", Type: "t", Version: 1,
+		TargetKey: "tk", IdempotencyKey: "ik", Fingerprint: "fp", Input: []byte(`{}`)})
+	require.NoError(t, err)
+}
+
 func TestNATSStoreOptions(t *testing.T) {
 	t.Parallel()
 	s := natstest.Run(t)
