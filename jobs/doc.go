@@ -1,9 +1,25 @@
 // Package jobs is the durable half of a job system: job records with a
 // lifecycle, kept in memory ([MemoryStore]) or in one NATS JetStream KV
 // bucket ([NATSStore]), both behind the [Store] interface and proven by one
-// conformance suite (package jobstest).
+// conformance suite (package jobstest) — and the runtime that joins them to
+// the key layer: a [Client] enqueues a job as a record plus a keyed
+// admission, runs registered kinds ([Register], [Kind]) under their keys'
+// limits, renews claim and slot together, settles or retries with backoff
+// up to a failure budget, reconciles what crashed processes left behind and
+// drains on [Client.Stop]. Most programs use the Client; the Store is the
+// layer beneath it. See ExampleClient and examples/quickstart.
 //
-// # Quick start
+// # Quick start: the runtime
+//
+//	client, err := jobs.NewClient(store, coord, &jobs.ClientConfig{KeyStore: keys, MaxWorkers: 8})
+//	err = jobs.Register(client, jobs.Kind[In, Out]{Type: "render", Version: 1,
+//		Policy: jobkeys.Policy{Key: []string{"doc", "/docId"}, MaxActive: 1},
+//		MaxFailures: 5, Timeout: time.Minute, Work: render})
+//	res, err := client.Enqueue(ctx, jobs.EnqueueRequest{...}) // accepted, coalesced, replaced, or a *RejectedError
+//	err = client.Start(ctx)
+//	defer client.Stop(ctx)
+//
+// # Quick start: the store alone
 //
 //	store, err := jobs.NewMemoryStore(nil) // or jobs.NewNATSStore(js, nil, jobs.WithCreateBucket(jetstream.FileStorage, 1))
 //	out, err := store.Enqueue(ctx, jobs.EnqueueRequest{
