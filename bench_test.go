@@ -50,9 +50,10 @@ func benchPayload(key int) []byte { return []byte(`{"tenant":"t-` + strconv.Itoa
 // benchConn is one worker's connection: its own TCP connection, store and
 // coordinator, as a separate worker process would have.
 type benchConn struct {
-	nc    *nats.Conn
-	store *NATSStore
-	coord *KeyCoordinator
+	nc     *nats.Conn
+	store  *NATSStore
+	coord  *KeyCoordinator
+	totals *raceTotals // the coordinator's reads and writes at the store
 }
 
 func benchConnect(b *testing.B, s *server.Server) *benchConn {
@@ -62,9 +63,10 @@ func benchConnect(b *testing.B, s *server.Server) *benchConn {
 	require.NoError(b, err)
 	// The coordinator writes through a countingStore, which benchContended
 	// reads its lost races from.
-	coord, err := NewCoordinator(newCountingStore(store), nil)
+	cs := newCountingStore(store)
+	coord, err := NewCoordinator(cs, nil)
 	require.NoError(b, err)
-	return &benchConn{nc: nc, store: store, coord: coord}
+	return &benchConn{nc: nc, store: store, coord: coord, totals: cs.totals}
 }
 
 // requests is how many messages (requests) the connection has sent: each
@@ -131,6 +133,7 @@ func BenchmarkCycle(b *testing.B) {
 		}
 		b.ReportAllocs()
 		start := w.requests()
+		reads, writes := w.totals.reads.Load(), w.totals.writes.Load()
 		b.ResetTimer()
 		for i := range b.N {
 			if err := benchCycle(ctx, w.coord, service, benchPolicy, payload, "job-"+strconv.Itoa(i)); err != nil {
@@ -140,7 +143,30 @@ func BenchmarkCycle(b *testing.B) {
 		b.StopTimer()
 		benchReportRate(b, "cycles/s")
 		b.ReportMetric(float64(w.requests()-start)/float64(b.N), "rt/op")
+		b.ReportMetric(float64(w.totals.reads.Load()-reads)/float64(b.N), "reads/cycle")
+		b.ReportMetric(float64(w.totals.writes.Load()-writes)/float64(b.N), "writes/cycle")
 	})
+
+	// The baseline of the hot-key rows below, in the same run: three bare
+	// kv.Get + kv.Update pairs per op (BenchmarkRawKV/1worker).
+	b.Run("NATS/rawKV-3updates", func(b *testing.B) {
+		benchParallel(b, s, 1, false, "cycles/s", func(ctx context.Context, w *benchConn, worker int) func(int) error {
+			return benchRawOp(ctx, b, w, benchService(), "k", benchStateBytes(b, 0))
+		})
+	})
+
+	// Hot keys (issue 11): n workers on ONE key with MaxActive 1, each
+	// looping admit → Runner.Run (waiting on a Watcher while blocked) with
+	// a handler that returns at once; all on one connection (one process)
+	// or one connection, coordinator and Watcher per worker.
+	for _, n := range []int{16, 64} {
+		b.Run(fmt.Sprintf("NATS/%dworkers-1conn-1key-watcher", n), func(b *testing.B) {
+			benchHotKey(b, s, n, true)
+		})
+		b.Run(fmt.Sprintf("NATS/%dworkers-%dconns-1key-watcher", n, n), func(b *testing.B) {
+			benchHotKey(b, s, n, false)
+		})
+	}
 
 	b.Run("NATS/16workers-16keys", func(b *testing.B) {
 		service := benchService()
@@ -163,11 +189,77 @@ func BenchmarkCycle(b *testing.B) {
 	})
 }
 
+// benchHotKey runs n Runner workers on one key with MaxActive 1 (see
+// BenchmarkCycle) and reports the store reads and writes per cycle.
+func benchHotKey(b *testing.B, s *server.Server, n int, shared bool) {
+	policy := Policy{Key: []string{"tenant", "/tenant"}, MaxActive: 1, MaxQueuedPerKey: n}
+	service, payload := benchService(), benchPayload(0)
+	var contention atomic.Int64
+	type proc struct {
+		jt *JobType
+		r  *Runner
+	}
+	procs := map[*benchConn]proc{}
+	noop := func(context.Context, Lease) error { return nil }
+	conns := benchParallel(b, s, n, shared, "cycles/s", func(ctx context.Context, w *benchConn, worker int) func(int) error {
+		p, ok := procs[w]
+		if !ok {
+			jt, err := w.coord.JobType(service, benchJobType, policy)
+			require.NoError(b, err)
+			wt, err := NewWatcher(w.store)
+			require.NoError(b, err)
+			b.Cleanup(wt.Close)
+			r, err := NewRunner(jt, &RunnerConfig{Watcher: wt})
+			require.NoError(b, err)
+			p = proc{jt: jt, r: r}
+			procs[w] = p
+		}
+		cycle := func(jobID string) error {
+			adm, err := p.jt.Admit(ctx, jobID, payload)
+			if err != nil {
+				return fmt.Errorf("admit %s: %w", jobID, err)
+			}
+			if adm.Kind != KindAccepted {
+				return fmt.Errorf("admit %s: %s %s", jobID, adm.Kind, adm.Reason)
+			}
+			res, err := p.r.Run(ctx, jobID, payload, noop)
+			if errors.Is(err, ErrContention) {
+				contention.Add(1)
+			}
+			if err != nil {
+				return fmt.Errorf("run %s: %w", jobID, err)
+			}
+			if res.Release != KindReleased {
+				return fmt.Errorf("run %s: release %s", jobID, res.Release)
+			}
+			return nil
+		}
+		if err := cycle(fmt.Sprintf("warmup-%d", worker)); err != nil {
+			b.Fatal(err)
+		}
+		return func(i int) error { return cycle(fmt.Sprintf("job-%d-%d", worker, i)) }
+	}, func(conns []*benchConn) {
+		for _, c := range conns {
+			c.totals.reads.Store(0)
+			c.totals.writes.Store(0)
+		}
+	})
+	var reads, writes int64
+	for _, c := range conns {
+		reads += c.totals.reads.Load()
+		writes += c.totals.writes.Load()
+	}
+	b.ReportMetric(float64(reads)/float64(b.N), "reads/cycle")
+	b.ReportMetric(float64(writes)/float64(b.N), "writes/cycle")
+	b.ReportMetric(float64(contention.Load()), "contention-errors")
+}
+
 // benchParallel runs b.N ops over n workers, each with its own connection,
 // or all on one when shared, and reports ops per second under unit and
 // round trips per op. setup runs before the timer starts and returns the
-// worker's op. It returns the connections used.
-func benchParallel(b *testing.B, s *server.Server, n int, shared bool, unit string, setup func(ctx context.Context, w *benchConn, worker int) func(i int) error) []*benchConn {
+// worker's op, then beforeTimer once with the connections. It returns the
+// connections used.
+func benchParallel(b *testing.B, s *server.Server, n int, shared bool, unit string, setup func(ctx context.Context, w *benchConn, worker int) func(i int) error, beforeTimer ...func([]*benchConn)) []*benchConn {
 	ctx := context.Background()
 	var conns []*benchConn
 	ops := make([]func(int) error, n)
@@ -176,6 +268,9 @@ func benchParallel(b *testing.B, s *server.Server, n int, shared bool, unit stri
 			conns = append(conns, benchConnect(b, s))
 		}
 		ops[i] = setup(ctx, conns[len(conns)-1], i)
+	}
+	for _, f := range beforeTimer {
+		f(conns)
 	}
 	var start uint64
 	for _, c := range conns {

@@ -40,6 +40,9 @@ func (rc *raceCounter) counts() (lost, stale int) {
 // raceTotals sums what a countingStore saw over all operations.
 type raceTotals struct {
 	lost, stale atomic.Int64
+	// reads and writes count every Get and every Create, Update and
+	// Delete, whatever its result.
+	reads, writes atomic.Int64
 }
 
 // countingStore wraps a Store and classifies its compare-and-swap
@@ -65,6 +68,9 @@ func counterOf(ctx context.Context) *raceCounter {
 
 func (s countingStore) Get(ctx context.Context, service, key string) ([]byte, uint64, error) {
 	v, rev, err := s.Store.Get(ctx, service, key)
+	if s.totals != nil {
+		s.totals.reads.Add(1)
+	}
 	if rc := counterOf(ctx); rc != nil {
 		rc.mu.Lock()
 		switch {
@@ -81,6 +87,9 @@ func (s countingStore) Get(ctx context.Context, service, key string) ([]byte, ui
 // record classifies a write's error; read says whether the write rested on
 // what the operation read.
 func (s countingStore) record(ctx context.Context, err error, read func(*raceCounter) bool) {
+	if s.totals != nil {
+		s.totals.writes.Add(1)
+	}
 	if !errors.Is(err, ErrRevisionConflict) {
 		return
 	}
