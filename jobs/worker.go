@@ -570,7 +570,7 @@ func (c *Client) heartbeat(ctx context.Context, k *kind, run *Run, lease jobkeys
 		}
 		// A slow renewal may take until the local deadline, no longer.
 		left := min(claimExpires.Sub(c.cfg.Now()), time.Until(lease.LeaseExpiresAt)) - margin
-		rctx, rcancel := context.WithTimeout(ctx, max(policy.HeartbeatInterval, left))
+		rctx, rcancel := context.WithTimeout(ctx, left)
 		run.mu.Lock()
 		j, err := c.store.Renew(rctx, RenewRequest{Claim: run.claim, ExpectedRevision: run.job.Revision, TTL: c.claimTTL})
 		if err == nil {

@@ -555,3 +555,70 @@ func debugConfig(cfg jobs.ClientConfig) jobs.ClientConfig {
 	}
 	return cfg
 }
+
+// failingRenewStore is a job store whose claim renewals fail at once with
+// a transient error, recording the deadline each renewal was given.
+type failingRenewStore struct {
+	jobs.Store
+	mu        sync.Mutex
+	deadlines []time.Time
+}
+
+func (s *failingRenewStore) Renew(ctx context.Context, req jobs.RenewRequest) (jobs.Job, error) {
+	d, _ := ctx.Deadline()
+	s.mu.Lock()
+	s.deadlines = append(s.deadlines, d)
+	s.mu.Unlock()
+	return jobs.Job{}, errors.New("renew: store unavailable (test)")
+}
+
+// A claim renewal after earlier ones failed may take until the local
+// deadline (a margin before the claim expires), no longer: a renewal
+// allowed a full heartbeat interval runs past it, and the handler with it,
+// up to the moment another worker may claim the job.
+func TestClientRenewalBoundedByLocalDeadline(t *testing.T) {
+	t.Parallel()
+	env := newRuntimeEnv(t)
+	fs := &failingRenewStore{}
+	n := env.newNode(fastConfig, func(s jobs.Store) jobs.Store { fs.Store = s; return fs })
+	// Renewals at 350ms and 700ms after the claim; the local deadline is
+	// 1s − 175ms: the second renewal has 125ms left, less than the interval.
+	policy := jobkeys.Policy{
+		Key: []string{"doc", "/doc"}, MaxActive: 1, MaxQueuedPerKey: 10,
+		HeartbeatInterval: 350 * time.Millisecond, HeartbeatTTL: time.Second,
+	}
+	margin := 175 * time.Millisecond
+	var once sync.Once
+	expires := make(chan time.Time, 1)
+	causes := make(chan error, 1)
+	require.NoError(t, jobs.Register(n.client, jobs.Kind[docIn, docOut]{
+		Type: "renew", Policy: policy, MaxFailures: 1,
+		Work: func(ctx context.Context, run *jobs.Run, in docIn) (docOut, error) {
+			<-ctx.Done()
+			once.Do(func() {
+				expires <- run.Job().ClaimExpiresAt
+				causes <- context.Cause(ctx)
+			})
+			return docOut{}, ctx.Err()
+		},
+	}))
+	ctx := context.Background()
+	_, err := n.client.Enqueue(ctx, enqueueReq("renew", "j1", "t", "d"))
+	require.NoError(t, err)
+	require.NoError(t, n.client.Start(ctx))
+	var exp time.Time
+	select {
+	case exp = <-expires:
+	case <-time.After(30 * time.Second):
+		t.Fatal("the handler's context never ended")
+	}
+	assert.ErrorIs(t, <-causes, jobs.ErrClaimLost)
+	fs.mu.Lock()
+	defer fs.mu.Unlock()
+	require.NotEmpty(t, fs.deadlines)
+	for i, d := range fs.deadlines {
+		require.False(t, d.IsZero(), "renewal %d has no deadline", i)
+		assert.Falsef(t, d.After(exp.Add(-margin+25*time.Millisecond)),
+			"renewal %d may run until %v, past the local deadline %v", i, d, exp.Add(-margin))
+	}
+}
