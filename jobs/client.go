@@ -309,7 +309,9 @@ func (e *RejectedError) Unwrap() error { return ErrRejected }
 // policy, as one outcome. req.Type must be a registered kind; a zero
 // req.Version is the kind's version. The store's rules apply first:
 // idempotency (a replay returns the job as it is, Repeated) and target
-// supersede. A rejection is a [*RejectedError] (match [ErrRejected]).
+// supersede. A rejection is a [*RejectedError] (match [ErrRejected]). A
+// job is never coalesced into one that is over (whose slot is not released
+// yet): such an enqueue is admitted strictly, accepted or rejected.
 //
 // The record is written first, then the admission. A crash between them
 // leaves a pending job without an admission, which the first worker that
@@ -343,8 +345,9 @@ func (c *Client) Enqueue(ctx context.Context, req EnqueueRequest) (EnqueueResult
 // job whose producer died before making it.
 func (c *Client) admit(ctx context.Context, k *kind, job Job) (EnqueueResult, error) {
 	kid := keyJobID(job.ChannelID, job.ID)
+	var opts []jobkeys.AdmitOption
 	for pruned := false; ; pruned = true {
-		adm, err := k.jt.Admit(ctx, kid, []byte(inputOf(job)))
+		adm, err := k.jt.Admit(ctx, kid, []byte(inputOf(job)), opts...)
 		if errors.Is(err, jobkeys.ErrInvalidKey) {
 			// The input can never be admitted: do not leave it pending.
 			if _, serr := c.supersede(ctx, job.ChannelID, job.ID, ReasonBadKey); serr != nil {
@@ -380,6 +383,14 @@ func (c *Client) admit(ctx context.Context, k *kind, job Job) (EnqueueResult, er
 				if _, err := c.pruneKey(ctx, k, job); err != nil {
 					return EnqueueResult{}, err
 				}
+				continue
+			}
+			if !live {
+				// Still folded into a job that is over: a slot not released
+				// yet (pruning removes queue entries only). That job never
+				// runs this one: admit it strictly, which accepts it or
+				// rejects it.
+				opts = []jobkeys.AdmitOption{jobkeys.WithStrictCreate()}
 				continue
 			}
 			if _, err := c.supersede(ctx, job.ChannelID, job.ID, ReasonCoalesced); err != nil {

@@ -296,3 +296,43 @@ func TestClientRetriesWithBackoffAndFailsAtBudget(t *testing.T) {
 		assert.Equal(t, i+1, s.Attempts)
 	}
 }
+
+// A coalescing key whose only slot is held by a job that is over (settled,
+// its slot not released yet: a worker that crashed between the two holds
+// it until its lease runs out) does not fold a new job into the finished
+// one, which never runs it: the enqueue is rejected, typed.
+func TestClientEnqueueDoesNotCoalesceIntoFinishedJob(t *testing.T) {
+	t.Parallel()
+	env := newRuntimeEnv(t)
+	n := env.newNode(jobs.ClientConfig{}, nil)
+	policy := jobkeys.Policy{Key: []string{"doc", "/doc"}, MaxActive: 1, MaxQueuedPerKey: 0, WhenFull: jobkeys.Coalesce}
+	require.NoError(t, jobs.Register(n.client, jobs.Kind[docIn, docOut]{Type: "coald", Policy: policy, Work: noWork}))
+	ctx := context.Background()
+	res, err := n.client.Enqueue(ctx, enqueueReq("coald", "j1", "t1", "d"))
+	require.NoError(t, err)
+	require.Equal(t, jobs.OutcomeAccepted, res.Outcome)
+
+	// A worker claims j1, takes its slot, settles it, and dies.
+	claimed, err := n.store.Claim(ctx, jobs.ClaimRequest{Owner: "w", Count: 1, TTL: time.Minute})
+	require.NoError(t, err)
+	require.Len(t, claimed, 1)
+	jt, err := n.coord.JobType(env.service, "coald", policy)
+	require.NoError(t, err)
+	acq, err := jt.Acquire(ctx, "ch/j1", claimed[0].Input)
+	require.NoError(t, err)
+	require.Equal(t, jobkeys.KindAcquired, acq.Kind)
+	_, err = n.store.Settle(ctx, jobs.SettleRequest{Claim: jobs.ClaimOf(claimed[0])})
+	require.NoError(t, err)
+
+	res, err = n.client.Enqueue(ctx, enqueueReq("coald", "j2", "t2", "d"))
+	if err == nil {
+		assert.NotEqualf(t, jobs.OutcomeCoalesced, res.Outcome, "j2 folded into %s, which is %s", res.Job.ID, res.Job.State)
+	}
+	require.ErrorIs(t, err, jobs.ErrRejected)
+	var rej *jobs.RejectedError
+	require.ErrorAs(t, err, &rej)
+	assert.Equal(t, jobkeys.ReasonActiveLimit, rej.Reason)
+	j := getJob(t, n, "j2")
+	assert.Equal(t, jobs.StateSuperseded, j.State, "no pending record is left")
+	assert.Equal(t, jobs.ReasonRejected, j.Reason)
+}
