@@ -89,7 +89,9 @@ type ClientConfig struct {
 
 	// AdmitGrace is how long after its creation a pending job without a
 	// key admission is left to its producer (which writes the record, then
-	// the admission) before a worker repairs it, and how long a queue
+	// the admission) before a worker repairs it (after it was last seen
+	// queued, for a job whose entry another admission replaced: left to
+	// that producer to supersede), and how long a queue
 	// entry whose job record is missing is kept before reconciliation
 	// removes it. Defaults to AdmitGraceDefault (30s).
 	AdmitGrace time.Duration

@@ -265,6 +265,11 @@ func (c *Client) acquire(ctx context.Context, k *kind, run *Run, ar *activeRun) 
 		}
 	}()
 	repaired, waited := false, false
+	// The repair of a missing admission waits AdmitGrace from the job's
+	// creation, or from when it was last seen queued: an entry that was
+	// there and is gone was replaced, and its producer is superseding the
+	// job (re-admitting it would replace the new job instead).
+	graceFrom := job.CreatedAt
 	timer := time.NewTimer(time.Hour)
 	defer timer.Stop()
 	for {
@@ -306,9 +311,12 @@ func (c *Client) acquire(ctx context.Context, k *kind, run *Run, ar *activeRun) 
 		}
 		c.cfg.Logger.Debug("jobs: blocked", "job", job.ID, "reason", acq.Reason, "active", acq.Active, "limit", acq.Limit)
 		now := c.cfg.Now()
+		if acq.Reason == jobkeys.ReasonActiveLimit && !retry && now.After(graceFrom) {
+			graceFrom = now // queued (the reducer checks that first)
+		}
 		var until time.Time
 		switch {
-		case acq.Reason == jobkeys.ReasonNotQueued && !repaired && !now.Before(job.CreatedAt.Add(c.cfg.AdmitGrace)):
+		case acq.Reason == jobkeys.ReasonNotQueued && !repaired && !now.Before(graceFrom.Add(c.cfg.AdmitGrace)):
 			// No admission past the grace: the producer died between
 			// the record and the admission. Make its decision now.
 			repaired = true
@@ -331,7 +339,7 @@ func (c *Client) acquire(ctx context.Context, k *kind, run *Run, ar *activeRun) 
 			}
 			continue
 		case acq.Reason == jobkeys.ReasonNotQueued && !repaired:
-			until = job.CreatedAt.Add(c.cfg.AdmitGrace)
+			until = graceFrom.Add(c.cfg.AdmitGrace)
 		case acq.Reason == jobkeys.ReasonNotQueued:
 			retry = true // admitted by the repair, and run since: a retry
 			continue

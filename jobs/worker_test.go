@@ -2,6 +2,7 @@ package jobs_test
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -621,4 +622,72 @@ func TestClientRenewalBoundedByLocalDeadline(t *testing.T) {
 		assert.Falsef(t, d.After(exp.Add(-margin+25*time.Millisecond)),
 			"renewal %d may run until %v, past the local deadline %v", i, d, exp.Add(-margin))
 	}
+}
+
+// A waiting job whose queue entry a producer's admission just replaced is
+// not admitted again while that producer supersedes it: the repair of a
+// missing admission waits AdmitGrace from when the job was last seen
+// queued, not from its creation. Re-admitting it at once replaced the new
+// job, and with the producer's supersede of the old one both were lost.
+func TestClientWaitingReplacedJobNotReadmittedDuringSupersede(t *testing.T) {
+	t.Parallel()
+	env := newRuntimeEnv(t)
+	sig := &waitSignal{job: "old", seen: make(chan struct{})}
+	cfg := fastConfig
+	cfg.AdmitGrace = time.Second
+	cfg.Logger = slog.New(sig)
+	n := env.newNode(cfg, nil)
+	p := jobkeys.Policy{
+		Key: []string{"doc", "/doc"}, MaxActive: 1, MaxQueuedPerKey: 1, WhenFull: jobkeys.ReplaceOldest,
+		HeartbeatInterval: 100 * time.Millisecond, HeartbeatTTL: 30 * time.Second,
+	}
+	var l ledger
+	require.NoError(t, jobs.Register(n.client, jobs.Kind[docIn, docOut]{
+		Type: "rw", Policy: p,
+		Work: func(ctx context.Context, run *jobs.Run, in docIn) (docOut, error) { l.start(run); return docOut{}, nil },
+	}))
+	ctx := context.Background()
+	jt, err := n.coord.JobType(env.service, "rw", p)
+	require.NoError(t, err)
+	// Another job holds the key's only slot.
+	in, _ := json.Marshal(docIn{Doc: "d"})
+	held, err := jt.Acquire(ctx, "other/holder", in, jobkeys.WithRetry())
+	require.NoError(t, err)
+	require.Equal(t, jobkeys.KindAcquired, held.Kind)
+
+	_, err = n.client.Enqueue(ctx, enqueueReq("rw", "old", "t-old", "d"))
+	require.NoError(t, err)
+	time.Sleep(cfg.AdmitGrace) // "old" is older than the grace
+	require.NoError(t, n.client.Start(ctx))
+	select {
+	case <-sig.seen:
+	case <-time.After(30 * time.Second):
+		t.Fatal("old never waited for the slot")
+	}
+
+	// A producer enqueues "new": the record, the admission replacing
+	// "old" (which wakes old's worker), then, a moment later, the
+	// supersede of "old".
+	req := enqueueReq("rw", "new", "t-new", "d")
+	req.Version = 1
+	_, err = n.store.Enqueue(ctx, req)
+	require.NoError(t, err)
+	adm, err := jt.Admit(ctx, "ch/new", req.Input)
+	require.NoError(t, err)
+	require.Equal(t, jobkeys.KindReplaced, adm.Kind)
+	time.Sleep(100 * time.Millisecond)
+	old := getJob(t, n, "old")
+	_, err = n.store.Supersede(ctx, jobs.SupersedeRequest{ChannelID: "ch", JobID: "old", ExpectedRevision: old.Revision, Reason: jobs.ReasonReplaced})
+	require.NoError(t, err)
+
+	_, err = jt.Release(ctx, held.Lease)
+	require.NoError(t, err)
+	var j jobs.Job
+	require.Eventually(t, func() bool {
+		j = getJob(t, n, "new")
+		return j.State == jobs.StateCompleted || j.State == jobs.StateSuperseded
+	}, 30*time.Second, 20*time.Millisecond)
+	require.Equalf(t, jobs.StateCompleted, j.State, "new is lost: %s (%s)", j.State, j.Reason)
+	assert.Equal(t, 1, l.count("new"))
+	assert.Equal(t, 0, l.count("old"))
 }
