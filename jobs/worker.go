@@ -478,6 +478,10 @@ func (c *Client) execute(ctx context.Context, k *kind, run *Run, ar *activeRun, 
 	run.mu.Lock()
 	job := run.job
 	run.mu.Unlock()
+	if werr == nil && len(out) > ArtifactSizeLimit {
+		// The store would refuse it: the attempt failed.
+		werr = fmt.Errorf("jobs: result of job %q is %d bytes, over ArtifactSizeLimit (%d)", job.ID, len(out), ArtifactSizeLimit)
+	}
 	switch {
 	case errors.Is(cause, ErrClaimLost), errors.Is(cause, ErrPaused),
 		errors.Is(cause, ErrCancelled), errors.Is(cause, ErrSuperseded):

@@ -691,3 +691,36 @@ func TestClientWaitingReplacedJobNotReadmittedDuringSupersede(t *testing.T) {
 	assert.Equal(t, 1, l.count("new"))
 	assert.Equal(t, 0, l.count("old"))
 }
+
+// A result over ArtifactSizeLimit cannot be settled: the attempt is a
+// failure (here the budget's last), not a job left running until its claim
+// runs out and then run again, without end.
+func TestClientOversizedResultIsAFailure(t *testing.T) {
+	t.Parallel()
+	env := newRuntimeEnv(t)
+	n := env.newNode(fastConfig, nil)
+	var runs atomic.Int64
+	big := make([]byte, jobs.ArtifactSizeLimit)
+	for i := range big {
+		big[i] = 'x'
+	}
+	require.NoError(t, jobs.Register(n.client, jobs.Kind[docIn, docOut]{
+		Type: "big", Policy: quickPolicy, MaxFailures: 1,
+		Work: func(ctx context.Context, run *jobs.Run, in docIn) (docOut, error) {
+			runs.Add(1)
+			return docOut{By: string(big)}, nil
+		},
+	}))
+	ctx := context.Background()
+	_, err := n.client.Enqueue(ctx, enqueueReq("big", "j1", "t", "d"))
+	require.NoError(t, err)
+	require.NoError(t, n.client.Start(ctx))
+	var j jobs.Job
+	assert.Eventually(t, func() bool {
+		j = getJob(t, n, "j1")
+		return j.State == jobs.StateFailed
+	}, 20*time.Second, 20*time.Millisecond)
+	require.Equalf(t, jobs.StateFailed, j.State, "the job never failed (runs %d)", runs.Load())
+	assert.Contains(t, j.Reason, "ArtifactSizeLimit")
+	assert.Equal(t, int64(1), runs.Load())
+}
