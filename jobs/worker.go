@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strings"
 	"sync"
 	"time"
 	"unicode/utf8"
@@ -645,8 +646,10 @@ func reasonOf(cause error) string {
 	return "client-stopping"
 }
 
-// truncate cuts s to at most n bytes of valid UTF-8.
+// truncate cuts s to at most n bytes of valid UTF-8 (invalid bytes become
+// U+FFFD: the store refuses a reason that is not valid UTF-8).
 func truncate(s string, n int) string {
+	s = strings.ToValidUTF8(s, "\uFFFD")
 	if len(s) <= n {
 		return s
 	}

@@ -724,3 +724,32 @@ func TestClientOversizedResultIsAFailure(t *testing.T) {
 	assert.Contains(t, j.Reason, "ArtifactSizeLimit")
 	assert.Equal(t, int64(1), runs.Load())
 }
+
+// A handler error that is not valid UTF-8 still counts as a failure: the
+// store refuses such a reason, which left the job running until its claim
+// ran out, to be run again without a failure counted, without end.
+func TestClientInvalidUTF8ErrorIsAFailure(t *testing.T) {
+	t.Parallel()
+	env := newRuntimeEnv(t)
+	n := env.newNode(fastConfig, nil)
+	var runs atomic.Int64
+	require.NoError(t, jobs.Register(n.client, jobs.Kind[docIn, docOut]{
+		Type: "utf", Policy: quickPolicy, MaxFailures: 1,
+		Work: func(ctx context.Context, run *jobs.Run, in docIn) (docOut, error) {
+			runs.Add(1)
+			return docOut{}, errors.New("bad byte \xff here")
+		},
+	}))
+	ctx := context.Background()
+	_, err := n.client.Enqueue(ctx, enqueueReq("utf", "j1", "t", "d"))
+	require.NoError(t, err)
+	require.NoError(t, n.client.Start(ctx))
+	var j jobs.Job
+	assert.Eventually(t, func() bool {
+		j = getJob(t, n, "j1")
+		return j.State == jobs.StateFailed
+	}, 20*time.Second, 20*time.Millisecond)
+	require.Equalf(t, jobs.StateFailed, j.State, "the job never failed (runs %d)", runs.Load())
+	assert.Contains(t, j.Reason, "bad byte")
+	assert.Equal(t, int64(1), runs.Load())
+}
