@@ -300,6 +300,14 @@ func (c *Client) acquire(ctx context.Context, k *kind, run *Run, ar *activeRun) 
 			if kvKey != "" {
 				c.passTurn(kvKey) // another slot may be free too
 			}
+			select {
+			case <-c.stopCh: // Stop began while it acquired: do not start
+				c.release(ctx, k, acq.Lease)
+				c.releaseToken()
+				c.handBack(ctx, run.claim, 0, "client-stopping")
+				return jobkeys.Lease{}, false
+			default:
+			}
 			if !waited || c.stillOurs(ctx, run) {
 				return acq.Lease, true
 			}

@@ -13,10 +13,12 @@ import (
 	"testing"
 	"time"
 
+	"github.com/nats-io/nats.go/jetstream"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
 	"github.com/jobkeys/jobkeys"
+	"github.com/jobkeys/jobkeys/internal/natstest"
 	"github.com/jobkeys/jobkeys/jobs"
 )
 
@@ -752,4 +754,71 @@ func TestClientInvalidUTF8ErrorIsAFailure(t *testing.T) {
 	require.Equalf(t, jobs.StateFailed, j.State, "the job never failed (runs %d)", runs.Load())
 	assert.Contains(t, j.Reason, "bad byte")
 	assert.Equal(t, int64(1), runs.Load())
+}
+
+// gatedKeys is a key store whose next update, once armed, waits for
+// release: a slot acquisition in flight.
+type gatedKeys struct {
+	*jobkeys.NATSStore
+	armed   atomic.Bool
+	entered chan struct{}
+	release chan struct{}
+}
+
+func (k *gatedKeys) Update(ctx context.Context, service, key string, value []byte, rev uint64) (uint64, error) {
+	if k.armed.CompareAndSwap(true, false) {
+		close(k.entered)
+		<-k.release
+	}
+	return k.NATSStore.Update(ctx, service, key, value, rev)
+}
+
+// A job whose slot is acquired as Stop begins does not start: Stop hands
+// it back at once (without a failure) and releases the slot, rather than
+// starting a handler it then cancels at the end of the grace.
+func TestClientStopDuringSlotAcquisitionDoesNotStart(t *testing.T) {
+	t.Parallel()
+	env := newRuntimeEnv(t)
+	_, js := natstest.Connect(t, env.srv)
+	st, err := jobs.NewNATSStore(js, nil, jobs.WithBucket(env.bucket), jobs.WithCreateBucket(jetstream.MemoryStorage, 1))
+	require.NoError(t, err)
+	ks, err := jobkeys.NewNATSStore(js, jobkeys.WithCreateBuckets(jetstream.MemoryStorage, 1))
+	require.NoError(t, err)
+	keys := &gatedKeys{NATSStore: ks, entered: make(chan struct{}), release: make(chan struct{})}
+	coord, err := jobkeys.NewCoordinator(keys, nil)
+	require.NoError(t, err)
+	cfg := fastConfig
+	cfg.KeyStore, cfg.Service, cfg.ReconcileInterval = keys, env.service, -1
+	c, err := jobs.NewClient(st, coord, &cfg)
+	require.NoError(t, err)
+	var runs atomic.Int64
+	require.NoError(t, jobs.Register(c, jobs.Kind[docIn, docOut]{
+		Type: "gate", Policy: quickPolicy,
+		Work: func(ctx context.Context, run *jobs.Run, in docIn) (docOut, error) { runs.Add(1); return docOut{}, nil },
+	}))
+	ctx := context.Background()
+	_, err = c.Enqueue(ctx, enqueueReq("gate", "j1", "t", "d"))
+	require.NoError(t, err)
+	keys.armed.Store(true)
+	require.NoError(t, c.Start(ctx))
+	select {
+	case <-keys.entered:
+	case <-time.After(30 * time.Second):
+		t.Fatal("the slot was never acquired")
+	}
+	stopped := make(chan error, 1)
+	go func() { stopped <- c.Stop(ctx) }()
+	time.Sleep(100 * time.Millisecond) // Stop has begun
+	close(keys.release)
+	select {
+	case err := <-stopped:
+		require.NoError(t, err)
+	case <-time.After(30 * time.Second):
+		t.Fatal("Stop never returned")
+	}
+	assert.Equal(t, int64(0), runs.Load(), "a handler started after Stop began")
+	d, err := c.Get(ctx, "ch", "j1")
+	require.NoError(t, err)
+	assert.Equal(t, jobs.StatePending, d.Job.State)
+	assert.Equal(t, 0, d.Job.Failures)
 }
