@@ -10,6 +10,7 @@ import (
 	"strings"
 	"sync"
 
+	"github.com/jobkeys/jobkeys/internal/jscas"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 )
@@ -424,7 +425,7 @@ func (s *NATSStore) createKey(ctx context.Context, service, key string, value []
 		// The key was deleted by this store at markerRev: write over the
 		// marker, unless the key changed since.
 		rev, err := b.kv.Update(ctx, key, value, markerRev)
-		if err == nil || !isCASConflict(err) {
+		if err == nil || !jscas.IsConflict(err) {
 			return rev, casError("create", key, err)
 		}
 	}
@@ -534,17 +535,8 @@ func casError(op, key string, err error) error {
 	if err == nil {
 		return nil
 	}
-	if isCASConflict(err) {
+	if jscas.IsConflict(err) {
 		return fmt.Errorf("%w: %s %s: %w", ErrRevisionConflict, op, key, err)
 	}
 	return fmt.Errorf("jobkeys: %s %s: %w", op, key, err)
-}
-
-func isCASConflict(err error) bool {
-	var apiErr *jetstream.APIError
-	if !errors.As(err, &apiErr) {
-		return false
-	}
-	return apiErr.ErrorCode == jetstream.JSErrCodeStreamWrongLastSequence ||
-		apiErr.ErrorCode == jetstream.JSErrCodeStreamWrongLastSequenceConstant
 }

@@ -18,6 +18,7 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
+	"github.com/jobkeys/jobkeys/internal/jscas"
 	"github.com/jobkeys/jobkeys/internal/natstest"
 )
 
@@ -158,10 +159,10 @@ func TestNATSStoreConflictByErrorCode(t *testing.T) {
 	_, raw := kv.Update(ctx, "k", []byte("v3"), rev)
 	var apiErr *jetstream.APIError
 	require.True(t, errors.As(raw, &apiErr) && apiErr.ErrorCode == 10071, "raw Update error: %v", raw)
-	require.True(t, isCASConflict(raw), "isCASConflict(%v)", raw)
-	require.True(t, isCASConflict(&jetstream.APIError{ErrorCode: 10164}), "10164 (replicated streams)")
-	require.False(t, isCASConflict(&jetstream.APIError{ErrorCode: 10037, Description: "wrong last sequence"}), "a message that merely reads like a conflict")
-	require.False(t, isCASConflict(errors.New("wrong last sequence: 5")), "matched by message text")
+	require.True(t, jscas.IsConflict(raw), "jscas.IsConflict(%v)", raw)
+	require.True(t, jscas.IsConflict(&jetstream.APIError{ErrorCode: 10164}), "10164 (replicated streams)")
+	require.False(t, jscas.IsConflict(&jetstream.APIError{ErrorCode: 10037, Description: "wrong last sequence"}), "a message that merely reads like a conflict")
+	require.False(t, jscas.IsConflict(errors.New("wrong last sequence: 5")), "matched by message text")
 }
 
 // concurrentRun describes one run of TestNATSConcurrentWorkers.

@@ -9,6 +9,7 @@ import (
 	"strings"
 	"sync"
 
+	"github.com/jobkeys/jobkeys/internal/jscas"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/synadia-io/orbit.go/jetstreamext"
@@ -47,18 +48,6 @@ func natsDeadline(ctx context.Context, js jetstream.JetStream) (context.Context,
 		return ctx, func() {}
 	}
 	return context.WithTimeout(ctx, js.Options().DefaultTimeout)
-}
-
-// isNATSCASConflict reports a compare-and-swap conflict: JetStream error
-// 10071 (wrong last sequence) or 10164 (the same on a replicated stream
-// while a write is in flight). Matched by code, never by text.
-func isNATSCASConflict(err error) bool {
-	var apiErr *jetstream.APIError
-	if !errors.As(err, &apiErr) {
-		return false
-	}
-	return apiErr.ErrorCode == jetstream.JSErrCodeStreamWrongLastSequence ||
-		apiErr.ErrorCode == jetstream.JSErrCodeStreamWrongLastSequenceConstant
 }
 
 // isNATSDeleted reports a KV delete or purge marker.
@@ -425,7 +414,7 @@ func (s *NATSStore) update(ctx context.Context, op, key string, value []byte, re
 	if err == nil {
 		return newRev, false, nil
 	}
-	if isNATSCASConflict(err) {
+	if jscas.IsConflict(err) {
 		return 0, true, nil
 	}
 	return 0, false, natsUnavailable(ctx, op, "write KV key "+strconv.Quote(key), err)
@@ -485,7 +474,7 @@ func (s *NATSStore) publishBatch(ctx context.Context, op string, msgs []natsBatc
 	if err == nil {
 		return lastRev, false, nil
 	}
-	if isNATSCASConflict(err) {
+	if jscas.IsConflict(err) {
 		return 0, true, nil
 	}
 	return 0, false, natsUnavailable(ctx, op, fmt.Sprintf("atomic batch of %d writes", len(msgs)), err)
