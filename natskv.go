@@ -6,9 +6,9 @@ import (
 	"errors"
 	"fmt"
 	"regexp"
-	"strconv"
 	"strings"
 	"sync"
+	"time"
 
 	"github.com/jobkeys/jobkeys/internal/jscas"
 	"github.com/nats-io/nats.go"
@@ -90,12 +90,18 @@ type NATSStore struct {
 type natsBucket struct {
 	kv           jetstream.KeyValue
 	maxValueSize int
-	// subjectPrefix is "$KV.<bucket>.", the subject prefix of the bucket's
-	// keys when the store may publish delete markers itself (see Delete);
-	// empty when the bucket is a mirror or the JetStream context uses an
-	// API prefix or domain, where kv.Delete's subject rules apply.
-	subjectPrefix string
-	markers       markerHints
+	// writePrefix is the prefix of the subjects the bucket's keys are
+	// written to, "$KV.<bucket>.", behind the JetStream context's API
+	// prefix or domain when it has one (as nats.go's KV layer writes),
+	// when the store writes keys itself (natskv_write.go); empty when the
+	// bucket is a mirror, whose writes keep the KV layer's rules.
+	writePrefix string
+	// stream is the bucket's stream, as its publish acks name it.
+	stream string
+	// writeTimeout bounds a write whose context has no deadline: the
+	// JetStream context's default timeout, as in nats.go.
+	writeTimeout time.Duration
+	markers      markerHints
 	// leaderGet is the API subject of the bucket stream's message get,
 	// which the stream leader answers, when the bucket is replicated (and
 	// not a mirror); empty otherwise. It carries the JetStream context's
@@ -262,8 +268,10 @@ func (s *NATSStore) bucket(ctx context.Context, service string) (*natsBucket, er
 	b = &natsBucket{kv: kv, maxValueSize: limit}
 	opts := s.js.Options()
 	if info := bucketStreamInfo(status); info != nil && info.Config.Mirror == nil {
-		if opts.APIPrefix == "" && opts.Domain == "" {
-			b.subjectPrefix = "$KV." + kv.Bucket() + "."
+		b.stream, b.writeTimeout = info.Config.Name, opts.DefaultTimeout
+		b.writePrefix = "$KV." + kv.Bucket() + "."
+		if p := apiPrefix(opts); p != jetstream.DefaultAPIPrefix {
+			b.writePrefix = p + b.writePrefix // as kv.Update does
 		}
 		if info.Config.Replicas > 1 {
 			b.leaderGet = apiPrefix(opts) + "STREAM.MSG.GET." + info.Config.Name
@@ -424,7 +432,7 @@ func (s *NATSStore) createKey(ctx context.Context, service, key string, value []
 	if markerRev, ok := b.markers.take(key); ok {
 		// The key was deleted by this store at markerRev: write over the
 		// marker, unless the key changed since.
-		rev, err := b.kv.Update(ctx, key, value, markerRev)
+		rev, err := s.update(ctx, b, key, value, markerRev)
 		if err == nil || !jscas.IsConflict(err) {
 			return rev, casError("create", key, err)
 		}
@@ -457,8 +465,16 @@ func (s *NATSStore) updateKey(ctx context.Context, service, key string, value []
 		// matches a missing key.
 		return 0, fmt.Errorf("%w: update %s: revision 0", ErrRevisionConflict, key)
 	}
-	rev, err := b.kv.Update(ctx, key, value, revision)
+	rev, err := s.update(ctx, b, key, value, revision)
 	return rev, casError("update", key, err)
+}
+
+// update is kv.Update on b, written by the store itself where it can.
+func (s *NATSStore) update(ctx context.Context, b *natsBucket, key string, value []byte, revision uint64) (uint64, error) {
+	if b.directWrites(key) {
+		return s.writeKey(ctx, b, key, value, revision, false)
+	}
+	return b.kv.Update(ctx, key, value, revision)
 }
 
 // Delete implements [Store]. It writes a delete marker, which readers
@@ -480,19 +496,16 @@ func (s *NATSStore) deleteKey(ctx context.Context, service, key string, revision
 	if revision == 0 {
 		return fmt.Errorf("%w: delete %s: revision 0", ErrRevisionConflict, key)
 	}
-	if b.subjectPrefix == "" || !validKVKey(key) {
+	if !b.directWrites(key) {
 		return casError("delete", key, b.kv.Delete(ctx, key, jetstream.LastRevision(revision)))
 	}
 	// The same marker kv.Delete writes, published here to learn its
 	// revision, which kv.Delete does not return.
-	m := nats.NewMsg(b.subjectPrefix + key)
-	m.Header.Set("KV-Operation", "DEL")
-	m.Header.Set(jetstream.ExpectedLastSubjSeqHeader, strconv.FormatUint(revision, 10))
-	ack, err := s.js.PublishMsg(ctx, m)
+	rev, err := s.writeKey(ctx, b, key, nil, revision, true)
 	if err != nil {
 		return casError("delete", key, err)
 	}
-	b.markers.put(key, ack.Sequence)
+	b.markers.put(key, rev)
 	return nil
 }
 
