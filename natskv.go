@@ -49,7 +49,7 @@ const headerAllowance = 256
 // and to subscribe to its inboxes (_INBOX.> by default), where request
 // replies and watch deliveries arrive. Under a JetStream domain or API
 // prefix P ("$JS.<domain>.API" for a domain) the "$JS.API" subjects start
-// with P instead, and nats.go publishes writes to P.$KV.JOBS_KEYS_S.>.
+// with P instead, and writes go to P.$KV.JOBS_KEYS_S.>.
 // [WithCreateBuckets] needs $JS.API.STREAM.CREATE.KV_JOBS_KEYS_S too.
 // Where users share a server, "_INBOX.>" lets any of them read the others'
 // replies: give each user its own prefix with [nats.CustomInboxPrefix] and
