@@ -126,8 +126,8 @@ func parseAckTemplate(data []byte, stream string) (seq uint64, ok bool) {
 	}
 	if r, found := cutPrefix(rest, `"domain":"`); found {
 		i := 0
-		for i < len(r) && r[i] != '"' && r[i] != '\\' {
-			i++
+		for i < len(r) && r[i] >= ' ' && r[i] <= '~' && r[i] != '"' && r[i] != '\\' {
+			i++ // printable ASCII, nothing JSON would escape
 		}
 		if rest, ok = cutPrefix(r[i:], `",`); !ok {
 			return 0, false
