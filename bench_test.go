@@ -1079,6 +1079,61 @@ func BenchmarkUncontended(b *testing.B) {
 		b.ReportMetric(float64(cycleCPU.Microseconds())/float64(b.N), "cycle-cpu-µs")
 		b.ReportMetric(float64(rawCPU.Microseconds())/float64(b.N), "raw-cpu-µs")
 	})
+	// paired-writes: each op is three writes by each of NATSStore.Update,
+	// kv.Update and a request on the connection (as conn-3requests), each
+	// third timed on its own: what the KV layer and the store cost per
+	// write beyond the round trip, under the same load.
+	b.Run("NATS/paired-writes", func(b *testing.B) {
+		nc, store, _ := connect(b)
+		svc := service()
+		kv, err := store.KeyValue(ctx, svc)
+		require.NoError(b, err)
+		storeRev, err := store.Create(ctx, svc, "s", value)
+		require.NoError(b, err)
+		kvRev, err := kv.Create(ctx, "k", value)
+		require.NoError(b, err)
+		connRev, err := kv.Create(ctx, "c", value)
+		require.NoError(b, err)
+		subject := "$KV." + kv.Bucket() + ".c"
+		var cpu [3]time.Duration
+		b.ReportAllocs()
+		b.ResetTimer()
+		for range b.N {
+			c0 := benchProcessCPU(b)
+			for range 3 {
+				if storeRev, err = store.Update(ctx, svc, "s", value, storeRev); err != nil {
+					b.Fatal(err)
+				}
+			}
+			c1 := benchProcessCPU(b)
+			for range 3 {
+				if kvRev, err = kv.Update(ctx, "k", value, kvRev); err != nil {
+					b.Fatal(err)
+				}
+			}
+			c2 := benchProcessCPU(b)
+			for range 3 {
+				m := &nats.Msg{Subject: subject, Data: value,
+					Header: nats.Header{jetstream.ExpectedLastSubjSeqHeader: []string{strconv.FormatUint(connRev, 10)}}}
+				rctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+				resp, err := nc.RequestMsgWithContext(rctx, m)
+				cancel()
+				if err != nil {
+					b.Fatal(err)
+				}
+				if connRev, err = benchAckSeq(resp.Data); err != nil {
+					b.Fatal(err)
+				}
+			}
+			c3 := benchProcessCPU(b)
+			cpu[0], cpu[1], cpu[2] = cpu[0]+c1-c0, cpu[1]+c2-c1, cpu[2]+c3-c2
+		}
+		b.StopTimer()
+		per := func(d time.Duration) float64 { return float64(d.Nanoseconds()) / 1e3 / float64(3*b.N) }
+		b.ReportMetric(per(cpu[0]), "store-cpu-µs/write")
+		b.ReportMetric(per(cpu[1]), "kv-cpu-µs/write")
+		b.ReportMetric(per(cpu[2]), "conn-cpu-µs/write")
+	})
 	b.Run("NATS/requests", func(b *testing.B) {
 		_, _, coord := connect(b)
 		svc := service()
