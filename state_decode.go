@@ -1,6 +1,7 @@
 package jobkeys
 
 import (
+	"encoding/binary"
 	"errors"
 	"fmt"
 	"math"
@@ -832,6 +833,20 @@ func (d *stateDecoder) scanString() (start, end int, plain, ok bool) {
 	t := d.text
 	i := d.i + 1
 	start = i
+	// Eight bytes at a time while none of them is special: a byte of
+	// m has its high bit set where the byte is below 0x20, a quote or a
+	// backslash (each a byte minus one wrapping past zero), or not ASCII.
+	// A borrow can mark a byte above a special one, never a word without
+	// one.
+	const ones, highs = 0x0101010101010101, 0x8080808080808080
+	for i+8 <= len(t) {
+		x := binary.LittleEndian.Uint64(t[i:])
+		m := (x - ones*0x20) | (x ^ ones*'"' - ones) | (x ^ ones*'\\' - ones) | x
+		if m&highs != 0 {
+			break
+		}
+		i += 8
+	}
 	for i < len(t) && plainStringByte[t[i]] {
 		i++
 	}
@@ -1097,20 +1112,19 @@ func isoTime[T string | []byte](s T) (time.Time, bool) {
 		s[19] != '.' || s[23]|0x20 != 'z' {
 		return time.Time{}, false
 	}
-	num := func(i, n int) int {
-		v := 0
-		for k := i; k < i+n; k++ {
-			if c := s[k]; c < '0' || c > '9' {
-				return -1
-			}
-			v = v*10 + int(s[k]-'0')
+	bad := false // a digit's place holds another byte
+	digit := func(i int) int {
+		c := s[i] - '0'
+		if c > 9 {
+			bad = true
 		}
-		return v
+		return int(c)
 	}
-	year, month, day := num(0, 4), num(5, 2), num(8, 2)
-	hour, minute, sec, millis := num(11, 2), num(14, 2), num(17, 2), num(20, 3)
-	if year < 0 || month < 1 || month > 12 || day < 1 || day > daysIn(year, month) ||
-		hour < 0 || hour > 23 || minute < 0 || minute > 59 || sec < 0 || sec > 59 || millis < 0 {
+	two := func(i int) int { return digit(i)*10 + digit(i+1) }
+	year := two(0)*100 + two(2)
+	month, day, hour, minute, sec := two(5), two(8), two(11), two(14), two(17)
+	millis := two(20)*10 + digit(22)
+	if bad || month < 1 || month > 12 || day < 1 || day > daysIn(year, month) || hour > 23 || minute > 59 || sec > 59 {
 		return time.Time{}, false
 	}
 	secs := civilDays(year, month, day)*86400 + int64(hour*3600+minute*60+sec)

@@ -131,3 +131,24 @@ func TestDecodeStateAllocations(t *testing.T) {
 		assert.LessOrEqual(t, allocs, 4.0, "allocations decoding a state with %d queued jobs", n)
 	}
 }
+
+// Every byte that ends or escapes a string, or is not ASCII, is found at
+// every place of the eight-byte words scanString reads strings in, and the
+// bytes beside those are read as plain.
+func TestDecodeStateStringBytesAtEveryOffset(t *testing.T) {
+	t.Parallel()
+	for n := range 20 {
+		for at := range n {
+			for _, c := range []byte{0x00, 0x1f, 0x20, 0x21, '"', 0x23, '\\', 0x5b, 0x5d, 0x7f, 0x80, 0xc3, 0xff} {
+				key := []byte(strings.Repeat("k", n))
+				key[at] = c
+				doc := withMember(t, "", `"key":"`+string(key)+`"`, true)
+				requireDecodersAgree(t, doc)
+				if c == '\\' && at+1 < n { // an escape
+					key[at+1] = 'n'
+					requireDecodersAgree(t, withMember(t, "", `"key":"`+string(key)+`"`, true))
+				}
+			}
+		}
+	}
+}
