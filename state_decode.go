@@ -378,14 +378,23 @@ func (d *stateDecoder) build(r *stateRecord) *KeyState {
 	a := stringArena{d: d}
 	a.b.Grow(size)
 
-	s := &KeyState{
+	var s *KeyState
+	if len(d.slots) == 1 { // the common case, as with MaxActive 1: one allocation for both
+		h := new(stateWithOneSlot)
+		s = &h.state
+		s.Active = h.active[:]
+	} else {
+		s = new(KeyState)
+		s.Active = make([]ActiveSlot, len(d.slots)) // not nil when empty, as before
+	}
+	*s = KeyState{
 		Version:    StateVersion,
 		Service:    a.str(r.service),
 		JobType:    a.str(r.jobType),
 		DisplayKey: a.str(r.key),
 		KeyHash:    a.str(r.keyHash),
 		MaxActive:  int(r.maxActive.f),
-		Active:     []ActiveSlot{},
+		Active:     s.Active,
 		Queued:     []QueuedJob{},
 		UpdatedAt:  r.updatedAt.t,
 	}
@@ -394,7 +403,6 @@ func (d *stateDecoder) build(r *stateRecord) *KeyState {
 	}
 	s.StaleTakeoverCount = int(r.stale.f)
 	if len(d.slots) > 0 {
-		s.Active = make([]ActiveSlot, len(d.slots))
 		for i := range d.slots {
 			in, out := &d.slots[i], &s.Active[i]
 			out.JobID = a.str(in.jobID)
@@ -420,6 +428,12 @@ func (d *stateDecoder) build(r *stateRecord) *KeyState {
 		}
 	}
 	return s
+}
+
+// stateWithOneSlot holds a state and its one active slot.
+type stateWithOneSlot struct {
+	state  KeyState
+	active [1]ActiveSlot
 }
 
 // contextSize returns the bytes the strings of c take in the arena, where
@@ -490,31 +504,89 @@ func (a *stringArena) context(c *contextRecord, reqStr string, reqID jsonString)
 // deeper than MaxPayloadDepth. depth is the number of arrays and objects
 // around the value.
 
+// The members the decoder reads, numbered in the order the wire format
+// writes them (the order object expects them in).
+const (
+	sVersion = iota
+	sService
+	sJobType
+	sKey
+	sKeyHash
+	sMaxActive
+	sMaxQueuedPerKey
+	sActive
+	sQueued
+	sStaleTakeoverCount
+	sUpdatedAt
+)
+
+const (
+	aJobId = iota
+	aSlotToken
+	aInstanceId
+	aStartedAt
+	aHeartbeatAt
+	aLeaseExpiresAt
+	aTries
+	aContext
+)
+
+const (
+	qJobId = iota
+	qCreatedAt
+	qRequestId
+	qContext
+)
+
+const (
+	cRequestId = iota
+	cTraceId
+	cTraceparent
+	cTracestate
+)
+
+var (
+	stateMembers   = memberNames("version", "service", "jobType", "key", "keyHash", "maxActive", "maxQueuedPerKey", "active", "queued", "staleTakeoverCount", "updatedAt")
+	slotMembers    = memberNames("jobId", "slotToken", "instanceId", "startedAt", "heartbeatAt", "leaseExpiresAt", "tries", "context")
+	queuedMembers  = memberNames("jobId", "createdAt", "requestId", "context")
+	contextMembers = memberNames("requestId", "traceId", "traceparent", "tracestate")
+)
+
+// memberNames returns names as object takes them: each quoted and followed
+// by a colon, as the wire format writes a member's name.
+func memberNames(names ...string) []string {
+	q := make([]string, len(names))
+	for i, n := range names {
+		q[i] = strconv.Quote(n) + ":"
+	}
+	return q
+}
+
 // state reads the state object.
 func (d *stateDecoder) state(r *stateRecord) bool {
-	return d.object(func(name []byte) bool {
-		switch string(name) {
-		case "version":
+	return d.object(stateMembers, func(k int) bool {
+		switch k {
+		case sVersion:
 			return d.readNumber(&r.version, 1)
-		case "service":
+		case sService:
 			return d.readString(&r.service, 1)
-		case "jobType":
+		case sJobType:
 			return d.readString(&r.jobType, 1)
-		case "key":
+		case sKey:
 			return d.readString(&r.key, 1)
-		case "keyHash":
+		case sKeyHash:
 			return d.readString(&r.keyHash, 1)
-		case "maxActive":
+		case sMaxActive:
 			return d.readNumber(&r.maxActive, 1)
-		case "maxQueuedPerKey":
+		case sMaxQueuedPerKey:
 			return d.readNumber(&r.maxQueued, 1)
-		case "active":
+		case sActive:
 			return d.activeArray(&r.active)
-		case "queued":
+		case sQueued:
 			return d.queuedArray(&r.queued)
-		case "staleTakeoverCount":
+		case sStaleTakeoverCount:
 			return d.readNumber(&r.stale, 1)
-		case "updatedAt":
+		case sUpdatedAt:
 			return d.readTime(&r.updatedAt, 1)
 		}
 		return d.skipValue(1)
@@ -537,23 +609,23 @@ func (d *stateDecoder) activeArray(v *jsonArray) bool {
 		}
 		d.slots = append(d.slots, slotRecord{})
 		r := &d.slots[len(d.slots)-1]
-		ok := d.object(func(name []byte) bool {
-			switch string(name) {
-			case "jobId":
+		ok := d.object(slotMembers, func(k int) bool {
+			switch k {
+			case aJobId:
 				return d.readString(&r.jobID, 3)
-			case "slotToken":
+			case aSlotToken:
 				return d.readString(&r.slotToken, 3)
-			case "instanceId":
+			case aInstanceId:
 				return d.readString(&r.instanceID, 3)
-			case "startedAt":
+			case aStartedAt:
 				return d.readTime(&r.startedAt, 3)
-			case "heartbeatAt":
+			case aHeartbeatAt:
 				return d.readTime(&r.heartbeatAt, 3)
-			case "leaseExpiresAt":
+			case aLeaseExpiresAt:
 				return d.readTime(&r.leaseExpiresAt, 3)
-			case "tries":
+			case aTries:
 				return d.readNumber(&r.tries, 3)
-			case "context":
+			case aContext:
 				return d.readContext(&r.context)
 			}
 			return d.skipValue(3)
@@ -583,15 +655,15 @@ func (d *stateDecoder) queuedArray(v *jsonArray) bool {
 		}
 		d.queue = append(d.queue, queuedRecord{})
 		r := &d.queue[len(d.queue)-1]
-		ok := d.object(func(name []byte) bool {
-			switch string(name) {
-			case "jobId":
+		ok := d.object(queuedMembers, func(k int) bool {
+			switch k {
+			case qJobId:
 				return d.readString(&r.jobID, 3)
-			case "createdAt":
+			case qCreatedAt:
 				return d.readTime(&r.createdAt, 3)
-			case "requestId":
+			case qRequestId:
 				return d.readString(&r.requestID, 3)
-			case "context":
+			case qContext:
 				return d.readContext(&r.context)
 			}
 			return d.skipValue(3)
@@ -611,34 +683,57 @@ func (d *stateDecoder) readContext(r *contextRecord) bool {
 	if r.kind != '{' {
 		return d.skipValue(3)
 	}
-	return d.object(func(name []byte) bool {
-		switch string(name) {
-		case "requestId":
+	return d.object(contextMembers, func(k int) bool {
+		switch k {
+		case cRequestId:
 			return d.readString(&r.requestID, 4)
-		case "traceId":
+		case cTraceId:
 			return d.readString(&r.traceID, 4)
-		case "traceparent":
+		case cTraceparent:
 			return d.readString(&r.traceparent, 4)
-		case "tracestate":
+		case cTracestate:
 			return d.readString(&r.tracestate, 4)
 		}
 		return d.skipValue(4)
 	})
 }
 
-// object reads the object at d.i, calling member with the name of each
-// member and d.i at its value.
-func (d *stateDecoder) object(member func(name []byte) bool) bool {
+// object reads the object at d.i, calling member with d.i at each
+// member's value and the member's index in names (see memberNames), or -1
+// for a name not in names. A name where the wire format writes the next
+// member is recognised without decoding it.
+func (d *stateDecoder) object(names []string, member func(k int) bool) bool {
 	t := d.text
 	d.i = skipWS(t, d.i+1)
 	if d.i < len(t) && t[d.i] == '}' {
 		d.i++
 		return true
 	}
+	next := 0 // the member the wire format writes next
 	for {
-		name, ok := d.memberName()
-		if !ok || !member(name) {
+		k := -1
+		if q := names[next%len(names)]; len(t)-d.i >= len(q) && string(t[d.i:d.i+len(q)]) == q {
+			k = next % len(names)
+			if d.i = skipWS(t, d.i+len(q)); d.i >= len(t) {
+				return false
+			}
+		} else {
+			name, ok := d.memberName()
+			if !ok {
+				return false
+			}
+			for j, q := range names {
+				if string(name) == q[1:len(q)-2] {
+					k = j
+					break
+				}
+			}
+		}
+		if !member(k) {
 			return false
+		}
+		if k >= 0 {
+			next = k + 1
 		}
 		if d.i = skipWS(t, d.i); d.i >= len(t) {
 			return false
