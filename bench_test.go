@@ -562,7 +562,8 @@ func BenchmarkReduce(b *testing.B) {
 }
 
 // BenchmarkStateCodec measures encoding and decoding a key state with one
-// active slot and n queued jobs: the CPU work of every read and write.
+// active slot and n queued jobs: the CPU work of every read and write, and
+// decoding on every core at once.
 func BenchmarkStateCodec(b *testing.B) {
 	for _, n := range benchQueueLengths {
 		st, _, _ := benchQueuedState(b, n)
@@ -585,6 +586,19 @@ func BenchmarkStateCodec(b *testing.B) {
 				}
 			}
 			b.ReportMetric(float64(len(data)), "state-B")
+		})
+		// Every woken waiter of a hot key decodes the same state at once.
+		b.Run(fmt.Sprintf("DecodeParallel/queued=%d", n), func(b *testing.B) {
+			b.ReportAllocs()
+			b.SetBytes(int64(len(data)))
+			b.RunParallel(func(pb *testing.PB) {
+				for pb.Next() {
+					if _, err := decodeState(data); err != nil {
+						b.Error(err)
+						return
+					}
+				}
+			})
 		})
 	}
 }

@@ -1,11 +1,14 @@
 package jobkeys
 
 import (
+	"errors"
 	"fmt"
 	mrand "math/rand/v2"
 	"os"
 	"path/filepath"
 	"slices"
+	"strconv"
+	"strings"
 	"testing"
 	"time"
 	"unicode/utf8"
@@ -387,4 +390,114 @@ func withID(m map[string]bool, id string, add bool) map[string]bool {
 func withoutID(m map[string]bool, id string) map[string]bool {
 	delete(m, id)
 	return m
+}
+
+// FuzzDecodeStateDifferential compares decodeState, the single-pass
+// decoder, with refDecodeState, the decoder it replaced
+// (state_decode_ref_test.go): on any bytes both accept or both refuse, with
+// the same error message (and both wrapping errTooDeep or neither), and
+// what they accept they read as the same KeyState, field for field.
+//
+// Seeds: the state vectors in testdata/states, the corpus of
+// FuzzParseState, the member seeds of FuzzParseState and states mutated
+// byte by byte (stateDecodeSeeds). Run longer with
+// go test -run '^$' -fuzz FuzzDecodeStateDifferential -fuzztime 1m -fuzzminimizetime 2s .
+func FuzzDecodeStateDifferential(f *testing.F) {
+	for _, seed := range stateDecodeSeeds(f) {
+		f.Add(seed)
+	}
+	f.Fuzz(func(t *testing.T, data []byte) { requireDecodersAgree(t, data) })
+}
+
+// requireDecodersAgree checks that decodeState reads data as refDecodeState
+// does.
+func requireDecodersAgree(t testing.TB, data []byte) {
+	t.Helper()
+	want, wantErr := refDecodeState(data)
+	got, err := decodeState(data)
+	if wantErr != nil {
+		require.Error(t, err, "decodeState accepted what the old decoder refuses (%v)\n%q", wantErr, data)
+		require.Nil(t, got, "decodeState returned a state with its error")
+		require.Equal(t, wantErr.Error(), err.Error(), "decodeState's error differs from the old decoder's\n%q", data)
+		require.Equal(t, errors.Is(wantErr, errTooDeep), errors.Is(err, errTooDeep), "errTooDeep is wrapped by one error only")
+		return
+	}
+	require.NoError(t, err, "decodeState refused what the old decoder accepts\n%q", data)
+	require.Equal(t, want, got, "decodeState read other content than the old decoder\n%q", data)
+}
+
+// stateDecodeSeeds returns documents for the decoder comparisons: the state
+// vectors, FuzzParseState's corpus and member seeds, a benchmark state,
+// documents nested at the depth limit, and a sample of one-byte mutations
+// of a vector.
+func stateDecodeSeeds(t testing.TB) [][]byte {
+	t.Helper()
+	var seeds [][]byte
+	for _, name := range stateVectorNames(t) {
+		seeds = append(seeds, readStateVector(t, name))
+	}
+	corpus, err := filepath.Glob(filepath.Join("testdata", "fuzz", "FuzzParseState", "*"))
+	require.NoError(t, err)
+	require.NotEmpty(t, corpus, "no corpus in testdata/fuzz/FuzzParseState")
+	for _, name := range corpus {
+		seeds = append(seeds, readCorpusBytes(t, name))
+	}
+	slot := `{"jobId":"x","slotToken":"t","instanceId":"w","startedAt":"2026-11-30T10:00:02.000Z",` +
+		`"heartbeatAt":"2026-11-30t10:00:02z","leaseExpiresAt":"+010000-01-01T00:00:00.000Z","tries":1,` +
+		`"context":{"requestId":"r","traceId":"t","traceparent":"p","TraceState":1}}`
+	for _, seed := range []struct{ path, member string }{
+		{"", `"active":[],"ACTIVE":[` + slot + `]`},
+		{"", `"Active":[` + slot + `],"active":[` + slot + `]`},
+		{"", `"active":[` + slot + `,1,{}]`},
+		{"", `"queued":[1]`},
+		{"", `"maxActive":9007199254740993`},
+		{"", `"maxActive":1.0e0`},
+		{"", `"maxQueuedPerKey":null`},
+		{"", `"staleTakeoverCount":1e400`},
+		{"", `"staleTakeoverCount":-0`},
+		{"", `"version":"1"`},
+		{"", `"upd\u0061tedAt":"2026-11-30T10:00:02.000+01:00"`},
+		{"", `"updatedAt":"2026-02-30T10:00:02.000Z"`},
+		{"", `"updatedAt":"\u0032026-11-30T10:00:02.000Z"`},
+		{"", `"key":"a\ud800b\udc00\u00e9\n\/"`},
+		{"", `"x":{"a":[1,true,false,null,"s",{"b":[]},-1.5e+3]}`},
+		{"active[0]", `"context":null`},
+		{"active[0]", `"context":{"requestId":"a","traceId":"b","traceparent":"c"},"context":"x"`},
+		{"active[0]", `"JOBID":"a","jobId":"b"`},
+		{"active[0]", `"tries":1.5`},
+		{"queued[0]", `"context":null`},
+		{"queued[0]", `"requestId":""`},
+		{"queued[0].context", `"tracestate":null`},
+		{"queued[0].context", `"tracestate":"k=v"`},
+		{"active[0].context", `"traceId":"","traceId":"x"`},
+	} {
+		seeds = append(seeds, withMember(t, seed.path, seed.member, true), withMember(t, seed.path, seed.member, false))
+	}
+	seeds = append(seeds, append([]byte("\xef\xbb\xbf"), readStateVector(t, "ts-two-queued.json")...))
+	seeds = append(seeds, benchStateBytes(t, 3))
+	for _, depth := range []int{MaxPayloadDepth - 1, MaxPayloadDepth} {
+		seeds = append(seeds, withMember(t, "active[0].context", `"x":`+strings.Repeat("[", depth-3)+strings.Repeat("]", depth-3), true))
+	}
+	doc := withMember(t, "", `"x":0`, true)
+	for i := 0; i < len(doc); i += 23 {
+		for _, c := range []byte("\"\\{}[],:0e- \x80") {
+			seeds = append(seeds, slices.Concat(doc[:i], []byte{c}, doc[i+1:]))
+		}
+		seeds = append(seeds, slices.Concat(doc[:i], doc[i+1:]), doc[:i])
+	}
+	return seeds
+}
+
+// readCorpusBytes reads the []byte value of a one-value fuzz corpus file.
+func readCorpusBytes(t testing.TB, name string) []byte {
+	t.Helper()
+	data, err := os.ReadFile(name)
+	require.NoError(t, err)
+	lines := strings.Split(strings.TrimSpace(string(data)), "\n")
+	require.Len(t, lines, 2, "%s: want a header and one value", name)
+	lit, ok := strings.CutPrefix(lines[1], "[]byte(")
+	require.True(t, ok, "%s: not a []byte value", name)
+	s, err := strconv.Unquote(strings.TrimSuffix(lit, ")"))
+	require.NoError(t, err, "%s", name)
+	return []byte(s)
 }
