@@ -2,7 +2,6 @@ package jobs
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"slices"
@@ -363,11 +362,11 @@ func (s *NATSStore) enqueue(ctx context.Context, req EnqueueRequest) (Enqueued, 
 // one: only a target's newest job can be active) just before it, written
 // over prevRev.
 func (s *NATSStore) enqueueBatch(j *Job, t Target, targetRev uint64, superseded []Job, prevRev, prevActive uint64) ([]natsBatchMsg, error) {
-	target, err := json.Marshal(natsTargetRecord{Generation: t.Generation, JobID: j.ID})
+	target, err := encodeNATSTarget(natsTargetRecord{Generation: t.Generation, JobID: j.ID})
 	if err != nil {
 		return nil, err
 	}
-	idem, err := json.Marshal(natsIdemRecord{JobID: j.ID, Fingerprint: j.Fingerprint})
+	idem, err := encodeNATSIdem(natsIdemRecord{JobID: j.ID, Fingerprint: j.Fingerprint})
 	if err != nil {
 		return nil, err
 	}

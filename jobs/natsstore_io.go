@@ -96,7 +96,7 @@ type natsMsgGetResponse struct {
 func (s *NATSStore) getFromLeader(ctx context.Context, op, subject string) (natsMsg, bool, error) {
 	rctx, cancel := natsDeadline(ctx, s.js)
 	defer cancel()
-	req, err := json.Marshal(map[string]string{"last_by_subj": subject})
+	req, err := natsLastBySubjectBody(subject)
 	if err != nil {
 		return natsMsg{}, false, err
 	}
@@ -216,10 +216,7 @@ func (s *NATSStore) batchGet(ctx context.Context, op string, subjects []string, 
 	if err != nil {
 		return natsUnavailable(ctx, op, "subscribe to batched read replies", err)
 	}
-	body, err := json.Marshal(struct {
-		MultiLast []string `json:"multi_last"`
-		MaxBytes  int      `json:"max_bytes"`
-	}{subjects, natsBatchMaxBytes})
+	body, err := natsMultiLastBody(subjects, natsBatchMaxBytes)
 	if err != nil {
 		return err
 	}
@@ -489,14 +486,79 @@ func (s *NATSStore) dropActive(ctx context.Context, key string, before uint64) {
 	if before == 0 || ctx.Err() != nil {
 		return
 	}
-	body, err := json.Marshal(struct {
-		Filter string `json:"filter"`
-		Seq    uint64 `json:"seq"`
-	}{s.keys.subject(key), before})
+	body, err := natsPurgeBody(s.keys.subject(key), before)
 	if err != nil {
 		return
 	}
 	_ = s.js.Conn().Publish(s.purge, body)
+}
+
+// The bodies of the API requests the store sends, written by hand: the
+// subjects in them are the bucket's, plain ASCII without quotes or
+// backslashes, which JSON holds as they are; any other subject goes
+// through encoding/json.
+
+// natsLastBySubjectBody is a STREAM.MSG.GET request for the last message of
+// subject.
+func natsLastBySubjectBody(subject string) ([]byte, error) {
+	b, ok := appendJSONSubject(append(make([]byte, 0, 20+len(subject)), `{"last_by_subj":`...), subject)
+	if !ok {
+		return json.Marshal(map[string]string{"last_by_subj": subject})
+	}
+	return append(b, '}'), nil
+}
+
+// natsMultiLastBody is a batched direct get of the last messages of
+// subjects, ending at maxBytes.
+func natsMultiLastBody(subjects []string, maxBytes int) ([]byte, error) {
+	n := 48
+	for _, s := range subjects {
+		n += len(s) + 3
+	}
+	b := append(make([]byte, 0, n), `{"multi_last":[`...)
+	ok := true
+	for i, subj := range subjects {
+		if i > 0 {
+			b = append(b, ',')
+		}
+		if b, ok = appendJSONSubject(b, subj); !ok {
+			return json.Marshal(struct {
+				MultiLast []string `json:"multi_last"`
+				MaxBytes  int      `json:"max_bytes"`
+			}{subjects, maxBytes})
+		}
+	}
+	b = append(b, `],"max_bytes":`...)
+	b = strconv.AppendInt(b, int64(maxBytes), 10)
+	return append(b, '}'), nil
+}
+
+// natsPurgeBody is a STREAM.PURGE request for the messages of filter
+// before sequence seq.
+func natsPurgeBody(filter string, seq uint64) ([]byte, error) {
+	b, ok := appendJSONSubject(append(make([]byte, 0, 40+len(filter)), `{"filter":`...), filter)
+	if !ok {
+		return json.Marshal(struct {
+			Filter string `json:"filter"`
+			Seq    uint64 `json:"seq"`
+		}{filter, seq})
+	}
+	b = append(b, `,"seq":`...)
+	b = strconv.AppendUint(b, seq, 10)
+	return append(b, '}'), nil
+}
+
+// appendJSONSubject appends subject as a JSON string when it needs no
+// escape: printable ASCII other than '"' and '\'.
+func appendJSONSubject(b []byte, subject string) ([]byte, bool) {
+	for i := 0; i < len(subject); i++ {
+		if c := subject[i]; c < 0x20 || c > 0x7e || c == '"' || c == '\\' {
+			return b, false
+		}
+	}
+	b = append(b, '"')
+	b = append(b, subject...)
+	return append(b, '"'), true
 }
 
 // natsAPIPrefix is the JetStream API subject prefix of js: "$JS.API." or
