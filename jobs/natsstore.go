@@ -592,8 +592,8 @@ func (s *NATSStore) listActive(ctx context.Context, op, channelID string, also [
 	for _, k := range also {
 		filters = append(filters, s.keys.subject(k))
 	}
-	read := make(map[string]natsMsg)
-	err = s.batchGet(ctx, op, filters, natsBatchGetMax, read)
+	entries = make(map[string]natsMsg, 1+len(also))
+	err = s.batchGet(ctx, op, filters, natsBatchGetMax, entries)
 	if errors.Is(err, errTooManyResults) || errors.Is(err, errBatchCut) {
 		entries, err = s.lastMatching(ctx, op, s.keys.activeFilter(channelID))
 		return entries, map[string]natsMsg{}, err
@@ -601,12 +601,11 @@ func (s *NATSStore) listActive(ctx context.Context, op, channelID string, also [
 	if err != nil {
 		return nil, nil, err
 	}
-	entries, jobs = make(map[string]natsMsg), make(map[string]natsMsg)
-	for k, m := range read {
-		if strings.HasPrefix(k, familyActive+".") {
-			entries[k] = m
-		} else {
+	jobs = make(map[string]natsMsg, len(also))
+	for k, m := range entries {
+		if !strings.HasPrefix(k, familyActive+".") {
 			jobs[k] = m
+			delete(entries, k)
 		}
 	}
 	return entries, jobs, nil

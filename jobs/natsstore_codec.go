@@ -126,6 +126,12 @@ func encodeNATSJobMeta(j *Job, art *Artifact, meta natsMeta) ([]byte, error) {
 	if b, ok := appendNATSRecord(make([]byte, 0, natsRecordSize(&r)), &r); ok {
 		return b, nil
 	}
+	return marshalNATSRecord(r)
+}
+
+// marshalNATSRecord is encoding/json's encoding of r, which defines the
+// format (r is a copy so that only this path puts a record on the heap).
+func marshalNATSRecord(r natsJobRecord) ([]byte, error) {
 	return json.Marshal(&r)
 }
 

@@ -220,8 +220,8 @@ func (s *NATSStore) batchGet(ctx context.Context, op string, subjects []string, 
 	if err != nil {
 		return err
 	}
-	inbox, queue, done := replies.await(most + 2)
-	defer done()
+	inbox, queue := replies.await(most + 2)
+	defer replies.release(queue)
 	if err := s.js.Conn().PublishRequest(s.directGet, inbox, body); err != nil {
 		return natsUnavailable(ctx, op, fmt.Sprintf("batched read of %d subjects", len(subjects)), err)
 	}
@@ -298,6 +298,7 @@ type natsReplies struct {
 // read usually answers a handful), never beyond the most the request can
 // get, so that a request costs no buffer sized for the largest answer.
 type natsReplyQueue struct {
+	token  string // the last token of the request's reply subject
 	mu     sync.Mutex
 	msgs   []*nats.Msg
 	most   int
@@ -359,20 +360,23 @@ func (q *natsReplyQueue) take(ctx context.Context) (*nats.Msg, error) {
 	}
 }
 
-// await registers a request that expects at most n replies; done
+// await registers a request that expects at most n replies; release
 // unregisters it.
-func (r *natsReplies) await(n int) (inbox string, q *natsReplyQueue, done func()) {
+func (r *natsReplies) await(n int) (inbox string, q *natsReplyQueue) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	r.next++
 	token := strconv.FormatUint(r.next, 36)
-	q = &natsReplyQueue{most: n, signal: make(chan struct{}, 1)}
+	q = &natsReplyQueue{token: token, most: n, signal: make(chan struct{}, 1)}
 	r.waiting[token] = q
-	return r.prefix + token, q, func() {
-		r.mu.Lock()
-		delete(r.waiting, token)
-		r.mu.Unlock()
-	}
+	return r.prefix + token, q
+}
+
+// release unregisters q's request.
+func (r *natsReplies) release(q *natsReplyQueue) {
+	r.mu.Lock()
+	delete(r.waiting, q.token)
+	r.mu.Unlock()
 }
 
 // subjects lists the KV keys matching filter (key names only, no values)
