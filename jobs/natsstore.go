@@ -70,6 +70,11 @@ type NATSStore struct {
 	targets natsKeySet
 	pending natsKeySet
 	lists   natsListCache
+	// plainWrites is set when js publishes to the bucket's subjects as
+	// they are (no API prefix or domain, which kv puts in front): a
+	// compare-and-swap is then one request of the store's own (casWrite)
+	// rather than kv.Update.
+	plainWrites bool
 	// leaderReads is set on replicated buckets: single-key reads go to the
 	// stream leader, since a direct get may be answered by a replica that
 	// has not applied the latest writes.
@@ -191,6 +196,7 @@ func NewNATSStore(js jetstream.JetStream, cfg *Config, opts ...NATSStoreOption) 
 		directGet:   natsAPIPrefix(js.Options()) + "DIRECT.GET." + streamName,
 		purge:       natsAPIPrefix(js.Options()) + "STREAM.PURGE." + streamName,
 		pending:     natsKeySet{max: natsPendingHintsMax},
+		plainWrites: natsAPIPrefix(js.Options()) == "$JS.API.",
 		leaderReads: info.Config.Replicas > 1,
 	}, nil
 }

@@ -411,7 +411,11 @@ func (s *NATSStore) update(ctx context.Context, op, key string, value []byte, re
 	if err := s.checkSize(op, key, len(value)); err != nil {
 		return 0, false, err
 	}
-	newRev, err = s.kv.Update(ctx, key, value, rev)
+	if s.plainWrites {
+		newRev, err = s.casWrite(ctx, key, value, rev)
+	} else {
+		newRev, err = s.kv.Update(ctx, key, value, rev)
+	}
 	if err == nil {
 		return newRev, false, nil
 	}
@@ -419,6 +423,57 @@ func (s *NATSStore) update(ctx context.Context, op, key string, value []byte, re
 		return 0, true, nil
 	}
 	return 0, false, natsUnavailable(ctx, op, "write KV key "+strconv.Quote(key), err)
+}
+
+// casWrite is kv.Update(ctx, key, value, rev) without its per-call options
+// and reflection: one request carrying the expected revision, its
+// acknowledgement read by parseNATSPubAck. No responders (no stream
+// leader, for a moment) is left to kv.Update, which waits and retries.
+func (s *NATSStore) casWrite(ctx context.Context, key string, value []byte, rev uint64) (uint64, error) {
+	rctx, cancel := natsDeadline(ctx, s.js)
+	defer cancel()
+	m := &nats.Msg{Subject: s.keys.subject(key), Data: value, Header: nats.Header{
+		jetstream.ExpectedLastSubjSeqHeader: []string{strconv.FormatUint(rev, 10)},
+	}}
+	resp, err := s.js.Conn().RequestMsgWithContext(rctx, m)
+	if errors.Is(err, nats.ErrNoResponders) {
+		return s.kv.Update(ctx, key, value, rev)
+	}
+	if err != nil {
+		return 0, err
+	}
+	return parseNATSPubAck(resp.Data, s.streamName)
+}
+
+// parseNATSPubAck reads a publish acknowledgement as jetstream's PublishMsg
+// does: the sequence, the API error (wrapped) it carries, or
+// jetstream.ErrInvalidJSAck. The plain ack of stream, {"stream":…,"seq":…},
+// is read by hand; anything else through encoding/json.
+func parseNATSPubAck(data []byte, stream string) (uint64, error) {
+	p := natsJSONReader{data: data, ok: true}
+	p.lit(`{"stream":`)
+	name := p.strBytes()
+	p.lit(`,"seq":`)
+	seq := p.uint()
+	p.lit("}")
+	if p.ok && p.i == len(data) && string(name) == stream {
+		return seq, nil
+	}
+	var ack struct {
+		Error  *jetstream.APIError `json:"error"`
+		Stream string              `json:"stream"`
+		Seq    uint64              `json:"seq"`
+	}
+	if err := json.Unmarshal(data, &ack); err != nil {
+		return 0, jetstream.ErrInvalidJSAck
+	}
+	if ack.Error != nil {
+		return 0, fmt.Errorf("nats: %w", ack.Error)
+	}
+	if ack.Stream == "" {
+		return 0, jetstream.ErrInvalidJSAck
+	}
+	return ack.Seq, nil
 }
 
 // natsHeaderAllowance is kept free of the server's payload limit for the
