@@ -240,3 +240,52 @@ func TestNATSStoreMemorySoak(t *testing.T) {
 	}
 	require.Less(t, heaps[len(heaps)-1], 2*heaps[0], "the heap doubled between %d and %d cycles", every, cycles)
 }
+
+// BenchmarkNATSRecordCodec is the encoding and decoding of one running
+// job's record (the claim's write), by the store's codec and by
+// encoding/json, which defines the format.
+func BenchmarkNATSRecordCodec(b *testing.B) {
+	now := time.Date(2026, 3, 4, 5, 6, 7, 891011, time.UTC)
+	j := Job{
+		ID: "job-12345", ChannelID: "ch", Type: "render", Version: 1, Origin: "user", TargetKey: "doc-12345",
+		TargetGeneration: 1, IdempotencyKey: "idem-12345", Fingerprint: "fp-12345", Input: json.RawMessage(`{"n":1}`),
+		State: StateRunning, Attempts: 1, ClaimGeneration: 1, ClaimOwner: "w", ClaimExpiresAt: now.Add(time.Minute),
+		AvailableAt: now, CreatedAt: now, UpdatedAt: now,
+	}
+	data, err := encodeNATSJobMeta(&j, nil, natsMeta{activeSeq: 41})
+	require.NoError(b, err)
+	r, err := unmarshalNATSRecord(data)
+	require.NoError(b, err)
+	b.Run("encode", func(b *testing.B) {
+		b.ReportAllocs()
+		for b.Loop() {
+			if _, err := encodeNATSJobMeta(&j, nil, natsMeta{activeSeq: 41}); err != nil {
+				b.Fatal(err)
+			}
+		}
+	})
+	b.Run("encode/json", func(b *testing.B) {
+		b.ReportAllocs()
+		for b.Loop() {
+			if _, err := json.Marshal(&r); err != nil {
+				b.Fatal(err)
+			}
+		}
+	})
+	b.Run("decode", func(b *testing.B) {
+		b.ReportAllocs()
+		for b.Loop() {
+			if _, _, _, err := decodeNATSJobMeta("job.ch.job-12345", 42, data, "ch", "job-12345"); err != nil {
+				b.Fatal(err)
+			}
+		}
+	})
+	b.Run("decode/json", func(b *testing.B) {
+		b.ReportAllocs()
+		for b.Loop() {
+			if _, err := unmarshalNATSRecord(data); err != nil {
+				b.Fatal(err)
+			}
+		}
+	})
+}

@@ -2,7 +2,6 @@ package jobs
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"slices"
@@ -71,6 +70,11 @@ type NATSStore struct {
 	targets natsKeySet
 	pending natsKeySet
 	lists   natsListCache
+	// plainWrites is set when js publishes to the bucket's subjects as
+	// they are (no API prefix or domain, which kv puts in front): a
+	// compare-and-swap is then one request of the store's own (casWrite)
+	// rather than kv.Update.
+	plainWrites bool
 	// leaderReads is set on replicated buckets: single-key reads go to the
 	// stream leader, since a direct get may be answered by a replica that
 	// has not applied the latest writes.
@@ -192,6 +196,7 @@ func NewNATSStore(js jetstream.JetStream, cfg *Config, opts ...NATSStoreOption) 
 		directGet:   natsAPIPrefix(js.Options()) + "DIRECT.GET." + streamName,
 		purge:       natsAPIPrefix(js.Options()) + "STREAM.PURGE." + streamName,
 		pending:     natsKeySet{max: natsPendingHintsMax},
+		plainWrites: natsAPIPrefix(js.Options()) == "$JS.API.",
 		leaderReads: info.Config.Replicas > 1,
 	}, nil
 }
@@ -363,11 +368,11 @@ func (s *NATSStore) enqueue(ctx context.Context, req EnqueueRequest) (Enqueued, 
 // one: only a target's newest job can be active) just before it, written
 // over prevRev.
 func (s *NATSStore) enqueueBatch(j *Job, t Target, targetRev uint64, superseded []Job, prevRev, prevActive uint64) ([]natsBatchMsg, error) {
-	target, err := json.Marshal(natsTargetRecord{Generation: t.Generation, JobID: j.ID})
+	target, err := encodeNATSTarget(natsTargetRecord{Generation: t.Generation, JobID: j.ID})
 	if err != nil {
 		return nil, err
 	}
-	idem, err := json.Marshal(natsIdemRecord{JobID: j.ID, Fingerprint: j.Fingerprint})
+	idem, err := encodeNATSIdem(natsIdemRecord{JobID: j.ID, Fingerprint: j.Fingerprint})
 	if err != nil {
 		return nil, err
 	}
@@ -593,8 +598,8 @@ func (s *NATSStore) listActive(ctx context.Context, op, channelID string, also [
 	for _, k := range also {
 		filters = append(filters, s.keys.subject(k))
 	}
-	read := make(map[string]natsMsg)
-	err = s.batchGet(ctx, op, filters, natsBatchGetMax, read)
+	entries = make(map[string]natsMsg, 1+len(also))
+	err = s.batchGet(ctx, op, filters, natsBatchGetMax, entries)
 	if errors.Is(err, errTooManyResults) || errors.Is(err, errBatchCut) {
 		entries, err = s.lastMatching(ctx, op, s.keys.activeFilter(channelID))
 		return entries, map[string]natsMsg{}, err
@@ -602,12 +607,11 @@ func (s *NATSStore) listActive(ctx context.Context, op, channelID string, also [
 	if err != nil {
 		return nil, nil, err
 	}
-	entries, jobs = make(map[string]natsMsg), make(map[string]natsMsg)
-	for k, m := range read {
-		if strings.HasPrefix(k, familyActive+".") {
-			entries[k] = m
-		} else {
+	jobs = make(map[string]natsMsg, len(also))
+	for k, m := range entries {
+		if !strings.HasPrefix(k, familyActive+".") {
 			jobs[k] = m
+			delete(entries, k)
 		}
 	}
 	return entries, jobs, nil

@@ -89,6 +89,7 @@ func TestNATSStoreClaimKeepsWhatItClaimed(t *testing.T) {
 	ctx, cancel := context.WithCancel(bg)
 	defer cancel()
 	st.kv = &cancelAfterUpdates{KeyValue: st.kv, n: 1, cancel: cancel}
+	st.plainWrites = false // compare-and-swap writes through st.kv, which counts them
 	got, err := st.Claim(ctx, ClaimRequest{ChannelID: "ch", Owner: "w", Count: 3, TTL: time.Minute})
 	require.NoError(t, err)
 	require.Len(t, got, 1, "the job claimed before ctx ended")

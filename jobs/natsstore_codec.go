@@ -123,6 +123,15 @@ func encodeNATSJobMeta(j *Job, art *Artifact, meta natsMeta) ([]byte, error) {
 	if art != nil {
 		r.Artifact = &natsArtifactValue{Revision: art.Revision, Value: art.Value, CreatedAt: art.CreatedAt}
 	}
+	if b, ok := appendNATSRecord(make([]byte, 0, natsRecordSize(&r)), &r); ok {
+		return b, nil
+	}
+	return marshalNATSRecord(r)
+}
+
+// marshalNATSRecord is encoding/json's encoding of r, which defines the
+// format (r is a copy so that only this path puts a record on the heap).
+func marshalNATSRecord(r natsJobRecord) ([]byte, error) {
 	return json.Marshal(&r)
 }
 
@@ -138,14 +147,12 @@ func decodeNATSJob(key string, rev uint64, data []byte, wantChannel, wantJob str
 // decodeNATSJobMeta is decodeNATSJob that also returns the sequence of the
 // job's active entry (0: unknown).
 func decodeNATSJobMeta(key string, rev uint64, data []byte, wantChannel, wantJob string) (Job, *Artifact, uint64, error) {
-	var r natsJobRecord
-	dec := json.NewDecoder(bytes.NewReader(data))
-	dec.DisallowUnknownFields()
-	if err := dec.Decode(&r); err != nil {
-		return Job{}, nil, 0, natsCorrupt(wantJob, key, rev, fmt.Errorf("does not decode: %w", err))
-	}
-	if dec.More() {
-		return Job{}, nil, 0, natsCorrupt(wantJob, key, rev, errors.New("trailing data after the record"))
+	r, ok := parseNATSRecord(data, wantChannel, wantJob)
+	if !ok {
+		var err error
+		if r, err = unmarshalNATSRecord(data); err != nil {
+			return Job{}, nil, 0, natsCorrupt(wantJob, key, rev, err)
+		}
 	}
 	if r.ActiveOffset > natsMaxBatch || r.ActiveSeq >= rev || r.ActiveOffset >= rev {
 		return Job{}, nil, 0, natsCorrupt(wantJob, key, rev, fmt.Errorf("active entry sequence %d or offset %d", r.ActiveSeq, r.ActiveOffset))
@@ -203,6 +210,21 @@ func decodeNATSJobMeta(key string, rev uint64, data []byte, wantChannel, wantJob
 	return j, art, activeSeq, nil
 }
 
+// unmarshalNATSRecord decodes a stored job record with encoding/json, which
+// defines the format: the record's fields and nothing else, one JSON value.
+func unmarshalNATSRecord(data []byte) (natsJobRecord, error) {
+	var r natsJobRecord
+	dec := json.NewDecoder(bytes.NewReader(data))
+	dec.DisallowUnknownFields()
+	if err := dec.Decode(&r); err != nil {
+		return natsJobRecord{}, fmt.Errorf("does not decode: %w", err)
+	}
+	if dec.More() {
+		return natsJobRecord{}, errors.New("trailing data after the record")
+	}
+	return r, nil
+}
+
 func natsCorrupt(jobID, key string, rev uint64, err error) error {
 	return fmt.Errorf("%w: job %q: KV key %q (revision %d): %w", ErrCorrupt, jobID, key, rev, err)
 }
@@ -235,6 +257,22 @@ func natsNull(b json.RawMessage) json.RawMessage {
 		return nil
 	}
 	return cloneRaw(b)
+}
+
+// encodeNATSIdem encodes an "idem" value.
+func encodeNATSIdem(r natsIdemRecord) ([]byte, error) {
+	if b, ok := appendNATSIdem(make([]byte, 0, 36+len(r.JobID)+len(r.Fingerprint)), r); ok {
+		return b, nil
+	}
+	return json.Marshal(r)
+}
+
+// encodeNATSTarget encodes a "target" value.
+func encodeNATSTarget(r natsTargetRecord) ([]byte, error) {
+	if b, ok := appendNATSTarget(make([]byte, 0, 52+len(r.JobID)), r); ok {
+		return b, nil
+	}
+	return json.Marshal(r)
 }
 
 // decodeNATSIdem decodes an "idem" value.

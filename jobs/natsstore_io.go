@@ -96,7 +96,7 @@ type natsMsgGetResponse struct {
 func (s *NATSStore) getFromLeader(ctx context.Context, op, subject string) (natsMsg, bool, error) {
 	rctx, cancel := natsDeadline(ctx, s.js)
 	defer cancel()
-	req, err := json.Marshal(map[string]string{"last_by_subj": subject})
+	req, err := natsLastBySubjectBody(subject)
 	if err != nil {
 		return natsMsg{}, false, err
 	}
@@ -216,15 +216,12 @@ func (s *NATSStore) batchGet(ctx context.Context, op string, subjects []string, 
 	if err != nil {
 		return natsUnavailable(ctx, op, "subscribe to batched read replies", err)
 	}
-	body, err := json.Marshal(struct {
-		MultiLast []string `json:"multi_last"`
-		MaxBytes  int      `json:"max_bytes"`
-	}{subjects, natsBatchMaxBytes})
+	body, err := natsMultiLastBody(subjects, natsBatchMaxBytes)
 	if err != nil {
 		return err
 	}
-	inbox, queue, done := replies.await(most + 2)
-	defer done()
+	inbox, queue := replies.await(most + 2)
+	defer replies.release(queue)
 	if err := s.js.Conn().PublishRequest(s.directGet, inbox, body); err != nil {
 		return natsUnavailable(ctx, op, fmt.Sprintf("batched read of %d subjects", len(subjects)), err)
 	}
@@ -301,6 +298,7 @@ type natsReplies struct {
 // read usually answers a handful), never beyond the most the request can
 // get, so that a request costs no buffer sized for the largest answer.
 type natsReplyQueue struct {
+	token  string // the last token of the request's reply subject
 	mu     sync.Mutex
 	msgs   []*nats.Msg
 	most   int
@@ -362,20 +360,23 @@ func (q *natsReplyQueue) take(ctx context.Context) (*nats.Msg, error) {
 	}
 }
 
-// await registers a request that expects at most n replies; done
+// await registers a request that expects at most n replies; release
 // unregisters it.
-func (r *natsReplies) await(n int) (inbox string, q *natsReplyQueue, done func()) {
+func (r *natsReplies) await(n int) (inbox string, q *natsReplyQueue) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	r.next++
 	token := strconv.FormatUint(r.next, 36)
-	q = &natsReplyQueue{most: n, signal: make(chan struct{}, 1)}
+	q = &natsReplyQueue{token: token, most: n, signal: make(chan struct{}, 1)}
 	r.waiting[token] = q
-	return r.prefix + token, q, func() {
-		r.mu.Lock()
-		delete(r.waiting, token)
-		r.mu.Unlock()
-	}
+	return r.prefix + token, q
+}
+
+// release unregisters q's request.
+func (r *natsReplies) release(q *natsReplyQueue) {
+	r.mu.Lock()
+	delete(r.waiting, q.token)
+	r.mu.Unlock()
 }
 
 // subjects lists the KV keys matching filter (key names only, no values)
@@ -410,7 +411,11 @@ func (s *NATSStore) update(ctx context.Context, op, key string, value []byte, re
 	if err := s.checkSize(op, key, len(value)); err != nil {
 		return 0, false, err
 	}
-	newRev, err = s.kv.Update(ctx, key, value, rev)
+	if s.plainWrites {
+		newRev, err = s.casWrite(ctx, key, value, rev)
+	} else {
+		newRev, err = s.kv.Update(ctx, key, value, rev)
+	}
 	if err == nil {
 		return newRev, false, nil
 	}
@@ -418,6 +423,57 @@ func (s *NATSStore) update(ctx context.Context, op, key string, value []byte, re
 		return 0, true, nil
 	}
 	return 0, false, natsUnavailable(ctx, op, "write KV key "+strconv.Quote(key), err)
+}
+
+// casWrite is kv.Update(ctx, key, value, rev) without its per-call options
+// and reflection: one request carrying the expected revision, its
+// acknowledgement read by parseNATSPubAck. No responders (no stream
+// leader, for a moment) is left to kv.Update, which waits and retries.
+func (s *NATSStore) casWrite(ctx context.Context, key string, value []byte, rev uint64) (uint64, error) {
+	rctx, cancel := natsDeadline(ctx, s.js)
+	defer cancel()
+	m := &nats.Msg{Subject: s.keys.subject(key), Data: value, Header: nats.Header{
+		jetstream.ExpectedLastSubjSeqHeader: []string{strconv.FormatUint(rev, 10)},
+	}}
+	resp, err := s.js.Conn().RequestMsgWithContext(rctx, m)
+	if errors.Is(err, nats.ErrNoResponders) {
+		return s.kv.Update(ctx, key, value, rev)
+	}
+	if err != nil {
+		return 0, err
+	}
+	return parseNATSPubAck(resp.Data, s.streamName)
+}
+
+// parseNATSPubAck reads a publish acknowledgement as jetstream's PublishMsg
+// does: the sequence, the API error (wrapped) it carries, or
+// jetstream.ErrInvalidJSAck. The plain ack of stream, {"stream":…,"seq":…},
+// is read by hand; anything else through encoding/json.
+func parseNATSPubAck(data []byte, stream string) (uint64, error) {
+	p := natsJSONReader{data: data, ok: true}
+	p.lit(`{"stream":`)
+	name := p.strBytes()
+	p.lit(`,"seq":`)
+	seq := p.uint()
+	p.lit("}")
+	if p.ok && p.i == len(data) && string(name) == stream {
+		return seq, nil
+	}
+	var ack struct {
+		Error  *jetstream.APIError `json:"error"`
+		Stream string              `json:"stream"`
+		Seq    uint64              `json:"seq"`
+	}
+	if err := json.Unmarshal(data, &ack); err != nil {
+		return 0, jetstream.ErrInvalidJSAck
+	}
+	if ack.Error != nil {
+		return 0, fmt.Errorf("nats: %w", ack.Error)
+	}
+	if ack.Stream == "" {
+		return 0, jetstream.ErrInvalidJSAck
+	}
+	return ack.Seq, nil
 }
 
 // natsHeaderAllowance is kept free of the server's payload limit for the
@@ -489,14 +545,79 @@ func (s *NATSStore) dropActive(ctx context.Context, key string, before uint64) {
 	if before == 0 || ctx.Err() != nil {
 		return
 	}
-	body, err := json.Marshal(struct {
-		Filter string `json:"filter"`
-		Seq    uint64 `json:"seq"`
-	}{s.keys.subject(key), before})
+	body, err := natsPurgeBody(s.keys.subject(key), before)
 	if err != nil {
 		return
 	}
 	_ = s.js.Conn().Publish(s.purge, body)
+}
+
+// The bodies of the API requests the store sends, written by hand: the
+// subjects in them are the bucket's, plain ASCII without quotes or
+// backslashes, which JSON holds as they are; any other subject goes
+// through encoding/json.
+
+// natsLastBySubjectBody is a STREAM.MSG.GET request for the last message of
+// subject.
+func natsLastBySubjectBody(subject string) ([]byte, error) {
+	b, ok := appendJSONSubject(append(make([]byte, 0, 20+len(subject)), `{"last_by_subj":`...), subject)
+	if !ok {
+		return json.Marshal(map[string]string{"last_by_subj": subject})
+	}
+	return append(b, '}'), nil
+}
+
+// natsMultiLastBody is a batched direct get of the last messages of
+// subjects, ending at maxBytes.
+func natsMultiLastBody(subjects []string, maxBytes int) ([]byte, error) {
+	n := 48
+	for _, s := range subjects {
+		n += len(s) + 3
+	}
+	b := append(make([]byte, 0, n), `{"multi_last":[`...)
+	ok := true
+	for i, subj := range subjects {
+		if i > 0 {
+			b = append(b, ',')
+		}
+		if b, ok = appendJSONSubject(b, subj); !ok {
+			return json.Marshal(struct {
+				MultiLast []string `json:"multi_last"`
+				MaxBytes  int      `json:"max_bytes"`
+			}{subjects, maxBytes})
+		}
+	}
+	b = append(b, `],"max_bytes":`...)
+	b = strconv.AppendInt(b, int64(maxBytes), 10)
+	return append(b, '}'), nil
+}
+
+// natsPurgeBody is a STREAM.PURGE request for the messages of filter
+// before sequence seq.
+func natsPurgeBody(filter string, seq uint64) ([]byte, error) {
+	b, ok := appendJSONSubject(append(make([]byte, 0, 40+len(filter)), `{"filter":`...), filter)
+	if !ok {
+		return json.Marshal(struct {
+			Filter string `json:"filter"`
+			Seq    uint64 `json:"seq"`
+		}{filter, seq})
+	}
+	b = append(b, `,"seq":`...)
+	b = strconv.AppendUint(b, seq, 10)
+	return append(b, '}'), nil
+}
+
+// appendJSONSubject appends subject as a JSON string when it needs no
+// escape: printable ASCII other than '"' and '\'.
+func appendJSONSubject(b []byte, subject string) ([]byte, bool) {
+	for i := 0; i < len(subject); i++ {
+		if c := subject[i]; c < 0x20 || c > 0x7e || c == '"' || c == '\\' {
+			return b, false
+		}
+	}
+	b = append(b, '"')
+	b = append(b, subject...)
+	return append(b, '"'), true
 }
 
 // natsAPIPrefix is the JetStream API subject prefix of js: "$JS.API." or

@@ -41,6 +41,9 @@ const (
 // escapeToken turns id into a KV key token; see the layout above. An empty id
 // gives an empty token, which callers refuse before building a key.
 func escapeToken(id string) string {
+	if isPlainToken(id) {
+		return id // nothing to escape: no copy
+	}
 	const hex = "0123456789ABCDEF"
 	var b strings.Builder
 	b.Grow(len(id))
@@ -60,6 +63,9 @@ func escapeToken(id string) string {
 // unescapeToken reverses escapeToken; a token escapeToken cannot produce is
 // an error.
 func unescapeToken(tok string) (string, error) {
+	if isPlainToken(tok) {
+		return tok, nil // nothing escaped
+	}
 	var b strings.Builder
 	b.Grow(len(tok))
 	for i := 0; i < len(tok); i++ {
@@ -79,6 +85,16 @@ func unescapeToken(tok string) (string, error) {
 		}
 	}
 	return b.String(), nil
+}
+
+// isPlainToken reports whether every byte of s stays as it is in a token.
+func isPlainToken(s string) bool {
+	for i := 0; i < len(s); i++ {
+		if !isTokenByte(s[i]) {
+			return false
+		}
+	}
+	return true
 }
 
 func isTokenByte(c byte) bool {
@@ -106,11 +122,23 @@ func (k natsKeys) target(channelID, targetKey string) string {
 }
 
 func (k natsKeys) list(channelID string, createdAt time.Time, jobID string) string {
-	return familyList + "." + escapeToken(channelID) + "." + fmt.Sprintf("%016x", uint64(createdAt.UnixNano())) + "." + escapeToken(jobID)
+	var created [16]byte
+	hexNanos(created[:], uint64(createdAt.UnixNano()))
+	return familyList + "." + escapeToken(channelID) + "." + string(created[:]) + "." + escapeToken(jobID)
 }
 
 func (k natsKeys) active(channelID, jobID string) string {
 	return familyActive + "." + escapeToken(channelID) + "." + escapeToken(jobID)
+}
+
+// hexNanos writes v as len(dst) lowercase hex digits, zero-padded (as
+// "%016x" for 16).
+func hexNanos(dst []byte, v uint64) {
+	const hex = "0123456789abcdef"
+	for i := len(dst) - 1; i >= 0; i-- {
+		dst[i] = hex[v&0x0f]
+		v >>= 4
+	}
 }
 
 // subject is the stream subject of key.
@@ -141,10 +169,24 @@ func (k natsKeys) listFilter(channelID string) string {
 	return k.prefix + familyList + "." + escapeToken(channelID) + ".*.*"
 }
 
+// splitKey splits key at its dots into parts, which it fills exactly: false
+// when key has another number of tokens.
+func splitKey(key string, parts []string) bool {
+	for i := range parts[:len(parts)-1] {
+		tok, rest, ok := strings.Cut(key, ".")
+		if !ok {
+			return false
+		}
+		parts[i], key = tok, rest
+	}
+	parts[len(parts)-1] = key
+	return !strings.Contains(key, ".")
+}
+
 // parseActive returns the channel and job of an active entry's key.
 func parseActive(key string) (channelID, jobID string, err error) {
-	parts := strings.Split(key, ".")
-	if len(parts) != 3 || parts[0] != familyActive {
+	var parts [3]string
+	if !splitKey(key, parts[:]) || parts[0] != familyActive {
 		return "", "", fmt.Errorf("key %q is not an active entry", key)
 	}
 	if channelID, err = unescapeToken(parts[1]); err != nil {
@@ -158,8 +200,8 @@ func parseActive(key string) (channelID, jobID string, err error) {
 
 // parseList returns the creation time and job of a list entry's key.
 func parseList(key string) (createdAt time.Time, jobID string, err error) {
-	parts := strings.Split(key, ".")
-	if len(parts) != 4 || parts[0] != familyList || len(parts[2]) != 16 {
+	var parts [4]string
+	if !splitKey(key, parts[:]) || parts[0] != familyList || len(parts[2]) != 16 {
 		return time.Time{}, "", fmt.Errorf("key %q is not a list entry", key)
 	}
 	nanos, err := strconv.ParseUint(parts[2], 16, 64)

@@ -15,6 +15,7 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
+	"github.com/jobkeys/jobkeys/internal/jscas"
 	"github.com/jobkeys/jobkeys/internal/natstest"
 )
 
@@ -543,4 +544,73 @@ func TestNATSStoreListSeesOtherWriters(t *testing.T) {
 	_, err = b.Enqueue(ctx, testEnqueueRequest("ch", "j3", "d3"))
 	require.NoError(t, err)
 	assert.Equal(t, []string{"j3"}, ids(a))
+}
+
+// TestNATSPubAck reads publish acknowledgements as jetstream's PublishMsg
+// does: the plain ack by hand, everything else through encoding/json.
+func TestNATSPubAck(t *testing.T) {
+	for _, c := range []struct {
+		name, ack string
+		seq       uint64
+		conflict  bool
+		invalid   bool
+	}{
+		{name: "plain", ack: `{"stream":"KV_B","seq":42}`, seq: 42},
+		{name: "with a domain", ack: `{"stream":"KV_B","domain":"hub","seq":43}`, seq: 43},
+		{name: "another stream", ack: `{"stream":"KV_C","seq":44}`, seq: 44},
+		{name: "spaced", ack: `{ "stream": "KV_B", "seq": 45 }`, seq: 45},
+		{name: "wrong last sequence", ack: `{"error":{"code":400,"err_code":10071,"description":"wrong last sequence: 7"},"stream":"KV_B","seq":0}`, conflict: true},
+		{name: "no stream", ack: `{"seq":46}`, invalid: true},
+		{name: "not json", ack: `{"stream":"KV_B","seq":`, invalid: true},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			seq, err := parseNATSPubAck([]byte(c.ack), "KV_B")
+			switch {
+			case c.conflict:
+				require.Error(t, err)
+				assert.True(t, jscas.IsConflict(err), "%v", err)
+			case c.invalid:
+				assert.ErrorIs(t, err, jetstream.ErrInvalidJSAck)
+			default:
+				require.NoError(t, err)
+				assert.Equal(t, c.seq, seq)
+			}
+		})
+	}
+}
+
+// TestNATSStoreCASWrite checks the store's own compare-and-swap write
+// against kv.Update's on the same bucket: a write over the current
+// revision lands at the next one, a write over an old revision or onto a
+// key that has none is a conflict, and nothing is written then.
+func TestNATSStoreCASWrite(t *testing.T) {
+	t.Parallel()
+	s := natstest.Run(t)
+	st, js := newTestNATSStore(t, s, nil)
+	require.True(t, st.plainWrites)
+	kv, err := js.KeyValue(context.Background(), st.Bucket())
+	require.NoError(t, err)
+	ctx := context.Background()
+	rev, err := kv.Put(ctx, "job.ch.j", []byte(`{"n":0}`))
+	require.NoError(t, err)
+	for _, plain := range []bool{true, false} {
+		st.plainWrites = plain
+		next, conflict, err := st.update(ctx, "test", "job.ch.j", []byte(`{"n":1}`), rev)
+		require.NoError(t, err)
+		require.False(t, conflict, "plain %t", plain)
+		assert.Greater(t, next, rev)
+		_, conflict, err = st.update(ctx, "test", "job.ch.j", []byte(`{"n":2}`), rev)
+		require.NoError(t, err)
+		assert.True(t, conflict, "plain %t: a write over an old revision", plain)
+		_, conflict, err = st.update(ctx, "test", "job.ch.none", []byte(`{"n":3}`), rev)
+		require.NoError(t, err)
+		assert.True(t, conflict, "plain %t: a write over a revision of a key that has none", plain)
+		e, err := kv.Get(ctx, "job.ch.j")
+		require.NoError(t, err)
+		assert.Equal(t, next, e.Revision())
+		assert.Equal(t, `{"n":1}`, string(e.Value()))
+		_, err = kv.Get(ctx, "job.ch.none")
+		assert.ErrorIs(t, err, jetstream.ErrKeyNotFound)
+		rev = next
+	}
 }
