@@ -435,6 +435,7 @@ type retry struct {
 func (c *KeyCoordinator) run(ctx context.Context, key JobKey, rt retry, reduce func(*KeyState, time.Time) *KeyState) error {
 	e := c.keys.pin(key.KVKey)
 	defer c.keys.unpin(key.KVKey, e)
+	wt, _ := ctx.Value(waitTryKey{}).(*waitTry)
 	if rt.lease == nil {
 		if window := e.paceWindow(time.Now()); window > 0 {
 			// A contended key: pace the first attempt too, so that a
@@ -458,6 +459,7 @@ func (c *KeyCoordinator) run(ctx context.Context, key JobKey, rt retry, reduce f
 			}
 			if next := reduce(st, c.cfg.Now()); writesNothing(next, st) {
 				e.observe(st, rev)
+				wt.decided(rev)
 				return nil
 			}
 			*r = read{state: st, rev: rev, mark: mark}
@@ -465,7 +467,7 @@ func (c *KeyCoordinator) run(ctx context.Context, key JobKey, rt retry, reduce f
 		if err := e.lock(ctx); err != nil {
 			return err
 		}
-		s, ok := e.begin(r, c.keys.max > 0, rt.assumeAbsent)
+		s, ok := e.begin(r, c.keys.max > 0, rt.assumeAbsent, wt != nil && wt.trustWatch)
 		if !ok {
 			e.unlock()
 			r = &read{}
@@ -473,11 +475,14 @@ func (c *KeyCoordinator) run(ctx context.Context, key JobKey, rt retry, reduce f
 		}
 		done, err := c.attempt(ctx, e, key, s, reduce, &buf)
 		e.unlock()
+		if done {
+			wt.decided(s.rev)
+		}
 		if done || err != nil {
 			return err
 		}
 		r = &read{}
-		if !s.verified {
+		if !s.verified && !s.watched {
 			continue // a stale guess, not a lost race: read and try again
 		}
 		lost++
@@ -495,6 +500,39 @@ func (c *KeyCoordinator) run(ctx context.Context, key JobKey, rt retry, reduce f
 		if err := sleepJitter(ctx, pause); err != nil {
 			return err
 		}
+		if e.fed() && e.awaitChange(ctx, s.rev, watchFallback) {
+			// The watch delivered what the write lost to: start from
+			// it, without a read.
+			r = nil
+		}
+	}
+}
+
+// watchFallback bounds how long an operation whose write lost a race on a
+// watched key waits for the watch to deliver the winning write before it
+// reads the key instead.
+const watchFallback = 50 * time.Millisecond
+
+// waitTry marks the context of a Runner's acquisition while it waits for a
+// slot with a Watcher, and carries back the revision its outcome rested on.
+type waitTry struct {
+	// trustWatch lets the acquisition find the key busy on the state the
+	// watch feed vouches for, without a read (see keyEntry.begin).
+	trustWatch bool
+	rev        uint64 // the revision the outcome rested on; 0 unknown
+}
+
+type waitTryKey struct{}
+
+// withWaitTry returns ctx carrying wt.
+func withWaitTry(ctx context.Context, wt *waitTry) context.Context {
+	return context.WithValue(ctx, waitTryKey{}, wt)
+}
+
+// decided records the revision an outcome rested on; wt may be nil.
+func (wt *waitTry) decided(rev uint64) {
+	if wt != nil {
+		wt.rev = rev
 	}
 }
 
@@ -540,7 +578,7 @@ func (c *KeyCoordinator) attempt(ctx context.Context, e *keyEntry, key JobKey, s
 			return true, nil
 		}
 	}
-	e.conflict()
+	e.conflictAt(s.rev)
 	if errors.Is(err, ErrRevisionConflict) {
 		c.obs.conflict(ctx, &key)
 	}

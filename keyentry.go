@@ -46,6 +46,17 @@ type keyEntry struct {
 	commits uint64        // successful writes (and deletes) through this entry
 	window  time.Duration // backoff window; 0 while the key is not contended
 	lostAt  time.Time     // when an operation last lost a race on the key
+
+	// The watch feed (see keyTable.watched): watching counts the waiter
+	// subscriptions that feed the key's changes to this entry; watchRev
+	// is the latest revision they delivered; fresh says the remembered
+	// state (or its absence) has been set since the feed started and no
+	// change since may have been missed; changed is closed (and replaced)
+	// when a change arrives, for operations waiting for one.
+	watching int
+	watchRev uint64
+	fresh    bool
+	changed  chan struct{}
 }
 
 // windowMemory is how many backoff windows after its last lost race a key
@@ -102,6 +113,149 @@ func (t *keyTable) evictIdle() {
 	}
 }
 
+// attach starts a watch feed of k's entry: the entry is kept while fed, and
+// what it remembers is not trusted until the feed (or a read or write)
+// refreshes it.
+func (t *keyTable) attach(k string) {
+	e := t.pin(k)
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	if e.watching == 0 {
+		e.fresh = false
+	}
+	e.watching++
+}
+
+// detach ends a feed started by attach.
+func (t *keyTable) detach(k string) {
+	t.mu.Lock()
+	e := t.entries[k]
+	t.mu.Unlock()
+	if e == nil {
+		return
+	}
+	e.mu.Lock()
+	e.watching--
+	e.mu.Unlock()
+	t.unpin(k, e)
+}
+
+// unwatched says the feed of k's entry may have missed changes (its watch
+// ended): what it remembers is no longer trusted.
+func (t *keyTable) unwatched(k string) {
+	if e := t.entry(k); e != nil {
+		e.mu.Lock()
+		e.fresh = false
+		e.mu.Unlock()
+	}
+}
+
+// watched records a change of k delivered by its watch feed: its state at
+// rev (nil when deleted), or, when not ok, a value that is not the key's
+// state (the next operation reads it and reports why). Changes arrive in
+// revision order; one older than what the entry holds changes nothing.
+func (t *keyTable) watched(k string, st *KeyState, rev uint64, ok bool) {
+	e := t.entry(k)
+	if e == nil {
+		return
+	}
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	if rev <= e.watchRev {
+		return
+	}
+	e.watchRev = rev
+	switch {
+	case !ok:
+		e.state, e.rev, e.known, e.fresh = nil, 0, false, false
+	case !e.known || rev > e.rev:
+		e.state, e.rev, e.known, e.fresh = st, rev, st != nil, true
+		if st == nil {
+			e.rev = 0
+		}
+	default:
+		e.fresh = true // the entry holds a later state than the watch delivered
+	}
+	if e.changed != nil {
+		close(e.changed)
+		e.changed = nil
+	}
+}
+
+// held returns the state k's entry holds at rev, or nil.
+func (t *keyTable) held(k string, rev uint64) *KeyState {
+	e := t.entry(k)
+	if e == nil {
+		return nil
+	}
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	if e.known && e.rev == rev {
+		return e.state
+	}
+	return nil
+}
+
+func (t *keyTable) entry(k string) *keyEntry {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	return t.entries[k]
+}
+
+// trusted reports whether e's state is the latest its watch feed knows of,
+// with no change since that it may have missed. Called with e.mu held.
+func (e *keyEntry) trusted() bool {
+	return e.watching > 0 && e.fresh && e.known && e.rev >= e.watchRev
+}
+
+// refreshed marks a state just read or written as fresh when the entry is
+// fed. Called with e.mu held.
+func (e *keyEntry) refreshed() {
+	if e.watching > 0 {
+		e.fresh = true
+	}
+}
+
+// fed reports whether a watch feeds e.
+func (e *keyEntry) fed() bool {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	return e.watching > 0 && e.fresh
+}
+
+// awaitChange waits until e's watch feed delivers a revision after rev or
+// e holds a later state, for at most bound; it reports whether one came.
+func (e *keyEntry) awaitChange(ctx context.Context, rev uint64, bound time.Duration) bool {
+	var t *time.Timer
+	defer func() {
+		if t != nil {
+			t.Stop()
+		}
+	}()
+	for {
+		e.mu.Lock()
+		if e.watchRev > rev || e.known && e.rev > rev {
+			e.mu.Unlock()
+			return true
+		}
+		if e.changed == nil {
+			e.changed = make(chan struct{})
+		}
+		ch := e.changed
+		e.mu.Unlock()
+		if t == nil {
+			t = time.NewTimer(bound)
+		}
+		select {
+		case <-ch:
+		case <-t.C:
+			return false
+		case <-ctx.Done():
+			return false
+		}
+	}
+}
+
 // lock takes e's lane, waiting for it or for ctx to end.
 func (e *keyEntry) lock(ctx context.Context) error {
 	select {
@@ -129,6 +283,10 @@ type start struct {
 	// an outcome that writes nothing may rest on it. Otherwise it is a
 	// guess that only a successful compare-and-swap confirms.
 	verified bool
+	// watched says the state is the latest the key's watch feed knows of
+	// (keyEntry.trusted): a failed write on it lost a race, and the next
+	// change the watch delivers answers it.
+	watched bool
 }
 
 // read is the result of a read made without the lane.
@@ -155,13 +313,19 @@ func (e *keyEntry) mark() uint64 {
 // (an absent read has no revision to order it by); without that, such a
 // read would discard the coordinator's own newer write and its next
 // compare-and-swap would lose a race to itself.
-func (e *keyEntry) begin(r *read, useCache, assumeAbsent bool) (s start, ok bool) {
+//
+// With trustWatch (a Runner's waiting acquisition), a remembered state
+// that its watch feed vouches for counts as verified: such an operation
+// may find the key busy on it without a read, and the watch wakes it when
+// that changes.
+func (e *keyEntry) begin(r *read, useCache, assumeAbsent, trustWatch bool) (s start, ok bool) {
 	e.mu.Lock()
 	defer e.mu.Unlock()
 	if r == nil {
 		switch {
 		case useCache && e.known:
-			return start{state: e.state, rev: e.rev}, true
+			w := e.trusted()
+			return start{state: e.state, rev: e.rev, verified: trustWatch && w, watched: w}, true
 		case assumeAbsent:
 			return start{}, true
 		}
@@ -182,6 +346,7 @@ func (e *keyEntry) begin(r *read, useCache, assumeAbsent bool) (s start, ok bool
 		return start{state: e.state, rev: e.rev, verified: true}, true
 	}
 	e.state, e.rev, e.known = r.state, r.rev, r.state != nil
+	e.refreshed()
 	return start{state: r.state, rev: r.rev, verified: true}, true
 }
 
@@ -197,6 +362,7 @@ func (e *keyEntry) observe(state *KeyState, rev uint64) {
 	defer e.mu.Unlock()
 	if rev > e.rev || !e.known {
 		e.state, e.rev, e.known = state, rev, true
+		e.refreshed()
 	}
 }
 
@@ -206,7 +372,11 @@ func (e *keyEntry) observe(state *KeyState, rev uint64) {
 func (e *keyEntry) commit(state *KeyState, rev uint64, floor time.Duration) {
 	e.mu.Lock()
 	defer e.mu.Unlock()
-	e.state, e.rev, e.known = state, rev, state != nil
+	// The watch feed may have delivered this write and later ones already.
+	if state == nil || !e.known || rev >= e.rev {
+		e.state, e.rev, e.known = state, rev, state != nil
+		e.refreshed()
+	}
 	e.commits++
 	if e.window /= 2; e.window < floor {
 		e.window = 0
@@ -217,6 +387,18 @@ func (e *keyEntry) commit(state *KeyState, rev uint64, floor time.Duration) {
 func (e *keyEntry) conflict() {
 	e.mu.Lock()
 	defer e.mu.Unlock()
+	e.state, e.rev, e.known = nil, 0, false
+}
+
+// conflictAt records a failed write on revision rev (0: a create): what e
+// remembered is no longer stored, unless e learned of a later state
+// meanwhile (from its watch feed or a read).
+func (e *keyEntry) conflictAt(rev uint64) {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	if e.known && e.rev > rev {
+		return
+	}
 	e.state, e.rev, e.known = nil, 0, false
 }
 

@@ -4,8 +4,10 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"strings"
 	"sync"
+	"time"
 )
 
 // Watcher holds one watch per service on a store's keys and fans the changes
@@ -40,6 +42,24 @@ type serviceWatch struct {
 	err     error         // why the watch did not start; set before ready closes
 	ended   bool          // the watch has stopped
 	subs    map[string]map[*Subscription]struct{}
+	keys    map[string]*keyWatch // the keys waiters wait on
+}
+
+// keyWatch is what a Watcher keeps of one key that waiters (the blocked
+// acquisitions of Runners, see subscribeWaiter) wait on: the waiters in
+// arrival order, the latest change the watch delivered, and the key tables
+// of the coordinators it feeds that change to. Guarded by Watcher.mu.
+type keyWatch struct {
+	waiters []*Subscription
+	tables  map[*keyTable]int // coordinators' key tables, by waiters using them
+	rev     uint64            // the revision of the latest change delivered; 0 before one
+	seq     uint64            // changes delivered
+	// state is the key's state at rev (nil when deleted), valid when
+	// decoded; a watch without values, or a value that does not decode as
+	// this key's state, leaves decoded false and every waiter is woken on
+	// every change.
+	state   *KeyState
+	decoded bool
 }
 
 // NewWatcher returns a watcher over store, which should be the store of the
@@ -63,6 +83,20 @@ func NewWatcher(store WatchableStore) (*Watcher, error) {
 // [NewWatcher], with ctx.Err() when ctx ends first, or with the store's
 // error when the watch cannot start.
 func (w *Watcher) Subscribe(ctx context.Context, service, kvKey string) (*Subscription, error) {
+	return w.subscribe(ctx, service, kvKey, nil)
+}
+
+// subscribeWaiter is Subscribe for a blocked acquisition of a job whose
+// policy allows limit slots, run by a coordinator whose key table is t. The
+// subscription is signalled only when a change can help it (see
+// Watcher.wake): it starts out woken, and after each try that found the
+// key busy at revision seen the waiter calls rearm(seen). While it lasts,
+// the watch feeds the key's changes to t (see keyTable.watched).
+func (w *Watcher) subscribeWaiter(ctx context.Context, service, kvKey string, limit int, t *keyTable) (*Subscription, error) {
+	return w.subscribe(ctx, service, kvKey, &waiter{limit: limit, table: t, woken: true})
+}
+
+func (w *Watcher) subscribe(ctx context.Context, service, kvKey string, wt *waiter) (*Subscription, error) {
 	if _, err := keyFilter(service, ""); err != nil {
 		return nil, err
 	}
@@ -82,7 +116,8 @@ func (w *Watcher) Subscribe(ctx context.Context, service, kvKey string) (*Subscr
 		sw := w.watches[service]
 		owner := sw == nil
 		if owner {
-			sw = &serviceWatch{service: service, ready: make(chan struct{}), subs: make(map[string]map[*Subscription]struct{})}
+			sw = &serviceWatch{service: service, ready: make(chan struct{}), subs: make(map[string]map[*Subscription]struct{}),
+				keys: make(map[string]*keyWatch)}
 			w.watches[service] = sw
 		}
 		w.mu.Unlock()
@@ -96,20 +131,39 @@ func (w *Watcher) Subscribe(ctx context.Context, service, kvKey string) (*Subscr
 			return nil, ctx.Err()
 		}
 
+		if wt != nil {
+			// Before the watch can feed the entry: the entry's state is
+			// not trusted until it is refreshed after this point.
+			wt.table.attach(kvKey)
+		}
 		w.mu.Lock()
 		if sw.err == nil && !sw.ended && !w.closed {
-			sub := &Subscription{w: w, sw: sw, kvKey: kvKey, changed: make(chan struct{}, 1), done: make(chan struct{})}
-			subs := sw.subs[kvKey]
-			if subs == nil {
-				subs = make(map[*Subscription]struct{})
-				sw.subs[kvKey] = subs
+			sub := &Subscription{w: w, sw: sw, kvKey: kvKey, changed: make(chan struct{}, 1), done: make(chan struct{}), waiter: wt}
+			if wt == nil {
+				subs := sw.subs[kvKey]
+				if subs == nil {
+					subs = make(map[*Subscription]struct{})
+					sw.subs[kvKey] = subs
+				}
+				subs[sub] = struct{}{}
+			} else {
+				kw := sw.keys[kvKey]
+				if kw == nil {
+					kw = &keyWatch{tables: make(map[*keyTable]int)}
+					sw.keys[kvKey] = kw
+				}
+				wt.wokenAt = kw.seq
+				kw.waiters = append(kw.waiters, sub)
+				kw.tables[wt.table]++
 			}
-			subs[sub] = struct{}{}
 			w.mu.Unlock()
 			return sub, nil
 		}
 		err, closed := sw.err, w.closed
 		w.mu.Unlock()
+		if wt != nil {
+			wt.table.detach(kvKey)
+		}
 		switch {
 		case closed:
 			return nil, fmt.Errorf("%w: subscribe to %s", ErrWatcherClosed, kvKey)
@@ -129,7 +183,15 @@ func (w *Watcher) Subscribe(ctx context.Context, service, kvKey string) (*Subscr
 func (w *Watcher) start(ctx context.Context, sw *serviceWatch) {
 	wctx, cancel := context.WithCancel(w.ctx)
 	abandon := context.AfterFunc(ctx, cancel) // the starter gave up
-	ended, err := w.store.WatchKeys(wctx, sw.service, "", func(kvKey string) { w.dispatch(sw, kvKey) })
+	var ended <-chan struct{}
+	var err error
+	if vw := valueWatcherOf(w.store); vw != nil {
+		ended, err = vw.watchValues(wctx, sw.service, func(c keyChange) { w.dispatchChange(sw, c) })
+	} else {
+		ended, err = w.store.WatchKeys(wctx, sw.service, "", func(kvKey string) {
+			w.dispatchChange(sw, keyChange{kvKey: kvKey})
+		})
+	}
 	started := err == nil
 	if !abandon() && started { // abandon() on every path: it holds ctx until called
 		err = ctx.Err()
@@ -160,6 +222,19 @@ func (w *Watcher) start(ctx context.Context, sw *serviceWatch) {
 	}
 }
 
+// valueWatcherOf returns store as a valueWatcher when it is one of the
+// stores that are, and not a type that embeds one (whose WatchKeys may do
+// more than the embedded store's watch would).
+func valueWatcherOf(store WatchableStore) valueWatcher {
+	switch s := store.(type) {
+	case *MemoryStore:
+		return s
+	case *NATSStore:
+		return s
+	}
+	return nil
+}
+
 // monitor waits for sw's watch to end, then wakes its subscribers so that
 // they notice and subscribe again.
 func (w *Watcher) monitor(sw *serviceWatch, ended <-chan struct{}, cancel context.CancelFunc) {
@@ -178,16 +253,98 @@ func (w *Watcher) monitor(sw *serviceWatch, ended <-chan struct{}, cancel contex
 		}
 	}
 	clear(sw.subs)
+	for kvKey, kw := range sw.keys {
+		for t := range kw.tables {
+			t.unwatched(kvKey) // changes from now on may be missed
+		}
+		for _, sub := range kw.waiters {
+			sub.end()
+		}
+	}
+	// The waiters' Close still detaches them from their tables.
 }
 
-// dispatch signals the subscribers of kvKey. It never blocks.
-func (w *Watcher) dispatch(sw *serviceWatch, kvKey string) {
+// dispatchChange signals the subscribers of c's key, and wakes the waiters
+// on it that the change can help. A change without a revision comes from a
+// watch without values. It never blocks.
+func (w *Watcher) dispatchChange(sw *serviceWatch, c keyChange) {
 	w.mu.Lock()
 	defer w.mu.Unlock()
-	for sub := range sw.subs[kvKey] {
-		select {
-		case sub.changed <- struct{}{}:
-		default: // a signal is already pending
+	for sub := range sw.subs[c.kvKey] {
+		sub.signal()
+	}
+	kw := sw.keys[c.kvKey]
+	if kw == nil {
+		return
+	}
+	kw.seq++
+	switch {
+	case c.rev == 0: // no values: every change may help anyone
+		kw.decoded = false
+	case c.rev <= kw.rev:
+		return // already held (a restarted consumer delivers it again)
+	default:
+		kw.rev, kw.state, kw.decoded = c.rev, nil, true
+		if !c.deleted {
+			kw.state, kw.decoded = kw.decode(sw.service, c)
+		}
+		for t := range kw.tables {
+			t.watched(c.kvKey, kw.state, c.rev, kw.decoded)
+		}
+	}
+	kw.wake(time.Now())
+}
+
+// decode returns c's state and true, or false when c's value is not this
+// key's state. A state one of the fed coordinators holds at c's revision
+// (its own write, typically) is taken from it, not decoded again.
+func (kw *keyWatch) decode(service string, c keyChange) (*KeyState, bool) {
+	for t := range kw.tables {
+		if st := t.held(c.kvKey, c.rev); st != nil {
+			return st, true
+		}
+	}
+	st, err := decodeState(c.value)
+	if err != nil || st.Service != service || kvKeyFor(st.Service, st.JobType, st.KeyHash) != c.kvKey {
+		return nil, false
+	}
+	return st, true
+}
+
+// wake signals the waiters the latest change can help: as many as it
+// leaves slots free, counting those already woken and not yet back, in
+// arrival order, passing over waiters that found the key busy at that
+// revision or later. Without a decoded state it wakes every waiter that no
+// change has been delivered to since it was last woken.
+func (kw *keyWatch) wake(now time.Time) {
+	free := len(kw.waiters)
+	if kw.decoded && kw.state != nil {
+		limit := kw.state.MaxActive
+		for _, sub := range kw.waiters {
+			limit = max(limit, sub.waiter.limit)
+		}
+		live := 0
+		for i := range kw.state.Active {
+			if kw.state.Active[i].LeaseExpiresAt.After(now) {
+				live++
+			}
+		}
+		free = max(limit-live, 0)
+	}
+	woken := 0
+	for _, sub := range kw.waiters {
+		if sub.waiter.woken {
+			woken++
+		}
+	}
+	for _, sub := range kw.waiters {
+		if woken >= free {
+			return
+		}
+		if wt := sub.waiter; !wt.woken && (kw.decoded && wt.seen < kw.rev || !kw.decoded && wt.wokenAt < kw.seq) {
+			wt.woken, wt.wokenAt = true, kw.seq
+			woken++
+			sub.signal()
 		}
 	}
 }
@@ -216,6 +373,47 @@ type Subscription struct {
 	changed chan struct{}
 	done    chan struct{}
 	once    sync.Once
+	waiter  *waiter // a Runner's blocked acquisition; see subscribeWaiter
+}
+
+// waiter is the wake-up state of a waiter's subscription, guarded by
+// Watcher.mu.
+type waiter struct {
+	limit int       // the slots its job type's policy allows
+	table *keyTable // its coordinator's, fed the key's changes
+	// woken says it was signalled (or has just subscribed) and has not
+	// come back: it is trying, and counts against the free slots.
+	woken bool
+	seen    uint64 // the revision its last try found the key busy at; 0 unknown
+	wokenAt uint64 // keyWatch.seq when it was last woken
+}
+
+// signal makes a value pending on Changed. Called with Watcher.mu held.
+func (s *Subscription) signal() {
+	select {
+	case s.changed <- struct{}{}:
+	default: // a signal is already pending
+	}
+}
+
+// rearm tells the Watcher that the waiter's try found the key busy at
+// revision seen (0 when not known): it waits again, to be woken by a later
+// change that frees a slot. A slot still free at a later revision than
+// seen wakes it again at once.
+func (s *Subscription) rearm(seen uint64) {
+	if s.waiter == nil {
+		return
+	}
+	s.w.mu.Lock()
+	defer s.w.mu.Unlock()
+	s.waiter.woken, s.waiter.seen = false, seen
+	select {
+	case <-s.changed: // a signal from before the try is answered by it
+	default:
+	}
+	if kw := s.sw.keys[s.kvKey]; kw != nil && !s.sw.ended {
+		kw.wake(time.Now())
+	}
 }
 
 // Changed delivers a value when the key has changed at least once since the
@@ -233,7 +431,9 @@ func (s *Subscription) Close() {
 		return
 	}
 	s.w.mu.Lock()
-	if subs := s.sw.subs[s.kvKey]; subs != nil {
+	if s.waiter != nil {
+		s.closeWaiter()
+	} else if subs := s.sw.subs[s.kvKey]; subs != nil {
 		delete(subs, s)
 		if len(subs) == 0 {
 			delete(s.sw.subs, s.kvKey)
@@ -241,6 +441,34 @@ func (s *Subscription) Close() {
 	}
 	s.w.mu.Unlock()
 	s.end()
+}
+
+// closeWaiter forgets a waiter's subscription, once, and hands a wake-up
+// it was given and did not use on to the next waiter. Called with
+// Watcher.mu held.
+func (s *Subscription) closeWaiter() {
+	kw := s.sw.keys[s.kvKey]
+	if kw == nil {
+		return
+	}
+	i := slices.Index(kw.waiters, s)
+	if i < 0 {
+		return // closed before
+	}
+	kw.waiters = slices.Delete(kw.waiters, i, i+1)
+	t := s.waiter.table
+	if kw.tables[t]--; kw.tables[t] == 0 {
+		delete(kw.tables, t)
+	}
+	t.detach(s.kvKey)
+	if len(kw.waiters) == 0 {
+		delete(s.sw.keys, s.kvKey)
+		return
+	}
+	if s.waiter.woken && !s.sw.ended {
+		s.waiter.woken = false
+		kw.wake(time.Now())
+	}
 }
 
 func (s *Subscription) end() { s.once.Do(func() { close(s.done) }) }

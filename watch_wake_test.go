@@ -1,0 +1,272 @@
+package jobkeys
+
+// Tests of who a Watcher wakes (issue 11): only as many waiters as a change
+// leaves slots free, in arrival order; nobody on a heartbeat; and a wake-up
+// a waiter did not use passes on to the next.
+
+import (
+	"context"
+	"fmt"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+)
+
+// wakeFixture is one key with MaxActive 2 and waiters on it.
+type wakeFixture struct {
+	t       *testing.T
+	store   rtStore
+	w       *Watcher
+	jt      *JobType
+	service string
+	kvKey   string
+	payload []byte
+}
+
+func newWakeFixture(t *testing.T, store rtStore) *wakeFixture {
+	c, err := NewCoordinator(store, nil)
+	require.NoError(t, err)
+	service := rtService()
+	jt, err := c.JobType(service, benchJobType, Policy{Key: benchPolicy.Key, MaxActive: 2, MaxQueuedPerKey: 16})
+	require.NoError(t, err)
+	w, err := NewWatcher(store)
+	require.NoError(t, err)
+	t.Cleanup(w.Close)
+	payload := benchPayload(0)
+	key, err := jt.Key(payload)
+	require.NoError(t, err)
+	return &wakeFixture{t: t, store: store, w: w, jt: jt, service: service, kvKey: key.KVKey, payload: payload}
+}
+
+func (f *wakeFixture) admit(ids ...string) {
+	for _, id := range ids {
+		adm, err := f.jt.Admit(context.Background(), id, f.payload)
+		require.NoError(f.t, err)
+		require.Equal(f.t, KindAccepted, adm.Kind, "admit %s", id)
+	}
+}
+
+func (f *wakeFixture) acquire(id string) Lease {
+	acq, err := f.jt.Acquire(context.Background(), id, f.payload)
+	require.NoError(f.t, err)
+	require.Equal(f.t, KindAcquired, acq.Kind, "acquire %s", id)
+	return acq.Lease
+}
+
+// rev returns the key's revision in the store.
+func (f *wakeFixture) rev() uint64 {
+	_, rev, err := f.store.Get(context.Background(), f.service, f.kvKey)
+	require.NoError(f.t, err)
+	return rev
+}
+
+// settle waits until the Watcher has dispatched the key's change at the
+// store's current revision.
+func (f *wakeFixture) settle() {
+	want := f.rev()
+	require.Eventually(f.t, func() bool {
+		f.w.mu.Lock()
+		defer f.w.mu.Unlock()
+		sw := f.w.watches[f.service]
+		return sw != nil && sw.keys[f.kvKey] != nil && sw.keys[f.kvKey].rev >= want
+	}, rtWait, time.Millisecond, "the watcher never delivered revision %d", want)
+}
+
+// waiters subscribes n waiters, in order, each having found the key busy
+// at its current revision.
+func (f *wakeFixture) waiters(n int) []*Subscription {
+	subs := make([]*Subscription, n)
+	for i := range subs {
+		sub, err := f.w.subscribeWaiter(context.Background(), f.service, f.kvKey, 2, f.jt.coord.keys)
+		require.NoError(f.t, err)
+		f.t.Cleanup(sub.Close)
+		sub.rearm(f.rev())
+		subs[i] = sub
+	}
+	return subs
+}
+
+// woken returns which of subs have a wake-up pending, consuming them.
+func woken(subs []*Subscription) []int {
+	var got []int
+	for i, s := range subs {
+		if pending(s.Changed()) {
+			got = append(got, i)
+		}
+	}
+	return got
+}
+
+// A heartbeat (a renewal) wakes no waiter; a release wakes exactly as many
+// waiters as there are free slots, in arrival order; a woken waiter that
+// gives up without acquiring hands its wake-up to the next one.
+func TestWatcherWakesOnlyForFreeSlots(t *testing.T) {
+	t.Parallel()
+	for name, open := range rtStores(t) {
+		t.Run(name, func(t *testing.T) {
+			t.Parallel()
+			ctx := context.Background()
+			f := newWakeFixture(t, open(t))
+			f.admit("a", "b", "w0", "w1", "w2", "w3")
+			la, lb := f.acquire("a"), f.acquire("b")
+			subs := f.waiters(4)
+
+			_, err := f.jt.Renew(ctx, la)
+			require.NoError(t, err)
+			f.settle()
+			assert.Empty(t, woken(subs), "a heartbeat woke waiters")
+
+			rel, err := f.jt.Release(ctx, lb)
+			require.NoError(t, err)
+			require.Equal(t, KindReleased, rel.Kind)
+			f.settle()
+			assert.Equal(t, []int{0}, woken(subs), "one slot freed: the first waiter, and only it")
+
+			// The woken waiter gives up without acquiring: its wake-up
+			// must not be lost.
+			subs[0].Close()
+			assert.Equal(t, []int{0}, woken(subs[1:]), "the next waiter (index 0 of the rest) and only it")
+
+			_, err = f.jt.Renew(ctx, la)
+			require.NoError(t, err)
+			f.settle()
+			assert.Empty(t, woken(subs[1:]), "a heartbeat woke waiters while one was trying")
+
+			rel, err = f.jt.Release(ctx, la)
+			require.NoError(t, err)
+			require.Equal(t, KindReleased, rel.Kind)
+			f.settle()
+			// Two slots free, one of them already being tried by w1.
+			assert.Equal(t, []int{0}, woken(subs[2:]), "two slots free with one waiter trying: one more, the next in line")
+		})
+	}
+}
+
+// A woken waiter whose try finds the key busy again (another process took
+// the slot first) goes back to waiting without using up a later wake-up,
+// and is woken again when a slot frees; one woken on a change it has
+// already seen is not woken by it again.
+func TestWatcherRearmAfterLostSlot(t *testing.T) {
+	t.Parallel()
+	for name, open := range rtStores(t) {
+		t.Run(name, func(t *testing.T) {
+			t.Parallel()
+			ctx := context.Background()
+			f := newWakeFixture(t, open(t))
+			other, err := NewCoordinator(f.store, nil)
+			require.NoError(t, err)
+			otherJT, err := other.JobType(f.service, benchJobType, f.jt.Policy())
+			require.NoError(t, err)
+			f.admit("a", "b", "w0", "x")
+			la, lb := f.acquire("a"), f.acquire("b")
+			subs := f.waiters(1)
+
+			rel, err := f.jt.Release(ctx, lb)
+			require.NoError(t, err)
+			require.Equal(t, KindReleased, rel.Kind)
+			f.settle()
+			require.Equal(t, []int{0}, woken(subs))
+			// Another process takes the slot before the waiter tries.
+			acq, err := otherJT.Acquire(ctx, "x", f.payload)
+			require.NoError(t, err)
+			require.Equal(t, KindAcquired, acq.Kind)
+			f.settle()
+
+			// The waiter's try rests on the watched state: blocked, no read.
+			wt := &waitTry{trustWatch: true}
+			b, err := f.jt.Acquire(withWaitTry(ctx, wt), "w0", f.payload)
+			require.NoError(t, err)
+			require.Equal(t, KindBlocked, b.Kind)
+			assert.Equal(t, f.rev(), wt.rev, "the blocked outcome rests on the latest revision")
+			subs[0].rearm(wt.rev)
+			assert.Empty(t, woken(subs), "woken again by the change it found busy")
+
+			rel, err = f.jt.Release(ctx, la)
+			require.NoError(t, err)
+			require.Equal(t, KindReleased, rel.Kind)
+			f.settle()
+			assert.Equal(t, []int{0}, woken(subs), "a later release wakes it again")
+			wt = &waitTry{trustWatch: true}
+			got, err := f.jt.Acquire(withWaitTry(ctx, wt), "w0", f.payload)
+			require.NoError(t, err)
+			assert.Equal(t, KindAcquired, got.Kind)
+		})
+	}
+}
+
+// A waiting Runner's tries read nothing the watch delivered: with 8 jobs
+// queued behind one slot, each release wakes one waiter, which acquires on
+// the watched state without a read.
+func TestRunnerWaitersReadNothingWatched(t *testing.T) {
+	t.Parallel()
+	mem := NewMemoryStore()
+	cs := newCountingStore(mem)
+	c, err := NewCoordinator(cs, nil)
+	require.NoError(t, err)
+	jt, err := c.JobType(rtService(), benchJobType, Policy{Key: benchPolicy.Key, MaxActive: 1, MaxQueuedPerKey: 64})
+	require.NoError(t, err)
+	w, err := NewWatcher(mem)
+	require.NoError(t, err)
+	defer w.Close()
+	r, err := NewRunner(jt, &RunnerConfig{Watcher: w, RecheckInterval: time.Minute})
+	require.NoError(t, err)
+	ctx := context.Background()
+	payload := benchPayload(0)
+	const jobs = 8
+	for i := range jobs {
+		_, err := jt.Admit(ctx, fmt.Sprintf("j%d", i), payload)
+		require.NoError(t, err)
+	}
+	gate := make(chan struct{})
+	errs := make(chan error, jobs)
+	first := true
+	for i := range jobs {
+		hold := first
+		first = false
+		go func() {
+			_, err := r.Run(ctx, fmt.Sprintf("j%d", i), payload, func(context.Context, Lease) error {
+				if hold {
+					<-gate // every other job queues up behind this one
+				}
+				return nil
+			})
+			errs <- err
+		}()
+		if hold {
+			require.Eventually(t, func() bool {
+				st, _, err := c.read(ctx, mustKey(t, jt, payload))
+				return err == nil && st != nil && len(st.Active) == 1
+			}, rtWait, time.Millisecond)
+		}
+	}
+	// Wait until every other job is subscribed and waiting.
+	key := mustKey(t, jt, payload)
+	require.Eventually(t, func() bool {
+		w.mu.Lock()
+		defer w.mu.Unlock()
+		sw := w.watches[jt.Service()]
+		if sw == nil || sw.keys[key.KVKey] == nil || len(sw.keys[key.KVKey].waiters) != jobs-1 {
+			return false
+		}
+		for _, s := range sw.keys[key.KVKey].waiters {
+			if s.waiter.woken {
+				return false
+			}
+		}
+		return true
+	}, rtWait, time.Millisecond)
+	reads := cs.totals.reads.Load()
+	close(gate)
+	for range jobs {
+		require.NoError(t, <-errs)
+	}
+	assert.LessOrEqual(t, cs.totals.reads.Load()-reads, int64(1), "reads by %d waiters woken one per release", jobs-1)
+}
+
+func mustKey(t *testing.T, jt *JobType, payload []byte) JobKey {
+	key, err := jt.Key(payload)
+	require.NoError(t, err)
+	return key
+}
