@@ -383,7 +383,7 @@ type waiter struct {
 	table *keyTable // its coordinator's, fed the key's changes
 	// woken says it was signalled (or has just subscribed) and has not
 	// come back: it is trying, and counts against the free slots.
-	woken bool
+	woken   bool
 	seen    uint64 // the revision its last try found the key busy at; 0 unknown
 	wokenAt uint64 // keyWatch.seq when it was last woken
 }
