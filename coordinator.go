@@ -497,10 +497,15 @@ func (c *KeyCoordinator) run(ctx context.Context, key JobKey, rt retry, reduce f
 		} else if lost >= c.cfg.MaxAttempts {
 			return fmt.Errorf("%w: KV key %q: %d compare-and-swap attempts lost to concurrent writers", ErrContention, key.KVKey, lost)
 		}
-		if err := sleepJitter(ctx, pause); err != nil {
-			return err
+		fed := e.fed()
+		if !fed || wt == nil || !wt.trustWatch {
+			if err := sleepJitter(ctx, pause); err != nil {
+				return err
+			}
 		}
-		if e.fed() && e.awaitChange(ctx, s.rev, watchFallback) {
+		// A waiter's lost race is answered by the write that won it, which
+		// the watch delivers: no pause, it finds the key busy on it.
+		if fed && e.awaitChange(ctx, s.rev, watchFallback) {
 			// The watch delivered what the write lost to: start from
 			// it, without a read.
 			r = nil
