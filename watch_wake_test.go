@@ -7,6 +7,7 @@ package jobkeys
 import (
 	"context"
 	"fmt"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -269,4 +270,61 @@ func mustKey(t *testing.T, jt *JobType, payload []byte) JobKey {
 	key, err := jt.Key(payload)
 	require.NoError(t, err)
 	return key
+}
+
+// wakeConflictStore fails the next `fail` updates with a revision conflict
+// without writing, so that no watch event answers them.
+type wakeConflictStore struct {
+	Store
+	fail atomic.Int64
+}
+
+func (s *wakeConflictStore) Update(ctx context.Context, service, key string, value []byte, revision uint64) (uint64, error) {
+	if s.fail.Add(-1) >= 0 {
+		return 0, fmt.Errorf("%w: injected", ErrRevisionConflict)
+	}
+	return s.Store.Update(ctx, service, key, value, revision)
+}
+
+// A write on the watched state that loses a race waits for the watch to
+// deliver the winner; when no event comes (here the conflict wrote
+// nothing) it falls back to a read after watchFallback instead of waiting
+// for ever.
+func TestCoordinatorWatchedConflictFallsBackToRead(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	mem := NewMemoryStore()
+	flaky := &wakeConflictStore{Store: mem}
+	cs := newCountingStore(flaky)
+	c, err := NewCoordinator(cs, nil)
+	require.NoError(t, err)
+	jt, err := c.JobType(rtService(), benchJobType, Policy{Key: benchPolicy.Key, MaxActive: 1, MaxQueuedPerKey: 4})
+	require.NoError(t, err)
+	w, err := NewWatcher(mem)
+	require.NoError(t, err)
+	defer w.Close()
+	payload := benchPayload(0)
+	key := mustKey(t, jt, payload)
+	sub, err := w.subscribeWaiter(ctx, jt.Service(), key.KVKey, 1, c.keys)
+	require.NoError(t, err)
+	defer sub.Close()
+	for _, id := range []string{"a", "b"} { // b stays queued: the release is an update
+		_, err = jt.Admit(ctx, id, payload)
+		require.NoError(t, err)
+	}
+	acq, err := jt.Acquire(ctx, "a", payload)
+	require.NoError(t, err)
+	require.Equal(t, KindAcquired, acq.Kind)
+	e := c.keys.entry(key.KVKey)
+	require.NotNil(t, e)
+	require.True(t, e.fed(), "the entry is fed by the watch after its own write")
+
+	flaky.fail.Store(1)
+	reads := cs.totals.reads.Load()
+	start := time.Now()
+	rel, err := jt.Release(ctx, acq.Lease)
+	require.NoError(t, err)
+	assert.Equal(t, KindReleased, rel.Kind)
+	assert.GreaterOrEqual(t, time.Since(start), watchFallback, "it waited for a watch event first")
+	assert.Equal(t, int64(1), cs.totals.reads.Load()-reads, "one read after the bound")
 }
