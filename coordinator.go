@@ -570,16 +570,19 @@ func (c *KeyCoordinator) attempt(ctx context.Context, e *keyEntry, key JobKey, s
 				return false, err
 			}
 		}
+		// next is also the outcome's State, which belongs to the caller:
+		// remember a copy. The watch may recognise it before the reply.
+		snap := snapshot(next)
+		e.writing(*buf, snap)
 		var rev uint64
 		if s.state == nil {
 			rev, err = c.store.Create(ctx, key.Service, key.KVKey, *buf)
 		} else {
 			rev, err = c.store.Update(ctx, key.Service, key.KVKey, *buf, s.rev)
 		}
+		e.written()
 		if err == nil {
-			// next is also the outcome's State, which belongs to the
-			// caller: remember a copy.
-			e.commit(snapshot(next), rev, c.cfg.RetryBackoff)
+			e.commit(snap, rev, c.cfg.RetryBackoff)
 			return true, nil
 		}
 	}

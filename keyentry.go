@@ -1,6 +1,7 @@
 package jobkeys
 
 import (
+	"bytes"
 	"context"
 	mrand "math/rand/v2"
 	"sync"
@@ -57,6 +58,25 @@ type keyEntry struct {
 	watchRev uint64
 	fresh    bool
 	changed  chan struct{}
+	// recent holds the last states this coordinator wrote, by revision,
+	// so that the watch, which delivers them a little later, need not
+	// decode them again (see held).
+	recent [recentStates]revState
+	next   int // where recent's next state goes
+	// inflight is the value of the write under way (while fed), and
+	// inflightState its state: the watch may deliver the write before
+	// its reply arrives.
+	inflight      []byte
+	inflightState *KeyState
+}
+
+// recentStates is how many of its own writes per key a coordinator keeps
+// for the watch to recognise.
+const recentStates = 4
+
+type revState struct {
+	rev   uint64
+	state *KeyState
 }
 
 // windowMemory is how many backoff windows after its last lost race a key
@@ -182,8 +202,9 @@ func (t *keyTable) watched(k string, st *KeyState, rev uint64, ok bool) {
 	}
 }
 
-// held returns the state k's entry holds at rev, or nil.
-func (t *keyTable) held(k string, rev uint64) *KeyState {
+// held returns the state k's entry holds at rev, or of its write under way
+// when that wrote value, or nil.
+func (t *keyTable) held(k string, rev uint64, value []byte) *KeyState {
 	e := t.entry(k)
 	if e == nil {
 		return nil
@@ -193,7 +214,32 @@ func (t *keyTable) held(k string, rev uint64) *KeyState {
 	if e.known && e.rev == rev {
 		return e.state
 	}
+	for _, r := range e.recent {
+		if r.rev == rev && r.state != nil {
+			return r.state
+		}
+	}
+	if e.inflightState != nil && bytes.Equal(e.inflight, value) {
+		return e.inflightState // the same bytes: the same state
+	}
 	return nil
+}
+
+// writing records the write of value, the encoding of st, about to be made
+// holding the lane, until written.
+func (e *keyEntry) writing(value []byte, st *KeyState) {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	if e.watching > 0 {
+		e.inflight, e.inflightState = value, st
+	}
+}
+
+// written ends writing: the value's buffer may be reused.
+func (e *keyEntry) written() {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	e.inflight, e.inflightState = nil, nil
 }
 
 func (t *keyTable) entry(k string) *keyEntry {
@@ -372,6 +418,10 @@ func (e *keyEntry) observe(state *KeyState, rev uint64) {
 func (e *keyEntry) commit(state *KeyState, rev uint64, floor time.Duration) {
 	e.mu.Lock()
 	defer e.mu.Unlock()
+	if state != nil && e.watching > 0 {
+		e.recent[e.next] = revState{rev: rev, state: state}
+		e.next = (e.next + 1) % recentStates
+	}
 	// The watch feed may have delivered this write and later ones already.
 	if state == nil || !e.known || rev >= e.rev {
 		e.state, e.rev, e.known = state, rev, state != nil

@@ -300,7 +300,7 @@ func (w *Watcher) dispatchChange(sw *serviceWatch, c keyChange) {
 // (its own write, typically) is taken from it, not decoded again.
 func (kw *keyWatch) decode(service string, c keyChange) (*KeyState, bool) {
 	for t := range kw.tables {
-		if st := t.held(c.kvKey, c.rev); st != nil {
+		if st := t.held(c.kvKey, c.rev, c.value); st != nil {
 			return st, true
 		}
 	}

@@ -328,3 +328,32 @@ func TestCoordinatorWatchedConflictFallsBackToRead(t *testing.T) {
 	assert.GreaterOrEqual(t, time.Since(start), watchFallback, "it waited for a watch event first")
 	assert.Equal(t, int64(1), cs.totals.reads.Load()-reads, "one read after the bound")
 }
+
+// The watch does not decode a coordinator's own writes: the state it keeps
+// for a revision the coordinator wrote is the coordinator's own copy.
+func TestWatcherReusesOwnWrites(t *testing.T) {
+	t.Parallel()
+	for name, open := range rtStores(t) {
+		t.Run(name, func(t *testing.T) {
+			t.Parallel()
+			f := newWakeFixture(t, open(t))
+			f.admit("a")
+			f.waiters(1)
+			for _, id := range []string{"b", "c", "d"} {
+				f.admit(id)
+				f.settle()
+				e := f.jt.coord.keys.entry(f.kvKey)
+				require.NotNil(t, e)
+				e.mu.Lock()
+				held := e.state
+				e.mu.Unlock()
+				f.w.mu.Lock()
+				kw := f.w.watches[f.service].keys[f.kvKey]
+				got, decoded := kw.state, kw.decoded
+				f.w.mu.Unlock()
+				require.True(t, decoded)
+				assert.Same(t, held, got, "admitting %s: the watch decoded the coordinator's own write again", id)
+			}
+		})
+	}
+}
