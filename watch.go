@@ -93,6 +93,9 @@ func (w *Watcher) Subscribe(ctx context.Context, service, kvKey string) (*Subscr
 // key busy at revision seen the waiter calls rearm(seen). While it lasts,
 // the watch feeds the key's changes to t (see keyTable.watched).
 func (w *Watcher) subscribeWaiter(ctx context.Context, service, kvKey string, limit int, t *keyTable) (*Subscription, error) {
+	if valueWatcherOf(w.store) == nil {
+		t = nil // a watch without values has no state to feed
+	}
 	return w.subscribe(ctx, service, kvKey, &waiter{limit: limit, table: t, woken: true})
 }
 
@@ -131,7 +134,7 @@ func (w *Watcher) subscribe(ctx context.Context, service, kvKey string, wt *wait
 			return nil, ctx.Err()
 		}
 
-		if wt != nil {
+		if wt != nil && wt.table != nil {
 			// Before the watch can feed the entry: the entry's state is
 			// not trusted until it is refreshed after this point.
 			wt.table.attach(kvKey)
@@ -154,14 +157,16 @@ func (w *Watcher) subscribe(ctx context.Context, service, kvKey string, wt *wait
 				}
 				wt.wokenAt = kw.seq
 				kw.waiters = append(kw.waiters, sub)
-				kw.tables[wt.table]++
+				if wt.table != nil {
+					kw.tables[wt.table]++
+				}
 			}
 			w.mu.Unlock()
 			return sub, nil
 		}
 		err, closed := sw.err, w.closed
 		w.mu.Unlock()
-		if wt != nil {
+		if wt != nil && wt.table != nil {
 			wt.table.detach(kvKey)
 		}
 		switch {
@@ -380,7 +385,7 @@ type Subscription struct {
 // Watcher.mu.
 type waiter struct {
 	limit int       // the slots its job type's policy allows
-	table *keyTable // its coordinator's, fed the key's changes
+	table *keyTable // its coordinator's, fed the key's changes; nil without values
 	// woken says it was signalled (or has just subscribed) and has not
 	// come back: it is trying, and counts against the free slots.
 	woken   bool
@@ -456,11 +461,12 @@ func (s *Subscription) closeWaiter() {
 		return // closed before
 	}
 	kw.waiters = slices.Delete(kw.waiters, i, i+1)
-	t := s.waiter.table
-	if kw.tables[t]--; kw.tables[t] == 0 {
-		delete(kw.tables, t)
+	if t := s.waiter.table; t != nil {
+		if kw.tables[t]--; kw.tables[t] == 0 {
+			delete(kw.tables, t)
+		}
+		t.detach(s.kvKey)
 	}
-	t.detach(s.kvKey)
 	if len(kw.waiters) == 0 {
 		delete(s.sw.keys, s.kvKey)
 		return

@@ -357,3 +357,33 @@ func TestWatcherReusesOwnWrites(t *testing.T) {
 		})
 	}
 }
+
+// A Watcher over a store whose watch has no values (any WatchableStore but
+// MemoryStore and NATSStore, wrappers included) feeds nothing to the
+// coordinator: its entry must not count as fed, or every lost race would
+// wait watchFallback for a watch event that never carries a state. Its
+// waiters are woken by every change, as by Subscribe.
+func TestWatcherWithoutValuesFeedsNothing(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	store := &countingWatchStore{MemoryStore: NewMemoryStore()}
+	c, err := NewCoordinator(store, nil)
+	require.NoError(t, err)
+	jt, err := c.JobType(rtService(), benchJobType, Policy{Key: benchPolicy.Key, MaxActive: 1, MaxQueuedPerKey: 4})
+	require.NoError(t, err)
+	w, err := NewWatcher(store)
+	require.NoError(t, err)
+	defer w.Close()
+	payload := benchPayload(0)
+	key := mustKey(t, jt, payload)
+	sub, err := w.subscribeWaiter(ctx, jt.Service(), key.KVKey, 1, c.keys)
+	require.NoError(t, err)
+	defer sub.Close()
+	sub.rearm(0)
+	_, err = jt.Admit(ctx, "a", payload)
+	require.NoError(t, err)
+	recv(t, sub.Changed(), "the wake-up of a change without values")
+	if e := c.keys.entry(key.KVKey); e != nil {
+		assert.False(t, e.fed(), "an entry no watch feeds counts as fed")
+	}
+}
