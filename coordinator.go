@@ -193,8 +193,11 @@ type KeyCoordinator struct {
 	store    Store
 	cfg      Config
 	keys     *keyTable
-	slotRoom int       // see checkRoom
-	obs      *observer // metrics and logs; nil: none
+	slotRoom int // see checkRoom
+	// groupWriters is the most operations whose outcomes write that one
+	// batch carries (see groupcommit.go): groupWritersDefault.
+	groupWriters int
+	obs          *observer // metrics and logs; nil: none
 }
 
 // NewCoordinator returns a coordinator over store. cfg may be nil for the
@@ -251,7 +254,7 @@ func NewCoordinator(store Store, cfg *Config) (*KeyCoordinator, error) {
 	if err != nil {
 		return nil, err
 	}
-	return &KeyCoordinator{store: store, cfg: c, keys: newKeyTable(c.StateCacheSize), slotRoom: slotRoom(c.InstanceID), obs: obs}, nil
+	return &KeyCoordinator{store: store, cfg: c, keys: newKeyTable(c.StateCacheSize), slotRoom: slotRoom(c.InstanceID), obs: obs, groupWriters: groupWritersDefault}, nil
 }
 
 // InstanceID returns the instance id the coordinator writes into slots.
@@ -431,7 +434,10 @@ type retry struct {
 // look (an acquisition that finds every slot taken) never waits for this
 // coordinator's writes to the key, and one that read and then writes takes
 // the lane and, if another of this coordinator's operations wrote
-// meanwhile, starts from that newer state (keyEntry.begin).
+// meanwhile, starts from that newer state (keyEntry.begin). Operations
+// waiting for the lane are written together with the one holding it, in
+// one compare-and-swap (see groupcommit.go); each comes back here with its
+// own result, and on a lost race follows its own retry rules.
 func (c *KeyCoordinator) run(ctx context.Context, key JobKey, rt retry, reduce func(*KeyState, time.Time) *KeyState) error {
 	e := c.keys.pin(key.KVKey)
 	defer c.keys.unpin(key.KVKey, e)
@@ -445,13 +451,15 @@ func (c *KeyCoordinator) run(ctx context.Context, key JobKey, rt retry, reduce f
 			}
 		}
 	}
+	op := &laneOp{ctx: ctx, reduce: reduce, rt: rt, trust: wt != nil && wt.trustWatch, wake: make(chan struct{}, 1)}
 	var (
-		r    *read // the last read, nil until one is needed
-		buf  []byte
-		lost int
+		r        *read // the last read, nil until one is needed
+		readNext bool
+		buf      []byte
+		lost     int
 	)
 	for {
-		if r != nil {
+		if readNext {
 			mark := e.mark()
 			st, rev, err := c.read(ctx, key)
 			if err != nil {
@@ -462,31 +470,32 @@ func (c *KeyCoordinator) run(ctx context.Context, key JobKey, rt retry, reduce f
 				wt.decided(rev)
 				return nil
 			}
-			*r = read{state: st, rev: rev, mark: mark}
+			r = &read{state: st, rev: rev, mark: mark}
 		}
-		if err := e.lock(ctx); err != nil {
+		op.r = r
+		res, err := c.turn(e, key, op, &buf)
+		if err != nil {
 			return err
 		}
-		s, ok := e.begin(r, c.keys.max > 0, rt.assumeAbsent, wt != nil && wt.trustWatch)
-		if !ok {
-			e.unlock()
-			r = &read{}
-			continue
-		}
-		done, err := c.attempt(ctx, e, key, s, reduce, &buf)
-		e.unlock()
-		if done {
+		s := res.s
+		if res.done {
 			wt.decided(s.rev)
 		}
-		if done || err != nil {
-			return err
+		if res.done || res.err != nil {
+			return res.err
 		}
-		r = &read{}
+		readNext = !res.again
+		if res.again {
+			continue // cut off from a batch: another turn
+		}
 		if !s.verified && !s.watched {
 			continue // a stale guess, not a lost race: read and try again
 		}
 		lost++
-		pause := e.lose(c.cfg.RetryBackoff, c.cfg.MaxRetryBackoff, time.Now())
+		pause := res.pause
+		if pause == 0 { // the turn wrote nothing (found nothing to write on a guess)
+			pause = e.lose(c.cfg.RetryBackoff, c.cfg.MaxRetryBackoff, time.Now())
+		}
 		if rt.lease != nil {
 			if until := leaseEnd(s.state, *rt.lease); !c.cfg.Now().Before(until) {
 				return fmt.Errorf("%w: KV key %q: job %q lost %d compare-and-swap races to concurrent writers until its lease expired at %s",
@@ -508,7 +517,7 @@ func (c *KeyCoordinator) run(ctx context.Context, key JobKey, rt retry, reduce f
 		if fed && e.awaitChange(ctx, s.rev, watchFallback) {
 			// The watch delivered what the write lost to: start from
 			// it, without a read.
-			r = nil
+			r, readNext = nil, false
 		}
 	}
 }
@@ -539,66 +548,6 @@ func (wt *waitTry) decided(rev uint64) {
 	if wt != nil {
 		wt.rev = rev
 	}
-}
-
-// attempt reduces s and writes the result, holding e's lane. It reports
-// done when the operation is complete (written, or nothing to write on
-// verified state), and an error when it must stop; neither when the write
-// lost a race or rested on a guess.
-func (c *KeyCoordinator) attempt(ctx context.Context, e *keyEntry, key JobKey, s start, reduce func(*KeyState, time.Time) *KeyState, buf *[]byte) (bool, error) {
-	next := reduce(s.state, c.cfg.Now())
-	if writesNothing(next, s.state) {
-		// An outcome that writes nothing must not rest on a guess.
-		return s.verified, nil
-	}
-	var err error
-	if next.Empty() {
-		if err = c.store.Delete(ctx, key.Service, key.KVKey, s.rev); err == nil {
-			e.commit(nil, 0, c.cfg.RetryBackoff) // absent now; Admit creates it without a read
-			return true, nil
-		}
-	} else {
-		if err := checkTimes(key.KVKey, next, c.cfg.Now); err != nil {
-			return false, err
-		}
-		if *buf == nil {
-			*buf = make([]byte, 0, encodedSizeEstimate(next))
-		}
-		*buf = appendState((*buf)[:0], next)
-		if s.state == nil || len(next.Queued) > len(s.state.Queued) {
-			if err := c.checkRoom(ctx, key, next, len(*buf)); err != nil {
-				return false, err
-			}
-		}
-		// next is also the outcome's State, which belongs to the caller:
-		// remember a copy. The watch may recognise it before the reply.
-		snap := snapshot(next)
-		e.writing(*buf, snap)
-		var rev uint64
-		if s.state == nil {
-			rev, err = c.store.Create(ctx, key.Service, key.KVKey, *buf)
-		} else {
-			rev, err = c.store.Update(ctx, key.Service, key.KVKey, *buf, s.rev)
-		}
-		e.written()
-		if err == nil {
-			e.commit(snap, rev, c.cfg.RetryBackoff)
-			return true, nil
-		}
-	}
-	e.conflictAt(s.rev)
-	if errors.Is(err, ErrRevisionConflict) {
-		c.obs.conflict(ctx, &key)
-	}
-	switch {
-	case errors.Is(err, ErrStateTooLarge):
-		return false, &StateError{KVKey: key.KVKey, Reason: fmt.Sprintf("new state of %d bytes (%d active, %d queued): %v", len(*buf), len(next.Active), len(next.Queued), err), Err: ErrStateTooLarge}
-	case ctx.Err() != nil:
-		return false, ctx.Err()
-	case !errors.Is(err, ErrRevisionConflict):
-		return false, fmt.Errorf("jobkeys: KV key %q: %w", key.KVKey, err)
-	}
-	return false, nil
 }
 
 // The times key state can hold: toISOString writes years outside 0000 to

@@ -16,8 +16,10 @@ import (
 // The lane costs nothing on distinct keys and turns concurrent writes of
 // one process to one key, which would otherwise lose compare-and-swap
 // races to each other, into a queue in memory where each write starts from
-// the state the one before it wrote: no read, no conflict. Reads are not
-// queued. Races with other processes are still settled by compare-and-swap.
+// the state the one before it wrote: no read, no conflict. Operations
+// queued together are written together, with one compare-and-swap (group
+// commit, see groupcommit.go). Reads are not queued. Races with other
+// processes are still settled by compare-and-swap.
 //
 // Entries in use are never evicted; idle entries are kept only while they
 // remember something (state, or an open backoff window), and at most max
@@ -33,12 +35,14 @@ type keyTable struct {
 // fields but lane by mu.
 //
 // An operation uses it in this order: pace (before its first attempt, when
-// the key is contended); then per attempt lock, begin (the state to start
-// from), and after the write commit or conflict, then unlock. Reads run
-// without the lane: mark before, observe or begin(read) after.
+// the key is contended); then per attempt a turn at the lane (lane.enter:
+// it leads a batch or a batch carries it), in which the batch's holder
+// calls begin (the state to start from) for each, and after the write
+// commit or conflict, then leaves the lane. Reads run without the lane:
+// mark before, observe or begin(read) after.
 type keyEntry struct {
-	lane  chan struct{} // holds one token while an operation may write
-	users int           // operations that pinned the entry
+	lane  lane // one operation writes at a time; see groupcommit.go
+	users int  // operations that pinned the entry
 
 	mu      sync.Mutex
 	state   *KeyState // last state read or written; immutable once stored
@@ -95,7 +99,7 @@ func (t *keyTable) pin(k string) *keyEntry {
 	e := t.entries[k]
 	if e == nil {
 		t.evictIdle()
-		e = &keyEntry{lane: make(chan struct{}, 1)}
+		e = &keyEntry{}
 		t.entries[k] = e
 	}
 	e.users++
@@ -302,23 +306,15 @@ func (e *keyEntry) awaitChange(ctx context.Context, rev uint64, bound time.Durat
 	}
 }
 
-// lock takes e's lane, waiting for it or for ctx to end.
+// lock takes e's lane for an operation of its own, outside any batch,
+// waiting for it or for ctx to end.
 func (e *keyEntry) lock(ctx context.Context) error {
-	select {
-	case e.lane <- struct{}{}:
-		return nil
-	default:
-	}
-	select {
-	case e.lane <- struct{}{}:
-		return nil
-	case <-ctx.Done():
-		return ctx.Err()
-	}
+	_, err := e.lane.enter(&laneOp{ctx: ctx, solo: true, wake: make(chan struct{}, 1)})
+	return err
 }
 
 // unlock releases e's lane.
-func (e *keyEntry) unlock() { <-e.lane }
+func (e *keyEntry) unlock() { e.lane.leave() }
 
 // start is the state an attempt starts from.
 type start struct {
