@@ -484,10 +484,7 @@ func (c *KeyCoordinator) run(ctx context.Context, key JobKey, rt retry, reduce f
 		if res.done || res.err != nil {
 			return res.err
 		}
-		readNext = !res.again
-		if res.again {
-			continue // cut off from a batch: another turn
-		}
+		readNext = true
 		if !s.verified && !s.watched {
 			continue // a stale guess, not a lost race: read and try again
 		}

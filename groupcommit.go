@@ -106,7 +106,7 @@ type laneResult struct {
 	s     start // the state the turn's attempt started from
 	done  bool  // the operation is complete
 	err   error // the operation must stop with err
-	again bool  // take another turn with what the operation knows, no read, no race lost
+	rerun bool  // (lead) run again alone, still holding the lane
 	pause time.Duration
 }
 
@@ -216,6 +216,9 @@ func (c *KeyCoordinator) turn(e *keyEntry, key JobKey, op *laneOp, buf *[]byte) 
 		return op.res, nil
 	}
 	res := c.commitBatch(e, key, op, buf)
+	for res.rerun {
+		res = c.commitBatch(e, key, op, buf)
+	}
 	e.lane.leave()
 	return res, nil
 }
@@ -260,14 +263,6 @@ func (c *KeyCoordinator) commitBatch(e *keyEntry, key JobKey, lead *laneOp, buf 
 		return start{state: s.state, rev: s.rev, verified: v, watched: s.watched}
 	}
 
-	wctx := lead.ctx
-	var bctx *batchCtx
-	if len(ops) > 1 {
-		bctx = newBatchContext(ops)
-		defer bctx.stop()
-		wctx = bctx
-	}
-
 	// Reduce in order, each from the state the one before produced.
 	n := len(ops)
 	cur, writes, writers := s.state, false, 0
@@ -296,16 +291,13 @@ func (c *KeyCoordinator) commitBatch(e *keyEntry, key JobKey, lead *laneOp, buf 
 		if cur == nil || len(next.Queued) > len(cur.Queued) {
 			c.encode(buf, next)
 			encoded = next
-			if err := c.checkRoom(wctx, key, next, len(*buf)); err != nil {
+			if err := c.checkRoom(op.ctx, key, next, len(*buf)); err != nil {
 				op.err = err
 				continue
 			}
 		}
 		cur, writes = next, true
 		writers++
-	}
-	if bctx != nil {
-		bctx.ops = ops[:n] // the operations the write is for
 	}
 	if !writes {
 		return results(n, func(op *laneOp) laneResult {
@@ -318,6 +310,12 @@ func (c *KeyCoordinator) commitBatch(e *keyEntry, key JobKey, lead *laneOp, buf 
 		})
 	}
 
+	wctx := lead.ctx
+	if n > 1 {
+		b := newBatchContext(ops[:n])
+		defer b.stop()
+		wctx = b
+	}
 	var err error
 	if cur.Empty() {
 		if err = c.store.Delete(wctx, key.Service, key.KVKey, s.rev); err == nil {
@@ -349,19 +347,24 @@ func (c *KeyCoordinator) commitBatch(e *keyEntry, key JobKey, lead *laneOp, buf 
 		})
 	}
 
-	e.conflictAt(s.rev)
+	tooLarge := errors.Is(err, ErrStateTooLarge)
+	if !tooLarge { // refused for its size, the write changed nothing
+		e.conflictAt(s.rev)
+	}
 	conflict := errors.Is(err, ErrRevisionConflict)
 	if conflict {
 		c.obs.conflict(lead.ctx, &key)
 	}
 	switch {
-	case errors.Is(err, ErrStateTooLarge) && n > 1:
-		// Which operation's state is too large? Run them one at a time.
-		return results(n, func(op *laneOp) laneResult {
+	case tooLarge && n > 1:
+		// Which operation's state is too large? Run them one at a time,
+		// in their order: lead now, the others handed the lane after it.
+		for _, op := range ops[:n] {
 			op.solo = true
-			return laneResult{again: true}
-		})
-	case errors.Is(err, ErrStateTooLarge):
+		}
+		e.lane.putBack(ops[1:n])
+		return laneResult{rerun: true}
+	case tooLarge:
 		err = &StateError{KVKey: key.KVKey, Reason: fmt.Sprintf("new state of %d bytes (%d active, %d queued): %v", len(*buf), len(cur.Active), len(cur.Queued), err), Err: ErrStateTooLarge}
 		return results(n, func(*laneOp) laneResult { return laneResult{err: err} })
 	case wctx.Err() != nil:
