@@ -451,7 +451,8 @@ func (c *KeyCoordinator) run(ctx context.Context, key JobKey, rt retry, reduce f
 			}
 		}
 	}
-	op := &laneOp{ctx: ctx, reduce: reduce, rt: rt, trust: wt != nil && wt.trustWatch, wake: make(chan struct{}, 1)}
+	op := newLaneOp(ctx, reduce, rt, wt != nil && wt.trustWatch)
+	defer op.free()
 	var (
 		r        *read // the last read, nil until one is needed
 		readNext bool

@@ -74,8 +74,10 @@ type lane struct {
 	mu    sync.Mutex
 	busy  bool
 	queue []*laneOp // waiting, oldest first
-	// batch is the holder's scratch list of the operations of its batch.
+	// batch is the holder's scratch list of the operations of its batch,
+	// in first until a batch outgrows it.
 	batch []*laneOp
+	first [2]*laneOp
 }
 
 // laneOp is one operation's turn at a key's lane.
@@ -99,6 +101,22 @@ type laneOp struct {
 	ok  bool  // begin's ok
 	err error // a check of the state it produced failed
 	res laneResult
+}
+
+// laneOps recycles laneOps with their wake channels: every signal sent to
+// an operation is received before its run returns.
+var laneOps = sync.Pool{New: func() any { return &laneOp{wake: make(chan struct{}, 1)} }}
+
+func newLaneOp(ctx context.Context, reduce func(*KeyState, time.Time) *KeyState, rt retry, trust bool) *laneOp {
+	op := laneOps.Get().(*laneOp)
+	op.ctx, op.reduce, op.rt, op.trust = ctx, reduce, rt, trust
+	return op
+}
+
+// free returns op to laneOps once its operation is over.
+func (op *laneOp) free() {
+	*op = laneOp{wake: op.wake}
+	laneOps.Put(op)
 }
 
 // laneResult is the result of an operation's turn, for run.
@@ -198,10 +216,24 @@ func (l *lane) putBack(ops []*laneOp) {
 	l.queue = slices.Insert(l.queue, 0, ops...)
 }
 
-// finish hands op, carried by a batch, its result.
-func (op *laneOp) finish(res laneResult) {
-	op.res = res
-	op.wake <- struct{}{}
+// deliver ends a batch of ops whose first n ran: it hands ops[1:n] their
+// results (op.res), returns the others to the head of the queue, and
+// returns the result of ops[0], the holder.
+func (l *lane) deliver(ops []*laneOp, n int) laneResult {
+	for _, op := range ops[1:n] {
+		op.wake <- struct{}{}
+	}
+	l.putBack(ops[n:]) // cut off: they start the next batch
+	return ops[0].res
+}
+
+// startFrom returns the start of op's attempt in a batch that started from
+// s: s, verified for op when it was stored at an instant during op (op read
+// it or an older revision, or a trusted watch feed vouches for it).
+func (op *laneOp) startFrom(s start) start {
+	v := op.trust && s.watched ||
+		op.ok && op.s.verified && (op.s.rev == s.rev && (op.s.state == nil) == (s.state == nil) || op.s.rev != 0 && s.rev > op.s.rev)
+	return start{state: s.state, rev: s.rev, verified: v, watched: s.watched}
 }
 
 // turn takes op's turn at e's lane: it leads a batch (op and those waiting
@@ -226,6 +258,9 @@ func (c *KeyCoordinator) turn(e *keyEntry, key JobKey, op *laneOp, buf *[]byte) 
 // commitBatch runs the batch lead leads, holding e's lane: it hands every
 // other operation of the batch its result and returns lead's.
 func (c *KeyCoordinator) commitBatch(e *keyEntry, key JobKey, lead *laneOp, buf *[]byte) laneResult {
+	if e.lane.batch == nil {
+		e.lane.batch = e.lane.first[:0]
+	}
 	ops := append(e.lane.batch[:0], lead)
 	if !lead.solo {
 		ops = e.lane.take(ops)
@@ -234,14 +269,6 @@ func (c *KeyCoordinator) commitBatch(e *keyEntry, key JobKey, lead *laneOp, buf 
 		clear(ops)
 		e.lane.batch = ops[:0]
 	}()
-	results := func(n int, res func(op *laneOp) laneResult) laneResult {
-		for _, op := range ops[1:n] {
-			op.finish(res(op))
-		}
-		e.lane.putBack(ops[n:]) // cut off: they start the next batch
-		return res(lead)
-	}
-
 	// The state to start from: each operation's read, if newer, updates
 	// what e knows (begin); the batch starts from the newest, the start
 	// begin gave the last operation it could give one.
@@ -254,15 +281,12 @@ func (c *KeyCoordinator) commitBatch(e *keyEntry, key JobKey, lead *laneOp, buf 
 		}
 	}
 	if last < 0 {
-		return results(len(ops), func(*laneOp) laneResult { return laneResult{} }) // each reads first
+		for _, op := range ops {
+			op.res = laneResult{} // each reads first
+		}
+		return e.lane.deliver(ops, len(ops))
 	}
 	s := ops[last].s
-	verified := func(op *laneOp) start {
-		v := op.trust && s.watched ||
-			op.ok && op.s.verified && (op.s.rev == s.rev && (op.s.state == nil) == (s.state == nil) || op.s.rev != 0 && s.rev > op.s.rev)
-		return start{state: s.state, rev: s.rev, verified: v, watched: s.watched}
-	}
-
 	// Reduce in order, each from the state the one before produced.
 	n := len(ops)
 	cur, writes, writers := s.state, false, 0
@@ -300,14 +324,16 @@ func (c *KeyCoordinator) commitBatch(e *keyEntry, key JobKey, lead *laneOp, buf 
 		writers++
 	}
 	if !writes {
-		return results(n, func(op *laneOp) laneResult {
+		for _, op := range ops[:n] {
 			if op.err != nil {
-				return laneResult{err: op.err}
+				op.res = laneResult{err: op.err}
+				continue
 			}
 			// An outcome that writes nothing must not rest on a guess.
-			st := verified(op)
-			return laneResult{s: st, done: st.verified}
-		})
+			st := op.startFrom(s)
+			op.res = laneResult{s: st, done: st.verified}
+		}
+		return e.lane.deliver(ops, n)
 	}
 
 	wctx := lead.ctx
@@ -342,13 +368,16 @@ func (c *KeyCoordinator) commitBatch(e *keyEntry, key JobKey, lead *laneOp, buf 
 		}
 	}
 	if err == nil {
-		return results(n, func(op *laneOp) laneResult {
-			return laneResult{s: start{state: s.state, rev: s.rev, verified: true}, done: op.err == nil, err: op.err}
-		})
+		for _, op := range ops[:n] {
+			op.res = laneResult{s: start{state: s.state, rev: s.rev, verified: true}, done: op.err == nil, err: op.err}
+		}
+		return e.lane.deliver(ops, n)
 	}
 
+	// A value refused for its size changed nothing: s is still what e
+	// knows. Any other failure leaves the stored state unknown.
 	tooLarge := errors.Is(err, ErrStateTooLarge)
-	if !tooLarge { // refused for its size, the write changed nothing
+	if !tooLarge {
 		e.conflictAt(s.rev)
 	}
 	conflict := errors.Is(err, ErrRevisionConflict)
@@ -362,28 +391,38 @@ func (c *KeyCoordinator) commitBatch(e *keyEntry, key JobKey, lead *laneOp, buf 
 		for _, op := range ops[:n] {
 			op.solo = true
 		}
-		e.lane.putBack(ops[1:n])
+		e.lane.putBack(ops[1:])
 		return laneResult{rerun: true}
 	case tooLarge:
 		err = &StateError{KVKey: key.KVKey, Reason: fmt.Sprintf("new state of %d bytes (%d active, %d queued): %v", len(*buf), len(cur.Active), len(cur.Queued), err), Err: ErrStateTooLarge}
-		return results(n, func(*laneOp) laneResult { return laneResult{err: err} })
 	case wctx.Err() != nil:
-		return results(n, func(op *laneOp) laneResult { return laneResult{err: op.ctx.Err()} })
+		err = nil // each its own context's
 	case !conflict:
 		err = fmt.Errorf("jobkeys: KV key %q: %w", key.KVKey, err)
-		return results(n, func(*laneOp) laneResult { return laneResult{err: err} })
+	}
+	if !conflict {
+		for _, op := range ops[:n] {
+			op.res = laneResult{err: err}
+			if err == nil {
+				op.res.err = op.ctx.Err()
+			}
+		}
+		return e.lane.deliver(ops, n)
 	}
 	// A lost race or a stale guess: each operation goes back to its own
 	// retry rules. The key lost one race: its window widens once.
 	lost := s.watched
 	for _, op := range ops[:n] {
-		lost = lost || verified(op).verified
+		lost = lost || op.startFrom(s).verified
 	}
 	var pause time.Duration
 	if lost {
 		pause = e.lose(c.cfg.RetryBackoff, c.cfg.MaxRetryBackoff, time.Now())
 	}
-	return results(n, func(op *laneOp) laneResult { return laneResult{s: verified(op), pause: pause} })
+	for _, op := range ops[:n] {
+		op.res = laneResult{s: op.startFrom(s), pause: pause}
+	}
+	return e.lane.deliver(ops, n)
 }
 
 // encode writes st's wire form into *buf.
