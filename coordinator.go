@@ -168,7 +168,9 @@ type Config struct {
 // The writes of one coordinator to one key run one at a time, each starting
 // from the state the one before it wrote, so they never race each other;
 // reads do not wait for them, and operations on different keys run in
-// parallel. Races with other processes are settled by compare-and-swap: a
+// parallel. Operations that queue on a key behind a write go with the next
+// write: those whose outcomes write nothing (an acquisition that finds
+// every slot taken, say) rest on it and need no read of their own. Races with other processes are settled by compare-and-swap: a
 // lost race is followed by a jittered pause drawn from the key's backoff
 // window, which starts at Config.RetryBackoff, doubles with every race lost
 // on the key, halves with every successful write, never exceeds

@@ -97,10 +97,11 @@ type laneOp struct {
 	handed bool
 
 	// Set by the batch's holder while the operation is in its batch.
-	s   start // what begin gave the operation
-	ok  bool  // begin's ok
-	err error // a check of the state it produced failed
-	res laneResult
+	s     start // what begin gave the operation
+	ok    bool  // begin's ok
+	err   error // a check of the state it produced failed
+	early bool  // done before the batch's write: res is final
+	res   laneResult
 }
 
 // laneOps recycles laneOps with their wake channels: every signal sent to
@@ -275,7 +276,7 @@ func (c *KeyCoordinator) commitBatch(e *keyEntry, key JobKey, lead *laneOp, buf 
 	last := -1
 	for i, op := range ops {
 		op.s, op.ok = e.begin(op.r, c.keys.max > 0, op.rt.assumeAbsent, op.trust)
-		op.err = nil
+		op.err, op.early = nil, false
 		if op.ok {
 			last = i
 		}
@@ -294,6 +295,13 @@ func (c *KeyCoordinator) commitBatch(e *keyEntry, key JobKey, lead *laneOp, buf 
 	for i, op := range ops {
 		next := op.reduce(cur, c.cfg.Now())
 		if writesNothing(next, cur) {
+			// Ahead of every write, on state verified for it, the outcome
+			// is final now, as it would be alone.
+			if i > 0 && !writes {
+				if st := op.startFrom(s); st.verified {
+					op.res, op.early = laneResult{s: st, done: true}, true
+				}
+			}
 			continue
 		}
 		if writers == c.groupWriters {
@@ -335,6 +343,20 @@ func (c *KeyCoordinator) commitBatch(e *keyEntry, key JobKey, lead *laneOp, buf 
 		}
 		return e.lane.deliver(ops, n)
 	}
+
+	// Those done already need not wait for the write.
+	k, early := 1, 0
+	for i, op := range ops[1:] {
+		if op.early && i+1 < n {
+			op.wake <- struct{}{}
+			early++
+			continue
+		}
+		ops[k] = op
+		k++
+	}
+	clear(ops[k:])
+	ops, n = ops[:k], n-early
 
 	wctx := lead.ctx
 	if n > 1 {
