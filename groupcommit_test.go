@@ -529,3 +529,51 @@ func TestGroupCommitCancel(t *testing.T) {
 		assert.Equal(t, before, string(r.stored()), "the state the held renewal wrote (the clock is fixed)")
 	})
 }
+
+// A carried operation whose outcome writes nothing, ahead of the batch's
+// write and on state verified for it (here a waiting acquisition on the
+// state its watch feed vouches for), is done before that write: it does
+// not wait for a write it does not need.
+func TestGroupCommitVerifiedRiderDoneBeforeWrite(t *testing.T) {
+	t.Parallel()
+	policy := Policy{Key: benchPolicy.Key, MaxActive: 1, MaxQueuedPerKey: 16}
+	r := newGCRig(t, "gcearly", policy, groupWritersDefault, true)
+	bg := context.Background()
+	for _, id := range []string{"w0", "w1"} {
+		adm, err := r.admit(id)(bg, r)
+		require.NoError(t, err)
+		require.Equal(t, KindAccepted, adm.(Admission).Kind)
+	}
+	// Feed the key's entry as a Watcher would, with its current state.
+	r.c.keys.attach(r.key.KVKey)
+	defer r.c.keys.detach(r.key.KVKey)
+	v, rev, err := r.mem.Get(bg, r.service, r.key.KVKey)
+	require.NoError(t, err)
+	st, err := ParseState(v)
+	require.NoError(t, err)
+	r.c.keys.watched(r.key.KVKey, st, rev, true)
+
+	r.hold()
+	held := r.start(bg, gcRenewHeld)
+	r.awaitWrite()
+	lead := r.start(bg, r.acquire("w1")) // blocked on a guess: it needs the write
+	r.awaitQueued(1)
+	waiter := r.start(withWaitTry(bg, &waitTry{trustWatch: true}), r.acquire("w0"))
+	r.awaitQueued(2)
+	writer := r.start(bg, gcRenewHeld)
+	r.awaitQueued(3)
+	r.permit()
+	require.NoError(t, (<-held).err)
+	r.awaitWrite() // the batch's: w1, w0 and the renewal
+	select {
+	case got := <-waiter:
+		require.NoError(t, got.err)
+		assert.Equal(t, KindBlocked, got.out.(Acquisition).Kind)
+	case <-time.After(time.Minute):
+		t.Error("the waiting acquisition waited for the batch's write")
+	}
+	r.open()
+	for _, ch := range []<-chan gcResult{lead, writer} {
+		require.NoError(t, (<-ch).err)
+	}
+}
