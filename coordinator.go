@@ -436,7 +436,8 @@ func (c *KeyCoordinator) run(ctx context.Context, key JobKey, rt retry, reduce f
 	e := c.keys.pin(key.KVKey)
 	defer c.keys.unpin(key.KVKey, e)
 	wt, _ := ctx.Value(waitTryKey{}).(*waitTry)
-	if rt.lease == nil {
+	// A waiter the watch woke tries at once: its Watcher spaces the tries.
+	if rt.lease == nil && (wt == nil || !wt.trustWatch) {
 		if window := e.paceWindow(time.Now()); window > 0 {
 			// A contended key: pace the first attempt too, so that a
 			// writer that keeps winning does not keep the others out.
@@ -486,7 +487,11 @@ func (c *KeyCoordinator) run(ctx context.Context, key JobKey, rt retry, reduce f
 			continue // a stale guess, not a lost race: read and try again
 		}
 		lost++
-		pause := e.lose(c.cfg.RetryBackoff, c.cfg.MaxRetryBackoff, time.Now())
+		// A waiter's lost race is answered by the write that won it, which
+		// the watch delivers: no pause, and no wider backoff window for
+		// the key's other operations (its Watcher spaces the waiters).
+		fed := e.fed()
+		watchAnswers := fed && wt != nil && wt.trustWatch
 		if rt.lease != nil {
 			if until := leaseEnd(s.state, *rt.lease); !c.cfg.Now().Before(until) {
 				return fmt.Errorf("%w: KV key %q: job %q lost %d compare-and-swap races to concurrent writers until its lease expired at %s",
@@ -497,14 +502,11 @@ func (c *KeyCoordinator) run(ctx context.Context, key JobKey, rt retry, reduce f
 		} else if lost >= c.cfg.MaxAttempts {
 			return fmt.Errorf("%w: KV key %q: %d compare-and-swap attempts lost to concurrent writers", ErrContention, key.KVKey, lost)
 		}
-		fed := e.fed()
-		if !fed || wt == nil || !wt.trustWatch {
-			if err := sleepJitter(ctx, pause); err != nil {
+		if !watchAnswers {
+			if err := sleepJitter(ctx, e.lose(c.cfg.RetryBackoff, c.cfg.MaxRetryBackoff, time.Now())); err != nil {
 				return err
 			}
 		}
-		// A waiter's lost race is answered by the write that won it, which
-		// the watch delivers: no pause, it finds the key busy on it.
 		if fed && e.awaitChange(ctx, s.rev, watchFallback) {
 			// The watch delivered what the write lost to: start from
 			// it, without a read.
