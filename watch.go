@@ -29,9 +29,12 @@ type Watcher struct {
 	cancel context.CancelFunc
 	wg     sync.WaitGroup // one per running watch's monitor goroutine
 
+	grace time.Duration // waiterGrace; tests change it before subscribing
+
 	mu      sync.Mutex
 	closed  bool
 	watches map[string]*serviceWatch
+	decodes uint64 // watched values decoded (see keyWatch.decode)
 }
 
 // serviceWatch is the watch of one service and its subscribers. Its fields
@@ -60,7 +63,9 @@ type keyWatch struct {
 	// armed).
 	deferred   *time.Timer
 	deferredAt time.Time
-	rewake     func() // wake under Watcher.mu, for deferred
+	rewake     func()        // wake under Watcher.mu, for deferred
+	grace      time.Duration // Watcher.grace
+	decodes    *uint64       // Watcher.decodes
 	// state is the key's state at rev (nil when deleted), valid when
 	// decoded; a watch without values, or a value that does not decode as
 	// this key's state, leaves decoded false and every waiter is woken on
@@ -77,7 +82,7 @@ func NewWatcher(store WatchableStore) (*Watcher, error) {
 		return nil, fmt.Errorf("%w: watcher store is nil", ErrInvalidRequest)
 	}
 	ctx, cancel := context.WithCancel(context.Background())
-	return &Watcher{store: store, ctx: ctx, cancel: cancel, watches: make(map[string]*serviceWatch)}, nil
+	return &Watcher{store: store, ctx: ctx, cancel: cancel, grace: waiterGrace, watches: make(map[string]*serviceWatch)}, nil
 }
 
 // Subscribe registers interest in changes of kvKey (a [JobKey.KVKey]) in
@@ -193,7 +198,7 @@ func (w *Watcher) subscribe(ctx context.Context, service, kvKey string, wt *wait
 
 // newKeyWatch returns the keyWatch of kvKey in sw. Called with w.mu held.
 func (w *Watcher) newKeyWatch(sw *serviceWatch, kvKey string) *keyWatch {
-	kw := &keyWatch{tables: make(map[*keyTable]int)}
+	kw := &keyWatch{tables: make(map[*keyTable]int), grace: w.grace, decodes: &w.decodes}
 	kw.rewake = func() {
 		w.mu.Lock()
 		defer w.mu.Unlock()
@@ -341,6 +346,7 @@ func (kw *keyWatch) decode(service string, c keyChange) (*KeyState, bool) {
 			return st, true
 		}
 	}
+	*kw.decodes++
 	st, err := decodeState(c.value)
 	if err != nil || st.Service != service || kvKeyFor(st.Service, st.JobType, st.KeyHash) != c.kvKey {
 		return nil, false
@@ -434,7 +440,7 @@ func (kw *keyWatch) turn(jobID string, queued []QueuedJob, free int) time.Time {
 	if ahead < free {
 		return time.Time{}
 	}
-	return kw.at.Add(time.Duration(ahead-free+1) * waiterGrace)
+	return kw.at.Add(time.Duration(ahead-free+1) * kw.grace)
 }
 
 // waiting reports whether one of kw's waiters waits for job jobID.

@@ -395,3 +395,204 @@ func TestWatcherWithoutValuesFeedsNothing(t *testing.T) {
 		assert.False(t, e.fed(), "an entry no watch feeds counts as fed")
 	}
 }
+
+// Processes wake by one queue: of two processes (each its own coordinator
+// and Watcher) waiting on one slot, only the process whose job is first in
+// the queue is woken by the release; the other's waiter stays asleep while
+// the first may still take the slot, and goes on waiting once it has. Should
+// the first never try (its process crashed), the other is woken after the
+// grace.
+func TestWatcherProcessesWakeInQueueOrder(t *testing.T) {
+	t.Parallel()
+	for name, open := range rtStores(t) {
+		t.Run(name, func(t *testing.T) {
+			t.Parallel()
+			ctx := context.Background()
+			store := open(t)
+			policy := Policy{Key: benchPolicy.Key, MaxActive: 1, MaxQueuedPerKey: 8}
+			service := rtService()
+			type proc struct {
+				jt *JobType
+				w  *Watcher
+			}
+			newProc := func(grace time.Duration) proc {
+				c, err := NewCoordinator(store, nil)
+				require.NoError(t, err)
+				jt, err := c.JobType(service, benchJobType, policy)
+				require.NoError(t, err)
+				w, err := NewWatcher(store)
+				require.NoError(t, err)
+				t.Cleanup(w.Close)
+				w.grace = grace
+				return proc{jt: jt, w: w}
+			}
+			// a holds the slot; b's job b0 is queued ahead of a's job a1.
+			a, b := newProc(time.Hour), newProc(time.Hour)
+			payload := benchPayload(0)
+			key := mustKey(t, a.jt, payload)
+			admit := func(p proc, id string) {
+				adm, err := p.jt.Admit(ctx, id, payload)
+				require.NoError(t, err)
+				require.Equal(t, KindAccepted, adm.Kind, "admit %s", id)
+			}
+			admit(a, "h")
+			admit(b, "b0")
+			admit(a, "a1")
+			acq, err := a.jt.Acquire(ctx, "h", payload)
+			require.NoError(t, err)
+			require.Equal(t, KindAcquired, acq.Kind)
+			wait := func(p proc, id string) *Subscription {
+				sub, err := p.w.subscribeWaiter(ctx, service, key.KVKey, id, 1, p.jt.coord.keys)
+				require.NoError(t, err)
+				t.Cleanup(sub.Close)
+				_, rev, err := store.Get(ctx, service, key.KVKey)
+				require.NoError(t, err)
+				sub.rearm(rev)
+				return sub
+			}
+			subB, subA := wait(b, "b0"), wait(a, "a1")
+			settled := func(p proc) {
+				_, want, err := store.Get(ctx, service, key.KVKey)
+				require.NoError(t, err)
+				require.Eventually(t, func() bool {
+					p.w.mu.Lock()
+					defer p.w.mu.Unlock()
+					sw := p.w.watches[service]
+					return sw != nil && sw.keys[key.KVKey] != nil && sw.keys[key.KVKey].rev >= want
+				}, rtWait, time.Millisecond)
+			}
+
+			rel, err := a.jt.Release(ctx, acq.Lease)
+			require.NoError(t, err)
+			require.Equal(t, KindReleased, rel.Kind)
+			settled(a)
+			settled(b)
+			recv(t, subB.Changed(), "the wake-up of the first queued job's process")
+			assert.False(t, pending(subA.Changed()), "a process whose job is second in the queue was woken while the first may take the slot")
+
+			// b takes the slot: a goes on waiting.
+			got, err := b.jt.Acquire(withWaitTry(ctx, &waitTry{trustWatch: true}), "b0", payload)
+			require.NoError(t, err)
+			require.Equal(t, KindAcquired, got.Kind)
+			settled(a)
+			assert.False(t, pending(subA.Changed()), "woken when the slot was taken")
+
+			// b releases and crashes without waiting again: a1 is first
+			// in the queue now and is woken at once.
+			rel, err = b.jt.Release(ctx, got.Lease)
+			require.NoError(t, err)
+			require.Equal(t, KindReleased, rel.Kind)
+			recv(t, subA.Changed(), "the wake-up of the job first in the queue")
+		})
+	}
+}
+
+// A process whose first queued job never tries (its process crashed with
+// the job queued) does not keep the others' waiters asleep: the next is
+// woken after the grace.
+func TestWatcherPassesADeadQueueHead(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	store := NewMemoryStore()
+	c, err := NewCoordinator(store, nil)
+	require.NoError(t, err)
+	jt, err := c.JobType(rtService(), benchJobType, Policy{Key: benchPolicy.Key, MaxActive: 1, MaxQueuedPerKey: 8})
+	require.NoError(t, err)
+	w, err := NewWatcher(store)
+	require.NoError(t, err)
+	defer w.Close()
+	w.grace = 20 * time.Millisecond
+	payload := benchPayload(0)
+	key := mustKey(t, jt, payload)
+	for _, id := range []string{"h", "dead", "live"} {
+		_, err := jt.Admit(ctx, id, payload)
+		require.NoError(t, err)
+	}
+	acq, err := jt.Acquire(ctx, "h", payload)
+	require.NoError(t, err)
+	require.Equal(t, KindAcquired, acq.Kind)
+	sub, err := w.subscribeWaiter(ctx, jt.Service(), key.KVKey, "live", 1, c.keys)
+	require.NoError(t, err)
+	defer sub.Close()
+	_, rev, err := store.Get(ctx, jt.Service(), key.KVKey)
+	require.NoError(t, err)
+	sub.rearm(rev)
+	start := time.Now()
+	_, err = jt.Release(ctx, acq.Lease)
+	require.NoError(t, err)
+	recv(t, sub.Changed(), "the wake-up after the dead head's grace")
+	assert.GreaterOrEqual(t, time.Since(start), w.grace, "woken before the head's grace ran out")
+	got, err := jt.Acquire(withWaitTry(ctx, &waitTry{trustWatch: true}), "live", payload)
+	require.NoError(t, err)
+	assert.Equal(t, KindAcquired, got.Kind, "the job behind the dead head takes the slot")
+}
+
+// A Watcher decodes a watched value only for keys its waiters wait on, and
+// never one whose revision a coordinator it feeds wrote: changes of other
+// keys, and a waiter's own process's writes, cost it no decoding.
+func TestWatcherDecodesOnlyWhatWaitersNeed(t *testing.T) {
+	t.Parallel()
+	for name, open := range rtStores(t) {
+		t.Run(name, func(t *testing.T) {
+			t.Parallel()
+			ctx := context.Background()
+			store := open(t)
+			mine, err := NewCoordinator(store, nil)
+			require.NoError(t, err)
+			other, err := NewCoordinator(store, nil)
+			require.NoError(t, err)
+			service := rtService()
+			policy := Policy{Key: benchPolicy.Key, MaxActive: 1, MaxQueuedPerKey: 8}
+			jt, err := mine.JobType(service, benchJobType, policy)
+			require.NoError(t, err)
+			otherJT, err := other.JobType(service, benchJobType, policy)
+			require.NoError(t, err)
+			w, err := NewWatcher(store)
+			require.NoError(t, err)
+			defer w.Close()
+			watched, unwatched := benchPayload(0), benchPayload(1)
+			key := mustKey(t, jt, watched)
+			_, err = jt.Admit(ctx, "a", watched)
+			require.NoError(t, err)
+			sub, err := w.subscribeWaiter(ctx, service, key.KVKey, "a", 1, mine.keys)
+			require.NoError(t, err)
+			defer sub.Close()
+			decodes := func() uint64 {
+				w.mu.Lock()
+				defer w.mu.Unlock()
+				return w.decodes
+			}
+			// settle waits until the watch has dispatched the watched
+			// key's latest change, and so every change before it.
+			settle := func() {
+				_, want, err := store.Get(ctx, service, key.KVKey)
+				require.NoError(t, err)
+				require.Eventually(t, func() bool {
+					w.mu.Lock()
+					defer w.mu.Unlock()
+					kw := w.watches[service].keys[key.KVKey]
+					return kw != nil && kw.rev >= want
+				}, rtWait, time.Millisecond)
+			}
+
+			// Another process's writes to a key nobody here waits on.
+			for i := range 3 {
+				_, err := otherJT.Admit(ctx, fmt.Sprintf("u%d", i), unwatched)
+				require.NoError(t, err)
+			}
+			// This process's own writes to the watched key.
+			for _, id := range []string{"b", "c"} {
+				_, err := jt.Admit(ctx, id, watched)
+				require.NoError(t, err)
+			}
+			settle()
+			assert.Zero(t, decodes(), "decoded changes of an unwatched key or its own writes")
+
+			// Another process's write to the watched key is decoded, once.
+			_, err = otherJT.Admit(ctx, "d", watched)
+			require.NoError(t, err)
+			settle()
+			assert.Equal(t, uint64(1), decodes(), "another process's write to the watched key")
+		})
+	}
+}
