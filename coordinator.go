@@ -444,7 +444,8 @@ func (c *KeyCoordinator) run(ctx context.Context, key JobKey, rt retry, reduce f
 	e := c.keys.pin(key.KVKey)
 	defer c.keys.unpin(key.KVKey, e)
 	wt, _ := ctx.Value(waitTryKey{}).(*waitTry)
-	if rt.lease == nil {
+	// A waiter the watch woke tries at once: its Watcher spaces the tries.
+	if rt.lease == nil && (wt == nil || !wt.trustWatch) {
 		if window := e.paceWindow(time.Now()); window > 0 {
 			// A contended key: pace the first attempt too, so that a
 			// writer that keeps winning does not keep the others out.
@@ -492,10 +493,11 @@ func (c *KeyCoordinator) run(ctx context.Context, key JobKey, rt retry, reduce f
 			continue // a stale guess, not a lost race: read and try again
 		}
 		lost++
-		pause := res.pause
-		if pause == 0 { // the turn wrote nothing (found nothing to write on a guess)
-			pause = e.lose(c.cfg.RetryBackoff, c.cfg.MaxRetryBackoff, time.Now())
-		}
+		// A waiter's lost race is answered by the write that won it, which
+		// the watch delivers: no pause, and no wider backoff window for
+		// the key's other operations (its Watcher spaces the waiters).
+		fed := e.fed()
+		watchAnswers := fed && wt != nil && wt.trustWatch
 		if rt.lease != nil {
 			if until := leaseEnd(s.state, *rt.lease); !c.cfg.Now().Before(until) {
 				return fmt.Errorf("%w: KV key %q: job %q lost %d compare-and-swap races to concurrent writers until its lease expired at %s",
@@ -506,14 +508,17 @@ func (c *KeyCoordinator) run(ctx context.Context, key JobKey, rt retry, reduce f
 		} else if lost >= c.cfg.MaxAttempts {
 			return fmt.Errorf("%w: KV key %q: %d compare-and-swap attempts lost to concurrent writers", ErrContention, key.KVKey, lost)
 		}
-		fed := e.fed()
-		if !fed || wt == nil || !wt.trustWatch {
+		if !watchAnswers {
+			// The batch that lost widened the key's window once for all
+			// its operations; a turn that wrote nothing did not.
+			pause := res.pause
+			if pause == 0 {
+				pause = e.lose(c.cfg.RetryBackoff, c.cfg.MaxRetryBackoff, time.Now())
+			}
 			if err := sleepJitter(ctx, pause); err != nil {
 				return err
 			}
 		}
-		// A waiter's lost race is answered by the write that won it, which
-		// the watch delivers: no pause, it finds the key busy on it.
 		if fed && e.awaitChange(ctx, s.rev, watchFallback) {
 			// The watch delivered what the write lost to: start from
 			// it, without a read.

@@ -433,9 +433,12 @@ func (c *KeyCoordinator) commitBatch(e *keyEntry, key JobKey, lead *laneOp, buf 
 	}
 	// A lost race or a stale guess: each operation goes back to its own
 	// retry rules. The key lost one race: its window widens once.
-	lost := s.watched
+	// A waiting acquisition on a fed key loses a race the watch answers:
+	// that widens no window (see run).
+	fed, lost := e.fed(), false
 	for _, op := range ops[:n] {
-		lost = lost || op.startFrom(s).verified
+		st := op.startFrom(s)
+		lost = lost || (st.verified || st.watched) && !(fed && op.trust)
 	}
 	var pause time.Duration
 	if lost {

@@ -227,7 +227,7 @@ func (r *Runner) acquire(ctx context.Context, jobID string, payload any, opts []
 			kvKey := kvKeyFor(r.jt.Service(), r.jt.Name(), acq.KeyHash)
 			// A waiter's subscription wakes it only when a change frees a
 			// slot, and feeds the key's changes to the coordinator.
-			if sub, err = r.cfg.Watcher.subscribeWaiter(ctx, r.jt.Service(), kvKey, r.policy.MaxActive, r.jt.coord.keys); err != nil {
+			if sub, err = r.cfg.Watcher.subscribeWaiter(ctx, r.jt.Service(), kvKey, jobID, r.policy.MaxActive, r.jt.coord.keys); err != nil {
 				if ctx.Err() != nil {
 					return Acquisition{}, time.Time{}, 0, ctx.Err()
 				}

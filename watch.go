@@ -29,9 +29,12 @@ type Watcher struct {
 	cancel context.CancelFunc
 	wg     sync.WaitGroup // one per running watch's monitor goroutine
 
+	grace time.Duration // waiterGrace; tests change it before subscribing
+
 	mu      sync.Mutex
 	closed  bool
 	watches map[string]*serviceWatch
+	decodes uint64 // watched values decoded (see keyWatch.decode)
 }
 
 // serviceWatch is the watch of one service and its subscribers. Its fields
@@ -54,6 +57,15 @@ type keyWatch struct {
 	tables  map[*keyTable]int // coordinators' key tables, by waiters using them
 	rev     uint64            // the revision of the latest change delivered; 0 before one
 	seq     uint64            // changes delivered
+	at      time.Time         // when the latest change was delivered
+	// deferred wakes the waiters whose turn (see turn) comes after the
+	// latest change: it runs wake again at deferredAt (zero when not
+	// armed).
+	deferred   *time.Timer
+	deferredAt time.Time
+	rewake     func()        // wake under Watcher.mu, for deferred
+	grace      time.Duration // Watcher.grace
+	decodes    *uint64       // Watcher.decodes
 	// state is the key's state at rev (nil when deleted), valid when
 	// decoded; a watch without values, or a value that does not decode as
 	// this key's state, leaves decoded false and every waiter is woken on
@@ -70,7 +82,7 @@ func NewWatcher(store WatchableStore) (*Watcher, error) {
 		return nil, fmt.Errorf("%w: watcher store is nil", ErrInvalidRequest)
 	}
 	ctx, cancel := context.WithCancel(context.Background())
-	return &Watcher{store: store, ctx: ctx, cancel: cancel, watches: make(map[string]*serviceWatch)}, nil
+	return &Watcher{store: store, ctx: ctx, cancel: cancel, grace: waiterGrace, watches: make(map[string]*serviceWatch)}, nil
 }
 
 // Subscribe registers interest in changes of kvKey (a [JobKey.KVKey]) in
@@ -86,17 +98,17 @@ func (w *Watcher) Subscribe(ctx context.Context, service, kvKey string) (*Subscr
 	return w.subscribe(ctx, service, kvKey, nil)
 }
 
-// subscribeWaiter is Subscribe for a blocked acquisition of a job whose
+// subscribeWaiter is Subscribe for a blocked acquisition of job jobID whose
 // policy allows limit slots, run by a coordinator whose key table is t. The
 // subscription is signalled only when a change can help it (see
 // Watcher.wake): it starts out woken, and after each try that found the
 // key busy at revision seen the waiter calls rearm(seen). While it lasts,
 // the watch feeds the key's changes to t (see keyTable.watched).
-func (w *Watcher) subscribeWaiter(ctx context.Context, service, kvKey string, limit int, t *keyTable) (*Subscription, error) {
+func (w *Watcher) subscribeWaiter(ctx context.Context, service, kvKey, jobID string, limit int, t *keyTable) (*Subscription, error) {
 	if valueWatcherOf(w.store) == nil {
 		t = nil // a watch without values has no state to feed
 	}
-	return w.subscribe(ctx, service, kvKey, &waiter{limit: limit, table: t, woken: true})
+	return w.subscribe(ctx, service, kvKey, &waiter{jobID: jobID, limit: limit, table: t, woken: true})
 }
 
 func (w *Watcher) subscribe(ctx context.Context, service, kvKey string, wt *waiter) (*Subscription, error) {
@@ -152,7 +164,7 @@ func (w *Watcher) subscribe(ctx context.Context, service, kvKey string, wt *wait
 			} else {
 				kw := sw.keys[kvKey]
 				if kw == nil {
-					kw = &keyWatch{tables: make(map[*keyTable]int)}
+					kw = w.newKeyWatch(sw, kvKey)
 					sw.keys[kvKey] = kw
 				}
 				wt.wokenAt = kw.seq
@@ -182,6 +194,29 @@ func (w *Watcher) subscribe(ctx context.Context, service, kvKey string, wt *wait
 		// Another caller's start gave up on its own context, or the watch
 		// ended just now: start again.
 	}
+}
+
+// newKeyWatch returns the keyWatch of kvKey in sw. Called with w.mu held.
+func (w *Watcher) newKeyWatch(sw *serviceWatch, kvKey string) *keyWatch {
+	kw := &keyWatch{tables: make(map[*keyTable]int), grace: w.grace, decodes: &w.decodes}
+	kw.rewake = func() {
+		w.mu.Lock()
+		defer w.mu.Unlock()
+		if !sw.ended && sw.keys[kvKey] == kw {
+			kw.deferredAt = time.Time{}
+			kw.wake(time.Now())
+		}
+	}
+	return kw
+}
+
+// stop stops kw's deferred wake-up, for a keyWatch no longer used.
+// Called with Watcher.mu held.
+func (kw *keyWatch) stop() {
+	if kw.deferred != nil {
+		kw.deferred.Stop()
+	}
+	kw.deferredAt = time.Time{}
 }
 
 // start starts sw's watch; the caller registered sw in w.watches.
@@ -259,6 +294,7 @@ func (w *Watcher) monitor(sw *serviceWatch, ended <-chan struct{}, cancel contex
 	}
 	clear(sw.subs)
 	for kvKey, kw := range sw.keys {
+		kw.stop()
 		for t := range kw.tables {
 			t.unwatched(kvKey) // changes from now on may be missed
 		}
@@ -283,6 +319,7 @@ func (w *Watcher) dispatchChange(sw *serviceWatch, c keyChange) {
 		return
 	}
 	kw.seq++
+	kw.at = time.Now()
 	switch {
 	case c.rev == 0: // no values: every change may help anyone
 		kw.decoded = false
@@ -297,7 +334,7 @@ func (w *Watcher) dispatchChange(sw *serviceWatch, c keyChange) {
 			t.watched(c.kvKey, kw.state, c.rev, kw.decoded)
 		}
 	}
-	kw.wake(time.Now())
+	kw.wake(kw.at)
 }
 
 // decode returns c's state and true, or false when c's value is not this
@@ -309,6 +346,7 @@ func (kw *keyWatch) decode(service string, c keyChange) (*KeyState, bool) {
 			return st, true
 		}
 	}
+	*kw.decodes++
 	st, err := decodeState(c.value)
 	if err != nil || st.Service != service || kvKeyFor(st.Service, st.JobType, st.KeyHash) != c.kvKey {
 		return nil, false
@@ -316,13 +354,22 @@ func (kw *keyWatch) decode(service string, c keyChange) (*KeyState, bool) {
 	return st, true
 }
 
+// waiterGrace is how long after a change that frees slots a waiter whose
+// job is not among the first queued jobs waits before it tries anyway,
+// per queued job ahead of it beyond the free slots: the jobs ahead, in
+// other processes, go first, and only if they do not take the slots (their
+// process crashed or stopped waiting) do the ones behind try.
+const waiterGrace = 2 * time.Millisecond
+
 // wake signals the waiters the latest change can help: as many as it
 // leaves slots free, counting those already woken and not yet back, in
 // arrival order, passing over waiters that found the key busy at that
-// revision or later. Without a decoded state it wakes every waiter that no
-// change has been delivered to since it was last woken.
+// revision or later, and those whose turn has not come (see turn; a timer
+// wakes them when it does). Without a decoded state it wakes every waiter
+// that no change has been delivered to since it was last woken.
 func (kw *keyWatch) wake(now time.Time) {
 	free := len(kw.waiters)
+	var queued []QueuedJob // the queue the waiters' turns follow; nil: none
 	if kw.decoded && kw.state != nil {
 		limit := kw.state.MaxActive
 		for _, sub := range kw.waiters {
@@ -335,6 +382,7 @@ func (kw *keyWatch) wake(now time.Time) {
 			}
 		}
 		free = max(limit-live, 0)
+		queued = kw.state.Queued
 	}
 	woken := 0
 	for _, sub := range kw.waiters {
@@ -342,16 +390,67 @@ func (kw *keyWatch) wake(now time.Time) {
 			woken++
 		}
 	}
+	var later time.Time // the earliest turn still to come
 	for _, sub := range kw.waiters {
 		if woken >= free {
-			return
+			break
 		}
-		if wt := sub.waiter; !wt.woken && (kw.decoded && wt.seen < kw.rev || !kw.decoded && wt.wokenAt < kw.seq) {
-			wt.woken, wt.wokenAt = true, kw.seq
-			woken++
-			sub.signal()
+		wt := sub.waiter
+		if wt.woken || !(kw.decoded && wt.seen < kw.rev || !kw.decoded && wt.wokenAt < kw.seq) {
+			continue
+		}
+		if at := kw.turn(wt.jobID, queued, free); now.Before(at) {
+			if later.IsZero() || at.Before(later) {
+				later = at
+			}
+			continue
+		}
+		wt.woken, wt.wokenAt = true, kw.seq
+		woken++
+		sub.signal()
+	}
+	if !later.IsZero() && woken < free && (kw.deferredAt.IsZero() || later.Before(kw.deferredAt)) {
+		kw.deferredAt = later
+		if kw.deferred == nil {
+			kw.deferred = time.AfterFunc(later.Sub(now), kw.rewake)
+		} else {
+			kw.deferred.Reset(later.Sub(now))
 		}
 	}
+}
+
+// turn returns when the waiter of job jobID may try for one of free slots
+// after the latest change: at once (the zero time) unless jobs of other
+// waiters than this Watcher's are queued ahead of it, at least free of
+// them; then waiterGrace after the change per such job beyond the free
+// slots. The jobs queued ahead would take the slots first (every process
+// wakes its waiters by the same queue), so trying at once would only lose
+// races to them; should they not try, the waiters behind them still do.
+func (kw *keyWatch) turn(jobID string, queued []QueuedJob, free int) time.Time {
+	i := indexQueued(queued, jobID)
+	if i <= 0 {
+		return time.Time{} // the head, or not queued (a retry)
+	}
+	ahead := 0
+	for _, q := range queued[:i] {
+		if !kw.waiting(q.JobID) {
+			ahead++
+		}
+	}
+	if ahead < free {
+		return time.Time{}
+	}
+	return kw.at.Add(time.Duration(ahead-free+1) * kw.grace)
+}
+
+// waiting reports whether one of kw's waiters waits for job jobID.
+func (kw *keyWatch) waiting(jobID string) bool {
+	for _, sub := range kw.waiters {
+		if sub.waiter.jobID == jobID {
+			return true
+		}
+	}
+	return false
 }
 
 // Close stops every watch, ends every subscription (their Done channels
@@ -384,6 +483,7 @@ type Subscription struct {
 // waiter is the wake-up state of a waiter's subscription, guarded by
 // Watcher.mu.
 type waiter struct {
+	jobID string    // the job that waits
 	limit int       // the slots its job type's policy allows
 	table *keyTable // its coordinator's, fed the key's changes; nil without values
 	// woken says it was signalled (or has just subscribed) and has not
@@ -468,6 +568,7 @@ func (s *Subscription) closeWaiter() {
 		t.detach(s.kvKey)
 	}
 	if len(kw.waiters) == 0 {
+		kw.stop()
 		delete(s.sw.keys, s.kvKey)
 		return
 	}

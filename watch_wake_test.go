@@ -75,12 +75,12 @@ func (f *wakeFixture) settle() {
 	}, rtWait, time.Millisecond, "the watcher never delivered revision %d", want)
 }
 
-// waiters subscribes n waiters, in order, each having found the key busy
-// at its current revision.
-func (f *wakeFixture) waiters(n int) []*Subscription {
-	subs := make([]*Subscription, n)
+// waiters subscribes waiters for the jobs ids, in order, each having found
+// the key busy at its current revision.
+func (f *wakeFixture) waiters(ids ...string) []*Subscription {
+	subs := make([]*Subscription, len(ids))
 	for i := range subs {
-		sub, err := f.w.subscribeWaiter(context.Background(), f.service, f.kvKey, 2, f.jt.coord.keys)
+		sub, err := f.w.subscribeWaiter(context.Background(), f.service, f.kvKey, ids[i], 2, f.jt.coord.keys)
 		require.NoError(f.t, err)
 		f.t.Cleanup(sub.Close)
 		sub.rearm(f.rev())
@@ -112,7 +112,7 @@ func TestWatcherWakesOnlyForFreeSlots(t *testing.T) {
 			f := newWakeFixture(t, open(t))
 			f.admit("a", "b", "w0", "w1", "w2", "w3")
 			la, lb := f.acquire("a"), f.acquire("b")
-			subs := f.waiters(4)
+			subs := f.waiters("w0", "w1", "w2", "w3")
 
 			_, err := f.jt.Renew(ctx, la)
 			require.NoError(t, err)
@@ -126,9 +126,17 @@ func TestWatcherWakesOnlyForFreeSlots(t *testing.T) {
 			assert.Equal(t, []int{0}, woken(subs), "one slot freed: the first waiter, and only it")
 
 			// The woken waiter gives up without acquiring: its wake-up
-			// must not be lost.
+			// must not be lost. Its job is still queued ahead, and may be
+			// another process's to try: the next waits waiterGrace first.
 			subs[0].Close()
-			assert.Equal(t, []int{0}, woken(subs[1:]), "the next waiter (index 0 of the rest) and only it")
+			var next []int
+			require.Eventually(t, func() bool {
+				next = append(next, woken(subs[1:])...)
+				return len(next) > 0
+			}, rtWait, time.Millisecond, "the wake-up was lost")
+			assert.Equal(t, []int{0}, next, "the next waiter (index 0 of the rest) and only it")
+			time.Sleep(3 * waiterGrace)
+			assert.Empty(t, woken(subs[1:]), "more waiters woken than slots free")
 
 			_, err = f.jt.Renew(ctx, la)
 			require.NoError(t, err)
@@ -162,7 +170,7 @@ func TestWatcherRearmAfterLostSlot(t *testing.T) {
 			require.NoError(t, err)
 			f.admit("a", "b", "w0", "x")
 			la, lb := f.acquire("a"), f.acquire("b")
-			subs := f.waiters(1)
+			subs := f.waiters("w0")
 
 			rel, err := f.jt.Release(ctx, lb)
 			require.NoError(t, err)
@@ -305,7 +313,7 @@ func TestCoordinatorWatchedConflictFallsBackToRead(t *testing.T) {
 	defer w.Close()
 	payload := benchPayload(0)
 	key := mustKey(t, jt, payload)
-	sub, err := w.subscribeWaiter(ctx, jt.Service(), key.KVKey, 1, c.keys)
+	sub, err := w.subscribeWaiter(ctx, jt.Service(), key.KVKey, "b", 1, c.keys)
 	require.NoError(t, err)
 	defer sub.Close()
 	for _, id := range []string{"a", "b"} { // b stays queued: the release is an update
@@ -338,7 +346,7 @@ func TestWatcherReusesOwnWrites(t *testing.T) {
 			t.Parallel()
 			f := newWakeFixture(t, open(t))
 			f.admit("a")
-			f.waiters(1)
+			f.waiters("a")
 			for _, id := range []string{"b", "c", "d"} {
 				f.admit(id)
 				f.settle()
@@ -376,7 +384,7 @@ func TestWatcherWithoutValuesFeedsNothing(t *testing.T) {
 	defer w.Close()
 	payload := benchPayload(0)
 	key := mustKey(t, jt, payload)
-	sub, err := w.subscribeWaiter(ctx, jt.Service(), key.KVKey, 1, c.keys)
+	sub, err := w.subscribeWaiter(ctx, jt.Service(), key.KVKey, "b", 1, c.keys)
 	require.NoError(t, err)
 	defer sub.Close()
 	sub.rearm(0)
@@ -385,5 +393,206 @@ func TestWatcherWithoutValuesFeedsNothing(t *testing.T) {
 	recv(t, sub.Changed(), "the wake-up of a change without values")
 	if e := c.keys.entry(key.KVKey); e != nil {
 		assert.False(t, e.fed(), "an entry no watch feeds counts as fed")
+	}
+}
+
+// Processes wake by one queue: of two processes (each its own coordinator
+// and Watcher) waiting on one slot, only the process whose job is first in
+// the queue is woken by the release; the other's waiter stays asleep while
+// the first may still take the slot, and goes on waiting once it has. Should
+// the first never try (its process crashed), the other is woken after the
+// grace.
+func TestWatcherProcessesWakeInQueueOrder(t *testing.T) {
+	t.Parallel()
+	for name, open := range rtStores(t) {
+		t.Run(name, func(t *testing.T) {
+			t.Parallel()
+			ctx := context.Background()
+			store := open(t)
+			policy := Policy{Key: benchPolicy.Key, MaxActive: 1, MaxQueuedPerKey: 8}
+			service := rtService()
+			type proc struct {
+				jt *JobType
+				w  *Watcher
+			}
+			newProc := func(grace time.Duration) proc {
+				c, err := NewCoordinator(store, nil)
+				require.NoError(t, err)
+				jt, err := c.JobType(service, benchJobType, policy)
+				require.NoError(t, err)
+				w, err := NewWatcher(store)
+				require.NoError(t, err)
+				t.Cleanup(w.Close)
+				w.grace = grace
+				return proc{jt: jt, w: w}
+			}
+			// a holds the slot; b's job b0 is queued ahead of a's job a1.
+			a, b := newProc(time.Hour), newProc(time.Hour)
+			payload := benchPayload(0)
+			key := mustKey(t, a.jt, payload)
+			admit := func(p proc, id string) {
+				adm, err := p.jt.Admit(ctx, id, payload)
+				require.NoError(t, err)
+				require.Equal(t, KindAccepted, adm.Kind, "admit %s", id)
+			}
+			admit(a, "h")
+			admit(b, "b0")
+			admit(a, "a1")
+			acq, err := a.jt.Acquire(ctx, "h", payload)
+			require.NoError(t, err)
+			require.Equal(t, KindAcquired, acq.Kind)
+			wait := func(p proc, id string) *Subscription {
+				sub, err := p.w.subscribeWaiter(ctx, service, key.KVKey, id, 1, p.jt.coord.keys)
+				require.NoError(t, err)
+				t.Cleanup(sub.Close)
+				_, rev, err := store.Get(ctx, service, key.KVKey)
+				require.NoError(t, err)
+				sub.rearm(rev)
+				return sub
+			}
+			subB, subA := wait(b, "b0"), wait(a, "a1")
+			settled := func(p proc) {
+				_, want, err := store.Get(ctx, service, key.KVKey)
+				require.NoError(t, err)
+				require.Eventually(t, func() bool {
+					p.w.mu.Lock()
+					defer p.w.mu.Unlock()
+					sw := p.w.watches[service]
+					return sw != nil && sw.keys[key.KVKey] != nil && sw.keys[key.KVKey].rev >= want
+				}, rtWait, time.Millisecond)
+			}
+
+			rel, err := a.jt.Release(ctx, acq.Lease)
+			require.NoError(t, err)
+			require.Equal(t, KindReleased, rel.Kind)
+			settled(a)
+			settled(b)
+			recv(t, subB.Changed(), "the wake-up of the first queued job's process")
+			assert.False(t, pending(subA.Changed()), "a process whose job is second in the queue was woken while the first may take the slot")
+
+			// b takes the slot: a goes on waiting.
+			got, err := b.jt.Acquire(withWaitTry(ctx, &waitTry{trustWatch: true}), "b0", payload)
+			require.NoError(t, err)
+			require.Equal(t, KindAcquired, got.Kind)
+			settled(a)
+			assert.False(t, pending(subA.Changed()), "woken when the slot was taken")
+
+			// b releases and crashes without waiting again: a1 is first
+			// in the queue now and is woken at once.
+			rel, err = b.jt.Release(ctx, got.Lease)
+			require.NoError(t, err)
+			require.Equal(t, KindReleased, rel.Kind)
+			recv(t, subA.Changed(), "the wake-up of the job first in the queue")
+		})
+	}
+}
+
+// A process whose first queued job never tries (its process crashed with
+// the job queued) does not keep the others' waiters asleep: the next is
+// woken after the grace.
+func TestWatcherPassesADeadQueueHead(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	store := NewMemoryStore()
+	c, err := NewCoordinator(store, nil)
+	require.NoError(t, err)
+	jt, err := c.JobType(rtService(), benchJobType, Policy{Key: benchPolicy.Key, MaxActive: 1, MaxQueuedPerKey: 8})
+	require.NoError(t, err)
+	w, err := NewWatcher(store)
+	require.NoError(t, err)
+	defer w.Close()
+	w.grace = 20 * time.Millisecond
+	payload := benchPayload(0)
+	key := mustKey(t, jt, payload)
+	for _, id := range []string{"h", "dead", "live"} {
+		_, err := jt.Admit(ctx, id, payload)
+		require.NoError(t, err)
+	}
+	acq, err := jt.Acquire(ctx, "h", payload)
+	require.NoError(t, err)
+	require.Equal(t, KindAcquired, acq.Kind)
+	sub, err := w.subscribeWaiter(ctx, jt.Service(), key.KVKey, "live", 1, c.keys)
+	require.NoError(t, err)
+	defer sub.Close()
+	_, rev, err := store.Get(ctx, jt.Service(), key.KVKey)
+	require.NoError(t, err)
+	sub.rearm(rev)
+	start := time.Now()
+	_, err = jt.Release(ctx, acq.Lease)
+	require.NoError(t, err)
+	recv(t, sub.Changed(), "the wake-up after the dead head's grace")
+	assert.GreaterOrEqual(t, time.Since(start), w.grace, "woken before the head's grace ran out")
+	got, err := jt.Acquire(withWaitTry(ctx, &waitTry{trustWatch: true}), "live", payload)
+	require.NoError(t, err)
+	assert.Equal(t, KindAcquired, got.Kind, "the job behind the dead head takes the slot")
+}
+
+// A Watcher decodes a watched value only for keys its waiters wait on, and
+// never one whose revision a coordinator it feeds wrote: changes of other
+// keys, and a waiter's own process's writes, cost it no decoding.
+func TestWatcherDecodesOnlyWhatWaitersNeed(t *testing.T) {
+	t.Parallel()
+	for name, open := range rtStores(t) {
+		t.Run(name, func(t *testing.T) {
+			t.Parallel()
+			ctx := context.Background()
+			store := open(t)
+			mine, err := NewCoordinator(store, nil)
+			require.NoError(t, err)
+			other, err := NewCoordinator(store, nil)
+			require.NoError(t, err)
+			service := rtService()
+			policy := Policy{Key: benchPolicy.Key, MaxActive: 1, MaxQueuedPerKey: 8}
+			jt, err := mine.JobType(service, benchJobType, policy)
+			require.NoError(t, err)
+			otherJT, err := other.JobType(service, benchJobType, policy)
+			require.NoError(t, err)
+			w, err := NewWatcher(store)
+			require.NoError(t, err)
+			defer w.Close()
+			watched, unwatched := benchPayload(0), benchPayload(1)
+			key := mustKey(t, jt, watched)
+			_, err = jt.Admit(ctx, "a", watched)
+			require.NoError(t, err)
+			sub, err := w.subscribeWaiter(ctx, service, key.KVKey, "a", 1, mine.keys)
+			require.NoError(t, err)
+			defer sub.Close()
+			decodes := func() uint64 {
+				w.mu.Lock()
+				defer w.mu.Unlock()
+				return w.decodes
+			}
+			// settle waits until the watch has dispatched the watched
+			// key's latest change, and so every change before it.
+			settle := func() {
+				_, want, err := store.Get(ctx, service, key.KVKey)
+				require.NoError(t, err)
+				require.Eventually(t, func() bool {
+					w.mu.Lock()
+					defer w.mu.Unlock()
+					kw := w.watches[service].keys[key.KVKey]
+					return kw != nil && kw.rev >= want
+				}, rtWait, time.Millisecond)
+			}
+
+			// Another process's writes to a key nobody here waits on.
+			for i := range 3 {
+				_, err := otherJT.Admit(ctx, fmt.Sprintf("u%d", i), unwatched)
+				require.NoError(t, err)
+			}
+			// This process's own writes to the watched key.
+			for _, id := range []string{"b", "c"} {
+				_, err := jt.Admit(ctx, id, watched)
+				require.NoError(t, err)
+			}
+			settle()
+			assert.Zero(t, decodes(), "decoded changes of an unwatched key or its own writes")
+
+			// Another process's write to the watched key is decoded, once.
+			_, err = otherJT.Admit(ctx, "d", watched)
+			require.NoError(t, err)
+			settle()
+			assert.Equal(t, uint64(1), decodes(), "another process's write to the watched key")
+		})
 	}
 }
