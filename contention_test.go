@@ -94,15 +94,19 @@ func (s countingStore) record(ctx context.Context, err error, read func(*raceCou
 		return
 	}
 	lost := false
-	if rc := counterOf(ctx); rc != nil {
-		rc.mu.Lock()
-		lost = read(rc)
-		if lost {
-			rc.lost++
-		} else {
-			rc.stale++
+	// A batch's write (group commit) is every one of its operations' write.
+	for _, ctx := range batchContexts(ctx) {
+		if rc := counterOf(ctx); rc != nil {
+			rc.mu.Lock()
+			l := read(rc)
+			if l {
+				rc.lost++
+			} else {
+				rc.stale++
+			}
+			lost = lost || l
+			rc.mu.Unlock()
 		}
-		rc.mu.Unlock()
 	}
 	if s.totals == nil {
 		return

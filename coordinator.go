@@ -168,7 +168,9 @@ type Config struct {
 // The writes of one coordinator to one key run one at a time, each starting
 // from the state the one before it wrote, so they never race each other;
 // reads do not wait for them, and operations on different keys run in
-// parallel. Races with other processes are settled by compare-and-swap: a
+// parallel. Operations that queue on a key behind a write go with the next
+// write: those whose outcomes write nothing (an acquisition that finds
+// every slot taken, say) rest on it and need no read of their own. Races with other processes are settled by compare-and-swap: a
 // lost race is followed by a jittered pause drawn from the key's backoff
 // window, which starts at Config.RetryBackoff, doubles with every race lost
 // on the key, halves with every successful write, never exceeds
@@ -193,8 +195,11 @@ type KeyCoordinator struct {
 	store    Store
 	cfg      Config
 	keys     *keyTable
-	slotRoom int       // see checkRoom
-	obs      *observer // metrics and logs; nil: none
+	slotRoom int // see checkRoom
+	// groupWriters is the most operations whose outcomes write that one
+	// batch carries (see groupcommit.go): groupWritersDefault.
+	groupWriters int
+	obs          *observer // metrics and logs; nil: none
 }
 
 // NewCoordinator returns a coordinator over store. cfg may be nil for the
@@ -251,7 +256,7 @@ func NewCoordinator(store Store, cfg *Config) (*KeyCoordinator, error) {
 	if err != nil {
 		return nil, err
 	}
-	return &KeyCoordinator{store: store, cfg: c, keys: newKeyTable(c.StateCacheSize), slotRoom: slotRoom(c.InstanceID), obs: obs}, nil
+	return &KeyCoordinator{store: store, cfg: c, keys: newKeyTable(c.StateCacheSize), slotRoom: slotRoom(c.InstanceID), obs: obs, groupWriters: groupWritersDefault}, nil
 }
 
 // InstanceID returns the instance id the coordinator writes into slots.
@@ -431,11 +436,16 @@ type retry struct {
 // look (an acquisition that finds every slot taken) never waits for this
 // coordinator's writes to the key, and one that read and then writes takes
 // the lane and, if another of this coordinator's operations wrote
-// meanwhile, starts from that newer state (keyEntry.begin).
+// meanwhile, starts from that newer state (keyEntry.begin). Operations
+// waiting for the lane are written together with the one holding it, in
+// one compare-and-swap (see groupcommit.go); each comes back here with its
+// own result, and on a lost race follows its own retry rules.
 func (c *KeyCoordinator) run(ctx context.Context, key JobKey, rt retry, reduce func(*KeyState, time.Time) *KeyState) error {
 	e := c.keys.pin(key.KVKey)
 	defer c.keys.unpin(key.KVKey, e)
-	if rt.lease == nil {
+	wt, _ := ctx.Value(waitTryKey{}).(*waitTry)
+	// A waiter the watch woke tries at once: its Watcher spaces the tries.
+	if rt.lease == nil && (wt == nil || !wt.trustWatch) {
 		if window := e.paceWindow(time.Now()); window > 0 {
 			// A contended key: pace the first attempt too, so that a
 			// writer that keeps winning does not keep the others out.
@@ -444,13 +454,16 @@ func (c *KeyCoordinator) run(ctx context.Context, key JobKey, rt retry, reduce f
 			}
 		}
 	}
+	op := newLaneOp(ctx, reduce, rt, wt != nil && wt.trustWatch)
+	defer op.free()
 	var (
-		r    *read // the last read, nil until one is needed
-		buf  []byte
-		lost int
+		r        *read // the last read, nil until one is needed
+		readNext bool
+		buf      []byte
+		lost     int
 	)
 	for {
-		if r != nil {
+		if readNext {
 			mark := e.mark()
 			st, rev, err := c.read(ctx, key)
 			if err != nil {
@@ -458,30 +471,33 @@ func (c *KeyCoordinator) run(ctx context.Context, key JobKey, rt retry, reduce f
 			}
 			if next := reduce(st, c.cfg.Now()); writesNothing(next, st) {
 				e.observe(st, rev)
+				wt.decided(rev)
 				return nil
 			}
-			*r = read{state: st, rev: rev, mark: mark}
+			r = &read{state: st, rev: rev, mark: mark}
 		}
-		if err := e.lock(ctx); err != nil {
+		op.r = r
+		res, err := c.turn(e, key, op, &buf)
+		if err != nil {
 			return err
 		}
-		s, ok := e.begin(r, c.keys.max > 0, rt.assumeAbsent)
-		if !ok {
-			e.unlock()
-			r = &read{}
-			continue
+		s := res.s
+		if res.done {
+			wt.decided(s.rev)
 		}
-		done, err := c.attempt(ctx, e, key, s, reduce, &buf)
-		e.unlock()
-		if done || err != nil {
-			return err
+		if res.done || res.err != nil {
+			return res.err
 		}
-		r = &read{}
-		if !s.verified {
+		readNext = true
+		if !s.verified && !s.watched {
 			continue // a stale guess, not a lost race: read and try again
 		}
 		lost++
-		pause := e.lose(c.cfg.RetryBackoff, c.cfg.MaxRetryBackoff, time.Now())
+		// A waiter's lost race is answered by the write that won it, which
+		// the watch delivers: no pause, and no wider backoff window for
+		// the key's other operations (its Watcher spaces the waiters).
+		fed := e.fed()
+		watchAnswers := fed && wt != nil && wt.trustWatch
 		if rt.lease != nil {
 			if until := leaseEnd(s.state, *rt.lease); !c.cfg.Now().Before(until) {
 				return fmt.Errorf("%w: KV key %q: job %q lost %d compare-and-swap races to concurrent writers until its lease expired at %s",
@@ -492,67 +508,51 @@ func (c *KeyCoordinator) run(ctx context.Context, key JobKey, rt retry, reduce f
 		} else if lost >= c.cfg.MaxAttempts {
 			return fmt.Errorf("%w: KV key %q: %d compare-and-swap attempts lost to concurrent writers", ErrContention, key.KVKey, lost)
 		}
-		if err := sleepJitter(ctx, pause); err != nil {
-			return err
+		if !watchAnswers {
+			// The batch that lost widened the key's window once for all
+			// its operations; a turn that wrote nothing did not.
+			pause := res.pause
+			if pause == 0 {
+				pause = e.lose(c.cfg.RetryBackoff, c.cfg.MaxRetryBackoff, time.Now())
+			}
+			if err := sleepJitter(ctx, pause); err != nil {
+				return err
+			}
+		}
+		if fed && e.awaitChange(ctx, s.rev, watchFallback) {
+			// The watch delivered what the write lost to: start from
+			// it, without a read.
+			r, readNext = nil, false
 		}
 	}
 }
 
-// attempt reduces s and writes the result, holding e's lane. It reports
-// done when the operation is complete (written, or nothing to write on
-// verified state), and an error when it must stop; neither when the write
-// lost a race or rested on a guess.
-func (c *KeyCoordinator) attempt(ctx context.Context, e *keyEntry, key JobKey, s start, reduce func(*KeyState, time.Time) *KeyState, buf *[]byte) (bool, error) {
-	next := reduce(s.state, c.cfg.Now())
-	if writesNothing(next, s.state) {
-		// An outcome that writes nothing must not rest on a guess.
-		return s.verified, nil
+// watchFallback bounds how long an operation whose write lost a race on a
+// watched key waits for the watch to deliver the winning write before it
+// reads the key instead.
+const watchFallback = 50 * time.Millisecond
+
+// waitTry marks the context of a Runner's acquisition while it waits for a
+// slot with a Watcher, and carries back the revision its outcome rested on.
+type waitTry struct {
+	// trustWatch lets the acquisition find the key busy on the state the
+	// watch feed vouches for, without a read (see keyEntry.begin).
+	trustWatch bool
+	rev        uint64 // the revision the outcome rested on; 0 unknown
+}
+
+type waitTryKey struct{}
+
+// withWaitTry returns ctx carrying wt.
+func withWaitTry(ctx context.Context, wt *waitTry) context.Context {
+	return context.WithValue(ctx, waitTryKey{}, wt)
+}
+
+// decided records the revision an outcome rested on; wt may be nil.
+func (wt *waitTry) decided(rev uint64) {
+	if wt != nil {
+		wt.rev = rev
 	}
-	var err error
-	if next.Empty() {
-		if err = c.store.Delete(ctx, key.Service, key.KVKey, s.rev); err == nil {
-			e.commit(nil, 0, c.cfg.RetryBackoff) // absent now; Admit creates it without a read
-			return true, nil
-		}
-	} else {
-		if err := checkTimes(key.KVKey, next, c.cfg.Now); err != nil {
-			return false, err
-		}
-		if *buf == nil {
-			*buf = make([]byte, 0, encodedSizeEstimate(next))
-		}
-		*buf = appendState((*buf)[:0], next)
-		if s.state == nil || len(next.Queued) > len(s.state.Queued) {
-			if err := c.checkRoom(ctx, key, next, len(*buf)); err != nil {
-				return false, err
-			}
-		}
-		var rev uint64
-		if s.state == nil {
-			rev, err = c.store.Create(ctx, key.Service, key.KVKey, *buf)
-		} else {
-			rev, err = c.store.Update(ctx, key.Service, key.KVKey, *buf, s.rev)
-		}
-		if err == nil {
-			// next is also the outcome's State, which belongs to the
-			// caller: remember a copy.
-			e.commit(snapshot(next), rev, c.cfg.RetryBackoff)
-			return true, nil
-		}
-	}
-	e.conflict()
-	if errors.Is(err, ErrRevisionConflict) {
-		c.obs.conflict(ctx, &key)
-	}
-	switch {
-	case errors.Is(err, ErrStateTooLarge):
-		return false, &StateError{KVKey: key.KVKey, Reason: fmt.Sprintf("new state of %d bytes (%d active, %d queued): %v", len(*buf), len(next.Active), len(next.Queued), err), Err: ErrStateTooLarge}
-	case ctx.Err() != nil:
-		return false, ctx.Err()
-	case !errors.Is(err, ErrRevisionConflict):
-		return false, fmt.Errorf("jobkeys: KV key %q: %w", key.KVKey, err)
-	}
-	return false, nil
 }
 
 // The times key state can hold: toISOString writes years outside 0000 to

@@ -1,6 +1,7 @@
 package jobkeys
 
 import (
+	"bytes"
 	"context"
 	mrand "math/rand/v2"
 	"sync"
@@ -15,8 +16,10 @@ import (
 // The lane costs nothing on distinct keys and turns concurrent writes of
 // one process to one key, which would otherwise lose compare-and-swap
 // races to each other, into a queue in memory where each write starts from
-// the state the one before it wrote: no read, no conflict. Reads are not
-// queued. Races with other processes are still settled by compare-and-swap.
+// the state the one before it wrote: no read, no conflict. Operations
+// queued together are written together, with one compare-and-swap (group
+// commit, see groupcommit.go). Reads are not queued. Races with other
+// processes are still settled by compare-and-swap.
 //
 // Entries in use are never evicted; idle entries are kept only while they
 // remember something (state, or an open backoff window), and at most max
@@ -32,12 +35,14 @@ type keyTable struct {
 // fields but lane by mu.
 //
 // An operation uses it in this order: pace (before its first attempt, when
-// the key is contended); then per attempt lock, begin (the state to start
-// from), and after the write commit or conflict, then unlock. Reads run
-// without the lane: mark before, observe or begin(read) after.
+// the key is contended); then per attempt a turn at the lane (lane.enter:
+// it leads a batch or a batch carries it), in which the batch's holder
+// calls begin (the state to start from) for each, and after the write
+// commit or conflict, then leaves the lane. Reads run without the lane:
+// mark before, observe or begin(read) after.
 type keyEntry struct {
-	lane  chan struct{} // holds one token while an operation may write
-	users int           // operations that pinned the entry
+	lane  lane // one operation writes at a time; see groupcommit.go
+	users int  // operations that pinned the entry
 
 	mu      sync.Mutex
 	state   *KeyState // last state read or written; immutable once stored
@@ -46,6 +51,36 @@ type keyEntry struct {
 	commits uint64        // successful writes (and deletes) through this entry
 	window  time.Duration // backoff window; 0 while the key is not contended
 	lostAt  time.Time     // when an operation last lost a race on the key
+
+	// The watch feed (see keyTable.watched): watching counts the waiter
+	// subscriptions that feed the key's changes to this entry; watchRev
+	// is the latest revision they delivered; fresh says the remembered
+	// state (or its absence) has been set since the feed started and no
+	// change since may have been missed; changed is closed (and replaced)
+	// when a change arrives, for operations waiting for one.
+	watching int
+	watchRev uint64
+	fresh    bool
+	changed  chan struct{}
+	// recent holds the last states this coordinator wrote, by revision,
+	// so that the watch, which delivers them a little later, need not
+	// decode them again (see held).
+	recent [recentStates]revState
+	next   int // where recent's next state goes
+	// inflight is the value of the write under way (while fed), and
+	// inflightState its state: the watch may deliver the write before
+	// its reply arrives.
+	inflight      []byte
+	inflightState *KeyState
+}
+
+// recentStates is how many of its own writes per key a coordinator keeps
+// for the watch to recognise.
+const recentStates = 4
+
+type revState struct {
+	rev   uint64
+	state *KeyState
 }
 
 // windowMemory is how many backoff windows after its last lost race a key
@@ -64,7 +99,7 @@ func (t *keyTable) pin(k string) *keyEntry {
 	e := t.entries[k]
 	if e == nil {
 		t.evictIdle()
-		e = &keyEntry{lane: make(chan struct{}, 1)}
+		e = &keyEntry{}
 		t.entries[k] = e
 	}
 	e.users++
@@ -102,23 +137,184 @@ func (t *keyTable) evictIdle() {
 	}
 }
 
-// lock takes e's lane, waiting for it or for ctx to end.
-func (e *keyEntry) lock(ctx context.Context) error {
-	select {
-	case e.lane <- struct{}{}:
-		return nil
-	default:
+// attach starts a watch feed of k's entry: the entry is kept while fed, and
+// what it remembers is not trusted until the feed (or a read or write)
+// refreshes it.
+func (t *keyTable) attach(k string) {
+	e := t.pin(k)
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	if e.watching == 0 {
+		e.fresh = false
 	}
-	select {
-	case e.lane <- struct{}{}:
-		return nil
-	case <-ctx.Done():
-		return ctx.Err()
+	e.watching++
+}
+
+// detach ends a feed started by attach.
+func (t *keyTable) detach(k string) {
+	t.mu.Lock()
+	e := t.entries[k]
+	t.mu.Unlock()
+	if e == nil {
+		return
+	}
+	e.mu.Lock()
+	e.watching--
+	e.mu.Unlock()
+	t.unpin(k, e)
+}
+
+// unwatched says the feed of k's entry may have missed changes (its watch
+// ended): what it remembers is no longer trusted.
+func (t *keyTable) unwatched(k string) {
+	if e := t.entry(k); e != nil {
+		e.mu.Lock()
+		e.fresh = false
+		e.mu.Unlock()
 	}
 }
 
+// watched records a change of k delivered by its watch feed: its state at
+// rev (nil when deleted), or, when not ok, a value that is not the key's
+// state (the next operation reads it and reports why). Changes arrive in
+// revision order; one older than what the entry holds changes nothing.
+func (t *keyTable) watched(k string, st *KeyState, rev uint64, ok bool) {
+	e := t.entry(k)
+	if e == nil {
+		return
+	}
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	if rev <= e.watchRev {
+		return
+	}
+	e.watchRev = rev
+	switch {
+	case !ok:
+		e.state, e.rev, e.known, e.fresh = nil, 0, false, false
+	case !e.known || rev > e.rev:
+		e.state, e.rev, e.known, e.fresh = st, rev, st != nil, true
+		if st == nil {
+			e.rev = 0
+		}
+	default:
+		e.fresh = true // the entry holds a later state than the watch delivered
+	}
+	if e.changed != nil {
+		close(e.changed)
+		e.changed = nil
+	}
+}
+
+// held returns the state k's entry holds at rev, or of its write under way
+// when that wrote value, or nil.
+func (t *keyTable) held(k string, rev uint64, value []byte) *KeyState {
+	e := t.entry(k)
+	if e == nil {
+		return nil
+	}
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	if e.known && e.rev == rev {
+		return e.state
+	}
+	for _, r := range e.recent {
+		if r.rev == rev && r.state != nil {
+			return r.state
+		}
+	}
+	if e.inflightState != nil && bytes.Equal(e.inflight, value) {
+		return e.inflightState // the same bytes: the same state
+	}
+	return nil
+}
+
+// writing records the write of value, the encoding of st, about to be made
+// holding the lane, until written.
+func (e *keyEntry) writing(value []byte, st *KeyState) {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	if e.watching > 0 {
+		e.inflight, e.inflightState = value, st
+	}
+}
+
+// written ends writing: the value's buffer may be reused.
+func (e *keyEntry) written() {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	e.inflight, e.inflightState = nil, nil
+}
+
+func (t *keyTable) entry(k string) *keyEntry {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	return t.entries[k]
+}
+
+// trusted reports whether e's state is the latest its watch feed knows of,
+// with no change since that it may have missed. Called with e.mu held.
+func (e *keyEntry) trusted() bool {
+	return e.watching > 0 && e.fresh && e.known && e.rev >= e.watchRev
+}
+
+// refreshed marks a state just read or written as fresh when the entry is
+// fed. Called with e.mu held.
+func (e *keyEntry) refreshed() {
+	if e.watching > 0 {
+		e.fresh = true
+	}
+}
+
+// fed reports whether a watch feeds e.
+func (e *keyEntry) fed() bool {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	return e.watching > 0 && e.fresh
+}
+
+// awaitChange waits until e's watch feed delivers a revision after rev or
+// e holds a later state, for at most bound; it reports whether one came.
+func (e *keyEntry) awaitChange(ctx context.Context, rev uint64, bound time.Duration) bool {
+	var t *time.Timer
+	defer func() {
+		if t != nil {
+			t.Stop()
+		}
+	}()
+	for {
+		e.mu.Lock()
+		if e.watchRev > rev || e.known && e.rev > rev {
+			e.mu.Unlock()
+			return true
+		}
+		if e.changed == nil {
+			e.changed = make(chan struct{})
+		}
+		ch := e.changed
+		e.mu.Unlock()
+		if t == nil {
+			t = time.NewTimer(bound)
+		}
+		select {
+		case <-ch:
+		case <-t.C:
+			return false
+		case <-ctx.Done():
+			return false
+		}
+	}
+}
+
+// lock takes e's lane for an operation of its own, outside any batch,
+// waiting for it or for ctx to end.
+func (e *keyEntry) lock(ctx context.Context) error {
+	_, err := e.lane.enter(&laneOp{ctx: ctx, solo: true, wake: make(chan struct{}, 1)})
+	return err
+}
+
 // unlock releases e's lane.
-func (e *keyEntry) unlock() { <-e.lane }
+func (e *keyEntry) unlock() { e.lane.leave() }
 
 // start is the state an attempt starts from.
 type start struct {
@@ -129,6 +325,10 @@ type start struct {
 	// an outcome that writes nothing may rest on it. Otherwise it is a
 	// guess that only a successful compare-and-swap confirms.
 	verified bool
+	// watched says the state is the latest the key's watch feed knows of
+	// (keyEntry.trusted): a failed write on it lost a race, and the next
+	// change the watch delivers answers it.
+	watched bool
 }
 
 // read is the result of a read made without the lane.
@@ -155,13 +355,19 @@ func (e *keyEntry) mark() uint64 {
 // (an absent read has no revision to order it by); without that, such a
 // read would discard the coordinator's own newer write and its next
 // compare-and-swap would lose a race to itself.
-func (e *keyEntry) begin(r *read, useCache, assumeAbsent bool) (s start, ok bool) {
+//
+// With trustWatch (a Runner's waiting acquisition), a remembered state
+// that its watch feed vouches for counts as verified: such an operation
+// may find the key busy on it without a read, and the watch wakes it when
+// that changes.
+func (e *keyEntry) begin(r *read, useCache, assumeAbsent, trustWatch bool) (s start, ok bool) {
 	e.mu.Lock()
 	defer e.mu.Unlock()
 	if r == nil {
 		switch {
 		case useCache && e.known:
-			return start{state: e.state, rev: e.rev}, true
+			w := e.trusted()
+			return start{state: e.state, rev: e.rev, verified: trustWatch && w, watched: w}, true
 		case assumeAbsent:
 			return start{}, true
 		}
@@ -182,6 +388,7 @@ func (e *keyEntry) begin(r *read, useCache, assumeAbsent bool) (s start, ok bool
 		return start{state: e.state, rev: e.rev, verified: true}, true
 	}
 	e.state, e.rev, e.known = r.state, r.rev, r.state != nil
+	e.refreshed()
 	return start{state: r.state, rev: r.rev, verified: true}, true
 }
 
@@ -197,6 +404,7 @@ func (e *keyEntry) observe(state *KeyState, rev uint64) {
 	defer e.mu.Unlock()
 	if rev > e.rev || !e.known {
 		e.state, e.rev, e.known = state, rev, true
+		e.refreshed()
 	}
 }
 
@@ -206,7 +414,15 @@ func (e *keyEntry) observe(state *KeyState, rev uint64) {
 func (e *keyEntry) commit(state *KeyState, rev uint64, floor time.Duration) {
 	e.mu.Lock()
 	defer e.mu.Unlock()
-	e.state, e.rev, e.known = state, rev, state != nil
+	if state != nil && e.watching > 0 {
+		e.recent[e.next] = revState{rev: rev, state: state}
+		e.next = (e.next + 1) % recentStates
+	}
+	// The watch feed may have delivered this write and later ones already.
+	if state == nil || !e.known || rev >= e.rev {
+		e.state, e.rev, e.known = state, rev, state != nil
+		e.refreshed()
+	}
 	e.commits++
 	if e.window /= 2; e.window < floor {
 		e.window = 0
@@ -217,6 +433,18 @@ func (e *keyEntry) commit(state *KeyState, rev uint64, floor time.Duration) {
 func (e *keyEntry) conflict() {
 	e.mu.Lock()
 	defer e.mu.Unlock()
+	e.state, e.rev, e.known = nil, 0, false
+}
+
+// conflictAt records a failed write on revision rev (0: a create): what e
+// remembered is no longer stored, unless e learned of a later state
+// meanwhile (from its watch feed or a read).
+func (e *keyEntry) conflictAt(rev uint64) {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	if e.known && e.rev > rev {
+		return
+	}
 	e.state, e.rev, e.known = nil, 0, false
 }
 

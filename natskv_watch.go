@@ -33,6 +33,29 @@ func (s *NATSStore) WatchKeys(ctx context.Context, service, jobType string, chan
 	if changed == nil {
 		return nil, fmt.Errorf("%w: changed function is nil", ErrInvalidRequest)
 	}
+	return s.watch(ctx, service, prefix, true, func(e jetstream.KeyValueEntry) { changed(e.Key()) })
+}
+
+var _ valueWatcher = (*NATSStore)(nil)
+
+// watchValues implements valueWatcher with a watch that delivers values.
+// The KV watch is an ordered consumer: it delivers in stream order, and
+// recreates itself from the next sequence after a gap.
+func (s *NATSStore) watchValues(ctx context.Context, service string, changed func(keyChange)) (<-chan struct{}, error) {
+	prefix, err := keyFilter(service, "")
+	if err != nil {
+		return nil, err
+	}
+	return s.watch(ctx, service, prefix, false, func(e jetstream.KeyValueEntry) {
+		op := e.Operation()
+		changed(keyChange{kvKey: e.Key(), value: e.Value(), rev: e.Revision(),
+			deleted: op == jetstream.KeyValueDelete || op == jetstream.KeyValuePurge})
+	})
+}
+
+// watch runs the KV watch of the keys under prefix, with values unless
+// metaOnly, and hands every entry to changed.
+func (s *NATSStore) watch(ctx context.Context, service, prefix string, metaOnly bool, changed func(jetstream.KeyValueEntry)) (<-chan struct{}, error) {
 	filter := prefix + ">"
 	// The guard's context is the watch's for its whole life; the guard
 	// itself is released once the watch has started.
@@ -40,7 +63,7 @@ func (s *NATSStore) WatchKeys(ctx context.Context, service, jobType string, chan
 	if err != nil {
 		return nil, err
 	}
-	kw, err := s.startWatch(ctx, wctx, service, filter)
+	kw, err := s.startWatch(ctx, wctx, service, filter, metaOnly)
 	if err != nil {
 		pg.done()
 		return nil, err
@@ -59,7 +82,7 @@ func (s *NATSStore) WatchKeys(ctx context.Context, service, jobType string, chan
 					return // the subscription closed (connection closed)
 				}
 				if e != nil {
-					changed(e.Key())
+					changed(e)
 				}
 			}
 		}
@@ -70,14 +93,18 @@ func (s *NATSStore) WatchKeys(ctx context.Context, service, jobType string, chan
 // startWatch starts the KV watch of WatchKeys on wctx, the guarded context
 // derived from the caller's ctx, and makes sure the server accepted its
 // subscription.
-func (s *NATSStore) startWatch(ctx, wctx context.Context, service, filter string) (jetstream.KeyWatcher, error) {
+func (s *NATSStore) startWatch(ctx, wctx context.Context, service, filter string, metaOnly bool) (jetstream.KeyWatcher, error) {
 	kv, err := s.keyValue(wctx, service)
 	if err != nil {
 		return nil, explainPermission(ctx, wctx, "watch", filter, err)
 	}
 	nc := s.js.Conn()
 	before := nc.LastError()
-	kw, err := kv.Watch(wctx, filter, jetstream.UpdatesOnly(), jetstream.MetaOnly())
+	opts := []jetstream.WatchOpt{jetstream.UpdatesOnly()}
+	if metaOnly {
+		opts = append(opts, jetstream.MetaOnly())
+	}
+	kw, err := kv.Watch(wctx, filter, opts...)
 	if err != nil {
 		if ctx.Err() != nil {
 			return nil, ctx.Err()

@@ -181,14 +181,30 @@ func (r *Runner) run(ctx context.Context, jobID string, payload any, handler Han
 // acquire gets a slot, waiting while blocked if wait is set, and says until
 // when (local clock) the lease lasts at least and how long it waited.
 func (r *Runner) acquire(ctx context.Context, jobID string, payload any, opts []AcquireOption, wait bool) (Acquisition, time.Time, time.Duration, error) {
-	try := func() (Acquisition, time.Time, error) {
+	var sub *Subscription
+	defer func() {
+		if sub != nil {
+			sub.Close()
+		}
+	}()
+	// trust lets a try with a subscription find the key busy on the state
+	// the Watcher delivered, without a read; the safety-net recheck reads.
+	try := func(trust bool) (Acquisition, time.Time, error) {
+		actx, wt := ctx, (*waitTry)(nil)
+		if sub != nil {
+			wt = &waitTry{trustWatch: trust}
+			actx = withWaitTry(ctx, wt)
+		}
 		// The coordinator's clock reads later than start: the lease
 		// lasts at least TTL from start.
 		start := time.Now()
-		acq, err := r.jt.Acquire(ctx, jobID, payload, opts...)
+		acq, err := r.jt.Acquire(actx, jobID, payload, opts...)
+		if err == nil && acq.Kind != KindAcquired && sub != nil {
+			sub.rearm(wt.rev) // wait to be woken by a change that frees a slot
+		}
 		return acq, start.Add(r.policy.HeartbeatTTL), err
 	}
-	acq, deadline, err := try()
+	acq, deadline, err := try(false)
 	if err != nil || acq.Kind == KindAcquired {
 		return acq, deadline, 0, err
 	}
@@ -203,25 +219,22 @@ func (r *Runner) acquire(ctx context.Context, jobID string, payload any, opts []
 		defer t.Stop()
 		giveUp = t.C
 	}
-	var sub *Subscription
-	defer func() {
-		if sub != nil {
-			sub.Close()
-		}
-	}()
 	recheck := time.NewTimer(r.cfg.RecheckInterval)
 	defer recheck.Stop()
-	waiting := false
+	waiting, trust := false, false
 	for {
 		if sub == nil && r.cfg.Watcher != nil {
 			kvKey := kvKeyFor(r.jt.Service(), r.jt.Name(), acq.KeyHash)
-			if sub, err = r.cfg.Watcher.Subscribe(ctx, r.jt.Service(), kvKey); err != nil {
+			// A waiter's subscription wakes it only when a change frees a
+			// slot, and feeds the key's changes to the coordinator.
+			if sub, err = r.cfg.Watcher.subscribeWaiter(ctx, r.jt.Service(), kvKey, jobID, r.policy.MaxActive, r.jt.coord.keys); err != nil {
 				if ctx.Err() != nil {
 					return Acquisition{}, time.Time{}, 0, ctx.Err()
 				}
 				return Acquisition{}, time.Time{}, 0, fmt.Errorf("jobkeys: wait for a slot for job %q: %w (a Runner without a Watcher polls instead)", jobID, err)
 			}
 			// The key may have changed before the subscription: look again.
+			trust = true
 		} else {
 			if !waiting && r.cfg.OnBlocked != nil {
 				r.cfg.OnBlocked(jobID, acq)
@@ -250,13 +263,16 @@ func (r *Runner) acquire(ctx context.Context, jobID string, payload any, opts []
 			case <-giveUp:
 				return Acquisition{}, time.Time{}, 0, &BlockedError{JobID: jobID, Acquisition: acq}
 			case <-changed:
+				trust = true
 			case <-ended:
 				sub.Close()
 				sub = nil
+				trust = false
 			case <-recheck.C:
+				trust = false
 			}
 		}
-		acq, deadline, err = try()
+		acq, deadline, err = try(trust)
 		if err != nil || acq.Kind == KindAcquired {
 			return acq, deadline, time.Since(blockedAt), err
 		}

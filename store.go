@@ -55,6 +55,26 @@ type WatchableStore interface {
 	WatchKeys(ctx context.Context, service, jobType string, changed func(kvKey string)) (ended <-chan struct{}, err error)
 }
 
+// keyChange is one change reported by a valueWatcher: the KV key, the
+// revision of the write, and the value written (nil for a delete).
+type keyChange struct {
+	kvKey   string
+	value   []byte
+	rev     uint64
+	deleted bool
+}
+
+// valueWatcher is implemented by stores whose watch also reports each
+// change's value and revision, in revision order and without gaps
+// ([MemoryStore], [NATSStore]). A [Watcher] over one keeps each waited-on
+// key's latest state from the watch itself, so that it wakes only the
+// waiters a change can help, and the coordinators it feeds decide and write
+// without a read. watchValues is WatchKeys of every job type, with the
+// change in full; value must not be modified.
+type valueWatcher interface {
+	watchValues(ctx context.Context, service string, changed func(keyChange)) (ended <-chan struct{}, err error)
+}
+
 // ListableStore is an optional capability of a [Store]: listing the keys of a
 // service's bucket. A [Sweeper] needs it. [NATSStore] and [MemoryStore]
 // implement it.

@@ -42,13 +42,30 @@ func (m *MemoryStore) WatchKeys(ctx context.Context, service, jobType string, ch
 	if changed == nil {
 		return nil, fmt.Errorf("%w: changed function is nil", ErrInvalidRequest)
 	}
+	return m.watch(ctx, service, prefix, func(c keyChange) { changed(c.kvKey) })
+}
+
+var _ valueWatcher = (*MemoryStore)(nil)
+
+// watchValues implements valueWatcher.
+func (m *MemoryStore) watchValues(ctx context.Context, service string, changed func(keyChange)) (<-chan struct{}, error) {
+	prefix, err := keyFilter(service, "")
+	if err != nil {
+		return nil, err
+	}
+	return m.watch(ctx, service, prefix, changed)
+}
+
+// watch reports the changes of service's keys under prefix to changed.
+func (m *MemoryStore) watch(ctx context.Context, service, prefix string, changed func(keyChange)) (<-chan struct{}, error) {
 	if err := ctx.Err(); err != nil {
 		return nil, err
 	}
 	q := &keyQueue{signal: make(chan struct{}, 1)}
-	mw := &memoryWatcher{service: service, fn: func(key string, _ []byte, _ uint64, _ bool) {
+	mw := &memoryWatcher{service: service, fn: func(key string, value []byte, rev uint64, deleted bool) {
 		if strings.HasPrefix(key, prefix) {
-			q.push(key)
+			// value may be the writer's buffer: keep a copy.
+			q.push(keyChange{kvKey: key, value: append([]byte(nil), value...), rev: rev, deleted: deleted})
 		}
 	}}
 	m.mu.Lock()
@@ -69,28 +86,28 @@ func (m *MemoryStore) WatchKeys(ctx context.Context, service, jobType string, ch
 				return
 			case <-q.signal:
 			}
-			for _, key := range q.take() {
+			for _, c := range q.take() {
 				if ctx.Err() != nil {
 					return
 				}
-				changed(key)
+				changed(c)
 			}
 		}
 	}()
 	return ended, nil
 }
 
-// keyQueue is an unbounded FIFO of changed keys between a store's writers and
-// a watch goroutine.
+// keyQueue is an unbounded FIFO of changes between a store's writers and a
+// watch goroutine.
 type keyQueue struct {
-	mu     sync.Mutex
-	keys   []string
-	signal chan struct{} // capacity 1: "keys is not empty"
+	mu      sync.Mutex
+	changes []keyChange
+	signal  chan struct{} // capacity 1: "changes is not empty"
 }
 
-func (q *keyQueue) push(key string) {
+func (q *keyQueue) push(c keyChange) {
 	q.mu.Lock()
-	q.keys = append(q.keys, key)
+	q.changes = append(q.changes, c)
 	q.mu.Unlock()
 	select {
 	case q.signal <- struct{}{}:
@@ -98,12 +115,12 @@ func (q *keyQueue) push(key string) {
 	}
 }
 
-func (q *keyQueue) take() []string {
+func (q *keyQueue) take() []keyChange {
 	q.mu.Lock()
-	keys := q.keys
-	q.keys = nil
+	changes := q.changes
+	q.changes = nil
 	q.mu.Unlock()
-	return keys
+	return changes
 }
 
 // ListKeys implements [ListableStore].

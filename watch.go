@@ -4,8 +4,10 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"strings"
 	"sync"
+	"time"
 )
 
 // Watcher holds one watch per service on a store's keys and fans the changes
@@ -27,9 +29,12 @@ type Watcher struct {
 	cancel context.CancelFunc
 	wg     sync.WaitGroup // one per running watch's monitor goroutine
 
+	grace time.Duration // waiterGrace; tests change it before subscribing
+
 	mu      sync.Mutex
 	closed  bool
 	watches map[string]*serviceWatch
+	decodes uint64 // watched values decoded (see keyWatch.decode)
 }
 
 // serviceWatch is the watch of one service and its subscribers. Its fields
@@ -40,6 +45,33 @@ type serviceWatch struct {
 	err     error         // why the watch did not start; set before ready closes
 	ended   bool          // the watch has stopped
 	subs    map[string]map[*Subscription]struct{}
+	keys    map[string]*keyWatch // the keys waiters wait on
+}
+
+// keyWatch is what a Watcher keeps of one key that waiters (the blocked
+// acquisitions of Runners, see subscribeWaiter) wait on: the waiters in
+// arrival order, the latest change the watch delivered, and the key tables
+// of the coordinators it feeds that change to. Guarded by Watcher.mu.
+type keyWatch struct {
+	waiters []*Subscription
+	tables  map[*keyTable]int // coordinators' key tables, by waiters using them
+	rev     uint64            // the revision of the latest change delivered; 0 before one
+	seq     uint64            // changes delivered
+	at      time.Time         // when the latest change was delivered
+	// deferred wakes the waiters whose turn (see turn) comes after the
+	// latest change: it runs wake again at deferredAt (zero when not
+	// armed).
+	deferred   *time.Timer
+	deferredAt time.Time
+	rewake     func()        // wake under Watcher.mu, for deferred
+	grace      time.Duration // Watcher.grace
+	decodes    *uint64       // Watcher.decodes
+	// state is the key's state at rev (nil when deleted), valid when
+	// decoded; a watch without values, or a value that does not decode as
+	// this key's state, leaves decoded false and every waiter is woken on
+	// every change.
+	state   *KeyState
+	decoded bool
 }
 
 // NewWatcher returns a watcher over store, which should be the store of the
@@ -50,7 +82,7 @@ func NewWatcher(store WatchableStore) (*Watcher, error) {
 		return nil, fmt.Errorf("%w: watcher store is nil", ErrInvalidRequest)
 	}
 	ctx, cancel := context.WithCancel(context.Background())
-	return &Watcher{store: store, ctx: ctx, cancel: cancel, watches: make(map[string]*serviceWatch)}, nil
+	return &Watcher{store: store, ctx: ctx, cancel: cancel, grace: waiterGrace, watches: make(map[string]*serviceWatch)}, nil
 }
 
 // Subscribe registers interest in changes of kvKey (a [JobKey.KVKey]) in
@@ -63,6 +95,23 @@ func NewWatcher(store WatchableStore) (*Watcher, error) {
 // [NewWatcher], with ctx.Err() when ctx ends first, or with the store's
 // error when the watch cannot start.
 func (w *Watcher) Subscribe(ctx context.Context, service, kvKey string) (*Subscription, error) {
+	return w.subscribe(ctx, service, kvKey, nil)
+}
+
+// subscribeWaiter is Subscribe for a blocked acquisition of job jobID whose
+// policy allows limit slots, run by a coordinator whose key table is t. The
+// subscription is signalled only when a change can help it (see
+// Watcher.wake): it starts out woken, and after each try that found the
+// key busy at revision seen the waiter calls rearm(seen). While it lasts,
+// the watch feeds the key's changes to t (see keyTable.watched).
+func (w *Watcher) subscribeWaiter(ctx context.Context, service, kvKey, jobID string, limit int, t *keyTable) (*Subscription, error) {
+	if valueWatcherOf(w.store) == nil {
+		t = nil // a watch without values has no state to feed
+	}
+	return w.subscribe(ctx, service, kvKey, &waiter{jobID: jobID, limit: limit, table: t, woken: true})
+}
+
+func (w *Watcher) subscribe(ctx context.Context, service, kvKey string, wt *waiter) (*Subscription, error) {
 	if _, err := keyFilter(service, ""); err != nil {
 		return nil, err
 	}
@@ -82,7 +131,8 @@ func (w *Watcher) Subscribe(ctx context.Context, service, kvKey string) (*Subscr
 		sw := w.watches[service]
 		owner := sw == nil
 		if owner {
-			sw = &serviceWatch{service: service, ready: make(chan struct{}), subs: make(map[string]map[*Subscription]struct{})}
+			sw = &serviceWatch{service: service, ready: make(chan struct{}), subs: make(map[string]map[*Subscription]struct{}),
+				keys: make(map[string]*keyWatch)}
 			w.watches[service] = sw
 		}
 		w.mu.Unlock()
@@ -96,20 +146,41 @@ func (w *Watcher) Subscribe(ctx context.Context, service, kvKey string) (*Subscr
 			return nil, ctx.Err()
 		}
 
+		if wt != nil && wt.table != nil {
+			// Before the watch can feed the entry: the entry's state is
+			// not trusted until it is refreshed after this point.
+			wt.table.attach(kvKey)
+		}
 		w.mu.Lock()
 		if sw.err == nil && !sw.ended && !w.closed {
-			sub := &Subscription{w: w, sw: sw, kvKey: kvKey, changed: make(chan struct{}, 1), done: make(chan struct{})}
-			subs := sw.subs[kvKey]
-			if subs == nil {
-				subs = make(map[*Subscription]struct{})
-				sw.subs[kvKey] = subs
+			sub := &Subscription{w: w, sw: sw, kvKey: kvKey, changed: make(chan struct{}, 1), done: make(chan struct{}), waiter: wt}
+			if wt == nil {
+				subs := sw.subs[kvKey]
+				if subs == nil {
+					subs = make(map[*Subscription]struct{})
+					sw.subs[kvKey] = subs
+				}
+				subs[sub] = struct{}{}
+			} else {
+				kw := sw.keys[kvKey]
+				if kw == nil {
+					kw = w.newKeyWatch(sw, kvKey)
+					sw.keys[kvKey] = kw
+				}
+				wt.wokenAt = kw.seq
+				kw.waiters = append(kw.waiters, sub)
+				if wt.table != nil {
+					kw.tables[wt.table]++
+				}
 			}
-			subs[sub] = struct{}{}
 			w.mu.Unlock()
 			return sub, nil
 		}
 		err, closed := sw.err, w.closed
 		w.mu.Unlock()
+		if wt != nil && wt.table != nil {
+			wt.table.detach(kvKey)
+		}
 		switch {
 		case closed:
 			return nil, fmt.Errorf("%w: subscribe to %s", ErrWatcherClosed, kvKey)
@@ -125,11 +196,42 @@ func (w *Watcher) Subscribe(ctx context.Context, service, kvKey string) (*Subscr
 	}
 }
 
+// newKeyWatch returns the keyWatch of kvKey in sw. Called with w.mu held.
+func (w *Watcher) newKeyWatch(sw *serviceWatch, kvKey string) *keyWatch {
+	kw := &keyWatch{tables: make(map[*keyTable]int), grace: w.grace, decodes: &w.decodes}
+	kw.rewake = func() {
+		w.mu.Lock()
+		defer w.mu.Unlock()
+		if !sw.ended && sw.keys[kvKey] == kw {
+			kw.deferredAt = time.Time{}
+			kw.wake(time.Now())
+		}
+	}
+	return kw
+}
+
+// stop stops kw's deferred wake-up, for a keyWatch no longer used.
+// Called with Watcher.mu held.
+func (kw *keyWatch) stop() {
+	if kw.deferred != nil {
+		kw.deferred.Stop()
+	}
+	kw.deferredAt = time.Time{}
+}
+
 // start starts sw's watch; the caller registered sw in w.watches.
 func (w *Watcher) start(ctx context.Context, sw *serviceWatch) {
 	wctx, cancel := context.WithCancel(w.ctx)
 	abandon := context.AfterFunc(ctx, cancel) // the starter gave up
-	ended, err := w.store.WatchKeys(wctx, sw.service, "", func(kvKey string) { w.dispatch(sw, kvKey) })
+	var ended <-chan struct{}
+	var err error
+	if vw := valueWatcherOf(w.store); vw != nil {
+		ended, err = vw.watchValues(wctx, sw.service, func(c keyChange) { w.dispatchChange(sw, c) })
+	} else {
+		ended, err = w.store.WatchKeys(wctx, sw.service, "", func(kvKey string) {
+			w.dispatchChange(sw, keyChange{kvKey: kvKey})
+		})
+	}
 	started := err == nil
 	if !abandon() && started { // abandon() on every path: it holds ctx until called
 		err = ctx.Err()
@@ -160,6 +262,19 @@ func (w *Watcher) start(ctx context.Context, sw *serviceWatch) {
 	}
 }
 
+// valueWatcherOf returns store as a valueWatcher when it is one of the
+// stores that are, and not a type that embeds one (whose WatchKeys may do
+// more than the embedded store's watch would).
+func valueWatcherOf(store WatchableStore) valueWatcher {
+	switch s := store.(type) {
+	case *MemoryStore:
+		return s
+	case *NATSStore:
+		return s
+	}
+	return nil
+}
+
 // monitor waits for sw's watch to end, then wakes its subscribers so that
 // they notice and subscribe again.
 func (w *Watcher) monitor(sw *serviceWatch, ended <-chan struct{}, cancel context.CancelFunc) {
@@ -178,18 +293,164 @@ func (w *Watcher) monitor(sw *serviceWatch, ended <-chan struct{}, cancel contex
 		}
 	}
 	clear(sw.subs)
-}
-
-// dispatch signals the subscribers of kvKey. It never blocks.
-func (w *Watcher) dispatch(sw *serviceWatch, kvKey string) {
-	w.mu.Lock()
-	defer w.mu.Unlock()
-	for sub := range sw.subs[kvKey] {
-		select {
-		case sub.changed <- struct{}{}:
-		default: // a signal is already pending
+	for kvKey, kw := range sw.keys {
+		kw.stop()
+		for t := range kw.tables {
+			t.unwatched(kvKey) // changes from now on may be missed
+		}
+		for _, sub := range kw.waiters {
+			sub.end()
 		}
 	}
+	// The waiters' Close still detaches them from their tables.
+}
+
+// dispatchChange signals the subscribers of c's key, and wakes the waiters
+// on it that the change can help. A change without a revision comes from a
+// watch without values. It never blocks.
+func (w *Watcher) dispatchChange(sw *serviceWatch, c keyChange) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	for sub := range sw.subs[c.kvKey] {
+		sub.signal()
+	}
+	kw := sw.keys[c.kvKey]
+	if kw == nil {
+		return
+	}
+	kw.seq++
+	kw.at = time.Now()
+	switch {
+	case c.rev == 0: // no values: every change may help anyone
+		kw.decoded = false
+	case c.rev <= kw.rev:
+		return // already held (a restarted consumer delivers it again)
+	default:
+		kw.rev, kw.state, kw.decoded = c.rev, nil, true
+		if !c.deleted {
+			kw.state, kw.decoded = kw.decode(sw.service, c)
+		}
+		for t := range kw.tables {
+			t.watched(c.kvKey, kw.state, c.rev, kw.decoded)
+		}
+	}
+	kw.wake(kw.at)
+}
+
+// decode returns c's state and true, or false when c's value is not this
+// key's state. A state one of the fed coordinators holds at c's revision
+// (its own write, typically) is taken from it, not decoded again.
+func (kw *keyWatch) decode(service string, c keyChange) (*KeyState, bool) {
+	for t := range kw.tables {
+		if st := t.held(c.kvKey, c.rev, c.value); st != nil {
+			return st, true
+		}
+	}
+	*kw.decodes++
+	st, err := decodeState(c.value)
+	if err != nil || st.Service != service || kvKeyFor(st.Service, st.JobType, st.KeyHash) != c.kvKey {
+		return nil, false
+	}
+	return st, true
+}
+
+// waiterGrace is how long after a change that frees slots a waiter whose
+// job is not among the first queued jobs waits before it tries anyway,
+// per queued job ahead of it beyond the free slots: the jobs ahead, in
+// other processes, go first, and only if they do not take the slots (their
+// process crashed or stopped waiting) do the ones behind try.
+const waiterGrace = 2 * time.Millisecond
+
+// wake signals the waiters the latest change can help: as many as it
+// leaves slots free, counting those already woken and not yet back, in
+// arrival order, passing over waiters that found the key busy at that
+// revision or later, and those whose turn has not come (see turn; a timer
+// wakes them when it does). Without a decoded state it wakes every waiter
+// that no change has been delivered to since it was last woken.
+func (kw *keyWatch) wake(now time.Time) {
+	free := len(kw.waiters)
+	var queued []QueuedJob // the queue the waiters' turns follow; nil: none
+	if kw.decoded && kw.state != nil {
+		limit := kw.state.MaxActive
+		for _, sub := range kw.waiters {
+			limit = max(limit, sub.waiter.limit)
+		}
+		live := 0
+		for i := range kw.state.Active {
+			if kw.state.Active[i].LeaseExpiresAt.After(now) {
+				live++
+			}
+		}
+		free = max(limit-live, 0)
+		queued = kw.state.Queued
+	}
+	woken := 0
+	for _, sub := range kw.waiters {
+		if sub.waiter.woken {
+			woken++
+		}
+	}
+	var later time.Time // the earliest turn still to come
+	for _, sub := range kw.waiters {
+		if woken >= free {
+			break
+		}
+		wt := sub.waiter
+		if wt.woken || !(kw.decoded && wt.seen < kw.rev || !kw.decoded && wt.wokenAt < kw.seq) {
+			continue
+		}
+		if at := kw.turn(wt.jobID, queued, free); now.Before(at) {
+			if later.IsZero() || at.Before(later) {
+				later = at
+			}
+			continue
+		}
+		wt.woken, wt.wokenAt = true, kw.seq
+		woken++
+		sub.signal()
+	}
+	if !later.IsZero() && woken < free && (kw.deferredAt.IsZero() || later.Before(kw.deferredAt)) {
+		kw.deferredAt = later
+		if kw.deferred == nil {
+			kw.deferred = time.AfterFunc(later.Sub(now), kw.rewake)
+		} else {
+			kw.deferred.Reset(later.Sub(now))
+		}
+	}
+}
+
+// turn returns when the waiter of job jobID may try for one of free slots
+// after the latest change: at once (the zero time) unless jobs of other
+// waiters than this Watcher's are queued ahead of it, at least free of
+// them; then waiterGrace after the change per such job beyond the free
+// slots. The jobs queued ahead would take the slots first (every process
+// wakes its waiters by the same queue), so trying at once would only lose
+// races to them; should they not try, the waiters behind them still do.
+func (kw *keyWatch) turn(jobID string, queued []QueuedJob, free int) time.Time {
+	i := indexQueued(queued, jobID)
+	if i <= 0 {
+		return time.Time{} // the head, or not queued (a retry)
+	}
+	ahead := 0
+	for _, q := range queued[:i] {
+		if !kw.waiting(q.JobID) {
+			ahead++
+		}
+	}
+	if ahead < free {
+		return time.Time{}
+	}
+	return kw.at.Add(time.Duration(ahead-free+1) * kw.grace)
+}
+
+// waiting reports whether one of kw's waiters waits for job jobID.
+func (kw *keyWatch) waiting(jobID string) bool {
+	for _, sub := range kw.waiters {
+		if sub.waiter.jobID == jobID {
+			return true
+		}
+	}
+	return false
 }
 
 // Close stops every watch, ends every subscription (their Done channels
@@ -216,6 +477,48 @@ type Subscription struct {
 	changed chan struct{}
 	done    chan struct{}
 	once    sync.Once
+	waiter  *waiter // a Runner's blocked acquisition; see subscribeWaiter
+}
+
+// waiter is the wake-up state of a waiter's subscription, guarded by
+// Watcher.mu.
+type waiter struct {
+	jobID string    // the job that waits
+	limit int       // the slots its job type's policy allows
+	table *keyTable // its coordinator's, fed the key's changes; nil without values
+	// woken says it was signalled (or has just subscribed) and has not
+	// come back: it is trying, and counts against the free slots.
+	woken   bool
+	seen    uint64 // the revision its last try found the key busy at; 0 unknown
+	wokenAt uint64 // keyWatch.seq when it was last woken
+}
+
+// signal makes a value pending on Changed. Called with Watcher.mu held.
+func (s *Subscription) signal() {
+	select {
+	case s.changed <- struct{}{}:
+	default: // a signal is already pending
+	}
+}
+
+// rearm tells the Watcher that the waiter's try found the key busy at
+// revision seen (0 when not known): it waits again, to be woken by a later
+// change that frees a slot. A slot still free at a later revision than
+// seen wakes it again at once.
+func (s *Subscription) rearm(seen uint64) {
+	if s.waiter == nil {
+		return
+	}
+	s.w.mu.Lock()
+	defer s.w.mu.Unlock()
+	s.waiter.woken, s.waiter.seen = false, seen
+	select {
+	case <-s.changed: // a signal from before the try is answered by it
+	default:
+	}
+	if kw := s.sw.keys[s.kvKey]; kw != nil && !s.sw.ended {
+		kw.wake(time.Now())
+	}
 }
 
 // Changed delivers a value when the key has changed at least once since the
@@ -233,7 +536,9 @@ func (s *Subscription) Close() {
 		return
 	}
 	s.w.mu.Lock()
-	if subs := s.sw.subs[s.kvKey]; subs != nil {
+	if s.waiter != nil {
+		s.closeWaiter()
+	} else if subs := s.sw.subs[s.kvKey]; subs != nil {
 		delete(subs, s)
 		if len(subs) == 0 {
 			delete(s.sw.subs, s.kvKey)
@@ -241,6 +546,36 @@ func (s *Subscription) Close() {
 	}
 	s.w.mu.Unlock()
 	s.end()
+}
+
+// closeWaiter forgets a waiter's subscription, once, and hands a wake-up
+// it was given and did not use on to the next waiter. Called with
+// Watcher.mu held.
+func (s *Subscription) closeWaiter() {
+	kw := s.sw.keys[s.kvKey]
+	if kw == nil {
+		return
+	}
+	i := slices.Index(kw.waiters, s)
+	if i < 0 {
+		return // closed before
+	}
+	kw.waiters = slices.Delete(kw.waiters, i, i+1)
+	if t := s.waiter.table; t != nil {
+		if kw.tables[t]--; kw.tables[t] == 0 {
+			delete(kw.tables, t)
+		}
+		t.detach(s.kvKey)
+	}
+	if len(kw.waiters) == 0 {
+		kw.stop()
+		delete(s.sw.keys, s.kvKey)
+		return
+	}
+	if s.waiter.woken && !s.sw.ended {
+		s.waiter.woken = false
+		kw.wake(time.Now())
+	}
 }
 
 func (s *Subscription) end() { s.once.Do(func() { close(s.done) }) }

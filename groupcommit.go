@@ -1,0 +1,519 @@
+package jobkeys
+
+// Group commit: the operations of one coordinator queued on one key's lane
+// are written together. The operation that holds the lane takes those
+// waiting behind it (in arrival order, at most groupCommitMax), applies
+// their reducers in order, each to the state the one before it produced,
+// and writes the last state with one compare-and-swap. They linearize at
+// that write, in their order, as if they had run one after the other: every
+// outcome is the one the operation would have had in that serial run.
+//
+// At most groupWriters of a batch's operations may write (change the
+// state); any number of others ride along, their outcomes resting on the
+// write: a blocked acquisition, a renewal that finds its slot lost, a
+// release of a slot already gone need no read of their own when they ride
+// with a write that commits. groupWriters is 1 because of what an outcome
+// promises: its State is the state the operation wrote, a revision of the
+// key (the audit checks every one is stored), and every revision is the
+// work of one operation (a release frees one slot, an acquisition takes
+// one and frees only expired ones). A second writer in the same write
+// would leave the first one's State unstored, and a release and an
+// acquisition in one write would look like the takeover of a live slot.
+// The engine handles more (tests run it so); it is the contract that
+// stops at one.
+//
+// Where running operations together could give another outcome than the
+// serial run, they do not run together:
+//
+//   - a state that fails a check of a written state (checkTimes, checkRoom)
+//     fails it for the operation that produced it, which writes nothing, as
+//     it would alone; the next operation starts from the state before it;
+//   - a batch ends with an operation that empties the key (its write is a
+//     delete; the next operation starts from an absent key, in the next
+//     batch);
+//   - a batch the store refuses as too large (ErrStateTooLarge) is run
+//     again one operation at a time, so that only the operation whose own
+//     state is too large gets the error.
+//
+// A batch that writes nothing rests on verified state, per operation, as a
+// single operation does (see start.verified): an operation whose outcome
+// writes nothing is done only if the state the batch started from was
+// stored at an instant during it; otherwise it reads, on its own. A batch
+// that loses a race, or wrote on a stale guess, sends every operation back
+// to its own retry rules (run): each counts the lost race, and the key's
+// backoff window widens once. A batch's write goes on while any of its
+// operations' contexts lasts (batchCtx); an operation whose context ends
+// while it waits in the queue leaves it with nothing applied, and one whose
+// context ends once its batch has taken it waits for that batch's write,
+// whose result is its outcome.
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"slices"
+	"sync"
+	"sync/atomic"
+	"time"
+)
+
+// groupCommitMax bounds the operations of one batch. The batch writes one
+// state, the one the serial run would end with, so its size is not what
+// bounds it; the count bounds the time the first operation spends
+// reducing for the others and how long the last one waits.
+const groupCommitMax = 64
+
+// groupWritersDefault is how many writing operations a batch carries; see
+// the file comment for why it is one.
+const groupWritersDefault = 1
+
+// lane lets one operation at a time write a key (see keyTable), and queues
+// the others, in arrival order, where the holder can take them into its
+// batch. The zero value is a free lane.
+type lane struct {
+	mu    sync.Mutex
+	busy  bool
+	queue []*laneOp // waiting, oldest first
+	// batch is the holder's scratch list of the operations of its batch,
+	// in first until a batch outgrows it.
+	batch []*laneOp
+	first [2]*laneOp
+}
+
+// laneOp is one operation's turn at a key's lane.
+type laneOp struct {
+	ctx    context.Context
+	reduce func(*KeyState, time.Time) *KeyState // nil: a lock (see keyEntry.lock)
+	rt     retry
+	trust  bool  // a waiting acquisition that trusts the watch feed (waitTry)
+	r      *read // the operation's last read; nil: none
+	// solo keeps the operation out of batches: it takes the lane only when
+	// handed it, and takes no one along (a batch it was in fell back).
+	solo bool
+	// wake receives one signal per turn that did not find the lane free:
+	// the lane was handed to the operation (handed), or a batch took it
+	// and left its result in res.
+	wake   chan struct{}
+	handed bool
+
+	// Set by the batch's holder while the operation is in its batch.
+	s     start // what begin gave the operation
+	ok    bool  // begin's ok
+	err   error // a check of the state it produced failed
+	early bool  // done before the batch's write: res is final
+	res   laneResult
+}
+
+// laneOps recycles laneOps with their wake channels: every signal sent to
+// an operation is received before its run returns.
+var laneOps = sync.Pool{New: func() any { return &laneOp{wake: make(chan struct{}, 1)} }}
+
+func newLaneOp(ctx context.Context, reduce func(*KeyState, time.Time) *KeyState, rt retry, trust bool) *laneOp {
+	op := laneOps.Get().(*laneOp)
+	op.ctx, op.reduce, op.rt, op.trust = ctx, reduce, rt, trust
+	return op
+}
+
+// free returns op to laneOps once its operation is over.
+func (op *laneOp) free() {
+	*op = laneOp{wake: op.wake}
+	laneOps.Put(op)
+}
+
+// laneResult is the result of an operation's turn, for run.
+type laneResult struct {
+	s     start // the state the turn's attempt started from
+	done  bool  // the operation is complete
+	err   error // the operation must stop with err
+	rerun bool  // (lead) run again alone, still holding the lane
+	pause time.Duration
+}
+
+// enter waits for op's turn: it reports lead when op holds the lane (it must
+// call leave), and otherwise op.res holds the result of the batch that
+// carried it. When op's context ends while it waits in the queue, it leaves
+// the queue and enter returns ctx.Err(); once a batch has taken it, it waits
+// for that batch's result, which is its outcome.
+func (l *lane) enter(op *laneOp) (lead bool, err error) {
+	l.mu.Lock()
+	if !l.busy {
+		l.busy = true
+		l.mu.Unlock()
+		return true, nil
+	}
+	op.handed = false
+	l.queue = append(l.queue, op)
+	l.mu.Unlock()
+	select {
+	case <-op.wake:
+	case <-op.ctx.Done():
+		l.mu.Lock()
+		if i := slices.Index(l.queue, op); i >= 0 {
+			l.queue = slices.Delete(l.queue, i, i+1)
+			l.mu.Unlock()
+			return false, op.ctx.Err()
+		}
+		l.mu.Unlock()
+		<-op.wake // handed the lane or taken into a batch: under way
+	}
+	if op.handed && op.ctx.Err() != nil {
+		l.leave()
+		return false, op.ctx.Err()
+	}
+	return op.handed, nil
+}
+
+// leave hands the lane to the oldest waiting operation, or frees it.
+func (l *lane) leave() {
+	l.mu.Lock()
+	if len(l.queue) == 0 {
+		l.busy = false
+		l.mu.Unlock()
+		return
+	}
+	next := l.queue[0]
+	l.queue[0] = nil
+	l.queue = l.queue[1:]
+	next.handed = true
+	l.mu.Unlock()
+	next.wake <- struct{}{}
+}
+
+// take appends to ops, for the holder's batch, the operations waiting at
+// the head of the queue, up to groupCommitMax in all, stopping at one that
+// must run alone. A waiting operation whose context has ended is sent back
+// with its context's error: nothing of it is applied.
+func (l *lane) take(ops []*laneOp) []*laneOp {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	kept := l.queue[:0]
+	i := 0
+	for ; i < len(l.queue) && len(ops) < groupCommitMax; i++ {
+		op := l.queue[i]
+		if op.solo {
+			break
+		}
+		if err := op.ctx.Err(); err != nil {
+			op.res = laneResult{err: err}
+			op.wake <- struct{}{}
+			continue
+		}
+		ops = append(ops, op)
+	}
+	kept = append(kept, l.queue[i:]...)
+	clear(l.queue[len(kept):])
+	l.queue = kept
+	return ops
+}
+
+// putBack returns ops, taken by the holder, to the head of the queue, in
+// their order.
+func (l *lane) putBack(ops []*laneOp) {
+	if len(ops) == 0 {
+		return
+	}
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.queue = slices.Insert(l.queue, 0, ops...)
+}
+
+// deliver ends a batch of ops whose first n ran: it hands ops[1:n] their
+// results (op.res), returns the others to the head of the queue, and
+// returns the result of ops[0], the holder.
+func (l *lane) deliver(ops []*laneOp, n int) laneResult {
+	for _, op := range ops[1:n] {
+		op.wake <- struct{}{}
+	}
+	l.putBack(ops[n:]) // cut off: they start the next batch
+	return ops[0].res
+}
+
+// startFrom returns the start of op's attempt in a batch that started from
+// s: s, verified for op when it was stored at an instant during op (op read
+// it or an older revision, or a trusted watch feed vouches for it).
+func (op *laneOp) startFrom(s start) start {
+	v := op.trust && s.watched ||
+		op.ok && op.s.verified && (op.s.rev == s.rev && (op.s.state == nil) == (s.state == nil) || op.s.rev != 0 && s.rev > op.s.rev)
+	return start{state: s.state, rev: s.rev, verified: v, watched: s.watched}
+}
+
+// turn takes op's turn at e's lane: it leads a batch (op and those waiting
+// behind it) or is carried by one, and returns op's result. The error is
+// op's context's, when it ended before op's turn.
+func (c *KeyCoordinator) turn(e *keyEntry, key JobKey, op *laneOp, buf *[]byte) (laneResult, error) {
+	lead, err := e.lane.enter(op)
+	if err != nil {
+		return laneResult{}, err
+	}
+	if !lead {
+		return op.res, nil
+	}
+	res := c.commitBatch(e, key, op, buf)
+	for res.rerun {
+		res = c.commitBatch(e, key, op, buf)
+	}
+	e.lane.leave()
+	return res, nil
+}
+
+// commitBatch runs the batch lead leads, holding e's lane: it hands every
+// other operation of the batch its result and returns lead's.
+func (c *KeyCoordinator) commitBatch(e *keyEntry, key JobKey, lead *laneOp, buf *[]byte) laneResult {
+	if e.lane.batch == nil {
+		e.lane.batch = e.lane.first[:0]
+	}
+	ops := append(e.lane.batch[:0], lead)
+	if !lead.solo {
+		ops = e.lane.take(ops)
+	}
+	defer func() {
+		clear(ops)
+		e.lane.batch = ops[:0]
+	}()
+	// The state to start from: each operation's read, if newer, updates
+	// what e knows (begin); the batch starts from the newest, the start
+	// begin gave the last operation it could give one.
+	last := -1
+	for i, op := range ops {
+		op.s, op.ok = e.begin(op.r, c.keys.max > 0, op.rt.assumeAbsent, op.trust)
+		op.err, op.early = nil, false
+		if op.ok {
+			last = i
+		}
+	}
+	if last < 0 {
+		for _, op := range ops {
+			op.res = laneResult{} // each reads first
+		}
+		return e.lane.deliver(ops, len(ops))
+	}
+	s := ops[last].s
+	// Reduce in order, each from the state the one before produced.
+	n := len(ops)
+	cur, writes, writers := s.state, false, 0
+	var encoded *KeyState // the state *buf holds
+	for i, op := range ops {
+		next := op.reduce(cur, c.cfg.Now())
+		if writesNothing(next, cur) {
+			// Ahead of every write, on state verified for it, the outcome
+			// is final now, as it would be alone.
+			if i > 0 && !writes {
+				if st := op.startFrom(s); st.verified {
+					op.res, op.early = laneResult{s: st, done: true}, true
+				}
+			}
+			continue
+		}
+		if writers == c.groupWriters {
+			n = i // one writer too many: it starts the next batch
+			break
+		}
+		if next.Empty() {
+			if writes && s.state == nil {
+				n = i // the key was never stored: the batch creates it, the next one deletes it
+				break
+			}
+			cur, writes, n = next, true, i+1 // a delete ends the batch
+			break
+		}
+		if err := checkTimes(key.KVKey, next, c.cfg.Now); err != nil {
+			op.err = err
+			continue
+		}
+		if cur == nil || len(next.Queued) > len(cur.Queued) {
+			c.encode(buf, next)
+			encoded = next
+			if err := c.checkRoom(op.ctx, key, next, len(*buf)); err != nil {
+				op.err = err
+				continue
+			}
+		}
+		cur, writes = next, true
+		writers++
+	}
+	if !writes {
+		for _, op := range ops[:n] {
+			if op.err != nil {
+				op.res = laneResult{err: op.err}
+				continue
+			}
+			// An outcome that writes nothing must not rest on a guess.
+			st := op.startFrom(s)
+			op.res = laneResult{s: st, done: st.verified}
+		}
+		return e.lane.deliver(ops, n)
+	}
+
+	// Those done already need not wait for the write.
+	k, early := 1, 0
+	for i, op := range ops[1:] {
+		if op.early && i+1 < n {
+			op.wake <- struct{}{}
+			early++
+			continue
+		}
+		ops[k] = op
+		k++
+	}
+	clear(ops[k:])
+	ops, n = ops[:k], n-early
+
+	wctx := lead.ctx
+	if n > 1 {
+		b := newBatchContext(ops[:n])
+		defer b.stop()
+		wctx = b
+	}
+	var err error
+	if cur.Empty() {
+		if err = c.store.Delete(wctx, key.Service, key.KVKey, s.rev); err == nil {
+			e.commit(nil, 0, c.cfg.RetryBackoff) // absent now; Admit creates it without a read
+		}
+	} else {
+		if encoded != cur {
+			c.encode(buf, cur)
+		}
+		// cur is also its operation's outcome's State, which belongs to
+		// the caller: remember a copy. The watch may recognise it before
+		// the reply.
+		snap := snapshot(cur)
+		e.writing(*buf, snap)
+		var rev uint64
+		if s.state == nil {
+			rev, err = c.store.Create(wctx, key.Service, key.KVKey, *buf)
+		} else {
+			rev, err = c.store.Update(wctx, key.Service, key.KVKey, *buf, s.rev)
+		}
+		e.written()
+		if err == nil {
+			e.commit(snap, rev, c.cfg.RetryBackoff)
+		}
+	}
+	if err == nil {
+		for _, op := range ops[:n] {
+			op.res = laneResult{s: start{state: s.state, rev: s.rev, verified: true}, done: op.err == nil, err: op.err}
+		}
+		return e.lane.deliver(ops, n)
+	}
+
+	// A value refused for its size changed nothing: s is still what e
+	// knows. Any other failure leaves the stored state unknown.
+	tooLarge := errors.Is(err, ErrStateTooLarge)
+	if !tooLarge {
+		e.conflictAt(s.rev)
+	}
+	conflict := errors.Is(err, ErrRevisionConflict)
+	if conflict {
+		c.obs.conflict(lead.ctx, &key)
+	}
+	switch {
+	case tooLarge && n > 1:
+		// Which operation's state is too large? Run them one at a time,
+		// in their order: lead now, the others handed the lane after it.
+		for _, op := range ops[:n] {
+			op.solo = true
+		}
+		e.lane.putBack(ops[1:])
+		return laneResult{rerun: true}
+	case tooLarge:
+		err = &StateError{KVKey: key.KVKey, Reason: fmt.Sprintf("new state of %d bytes (%d active, %d queued): %v", len(*buf), len(cur.Active), len(cur.Queued), err), Err: ErrStateTooLarge}
+	case wctx.Err() != nil:
+		err = nil // each its own context's
+	case !conflict:
+		err = fmt.Errorf("jobkeys: KV key %q: %w", key.KVKey, err)
+	}
+	if !conflict {
+		for _, op := range ops[:n] {
+			op.res = laneResult{err: err}
+			if err == nil {
+				op.res.err = op.ctx.Err()
+			}
+		}
+		return e.lane.deliver(ops, n)
+	}
+	// A lost race or a stale guess: each operation goes back to its own
+	// retry rules. The key lost one race: its window widens once.
+	// A waiting acquisition on a fed key loses a race the watch answers:
+	// that widens no window (see run).
+	fed, lost := e.fed(), false
+	for _, op := range ops[:n] {
+		st := op.startFrom(s)
+		lost = lost || (st.verified || st.watched) && !(fed && op.trust)
+	}
+	var pause time.Duration
+	if lost {
+		pause = e.lose(c.cfg.RetryBackoff, c.cfg.MaxRetryBackoff, time.Now())
+	}
+	for _, op := range ops[:n] {
+		op.res = laneResult{s: op.startFrom(s), pause: pause}
+	}
+	return e.lane.deliver(ops, n)
+}
+
+// encode writes st's wire form into *buf.
+func (c *KeyCoordinator) encode(buf *[]byte, st *KeyState) {
+	if *buf == nil {
+		*buf = make([]byte, 0, encodedSizeEstimate(st))
+	}
+	*buf = appendState((*buf)[:0], st)
+}
+
+// batchCtx is the context of the write of a batch: it has the values of
+// the first operation's context and ends only when every operation's
+// context has ended, so that one operation giving up does not fail the
+// others' write.
+type batchCtx struct {
+	context.Context
+	ops   []*laneOp // the operations the write is for
+	stops []func() bool
+	end   context.CancelFunc
+}
+
+type batchKey struct{}
+
+func newBatchContext(ops []*laneOp) *batchCtx {
+	ctx, cancel := context.WithCancel(context.WithoutCancel(ops[0].ctx))
+	b := &batchCtx{Context: ctx, ops: ops, stops: make([]func() bool, len(ops)), end: cancel}
+	live := new(atomic.Int64)
+	live.Store(int64(len(ops)))
+	for i, op := range ops {
+		b.stops[i] = context.AfterFunc(op.ctx, func() {
+			if live.Add(-1) == 0 {
+				cancel()
+			}
+		})
+	}
+	return b
+}
+
+// Value returns the batch itself for batchKey, else the first operation's
+// value for key.
+func (b *batchCtx) Value(key any) any {
+	if key == (batchKey{}) {
+		return b
+	}
+	return b.Context.Value(key)
+}
+
+// stop releases b.
+func (b *batchCtx) stop() {
+	for _, stop := range b.stops {
+		stop()
+	}
+	b.end()
+}
+
+// batchContexts returns the contexts of the operations a store call made
+// with ctx writes for: those of a batch, or ctx alone. Tests that count
+// each operation's writes use it.
+func batchContexts(ctx context.Context) []context.Context {
+	b, ok := ctx.Value(batchKey{}).(*batchCtx)
+	if !ok {
+		return []context.Context{ctx}
+	}
+	out := make([]context.Context, len(b.ops))
+	for i, op := range b.ops {
+		out[i] = op.ctx
+	}
+	return out
+}

@@ -1,0 +1,579 @@
+package jobkeys
+
+// Group commit (groupcommit.go). Each test holds one write at the store's
+// gate, so that the operations started after it queue on the key's lane in
+// a known order, lets the writes through, and compares every outcome, and
+// the stored state, with a serial run of the same operations in the same
+// order on a coordinator of its own (same fixed clock, same slot tokens).
+// Writes and reads are counted at the store (countingStore).
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strconv"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+)
+
+// gcGateStore holds writes at a gate while one is set: each write then
+// signals entered and waits for a permit (or for the gate to open).
+type gcGateStore struct {
+	Store
+	entered chan struct{}
+	mu      sync.Mutex
+	permits chan struct{}
+}
+
+func (g *gcGateStore) pass(ctx context.Context) error {
+	g.mu.Lock()
+	p := g.permits
+	g.mu.Unlock()
+	if p == nil {
+		return nil
+	}
+	g.entered <- struct{}{}
+	select {
+	case <-p:
+		return nil
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+}
+
+func (g *gcGateStore) Create(ctx context.Context, service, key string, value []byte) (uint64, error) {
+	if err := g.pass(ctx); err != nil {
+		return 0, err
+	}
+	return g.Store.Create(ctx, service, key, value)
+}
+
+func (g *gcGateStore) Update(ctx context.Context, service, key string, value []byte, revision uint64) (uint64, error) {
+	if err := g.pass(ctx); err != nil {
+		return 0, err
+	}
+	return g.Store.Update(ctx, service, key, value, revision)
+}
+
+func (g *gcGateStore) Delete(ctx context.Context, service, key string, revision uint64) error {
+	if err := g.pass(ctx); err != nil {
+		return err
+	}
+	return g.Store.Delete(ctx, service, key, revision)
+}
+
+// gcLimitedStore also reports the memory store's value size limit, so the
+// coordinator checks room for queued jobs (checkRoom).
+type gcLimitedStore struct {
+	*gcGateStore
+	mem *MemoryStore
+}
+
+func (s gcLimitedStore) valueLimit(ctx context.Context, service string) (int, error) {
+	return s.mem.valueLimit(ctx, service)
+}
+
+// gcRig is one coordinator over a gated, counted memory store, with a key
+// whose job "held" holds a slot.
+type gcRig struct {
+	t       *testing.T
+	mem     *MemoryStore
+	gate    *gcGateStore
+	totals  *raceTotals
+	c       *KeyCoordinator
+	service string
+	policy  Policy
+	payload []byte
+	key     JobKey
+	lease   Lease // job "held"'s
+}
+
+var gcNow = time.Date(2026, 3, 4, 5, 6, 7, 0, time.UTC)
+
+func newGCRig(t *testing.T, service string, policy Policy, writers int, limited bool) *gcRig {
+	t.Helper()
+	mem := NewMemoryStore()
+	gate := &gcGateStore{Store: mem, entered: make(chan struct{}, 256)}
+	var inner Store = gate
+	if limited {
+		inner = gcLimitedStore{gcGateStore: gate, mem: mem}
+	}
+	cs := newCountingStore(inner)
+	tokens := 0
+	c, err := NewCoordinator(cs, &Config{InstanceID: "gc", Now: func() time.Time { return gcNow },
+		NewSlotToken: func() string { tokens++; return "tok-" + strconv.Itoa(tokens) }})
+	require.NoError(t, err)
+	c.groupWriters = writers
+	r := &gcRig{t: t, mem: mem, gate: gate, totals: cs.totals, c: c, service: service, policy: policy, payload: benchPayload(0)}
+	r.key, err = DeriveKey(service, benchJobType, r.payload, policy.Key)
+	require.NoError(t, err)
+	ctx := context.Background()
+	adm, err := r.admit("held")(ctx, r)
+	require.NoError(t, err)
+	require.Equal(t, KindAccepted, adm.(Admission).Kind)
+	acq, err := r.acquire("held")(ctx, r)
+	require.NoError(t, err)
+	require.Equal(t, KindAcquired, acq.(Acquisition).Kind)
+	r.lease = acq.(Acquisition).Lease
+	return r
+}
+
+// gcOp is one operation, run on a rig; it returns the outcome.
+type gcOp func(ctx context.Context, r *gcRig) (any, error)
+
+func (r *gcRig) admit(id string) gcOp {
+	return func(ctx context.Context, r *gcRig) (any, error) {
+		return r.c.Admit(ctx, AdmitRequest{Service: r.service, JobType: benchJobType, JobID: id, Payload: r.payload, Policy: r.policy})
+	}
+}
+
+func (r *gcRig) acquire(id string) gcOp {
+	return func(ctx context.Context, r *gcRig) (any, error) {
+		return r.c.Acquire(ctx, AcquireRequest{Service: r.service, JobType: benchJobType, JobID: id, Payload: r.payload, Policy: r.policy})
+	}
+}
+
+func (r *gcRig) remove(id string) gcOp {
+	return func(ctx context.Context, r *gcRig) (any, error) {
+		return r.c.RemoveQueued(ctx, RemoveRequest{Service: r.service, JobType: benchJobType, JobID: id, Payload: r.payload, Policy: r.policy})
+	}
+}
+
+func gcRenewHeld(ctx context.Context, r *gcRig) (any, error) {
+	return r.c.Renew(ctx, RenewRequest{Lease: r.lease})
+}
+
+func gcReleaseHeld(ctx context.Context, r *gcRig) (any, error) {
+	return r.c.Release(ctx, ReleaseRequest{Lease: r.lease})
+}
+
+// gcReleaseGone releases a slot the key does not hold: a stale completion.
+func gcReleaseGone(ctx context.Context, r *gcRig) (any, error) {
+	l := r.lease
+	l.SlotToken = "gone"
+	return r.c.Release(ctx, ReleaseRequest{Lease: l})
+}
+
+type gcResult struct {
+	out any
+	err error
+}
+
+func (r *gcRig) hold() {
+	r.gate.mu.Lock()
+	defer r.gate.mu.Unlock()
+	r.gate.permits = make(chan struct{})
+}
+
+// open lets every write through, those waiting at the gate too.
+func (r *gcRig) open() {
+	r.gate.mu.Lock()
+	defer r.gate.mu.Unlock()
+	close(r.gate.permits)
+	r.gate.permits = nil
+}
+
+// permit lets one write waiting at the gate through.
+func (r *gcRig) permit() {
+	r.gate.mu.Lock()
+	p := r.gate.permits
+	r.gate.mu.Unlock()
+	p <- struct{}{}
+}
+
+func (r *gcRig) awaitWrite() {
+	r.t.Helper()
+	select {
+	case <-r.gate.entered:
+	case <-time.After(time.Minute):
+		r.t.Fatal("no write reached the gate")
+	}
+}
+
+// queued returns how many operations wait on the key's lane.
+func (r *gcRig) queued() int {
+	e := r.c.keys.entry(r.key.KVKey)
+	if e == nil {
+		return 0
+	}
+	e.lane.mu.Lock()
+	defer e.lane.mu.Unlock()
+	return len(e.lane.queue)
+}
+
+func (r *gcRig) awaitQueued(n int) {
+	r.t.Helper()
+	require.Eventuallyf(r.t, func() bool { return r.queued() == n }, time.Minute, time.Millisecond, "%d operations queued on the lane", n)
+}
+
+func (r *gcRig) start(ctx context.Context, op gcOp) <-chan gcResult {
+	done := make(chan gcResult, 1)
+	go func() {
+		out, err := op(ctx, r)
+		done <- gcResult{out, err}
+	}()
+	return done
+}
+
+// batched runs ops with ops[0]'s write held at the gate until the others
+// are queued behind it, in order, then lets every write through. It
+// returns the results and the writes and reads made from ops[0] on.
+func (r *gcRig) batched(ops []gcOp) (res []gcResult, writes, reads int64) {
+	r.t.Helper()
+	r.totals.writes.Store(0)
+	r.totals.reads.Store(0)
+	r.hold()
+	ctx := context.Background()
+	chans := []<-chan gcResult{r.start(ctx, ops[0])}
+	r.awaitWrite()
+	for i, op := range ops[1:] {
+		chans = append(chans, r.start(ctx, op))
+		r.awaitQueued(i + 1)
+	}
+	r.open()
+	for _, ch := range chans {
+		res = append(res, <-ch)
+	}
+	return res, r.totals.writes.Load(), r.totals.reads.Load()
+}
+
+// serial runs ops one after the other.
+func (r *gcRig) serial(ops []gcOp) (res []gcResult) {
+	for _, op := range ops {
+		out, err := op(context.Background(), r)
+		res = append(res, gcResult{out, err})
+	}
+	return res
+}
+
+func (r *gcRig) stored() []byte {
+	r.t.Helper()
+	v, _, err := r.mem.Get(context.Background(), r.service, r.key.KVKey)
+	if errors.Is(err, ErrKeyNotFound) {
+		return nil
+	}
+	require.NoError(r.t, err)
+	return v
+}
+
+// gcSame requires the batched results and stored state to be the serial
+// run's.
+func gcSame(t *testing.T, batched, serial []gcResult, batchedState, serialState []byte) {
+	t.Helper()
+	require.Len(t, batched, len(serial))
+	for i := range serial {
+		assert.Equalf(t, fmt.Sprint(serial[i].err), fmt.Sprint(batched[i].err), "operation %d: error", i)
+		assert.Equalf(t, serial[i].out, batched[i].out, "operation %d: outcome", i)
+	}
+	assert.Equal(t, string(serialState), string(batchedState), "stored state")
+}
+
+// gcKinds lists the outcomes' kinds ("error" for an error), for messages.
+func gcKinds(res []gcResult) []string {
+	var kinds []string
+	for _, r := range res {
+		if r.err != nil {
+			kinds = append(kinds, "error")
+			continue
+		}
+		switch out := r.out.(type) {
+		case Admission:
+			kinds = append(kinds, string(out.Kind))
+		case Acquisition:
+			kinds = append(kinds, string(out.Kind))
+		case Renewal:
+			kinds = append(kinds, string(out.Kind))
+		case ReleaseOutcome:
+			kinds = append(kinds, string(out.Kind))
+		case Removal:
+			kinds = append(kinds, string(out.Kind))
+		default:
+			kinds = append(kinds, fmt.Sprintf("%T", out))
+		}
+	}
+	return kinds
+}
+
+// Operations that write nothing (blocked acquisitions, a stale
+// completion, a removal of a job not queued) ride along with the one
+// write of their batch: they need no read of their own, and every outcome
+// is the serial run's. A second writing operation starts the next batch
+// (groupWritersDefault). Before group commit each of them read the key.
+func TestGroupCommitRidersNeedNoRead(t *testing.T) {
+	t.Parallel()
+	policy := Policy{Key: benchPolicy.Key, MaxActive: 1, MaxQueuedPerKey: 16}
+	setup := func(r *gcRig) {
+		for i := range 4 {
+			adm, err := r.admit("w"+strconv.Itoa(i))(context.Background(), r)
+			require.NoError(t, err)
+			require.Equal(t, KindAccepted, adm.(Admission).Kind)
+		}
+	}
+	ops := func(r *gcRig) []gcOp {
+		return []gcOp{
+			gcRenewHeld,      // held at the gate
+			r.acquire("w0"),  // blocked
+			r.acquire("w1"),  // blocked
+			gcReleaseGone,    // stale completion
+			r.remove("nope"), // not found
+			gcRenewHeld,      // the batch's writer
+			r.acquire("w2"),  // blocked, after the writer
+			r.admit("z"),     // a second writer: the next batch
+			r.acquire("w3"),  // blocked, rides with z
+		}
+	}
+	b := newGCRig(t, "gcriders", policy, groupWritersDefault, true)
+	setup(b)
+	res, writes, reads := b.batched(ops(b))
+	s := newGCRig(t, "gcriders", policy, groupWritersDefault, true)
+	setup(s)
+	gcSame(t, res, s.serial(ops(s)), b.stored(), s.stored())
+	t.Logf("outcomes %v: %d writes, %d reads", gcKinds(res), writes, reads)
+	assert.Equal(t, []string{"renewed", "blocked", "blocked", "stale-completion", "not-found", "renewed", "blocked", "accepted", "blocked"}, gcKinds(res))
+	assert.Equal(t, int64(3), writes, "the held write, then one per writing operation")
+	assert.Zero(t, reads, "operations riding along with a write need no read")
+}
+
+// With more writers allowed per batch (the engine handles them; the
+// outcome contract keeps the coordinator at one, see groupcommit.go),
+// admissions, acquisitions, releases and removals queued on one key are
+// one write, with the serial run's outcomes and stored state.
+func TestGroupCommitWritersInOneWrite(t *testing.T) {
+	t.Parallel()
+	policy := Policy{Key: benchPolicy.Key, MaxActive: 2, MaxQueuedPerKey: 16}
+	ops := func(r *gcRig) []gcOp {
+		return []gcOp{
+			gcRenewHeld, // held at the gate
+			r.admit("a"),
+			r.admit("b"),
+			r.admit("c"),
+			r.acquire("a"), // the second slot
+			r.acquire("b"), // blocked
+			gcReleaseHeld,
+			r.acquire("b"), // the slot held had
+			r.remove("c"),
+			r.admit("d"),
+		}
+	}
+	b := newGCRig(t, "gcwriters", policy, groupCommitMax, true)
+	res, writes, reads := b.batched(ops(b))
+	s := newGCRig(t, "gcwriters", policy, groupCommitMax, true)
+	gcSame(t, res, s.serial(ops(s)), b.stored(), s.stored())
+	t.Logf("outcomes %v: %d writes, %d reads", gcKinds(res), writes, reads)
+	assert.Equal(t, []string{"renewed", "accepted", "accepted", "accepted", "acquired", "blocked", "released", "acquired", "removed", "accepted"}, gcKinds(res))
+	assert.Equal(t, int64(2), writes, "the held write and the batch's")
+	assert.Zero(t, reads)
+
+	// An operation that empties the key ends its batch with a delete; the
+	// next batch creates the key again.
+	ops = func(r *gcRig) []gcOp {
+		return []gcOp{gcRenewHeld, gcReleaseHeld, r.admit("a"), r.admit("b")}
+	}
+	b = newGCRig(t, "gcdelete", policy, groupCommitMax, true)
+	res, writes, _ = b.batched(ops(b))
+	s = newGCRig(t, "gcdelete", policy, groupCommitMax, true)
+	gcSame(t, res, s.serial(ops(s)), b.stored(), s.stored())
+	assert.Equal(t, []string{"renewed", "released", "accepted", "accepted"}, gcKinds(res))
+	assert.Equal(t, int64(3), writes, "the held write, the delete, the create")
+}
+
+// A batch whose state the store refuses as too large runs its operations
+// again one at a time: each gets the outcome or error it would have got
+// alone. A state that fails the room check fails it for the operation that
+// produced it only, even when a later operation of the batch shrinks the
+// state again.
+func TestGroupCommitTooLargeFallsBack(t *testing.T) {
+	t.Parallel()
+	policy := Policy{Key: benchPolicy.Key, MaxActive: 1, MaxQueuedPerKey: 16}
+	long := func(i int) string { return fmt.Sprintf("%03d-%s", i, strings.Repeat("x", 400)) }
+	limit := func(r *gcRig, extra int) {
+		require.NoError(t, r.mem.SetMaxValueSize(len(r.stored())+extra))
+	}
+	for _, tc := range []struct {
+		name    string
+		writers int
+		limited bool // the coordinator knows the limit and checks room
+		extra   int  // bytes the limit leaves over the initial state
+		ops     func(r *gcRig) []gcOp
+	}{
+		{"store refuses the batch", groupCommitMax, false, 2500, func(r *gcRig) []gcOp {
+			return []gcOp{gcRenewHeld, r.admit(long(1)), r.admit(long(2)), r.admit(long(3)), r.acquire("w")}
+		}},
+		{"store refuses the writer", groupWritersDefault, false, 500, func(r *gcRig) []gcOp {
+			return []gcOp{gcRenewHeld, r.acquire("held"), r.admit(long(1)), r.remove("nope")}
+		}},
+		{"room check of one operation", groupCommitMax, true, 4000, func(r *gcRig) []gcOp {
+			return []gcOp{gcRenewHeld, r.admit(long(1)), r.admit(long(2)), r.admit(long(3)), r.remove(long(1)), r.admit(long(4))}
+		}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			service := "gclarge" + strconv.Itoa(len(tc.name))
+			b := newGCRig(t, service, policy, tc.writers, tc.limited)
+			limit(b, tc.extra)
+			res, writes, _ := b.batched(tc.ops(b))
+			s := newGCRig(t, service, policy, tc.writers, tc.limited)
+			limit(s, tc.extra)
+			serial := s.serial(tc.ops(s))
+			gcSame(t, res, serial, b.stored(), s.stored())
+			t.Logf("outcomes %v: %d writes", gcKinds(res), writes)
+			tooLarge, fine := 0, 0
+			for _, r := range serial[1:] {
+				if errors.Is(r.err, ErrStateTooLarge) {
+					tooLarge++
+				} else if r.err == nil {
+					fine++
+				}
+			}
+			assert.Positive(t, tooLarge, "an operation too large alone")
+			assert.Positive(t, fine, "an operation that fits alone")
+		})
+	}
+}
+
+// An operation whose context ends while it waits on the lane leaves it with
+// nothing applied; the others are unaffected. One whose context ends once
+// its batch has taken it gets its outcome: the batch's write goes on while
+// any of its operations' contexts lasts, and stops when all have ended.
+func TestGroupCommitCancel(t *testing.T) {
+	t.Parallel()
+	policy := Policy{Key: benchPolicy.Key, MaxActive: 1, MaxQueuedPerKey: 16}
+	bg := context.Background()
+	queuedIDs := func(r *gcRig) []string {
+		st, err := ParseState(r.stored())
+		require.NoError(t, err)
+		return auditQueuedIDs(st.Queued)
+	}
+
+	t.Run("while queued", func(t *testing.T) {
+		t.Parallel()
+		r := newGCRig(t, "gccancelq", policy, groupWritersDefault, true)
+		r.hold()
+		held := r.start(bg, gcRenewHeld)
+		r.awaitWrite()
+		xctx, cancel := context.WithCancel(bg)
+		defer cancel()
+		x := r.start(xctx, r.admit("x"))
+		r.awaitQueued(1)
+		y := r.start(bg, r.admit("y"))
+		r.awaitQueued(2)
+		cancel()
+		got := <-x
+		require.ErrorIs(t, got.err, context.Canceled)
+		r.awaitQueued(1)
+		r.open()
+		require.NoError(t, (<-held).err)
+		got = <-y
+		require.NoError(t, got.err)
+		assert.Equal(t, KindAccepted, got.out.(Admission).Kind)
+		assert.Equal(t, []string{"y"}, queuedIDs(r), "only y was applied")
+	})
+
+	t.Run("in a batch", func(t *testing.T) {
+		t.Parallel()
+		r := newGCRig(t, "gccancelb", policy, groupCommitMax, true)
+		r.hold()
+		held := r.start(bg, gcRenewHeld)
+		r.awaitWrite()
+		xctx, cancel := context.WithCancel(bg)
+		defer cancel()
+		x := r.start(xctx, r.admit("x")) // leads the next batch
+		r.awaitQueued(1)
+		y := r.start(bg, r.admit("y"))
+		r.awaitQueued(2)
+		r.permit()
+		require.NoError(t, (<-held).err)
+		r.awaitWrite() // the batch of x and y
+		cancel()
+		r.open()
+		for _, ch := range []<-chan gcResult{x, y} {
+			got := <-ch
+			require.NoError(t, got.err)
+			assert.Equal(t, KindAccepted, got.out.(Admission).Kind)
+		}
+		assert.Equal(t, []string{"x", "y"}, queuedIDs(r), "both were applied, in one write")
+	})
+
+	t.Run("every context of a batch", func(t *testing.T) {
+		t.Parallel()
+		r := newGCRig(t, "gccancela", policy, groupCommitMax, true)
+		before := string(r.stored())
+		r.hold()
+		held := r.start(bg, gcRenewHeld)
+		r.awaitWrite()
+		xctx, cancelX := context.WithCancel(bg)
+		defer cancelX()
+		yctx, cancelY := context.WithCancel(bg)
+		defer cancelY()
+		x := r.start(xctx, r.admit("x"))
+		r.awaitQueued(1)
+		y := r.start(yctx, r.admit("y"))
+		r.awaitQueued(2)
+		r.permit()
+		require.NoError(t, (<-held).err)
+		r.awaitWrite()
+		cancelX()
+		cancelY()
+		for _, ch := range []<-chan gcResult{x, y} {
+			assert.ErrorIs(t, (<-ch).err, context.Canceled)
+		}
+		r.open()
+		after, err := ParseState(r.stored())
+		require.NoError(t, err)
+		assert.Empty(t, after.Queued, "nothing of the batch was applied")
+		assert.Equal(t, before, string(r.stored()), "the state the held renewal wrote (the clock is fixed)")
+	})
+}
+
+// A carried operation whose outcome writes nothing, ahead of the batch's
+// write and on state verified for it (here a waiting acquisition on the
+// state its watch feed vouches for), is done before that write: it does
+// not wait for a write it does not need.
+func TestGroupCommitVerifiedRiderDoneBeforeWrite(t *testing.T) {
+	t.Parallel()
+	policy := Policy{Key: benchPolicy.Key, MaxActive: 1, MaxQueuedPerKey: 16}
+	r := newGCRig(t, "gcearly", policy, groupWritersDefault, true)
+	bg := context.Background()
+	for _, id := range []string{"w0", "w1"} {
+		adm, err := r.admit(id)(bg, r)
+		require.NoError(t, err)
+		require.Equal(t, KindAccepted, adm.(Admission).Kind)
+	}
+	// Feed the key's entry as a Watcher would, with its current state.
+	r.c.keys.attach(r.key.KVKey)
+	defer r.c.keys.detach(r.key.KVKey)
+	v, rev, err := r.mem.Get(bg, r.service, r.key.KVKey)
+	require.NoError(t, err)
+	st, err := ParseState(v)
+	require.NoError(t, err)
+	r.c.keys.watched(r.key.KVKey, st, rev, true)
+
+	r.hold()
+	held := r.start(bg, gcRenewHeld)
+	r.awaitWrite()
+	lead := r.start(bg, r.acquire("w1")) // blocked on a guess: it needs the write
+	r.awaitQueued(1)
+	waiter := r.start(withWaitTry(bg, &waitTry{trustWatch: true}), r.acquire("w0"))
+	r.awaitQueued(2)
+	writer := r.start(bg, gcRenewHeld)
+	r.awaitQueued(3)
+	r.permit()
+	require.NoError(t, (<-held).err)
+	r.awaitWrite() // the batch's: w1, w0 and the renewal
+	select {
+	case got := <-waiter:
+		require.NoError(t, got.err)
+		assert.Equal(t, KindBlocked, got.out.(Acquisition).Kind)
+	case <-time.After(time.Minute):
+		t.Error("the waiting acquisition waited for the batch's write")
+	}
+	r.open()
+	for _, ch := range []<-chan gcResult{lead, writer} {
+		require.NoError(t, (<-ch).err)
+	}
+}
