@@ -692,3 +692,31 @@ func TestWatcherFeedLingersAfterTheWait(t *testing.T) {
 	require.NotNil(t, st)
 	assert.Equal(t, []string{"x", "b"}, []string{st.Queued[0].JobID, st.Queued[1].JobID}, "the queue after the release and the admission")
 }
+
+// A lingering feed ends feedLinger after the last waiter left: the Watcher
+// forgets the key and the coordinator's entry is no longer fed nor kept.
+func TestWatcherFeedLingerEnds(t *testing.T) {
+	t.Parallel()
+	f := newWakeFixture(t, NewMemoryStore())
+	f.admit("a")
+	sub := f.waiters("a")[0]
+	sub.Close()
+	kept := func() (bool, int) {
+		f.w.mu.Lock()
+		defer f.w.mu.Unlock()
+		watching := 0
+		if e := f.jt.coord.keys.entry(f.kvKey); e != nil {
+			e.mu.Lock()
+			watching = e.watching
+			e.mu.Unlock()
+		}
+		return f.w.watches[f.service].keys[f.kvKey] != nil, watching
+	}
+	lingering, watching := kept()
+	require.True(t, lingering, "the feed ended with the last waiter")
+	require.Equal(t, 1, watching)
+	require.Eventually(t, func() bool {
+		lingering, watching := kept()
+		return !lingering && watching == 0
+	}, rtWait, 10*time.Millisecond, "the lingering feed never ended")
+}
