@@ -444,8 +444,9 @@ func (c *KeyCoordinator) run(ctx context.Context, key JobKey, rt retry, reduce f
 	e := c.keys.pin(key.KVKey)
 	defer c.keys.unpin(key.KVKey, e)
 	wt, _ := ctx.Value(waitTryKey{}).(*waitTry)
-	// A waiter the watch woke tries at once: its Watcher spaces the tries.
-	if rt.lease == nil && (wt == nil || !wt.trustWatch) {
+	// A waiter on a key its watch feeds tries at once: its Watcher spaces
+	// the tries.
+	if rt.lease == nil && (wt == nil || !wt.trustWatch || !e.fed()) {
 		if window := e.paceWindow(time.Now()); window > 0 {
 			// A contended key: pace the first attempt too, so that a
 			// writer that keeps winning does not keep the others out.

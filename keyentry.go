@@ -72,6 +72,13 @@ type keyEntry struct {
 	// its reply arrives.
 	inflight      []byte
 	inflightState *KeyState
+	// value is the undecoded state at rev that the watch feed delivered
+	// (watchedValue), while state is nil and known; materialize decodes
+	// it when an operation needs it. valueService and valueKey are its
+	// key's service and KV key.
+	value        []byte
+	valueService string
+	valueKey     string
 }
 
 // recentStates is how many of its own writes per key a coordinator keeps
@@ -206,6 +213,53 @@ func (t *keyTable) watched(k string, st *KeyState, rev uint64, ok bool) {
 	}
 }
 
+// watchedValue is watched for a change of k delivered with its value not
+// decoded (the state at rev, of a key of service): the entry keeps the
+// value and decodes it only when an operation uses it (materialize).
+func (t *keyTable) watchedValue(k, service string, value []byte, rev uint64) {
+	e := t.entry(k)
+	if e == nil {
+		return
+	}
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	if rev <= e.watchRev {
+		return
+	}
+	e.watchRev = rev
+	if !e.known || rev > e.rev {
+		e.state, e.rev, e.known, e.fresh = nil, rev, true, true
+		e.value, e.valueService, e.valueKey = value, service, k
+	} else {
+		e.fresh = true // the entry holds a later state than the watch delivered
+	}
+	if e.changed != nil {
+		close(e.changed)
+		e.changed = nil
+	}
+}
+
+// materialize decodes the value watchedValue left for e's state, if it is
+// still the state e holds; a value that is not the key's state leaves e
+// knowing nothing (the next operation reads it and reports why). Called
+// with e.mu held.
+func (e *keyEntry) materialize() {
+	if e.value == nil {
+		return
+	}
+	value := e.value
+	e.value = nil
+	if !e.known || e.state != nil {
+		return // set since, by a read, a write or a decoded change
+	}
+	st, err := decodeState(value)
+	if err != nil || st.Service != e.valueService || kvKeyFor(st.Service, st.JobType, st.KeyHash) != e.valueKey {
+		e.state, e.rev, e.known, e.fresh = nil, 0, false, false
+		return
+	}
+	e.state = st
+}
+
 // held returns the state k's entry holds at rev, or of its write under way
 // when that wrote value, or nil.
 func (t *keyTable) held(k string, rev uint64, value []byte) *KeyState {
@@ -216,6 +270,7 @@ func (t *keyTable) held(k string, rev uint64, value []byte) *KeyState {
 	e.mu.Lock()
 	defer e.mu.Unlock()
 	if e.known && e.rev == rev {
+		e.materialize()
 		return e.state
 	}
 	for _, r := range e.recent {
@@ -363,6 +418,7 @@ func (e *keyEntry) mark() uint64 {
 func (e *keyEntry) begin(r *read, useCache, assumeAbsent, trustWatch bool) (s start, ok bool) {
 	e.mu.Lock()
 	defer e.mu.Unlock()
+	e.materialize()
 	if r == nil {
 		switch {
 		case useCache && e.known:

@@ -187,11 +187,11 @@ func (r *Runner) acquire(ctx context.Context, jobID string, payload any, opts []
 			sub.Close()
 		}
 	}()
-	// trust lets a try with a subscription find the key busy on the state
-	// the Watcher delivered, without a read; the safety-net recheck reads.
+	// trust lets a try find the key busy on the state the Watcher
+	// delivered, without a read; the safety-net recheck reads.
 	try := func(trust bool) (Acquisition, time.Time, error) {
 		actx, wt := ctx, (*waitTry)(nil)
-		if sub != nil {
+		if sub != nil || trust {
 			wt = &waitTry{trustWatch: trust}
 			actx = withWaitTry(ctx, wt)
 		}
@@ -204,7 +204,9 @@ func (r *Runner) acquire(ctx context.Context, jobID string, payload any, opts []
 		}
 		return acq, start.Add(r.policy.HeartbeatTTL), err
 	}
-	acq, deadline, err := try(false)
+	// The first try trusts what the Watcher still feeds of the key from
+	// this process's last wait on it (see keyWatch.linger), if anything.
+	acq, deadline, err := try(r.cfg.Watcher != nil)
 	if err != nil || acq.Kind == KindAcquired {
 		return acq, deadline, 0, err
 	}

@@ -66,6 +66,19 @@ type keyWatch struct {
 	rewake     func()        // wake under Watcher.mu, for deferred
 	grace      time.Duration // Watcher.grace
 	decodes    *uint64       // Watcher.decodes
+	service    string
+	// pending is the latest change while no waiter waits, not decoded
+	// (no wake-up needs it): wake decodes it when a waiter comes.
+	pending *keyChange
+	// linger keeps feeding the key's changes to the tables in it (each
+	// holding one attachment of its own, counted in tables) for
+	// feedLinger after their last waiter left, so that the process's
+	// next operations on the key (the release of the slot the waiter
+	// took, the next admission) start from the watched state without a
+	// read. idleAt is when the last waiter left; dropLinger ends it.
+	linger     map[*keyTable]bool
+	idleAt     time.Time
+	dropLinger *time.Timer
 	// state is the key's state at rev (nil when deleted), valid when
 	// decoded; a watch without values, or a value that does not decode as
 	// this key's state, leaves decoded false and every waiter is woken on
@@ -198,7 +211,8 @@ func (w *Watcher) subscribe(ctx context.Context, service, kvKey string, wt *wait
 
 // newKeyWatch returns the keyWatch of kvKey in sw. Called with w.mu held.
 func (w *Watcher) newKeyWatch(sw *serviceWatch, kvKey string) *keyWatch {
-	kw := &keyWatch{tables: make(map[*keyTable]int), grace: w.grace, decodes: &w.decodes}
+	kw := &keyWatch{tables: make(map[*keyTable]int), grace: w.grace, decodes: &w.decodes, service: sw.service,
+		linger: make(map[*keyTable]bool)}
 	kw.rewake = func() {
 		w.mu.Lock()
 		defer w.mu.Unlock()
@@ -210,13 +224,62 @@ func (w *Watcher) newKeyWatch(sw *serviceWatch, kvKey string) *keyWatch {
 	return kw
 }
 
-// stop stops kw's deferred wake-up, for a keyWatch no longer used.
+// feedLinger is how long a Watcher keeps feeding a key's changes to a
+// coordinator after its last waiter on the key left (see keyWatch.linger).
+// Such changes are not decoded unless an operation uses them.
+const feedLinger = time.Second
+
+// idle starts kw's linger after its last waiter left: it is dropped
+// feedLinger later unless a waiter comes meanwhile. Called with
+// Watcher.mu held.
+func (w *Watcher) idle(sw *serviceWatch, kvKey string, kw *keyWatch) {
+	kw.idleAt = time.Now()
+	if len(kw.linger) == 0 || sw.ended {
+		w.drop(sw, kvKey, kw)
+		return
+	}
+	if kw.dropLinger == nil {
+		kw.dropLinger = time.AfterFunc(feedLinger, func() {
+			w.mu.Lock()
+			defer w.mu.Unlock()
+			if sw.keys[kvKey] != kw || len(kw.waiters) > 0 {
+				return // dropped, or waited on again: idle re-arms it
+			}
+			if left := feedLinger - time.Since(kw.idleAt); left > 0 {
+				kw.dropLinger.Reset(left)
+				return
+			}
+			w.drop(sw, kvKey, kw)
+		})
+	} else {
+		kw.dropLinger.Reset(feedLinger)
+	}
+}
+
+// drop forgets kw, which has no waiters, and ends its lingering feeds.
 // Called with Watcher.mu held.
+func (w *Watcher) drop(sw *serviceWatch, kvKey string, kw *keyWatch) {
+	kw.stop()
+	for t := range kw.linger {
+		t.detach(kvKey)
+	}
+	clear(kw.linger)
+	clear(kw.tables)
+	if sw.keys[kvKey] == kw {
+		delete(sw.keys, kvKey)
+	}
+}
+
+// stop stops kw's timers, for a keyWatch no longer used. Called with
+// Watcher.mu held.
 func (kw *keyWatch) stop() {
 	if kw.deferred != nil {
 		kw.deferred.Stop()
 	}
 	kw.deferredAt = time.Time{}
+	if kw.dropLinger != nil {
+		kw.dropLinger.Stop()
+	}
 }
 
 // start starts sw's watch; the caller registered sw in w.watches.
@@ -298,6 +361,16 @@ func (w *Watcher) monitor(sw *serviceWatch, ended <-chan struct{}, cancel contex
 		for t := range kw.tables {
 			t.unwatched(kvKey) // changes from now on may be missed
 		}
+		for t := range kw.linger {
+			if kw.tables[t]--; kw.tables[t] == 0 {
+				delete(kw.tables, t)
+			}
+			t.detach(kvKey)
+		}
+		clear(kw.linger)
+		if len(kw.waiters) == 0 {
+			delete(sw.keys, kvKey)
+		}
 		for _, sub := range kw.waiters {
 			sub.end()
 		}
@@ -325,8 +398,16 @@ func (w *Watcher) dispatchChange(sw *serviceWatch, c keyChange) {
 		kw.decoded = false
 	case c.rev <= kw.rev:
 		return // already held (a restarted consumer delivers it again)
+	case len(kw.waiters) == 0 && !c.deleted:
+		// Only lingering feeds: no wake-up needs the state, and the
+		// coordinators decode it if an operation uses it.
+		kw.rev, kw.state, kw.decoded, kw.pending = c.rev, nil, false, &c
+		for t := range kw.tables {
+			t.watchedValue(c.kvKey, sw.service, c.value, c.rev)
+		}
+		return
 	default:
-		kw.rev, kw.state, kw.decoded = c.rev, nil, true
+		kw.rev, kw.state, kw.decoded, kw.pending = c.rev, nil, true, nil
 		if !c.deleted {
 			kw.state, kw.decoded = kw.decode(sw.service, c)
 		}
@@ -368,6 +449,10 @@ const waiterGrace = 2 * time.Millisecond
 // wakes them when it does). Without a decoded state it wakes every waiter
 // that no change has been delivered to since it was last woken.
 func (kw *keyWatch) wake(now time.Time) {
+	if c := kw.pending; c != nil {
+		kw.pending = nil
+		kw.state, kw.decoded = kw.decode(kw.service, *c)
+	}
 	free := len(kw.waiters)
 	var queued []QueuedJob // the queue the waiters' turns follow; nil: none
 	if kw.decoded && kw.state != nil {
@@ -562,14 +647,18 @@ func (s *Subscription) closeWaiter() {
 	}
 	kw.waiters = slices.Delete(kw.waiters, i, i+1)
 	if t := s.waiter.table; t != nil {
-		if kw.tables[t]--; kw.tables[t] == 0 {
-			delete(kw.tables, t)
+		switch {
+		case kw.tables[t] == 1 && !kw.linger[t] && !s.sw.ended:
+			kw.linger[t] = true // the last waiter's attachment lingers
+		default:
+			if kw.tables[t]--; kw.tables[t] == 0 {
+				delete(kw.tables, t)
+			}
+			t.detach(s.kvKey)
 		}
-		t.detach(s.kvKey)
 	}
 	if len(kw.waiters) == 0 {
-		kw.stop()
-		delete(s.sw.keys, s.kvKey)
+		s.w.idle(s.sw, s.kvKey, kw)
 		return
 	}
 	if s.waiter.woken && !s.sw.ended {

@@ -6,6 +6,7 @@ package jobkeys
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"sync/atomic"
 	"testing"
@@ -595,4 +596,127 @@ func TestWatcherDecodesOnlyWhatWaitersNeed(t *testing.T) {
 			assert.Equal(t, uint64(1), decodes(), "another process's write to the watched key")
 		})
 	}
+}
+
+// After its waiter took the slot, a process keeps being fed the key's
+// changes for feedLinger, undecoded: its release and its next admission
+// start from the watched state without a read, although another process
+// wrote the key meanwhile, and the Watcher decodes nothing while no waiter
+// waits.
+func TestWatcherFeedLingersAfterTheWait(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	mem := NewMemoryStore()
+	cs := newCountingStore(mem)
+	c, err := NewCoordinator(cs, nil)
+	require.NoError(t, err)
+	other, err := NewCoordinator(mem, nil)
+	require.NoError(t, err)
+	service := rtService()
+	policy := Policy{Key: benchPolicy.Key, MaxActive: 1, MaxQueuedPerKey: 8}
+	jt, err := c.JobType(service, benchJobType, policy)
+	require.NoError(t, err)
+	otherJT, err := other.JobType(service, benchJobType, policy)
+	require.NoError(t, err)
+	w, err := NewWatcher(mem)
+	require.NoError(t, err)
+	defer w.Close()
+	r, err := NewRunner(jt, &RunnerConfig{Watcher: w, RecheckInterval: time.Minute})
+	require.NoError(t, err)
+	payload := benchPayload(0)
+	key := mustKey(t, jt, payload)
+	for _, id := range []string{"h", "a"} {
+		_, err := otherJT.Admit(ctx, id, payload)
+		require.NoError(t, err)
+	}
+	held, err := otherJT.Acquire(ctx, "h", payload)
+	require.NoError(t, err)
+	require.Equal(t, KindAcquired, held.Kind)
+	decodes := func() uint64 {
+		w.mu.Lock()
+		defer w.mu.Unlock()
+		return w.decodes
+	}
+	// fed reports whether the coordinator's entry was fed the key's
+	// latest change.
+	fed := func() bool {
+		_, want, err := mem.Get(ctx, service, key.KVKey)
+		if err != nil {
+			return false
+		}
+		e := c.keys.entry(key.KVKey)
+		if e == nil {
+			return false
+		}
+		e.mu.Lock()
+		defer e.mu.Unlock()
+		return e.watchRev >= want
+	}
+
+	var reads, decoded uint64
+	done := make(chan error, 1)
+	go func() {
+		_, err := r.Run(ctx, "a", payload, func(context.Context, Lease) error {
+			// Another process writes the key while the job runs.
+			decoded = decodes()
+			_, err := otherJT.Admit(ctx, "x", payload)
+			if err != nil {
+				return err
+			}
+			if !assert.Eventually(t, fed, rtWait, time.Millisecond, "the feed never delivered the other process's admission") {
+				return errors.New("not fed")
+			}
+			reads = uint64(cs.totals.reads.Load())
+			return nil
+		})
+		done <- err
+	}()
+	require.Eventually(t, func() bool {
+		w.mu.Lock()
+		defer w.mu.Unlock()
+		sw := w.watches[service]
+		return sw != nil && sw.keys[key.KVKey] != nil && len(sw.keys[key.KVKey].waiters) == 1
+	}, rtWait, time.Millisecond, "the run never waited")
+	_, err = otherJT.Release(ctx, held.Lease)
+	require.NoError(t, err)
+	require.NoError(t, <-done)
+	// The release (after the other process's admission) and the next
+	// admission read nothing.
+	adm, err := jt.Admit(ctx, "b", payload)
+	require.NoError(t, err)
+	require.Equal(t, KindAccepted, adm.Kind)
+	assert.Equal(t, reads, uint64(cs.totals.reads.Load()), "reads by the release and the next admission")
+	assert.Equal(t, decoded, decodes(), "the Watcher decoded changes with no waiter waiting")
+	st, _, err := c.read(ctx, key)
+	require.NoError(t, err)
+	require.NotNil(t, st)
+	assert.Equal(t, []string{"x", "b"}, []string{st.Queued[0].JobID, st.Queued[1].JobID}, "the queue after the release and the admission")
+}
+
+// A lingering feed ends feedLinger after the last waiter left: the Watcher
+// forgets the key and the coordinator's entry is no longer fed nor kept.
+func TestWatcherFeedLingerEnds(t *testing.T) {
+	t.Parallel()
+	f := newWakeFixture(t, NewMemoryStore())
+	f.admit("a")
+	sub := f.waiters("a")[0]
+	sub.Close()
+	kept := func() (bool, int) {
+		f.w.mu.Lock()
+		defer f.w.mu.Unlock()
+		watching := 0
+		if e := f.jt.coord.keys.entry(f.kvKey); e != nil {
+			e.mu.Lock()
+			watching = e.watching
+			e.mu.Unlock()
+		}
+		return f.w.watches[f.service].keys[f.kvKey] != nil, watching
+	}
+	lingering, watching := kept()
+	require.True(t, lingering, "the feed ended with the last waiter")
+	require.Equal(t, 1, watching)
+	require.Eventually(t, func() bool {
+		lingering, watching := kept()
+		return !lingering && watching == 0
+	}, rtWait, 10*time.Millisecond, "the lingering feed never ended")
 }
