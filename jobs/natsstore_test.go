@@ -15,7 +15,6 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
-	"github.com/jobkeys/jobkeys/internal/jscas"
 	"github.com/jobkeys/jobkeys/internal/natstest"
 )
 
@@ -544,39 +543,6 @@ func TestNATSStoreListSeesOtherWriters(t *testing.T) {
 	_, err = b.Enqueue(ctx, testEnqueueRequest("ch", "j3", "d3"))
 	require.NoError(t, err)
 	assert.Equal(t, []string{"j3"}, ids(a))
-}
-
-// TestNATSPubAck reads publish acknowledgements as jetstream's PublishMsg
-// does: the plain ack by hand, everything else through encoding/json.
-func TestNATSPubAck(t *testing.T) {
-	for _, c := range []struct {
-		name, ack string
-		seq       uint64
-		conflict  bool
-		invalid   bool
-	}{
-		{name: "plain", ack: `{"stream":"KV_B","seq":42}`, seq: 42},
-		{name: "with a domain", ack: `{"stream":"KV_B","domain":"hub","seq":43}`, seq: 43},
-		{name: "another stream", ack: `{"stream":"KV_C","seq":44}`, seq: 44},
-		{name: "spaced", ack: `{ "stream": "KV_B", "seq": 45 }`, seq: 45},
-		{name: "wrong last sequence", ack: `{"error":{"code":400,"err_code":10071,"description":"wrong last sequence: 7"},"stream":"KV_B","seq":0}`, conflict: true},
-		{name: "no stream", ack: `{"seq":46}`, invalid: true},
-		{name: "not json", ack: `{"stream":"KV_B","seq":`, invalid: true},
-	} {
-		t.Run(c.name, func(t *testing.T) {
-			seq, err := parseNATSPubAck([]byte(c.ack), "KV_B")
-			switch {
-			case c.conflict:
-				require.Error(t, err)
-				assert.True(t, jscas.IsConflict(err), "%v", err)
-			case c.invalid:
-				assert.ErrorIs(t, err, jetstream.ErrInvalidJSAck)
-			default:
-				require.NoError(t, err)
-				assert.Equal(t, c.seq, seq)
-			}
-		})
-	}
 }
 
 // TestNATSStoreCASWrite checks the store's own compare-and-swap write
