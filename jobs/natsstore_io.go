@@ -431,7 +431,7 @@ func (s *NATSStore) update(ctx context.Context, op, key string, value []byte, re
 // responders" (no stream leader, for a moment) as kv.Update does.
 func (s *NATSStore) casWrite(ctx context.Context, key string, value []byte, rev uint64) (uint64, error) {
 	w := jscas.Writer{Conn: s.js.Conn(), Stream: s.streamName, Timeout: s.js.Options().DefaultTimeout}
-	return w.Write(ctx, s.keys.subject(key), value, rev, false)
+	return w.Write(ctx, s.writePrefix+key, value, rev, false)
 }
 
 // natsHeaderAllowance is kept free of the server's payload limit for the

@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/nats-io/nats-server/v2/server"
+	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
@@ -578,5 +579,117 @@ func TestNATSStoreCASWrite(t *testing.T) {
 		_, err = kv.Get(ctx, "job.ch.none")
 		assert.ErrorIs(t, err, jetstream.ErrKeyNotFound)
 		rev = next
+	}
+}
+
+// natsStoredMsg is one message of a stream as the server stores it.
+type natsStoredMsg struct {
+	subject string
+	hdrs    []byte // the header block as stored, byte for byte
+	data    []byte
+}
+
+// readNATSStored reads message seq of stream over nc, headers as raw bytes.
+func readNATSStored(t *testing.T, nc *nats.Conn, stream string, seq uint64) natsStoredMsg {
+	t.Helper()
+	req, err := json.Marshal(map[string]uint64{"seq": seq})
+	require.NoError(t, err)
+	resp, err := nc.Request("$JS.API.STREAM.MSG.GET."+stream, req, 10*time.Second)
+	require.NoError(t, err)
+	var got natsMsgGetResponse
+	require.NoError(t, json.Unmarshal(resp.Data, &got))
+	require.Nil(t, got.Error, "message %d of %s", seq, stream)
+	require.NotNil(t, got.Message, "message %d of %s", seq, stream)
+	return natsStoredMsg{subject: got.Message.Subject, hdrs: got.Message.Hdrs, data: got.Message.Data}
+}
+
+// noKVUpdates fails the test on any compare-and-swap write through the KV
+// layer: the store is to send its own.
+type noKVUpdates struct {
+	jetstream.KeyValue
+	t *testing.T
+}
+
+func (k noKVUpdates) Update(ctx context.Context, key string, value []byte, last uint64) (uint64, error) {
+	k.t.Errorf("kv.Update(%q, revision %d): the store's own write expected", key, last)
+	return k.KeyValue.Update(ctx, key, value, last)
+}
+
+// The store's own compare-and-swap writes (casWrite) store exactly what
+// kv.Update stores, also behind a JetStream domain or API prefix, where
+// they go to the subjects kv.Update writes to: the same subjects, header
+// blocks, data and revisions, and the same conflicts.
+func TestNATSStoreWritesAsKVLayer(t *testing.T) {
+	t.Parallel()
+	const domain = "hub"
+	s := natstest.RunWith(t, natstest.Options{Configure: func(o *server.Options) { o.JetStreamDomain = domain }})
+	nc, plain := natstest.Connect(t, s)
+	withDomain, err := jetstream.NewWithDomain(nc, domain)
+	require.NoError(t, err)
+	withPrefix, err := jetstream.NewWithAPIPrefix(nc, "$JS."+domain+".API")
+	require.NoError(t, err)
+
+	for _, tc := range []struct {
+		name   string
+		js     jetstream.JetStream
+		prefix string // of the write subjects
+	}{
+		{"Default", plain, ""},
+		{"Domain", withDomain, "$JS." + domain + ".API."},
+		{"APIPrefix", withPrefix, "$JS." + domain + ".API."},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+			defer cancel()
+			open := func() *NATSStore {
+				st, err := NewNATSStore(tc.js, nil, WithBucket(fmt.Sprintf("JOBS_T%d", natsBucketSeq.Add(1))), WithCreateBucket(jetstream.MemoryStorage, 1))
+				require.NoError(t, err)
+				return st
+			}
+			old, own := open(), open()
+			require.True(t, own.plainWrites)
+			require.Equal(t, tc.prefix+"$KV."+own.Bucket()+".", own.writePrefix, "kv.Update's subjects")
+			own.kv = noKVUpdates{KeyValue: own.kv, t: t}
+			kv, err := tc.js.KeyValue(ctx, old.Bucket())
+			require.NoError(t, err)
+			oldStart, err := old.stream.Info(ctx)
+			require.NoError(t, err)
+			ownStart, err := own.stream.Info(ctx)
+			require.NoError(t, err)
+
+			// The bucket keeps one message per key: each write is read back
+			// before the next.
+			const key = "job.ch.j"
+			var oldRev, ownRev uint64 // 0: the key has no message yet
+			for i, v := range []string{`{"n":1}`, `{"n":2}`, `{"n":3}`} {
+				r, err := kv.Update(ctx, key, []byte(v), oldRev)
+				require.NoError(t, err)
+				oldRev = r
+				r, conflict, err := own.update(ctx, "test", key, []byte(v), ownRev)
+				require.NoError(t, err)
+				require.False(t, conflict, "write %d", i)
+				ownRev = r
+				assert.Equal(t, oldRev-oldStart.State.LastSeq, ownRev-ownStart.State.LastSeq, "revision of write %d, from each stream's start", i)
+				want := readNATSStored(t, nc, "KV_"+old.Bucket(), oldRev)
+				got := readNATSStored(t, nc, "KV_"+own.Bucket(), ownRev)
+				assert.Equal(t, want.subject, strings.Replace(got.subject, own.Bucket(), old.Bucket(), 1), "subject of write %d", i)
+				assert.Equal(t, string(want.hdrs), string(got.hdrs), "header block of write %d", i)
+				assert.Equal(t, want.data, got.data, "data of write %d", i)
+			}
+
+			// A conflict, as kv.Update's: nothing written.
+			_, err = kv.Update(ctx, key, []byte(`{"n":4}`), oldRev-1)
+			assert.ErrorIs(t, err, jetstream.ErrKeyRevisionMismatch)
+			_, conflict, err := own.update(ctx, "test", key, []byte(`{"n":4}`), ownRev-1)
+			require.NoError(t, err)
+			assert.True(t, conflict, "a write over an old revision")
+			_, conflict, err = own.update(ctx, "test", "job.ch.none", []byte(`{"n":5}`), ownRev)
+			require.NoError(t, err)
+			assert.True(t, conflict, "a write over a revision of a key that has none")
+			info, err := own.stream.Info(ctx)
+			require.NoError(t, err)
+			assert.Equal(t, ownRev, info.State.LastSeq, "nothing written on a conflict")
+		})
 	}
 }
