@@ -11,7 +11,6 @@ import (
 	"time"
 
 	"github.com/nats-io/nats-server/v2/server"
-	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
@@ -582,27 +581,6 @@ func TestNATSStoreCASWrite(t *testing.T) {
 	}
 }
 
-// natsStoredMsg is one message of a stream as the server stores it.
-type natsStoredMsg struct {
-	subject string
-	hdrs    []byte // the header block as stored, byte for byte
-	data    []byte
-}
-
-// readNATSStored reads message seq of stream over nc, headers as raw bytes.
-func readNATSStored(t *testing.T, nc *nats.Conn, stream string, seq uint64) natsStoredMsg {
-	t.Helper()
-	req, err := json.Marshal(map[string]uint64{"seq": seq})
-	require.NoError(t, err)
-	resp, err := nc.Request("$JS.API.STREAM.MSG.GET."+stream, req, 10*time.Second)
-	require.NoError(t, err)
-	var got natsMsgGetResponse
-	require.NoError(t, json.Unmarshal(resp.Data, &got))
-	require.Nil(t, got.Error, "message %d of %s", seq, stream)
-	require.NotNil(t, got.Message, "message %d of %s", seq, stream)
-	return natsStoredMsg{subject: got.Message.Subject, hdrs: got.Message.Hdrs, data: got.Message.Data}
-}
-
 // noKVUpdates fails the test on any compare-and-swap write through the KV
 // layer: the store is to send its own.
 type noKVUpdates struct {
@@ -621,37 +599,22 @@ func (k noKVUpdates) Update(ctx context.Context, key string, value []byte, last 
 // blocks, data and revisions, and the same conflicts.
 func TestNATSStoreWritesAsKVLayer(t *testing.T) {
 	t.Parallel()
-	const domain = "hub"
-	s := natstest.RunWith(t, natstest.Options{Configure: func(o *server.Options) { o.JetStreamDomain = domain }})
-	nc, plain := natstest.Connect(t, s)
-	withDomain, err := jetstream.NewWithDomain(nc, domain)
-	require.NoError(t, err)
-	withPrefix, err := jetstream.NewWithAPIPrefix(nc, "$JS."+domain+".API")
-	require.NoError(t, err)
-
-	for _, tc := range []struct {
-		name   string
-		js     jetstream.JetStream
-		prefix string // of the write subjects
-	}{
-		{"Default", plain, ""},
-		{"Domain", withDomain, "$JS." + domain + ".API."},
-		{"APIPrefix", withPrefix, "$JS." + domain + ".API."},
-	} {
-		t.Run(tc.name, func(t *testing.T) {
+	nc, contexts := natstest.RunDomain(t, "hub")
+	for _, tc := range contexts {
+		t.Run(tc.Name, func(t *testing.T) {
 			t.Parallel()
 			ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 			defer cancel()
 			open := func() *NATSStore {
-				st, err := NewNATSStore(tc.js, nil, WithBucket(fmt.Sprintf("JOBS_T%d", natsBucketSeq.Add(1))), WithCreateBucket(jetstream.MemoryStorage, 1))
+				st, err := NewNATSStore(tc.JS, nil, WithBucket(fmt.Sprintf("JOBS_T%d", natsBucketSeq.Add(1))), WithCreateBucket(jetstream.MemoryStorage, 1))
 				require.NoError(t, err)
 				return st
 			}
 			old, own := open(), open()
 			require.True(t, own.plainWrites)
-			require.Equal(t, tc.prefix+"$KV."+own.Bucket()+".", own.writePrefix, "kv.Update's subjects")
+			require.Equal(t, tc.WritePrefix+"$KV."+own.Bucket()+".", own.writePrefix, "kv.Update's subjects")
 			own.kv = noKVUpdates{KeyValue: own.kv, t: t}
-			kv, err := tc.js.KeyValue(ctx, old.Bucket())
+			kv, err := tc.JS.KeyValue(ctx, old.Bucket())
 			require.NoError(t, err)
 			oldStart, err := old.stream.Info(ctx)
 			require.NoError(t, err)
@@ -671,11 +634,11 @@ func TestNATSStoreWritesAsKVLayer(t *testing.T) {
 				require.False(t, conflict, "write %d", i)
 				ownRev = r
 				assert.Equal(t, oldRev-oldStart.State.LastSeq, ownRev-ownStart.State.LastSeq, "revision of write %d, from each stream's start", i)
-				want := readNATSStored(t, nc, "KV_"+old.Bucket(), oldRev)
-				got := readNATSStored(t, nc, "KV_"+own.Bucket(), ownRev)
-				assert.Equal(t, want.subject, strings.Replace(got.subject, own.Bucket(), old.Bucket(), 1), "subject of write %d", i)
-				assert.Equal(t, string(want.hdrs), string(got.hdrs), "header block of write %d", i)
-				assert.Equal(t, want.data, got.data, "data of write %d", i)
+				want := natstest.ReadStored(t, nc, "KV_"+old.Bucket(), oldRev)
+				got := natstest.ReadStored(t, nc, "KV_"+own.Bucket(), ownRev)
+				assert.Equal(t, want.Subject, strings.Replace(got.Subject, own.Bucket(), old.Bucket(), 1), "subject of write %d", i)
+				assert.Equal(t, string(want.Hdrs), string(got.Hdrs), "header block of write %d", i)
+				assert.Equal(t, want.Data, got.Data, "data of write %d", i)
 			}
 
 			// A conflict, as kv.Update's: nothing written.
