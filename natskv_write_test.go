@@ -2,13 +2,10 @@ package jobkeys
 
 import (
 	"context"
-	"encoding/json"
-	"errors"
 	"strings"
 	"testing"
 	"time"
 
-	"github.com/nats-io/nats-server/v2/server"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/stretchr/testify/assert"
@@ -17,67 +14,24 @@ import (
 	"github.com/jobkeys/jobkeys/internal/natstest"
 )
 
-// storedMsg is one message of a bucket's stream as the server stores it.
-type storedMsg struct {
-	subject string
-	hdrs    []byte // the header block as stored, byte for byte
-	data    []byte
-}
-
-// readStored reads message seq of stream over nc, headers as raw bytes.
-func readStored(t *testing.T, nc *nats.Conn, stream string, seq uint64) storedMsg {
-	t.Helper()
-	req, err := json.Marshal(map[string]uint64{"seq": seq})
-	require.NoError(t, err)
-	resp, err := nc.Request("$JS.API.STREAM.MSG.GET."+stream, req, 10*time.Second)
-	require.NoError(t, err)
-	var got struct {
-		Error   *jetstream.APIError `json:"error"`
-		Message *struct {
-			Subject string `json:"subject"`
-			Hdrs    []byte `json:"hdrs"`
-			Data    []byte `json:"data"`
-		} `json:"message"`
-	}
-	require.NoError(t, json.Unmarshal(resp.Data, &got))
-	require.Nil(t, got.Error, "message %d of %s", seq, stream)
-	require.NotNil(t, got.Message, "message %d of %s", seq, stream)
-	return storedMsg{subject: got.Message.Subject, hdrs: got.Message.Hdrs, data: got.Message.Data}
-}
-
 // The store's own writes (natskv_write.go) store exactly what nats.go's KV
 // layer stores: the same subject, header block and data for an update, a
 // delete marker and a create over a delete marker, also behind a JetStream
 // domain or API prefix.
 func TestNATSStoreWritesAsKVLayer(t *testing.T) {
 	t.Parallel()
-	const domain = "hub"
-	s := natstest.RunWith(t, natstest.Options{Configure: func(o *server.Options) { o.JetStreamDomain = domain }})
-	nc, plain := natstest.Connect(t, s)
-	withDomain, err := jetstream.NewWithDomain(nc, domain)
-	require.NoError(t, err)
-	withPrefix, err := jetstream.NewWithAPIPrefix(nc, "$JS."+domain+".API")
-	require.NoError(t, err)
-
-	for _, tc := range []struct {
-		name   string
-		js     jetstream.JetStream
-		prefix string // of the write subjects
-	}{
-		{"Default", plain, ""},
-		{"Domain", withDomain, "$JS." + domain + ".API."},
-		{"APIPrefix", withPrefix, "$JS." + domain + ".API."},
-	} {
-		t.Run(tc.name, func(t *testing.T) {
+	nc, contexts := natstest.RunDomain(t, "hub")
+	for _, tc := range contexts {
+		t.Run(tc.Name, func(t *testing.T) {
 			t.Parallel()
 			ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 			defer cancel()
-			st, err := NewNATSStore(tc.js, WithCreateBuckets(jetstream.MemoryStorage, 1))
+			st, err := NewNATSStore(tc.JS, WithCreateBuckets(jetstream.MemoryStorage, 1))
 			require.NoError(t, err)
 			oldSvc, newSvc := jkService("write-kv"), jkService("write-own")
 			const key = "svc.job.k"
 			for _, svc := range []string{oldSvc, newSvc} { // history 10: every write stays readable
-				_, err := tc.js.CreateKeyValue(ctx, jetstream.KeyValueConfig{Bucket: st.BucketName(svc), History: 10, Storage: jetstream.MemoryStorage})
+				_, err := tc.JS.CreateKeyValue(ctx, jetstream.KeyValueConfig{Bucket: st.BucketName(svc), History: 10, Storage: jetstream.MemoryStorage})
 				require.NoError(t, err)
 			}
 
@@ -110,7 +64,7 @@ func TestNATSStoreWritesAsKVLayer(t *testing.T) {
 			b, err := st.bucket(ctx, newSvc)
 			require.NoError(t, err)
 			require.True(t, b.directWrites(key), "the store writes the key itself")
-			require.Equal(t, tc.prefix+"$KV."+st.BucketName(newSvc)+".", b.writePrefix)
+			require.Equal(t, tc.WritePrefix+"$KV."+st.BucketName(newSvc)+".", b.writePrefix)
 			r, err = st.Update(ctx, newSvc, key, []byte("v2"), r)
 			require.NoError(t, err)
 			newRevs = append(newRevs, r)
@@ -127,23 +81,23 @@ func TestNATSStoreWritesAsKVLayer(t *testing.T) {
 			assert.Equal(t, oldRevs, newRevs, "the store returns the revisions the KV layer returns")
 			oldBucket, newBucket := st.BucketName(oldSvc), st.BucketName(newSvc)
 			for seq := uint64(1); seq <= 6; seq++ {
-				want := readStored(t, nc, "KV_"+oldBucket, seq)
-				got := readStored(t, nc, "KV_"+newBucket, seq)
-				assert.Equal(t, want.subject, strings.Replace(got.subject, newBucket, oldBucket, 1), "subject of message %d", seq)
-				assert.Equal(t, want.data, got.data, "data of message %d", seq)
-				wantHdr, err := nats.DecodeHeadersMsg(want.hdrs)
+				want := natstest.ReadStored(t, nc, "KV_"+oldBucket, seq)
+				got := natstest.ReadStored(t, nc, "KV_"+newBucket, seq)
+				assert.Equal(t, want.Subject, strings.Replace(got.Subject, newBucket, oldBucket, 1), "subject of message %d", seq)
+				assert.Equal(t, want.Data, got.Data, "data of message %d", seq)
+				wantHdr, err := nats.DecodeHeadersMsg(want.Hdrs)
 				require.NoError(t, err)
-				gotHdr, err := nats.DecodeHeadersMsg(got.hdrs)
+				gotHdr, err := nats.DecodeHeadersMsg(got.Hdrs)
 				require.NoError(t, err)
 				assert.Equal(t, wantHdr, gotHdr, "headers of message %d", seq)
 				if len(wantHdr) == 1 {
 					// One header: one possible order, so the bytes match too.
 					// (nats.go writes several in map order.)
-					assert.Equal(t, string(want.hdrs), string(got.hdrs), "header block of message %d", seq)
+					assert.Equal(t, string(want.Hdrs), string(got.Hdrs), "header block of message %d", seq)
 				}
 			}
-			marker := readStored(t, nc, "KV_"+newBucket, 3)
-			hdr, err := nats.DecodeHeadersMsg(marker.hdrs)
+			marker := natstest.ReadStored(t, nc, "KV_"+newBucket, 3)
+			hdr, err := nats.DecodeHeadersMsg(marker.Hdrs)
 			require.NoError(t, err)
 			assert.Equal(t, "DEL", hdr.Get("KV-Operation"), "message 3 is a delete marker")
 			assert.Equal(t, "2", hdr.Get(jetstream.ExpectedLastSubjSeqHeader))
@@ -181,72 +135,4 @@ func TestNATSStoreWriteNoStream(t *testing.T) {
 	assert.ErrorIs(t, err, jetstream.ErrNoStreamResponse)
 	assert.NotErrorIs(t, err, ErrRevisionConflict)
 	assert.ErrorIs(t, st.Delete(ctx, svc, "k", rev), jetstream.ErrNoStreamResponse)
-}
-
-func TestParsePubAck(t *testing.T) {
-	t.Parallel()
-	const stream = "KV_JOBS_KEYS_s"
-	for _, tc := range []struct {
-		ack  string
-		seq  uint64
-		fast bool // read by hand, without encoding/json
-	}{
-		{`{"stream":"KV_JOBS_KEYS_s","seq":42}`, 42, true},
-		{`{"stream":"KV_JOBS_KEYS_s","domain":"hub","seq":7}`, 7, true},
-		{`{"stream":"KV_JOBS_KEYS_s","seq":18446744073709551615}`, 1<<64 - 1, false}, // 20 digits
-		{`{"stream":"KV_JOBS_KEYS_s","seq":1,"duplicate": true}`, 1, false},
-		{`{"stream":"other","seq":3}`, 3, false},
-		{`{"seq":3,"stream":"KV_JOBS_KEYS_s"}`, 3, false},
-		{` {"stream":"KV_JOBS_KEYS_s","seq":9}`, 9, false},
-	} {
-		seq, fast := parseAckTemplate([]byte(tc.ack), stream)
-		assert.Equal(t, tc.fast, fast, "read by hand: %s", tc.ack)
-		if fast {
-			assert.Equal(t, tc.seq, seq, "hand-read sequence of %s", tc.ack)
-		}
-		seq, err := parsePubAck([]byte(tc.ack), stream)
-		require.NoError(t, err, tc.ack)
-		assert.Equal(t, tc.seq, seq, tc.ack)
-	}
-
-	_, err := parsePubAck([]byte(`{"error":{"code":400,"err_code":10071,"description":"wrong last sequence: 5"},"stream":"KV_JOBS_KEYS_s","seq":0}`), stream)
-	var apiErr *jetstream.APIError
-	require.ErrorAs(t, err, &apiErr)
-	assert.Equal(t, jetstream.JSErrCodeStreamWrongLastSequence, apiErr.ErrorCode)
-	assert.Equal(t, "wrong last sequence: 5", apiErr.Description)
-	assert.ErrorIs(t, err, jetstream.ErrKeyExists, "10071 matches jetstream's sentinel by code")
-
-	for _, bad := range []string{``, `{`, `{"stream":"KV_JOBS_KEYS_s","seq":"1"}`, `{"seq":1}`, `{"stream":"","seq":1}`, `null`} {
-		_, err := parsePubAck([]byte(bad), stream)
-		assert.True(t, errors.Is(err, jetstream.ErrInvalidJSAck), "%q: %v", bad, err)
-	}
-}
-
-// Whatever the hand-read path accepts, encoding/json reads the same way.
-func FuzzParseAckTemplate(f *testing.F) {
-	const stream = "KV_JOBS_KEYS_s"
-	for _, seed := range []string{
-		`{"stream":"KV_JOBS_KEYS_s","seq":42}`,
-		`{"stream":"KV_JOBS_KEYS_s","domain":"hub","seq":7}`,
-		`{"stream":"KV_JOBS_KEYS_s","domain":"a\"b","seq":7}`,
-		`{"stream":"KV_JOBS_KEYS_s","seq":0042}`,
-		`{"stream":"KV_JOBS_KEYS_s","seq":1}}`,
-	} {
-		f.Add([]byte(seed))
-	}
-	f.Fuzz(func(t *testing.T, data []byte) {
-		seq, ok := parseAckTemplate(data, stream)
-		if !ok {
-			return
-		}
-		var ack struct {
-			Error  *jetstream.APIError `json:"error"`
-			Stream string              `json:"stream"`
-			Seq    uint64              `json:"seq"`
-		}
-		require.NoError(t, json.Unmarshal(data, &ack), "%q read by hand but not by encoding/json", data)
-		assert.Nil(t, ack.Error)
-		assert.Equal(t, stream, ack.Stream)
-		assert.Equal(t, ack.Seq, seq, "%q", data)
-	})
 }

@@ -8,6 +8,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/jobkeys/jobkeys/internal/jscas"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 )
@@ -70,11 +71,14 @@ type NATSStore struct {
 	targets natsKeySet
 	pending natsKeySet
 	lists   natsListCache
-	// plainWrites is set when js publishes to the bucket's subjects as
-	// they are (no API prefix or domain, which kv puts in front): a
-	// compare-and-swap is then one request of the store's own (casWrite)
-	// rather than kv.Update.
+	// plainWrites is set when a compare-and-swap is one request of the
+	// store's own (casWrite) rather than kv.Update: always, but in tests
+	// that count kv's writes.
 	plainWrites bool
+	// writePrefix is the prefix of the subjects casWrite writes keys to:
+	// "$KV.<bucket>.", behind js's API prefix or domain as kv.Update
+	// writes.
+	writePrefix string
 	// leaderReads is set on replicated buckets: single-key reads go to the
 	// stream leader, since a direct get may be answered by a replica that
 	// has not applied the latest writes.
@@ -196,7 +200,8 @@ func NewNATSStore(js jetstream.JetStream, cfg *Config, opts ...NATSStoreOption) 
 		directGet:   natsAPIPrefix(js.Options()) + "DIRECT.GET." + streamName,
 		purge:       natsAPIPrefix(js.Options()) + "STREAM.PURGE." + streamName,
 		pending:     natsKeySet{max: natsPendingHintsMax},
-		plainWrites: natsAPIPrefix(js.Options()) == "$JS.API.",
+		plainWrites: true,
+		writePrefix: jscas.WritePrefix(js.Options(), o.bucket),
 		leaderReads: info.Config.Replicas > 1,
 	}, nil
 }

@@ -426,54 +426,12 @@ func (s *NATSStore) update(ctx context.Context, op, key string, value []byte, re
 }
 
 // casWrite is kv.Update(ctx, key, value, rev) without its per-call options
-// and reflection: one request carrying the expected revision, its
-// acknowledgement read by parseNATSPubAck. No responders (no stream
-// leader, for a moment) is left to kv.Update, which waits and retries.
+// and reflection: one request carrying the expected revision, sent by
+// jscas.Writer, which reads the acknowledgement by hand and retries "no
+// responders" (no stream leader, for a moment) as kv.Update does.
 func (s *NATSStore) casWrite(ctx context.Context, key string, value []byte, rev uint64) (uint64, error) {
-	rctx, cancel := natsDeadline(ctx, s.js)
-	defer cancel()
-	m := &nats.Msg{Subject: s.keys.subject(key), Data: value, Header: nats.Header{
-		jetstream.ExpectedLastSubjSeqHeader: []string{strconv.FormatUint(rev, 10)},
-	}}
-	resp, err := s.js.Conn().RequestMsgWithContext(rctx, m)
-	if errors.Is(err, nats.ErrNoResponders) {
-		return s.kv.Update(ctx, key, value, rev)
-	}
-	if err != nil {
-		return 0, err
-	}
-	return parseNATSPubAck(resp.Data, s.streamName)
-}
-
-// parseNATSPubAck reads a publish acknowledgement as jetstream's PublishMsg
-// does: the sequence, the API error (wrapped) it carries, or
-// jetstream.ErrInvalidJSAck. The plain ack of stream, {"stream":…,"seq":…},
-// is read by hand; anything else through encoding/json.
-func parseNATSPubAck(data []byte, stream string) (uint64, error) {
-	p := natsJSONReader{data: data, ok: true}
-	p.lit(`{"stream":`)
-	name := p.strBytes()
-	p.lit(`,"seq":`)
-	seq := p.uint()
-	p.lit("}")
-	if p.ok && p.i == len(data) && string(name) == stream {
-		return seq, nil
-	}
-	var ack struct {
-		Error  *jetstream.APIError `json:"error"`
-		Stream string              `json:"stream"`
-		Seq    uint64              `json:"seq"`
-	}
-	if err := json.Unmarshal(data, &ack); err != nil {
-		return 0, jetstream.ErrInvalidJSAck
-	}
-	if ack.Error != nil {
-		return 0, fmt.Errorf("nats: %w", ack.Error)
-	}
-	if ack.Stream == "" {
-		return 0, jetstream.ErrInvalidJSAck
-	}
-	return ack.Seq, nil
+	w := jscas.Writer{Conn: s.js.Conn(), Stream: s.streamName, Timeout: s.js.Options().DefaultTimeout}
+	return w.Write(ctx, s.writePrefix+key, value, rev, false)
 }
 
 // natsHeaderAllowance is kept free of the server's payload limit for the

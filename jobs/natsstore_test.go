@@ -15,7 +15,6 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
-	"github.com/jobkeys/jobkeys/internal/jscas"
 	"github.com/jobkeys/jobkeys/internal/natstest"
 )
 
@@ -546,39 +545,6 @@ func TestNATSStoreListSeesOtherWriters(t *testing.T) {
 	assert.Equal(t, []string{"j3"}, ids(a))
 }
 
-// TestNATSPubAck reads publish acknowledgements as jetstream's PublishMsg
-// does: the plain ack by hand, everything else through encoding/json.
-func TestNATSPubAck(t *testing.T) {
-	for _, c := range []struct {
-		name, ack string
-		seq       uint64
-		conflict  bool
-		invalid   bool
-	}{
-		{name: "plain", ack: `{"stream":"KV_B","seq":42}`, seq: 42},
-		{name: "with a domain", ack: `{"stream":"KV_B","domain":"hub","seq":43}`, seq: 43},
-		{name: "another stream", ack: `{"stream":"KV_C","seq":44}`, seq: 44},
-		{name: "spaced", ack: `{ "stream": "KV_B", "seq": 45 }`, seq: 45},
-		{name: "wrong last sequence", ack: `{"error":{"code":400,"err_code":10071,"description":"wrong last sequence: 7"},"stream":"KV_B","seq":0}`, conflict: true},
-		{name: "no stream", ack: `{"seq":46}`, invalid: true},
-		{name: "not json", ack: `{"stream":"KV_B","seq":`, invalid: true},
-	} {
-		t.Run(c.name, func(t *testing.T) {
-			seq, err := parseNATSPubAck([]byte(c.ack), "KV_B")
-			switch {
-			case c.conflict:
-				require.Error(t, err)
-				assert.True(t, jscas.IsConflict(err), "%v", err)
-			case c.invalid:
-				assert.ErrorIs(t, err, jetstream.ErrInvalidJSAck)
-			default:
-				require.NoError(t, err)
-				assert.Equal(t, c.seq, seq)
-			}
-		})
-	}
-}
-
 // TestNATSStoreCASWrite checks the store's own compare-and-swap write
 // against kv.Update's on the same bucket: a write over the current
 // revision lands at the next one, a write over an old revision or onto a
@@ -612,5 +578,81 @@ func TestNATSStoreCASWrite(t *testing.T) {
 		_, err = kv.Get(ctx, "job.ch.none")
 		assert.ErrorIs(t, err, jetstream.ErrKeyNotFound)
 		rev = next
+	}
+}
+
+// noKVUpdates fails the test on any compare-and-swap write through the KV
+// layer: the store is to send its own.
+type noKVUpdates struct {
+	jetstream.KeyValue
+	t *testing.T
+}
+
+func (k noKVUpdates) Update(ctx context.Context, key string, value []byte, last uint64) (uint64, error) {
+	k.t.Errorf("kv.Update(%q, revision %d): the store's own write expected", key, last)
+	return k.KeyValue.Update(ctx, key, value, last)
+}
+
+// The store's own compare-and-swap writes (casWrite) store exactly what
+// kv.Update stores, also behind a JetStream domain or API prefix, where
+// they go to the subjects kv.Update writes to: the same subjects, header
+// blocks, data and revisions, and the same conflicts.
+func TestNATSStoreWritesAsKVLayer(t *testing.T) {
+	t.Parallel()
+	nc, contexts := natstest.RunDomain(t, "hub")
+	for _, tc := range contexts {
+		t.Run(tc.Name, func(t *testing.T) {
+			t.Parallel()
+			ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+			defer cancel()
+			open := func() *NATSStore {
+				st, err := NewNATSStore(tc.JS, nil, WithBucket(fmt.Sprintf("JOBS_T%d", natsBucketSeq.Add(1))), WithCreateBucket(jetstream.MemoryStorage, 1))
+				require.NoError(t, err)
+				return st
+			}
+			old, own := open(), open()
+			require.True(t, own.plainWrites)
+			require.Equal(t, tc.WritePrefix+"$KV."+own.Bucket()+".", own.writePrefix, "kv.Update's subjects")
+			own.kv = noKVUpdates{KeyValue: own.kv, t: t}
+			kv, err := tc.JS.KeyValue(ctx, old.Bucket())
+			require.NoError(t, err)
+			oldStart, err := old.stream.Info(ctx)
+			require.NoError(t, err)
+			ownStart, err := own.stream.Info(ctx)
+			require.NoError(t, err)
+
+			// The bucket keeps one message per key: each write is read back
+			// before the next.
+			const key = "job.ch.j"
+			var oldRev, ownRev uint64 // 0: the key has no message yet
+			for i, v := range []string{`{"n":1}`, `{"n":2}`, `{"n":3}`} {
+				r, err := kv.Update(ctx, key, []byte(v), oldRev)
+				require.NoError(t, err)
+				oldRev = r
+				r, conflict, err := own.update(ctx, "test", key, []byte(v), ownRev)
+				require.NoError(t, err)
+				require.False(t, conflict, "write %d", i)
+				ownRev = r
+				assert.Equal(t, oldRev-oldStart.State.LastSeq, ownRev-ownStart.State.LastSeq, "revision of write %d, from each stream's start", i)
+				want := natstest.ReadStored(t, nc, "KV_"+old.Bucket(), oldRev)
+				got := natstest.ReadStored(t, nc, "KV_"+own.Bucket(), ownRev)
+				assert.Equal(t, want.Subject, strings.Replace(got.Subject, own.Bucket(), old.Bucket(), 1), "subject of write %d", i)
+				assert.Equal(t, string(want.Hdrs), string(got.Hdrs), "header block of write %d", i)
+				assert.Equal(t, want.Data, got.Data, "data of write %d", i)
+			}
+
+			// A conflict, as kv.Update's: nothing written.
+			_, err = kv.Update(ctx, key, []byte(`{"n":4}`), oldRev-1)
+			assert.ErrorIs(t, err, jetstream.ErrKeyRevisionMismatch)
+			_, conflict, err := own.update(ctx, "test", key, []byte(`{"n":4}`), ownRev-1)
+			require.NoError(t, err)
+			assert.True(t, conflict, "a write over an old revision")
+			_, conflict, err = own.update(ctx, "test", "job.ch.none", []byte(`{"n":5}`), ownRev)
+			require.NoError(t, err)
+			assert.True(t, conflict, "a write over a revision of a key that has none")
+			info, err := own.stream.Info(ctx)
+			require.NoError(t, err)
+			assert.Equal(t, ownRev, info.State.LastSeq, "nothing written on a conflict")
+		})
 	}
 }

@@ -1,5 +1,7 @@
-// Package jscas recognises a refused JetStream compare-and-swap, for both
-// of jobkeys' NATS stores.
+// Package jscas is the JetStream compare-and-swap write both of jobkeys'
+// NATS stores send (a [Writer]: kv.Update's message as one request, its
+// acknowledgement read by hand) and the recognition of a refused one
+// ([IsConflict]).
 package jscas
 
 import (
