@@ -102,13 +102,13 @@ func appendJSString(dst []byte, s string) []byte {
 func appendJSQuoted[S ~string | ~[]byte](dst []byte, s S) []byte {
 	dst = append(dst, '"')
 	start := 0
-	for i := 0; i < len(s); {
+	for i := 0; ; {
+		// Bytes written as they are are copied a run at a time.
+		if i = plainRunEnd(s, i); i >= len(s) {
+			break
+		}
 		c := s[i]
 		if c < utf8.RuneSelf {
-			if c >= 0x20 && c != '"' && c != '\\' {
-				i++
-				continue
-			}
 			dst = append(dst, s[start:i]...)
 			switch c {
 			case '"':
@@ -160,6 +160,31 @@ func appendJSQuoted[S ~string | ~[]byte](dst []byte, s S) []byte {
 	}
 	dst = append(dst, s[start:]...)
 	return append(dst, '"')
+}
+
+// plainRunEnd returns the offset of the first byte at or after s[i] that
+// appendJSQuoted does not write as it is (a control character, '"', '\\' or
+// a byte of a non-ASCII sequence), or len(s). It reads eight bytes at a
+// time: a byte of m has its high bit set where the byte is below 0x20, a
+// quote or a backslash (each a byte minus one wrapping past zero), or not
+// ASCII. A borrow can mark a byte above a special one, never a word without
+// one.
+func plainRunEnd[S ~string | ~[]byte](s S, i int) int {
+	const ones, highs = 0x0101010101010101, 0x8080808080808080
+	for ; i+8 <= len(s); i += 8 {
+		x := uint64(s[i]) | uint64(s[i+1])<<8 | uint64(s[i+2])<<16 | uint64(s[i+3])<<24 |
+			uint64(s[i+4])<<32 | uint64(s[i+5])<<40 | uint64(s[i+6])<<48 | uint64(s[i+7])<<56
+		m := (x - ones*0x20) | (x ^ ones*'"' - ones) | (x ^ ones*'\\' - ones) | x
+		if m&highs != 0 {
+			break
+		}
+	}
+	for ; i < len(s); i++ {
+		if c := s[i]; c < 0x20 || c >= utf8.RuneSelf || c == '"' || c == '\\' {
+			break
+		}
+	}
+	return i
 }
 
 // appendJSNumber appends f as JavaScript's Number.prototype.toString (and so

@@ -134,7 +134,110 @@ const jsTimeLimit = 8_640_000_000_000_000
 // ("+010000-01-01T00:00:00.000Z", "-000001-12-31T23:59:59.999Z"). A time
 // outside what a Date can hold is written in the same form, which nobody
 // reads back; the coordinator does not write such times.
+//
+// The digits are worked out from the Unix time directly; a time further
+// than fastTimeSeconds from the epoch (which no Date holds) goes through
+// time.Time's own calendar in appendFarTime.
 func appendTime(dst []byte, t time.Time) []byte {
+	sec := t.Unix()
+	if sec < -fastTimeSeconds || sec > fastTimeSeconds {
+		return appendFarTime(dst, t)
+	}
+	days, rem := sec/secondsPerDay, sec%secondsPerDay
+	if rem < 0 {
+		days--
+		rem += secondsPerDay
+	}
+	year, month, day := civilDate(days)
+	// '"', up to 7 for the year, "-MM-DDTHH:MM:SS.mmmZ" (21), '"'.
+	var b [30]byte
+	b[0] = '"'
+	n := 1
+	if year >= 0 && year <= 9999 {
+		put2(b[1:], year/100)
+		put2(b[3:], year%100)
+		n = 5
+	} else {
+		b[1] = '+'
+		if year < 0 {
+			b[1] = '-'
+			year = -year
+		}
+		put2(b[2:], year/10000) // |year| < 1e6 within fastTimeSeconds
+		put2(b[4:], year/100%100)
+		put2(b[6:], year%100)
+		n = 8
+	}
+	r := int(rem)
+	ms := t.Nanosecond() / 1e6
+	b[n] = '-'
+	put2(b[n+1:], month)
+	b[n+3] = '-'
+	put2(b[n+4:], day)
+	b[n+6] = 'T'
+	put2(b[n+7:], r/3600)
+	b[n+9] = ':'
+	put2(b[n+10:], r/60%60)
+	b[n+12] = ':'
+	put2(b[n+13:], r%60)
+	b[n+15] = '.'
+	b[n+16] = byte('0' + ms/100)
+	put2(b[n+17:], ms%100)
+	b[n+19] = 'Z'
+	b[n+20] = '"'
+	return append(dst, b[:n+21]...)
+}
+
+const secondsPerDay = 86400
+
+// fastTimeSeconds bounds the Unix times appendTime formats by hand: within
+// it the year has at most six digits (2^44 s is about 557,000 years) and the
+// arithmetic of civilDate cannot overflow. A Date holds at most 8.64e12 s.
+const fastTimeSeconds = 1 << 44
+
+// civilDate returns the proleptic Gregorian date (the calendar of both
+// JavaScript's Date and package time) of the day days after 1970-01-01,
+// counting the year before year 1 as year 0 and months and days from 1.
+// It counts in eras of 400 years (146,097 days) starting on March 1 so that
+// the leap day ends each year.
+func civilDate(days int64) (year, month, day int) {
+	z := days + 719468 // days since 0000-03-01
+	era := z / 146097
+	if z < 0 && z%146097 != 0 {
+		era--
+	}
+	doe := int(z - era*146097)                             // day of the era, 0 to 146096
+	yoe := (doe - doe/1460 + doe/36524 - doe/146096) / 365 // year of the era, 0 to 399
+	doy := doe - (365*yoe + yoe/4 - yoe/100)               // day of the year from March 1, 0 to 365
+	mp := (5*doy + 2) / 153                                // month from March, 0 to 11
+	day = doy - (153*mp+2)/5 + 1
+	month = mp + 3
+	if mp >= 10 {
+		month = mp - 9
+	}
+	year = yoe + int(era)*400
+	if month <= 2 {
+		year++
+	}
+	return year, month, day
+}
+
+// twoDigits holds "00" to "99", two bytes each.
+var twoDigits = func() (d [200]byte) {
+	for i := range 100 {
+		d[2*i], d[2*i+1] = byte('0'+i/10), byte('0'+i%10)
+	}
+	return d
+}()
+
+// put2 writes v, 0 to 99, as two digits at b[0:2].
+func put2(b []byte, v int) {
+	_ = b[1]
+	b[0], b[1] = twoDigits[2*v], twoDigits[2*v+1]
+}
+
+// appendFarTime is appendTime for any t, through time.Time's calendar.
+func appendFarTime(dst []byte, t time.Time) []byte {
 	t = t.UTC()
 	dst = append(dst, '"')
 	year := t.Year()
