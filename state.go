@@ -134,12 +134,33 @@ const jsTimeLimit = 8_640_000_000_000_000
 // ("+010000-01-01T00:00:00.000Z", "-000001-12-31T23:59:59.999Z"). A time
 // outside what a Date can hold is written in the same form, which nobody
 // reads back; the coordinator does not write such times.
-//
-// The digits are worked out from the Unix time directly; a time further
-// than fastTimeSeconds from the epoch (which no Date holds) goes through
-// time.Time's own calendar in appendFarTime.
 func appendTime(dst []byte, t time.Time) []byte {
-	sec := t.Unix()
+	var w timeWriter
+	return w.append(dst, t)
+}
+
+// timeWriter writes times as appendTime does, working the digits out from
+// the Unix time directly, and remembers the last one it wrote: the times of
+// one state mostly fall on one day (its date is not worked out again) and
+// often on one millisecond (the text is copied). A time further than
+// fastTimeSeconds from the epoch (which no Date holds) goes through
+// time.Time's own calendar in appendFarTime. The zero timeWriter is ready.
+type timeWriter struct {
+	valid bool     // the fields below hold the last time written
+	sec   int64    // its Unix time, in seconds
+	ms    int      // its milliseconds
+	days  int64    // its days since the epoch
+	date  int      // the length of its date part in text, '"' included
+	n     int      // the length of its text
+	text  [30]byte // '"', a year of up to 7 bytes, "-MM-DDTHH:MM:SS.mmmZ" (21), '"'
+}
+
+// append appends t as appendTime does.
+func (w *timeWriter) append(dst []byte, t time.Time) []byte {
+	sec, ms := t.Unix(), t.Nanosecond()/1e6
+	if w.valid && sec == w.sec && ms == w.ms {
+		return append(dst, w.text[:w.n]...)
+	}
 	if sec < -fastTimeSeconds || sec > fastTimeSeconds {
 		return appendFarTime(dst, t)
 	}
@@ -148,44 +169,46 @@ func appendTime(dst []byte, t time.Time) []byte {
 		days--
 		rem += secondsPerDay
 	}
-	year, month, day := civilDate(days)
-	// '"', up to 7 for the year, "-MM-DDTHH:MM:SS.mmmZ" (21), '"'.
-	var b [30]byte
-	b[0] = '"'
-	n := 1
-	if year >= 0 && year <= 9999 {
-		put2(b[1:], year/100)
-		put2(b[3:], year%100)
-		n = 5
-	} else {
-		b[1] = '+'
-		if year < 0 {
-			b[1] = '-'
-			year = -year
+	b := &w.text
+	if !w.valid || days != w.days {
+		year, month, day := civilDate(days)
+		b[0] = '"'
+		n := 1
+		if year >= 0 && year <= 9999 {
+			put2(b[1:], year/100)
+			put2(b[3:], year%100)
+			n = 5
+		} else {
+			b[1] = '+'
+			if year < 0 {
+				b[1] = '-'
+				year = -year
+			}
+			put2(b[2:], year/10000) // |year| < 1e6 within fastTimeSeconds
+			put2(b[4:], year/100%100)
+			put2(b[6:], year%100)
+			n = 8
 		}
-		put2(b[2:], year/10000) // |year| < 1e6 within fastTimeSeconds
-		put2(b[4:], year/100%100)
-		put2(b[6:], year%100)
-		n = 8
+		b[n] = '-'
+		put2(b[n+1:], month)
+		b[n+3] = '-'
+		put2(b[n+4:], day)
+		w.date, w.days = n+6, days
 	}
-	r := int(rem)
-	ms := t.Nanosecond() / 1e6
-	b[n] = '-'
-	put2(b[n+1:], month)
-	b[n+3] = '-'
-	put2(b[n+4:], day)
-	b[n+6] = 'T'
-	put2(b[n+7:], r/3600)
-	b[n+9] = ':'
-	put2(b[n+10:], r/60%60)
-	b[n+12] = ':'
-	put2(b[n+13:], r%60)
-	b[n+15] = '.'
-	b[n+16] = byte('0' + ms/100)
-	put2(b[n+17:], ms%100)
-	b[n+19] = 'Z'
-	b[n+20] = '"'
-	return append(dst, b[:n+21]...)
+	n, r := w.date, int(rem)
+	b[n] = 'T'
+	put2(b[n+1:], r/3600)
+	b[n+3] = ':'
+	put2(b[n+4:], r/60%60)
+	b[n+6] = ':'
+	put2(b[n+7:], r%60)
+	b[n+9] = '.'
+	b[n+10] = byte('0' + ms/100)
+	put2(b[n+11:], ms%100)
+	b[n+13] = 'Z'
+	b[n+14] = '"'
+	w.valid, w.sec, w.ms, w.n = true, sec, ms, n+15
+	return append(dst, b[:w.n]...)
 }
 
 const secondsPerDay = 86400
@@ -259,9 +282,16 @@ func appendFarTime(dst []byte, t time.Time) []byte {
 	return append(dst, '"')
 }
 
+// appendContext appends c as the member value "context" of a slot or a
+// queued job.
 func appendContext(dst []byte, c TraceContext) []byte {
 	dst = append(dst, `{"requestId":`...)
 	dst = appendJSString(dst, c.RequestID)
+	return appendContextRest(dst, c)
+}
+
+// appendContextRest appends what follows c's request id in appendContext.
+func appendContextRest(dst []byte, c TraceContext) []byte {
 	dst = append(dst, `,"traceId":`...)
 	dst = appendJSString(dst, c.TraceID)
 	dst = append(dst, `,"traceparent":`...)
@@ -276,6 +306,7 @@ func appendContext(dst []byte, c TraceContext) []byte {
 // appendState appends s in the wire format (see [KeyState]): the bytes the
 // TypeScript original's JSON.stringify writes for the same state.
 func appendState(dst []byte, s *KeyState) []byte {
+	var tw timeWriter
 	dst = append(dst, `{"version":1,"service":`...)
 	dst = appendJSString(dst, s.Service)
 	dst = append(dst, `,"jobType":`...)
@@ -301,11 +332,11 @@ func appendState(dst []byte, s *KeyState) []byte {
 		dst = append(dst, `,"instanceId":`...)
 		dst = appendJSString(dst, a.InstanceID)
 		dst = append(dst, `,"startedAt":`...)
-		dst = appendTime(dst, a.StartedAt)
+		dst = tw.append(dst, a.StartedAt)
 		dst = append(dst, `,"heartbeatAt":`...)
-		dst = appendTime(dst, a.HeartbeatAt)
+		dst = tw.append(dst, a.HeartbeatAt)
 		dst = append(dst, `,"leaseExpiresAt":`...)
-		dst = appendTime(dst, a.LeaseExpiresAt)
+		dst = tw.append(dst, a.LeaseExpiresAt)
 		dst = append(dst, `,"tries":`...)
 		dst = strconv.AppendInt(dst, int64(a.Tries), 10)
 		dst = append(dst, `,"context":`...)
@@ -326,17 +357,25 @@ func appendState(dst []byte, s *KeyState) []byte {
 		dst = append(dst, `{"jobId":`...)
 		dst = appendJSString(dst, q.JobID)
 		dst = append(dst, `,"createdAt":`...)
-		dst = appendTime(dst, q.CreatedAt)
+		dst = tw.append(dst, q.CreatedAt)
 		dst = append(dst, `,"requestId":`...)
+		start := len(dst)
 		dst = appendJSString(dst, reqID)
-		dst = append(dst, `,"context":`...)
-		dst = appendContext(dst, ctx)
+		end := len(dst)
+		dst = append(dst, `,"context":{"requestId":`...)
+		if ctx.RequestID == reqID {
+			// Mostly the same string: its text is copied.
+			dst = append(dst, dst[start:end]...)
+		} else {
+			dst = appendJSString(dst, ctx.RequestID)
+		}
+		dst = appendContextRest(dst, ctx)
 		dst = append(dst, '}')
 	}
 	dst = append(dst, `],"staleTakeoverCount":`...)
 	dst = strconv.AppendInt(dst, int64(s.StaleTakeoverCount), 10)
 	dst = append(dst, `,"updatedAt":`...)
-	dst = appendTime(dst, s.UpdatedAt)
+	dst = tw.append(dst, s.UpdatedAt)
 	return append(dst, '}')
 }
 
@@ -346,8 +385,13 @@ func appendState(dst []byte, s *KeyState) []byte {
 // context, or a job admitted without one, still validates in the TypeScript original.
 func wireContext(c TraceContext, jobID, salt string) TraceContext {
 	if c.RequestID != "" && c.TraceID != "" && c.Traceparent != "" {
-		return c
+		return c // small enough to inline: the rest is in deriveContext
 	}
+	return deriveContext(c, jobID, salt)
+}
+
+// deriveContext is wireContext for a context missing a field.
+func deriveContext(c TraceContext, jobID, salt string) TraceContext {
 	if c.RequestID == "" {
 		c.RequestID = jobID
 	}

@@ -132,7 +132,7 @@ func (s *stateSource) context() TraceContext {
 }
 
 // state returns a state with every field drawn from s: none to three
-// slots and none to a few queued jobs, or, one time in eight, a thousand.
+// slots and none to eight queued jobs, or, one time in 32, a thousand.
 func (s *stateSource) state() *KeyState {
 	st := &KeyState{Version: StateVersion, Service: s.string(), JobType: s.string(), DisplayKey: s.string(),
 		KeyHash: s.string(), MaxActive: s.int(), MaxQueuedPerKey: s.int()}
@@ -140,9 +140,12 @@ func (s *stateSource) state() *KeyState {
 		st.Active = append(st.Active, ActiveSlot{JobID: s.string(), SlotToken: s.string(), InstanceID: s.string(),
 			StartedAt: s.time(), HeartbeatAt: s.time(), LeaseExpiresAt: s.time(), Tries: s.int(), Context: s.context()})
 	}
-	queued := int(s.byte() % 8)
-	if queued == 7 {
+	queued := int(s.byte() % 32)
+	switch {
+	case queued == 31:
 		queued = 1000
+	case queued > 8:
+		queued %= 4
 	}
 	for range queued {
 		st.Queued = append(st.Queued, QueuedJob{JobID: s.string(), CreatedAt: s.time(), RequestID: s.string(), Context: s.context()})
@@ -186,15 +189,19 @@ func TestEncodeStateMatchesReference(t *testing.T) {
 	}
 }
 
-// TestAppendTimeMatchesReference compares appendTime with the old one on
-// every day of the years around the epoch, year 0 and year 9999, on every
-// 400-year era boundary across the range of a Date, at the ends of that
-// range and of the hand-formatted range, and on random instants.
+// TestAppendTimeMatchesReference compares appendTime, and a timeWriter
+// given the times one after another, with the old appendTime on every day
+// of the years around the epoch, year 0 and year 9999, on every 400-year
+// era boundary across the range of a Date, at the ends of that range and
+// of the hand-formatted range, and on random instants.
 func TestAppendTimeMatchesReference(t *testing.T) {
 	t.Parallel()
+	var w timeWriter // remembers the time before, as in appendState
 	check := func(tm time.Time) {
 		t.Helper()
-		require.Equal(t, string(refAppendTime(nil, tm)), string(appendTime(nil, tm)), "appendTime(%d s, %d ns)", tm.Unix(), tm.Nanosecond())
+		want := string(refAppendTime(nil, tm))
+		require.Equal(t, want, string(appendTime(nil, tm)), "appendTime(%d s, %d ns)", tm.Unix(), tm.Nanosecond())
+		require.Equal(t, want, string(w.append(nil, tm)), "timeWriter.append(%d s, %d ns) after another time", tm.Unix(), tm.Nanosecond())
 	}
 	for _, start := range []time.Time{
 		time.Date(1966, 1, 1, 0, 0, 0, 0, time.UTC), time.Date(-3, 1, 1, 0, 0, 0, 0, time.UTC),
