@@ -2,6 +2,7 @@ package jobkeys
 
 import (
 	"encoding/binary"
+	"fmt"
 	"hash/fnv"
 	"math"
 	"math/rand/v2"
@@ -285,4 +286,36 @@ func FuzzEncodeStateDifferential(f *testing.F) {
 		}
 		requireEncodersAgree(t, newStateSource(data).state())
 	})
+}
+
+// BenchmarkEncodeStateDistinctTimes measures appendState beside the old
+// encoder (refAppendState) on the states of BenchmarkStateCodec with every
+// time on a millisecond of its own, as on a key whose jobs were admitted
+// over a while: BenchmarkStateCodec's states have one time throughout,
+// which appendState copies after writing it once.
+func BenchmarkEncodeStateDistinctTimes(b *testing.B) {
+	for _, n := range benchQueueLengths {
+		st, _, _ := benchQueuedState(b, n)
+		at := time.Date(2025, 1, 2, 3, 4, 5, 0, time.UTC)
+		for i := range st.Queued {
+			st.Queued[i].CreatedAt = at.Add(time.Duration(i) * 37 * time.Millisecond)
+		}
+		st.Active[0].HeartbeatAt = at.Add(time.Hour + time.Millisecond)
+		st.Active[0].LeaseExpiresAt = at.Add(2*time.Hour + 2*time.Millisecond)
+		st.UpdatedAt = at.Add(time.Hour + 3*time.Millisecond)
+		require.Equal(b, string(refAppendState(nil, st)), string(appendState(nil, st)))
+		for _, enc := range []struct {
+			name   string
+			encode func([]byte, *KeyState) []byte
+		}{{"old", refAppendState}, {"new", appendState}} {
+			b.Run(fmt.Sprintf("%s/queued=%d", enc.name, n), func(b *testing.B) {
+				var buf []byte
+				b.ReportAllocs()
+				for b.Loop() {
+					buf = enc.encode(buf[:0], st)
+				}
+				b.SetBytes(int64(len(buf)))
+			})
+		}
+	}
 }
