@@ -102,13 +102,13 @@ func appendJSString(dst []byte, s string) []byte {
 func appendJSQuoted[S ~string | ~[]byte](dst []byte, s S) []byte {
 	dst = append(dst, '"')
 	start := 0
-	for i := 0; i < len(s); {
+	for i := 0; ; {
+		// Bytes written as they are are copied a run at a time.
+		if i = plainRunEnd(s, i); i >= len(s) {
+			break
+		}
 		c := s[i]
 		if c < utf8.RuneSelf {
-			if c >= 0x20 && c != '"' && c != '\\' {
-				i++
-				continue
-			}
 			dst = append(dst, s[start:i]...)
 			switch c {
 			case '"':
@@ -160,6 +160,50 @@ func appendJSQuoted[S ~string | ~[]byte](dst []byte, s S) []byte {
 	}
 	dst = append(dst, s[start:]...)
 	return append(dst, '"')
+}
+
+// plainRunEnd returns the offset of the first byte at or after s[i] that
+// appendJSQuoted does not write as it is (a control character, '"', '\\' or
+// a byte of a non-ASCII sequence), or len(s). It reads eight bytes at a time,
+// and the last eight at once when fewer are left.
+func plainRunEnd[S ~string | ~[]byte](s S, i int) int {
+	for ; i+8 <= len(s); i += 8 {
+		if !plainWord(load64(s[i : i+8])) {
+			return plainBytesEnd(s, i)
+		}
+	}
+	if i < len(s) && len(s) >= 8 && plainWord(load64(s[len(s)-8:])) {
+		return len(s) // s[i:] lies within the last eight bytes
+	}
+	return plainBytesEnd(s, i)
+}
+
+// load64 returns the first eight bytes of w, little-endian.
+func load64[S ~string | ~[]byte](w S) uint64 {
+	_ = w[7]
+	return uint64(w[0]) | uint64(w[1])<<8 | uint64(w[2])<<16 | uint64(w[3])<<24 |
+		uint64(w[4])<<32 | uint64(w[5])<<40 | uint64(w[6])<<48 | uint64(w[7])<<56
+}
+
+// plainWord reports whether the eight bytes of x are all written as they
+// are. A byte of m has its high bit set where the byte is below 0x20, a
+// quote or a backslash (each a byte minus one wrapping past zero), or not
+// ASCII. A borrow can mark a byte above a special one, never a word without
+// one.
+func plainWord(x uint64) bool {
+	const ones, highs = 0x0101010101010101, 0x8080808080808080
+	m := (x - ones*0x20) | (x ^ ones*'"' - ones) | (x ^ ones*'\\' - ones) | x
+	return m&highs == 0
+}
+
+// plainBytesEnd is plainRunEnd a byte at a time.
+func plainBytesEnd[S ~string | ~[]byte](s S, i int) int {
+	for ; i < len(s); i++ {
+		if c := s[i]; c < 0x20 || c >= utf8.RuneSelf || c == '"' || c == '\\' {
+			break
+		}
+	}
+	return i
 }
 
 // appendJSNumber appends f as JavaScript's Number.prototype.toString (and so
