@@ -199,7 +199,7 @@ func (t *keyTable) watched(k string, st *KeyState, rev uint64, ok bool) {
 	switch {
 	case !ok:
 		e.state, e.rev, e.known, e.fresh = nil, 0, false, false
-	case !e.known || rev > e.rev:
+	case rev > e.rev: // e.rev is 0 or, when not known, a revision the key is past
 		e.state, e.rev, e.known, e.fresh = st, rev, st != nil, true
 		if st == nil {
 			e.rev = 0
@@ -227,7 +227,7 @@ func (t *keyTable) watchedValue(k, service string, value []byte, rev uint64) {
 		return
 	}
 	e.watchRev = rev
-	if !e.known || rev > e.rev {
+	if rev > e.rev { // e.rev is 0 or, when not known, a revision the key is past
 		e.state, e.rev, e.known, e.fresh = nil, rev, true, true
 		e.value, e.valueService, e.valueKey = value, service, k
 	} else {
@@ -464,8 +464,9 @@ func (e *keyEntry) observe(state *KeyState, rev uint64) {
 	}
 }
 
-// commit records a successful write of state at rev (state nil: a delete)
-// and halves the backoff window, down to zero below floor. The caller
+// commit records a successful write of state at rev (state nil: a delete
+// of revision rev, which e keeps, not known, so that a lagging watch feed's
+// changes from before the delete are not taken for its state) and halves the backoff window, down to zero below floor. The caller
 // holds the lane; state must not be modified afterwards.
 func (e *keyEntry) commit(state *KeyState, rev uint64, floor time.Duration) {
 	e.mu.Lock()
@@ -494,14 +495,16 @@ func (e *keyEntry) conflict() {
 
 // conflictAt records a failed write on revision rev (0: a create): what e
 // remembered is no longer stored, unless e learned of a later state
-// meanwhile (from its watch feed or a read).
+// meanwhile (from its watch feed or a read). The key is past rev: e keeps
+// it (not known) so that a lagging watch feed's older changes are not
+// taken for its state.
 func (e *keyEntry) conflictAt(rev uint64) {
 	e.mu.Lock()
 	defer e.mu.Unlock()
 	if e.known && e.rev > rev {
 		return
 	}
-	e.state, e.rev, e.known = nil, 0, false
+	e.state, e.rev, e.known = nil, rev, false
 }
 
 // lose records a race lost on the key and returns the pause to take before
