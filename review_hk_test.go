@@ -5,7 +5,9 @@ package jobkeys
 
 import (
 	"context"
+	"errors"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
@@ -84,4 +86,95 @@ func TestCoordinatorDeleteIgnoresOlderWatchedRevisions(t *testing.T) {
 		assert.False(t, s.verified && s.rev <= rev, "start at revision %d verified although this coordinator deleted the key after it", s.rev)
 		assert.False(t, s.watched && s.rev <= rev, "start at revision %d watched although the key was deleted after it", s.rev)
 	}
+}
+
+// TestRunnerTryRunDoesNotTrustLaggingFeed: TryRun's answer is final (a
+// *BlockedError goes back to the caller), so it must not rest on the state
+// a lingering watch feed delivered last, which may be older than the call:
+// a slot freed before TryRun started is found free.
+func TestRunnerTryRunDoesNotTrustLaggingFeed(t *testing.T) {
+	ctx := context.Background()
+	mem := NewMemoryStore()
+	c, err := NewCoordinator(mem, nil)
+	require.NoError(t, err)
+	other, err := NewCoordinator(mem, nil)
+	require.NoError(t, err)
+	service := rtService()
+	policy := Policy{Key: benchPolicy.Key, MaxActive: 1, MaxQueuedPerKey: 8}
+	jt, err := c.JobType(service, benchJobType, policy)
+	require.NoError(t, err)
+	otherJT, err := other.JobType(service, benchJobType, policy)
+	require.NoError(t, err)
+	w, err := NewWatcher(mem)
+	require.NoError(t, err)
+	defer w.Close()
+	r, err := NewRunner(jt, &RunnerConfig{Watcher: w, RecheckInterval: time.Minute})
+	require.NoError(t, err)
+	payload := benchPayload(0)
+	key := mustKey(t, jt, payload)
+	for _, id := range []string{"h", "a", "x", "z"} {
+		_, err := otherJT.Admit(ctx, id, payload)
+		require.NoError(t, err)
+	}
+	held, err := otherJT.Acquire(ctx, "h", payload)
+	require.NoError(t, err)
+	require.Equal(t, KindAcquired, held.Kind)
+	fed := func() bool {
+		_, want, err := mem.Get(ctx, service, key.KVKey)
+		if err != nil {
+			return false
+		}
+		e := c.keys.entry(key.KVKey)
+		if e == nil {
+			return false
+		}
+		e.mu.Lock()
+		defer e.mu.Unlock()
+		return e.watchRev >= want && e.trusted()
+	}
+
+	// This process waits on the key once: its feed lingers afterwards.
+	done := make(chan error, 1)
+	go func() {
+		_, err := r.Run(ctx, "a", payload, func(context.Context, Lease) error { return nil })
+		done <- err
+	}()
+	require.Eventually(t, func() bool {
+		w.mu.Lock()
+		defer w.mu.Unlock()
+		sw := w.watches[service]
+		return sw != nil && sw.keys[key.KVKey] != nil && len(sw.keys[key.KVKey].waiters) == 1
+	}, rtWait, time.Millisecond, "the run never waited")
+	_, err = otherJT.Release(ctx, held.Lease)
+	require.NoError(t, err)
+	require.NoError(t, <-done)
+
+	// Another process takes the slot; the feed delivers it.
+	x, err := otherJT.Acquire(ctx, "x", payload)
+	require.NoError(t, err)
+	require.Equal(t, KindAcquired, x.Kind)
+	require.Eventually(t, fed, rtWait, time.Millisecond, "the feed never delivered the other process's acquisition")
+	// The watch lags: it delivers nothing while the Watcher is held.
+	w.mu.Lock()
+	unlocked := false
+	defer func() {
+		if !unlocked {
+			w.mu.Unlock()
+		}
+	}()
+	if !fed() {
+		t.Skip("the lingering feed ended before the test used it (machine too slow)")
+	}
+	_, err = otherJT.Release(ctx, x.Lease)
+	require.NoError(t, err)
+	ran := false
+	_, err = r.TryRun(ctx, "z", payload, func(context.Context, Lease) error { ran = true; return nil })
+	w.mu.Unlock()
+	unlocked = true
+	var blocked *BlockedError
+	if errors.As(err, &blocked) {
+		t.Fatalf("TryRun blocked on the state the lagging feed held (%s), although the slot was freed before the call", blocked.Acquisition.Reason)
+	}
+	require.NoError(t, err)
+	assert.True(t, ran, "the handler ran")
 }
