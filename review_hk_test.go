@@ -178,3 +178,102 @@ func TestRunnerTryRunDoesNotTrustLaggingFeed(t *testing.T) {
 	require.NoError(t, err)
 	assert.True(t, ran, "the handler ran")
 }
+
+// TestRunnerRunFindsJobAdmittedBehindLaggingFeed: a job admitted (by
+// another process) before Run started is queued; Run's first try must not
+// answer ReasonNotQueued, which is final, from a lingering watch feed that
+// has not delivered the admission yet.
+func TestRunnerRunFindsJobAdmittedBehindLaggingFeed(t *testing.T) {
+	ctx := context.Background()
+	mem := NewMemoryStore()
+	c, err := NewCoordinator(mem, nil)
+	require.NoError(t, err)
+	other, err := NewCoordinator(mem, nil)
+	require.NoError(t, err)
+	service := rtService()
+	policy := Policy{Key: benchPolicy.Key, MaxActive: 1, MaxQueuedPerKey: 8}
+	jt, err := c.JobType(service, benchJobType, policy)
+	require.NoError(t, err)
+	otherJT, err := other.JobType(service, benchJobType, policy)
+	require.NoError(t, err)
+	w, err := NewWatcher(mem)
+	require.NoError(t, err)
+	defer w.Close()
+	r, err := NewRunner(jt, &RunnerConfig{Watcher: w, RecheckInterval: time.Minute})
+	require.NoError(t, err)
+	payload := benchPayload(0)
+	key := mustKey(t, jt, payload)
+	for _, id := range []string{"h", "a", "x"} {
+		_, err := otherJT.Admit(ctx, id, payload)
+		require.NoError(t, err)
+	}
+	held, err := otherJT.Acquire(ctx, "h", payload)
+	require.NoError(t, err)
+	require.Equal(t, KindAcquired, held.Kind)
+	fed := func() bool {
+		_, want, err := mem.Get(ctx, service, key.KVKey)
+		if err != nil {
+			return false
+		}
+		e := c.keys.entry(key.KVKey)
+		if e == nil {
+			return false
+		}
+		e.mu.Lock()
+		defer e.mu.Unlock()
+		return e.watchRev >= want && e.trusted()
+	}
+
+	done := make(chan error, 1)
+	go func() {
+		_, err := r.Run(ctx, "a", payload, func(context.Context, Lease) error { return nil })
+		done <- err
+	}()
+	require.Eventually(t, func() bool {
+		w.mu.Lock()
+		defer w.mu.Unlock()
+		sw := w.watches[service]
+		return sw != nil && sw.keys[key.KVKey] != nil && len(sw.keys[key.KVKey].waiters) == 1
+	}, rtWait, time.Millisecond, "the run never waited")
+	_, err = otherJT.Release(ctx, held.Lease)
+	require.NoError(t, err)
+	require.NoError(t, <-done)
+	require.Eventually(t, fed, rtWait, time.Millisecond, "the feed never delivered the key's latest change")
+
+	// The watch lags: it delivers nothing while the Watcher is held.
+	w.mu.Lock()
+	unlocked := false
+	defer func() {
+		if !unlocked {
+			w.mu.Unlock()
+		}
+	}()
+	if !fed() {
+		t.Skip("the lingering feed ended before the test used it (machine too slow)")
+	}
+	_, err = otherJT.Admit(ctx, "n", payload)
+	require.NoError(t, err)
+	x, err := otherJT.Acquire(ctx, "x", payload) // busy: n waits
+	require.NoError(t, err)
+	require.Equal(t, KindAcquired, x.Kind)
+	ran := make(chan error, 1)
+	go func() {
+		_, err := r.Run(ctx, "n", payload, func(context.Context, Lease) error { return nil })
+		ran <- err
+	}()
+	var err2 error
+	select {
+	case err2 = <-ran:
+	case <-time.After(200 * time.Millisecond): // waiting, as it should
+	}
+	w.mu.Unlock()
+	unlocked = true
+	var blocked *BlockedError
+	if errors.As(err2, &blocked) {
+		t.Fatalf("Run gave up on a queued job: %s (the lagging feed had not delivered its admission)", blocked.Acquisition.Reason)
+	}
+	require.NoError(t, err2)
+	_, err = otherJT.Release(ctx, x.Lease)
+	require.NoError(t, err)
+	require.NoError(t, <-ran, "the run of n")
+}

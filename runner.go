@@ -208,7 +208,13 @@ func (r *Runner) acquire(ctx context.Context, jobID string, payload any, opts []
 	// key from this process's last wait on it (see keyWatch.linger), if
 	// anything: finding the key busy, it waits. TryRun's answer is final
 	// and must not rest on a feed that may lag behind the call: it does not.
-	acq, deadline, err := try(r.cfg.Watcher != nil && wait)
+	trusted := r.cfg.Watcher != nil && wait
+	acq, deadline, err := try(trusted)
+	if trusted && err == nil && acq.Kind != KindAcquired && acq.Reason == ReasonNotQueued {
+		// Not queued, which is final, may be the feed lagging behind the
+		// job's admission: only a read tells.
+		acq, deadline, err = try(false)
+	}
 	if err != nil || acq.Kind == KindAcquired {
 		return acq, deadline, 0, err
 	}
