@@ -277,3 +277,28 @@ func TestRunnerRunFindsJobAdmittedBehindLaggingFeed(t *testing.T) {
 	require.NoError(t, err)
 	require.NoError(t, <-ran, "the run of n")
 }
+
+// TestKeyEntryReadBeforeAttachNotTrusted: a read that began before the
+// entry's watch feed started may have missed a change made between the
+// read and the feed's start (which the feed never delivers): finishing
+// after the attach, it must not make the entry trusted.
+func TestKeyEntryReadBeforeAttachNotTrusted(t *testing.T) {
+	t.Skip("BUG: keyEntry.refreshed trusts a read (or write) that began before keyTable.attach; a change between it and the feed's start is never delivered, so a waiting acquisition decides on that older state (and, with a new keyWatch at revision 0, is not woken by the change it missed until RecheckInterval). Fix: count feed starts (attach from 0, unwatched) and refresh only for reads/writes begun in the current one")
+	const k = "svc.t.h"
+	tab := newKeyTable(8)
+	e := tab.pin(k)
+	defer tab.unpin(k, e)
+	st := &KeyState{Version: 1, Service: "svc", JobType: "t", KeyHash: "h"}
+
+	mark := e.mark() // a read begins, and finds revision 5
+	// Revision 6 is written by another process; then the feed starts.
+	tab.attach(k)
+	defer tab.detach(k)
+	s, ok := e.begin(&read{state: st, rev: 5, mark: mark}, true, false, true)
+	require.True(t, ok)
+	require.Equal(t, uint64(5), s.rev)
+
+	s, ok = e.begin(nil, true, false, true)
+	require.True(t, ok)
+	assert.False(t, s.verified, "a state read before the feed started is trusted as the latest")
+}
