@@ -465,17 +465,17 @@ func (c *KeyCoordinator) run(ctx context.Context, key JobKey, rt retry, reduce f
 	)
 	for {
 		if readNext {
-			mark := e.mark()
+			mark, feed := e.mark(), e.feedMark()
 			st, rev, err := c.read(ctx, key)
 			if err != nil {
 				return err
 			}
 			if next := reduce(st, c.cfg.Now()); writesNothing(next, st) {
-				e.observe(st, rev)
+				e.observe(st, rev, feed)
 				wt.decided(rev)
 				return nil
 			}
-			r = &read{state: st, rev: rev, mark: mark}
+			r = &read{state: st, rev: rev, mark: mark, feed: feed}
 		}
 		op.r = r
 		res, err := c.turn(e, key, op, &buf)

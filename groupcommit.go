@@ -367,7 +367,7 @@ func (c *KeyCoordinator) commitBatch(e *keyEntry, key JobKey, lead *laneOp, buf 
 	var err error
 	if cur.Empty() {
 		if err = c.store.Delete(wctx, key.Service, key.KVKey, s.rev); err == nil {
-			e.commit(nil, 0, c.cfg.RetryBackoff) // absent now; Admit creates it without a read
+			e.commit(nil, s.rev, c.cfg.RetryBackoff) // absent now (past s.rev); Admit creates it without a read
 		}
 	} else {
 		if encoded != cur {

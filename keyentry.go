@@ -62,6 +62,12 @@ type keyEntry struct {
 	watchRev uint64
 	fresh    bool
 	changed  chan struct{}
+	// feedGen counts the feeds started (and ended by unwatched): a read or
+	// write begun in an earlier one may predate a change the current feed
+	// never delivers, so it does not make the entry fresh. writeGen is
+	// feedGen when the write under way began (writing).
+	feedGen  uint64
+	writeGen uint64
 	// recent holds the last states this coordinator wrote, by revision,
 	// so that the watch, which delivers them a little later, need not
 	// decode them again (see held).
@@ -153,6 +159,7 @@ func (t *keyTable) attach(k string) {
 	defer e.mu.Unlock()
 	if e.watching == 0 {
 		e.fresh = false
+		e.feedGen++
 	}
 	e.watching++
 }
@@ -176,7 +183,7 @@ func (t *keyTable) detach(k string) {
 func (t *keyTable) unwatched(k string) {
 	if e := t.entry(k); e != nil {
 		e.mu.Lock()
-		e.fresh = false
+		e.fresh, e.feedGen = false, e.feedGen+1
 		e.mu.Unlock()
 	}
 }
@@ -199,7 +206,7 @@ func (t *keyTable) watched(k string, st *KeyState, rev uint64, ok bool) {
 	switch {
 	case !ok:
 		e.state, e.rev, e.known, e.fresh = nil, 0, false, false
-	case !e.known || rev > e.rev:
+	case rev > e.rev: // e.rev is 0 or, when not known, a revision the key is past
 		e.state, e.rev, e.known, e.fresh = st, rev, st != nil, true
 		if st == nil {
 			e.rev = 0
@@ -227,7 +234,7 @@ func (t *keyTable) watchedValue(k, service string, value []byte, rev uint64) {
 		return
 	}
 	e.watchRev = rev
-	if !e.known || rev > e.rev {
+	if rev > e.rev { // e.rev is 0 or, when not known, a revision the key is past
 		e.state, e.rev, e.known, e.fresh = nil, rev, true, true
 		e.value, e.valueService, e.valueKey = value, service, k
 	} else {
@@ -289,6 +296,7 @@ func (t *keyTable) held(k string, rev uint64, value []byte) *KeyState {
 func (e *keyEntry) writing(value []byte, st *KeyState) {
 	e.mu.Lock()
 	defer e.mu.Unlock()
+	e.writeGen = e.feedGen
 	if e.watching > 0 {
 		e.inflight, e.inflightState = value, st
 	}
@@ -314,11 +322,19 @@ func (e *keyEntry) trusted() bool {
 }
 
 // refreshed marks a state just read or written as fresh when the entry is
-// fed. Called with e.mu held.
-func (e *keyEntry) refreshed() {
-	if e.watching > 0 {
+// fed and the read or write began in feed generation gen (see feedGen).
+// Called with e.mu held.
+func (e *keyEntry) refreshed(gen uint64) {
+	if e.watching > 0 && gen == e.feedGen {
 		e.fresh = true
 	}
+}
+
+// feedMark returns the feed generation, to be passed in a read to begin.
+func (e *keyEntry) feedMark() uint64 {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	return e.feedGen
 }
 
 // fed reports whether a watch feeds e.
@@ -391,6 +407,7 @@ type read struct {
 	state *KeyState
 	rev   uint64 // 0 when the key is absent
 	mark  uint64 // e.commits when the read began
+	feed  uint64 // e.feedGen when the read began
 }
 
 // mark returns the count of commits, to be passed in a read to begin.
@@ -444,7 +461,7 @@ func (e *keyEntry) begin(r *read, useCache, assumeAbsent, trustWatch bool) (s st
 		return start{state: e.state, rev: e.rev, verified: true}, true
 	}
 	e.state, e.rev, e.known = r.state, r.rev, r.state != nil
-	e.refreshed()
+	e.refreshed(r.feed)
 	return start{state: r.state, rev: r.rev, verified: true}, true
 }
 
@@ -452,7 +469,7 @@ func (e *keyEntry) begin(r *read, useCache, assumeAbsent, trustWatch bool) (s st
 // lane, when it is newer than what e knows, so that the next write starts
 // from it. An absent read is not recorded: it has no revision to order
 // it by.
-func (e *keyEntry) observe(state *KeyState, rev uint64) {
+func (e *keyEntry) observe(state *KeyState, rev, feed uint64) {
 	if state == nil {
 		return
 	}
@@ -460,12 +477,13 @@ func (e *keyEntry) observe(state *KeyState, rev uint64) {
 	defer e.mu.Unlock()
 	if rev > e.rev || !e.known {
 		e.state, e.rev, e.known = state, rev, true
-		e.refreshed()
+		e.refreshed(feed)
 	}
 }
 
-// commit records a successful write of state at rev (state nil: a delete)
-// and halves the backoff window, down to zero below floor. The caller
+// commit records a successful write of state at rev (state nil: a delete
+// of revision rev, which e keeps, not known, so that a lagging watch feed's
+// changes from before the delete are not taken for its state) and halves the backoff window, down to zero below floor. The caller
 // holds the lane; state must not be modified afterwards.
 func (e *keyEntry) commit(state *KeyState, rev uint64, floor time.Duration) {
 	e.mu.Lock()
@@ -477,7 +495,7 @@ func (e *keyEntry) commit(state *KeyState, rev uint64, floor time.Duration) {
 	// The watch feed may have delivered this write and later ones already.
 	if state == nil || !e.known || rev >= e.rev {
 		e.state, e.rev, e.known = state, rev, state != nil
-		e.refreshed()
+		e.refreshed(e.writeGen)
 	}
 	e.commits++
 	if e.window /= 2; e.window < floor {
@@ -494,14 +512,16 @@ func (e *keyEntry) conflict() {
 
 // conflictAt records a failed write on revision rev (0: a create): what e
 // remembered is no longer stored, unless e learned of a later state
-// meanwhile (from its watch feed or a read).
+// meanwhile (from its watch feed or a read). The key is past rev: e keeps
+// it (not known) so that a lagging watch feed's older changes are not
+// taken for its state.
 func (e *keyEntry) conflictAt(rev uint64) {
 	e.mu.Lock()
 	defer e.mu.Unlock()
 	if e.known && e.rev > rev {
 		return
 	}
-	e.state, e.rev, e.known = nil, 0, false
+	e.state, e.rev, e.known = nil, rev, false
 }
 
 // lose records a race lost on the key and returns the pause to take before

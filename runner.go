@@ -204,9 +204,17 @@ func (r *Runner) acquire(ctx context.Context, jobID string, payload any, opts []
 		}
 		return acq, start.Add(r.policy.HeartbeatTTL), err
 	}
-	// The first try trusts what the Watcher still feeds of the key from
-	// this process's last wait on it (see keyWatch.linger), if anything.
-	acq, deadline, err := try(r.cfg.Watcher != nil)
+	// The first try of a Run trusts what the Watcher still feeds of the
+	// key from this process's last wait on it (see keyWatch.linger), if
+	// anything: finding the key busy, it waits. TryRun's answer is final
+	// and must not rest on a feed that may lag behind the call: it does not.
+	trusted := r.cfg.Watcher != nil && wait
+	acq, deadline, err := try(trusted)
+	if trusted && err == nil && acq.Kind != KindAcquired && acq.Reason == ReasonNotQueued {
+		// Not queued, which is final, may be the feed lagging behind the
+		// job's admission: only a read tells.
+		acq, deadline, err = try(false)
+	}
 	if err != nil || acq.Kind == KindAcquired {
 		return acq, deadline, 0, err
 	}

@@ -1,0 +1,303 @@
+package jobkeys
+
+// Review of issue 11's watch feed and group commit: regression tests of
+// the bugs found.
+
+import (
+	"context"
+	"errors"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+)
+
+// TestKeyEntryConflictIgnoresOlderWatchedRevisions: after a write on
+// revision 9 lost its race, the key is known to be past 9; a lagging watch
+// feed that then delivers revision 7 must not make that older state the
+// trusted, verified start of a waiting acquisition.
+func TestKeyEntryConflictIgnoresOlderWatchedRevisions(t *testing.T) {
+	const k = "svc.t.h"
+	tab := newKeyTable(8)
+	tab.attach(k)
+	defer tab.detach(k)
+	e := tab.pin(k)
+	defer tab.unpin(k, e)
+
+	st := &KeyState{Version: 1, Service: "svc", JobType: "t", KeyHash: "h"}
+	tab.watched(k, st, 5, true) // the feed is at revision 5
+	// A read finds revision 9; the write on it loses a race.
+	s, ok := e.begin(&read{state: st, rev: 9, mark: e.mark()}, true, false, true)
+	require.True(t, ok)
+	require.Equal(t, uint64(9), s.rev)
+	e.conflictAt(9)
+
+	tab.watched(k, st, 7, true) // the lagging feed delivers revision 7
+	s, ok = e.begin(nil, true, false, true)
+	if ok {
+		assert.False(t, s.verified && s.rev < 9, "start at revision %d verified although a write on revision 9 lost a race before it", s.rev)
+		assert.False(t, s.watched && s.rev < 9, "start at revision %d watched although the key is past revision 9", s.rev)
+	}
+
+	tab.watched(k, st, 10, true) // the write that won
+	s, ok = e.begin(nil, true, false, true)
+	require.True(t, ok)
+	assert.Equal(t, uint64(10), s.rev)
+	assert.True(t, s.verified, "the feed's latest state is trusted")
+}
+
+// TestCoordinatorDeleteIgnoresOlderWatchedRevisions: once this coordinator
+// deleted a key (the last release emptied it), a lagging watch feed that
+// then delivers a revision from before the delete must not make that state
+// the trusted, verified start of a waiting acquisition.
+func TestCoordinatorDeleteIgnoresOlderWatchedRevisions(t *testing.T) {
+	ctx := context.Background()
+	store := NewMemoryStore()
+	c, err := NewCoordinator(store, nil)
+	require.NoError(t, err)
+	jt, err := c.JobType(rtService(), benchJobType, benchPolicy)
+	require.NoError(t, err)
+	payload := benchPayload(0)
+	key, err := jt.Key(payload)
+	require.NoError(t, err)
+	c.keys.attach(key.KVKey) // fed, as while a waiter waits
+	defer c.keys.detach(key.KVKey)
+
+	adm, err := jt.Admit(ctx, "j1", payload)
+	require.NoError(t, err)
+	require.Equal(t, KindAccepted, adm.Kind)
+	acq, err := jt.Acquire(ctx, "j1", payload)
+	require.NoError(t, err)
+	require.Equal(t, KindAcquired, acq.Kind)
+	_, rev, err := store.Get(ctx, key.Service, key.KVKey)
+	require.NoError(t, err)
+	busy := acq.State
+	_, err = jt.Release(ctx, acq.Lease) // empties the key: a delete
+	require.NoError(t, err)
+	_, _, err = store.Get(ctx, key.Service, key.KVKey)
+	require.ErrorIs(t, err, ErrKeyNotFound, "the release deleted the key")
+
+	c.keys.watched(key.KVKey, busy, rev, true) // the lagging feed delivers the acquisition
+	e := c.keys.pin(key.KVKey)
+	defer c.keys.unpin(key.KVKey, e)
+	s, ok := e.begin(nil, true, false, true)
+	if ok {
+		assert.False(t, s.verified && s.rev <= rev, "start at revision %d verified although this coordinator deleted the key after it", s.rev)
+		assert.False(t, s.watched && s.rev <= rev, "start at revision %d watched although the key was deleted after it", s.rev)
+	}
+}
+
+// TestRunnerTryRunDoesNotTrustLaggingFeed: TryRun's answer is final (a
+// *BlockedError goes back to the caller), so it must not rest on the state
+// a lingering watch feed delivered last, which may be older than the call:
+// a slot freed before TryRun started is found free.
+func TestRunnerTryRunDoesNotTrustLaggingFeed(t *testing.T) {
+	ctx := context.Background()
+	mem := NewMemoryStore()
+	c, err := NewCoordinator(mem, nil)
+	require.NoError(t, err)
+	other, err := NewCoordinator(mem, nil)
+	require.NoError(t, err)
+	service := rtService()
+	policy := Policy{Key: benchPolicy.Key, MaxActive: 1, MaxQueuedPerKey: 8}
+	jt, err := c.JobType(service, benchJobType, policy)
+	require.NoError(t, err)
+	otherJT, err := other.JobType(service, benchJobType, policy)
+	require.NoError(t, err)
+	w, err := NewWatcher(mem)
+	require.NoError(t, err)
+	defer w.Close()
+	r, err := NewRunner(jt, &RunnerConfig{Watcher: w, RecheckInterval: time.Minute})
+	require.NoError(t, err)
+	payload := benchPayload(0)
+	key := mustKey(t, jt, payload)
+	for _, id := range []string{"h", "a", "x", "z"} {
+		_, err := otherJT.Admit(ctx, id, payload)
+		require.NoError(t, err)
+	}
+	held, err := otherJT.Acquire(ctx, "h", payload)
+	require.NoError(t, err)
+	require.Equal(t, KindAcquired, held.Kind)
+	fed := func() bool {
+		_, want, err := mem.Get(ctx, service, key.KVKey)
+		if err != nil {
+			return false
+		}
+		e := c.keys.entry(key.KVKey)
+		if e == nil {
+			return false
+		}
+		e.mu.Lock()
+		defer e.mu.Unlock()
+		return e.watchRev >= want && e.trusted()
+	}
+
+	// This process waits on the key once: its feed lingers afterwards.
+	done := make(chan error, 1)
+	go func() {
+		_, err := r.Run(ctx, "a", payload, func(context.Context, Lease) error { return nil })
+		done <- err
+	}()
+	require.Eventually(t, func() bool {
+		w.mu.Lock()
+		defer w.mu.Unlock()
+		sw := w.watches[service]
+		return sw != nil && sw.keys[key.KVKey] != nil && len(sw.keys[key.KVKey].waiters) == 1
+	}, rtWait, time.Millisecond, "the run never waited")
+	_, err = otherJT.Release(ctx, held.Lease)
+	require.NoError(t, err)
+	require.NoError(t, <-done)
+
+	// Another process takes the slot; the feed delivers it.
+	x, err := otherJT.Acquire(ctx, "x", payload)
+	require.NoError(t, err)
+	require.Equal(t, KindAcquired, x.Kind)
+	require.Eventually(t, fed, rtWait, time.Millisecond, "the feed never delivered the other process's acquisition")
+	// The watch lags: it delivers nothing while the Watcher is held.
+	w.mu.Lock()
+	unlocked := false
+	defer func() {
+		if !unlocked {
+			w.mu.Unlock()
+		}
+	}()
+	if !fed() {
+		t.Skip("the lingering feed ended before the test used it (machine too slow)")
+	}
+	_, err = otherJT.Release(ctx, x.Lease)
+	require.NoError(t, err)
+	ran := false
+	_, err = r.TryRun(ctx, "z", payload, func(context.Context, Lease) error { ran = true; return nil })
+	w.mu.Unlock()
+	unlocked = true
+	var blocked *BlockedError
+	if errors.As(err, &blocked) {
+		t.Fatalf("TryRun blocked on the state the lagging feed held (%s), although the slot was freed before the call", blocked.Acquisition.Reason)
+	}
+	require.NoError(t, err)
+	assert.True(t, ran, "the handler ran")
+}
+
+// TestRunnerRunFindsJobAdmittedBehindLaggingFeed: a job admitted (by
+// another process) before Run started is queued; Run's first try must not
+// answer ReasonNotQueued, which is final, from a lingering watch feed that
+// has not delivered the admission yet.
+func TestRunnerRunFindsJobAdmittedBehindLaggingFeed(t *testing.T) {
+	ctx := context.Background()
+	mem := NewMemoryStore()
+	c, err := NewCoordinator(mem, nil)
+	require.NoError(t, err)
+	other, err := NewCoordinator(mem, nil)
+	require.NoError(t, err)
+	service := rtService()
+	policy := Policy{Key: benchPolicy.Key, MaxActive: 1, MaxQueuedPerKey: 8}
+	jt, err := c.JobType(service, benchJobType, policy)
+	require.NoError(t, err)
+	otherJT, err := other.JobType(service, benchJobType, policy)
+	require.NoError(t, err)
+	w, err := NewWatcher(mem)
+	require.NoError(t, err)
+	defer w.Close()
+	r, err := NewRunner(jt, &RunnerConfig{Watcher: w, RecheckInterval: time.Minute})
+	require.NoError(t, err)
+	payload := benchPayload(0)
+	key := mustKey(t, jt, payload)
+	for _, id := range []string{"h", "a", "x"} {
+		_, err := otherJT.Admit(ctx, id, payload)
+		require.NoError(t, err)
+	}
+	held, err := otherJT.Acquire(ctx, "h", payload)
+	require.NoError(t, err)
+	require.Equal(t, KindAcquired, held.Kind)
+	fed := func() bool {
+		_, want, err := mem.Get(ctx, service, key.KVKey)
+		if err != nil {
+			return false
+		}
+		e := c.keys.entry(key.KVKey)
+		if e == nil {
+			return false
+		}
+		e.mu.Lock()
+		defer e.mu.Unlock()
+		return e.watchRev >= want && e.trusted()
+	}
+
+	done := make(chan error, 1)
+	go func() {
+		_, err := r.Run(ctx, "a", payload, func(context.Context, Lease) error { return nil })
+		done <- err
+	}()
+	require.Eventually(t, func() bool {
+		w.mu.Lock()
+		defer w.mu.Unlock()
+		sw := w.watches[service]
+		return sw != nil && sw.keys[key.KVKey] != nil && len(sw.keys[key.KVKey].waiters) == 1
+	}, rtWait, time.Millisecond, "the run never waited")
+	_, err = otherJT.Release(ctx, held.Lease)
+	require.NoError(t, err)
+	require.NoError(t, <-done)
+	require.Eventually(t, fed, rtWait, time.Millisecond, "the feed never delivered the key's latest change")
+
+	// The watch lags: it delivers nothing while the Watcher is held.
+	w.mu.Lock()
+	unlocked := false
+	defer func() {
+		if !unlocked {
+			w.mu.Unlock()
+		}
+	}()
+	if !fed() {
+		t.Skip("the lingering feed ended before the test used it (machine too slow)")
+	}
+	_, err = otherJT.Admit(ctx, "n", payload)
+	require.NoError(t, err)
+	x, err := otherJT.Acquire(ctx, "x", payload) // busy: n waits
+	require.NoError(t, err)
+	require.Equal(t, KindAcquired, x.Kind)
+	ran := make(chan error, 1)
+	go func() {
+		_, err := r.Run(ctx, "n", payload, func(context.Context, Lease) error { return nil })
+		ran <- err
+	}()
+	var err2 error
+	select {
+	case err2 = <-ran:
+	case <-time.After(200 * time.Millisecond): // waiting, as it should
+	}
+	w.mu.Unlock()
+	unlocked = true
+	var blocked *BlockedError
+	if errors.As(err2, &blocked) {
+		t.Fatalf("Run gave up on a queued job: %s (the lagging feed had not delivered its admission)", blocked.Acquisition.Reason)
+	}
+	require.NoError(t, err2)
+	_, err = otherJT.Release(ctx, x.Lease)
+	require.NoError(t, err)
+	require.NoError(t, <-ran, "the run of n")
+}
+
+// TestKeyEntryReadBeforeAttachNotTrusted: a read that began before the
+// entry's watch feed started may have missed a change made between the
+// read and the feed's start (which the feed never delivers): finishing
+// after the attach, it must not make the entry trusted.
+func TestKeyEntryReadBeforeAttachNotTrusted(t *testing.T) {
+	const k = "svc.t.h"
+	tab := newKeyTable(8)
+	e := tab.pin(k)
+	defer tab.unpin(k, e)
+	st := &KeyState{Version: 1, Service: "svc", JobType: "t", KeyHash: "h"}
+
+	mark := e.mark() // a read begins, and finds revision 5
+	// Revision 6 is written by another process; then the feed starts.
+	tab.attach(k)
+	defer tab.detach(k)
+	s, ok := e.begin(&read{state: st, rev: 5, mark: mark}, true, false, true)
+	require.True(t, ok)
+	require.Equal(t, uint64(5), s.rev)
+
+	s, ok = e.begin(nil, true, false, true)
+	require.True(t, ok)
+	assert.False(t, s.verified, "a state read before the feed started is trusted as the latest")
+}
