@@ -16,6 +16,20 @@ import (
 // process with [NewWatcher], share it between [Runner]s, and [Watcher.Close]
 // it when done.
 //
+// For the [Runner]s it serves, a Watcher over a [NATSStore] or
+// [MemoryStore] does more than signal: its watch carries the values of the
+// keys they wait on, and it wakes only as many waiting Runners as a change
+// leaves slots free (a heartbeat wakes none), in arrival order, holding back
+// those whose jobs have other processes' jobs queued ahead of them for a
+// short grace per job ahead. It hands each such key's latest state and
+// revision to the waiters' coordinators, so that a woken Runner decides and
+// writes without reading the key, and keeps doing so for a second after the
+// last waiter leaves, for the release and the next admission. A store that
+// wraps one of these (its own type) gets plain signals. The cost: the
+// service's watch carries every value written to any of its keys, not only
+// the keys waited on (those alone are decoded), so each Watcher receives the
+// service's write rate times its states' size.
+//
 // A service's watch starts with the first [Watcher.Subscribe] for it and
 // lasts until Close, or until the store ends it (a closed connection); the
 // next Subscribe then starts a new one. A Watcher is safe for concurrent use.
