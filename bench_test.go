@@ -162,12 +162,17 @@ func BenchmarkCycle(b *testing.B) {
 	// or one connection, coordinator and Watcher per worker.
 	for _, n := range []int{16, 64} {
 		b.Run(fmt.Sprintf("NATS/%dworkers-1conn-1key-watcher", n), func(b *testing.B) {
-			benchHotKey(b, s, n, true)
+			benchHotKey(b, s, n, 1)
 		})
 		b.Run(fmt.Sprintf("NATS/%dworkers-%dconns-1key-watcher", n, n), func(b *testing.B) {
-			benchHotKey(b, s, n, false)
+			benchHotKey(b, s, n, n)
 		})
 	}
+	// Several processes with several workers each: 64 workers over 4
+	// connections (16 per process).
+	b.Run("NATS/64workers-4conns-1key-watcher", func(b *testing.B) {
+		benchHotKey(b, s, 64, 4)
+	})
 
 	b.Run("NATS/16workers-16keys", func(b *testing.B) {
 		service := benchService()
@@ -192,7 +197,7 @@ func BenchmarkCycle(b *testing.B) {
 
 // benchHotKey runs n Runner workers on one key with MaxActive 1 (see
 // BenchmarkCycle) and reports the store reads and writes per cycle.
-func benchHotKey(b *testing.B, s *server.Server, n int, shared bool) {
+func benchHotKey(b *testing.B, s *server.Server, n, conns int) {
 	policy := Policy{Key: []string{"tenant", "/tenant"}, MaxActive: 1, MaxQueuedPerKey: n}
 	service, payload := benchService(), benchPayload(0)
 	var contention atomic.Int64
@@ -202,7 +207,7 @@ func benchHotKey(b *testing.B, s *server.Server, n int, shared bool) {
 	}
 	procs := map[*benchConn]proc{}
 	noop := func(context.Context, Lease) error { return nil }
-	conns := benchParallel(b, s, n, shared, "cycles/s", func(ctx context.Context, w *benchConn, worker int) func(int) error {
+	procConns := benchParallelConns(b, s, n, conns, "cycles/s", func(ctx context.Context, w *benchConn, worker int) func(int) error {
 		p, ok := procs[w]
 		if !ok {
 			jt, err := w.coord.JobType(service, benchJobType, policy)
@@ -246,7 +251,7 @@ func benchHotKey(b *testing.B, s *server.Server, n int, shared bool) {
 		}
 	})
 	var reads, writes int64
-	for _, c := range conns {
+	for _, c := range procConns {
 		reads += c.totals.reads.Load()
 		writes += c.totals.writes.Load()
 	}
@@ -261,11 +266,21 @@ func benchHotKey(b *testing.B, s *server.Server, n int, shared bool) {
 // worker's op, then beforeTimer once with the connections. It returns the
 // connections used.
 func benchParallel(b *testing.B, s *server.Server, n int, shared bool, unit string, setup func(ctx context.Context, w *benchConn, worker int) func(i int) error, beforeTimer ...func([]*benchConn)) []*benchConn {
+	k := n
+	if shared {
+		k = 1
+	}
+	return benchParallelConns(b, s, n, k, unit, setup, beforeTimer...)
+}
+
+// benchParallelConns is benchParallel with the n workers spread evenly over
+// k connections (k processes).
+func benchParallelConns(b *testing.B, s *server.Server, n, k int, unit string, setup func(ctx context.Context, w *benchConn, worker int) func(i int) error, beforeTimer ...func([]*benchConn)) []*benchConn {
 	ctx := context.Background()
 	var conns []*benchConn
 	ops := make([]func(int) error, n)
 	for i := range ops {
-		if i == 0 || !shared {
+		if c := i * k / n; c == len(conns) {
 			conns = append(conns, benchConnect(b, s))
 		}
 		ops[i] = setup(ctx, conns[len(conns)-1], i)
