@@ -577,3 +577,236 @@ func TestGroupCommitVerifiedRiderDoneBeforeWrite(t *testing.T) {
 		require.NoError(t, (<-ch).err)
 	}
 }
+
+// gcFailStore fails the next write with an injected error, one that is not
+// a revision conflict: before the write (nothing is written) or after it
+// (the write is applied and its reply lost, as with a timeout).
+type gcFailStore struct {
+	Store
+	mu     sync.Mutex
+	err    error
+	after  bool
+	failed int // writes failed
+}
+
+// failNext makes the next write fail with err, after applying it if after.
+func (f *gcFailStore) failNext(err error, after bool) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.err, f.after = err, after
+}
+
+func (f *gcFailStore) take() (error, bool) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	err, after := f.err, f.after
+	if err != nil {
+		f.failed++
+	}
+	f.err = nil
+	return err, after
+}
+
+func (f *gcFailStore) failures() int {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return f.failed
+}
+
+func (f *gcFailStore) Create(ctx context.Context, service, key string, value []byte) (uint64, error) {
+	err, after := f.take()
+	if err != nil && !after {
+		return 0, err
+	}
+	rev, werr := f.Store.Create(ctx, service, key, value)
+	if err != nil {
+		return 0, err
+	}
+	return rev, werr
+}
+
+func (f *gcFailStore) Update(ctx context.Context, service, key string, value []byte, revision uint64) (uint64, error) {
+	err, after := f.take()
+	if err != nil && !after {
+		return 0, err
+	}
+	rev, werr := f.Store.Update(ctx, service, key, value, revision)
+	if err != nil {
+		return 0, err
+	}
+	return rev, werr
+}
+
+func (f *gcFailStore) Delete(ctx context.Context, service, key string, revision uint64) error {
+	err, after := f.take()
+	if err != nil && !after {
+		return err
+	}
+	werr := f.Store.Delete(ctx, service, key, revision)
+	if err != nil {
+		return err
+	}
+	return werr
+}
+
+// injectFailures puts a gcFailStore between r's gate and its memory store.
+// Call it before r runs operations concurrently.
+func (r *gcRig) injectFailures() *gcFailStore {
+	f := &gcFailStore{Store: r.mem}
+	r.gate.Store = f
+	return f
+}
+
+// gateBatch holds a renewal of job "held" at the gate, queues ops behind
+// it in order, each with its context, lets the renewal through, and once
+// the write of the batch the ops form is at the gate, calls between, then
+// opens the gate. No operation may return before the gate opens: each is
+// carried by the held batch. It returns the results and the writes made
+// from the held renewal on.
+func (r *gcRig) gateBatch(ctxs []context.Context, ops []gcOp, between func()) ([]gcResult, int64) {
+	r.t.Helper()
+	r.totals.writes.Store(0)
+	r.hold()
+	held := r.start(context.Background(), gcRenewHeld)
+	r.awaitWrite()
+	var chans []<-chan gcResult
+	for i, op := range ops {
+		chans = append(chans, r.start(ctxs[i], op))
+		r.awaitQueued(i + 1)
+	}
+	r.permit()
+	require.NoError(r.t, (<-held).err)
+	r.awaitWrite() // the batch's
+	between()
+	time.Sleep(20 * time.Millisecond) // room for an operation that would return early
+	for i, ch := range chans {
+		select {
+		case got := <-ch:
+			r.t.Errorf("operation %d returned %v, %v before its batch's write ended", i, got.out, got.err)
+			ch2 := make(chan gcResult, 1)
+			ch2 <- got
+			chans[i] = ch2
+		default:
+		}
+	}
+	r.open()
+	var res []gcResult
+	for _, ch := range chans {
+		select {
+		case got := <-ch:
+			res = append(res, got)
+		case <-time.After(time.Minute):
+			r.t.Fatal("an operation of the batch never returned")
+		}
+	}
+	return res, r.totals.writes.Load()
+}
+
+func gcBackgrounds(n int) []context.Context {
+	ctxs := make([]context.Context, n)
+	for i := range ctxs {
+		ctxs[i] = context.Background()
+	}
+	return ctxs
+}
+
+// gcSetupWaiting admits jobs w0 and w1, which wait behind job "held".
+func gcSetupWaiting(t *testing.T, r *gcRig) {
+	t.Helper()
+	for _, id := range []string{"w0", "w1"} {
+		adm, err := r.admit(id)(context.Background(), r)
+		require.NoError(t, err)
+		require.Equal(t, KindAccepted, adm.(Admission).Kind)
+	}
+}
+
+// A batch's write that fails with an error other than a revision conflict
+// (the store unavailable, a permission denied, a timeout of the store's
+// own) fails every operation of the batch with that error, once, naming
+// the key; nothing is retried. When the failure wrote nothing, the stored
+// state is the one before the batch; when the write was applied and only
+// its reply lost, it is the batch's state. Either way the key works
+// afterwards: the operations run again, and later ones, have the outcomes
+// and stored state of a run where the write never failed (on a
+// coordinator of its own).
+func TestGroupCommitWriteErrorFailsBatch(t *testing.T) {
+	t.Parallel()
+	policy := Policy{Key: benchPolicy.Key, MaxActive: 1, MaxQueuedPerKey: 16}
+	errDown := errors.New("gc test: store unavailable")
+	errPerm := fmt.Errorf("%w: gc test: publish to $KV denied", ErrPermission)
+	errTimeout := fmt.Errorf("gc test: nats: timeout: %w", context.DeadlineExceeded)
+	batches := []struct {
+		name    string
+		writers int
+		ops     func(r *gcRig) []gcOp
+	}{
+		{"one writer", groupWritersDefault, func(r *gcRig) []gcOp {
+			return []gcOp{r.admit("x"), r.acquire("w0"), gcReleaseGone, r.remove("nope"), r.acquire("w1")}
+		}},
+		{"writers", groupCommitMax, func(r *gcRig) []gcOp {
+			return []gcOp{r.admit("x"), r.admit("y"), r.acquire("w0"), r.remove("w1"), gcReleaseGone, r.remove("x")}
+		}},
+	}
+	follow := func(r *gcRig) []gcOp {
+		return []gcOp{gcRenewHeld, r.admit("z"), r.acquire("w0"), r.remove("z"), gcReleaseHeld}
+	}
+	for _, bc := range batches {
+		for _, fc := range []struct {
+			name string
+			err  error
+		}{{"unavailable", errDown}, {"permission", errPerm}, {"timeout", errTimeout}} {
+			for _, after := range []bool{false, true} {
+				name := bc.name + "/" + fc.name + "/nothing written"
+				if after {
+					name = bc.name + "/" + fc.name + "/written, reply lost"
+				}
+				t.Run(name, func(t *testing.T) {
+					t.Parallel()
+					service := "gcfail" + strconv.Itoa(len(name))
+					b := newGCRig(t, service, policy, bc.writers, true)
+					f := b.injectFailures()
+					gcSetupWaiting(t, b)
+					ops := bc.ops(b)
+					var before []byte
+					res, writes := b.gateBatch(gcBackgrounds(len(ops)), ops, func() {
+						before = b.stored()
+						f.failNext(fc.err, after)
+					})
+					t.Logf("outcomes %v", gcKinds(res))
+					require.Len(t, res, len(ops))
+					for i, got := range res {
+						require.Errorf(t, got.err, "operation %d", i)
+						assert.ErrorIsf(t, got.err, fc.err, "operation %d", i)
+						assert.NotErrorIsf(t, got.err, ErrRevisionConflict, "operation %d", i)
+						assert.Containsf(t, got.err.Error(), b.key.KVKey, "operation %d: the error names the key", i)
+						assert.Zerof(t, got.out, "operation %d: no outcome with the error", i)
+					}
+					assert.Equal(t, 1, f.failures(), "one failed write")
+					assert.Equal(t, int64(2), writes, "the held write and the batch's, not retried")
+
+					// The run where the write did not fail.
+					s := newGCRig(t, service, policy, bc.writers, true)
+					gcSetupWaiting(t, s)
+					_, err := gcRenewHeld(context.Background(), s)
+					require.NoError(t, err)
+					require.Equal(t, string(before), string(s.stored()), "the rigs agree before the batch")
+					serialOps := s.serial(bc.ops(s))
+					if after {
+						assert.Equal(t, string(s.stored()), string(b.stored()), "the batch's state, written")
+					} else {
+						assert.Equal(t, string(before), string(b.stored()), "nothing of the batch written")
+						again := b.serial(bc.ops(b))
+						gcSame(t, again, serialOps, b.stored(), s.stored())
+					}
+					gcSame(t, b.serial(follow(b)), s.serial(follow(s)), b.stored(), s.stored())
+					// The slot the release freed (slot tokens differ: the
+					// failed batch drew some).
+					acq, err := b.acquire("w0")(context.Background(), b)
+					require.NoError(t, err)
+					assert.Equal(t, KindAcquired, acq.(Acquisition).Kind)
+					assert.Equal(t, 1, f.failures())
+				})
+			}
+		}
+	}
+}
