@@ -810,3 +810,143 @@ func TestGroupCommitWriteErrorFailsBatch(t *testing.T) {
 		}
 	}
 }
+
+// gcEnding is a context that a test ends, by a cancel or a deadline.
+type gcEnding struct {
+	context.Context
+	done chan struct{}
+	mu   sync.Mutex
+	err  error
+}
+
+func newGCEnding() *gcEnding {
+	return &gcEnding{Context: context.Background(), done: make(chan struct{})}
+}
+
+func (c *gcEnding) Done() <-chan struct{} { return c.done }
+
+func (c *gcEnding) Err() error {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.err
+}
+
+// end ends c with err (context.Canceled or context.DeadlineExceeded).
+func (c *gcEnding) end(err error) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.err == nil {
+		c.err = err
+		close(c.done)
+	}
+}
+
+// When the context of one operation of a batch ends while the batch's
+// write is in flight (the lead's, with the riders' still live, or a
+// rider's, with the lead's live), the write goes on: every operation,
+// the one whose context ended too, has the write's result. A write that
+// succeeds gives each its outcome, the serial run's, and stores the serial
+// run's state; one that fails with an error other than a revision conflict
+// gives each that error and stores nothing. The key works afterwards.
+func TestGroupCommitContextEndsDuringWrite(t *testing.T) {
+	t.Parallel()
+	policy := Policy{Key: benchPolicy.Key, MaxActive: 1, MaxQueuedPerKey: 16}
+	errDown := errors.New("gc test: store unavailable")
+	ops := func(r *gcRig) []gcOp {
+		return []gcOp{r.admit("x"), r.acquire("w0"), r.remove("nope"), gcReleaseGone, r.acquire("w1")}
+	}
+	follow := func(r *gcRig) []gcOp {
+		return []gcOp{gcRenewHeld, r.admit("z"), r.acquire("w0"), r.remove("x"), r.remove("z"), gcReleaseHeld}
+	}
+	for _, tc := range []struct {
+		name  string
+		ended int // the operation whose context ends
+		why   error
+		fails bool
+	}{
+		{"lead cancelled, write succeeds", 0, context.Canceled, false},
+		{"lead cancelled, write fails", 0, context.Canceled, true},
+		{"lead's deadline, write succeeds", 0, context.DeadlineExceeded, false},
+		{"lead's deadline, write fails", 0, context.DeadlineExceeded, true},
+		{"rider cancelled, write succeeds", 2, context.Canceled, false},
+		{"rider cancelled, write fails", 2, context.Canceled, true},
+		{"rider's deadline, write succeeds", 4, context.DeadlineExceeded, false},
+		{"rider's deadline, write fails", 4, context.DeadlineExceeded, true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			service := "gcend" + strconv.Itoa(len(tc.name)) + strconv.Itoa(tc.ended)
+			b := newGCRig(t, service, policy, groupWritersDefault, true)
+			f := b.injectFailures()
+			gcSetupWaiting(t, b)
+			ctxs := gcBackgrounds(len(ops(b)))
+			ending := newGCEnding()
+			ctxs[tc.ended] = ending
+			var before []byte
+			res, writes := b.gateBatch(ctxs, ops(b), func() {
+				before = b.stored()
+				ending.end(tc.why)
+				if tc.fails {
+					f.failNext(errDown, false)
+				}
+			})
+			t.Logf("outcomes %v", gcKinds(res))
+			assert.Equal(t, int64(2), writes, "the held write and the batch's, not retried")
+
+			s := newGCRig(t, service, policy, groupWritersDefault, true)
+			gcSetupWaiting(t, s)
+			_, err := gcRenewHeld(context.Background(), s)
+			require.NoError(t, err)
+			require.Equal(t, string(before), string(s.stored()), "the rigs agree before the batch")
+			if tc.fails {
+				for i, got := range res {
+					assert.ErrorIsf(t, got.err, errDown, "operation %d", i)
+					assert.Zerof(t, got.out, "operation %d", i)
+				}
+				assert.Equal(t, string(before), string(b.stored()), "nothing of the batch written")
+				gcSame(t, b.serial(ops(b)), s.serial(ops(s)), b.stored(), s.stored())
+			} else {
+				assert.Equal(t, []string{"accepted", "blocked", "not-found", "stale-completion", "blocked"}, gcKinds(res))
+				gcSame(t, res, s.serial(ops(s)), b.stored(), s.stored())
+			}
+			gcSame(t, b.serial(follow(b)), s.serial(follow(s)), b.stored(), s.stored())
+			assert.Equal(t, map[bool]int{false: 0, true: 1}[tc.fails], f.failures())
+		})
+	}
+}
+
+// An operation alone in its batch whose context ends while its write is in
+// flight gets its context's error once the store gives up the write;
+// nothing is written, and the key works afterwards.
+func TestGroupCommitLoneContextEndsDuringWrite(t *testing.T) {
+	t.Parallel()
+	policy := Policy{Key: benchPolicy.Key, MaxActive: 1, MaxQueuedPerKey: 16}
+	for _, why := range []error{context.Canceled, context.DeadlineExceeded} {
+		t.Run(why.Error(), func(t *testing.T) {
+			t.Parallel()
+			r := newGCRig(t, "gclone"+strconv.Itoa(len(why.Error())), policy, groupWritersDefault, true)
+			before := string(r.stored())
+			r.hold()
+			ending := newGCEnding()
+			x := r.start(ending, r.admit("x"))
+			r.awaitWrite()
+			ending.end(why)
+			var got gcResult
+			select {
+			case got = <-x:
+			case <-time.After(time.Minute):
+				t.Fatal("the operation never returned")
+			}
+			assert.ErrorIs(t, got.err, why)
+			assert.Zero(t, got.out)
+			r.open()
+			assert.Equal(t, before, string(r.stored()), "nothing written")
+			adm, err := r.admit("x")(context.Background(), r)
+			require.NoError(t, err)
+			assert.Equal(t, KindAccepted, adm.(Admission).Kind)
+			st, err := ParseState(r.stored())
+			require.NoError(t, err)
+			assert.Equal(t, []string{"x"}, auditQueuedIDs(st.Queued))
+		})
+	}
+}
