@@ -11,6 +11,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -587,6 +588,9 @@ type gcFailStore struct {
 	err    error
 	after  bool
 	failed int // writes failed
+	// applied, when set, is called with every create or update the store
+	// applied, before the write returns: a watch feed ahead of the reply.
+	applied func(key string, value []byte, rev uint64)
 }
 
 // failNext makes the next write fail with err, after applying it if after.
@@ -619,6 +623,9 @@ func (f *gcFailStore) Create(ctx context.Context, service, key string, value []b
 		return 0, err
 	}
 	rev, werr := f.Store.Create(ctx, service, key, value)
+	if werr == nil && f.applied != nil {
+		f.applied(key, value, rev)
+	}
 	if err != nil {
 		return 0, err
 	}
@@ -631,6 +638,9 @@ func (f *gcFailStore) Update(ctx context.Context, service, key string, value []b
 		return 0, err
 	}
 	rev, werr := f.Store.Update(ctx, service, key, value, revision)
+	if werr == nil && f.applied != nil {
+		f.applied(key, value, rev)
+	}
 	if err != nil {
 		return 0, err
 	}
@@ -958,4 +968,58 @@ func TestGroupCommitLoneContextEndsDuringWrite(t *testing.T) {
 			assert.Equal(t, []string{"x"}, auditQueuedIDs(st.Queued))
 		})
 	}
+}
+
+// On a key a watch feed keeps (here fed every write before its reply, as
+// a watch can be), a batch's write whose reply is lost after the store
+// applied it fails every operation with the error; what the feed
+// delivered stays what the coordinator knows, and later operations, a
+// waiting acquisition trusting the feed among them, have the outcomes and
+// stored state of a run where the write never failed.
+func TestGroupCommitWriteErrorFedKey(t *testing.T) {
+	t.Parallel()
+	policy := Policy{Key: benchPolicy.Key, MaxActive: 1, MaxQueuedPerKey: 16}
+	errDown := errors.New("gc test: store unavailable")
+	bg := context.Background()
+	ops := func(r *gcRig) []gcOp {
+		return []gcOp{r.admit("x"), r.acquire("w0"), gcReleaseGone, r.remove("nope")}
+	}
+	waiter := func(id string) gcOp {
+		return func(ctx context.Context, r *gcRig) (any, error) {
+			return r.acquire(id)(withWaitTry(ctx, &waitTry{trustWatch: true}), r)
+		}
+	}
+	follow := func(r *gcRig) []gcOp {
+		return []gcOp{waiter("w0"), gcRenewHeld, waiter("w1"), r.admit("z"), r.remove("x"), waiter("z")}
+	}
+
+	b := newGCRig(t, "gcfed", policy, groupWritersDefault, true)
+	f := b.injectFailures()
+	gcSetupWaiting(t, b)
+	b.c.keys.attach(b.key.KVKey)
+	defer b.c.keys.detach(b.key.KVKey)
+	v, rev, err := b.mem.Get(bg, b.service, b.key.KVKey)
+	require.NoError(t, err)
+	b.c.keys.watchedValue(b.key.KVKey, b.service, slices.Clone(v), rev)
+	f.applied = func(key string, value []byte, rev uint64) {
+		b.c.keys.watchedValue(key, b.service, slices.Clone(value), rev)
+	}
+
+	res, writes := b.gateBatch(gcRenewHeld, gcBackgrounds(len(ops(b))), ops(b), func() { f.failNext(errDown, true) })
+	t.Logf("outcomes %v", gcKinds(res))
+	for i, got := range res {
+		assert.ErrorIsf(t, got.err, errDown, "operation %d", i)
+	}
+	assert.Equal(t, int64(2), writes)
+
+	s := newGCRig(t, "gcfed", policy, groupWritersDefault, true)
+	gcSetupWaiting(t, s)
+	_, err = gcRenewHeld(bg, s)
+	require.NoError(t, err)
+	s.serial(ops(s))
+	assert.Equal(t, string(s.stored()), string(b.stored()), "the batch's state, written")
+	b.totals.reads.Store(0)
+	gcSame(t, b.serial(follow(b)), s.serial(follow(s)), b.stored(), s.stored())
+	t.Logf("%d reads after the failure", b.totals.reads.Load())
+	assert.Equal(t, 1, f.failures())
 }
