@@ -11,6 +11,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -576,4 +577,449 @@ func TestGroupCommitVerifiedRiderDoneBeforeWrite(t *testing.T) {
 	for _, ch := range []<-chan gcResult{lead, writer} {
 		require.NoError(t, (<-ch).err)
 	}
+}
+
+// gcFailStore fails the next write with an injected error, one that is not
+// a revision conflict: before the write (nothing is written) or after it
+// (the write is applied and its reply lost, as with a timeout).
+type gcFailStore struct {
+	Store
+	mu     sync.Mutex
+	err    error
+	after  bool
+	failed int // writes failed
+	// applied, when set, is called with every create or update the store
+	// applied, before the write returns: a watch feed ahead of the reply.
+	applied func(key string, value []byte, rev uint64)
+}
+
+// failNext makes the next write fail with err, after applying it if after.
+func (f *gcFailStore) failNext(err error, after bool) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.err, f.after = err, after
+}
+
+func (f *gcFailStore) take() (error, bool) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	err, after := f.err, f.after
+	if err != nil {
+		f.failed++
+	}
+	f.err = nil
+	return err, after
+}
+
+func (f *gcFailStore) failures() int {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return f.failed
+}
+
+func (f *gcFailStore) Create(ctx context.Context, service, key string, value []byte) (uint64, error) {
+	err, after := f.take()
+	if err != nil && !after {
+		return 0, err
+	}
+	rev, werr := f.Store.Create(ctx, service, key, value)
+	if werr == nil && f.applied != nil {
+		f.applied(key, value, rev)
+	}
+	if err != nil {
+		return 0, err
+	}
+	return rev, werr
+}
+
+func (f *gcFailStore) Update(ctx context.Context, service, key string, value []byte, revision uint64) (uint64, error) {
+	err, after := f.take()
+	if err != nil && !after {
+		return 0, err
+	}
+	rev, werr := f.Store.Update(ctx, service, key, value, revision)
+	if werr == nil && f.applied != nil {
+		f.applied(key, value, rev)
+	}
+	if err != nil {
+		return 0, err
+	}
+	return rev, werr
+}
+
+func (f *gcFailStore) Delete(ctx context.Context, service, key string, revision uint64) error {
+	err, after := f.take()
+	if err != nil && !after {
+		return err
+	}
+	werr := f.Store.Delete(ctx, service, key, revision)
+	if err != nil {
+		return err
+	}
+	return werr
+}
+
+// injectFailures puts a gcFailStore between r's gate and its memory store.
+// Call it before r runs operations concurrently.
+func (r *gcRig) injectFailures() *gcFailStore {
+	f := &gcFailStore{Store: r.mem}
+	r.gate.Store = f
+	return f
+}
+
+// gateBatch holds first's write at the gate, queues ops behind it in
+// order, each with its context, lets that write through, and once
+// the write of the batch the ops form is at the gate, calls between, then
+// opens the gate. No operation may return before the gate opens: each is
+// carried by the held batch. It returns the results and the writes made
+// from first on.
+func (r *gcRig) gateBatch(first gcOp, ctxs []context.Context, ops []gcOp, between func()) ([]gcResult, int64) {
+	r.t.Helper()
+	r.totals.writes.Store(0)
+	r.hold()
+	held := r.start(context.Background(), first)
+	r.awaitWrite()
+	var chans []<-chan gcResult
+	for i, op := range ops {
+		chans = append(chans, r.start(ctxs[i], op))
+		r.awaitQueued(i + 1)
+	}
+	r.permit()
+	require.NoError(r.t, (<-held).err)
+	r.awaitWrite() // the batch's
+	between()
+	time.Sleep(20 * time.Millisecond) // room for an operation that would return early
+	for i, ch := range chans {
+		select {
+		case got := <-ch:
+			r.t.Errorf("operation %d returned %v, %v before its batch's write ended", i, got.out, got.err)
+			ch2 := make(chan gcResult, 1)
+			ch2 <- got
+			chans[i] = ch2
+		default:
+		}
+	}
+	r.open()
+	var res []gcResult
+	for _, ch := range chans {
+		select {
+		case got := <-ch:
+			res = append(res, got)
+		case <-time.After(time.Minute):
+			r.t.Fatal("an operation of the batch never returned")
+		}
+	}
+	return res, r.totals.writes.Load()
+}
+
+func gcBackgrounds(n int) []context.Context {
+	ctxs := make([]context.Context, n)
+	for i := range ctxs {
+		ctxs[i] = context.Background()
+	}
+	return ctxs
+}
+
+// gcSetupWaiting admits jobs w0 and w1, which wait behind job "held".
+func gcSetupWaiting(t *testing.T, r *gcRig) {
+	t.Helper()
+	for _, id := range []string{"w0", "w1"} {
+		adm, err := r.admit(id)(context.Background(), r)
+		require.NoError(t, err)
+		require.Equal(t, KindAccepted, adm.(Admission).Kind)
+	}
+}
+
+// A batch's write that fails with an error other than a revision conflict
+// (the store unavailable, a permission denied, a timeout of the store's
+// own), be it an update, a create or a delete, fails every operation of
+// the batch with that error, once, naming the key; nothing is retried.
+// When the failure wrote nothing, the stored state is the one before the
+// batch; when the write was applied and only its reply lost, it is the
+// batch's state. Either way the key works afterwards: the operations run
+// again, and later ones, have the outcomes and stored state of a run where
+// the write never failed (on a coordinator of its own).
+func TestGroupCommitWriteErrorFailsBatch(t *testing.T) {
+	t.Parallel()
+	policy := Policy{Key: benchPolicy.Key, MaxActive: 1, MaxQueuedPerKey: 16}
+	errDown := errors.New("gc test: store unavailable")
+	errPerm := fmt.Errorf("%w: gc test: publish to $KV denied", ErrPermission)
+	errTimeout := fmt.Errorf("gc test: nats: timeout: %w", context.DeadlineExceeded)
+	batches := []struct {
+		name    string
+		writers int
+		waiting bool // jobs w0 and w1 wait behind job "held"
+		first   gcOp // the write held at the gate, before the batch
+		ops     func(r *gcRig) []gcOp
+	}{
+		{"update, one writer", groupWritersDefault, true, gcRenewHeld, func(r *gcRig) []gcOp {
+			return []gcOp{r.admit("x"), r.acquire("w0"), gcReleaseGone, r.remove("nope"), r.acquire("w1")}
+		}},
+		{"update, writers", groupCommitMax, true, gcRenewHeld, func(r *gcRig) []gcOp {
+			return []gcOp{r.admit("x"), r.admit("y"), r.acquire("w0"), r.remove("w1"), gcReleaseGone, r.remove("x")}
+		}},
+		{"delete, writers", groupCommitMax, false, gcRenewHeld, func(r *gcRig) []gcOp {
+			return []gcOp{r.admit("x"), r.remove("x"), gcReleaseHeld}
+		}},
+		{"create, one writer", groupWritersDefault, false, gcReleaseHeld, func(r *gcRig) []gcOp {
+			return []gcOp{r.admit("x"), r.remove("nope"), gcReleaseGone, gcRenewHeld}
+		}},
+	}
+	follow := func(r *gcRig) []gcOp {
+		return []gcOp{gcRenewHeld, r.admit("z"), r.acquire("w0"), r.remove("z"), gcReleaseHeld, r.admit("z2"), r.remove("y")}
+	}
+	for _, bc := range batches {
+		for _, fc := range []struct {
+			name string
+			err  error
+		}{{"unavailable", errDown}, {"permission", errPerm}, {"timeout", errTimeout}} {
+			for _, after := range []bool{false, true} {
+				name := bc.name + "/" + fc.name + "/nothing written"
+				if after {
+					name = bc.name + "/" + fc.name + "/written, reply lost"
+				}
+				t.Run(name, func(t *testing.T) {
+					t.Parallel()
+					service := "gcfail" + strconv.Itoa(len(name))
+					b := newGCRig(t, service, policy, bc.writers, true)
+					f := b.injectFailures()
+					if bc.waiting {
+						gcSetupWaiting(t, b)
+					}
+					ops := bc.ops(b)
+					var before []byte
+					res, writes := b.gateBatch(bc.first, gcBackgrounds(len(ops)), ops, func() {
+						before = b.stored()
+						f.failNext(fc.err, after)
+					})
+					t.Logf("outcomes %v", gcKinds(res))
+					require.Len(t, res, len(ops))
+					for i, got := range res {
+						require.Errorf(t, got.err, "operation %d", i)
+						assert.ErrorIsf(t, got.err, fc.err, "operation %d", i)
+						assert.NotErrorIsf(t, got.err, ErrRevisionConflict, "operation %d", i)
+						assert.Containsf(t, got.err.Error(), b.key.KVKey, "operation %d: the error names the key", i)
+						assert.Zerof(t, got.out, "operation %d: no outcome with the error", i)
+					}
+					assert.Equal(t, 1, f.failures(), "one failed write")
+					assert.Equal(t, int64(2), writes, "the held write and the batch's, not retried")
+
+					// The run where the write did not fail.
+					s := newGCRig(t, service, policy, bc.writers, true)
+					if bc.waiting {
+						gcSetupWaiting(t, s)
+					}
+					_, err := bc.first(context.Background(), s)
+					require.NoError(t, err)
+					require.Equal(t, string(before), string(s.stored()), "the rigs agree before the batch")
+					serialOps := s.serial(bc.ops(s))
+					if after {
+						assert.Equal(t, string(s.stored()), string(b.stored()), "the batch's state, written")
+					} else {
+						assert.Equal(t, string(before), string(b.stored()), "nothing of the batch written")
+						again := b.serial(bc.ops(b))
+						gcSame(t, again, serialOps, b.stored(), s.stored())
+					}
+					// Slot tokens differ after a successful acquisition (the
+					// failed batch drew some): the follow-ups acquire none.
+					gcSame(t, b.serial(follow(b)), s.serial(follow(s)), b.stored(), s.stored())
+					assert.Equal(t, 1, f.failures())
+				})
+			}
+		}
+	}
+}
+
+// gcEnding is a context that a test ends, by a cancel or a deadline.
+type gcEnding struct {
+	context.Context
+	done chan struct{}
+	mu   sync.Mutex
+	err  error
+}
+
+func newGCEnding() *gcEnding {
+	return &gcEnding{Context: context.Background(), done: make(chan struct{})}
+}
+
+func (c *gcEnding) Done() <-chan struct{} { return c.done }
+
+func (c *gcEnding) Err() error {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.err
+}
+
+// end ends c with err (context.Canceled or context.DeadlineExceeded).
+func (c *gcEnding) end(err error) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.err == nil {
+		c.err = err
+		close(c.done)
+	}
+}
+
+// When the context of one operation of a batch ends while the batch's
+// write is in flight (the lead's, with the riders' still live, or a
+// rider's, with the lead's live), the write goes on: every operation,
+// the one whose context ended too, has the write's result. A write that
+// succeeds gives each its outcome, the serial run's, and stores the serial
+// run's state; one that fails with an error other than a revision conflict
+// gives each that error and stores nothing. The key works afterwards.
+func TestGroupCommitContextEndsDuringWrite(t *testing.T) {
+	t.Parallel()
+	policy := Policy{Key: benchPolicy.Key, MaxActive: 1, MaxQueuedPerKey: 16}
+	errDown := errors.New("gc test: store unavailable")
+	ops := func(r *gcRig) []gcOp {
+		return []gcOp{r.admit("x"), r.acquire("w0"), r.remove("nope"), gcReleaseGone, r.acquire("w1")}
+	}
+	follow := func(r *gcRig) []gcOp {
+		return []gcOp{gcRenewHeld, r.admit("z"), r.acquire("w0"), r.remove("x"), r.remove("z"), gcReleaseHeld}
+	}
+	for _, tc := range []struct {
+		name  string
+		ended int // the operation whose context ends
+		why   error
+		fails bool
+	}{
+		{"lead cancelled, write succeeds", 0, context.Canceled, false},
+		{"lead cancelled, write fails", 0, context.Canceled, true},
+		{"lead's deadline, write succeeds", 0, context.DeadlineExceeded, false},
+		{"lead's deadline, write fails", 0, context.DeadlineExceeded, true},
+		{"rider cancelled, write succeeds", 2, context.Canceled, false},
+		{"rider cancelled, write fails", 2, context.Canceled, true},
+		{"rider's deadline, write succeeds", 4, context.DeadlineExceeded, false},
+		{"rider's deadline, write fails", 4, context.DeadlineExceeded, true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			service := "gcend" + strconv.Itoa(len(tc.name)) + strconv.Itoa(tc.ended)
+			b := newGCRig(t, service, policy, groupWritersDefault, true)
+			f := b.injectFailures()
+			gcSetupWaiting(t, b)
+			ctxs := gcBackgrounds(len(ops(b)))
+			ending := newGCEnding()
+			ctxs[tc.ended] = ending
+			var before []byte
+			res, writes := b.gateBatch(gcRenewHeld, ctxs, ops(b), func() {
+				before = b.stored()
+				ending.end(tc.why)
+				if tc.fails {
+					f.failNext(errDown, false)
+				}
+			})
+			t.Logf("outcomes %v", gcKinds(res))
+			assert.Equal(t, int64(2), writes, "the held write and the batch's, not retried")
+
+			s := newGCRig(t, service, policy, groupWritersDefault, true)
+			gcSetupWaiting(t, s)
+			_, err := gcRenewHeld(context.Background(), s)
+			require.NoError(t, err)
+			require.Equal(t, string(before), string(s.stored()), "the rigs agree before the batch")
+			if tc.fails {
+				for i, got := range res {
+					assert.ErrorIsf(t, got.err, errDown, "operation %d", i)
+					assert.Zerof(t, got.out, "operation %d", i)
+				}
+				assert.Equal(t, string(before), string(b.stored()), "nothing of the batch written")
+				gcSame(t, b.serial(ops(b)), s.serial(ops(s)), b.stored(), s.stored())
+			} else {
+				assert.Equal(t, []string{"accepted", "blocked", "not-found", "stale-completion", "blocked"}, gcKinds(res))
+				gcSame(t, res, s.serial(ops(s)), b.stored(), s.stored())
+			}
+			gcSame(t, b.serial(follow(b)), s.serial(follow(s)), b.stored(), s.stored())
+			assert.Equal(t, map[bool]int{false: 0, true: 1}[tc.fails], f.failures())
+		})
+	}
+}
+
+// An operation alone in its batch whose context ends while its write is in
+// flight gets its context's error once the store gives up the write;
+// nothing is written, and the key works afterwards.
+func TestGroupCommitLoneContextEndsDuringWrite(t *testing.T) {
+	t.Parallel()
+	policy := Policy{Key: benchPolicy.Key, MaxActive: 1, MaxQueuedPerKey: 16}
+	for _, why := range []error{context.Canceled, context.DeadlineExceeded} {
+		t.Run(why.Error(), func(t *testing.T) {
+			t.Parallel()
+			r := newGCRig(t, "gclone"+strconv.Itoa(len(why.Error())), policy, groupWritersDefault, true)
+			before := string(r.stored())
+			r.hold()
+			ending := newGCEnding()
+			x := r.start(ending, r.admit("x"))
+			r.awaitWrite()
+			ending.end(why)
+			var got gcResult
+			select {
+			case got = <-x:
+			case <-time.After(time.Minute):
+				t.Fatal("the operation never returned")
+			}
+			assert.ErrorIs(t, got.err, why)
+			assert.Zero(t, got.out)
+			r.open()
+			assert.Equal(t, before, string(r.stored()), "nothing written")
+			adm, err := r.admit("x")(context.Background(), r)
+			require.NoError(t, err)
+			assert.Equal(t, KindAccepted, adm.(Admission).Kind)
+			st, err := ParseState(r.stored())
+			require.NoError(t, err)
+			assert.Equal(t, []string{"x"}, auditQueuedIDs(st.Queued))
+		})
+	}
+}
+
+// On a key a watch feed keeps (here fed every write before its reply, as
+// a watch can be), a batch's write whose reply is lost after the store
+// applied it fails every operation with the error; what the feed
+// delivered stays what the coordinator knows, and later operations, a
+// waiting acquisition trusting the feed among them, have the outcomes and
+// stored state of a run where the write never failed.
+func TestGroupCommitWriteErrorFedKey(t *testing.T) {
+	t.Parallel()
+	policy := Policy{Key: benchPolicy.Key, MaxActive: 1, MaxQueuedPerKey: 16}
+	errDown := errors.New("gc test: store unavailable")
+	bg := context.Background()
+	ops := func(r *gcRig) []gcOp {
+		return []gcOp{r.admit("x"), r.acquire("w0"), gcReleaseGone, r.remove("nope")}
+	}
+	waiter := func(id string) gcOp {
+		return func(ctx context.Context, r *gcRig) (any, error) {
+			return r.acquire(id)(withWaitTry(ctx, &waitTry{trustWatch: true}), r)
+		}
+	}
+	follow := func(r *gcRig) []gcOp {
+		return []gcOp{waiter("w0"), gcRenewHeld, waiter("w1"), r.admit("z"), r.remove("x"), waiter("z")}
+	}
+
+	b := newGCRig(t, "gcfed", policy, groupWritersDefault, true)
+	f := b.injectFailures()
+	gcSetupWaiting(t, b)
+	b.c.keys.attach(b.key.KVKey)
+	defer b.c.keys.detach(b.key.KVKey)
+	v, rev, err := b.mem.Get(bg, b.service, b.key.KVKey)
+	require.NoError(t, err)
+	b.c.keys.watchedValue(b.key.KVKey, b.service, slices.Clone(v), rev)
+	f.applied = func(key string, value []byte, rev uint64) {
+		b.c.keys.watchedValue(key, b.service, slices.Clone(value), rev)
+	}
+
+	res, writes := b.gateBatch(gcRenewHeld, gcBackgrounds(len(ops(b))), ops(b), func() { f.failNext(errDown, true) })
+	t.Logf("outcomes %v", gcKinds(res))
+	for i, got := range res {
+		assert.ErrorIsf(t, got.err, errDown, "operation %d", i)
+	}
+	assert.Equal(t, int64(2), writes)
+
+	s := newGCRig(t, "gcfed", policy, groupWritersDefault, true)
+	gcSetupWaiting(t, s)
+	_, err = gcRenewHeld(bg, s)
+	require.NoError(t, err)
+	s.serial(ops(s))
+	assert.Equal(t, string(s.stored()), string(b.stored()), "the batch's state, written")
+	b.totals.reads.Store(0)
+	gcSame(t, b.serial(follow(b)), s.serial(follow(s)), b.stored(), s.stored())
+	t.Logf("%d reads after the failure", b.totals.reads.Load())
+	assert.Equal(t, 1, f.failures())
 }
