@@ -6,7 +6,6 @@ import (
 	"errors"
 	"fmt"
 	"regexp"
-	"strings"
 	"sync"
 	"time"
 
@@ -111,20 +110,6 @@ type natsBucket struct {
 	// keySubjects is "$KV.<bucket>.", the prefix of the subjects the
 	// bucket's keys are stored under, when leaderGet is set.
 	keySubjects string
-}
-
-// apiPrefix returns the prefix of the JetStream API subjects of a context
-// with options opts, ending in ".": "$JS.<domain>.API." for a domain, the
-// API prefix when one is set, "$JS.API." otherwise (as jetstream does).
-func apiPrefix(opts jetstream.JetStreamOptions) string {
-	switch {
-	case opts.Domain != "":
-		return "$JS." + opts.Domain + ".API."
-	case opts.APIPrefix != "":
-		return strings.TrimSuffix(opts.APIPrefix, ".") + "."
-	default:
-		return jetstream.DefaultAPIPrefix
-	}
 }
 
 // markerHintsMax bounds the delete markers a bucket remembers.
@@ -269,12 +254,9 @@ func (s *NATSStore) bucket(ctx context.Context, service string) (*natsBucket, er
 	opts := s.js.Options()
 	if info := bucketStreamInfo(status); info != nil && info.Config.Mirror == nil {
 		b.stream, b.writeTimeout = info.Config.Name, opts.DefaultTimeout
-		b.writePrefix = "$KV." + kv.Bucket() + "."
-		if p := apiPrefix(opts); p != jetstream.DefaultAPIPrefix {
-			b.writePrefix = p + b.writePrefix // as kv.Update does
-		}
+		b.writePrefix = jscas.WritePrefix(opts, kv.Bucket())
 		if info.Config.Replicas > 1 {
-			b.leaderGet = apiPrefix(opts) + "STREAM.MSG.GET." + info.Config.Name
+			b.leaderGet = jscas.APIPrefix(opts) + "STREAM.MSG.GET." + info.Config.Name
 			b.keySubjects = "$KV." + kv.Bucket() + "."
 		}
 	}

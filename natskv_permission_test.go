@@ -290,12 +290,3 @@ func TestPermissionNeeds(t *testing.T) {
 		assert.Equal(t, c.want, needs(c.kind, bucket, inbox, c.subject), "%s for kind %b", c.subject, c.kind)
 	}
 }
-
-// TestAPIPrefix: the API subject prefix of a JetStream context's options.
-func TestAPIPrefix(t *testing.T) {
-	t.Parallel()
-	assert.Equal(t, "$JS.API.", apiPrefix(jetstream.JetStreamOptions{}))
-	assert.Equal(t, "$JS.hub.API.", apiPrefix(jetstream.JetStreamOptions{Domain: "hub"}))
-	assert.Equal(t, "JS.acme.", apiPrefix(jetstream.JetStreamOptions{APIPrefix: "JS.acme"}))
-	assert.Equal(t, "JS.acme.", apiPrefix(jetstream.JetStreamOptions{APIPrefix: "JS.acme."}))
-}

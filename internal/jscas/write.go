@@ -49,22 +49,29 @@ type Writer struct {
 	Timeout time.Duration
 }
 
+// APIPrefix returns the prefix of the JetStream API subjects of a context
+// with options opts, ending in ".": "$JS.<domain>.API." for a domain, the
+// API prefix when one is set, "$JS.API." otherwise (as jetstream does).
+func APIPrefix(opts jetstream.JetStreamOptions) string {
+	switch {
+	case opts.Domain != "":
+		return "$JS." + opts.Domain + ".API."
+	case opts.APIPrefix != "":
+		return strings.TrimSuffix(opts.APIPrefix, ".") + "."
+	default:
+		return jetstream.DefaultAPIPrefix
+	}
+}
+
 // WritePrefix is the subject prefix kv.Update writes the keys of bucket
 // under for a JetStream context with options opts: "$KV.<bucket>.", behind
 // the context's API prefix or domain when it has one. It does not hold
 // for mirrors, whose writes go to their origin.
 func WritePrefix(opts jetstream.JetStreamOptions, bucket string) string {
-	api := jetstream.DefaultAPIPrefix
-	switch {
-	case opts.Domain != "":
-		api = "$JS." + opts.Domain + ".API."
-	case opts.APIPrefix != "":
-		api = strings.TrimSuffix(opts.APIPrefix, ".") + "."
+	if api := APIPrefix(opts); api != jetstream.DefaultAPIPrefix {
+		return api + "$KV." + bucket + "."
 	}
-	if api == jetstream.DefaultAPIPrefix {
-		return "$KV." + bucket + "."
-	}
-	return api + "$KV." + bucket + "."
+	return "$KV." + bucket + "."
 }
 
 // Write publishes value to subject on condition that subject's last

@@ -108,3 +108,12 @@ func TestWritePrefix(t *testing.T) {
 		assert.Equal(t, tc.want, WritePrefix(tc.opts, "B"), "%+v", tc.opts)
 	}
 }
+
+// TestAPIPrefix: the API subject prefix of a JetStream context's options.
+func TestAPIPrefix(t *testing.T) {
+	t.Parallel()
+	assert.Equal(t, "$JS.API.", APIPrefix(jetstream.JetStreamOptions{}))
+	assert.Equal(t, "$JS.hub.API.", APIPrefix(jetstream.JetStreamOptions{Domain: "hub"}))
+	assert.Equal(t, "JS.acme.", APIPrefix(jetstream.JetStreamOptions{APIPrefix: "JS.acme"}))
+	assert.Equal(t, "JS.acme.", APIPrefix(jetstream.JetStreamOptions{APIPrefix: "JS.acme."}))
+}
