@@ -95,23 +95,8 @@ func TestCoordinatorDeleteIgnoresOlderWatchedRevisions(t *testing.T) {
 func TestRunnerTryRunDoesNotTrustLaggingFeed(t *testing.T) {
 	ctx := context.Background()
 	mem := NewMemoryStore()
-	c, err := NewCoordinator(mem, nil)
-	require.NoError(t, err)
-	other, err := NewCoordinator(mem, nil)
-	require.NoError(t, err)
-	service := rtService()
-	policy := Policy{Key: benchPolicy.Key, MaxActive: 1, MaxQueuedPerKey: 8}
-	jt, err := c.JobType(service, benchJobType, policy)
-	require.NoError(t, err)
-	otherJT, err := other.JobType(service, benchJobType, policy)
-	require.NoError(t, err)
-	w, err := NewWatcher(mem)
-	require.NoError(t, err)
-	defer w.Close()
-	r, err := NewRunner(jt, &RunnerConfig{Watcher: w, RecheckInterval: time.Minute})
-	require.NoError(t, err)
-	payload := benchPayload(0)
-	key := mustKey(t, jt, payload)
+	p := newTwoProcesses(t, mem, mem)
+	c, otherJT, w, r, service, payload, key := p.mine, p.otherJT, p.w, p.r, p.service, p.payload, p.key
 	for _, id := range []string{"h", "a", "x", "z"} {
 		_, err := otherJT.Admit(ctx, id, payload)
 		require.NoError(t, err)
@@ -186,23 +171,8 @@ func TestRunnerTryRunDoesNotTrustLaggingFeed(t *testing.T) {
 func TestRunnerRunFindsJobAdmittedBehindLaggingFeed(t *testing.T) {
 	ctx := context.Background()
 	mem := NewMemoryStore()
-	c, err := NewCoordinator(mem, nil)
-	require.NoError(t, err)
-	other, err := NewCoordinator(mem, nil)
-	require.NoError(t, err)
-	service := rtService()
-	policy := Policy{Key: benchPolicy.Key, MaxActive: 1, MaxQueuedPerKey: 8}
-	jt, err := c.JobType(service, benchJobType, policy)
-	require.NoError(t, err)
-	otherJT, err := other.JobType(service, benchJobType, policy)
-	require.NoError(t, err)
-	w, err := NewWatcher(mem)
-	require.NoError(t, err)
-	defer w.Close()
-	r, err := NewRunner(jt, &RunnerConfig{Watcher: w, RecheckInterval: time.Minute})
-	require.NoError(t, err)
-	payload := benchPayload(0)
-	key := mustKey(t, jt, payload)
+	p := newTwoProcesses(t, mem, mem)
+	c, otherJT, w, r, service, payload, key := p.mine, p.otherJT, p.w, p.r, p.service, p.payload, p.key
 	for _, id := range []string{"h", "a", "x"} {
 		_, err := otherJT.Admit(ctx, id, payload)
 		require.NoError(t, err)
@@ -300,4 +270,40 @@ func TestKeyEntryReadBeforeAttachNotTrusted(t *testing.T) {
 	s, ok = e.begin(nil, true, false, true)
 	require.True(t, ok)
 	assert.False(t, s.verified, "a state read before the feed started is trusted as the latest")
+}
+
+// twoProcesses is a hot key's setting in the watch-feed tests: coordinator
+// mine (on store, which may wrap mem) whose Runner waits through a Watcher
+// on mem, and coordinator other on mem, as another process would; one job
+// type with MaxActive 1, one payload and its key.
+type twoProcesses struct {
+	mine, other *KeyCoordinator
+	jt, otherJT *JobType
+	w           *Watcher
+	r           *Runner
+	service     string
+	payload     []byte
+	key         JobKey
+}
+
+func newTwoProcesses(t *testing.T, mem *MemoryStore, store Store) *twoProcesses {
+	t.Helper()
+	p := &twoProcesses{service: rtService(), payload: benchPayload(0)}
+	policy := Policy{Key: benchPolicy.Key, MaxActive: 1, MaxQueuedPerKey: 8}
+	var err error
+	p.mine, err = NewCoordinator(store, nil)
+	require.NoError(t, err)
+	p.other, err = NewCoordinator(mem, nil)
+	require.NoError(t, err)
+	p.jt, err = p.mine.JobType(p.service, benchJobType, policy)
+	require.NoError(t, err)
+	p.otherJT, err = p.other.JobType(p.service, benchJobType, policy)
+	require.NoError(t, err)
+	p.w, err = NewWatcher(mem)
+	require.NoError(t, err)
+	t.Cleanup(p.w.Close)
+	p.r, err = NewRunner(p.jt, &RunnerConfig{Watcher: p.w, RecheckInterval: time.Minute})
+	require.NoError(t, err)
+	p.key = mustKey(t, p.jt, p.payload)
+	return p
 }
