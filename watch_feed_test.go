@@ -96,7 +96,7 @@ func TestRunnerTryRunDoesNotTrustLaggingFeed(t *testing.T) {
 	ctx := context.Background()
 	mem := NewMemoryStore()
 	p := newTwoProcesses(t, mem, mem)
-	c, otherJT, w, r, service, payload, key := p.mine, p.otherJT, p.w, p.r, p.service, p.payload, p.key
+	otherJT, w, r, payload := p.otherJT, p.w, p.r, p.payload
 	for _, id := range []string{"h", "a", "x", "z"} {
 		_, err := otherJT.Admit(ctx, id, payload)
 		require.NoError(t, err)
@@ -104,19 +104,7 @@ func TestRunnerTryRunDoesNotTrustLaggingFeed(t *testing.T) {
 	held, err := otherJT.Acquire(ctx, "h", payload)
 	require.NoError(t, err)
 	require.Equal(t, KindAcquired, held.Kind)
-	fed := func() bool {
-		_, want, err := mem.Get(ctx, service, key.KVKey)
-		if err != nil {
-			return false
-		}
-		e := c.keys.entry(key.KVKey)
-		if e == nil {
-			return false
-		}
-		e.mu.Lock()
-		defer e.mu.Unlock()
-		return e.watchRev >= want && e.trusted()
-	}
+	fed := func() bool { return p.fed(ctx, mem) }
 
 	// This process waits on the key once: its feed lingers afterwards.
 	done := make(chan error, 1)
@@ -124,12 +112,7 @@ func TestRunnerTryRunDoesNotTrustLaggingFeed(t *testing.T) {
 		_, err := r.Run(ctx, "a", payload, func(context.Context, Lease) error { return nil })
 		done <- err
 	}()
-	require.Eventually(t, func() bool {
-		w.mu.Lock()
-		defer w.mu.Unlock()
-		sw := w.watches[service]
-		return sw != nil && sw.keys[key.KVKey] != nil && len(sw.keys[key.KVKey].waiters) == 1
-	}, rtWait, time.Millisecond, "the run never waited")
+	p.awaitWaiter(t)
 	_, err = otherJT.Release(ctx, held.Lease)
 	require.NoError(t, err)
 	require.NoError(t, <-done)
@@ -172,7 +155,7 @@ func TestRunnerRunFindsJobAdmittedBehindLaggingFeed(t *testing.T) {
 	ctx := context.Background()
 	mem := NewMemoryStore()
 	p := newTwoProcesses(t, mem, mem)
-	c, otherJT, w, r, service, payload, key := p.mine, p.otherJT, p.w, p.r, p.service, p.payload, p.key
+	otherJT, w, r, payload := p.otherJT, p.w, p.r, p.payload
 	for _, id := range []string{"h", "a", "x"} {
 		_, err := otherJT.Admit(ctx, id, payload)
 		require.NoError(t, err)
@@ -180,31 +163,14 @@ func TestRunnerRunFindsJobAdmittedBehindLaggingFeed(t *testing.T) {
 	held, err := otherJT.Acquire(ctx, "h", payload)
 	require.NoError(t, err)
 	require.Equal(t, KindAcquired, held.Kind)
-	fed := func() bool {
-		_, want, err := mem.Get(ctx, service, key.KVKey)
-		if err != nil {
-			return false
-		}
-		e := c.keys.entry(key.KVKey)
-		if e == nil {
-			return false
-		}
-		e.mu.Lock()
-		defer e.mu.Unlock()
-		return e.watchRev >= want && e.trusted()
-	}
+	fed := func() bool { return p.fed(ctx, mem) }
 
 	done := make(chan error, 1)
 	go func() {
 		_, err := r.Run(ctx, "a", payload, func(context.Context, Lease) error { return nil })
 		done <- err
 	}()
-	require.Eventually(t, func() bool {
-		w.mu.Lock()
-		defer w.mu.Unlock()
-		sw := w.watches[service]
-		return sw != nil && sw.keys[key.KVKey] != nil && len(sw.keys[key.KVKey].waiters) == 1
-	}, rtWait, time.Millisecond, "the run never waited")
+	p.awaitWaiter(t)
 	_, err = otherJT.Release(ctx, held.Lease)
 	require.NoError(t, err)
 	require.NoError(t, <-done)
@@ -306,4 +272,31 @@ func newTwoProcesses(t *testing.T, mem *MemoryStore, store Store) *twoProcesses 
 	require.NoError(t, err)
 	p.key = mustKey(t, p.jt, p.payload)
 	return p
+}
+
+// awaitWaiter waits until one Runner waits on the key through p's Watcher.
+func (p *twoProcesses) awaitWaiter(t *testing.T) {
+	t.Helper()
+	require.Eventually(t, func() bool {
+		p.w.mu.Lock()
+		defer p.w.mu.Unlock()
+		sw := p.w.watches[p.service]
+		return sw != nil && sw.keys[p.key.KVKey] != nil && len(sw.keys[p.key.KVKey].waiters) == 1
+	}, rtWait, time.Millisecond, "the run never waited")
+}
+
+// fed reports whether mine's entry for the key holds, trusted, the
+// revision mem stores.
+func (p *twoProcesses) fed(ctx context.Context, mem *MemoryStore) bool {
+	_, want, err := mem.Get(ctx, p.service, p.key.KVKey)
+	if err != nil {
+		return false
+	}
+	e := p.mine.keys.entry(p.key.KVKey)
+	if e == nil {
+		return false
+	}
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	return e.watchRev >= want && e.trusted()
 }

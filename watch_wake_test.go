@@ -656,12 +656,7 @@ func TestWatcherFeedLingersAfterTheWait(t *testing.T) {
 		})
 		done <- err
 	}()
-	require.Eventually(t, func() bool {
-		w.mu.Lock()
-		defer w.mu.Unlock()
-		sw := w.watches[service]
-		return sw != nil && sw.keys[key.KVKey] != nil && len(sw.keys[key.KVKey].waiters) == 1
-	}, rtWait, time.Millisecond, "the run never waited")
+	p.awaitWaiter(t)
 	_, err = otherJT.Release(ctx, held.Lease)
 	require.NoError(t, err)
 	require.NoError(t, <-done)
