@@ -25,6 +25,15 @@ const natsWatchDrainTimeout = 10 * time.Second
 // push consumer) that delivers only new changes and no values. A watch the
 // server refuses (no permission to create the consumer or to subscribe to
 // its delivery subject) fails with an error wrapping [ErrPermission].
+//
+// The consumer is in place when WatchKeys returns, but the server's
+// consumer reads the bucket's stream on its own, behind the writes. A
+// bucket keeps only the latest revision of a key (history 1, as
+// [WithCreateBuckets] makes them; a longer history only narrows this), so a
+// change that a later change of the same key replaces before the consumer
+// reads it is not reported: that key is reported for the later change.
+// Under load this happens even to a key written twice right after
+// WatchKeys returns.
 func (s *NATSStore) WatchKeys(ctx context.Context, service, jobType string, changed func(kvKey string)) (<-chan struct{}, error) {
 	prefix, err := keyFilter(service, jobType)
 	if err != nil {
@@ -40,7 +49,9 @@ var _ valueWatcher = (*NATSStore)(nil)
 
 // watchValues implements valueWatcher with a watch that delivers values.
 // The KV watch is an ordered consumer: it delivers in stream order, and
-// recreates itself from the next sequence after a gap.
+// recreates itself from the next sequence after a gap. As in WatchKeys, a
+// revision replaced by a later one of the same key before the consumer
+// reads it is not delivered; the later one is.
 func (s *NATSStore) watchValues(ctx context.Context, service string, changed func(keyChange)) (<-chan struct{}, error) {
 	prefix, err := keyFilter(service, "")
 	if err != nil {

@@ -45,8 +45,12 @@ type WatchableStore interface {
 	// jobType, or to every job type when jobType is "", and returns once the
 	// watch is in place: every write or delete after it returns is reported
 	// by calling changed with the KV key, in the order of the writes, from
-	// one goroutine at a time. changed should return quickly; while it runs,
-	// further changes wait.
+	// one goroutine at a time, except that a change a later change of the
+	// same key replaces before the watch reads it may be reported only
+	// through that later one ([NATSStore]'s watch reads the stream behind
+	// the writes, and the bucket keeps a key's latest revision only).
+	// [MemoryStore] reports every change. changed should return quickly;
+	// while it runs, further changes wait.
 	//
 	// The watch ends when ctx is cancelled, or when the store can no longer
 	// watch (its connection closed). The returned channel is closed once the
@@ -65,9 +69,10 @@ type keyChange struct {
 }
 
 // valueWatcher is implemented by stores whose watch also reports each
-// change's value and revision, in revision order and without gaps
-// ([MemoryStore], [NATSStore]). A [Watcher] over one keeps each waited-on
-// key's latest state from the watch itself, so that it wakes only the
+// change's value and revision ([MemoryStore], [NATSStore]), in revision
+// order and up to each key's latest revision (one replaced before the watch
+// read it may be left out, as in WatchKeys). A [Watcher] over one keeps each
+// waited-on key's latest state from the watch itself, so that it wakes only the
 // waiters a change can help, and the coordinators it feeds decide and write
 // without a read. watchValues is WatchKeys of every job type, with the
 // change in full; value must not be modified.
