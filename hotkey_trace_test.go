@@ -1,0 +1,656 @@
+package jobkeys
+
+// A diagnostic of the hot-key workload of BenchmarkCycle's
+// NworkersNconns-1key-watcher rows (issue 11): n processes, each with its
+// own connection, coordinator, Watcher and Runner, loop admit → Run on ONE
+// key with MaxActive 1. It records every store call of every process
+// (start, end, the revision it wrote on, its result, the value) and the
+// server's timestamp of each revision (from a separate connection's KV
+// watch, which skips revisions superseded before it got to them: those are
+// stamped when their writer got its reply). From these it reports where
+// the time between consecutive revisions goes (by the two operations and
+// whether one process made both), which writes lose their compare-and-swap
+// and to what, whether the acquirer was the head of the queue, and the
+// pauses after failed writes.
+//
+// It runs only with JOBKEYS_HOTKEY_TRACE=1. JOBKEYS_HOTKEY_PROCS (default
+// 16) and JOBKEYS_HOTKEY_CYCLES (default 3000) size it;
+// JOBKEYS_HOTKEY_IDLE adds processes whose Watchers only watch the key
+// (the cost of the watch's fan-out alone, e.g. with PROCS=1 IDLE=15):
+//
+//	JOBKEYS_HOTKEY_TRACE=1 go test -count=1 -run TestHotKeyTrace -v .
+
+import (
+	"cmp"
+	"context"
+	"errors"
+	"fmt"
+	"maps"
+	"os"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/jobkeys/jobkeys/internal/natstest"
+
+	"github.com/stretchr/testify/require"
+)
+
+// traceCall is one store call of one process.
+type traceCall struct {
+	proc       int
+	op         string // "get", "create", "update", "delete"
+	base       uint64 // the revision an update or delete wrote on
+	start, end time.Time
+	rev        uint64 // the revision read or written; 0 on failure
+	conflict   bool   // a lost compare-and-swap
+	value      []byte // what a create or update wrote
+	what       string // the operation the caller ran (admit, run, release)
+}
+
+// traceStore records the store calls of one process.
+type traceStore struct {
+	Store
+	proc int
+	log  *traceLog
+}
+
+type traceLog struct {
+	mu    sync.Mutex
+	calls []traceCall
+}
+
+type traceWhatKey struct{}
+
+func (s traceStore) record(ctx context.Context, c traceCall, err error) {
+	c.proc = s.proc
+	c.end = time.Now()
+	c.conflict = errors.Is(err, ErrRevisionConflict)
+	if err != nil {
+		c.rev = 0
+	}
+	c.what, _ = ctx.Value(traceWhatKey{}).(string)
+	s.log.mu.Lock()
+	s.log.calls = append(s.log.calls, c)
+	s.log.mu.Unlock()
+}
+
+func (s traceStore) valueLimit(ctx context.Context, service string) (int, error) {
+	return s.Store.(valueLimiter).valueLimit(ctx, service)
+}
+
+func (s traceStore) Get(ctx context.Context, service, key string) ([]byte, uint64, error) {
+	start := time.Now()
+	v, rev, err := s.Store.Get(ctx, service, key)
+	s.record(ctx, traceCall{op: "get", start: start, rev: rev}, err)
+	return v, rev, err
+}
+
+func (s traceStore) Create(ctx context.Context, service, key string, value []byte) (uint64, error) {
+	start := time.Now()
+	rev, err := s.Store.Create(ctx, service, key, value)
+	s.record(ctx, traceCall{op: "create", start: start, rev: rev, value: slices.Clone(value)}, err)
+	return rev, err
+}
+
+func (s traceStore) Update(ctx context.Context, service, key string, value []byte, revision uint64) (uint64, error) {
+	start := time.Now()
+	rev, err := s.Store.Update(ctx, service, key, value, revision)
+	s.record(ctx, traceCall{op: "update", base: revision, start: start, rev: rev, value: slices.Clone(value)}, err)
+	return rev, err
+}
+
+func (s traceStore) Delete(ctx context.Context, service, key string, revision uint64) error {
+	start := time.Now()
+	err := s.Store.Delete(ctx, service, key, revision)
+	s.record(ctx, traceCall{op: "delete", base: revision, start: start, rev: revision + 1}, err)
+	return err
+}
+
+// traceRev is one revision of the key as the server stored it.
+type traceRev struct {
+	rev     uint64
+	created time.Time // the server's timestamp
+	seen    time.Time // when the trace's own watch received it
+	state   *KeyState // nil: deleted
+	kind    string    // admit, acquire, release, renew, delete, other
+	job     string    // the job admitted, acquired or released
+}
+
+// traceJobProc returns the process of job "job-<proc>-<i>" or
+// "warmup-<proc>", or -1.
+func traceJobProc(job string) int {
+	parts := strings.Split(job, "-")
+	if len(parts) < 2 {
+		return -1
+	}
+	p, err := strconv.Atoi(parts[1])
+	if err != nil {
+		return -1
+	}
+	return p
+}
+
+// traceDiff names the operation that turned prev into cur.
+func traceDiff(prev, cur *KeyState) (kind, job string) {
+	ids := func(st *KeyState) (active, queued map[string]bool) {
+		active, queued = map[string]bool{}, map[string]bool{}
+		if st != nil {
+			for _, a := range st.Active {
+				active[a.JobID] = true
+			}
+			for _, q := range st.Queued {
+				queued[q.JobID] = true
+			}
+		}
+		return active, queued
+	}
+	pa, pq := ids(prev)
+	ca, cq := ids(cur)
+	for j := range ca {
+		if !pa[j] {
+			return "acquire", j
+		}
+	}
+	for j := range pa {
+		if !ca[j] {
+			return "release", j
+		}
+	}
+	for j := range cq {
+		if !pq[j] {
+			return "admit", j
+		}
+	}
+	if cur == nil {
+		return "delete", ""
+	}
+	if len(pq) == len(cq) && len(pa) == len(ca) {
+		return "renew", ""
+	}
+	return "other", ""
+}
+
+func TestHotKeyTrace(t *testing.T) {
+	if os.Getenv("JOBKEYS_HOTKEY_TRACE") == "" {
+		t.Skip("a diagnostic: set JOBKEYS_HOTKEY_TRACE=1 to run it")
+	}
+	procs := 16
+	if v := os.Getenv("JOBKEYS_HOTKEY_PROCS"); v != "" {
+		n, err := strconv.Atoi(v)
+		require.NoError(t, err)
+		procs = n
+	}
+	cycles := benchEnvInt(t, "JOBKEYS_HOTKEY_CYCLES", 3000)
+
+	s := natstest.Run(t)
+	ctx := context.Background()
+	service := rtService()
+	payload := benchPayload(0)
+	policy := Policy{Key: []string{"tenant", "/tenant"}, MaxActive: 1, MaxQueuedPerKey: procs}
+	log := &traceLog{}
+
+	type proc struct {
+		jt *JobType
+		r  *Runner
+	}
+	ps := make([]proc, procs)
+	for i := range ps {
+		_, js := natstest.Connect(t, s)
+		store, err := NewNATSStore(js, WithCreateBuckets(jetstream.MemoryStorage, 1))
+		require.NoError(t, err)
+		coord, err := NewCoordinator(traceStore{Store: store, proc: i, log: log}, nil)
+		require.NoError(t, err)
+		jt, err := coord.JobType(service, benchJobType, policy)
+		require.NoError(t, err)
+		w, err := NewWatcher(store)
+		require.NoError(t, err)
+		t.Cleanup(w.Close)
+		r, err := NewRunner(jt, &RunnerConfig{Watcher: w})
+		require.NoError(t, err)
+		ps[i] = proc{jt: jt, r: r}
+	}
+	key, err := ps[0].jt.Key(payload)
+	require.NoError(t, err)
+	// Idle processes only watch the key (JOBKEYS_HOTKEY_IDLE of them): the
+	// cost of the watch's fan-out alone.
+	if v := os.Getenv("JOBKEYS_HOTKEY_IDLE"); v != "" {
+		idle, err := strconv.Atoi(v)
+		require.NoError(t, err)
+		for range idle {
+			_, js := natstest.Connect(t, s)
+			store, err := NewNATSStore(js, WithCreateBuckets(jetstream.MemoryStorage, 1))
+			require.NoError(t, err)
+			w, err := NewWatcher(store)
+			require.NoError(t, err)
+			t.Cleanup(w.Close)
+			sub, err := w.Subscribe(ctx, service, key.KVKey)
+			require.NoError(t, err)
+			t.Cleanup(sub.Close)
+		}
+	}
+
+	noop := func(context.Context, Lease) error { return nil }
+	var waitedMu sync.Mutex
+	var waited []time.Duration // each Run's RunResult.Waited
+	cycle := func(p proc, jobID string) error {
+		adm, err := p.jt.Admit(context.WithValue(ctx, traceWhatKey{}, "admit"), jobID, payload)
+		if err != nil {
+			return err
+		}
+		if adm.Kind != KindAccepted {
+			return fmt.Errorf("admit %s: %s %s", jobID, adm.Kind, adm.Reason)
+		}
+		res, err := p.r.Run(context.WithValue(ctx, traceWhatKey{}, "run"), jobID, payload, noop)
+		if err != nil {
+			return err
+		}
+		waitedMu.Lock()
+		waited = append(waited, res.Waited)
+		waitedMu.Unlock()
+		if res.Release != KindReleased {
+			return fmt.Errorf("run %s: release %s", jobID, res.Release)
+		}
+		return nil
+	}
+	for i, p := range ps {
+		require.NoError(t, cycle(p, fmt.Sprintf("warmup-%d", i)))
+	}
+
+	// The server's view: every revision, with its timestamp.
+	_, js := natstest.Connect(t, s)
+	kv, err := js.KeyValue(ctx, "JOBS_KEYS_"+service)
+	require.NoError(t, err)
+	watch, err := kv.Watch(ctx, key.KVKey, jetstream.UpdatesOnly())
+	require.NoError(t, err)
+	var revs []traceRev
+	var watchMu sync.Mutex
+	var watchDone sync.WaitGroup
+	watchDone.Go(func() {
+		for e := range watch.Updates() {
+			if e == nil {
+				continue
+			}
+			r := traceRev{rev: e.Revision(), created: e.Created(), seen: time.Now()}
+			if e.Operation() == jetstream.KeyValuePut {
+				st, err := decodeState(e.Value())
+				if err != nil {
+					r.kind = "undecodable"
+				}
+				r.state = st
+			}
+			watchMu.Lock()
+			revs = append(revs, r)
+			watchMu.Unlock()
+		}
+	})
+	log.mu.Lock()
+	log.calls = nil
+	log.mu.Unlock()
+
+	var next atomic.Int64
+	var wg sync.WaitGroup
+	errs := make(chan error, procs)
+	began, cpu0 := time.Now(), traceCPU(t)
+	for i, p := range ps {
+		wg.Go(func() {
+			for {
+				n := int(next.Add(1)) - 1
+				if n >= cycles {
+					return
+				}
+				if err := cycle(p, fmt.Sprintf("job-%d-%d", i, n)); err != nil {
+					errs <- err
+					return
+				}
+			}
+		})
+	}
+	wg.Wait()
+	elapsed, cpu := time.Since(began), traceCPU(t)-cpu0
+	t.Logf("process CPU %v over %v: %.0f%% of one core, %.0f µs per cycle", cpu.Round(time.Millisecond), elapsed.Round(time.Millisecond),
+		100*cpu.Seconds()/elapsed.Seconds(), float64(cpu.Microseconds())/float64(cycles))
+	close(errs)
+	for err := range errs {
+		require.NoError(t, err)
+	}
+	last, err := kv.Get(ctx, key.KVKey)
+	if err == nil {
+		require.Eventually(t, func() bool {
+			watchMu.Lock()
+			defer watchMu.Unlock()
+			return len(revs) > 0 && revs[len(revs)-1].rev >= last.Revision()
+		}, 30*time.Second, 10*time.Millisecond, "the trace's watch delivers every revision")
+	} else {
+		time.Sleep(time.Second) // deleted: the watch's last revisions
+	}
+	require.NoError(t, watch.Stop())
+	watchDone.Wait()
+
+	waitedMu.Lock()
+	waited = waited[procs:] // not the warmups
+	waitedMu.Unlock()
+	t.Logf("Run's wait for its slot (RunResult.Waited): %s", traceDist(waited))
+	traceReport(t, procs, cycles, elapsed, revs, log.calls)
+}
+
+// traceReport analyses one run of TestHotKeyTrace.
+func traceReport(t *testing.T, procs, cycles int, elapsed time.Duration, revs []traceRev, calls []traceCall) {
+	require.NotEmpty(t, revs)
+	// The trace's watch skips revisions superseded before it got to them
+	// (the bucket keeps one per key): the revisions are the processes'
+	// successful writes, stamped by the server where the watch saw them,
+	// else when the writer got its reply.
+	var lag []time.Duration
+	stamps := map[uint64]time.Time{}
+	for _, r := range revs {
+		lag = append(lag, r.seen.Sub(r.created))
+		stamps[r.rev] = r.created
+	}
+	t.Logf("the trace's watch saw %d revisions from %d to %d; server stamp → its receipt: %s", len(revs), revs[0].rev, revs[len(revs)-1].rev, traceDist(lag))
+	revs = revs[:0]
+	stamped := 0
+	for _, c := range calls {
+		if c.op == "get" || c.conflict || c.rev == 0 {
+			continue
+		}
+		r := traceRev{rev: c.rev, created: c.end}
+		if at, ok := stamps[c.rev]; ok {
+			r.created = at
+			stamped++
+		}
+		if c.op != "delete" {
+			st, err := decodeState(c.value)
+			require.NoError(t, err)
+			r.state = st
+		}
+		revs = append(revs, r)
+	}
+	slices.SortFunc(revs, func(a, b traceRev) int { return cmp.Compare(a.rev, b.rev) })
+	t.Logf("%d revisions written, %d of them stamped by the server", len(revs), stamped)
+	var toServer, fromServer []time.Duration
+	for _, c := range calls {
+		if at, ok := stamps[c.rev]; ok && c.op != "get" && !c.conflict && c.rev != 0 {
+			toServer = append(toServer, at.Sub(c.start))
+			fromServer = append(fromServer, c.end.Sub(at))
+		}
+	}
+	t.Logf("successful write: client start → server stamp %s; server stamp → client reply %s", traceDist(toServer), traceDist(fromServer))
+	qlen := map[int]int{}
+	for _, r := range revs {
+		if r.state != nil {
+			qlen[len(r.state.Queued)]++
+		} else {
+			qlen[0]++
+		}
+	}
+	t.Logf("queue length over revisions: %v", qlen)
+	byRev := map[uint64]int{}
+	var prev *KeyState
+	for i := range revs {
+		r := &revs[i]
+		if r.kind == "" {
+			r.kind, r.job = traceDiff(prev, r.state)
+		}
+		prev = r.state
+		byRev[r.rev] = i
+	}
+	kinds := map[string]int{}
+	for _, r := range revs {
+		kinds[r.kind]++
+	}
+	t.Logf("%d processes, %d cycles in %v: %.0f cycles/s, %.1f µs/cycle; %d revisions %v",
+		procs, cycles, elapsed.Round(time.Millisecond), float64(cycles)/elapsed.Seconds(),
+		float64(elapsed.Microseconds())/float64(cycles), len(revs), kinds)
+
+	// Where the time goes: each gap between consecutive revisions, by the
+	// two operations and whether one process made both.
+	type gapClass struct {
+		n   int
+		sum time.Duration
+		ds  []time.Duration
+	}
+	gaps := map[string]*gapClass{}
+	var gapTotal time.Duration
+	for i := 1; i < len(revs); i++ {
+		a, b := revs[i-1], revs[i]
+		who := "other"
+		if traceJobProc(a.job) == traceJobProc(b.job) {
+			who = "same"
+		}
+		qa := 0
+		if a.state != nil {
+			qa = len(a.state.Queued)
+		}
+		k := fmt.Sprintf("%s→%s (%s process)", a.kind, b.kind, who)
+		if a.kind == "release" && qa == 0 {
+			k = fmt.Sprintf("release, queue empty→%s (%s process)", b.kind, who)
+		}
+		g := gaps[k]
+		if g == nil {
+			g = &gapClass{}
+			gaps[k] = g
+		}
+		d := b.created.Sub(a.created)
+		g.n++
+		g.sum += d
+		g.ds = append(g.ds, d)
+		gapTotal += d
+	}
+	gk := slices.Collect(maps.Keys(gaps))
+	slices.SortFunc(gk, func(x, y string) int { return cmp.Compare(gaps[y].sum, gaps[x].sum) })
+	var gb strings.Builder
+	for _, k := range gk {
+		g := gaps[k]
+		fmt.Fprintf(&gb, "\n  %5.1f%% %-48s %s", 100*g.sum.Seconds()/gapTotal.Seconds(), k, traceDist(g.ds))
+	}
+	t.Logf("time between consecutive revisions (server stamps), %v in all:%s", gapTotal.Round(time.Millisecond), gb.String())
+
+	var writes, fails, reads int
+	failsBy := map[string]int{}   // what a failed write meant to do → count
+	lostTo := map[string]int{}    // intended → what took the revision after its base
+	failsWhat := map[string]int{} // the caller's operation
+	for _, c := range calls {
+		switch c.op {
+		case "get":
+			reads++
+			continue
+		}
+		writes++
+		if !c.conflict {
+			continue
+		}
+		fails++
+		intent := "?"
+		if i, ok := byRev[c.base]; ok && c.op == "update" {
+			var st *KeyState
+			if s, err := decodeState(c.value); err == nil {
+				st = s
+			}
+			intent, _ = traceDiff(revs[i].state, st)
+			winner := "?"
+			if i+1 < len(revs) && revs[i+1].rev > c.base {
+				w := revs[i+1]
+				winner = w.kind
+				if traceJobProc(w.job) == c.proc {
+					winner += "(own)"
+				}
+			}
+			lostTo[intent+"→lost to "+winner]++
+		} else {
+			lostTo[c.op+" on unknown base"]++
+		}
+		failsBy[intent]++
+		failsWhat[c.what]++
+	}
+	t.Logf("store calls: %d writes (%.2f/cycle), %d failed (%.2f/cycle), %d reads (%.2f/cycle)",
+		writes, float64(writes)/float64(cycles), fails, float64(fails)/float64(cycles), reads, float64(reads)/float64(cycles))
+	t.Logf("failed writes by intent: %v; by caller: %v", failsBy, failsWhat)
+	t.Logf("failed writes, intent → what won its revision: %v", lostTo)
+
+	// Per cycle: release → next acquisition; acquisition → its release.
+	var relToAcq, acqToRel, relToFirstTry, acqLatency []time.Duration
+	var between []int
+	notHead, heads := 0, 0
+	betweenKinds := map[string]int{}
+	// attempts of each process, in start order
+	byProc := map[int][]traceCall{}
+	for _, c := range calls {
+		if c.op != "get" {
+			byProc[c.proc] = append(byProc[c.proc], c)
+		}
+	}
+	for p := range byProc {
+		slices.SortFunc(byProc[p], func(a, b traceCall) int { return a.start.Compare(b.start) })
+	}
+	var lastRel = -1
+	for i, r := range revs {
+		switch r.kind {
+		case "release":
+			lastRel = i
+		case "acquire":
+			if lastRel < 0 {
+				continue
+			}
+			rel := revs[lastRel]
+			relToAcq = append(relToAcq, r.created.Sub(rel.created))
+			between = append(between, i-lastRel-1)
+			for _, m := range revs[lastRel+1 : i] {
+				betweenKinds[m.kind]++
+			}
+			if rel.state != nil && len(rel.state.Queued) > 0 {
+				if rel.state.Queued[0].JobID == r.job {
+					heads++
+				} else {
+					notHead++
+				}
+			}
+			// The acquirer's first write after the release.
+			p := traceJobProc(r.job)
+			for _, c := range byProc[p] {
+				if c.start.After(rel.created) && c.what == "run" {
+					relToFirstTry = append(relToFirstTry, c.start.Sub(rel.created))
+					break
+				}
+			}
+			lastRel = -1
+		}
+	}
+	// acquisition → release of the same job
+	acqAt := map[string]time.Time{}
+	for _, r := range revs {
+		switch r.kind {
+		case "acquire":
+			acqAt[r.job] = r.created
+		case "release":
+			if at, ok := acqAt[r.job]; ok {
+				acqToRel = append(acqToRel, r.created.Sub(at))
+			}
+		}
+	}
+	// write latency of successful writes
+	for _, c := range calls {
+		if c.op != "get" && !c.conflict {
+			acqLatency = append(acqLatency, c.end.Sub(c.start))
+		}
+	}
+	t.Logf("release → next acquisition (server stamps): %s", traceDist(relToAcq))
+	t.Logf("acquisition → its release (server stamps): %s", traceDist(acqToRel))
+	t.Logf("release → the acquirer's first write after it (client start): %s", traceDist(relToFirstTry))
+	t.Logf("successful write round trip (client): %s", traceDist(acqLatency))
+	t.Logf("acquisitions of the queue's head at the release: %d, of another job: %d", heads, notHead)
+	t.Logf("revisions between a release and the next acquisition: mean %.2f; kinds %v", traceMean(between), betweenKinds)
+
+	// Failed writes and what the process did next: the pause from the
+	// failed write's end to its next write's start.
+	retryGap := map[string][]time.Duration{}
+	for _, cs := range byProc {
+		for i, c := range cs {
+			if !c.conflict || i+1 >= len(cs) {
+				continue
+			}
+			n := cs[i+1]
+			intent := c.what
+			if j, ok := byRev[c.base]; ok && c.op == "update" {
+				if st, err := decodeState(c.value); err == nil {
+					intent, _ = traceDiff(revs[j].state, st)
+				}
+			}
+			retryGap[intent] = append(retryGap[intent], n.start.Sub(c.end))
+		}
+	}
+	for what, d := range retryGap {
+		t.Logf("failed %s write → next write of the process: %s", what, traceDist(d))
+	}
+	// Timeline sample: revisions (server stamps) and failed writes (client
+	// start and end), in time order.
+	var b strings.Builder
+	if len(revs) > 100 {
+		from, to := revs[len(revs)/2].created, revs[len(revs)/2+60].created
+		type line struct {
+			at time.Time
+			s  string
+		}
+		var lines []line
+		for _, r := range revs[len(revs)/2 : len(revs)/2+60] {
+			q := 0
+			if r.state != nil {
+				q = len(r.state.Queued)
+			}
+			lines = append(lines, line{r.created, fmt.Sprintf("rev %d %-7s %-12s (proc %d) queue %d", r.rev, r.kind, r.job, traceJobProc(r.job), q)})
+		}
+		for _, c := range calls {
+			if c.start.After(from) && c.start.Before(to) && (c.conflict || c.op == "get") {
+				lines = append(lines, line{c.start, fmt.Sprintf("        proc %2d %-6s %s on %d: failed (%.0fµs)", c.proc, c.what, c.op, c.base, float64(c.end.Sub(c.start).Microseconds()))})
+			}
+		}
+		slices.SortFunc(lines, func(x, y line) int { return x.at.Compare(y.at) })
+		for _, l := range lines {
+			fmt.Fprintf(&b, "\n  +%7.0fµs %s", float64(l.at.Sub(from).Microseconds()), l.s)
+		}
+	}
+	t.Logf("timeline sample (revisions, failed writes and reads):%s", b.String())
+}
+
+// traceCPU returns the user and system CPU time the process used.
+func traceCPU(t *testing.T) time.Duration {
+	var ru syscall.Rusage
+	require.NoError(t, syscall.Getrusage(syscall.RUSAGE_SELF, &ru))
+	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
+}
+
+func traceMean(xs []int) float64 {
+	if len(xs) == 0 {
+		return 0
+	}
+	s := 0
+	for _, x := range xs {
+		s += x
+	}
+	return float64(s) / float64(len(xs))
+}
+
+// traceDist formats the distribution of ds.
+func traceDist(ds []time.Duration) string {
+	if len(ds) == 0 {
+		return "none"
+	}
+	ds = slices.Clone(ds)
+	slices.Sort(ds)
+	var sum time.Duration
+	for _, d := range ds {
+		sum += d
+	}
+	q := func(f float64) time.Duration {
+		return ds[min(len(ds)-1, int(f*float64(len(ds))))].Round(time.Microsecond)
+	}
+	return fmt.Sprintf("n %d mean %v p10 %v p50 %v p90 %v p99 %v max %v", len(ds), (sum / time.Duration(len(ds))).Round(time.Microsecond),
+		q(0.1), q(0.5), q(0.9), q(0.99), ds[len(ds)-1].Round(time.Microsecond))
+}
