@@ -180,7 +180,10 @@ type Config struct {
 // the losers backing off ever further. Renew and Release are never delayed
 // by that first-attempt pacing, and retry until their lease expires rather
 // than Config.MaxAttempts times: a slot holder keeps its slot while the
-// lease runs.
+// lease runs. On a key a [Watcher] feeds to the coordinator (while a
+// [Runner] of it waits on the key, and a second after), they retry as soon
+// as the watch delivers the write they lost to, without the pause: it
+// would keep the slot held, and the key idle, for nothing.
 //
 // Every time the coordinator writes must fall in the years 0000 to 9999
 // (the clock's now, and leases from it); a clock outside them is refused
