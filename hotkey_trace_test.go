@@ -498,7 +498,7 @@ func traceReport(t *testing.T, procs, cycles int, elapsed time.Duration, revs []
 	// Per cycle: release → next acquisition; acquisition → its release.
 	var relToAcq, acqToRel, relToFirstTry, acqLatency []time.Duration
 	var between []int
-	notHead, heads := 0, 0
+	notHead, heads, barged, sameProcHead := 0, 0, 0, 0
 	betweenKinds := map[string]int{}
 	// attempts of each process, in start order
 	byProc := map[int][]traceCall{}
@@ -530,6 +530,17 @@ func traceReport(t *testing.T, procs, cycles int, elapsed time.Duration, revs []
 					heads++
 				} else {
 					notHead++
+					// Admitted after the release (a Run's first try right
+					// after its admission), or queued behind the head?
+					fresh := false
+					for _, m := range revs[lastRel+1 : i] {
+						fresh = fresh || m.kind == "admit" && m.job == r.job
+					}
+					if fresh {
+						barged++
+					} else if traceJobProc(rel.state.Queued[0].JobID) == traceJobProc(r.job) {
+						sameProcHead++
+					}
 				}
 			}
 			// The acquirer's first write after the release.
@@ -565,7 +576,8 @@ func traceReport(t *testing.T, procs, cycles int, elapsed time.Duration, revs []
 	t.Logf("acquisition → its release (server stamps): %s", traceDist(acqToRel))
 	t.Logf("release → the acquirer's first write after it (client start): %s", traceDist(relToFirstTry))
 	t.Logf("successful write round trip (client): %s", traceDist(acqLatency))
-	t.Logf("acquisitions of the queue's head at the release: %d, of another job: %d", heads, notHead)
+	t.Logf("acquisitions of the queue's head at the release: %d, of another job: %d (%d of them admitted after the release, %d queued behind a head of the same process)",
+		heads, notHead, barged, sameProcHead)
 	t.Logf("revisions between a release and the next acquisition: mean %.2f; kinds %v", traceMean(between), betweenKinds)
 
 	// Failed writes and what the process did next: the pause from the
