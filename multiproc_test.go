@@ -20,54 +20,54 @@ import (
 	"github.com/stretchr/testify/require"
 )
 
-// hookStore runs a hook, once armed, before the next Update or Delete it
+// raceHookStore runs a hook, once armed, before the next Update or Delete it
 // is given: another process's write slipped in just before this one.
-type hookStore struct {
+type raceHookStore struct {
 	Store
 	hook      atomic.Pointer[func()]
 	conflicts atomic.Int64 // Updates and Deletes that lost their compare-and-swap
 }
 
-func (s *hookStore) count(err error) {
+func (s *raceHookStore) count(err error) {
 	if errors.Is(err, ErrRevisionConflict) {
 		s.conflicts.Add(1)
 	}
 }
 
-func (s *hookStore) valueLimit(ctx context.Context, service string) (int, error) {
+func (s *raceHookStore) valueLimit(ctx context.Context, service string) (int, error) {
 	return s.Store.(valueLimiter).valueLimit(ctx, service)
 }
 
-func (s *hookStore) before() {
+func (s *raceHookStore) before() {
 	if h := s.hook.Swap(nil); h != nil {
 		(*h)()
 	}
 }
 
-func (s *hookStore) Update(ctx context.Context, service, key string, value []byte, revision uint64) (uint64, error) {
+func (s *raceHookStore) Update(ctx context.Context, service, key string, value []byte, revision uint64) (uint64, error) {
 	s.before()
 	rev, err := s.Store.Update(ctx, service, key, value, revision)
 	s.count(err)
 	return rev, err
 }
 
-func (s *hookStore) Delete(ctx context.Context, service, key string, revision uint64) error {
+func (s *raceHookStore) Delete(ctx context.Context, service, key string, revision uint64) error {
 	s.before()
 	err := s.Store.Delete(ctx, service, key, revision)
 	s.count(err)
 	return err
 }
 
-// process is one worker process of a multi-process test: its own
+// workerProcess is one worker process of a multi-process test: its own
 // connection, store, coordinator, job type and Watcher.
-type process struct {
+type workerProcess struct {
 	store *NATSStore
 	coord *KeyCoordinator
 	jt    *JobType
 	w     *Watcher
 }
 
-func newProcess(t *testing.T, s *server.Server, service string, policy Policy, wrap func(Store) Store, cfg *Config) *process {
+func newWorkerProcess(t *testing.T, s *server.Server, service string, policy Policy, wrap func(Store) Store, cfg *Config) *workerProcess {
 	t.Helper()
 	_, js := natstest.Connect(t, s)
 	store, err := NewNATSStore(js, WithCreateBuckets(jetstream.MemoryStorage, 1))
@@ -83,7 +83,7 @@ func newProcess(t *testing.T, s *server.Server, service string, policy Policy, w
 	w, err := NewWatcher(store)
 	require.NoError(t, err)
 	t.Cleanup(w.Close)
-	return &process{store: store, coord: coord, jt: jt, w: w}
+	return &workerProcess{store: store, coord: coord, jt: jt, w: w}
 }
 
 // TestReleaseLostRaceAnsweredByWatch: a release that loses its
@@ -99,10 +99,10 @@ func TestReleaseLostRaceAnsweredByWatch(t *testing.T) {
 	policy := Policy{Key: benchPolicy.Key, MaxActive: 1, MaxQueuedPerKey: 8}
 	payload := benchPayload(0)
 
-	hs := &hookStore{}
-	mine := newProcess(t, s, service, policy, func(st Store) Store { hs.Store = st; return hs },
+	hs := &raceHookStore{}
+	mine := newWorkerProcess(t, s, service, policy, func(st Store) Store { hs.Store = st; return hs },
 		&Config{RetryBackoff: time.Hour, MaxRetryBackoff: time.Hour})
-	other := newProcess(t, s, service, policy, nil, nil)
+	other := newWorkerProcess(t, s, service, policy, nil, nil)
 	r, err := NewRunner(mine.jt, &RunnerConfig{Watcher: mine.w, ReleaseTimeout: 20 * time.Second})
 	require.NoError(t, err)
 	kvKey := mustKey(t, mine.jt, payload).KVKey
