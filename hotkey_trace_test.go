@@ -43,8 +43,8 @@ import (
 	"github.com/stretchr/testify/require"
 )
 
-// traceCall is one store call of one process.
-type traceCall struct {
+// hotCall is one store call of one process.
+type hotCall struct {
 	proc       int
 	op         string // "get", "create", "update", "delete"
 	base       uint64 // the revision an update or delete wrote on
@@ -55,67 +55,67 @@ type traceCall struct {
 	what       string // the operation the caller ran (admit, run, release)
 }
 
-// traceStore records the store calls of one process.
-type traceStore struct {
+// hotStore records the store calls of one process.
+type hotStore struct {
 	Store
 	proc int
-	log  *traceLog
+	log  *hotLog
 }
 
-type traceLog struct {
+type hotLog struct {
 	mu    sync.Mutex
-	calls []traceCall
+	calls []hotCall
 }
 
-type traceWhatKey struct{}
+type hotWhatKey struct{}
 
-func (s traceStore) record(ctx context.Context, c traceCall, err error) {
+func (s hotStore) record(ctx context.Context, c hotCall, err error) {
 	c.proc = s.proc
 	c.end = time.Now()
 	c.conflict = errors.Is(err, ErrRevisionConflict)
 	if err != nil {
 		c.rev = 0
 	}
-	c.what, _ = ctx.Value(traceWhatKey{}).(string)
+	c.what, _ = ctx.Value(hotWhatKey{}).(string)
 	s.log.mu.Lock()
 	s.log.calls = append(s.log.calls, c)
 	s.log.mu.Unlock()
 }
 
-func (s traceStore) valueLimit(ctx context.Context, service string) (int, error) {
+func (s hotStore) valueLimit(ctx context.Context, service string) (int, error) {
 	return s.Store.(valueLimiter).valueLimit(ctx, service)
 }
 
-func (s traceStore) Get(ctx context.Context, service, key string) ([]byte, uint64, error) {
+func (s hotStore) Get(ctx context.Context, service, key string) ([]byte, uint64, error) {
 	start := time.Now()
 	v, rev, err := s.Store.Get(ctx, service, key)
-	s.record(ctx, traceCall{op: "get", start: start, rev: rev}, err)
+	s.record(ctx, hotCall{op: "get", start: start, rev: rev}, err)
 	return v, rev, err
 }
 
-func (s traceStore) Create(ctx context.Context, service, key string, value []byte) (uint64, error) {
+func (s hotStore) Create(ctx context.Context, service, key string, value []byte) (uint64, error) {
 	start := time.Now()
 	rev, err := s.Store.Create(ctx, service, key, value)
-	s.record(ctx, traceCall{op: "create", start: start, rev: rev, value: slices.Clone(value)}, err)
+	s.record(ctx, hotCall{op: "create", start: start, rev: rev, value: slices.Clone(value)}, err)
 	return rev, err
 }
 
-func (s traceStore) Update(ctx context.Context, service, key string, value []byte, revision uint64) (uint64, error) {
+func (s hotStore) Update(ctx context.Context, service, key string, value []byte, revision uint64) (uint64, error) {
 	start := time.Now()
 	rev, err := s.Store.Update(ctx, service, key, value, revision)
-	s.record(ctx, traceCall{op: "update", base: revision, start: start, rev: rev, value: slices.Clone(value)}, err)
+	s.record(ctx, hotCall{op: "update", base: revision, start: start, rev: rev, value: slices.Clone(value)}, err)
 	return rev, err
 }
 
-func (s traceStore) Delete(ctx context.Context, service, key string, revision uint64) error {
+func (s hotStore) Delete(ctx context.Context, service, key string, revision uint64) error {
 	start := time.Now()
 	err := s.Store.Delete(ctx, service, key, revision)
-	s.record(ctx, traceCall{op: "delete", base: revision, start: start, rev: revision + 1}, err)
+	s.record(ctx, hotCall{op: "delete", base: revision, start: start, rev: revision + 1}, err)
 	return err
 }
 
-// traceRev is one revision of the key as the server stored it.
-type traceRev struct {
+// hotRev is one revision of the key as the server stored it.
+type hotRev struct {
 	rev     uint64
 	created time.Time // the server's timestamp
 	seen    time.Time // when the trace's own watch received it
@@ -124,9 +124,9 @@ type traceRev struct {
 	job     string    // the job admitted, acquired or released
 }
 
-// traceJobProc returns the process of job "job-<proc>-<i>" or
+// hotJobProc returns the process of job "job-<proc>-<i>" or
 // "warmup-<proc>", or -1.
-func traceJobProc(job string) int {
+func hotJobProc(job string) int {
 	parts := strings.Split(job, "-")
 	if len(parts) < 2 {
 		return -1
@@ -138,8 +138,8 @@ func traceJobProc(job string) int {
 	return p
 }
 
-// traceDiff names the operation that turned prev into cur.
-func traceDiff(prev, cur *KeyState) (kind, job string) {
+// hotDiff names the operation that turned prev into cur.
+func hotDiff(prev, cur *KeyState) (kind, job string) {
 	ids := func(st *KeyState) (active, queued map[string]bool) {
 		active, queued = map[string]bool{}, map[string]bool{}
 		if st != nil {
@@ -195,7 +195,7 @@ func TestHotKeyTrace(t *testing.T) {
 	service := rtService()
 	payload := benchPayload(0)
 	policy := Policy{Key: []string{"tenant", "/tenant"}, MaxActive: 1, MaxQueuedPerKey: procs}
-	log := &traceLog{}
+	log := &hotLog{}
 
 	type proc struct {
 		jt *JobType
@@ -206,7 +206,7 @@ func TestHotKeyTrace(t *testing.T) {
 		_, js := natstest.Connect(t, s)
 		store, err := NewNATSStore(js, WithCreateBuckets(jetstream.MemoryStorage, 1))
 		require.NoError(t, err)
-		coord, err := NewCoordinator(traceStore{Store: store, proc: i, log: log}, nil)
+		coord, err := NewCoordinator(hotStore{Store: store, proc: i, log: log}, nil)
 		require.NoError(t, err)
 		jt, err := coord.JobType(service, benchJobType, policy)
 		require.NoError(t, err)
@@ -241,14 +241,14 @@ func TestHotKeyTrace(t *testing.T) {
 	var waitedMu sync.Mutex
 	var waited []time.Duration // each Run's RunResult.Waited
 	cycle := func(p proc, jobID string) error {
-		adm, err := p.jt.Admit(context.WithValue(ctx, traceWhatKey{}, "admit"), jobID, payload)
+		adm, err := p.jt.Admit(context.WithValue(ctx, hotWhatKey{}, "admit"), jobID, payload)
 		if err != nil {
 			return err
 		}
 		if adm.Kind != KindAccepted {
 			return fmt.Errorf("admit %s: %s %s", jobID, adm.Kind, adm.Reason)
 		}
-		res, err := p.r.Run(context.WithValue(ctx, traceWhatKey{}, "run"), jobID, payload, noop)
+		res, err := p.r.Run(context.WithValue(ctx, hotWhatKey{}, "run"), jobID, payload, noop)
 		if err != nil {
 			return err
 		}
@@ -270,7 +270,7 @@ func TestHotKeyTrace(t *testing.T) {
 	require.NoError(t, err)
 	watch, err := kv.Watch(ctx, key.KVKey, jetstream.UpdatesOnly())
 	require.NoError(t, err)
-	var revs []traceRev
+	var revs []hotRev
 	var watchMu sync.Mutex
 	var watchDone sync.WaitGroup
 	watchDone.Go(func() {
@@ -278,7 +278,7 @@ func TestHotKeyTrace(t *testing.T) {
 			if e == nil {
 				continue
 			}
-			r := traceRev{rev: e.Revision(), created: e.Created(), seen: time.Now()}
+			r := hotRev{rev: e.Revision(), created: e.Created(), seen: time.Now()}
 			if e.Operation() == jetstream.KeyValuePut {
 				st, err := decodeState(e.Value())
 				if err != nil {
@@ -298,7 +298,7 @@ func TestHotKeyTrace(t *testing.T) {
 	var next atomic.Int64
 	var wg sync.WaitGroup
 	errs := make(chan error, procs)
-	began, cpu0 := time.Now(), traceCPU(t)
+	began, cpu0 := time.Now(), hotCPU(t)
 	for i, p := range ps {
 		wg.Go(func() {
 			for {
@@ -314,7 +314,7 @@ func TestHotKeyTrace(t *testing.T) {
 		})
 	}
 	wg.Wait()
-	elapsed, cpu := time.Since(began), traceCPU(t)-cpu0
+	elapsed, cpu := time.Since(began), hotCPU(t)-cpu0
 	t.Logf("process CPU %v over %v: %.0f%% of one core, %.0f µs per cycle", cpu.Round(time.Millisecond), elapsed.Round(time.Millisecond),
 		100*cpu.Seconds()/elapsed.Seconds(), float64(cpu.Microseconds())/float64(cycles))
 	close(errs)
@@ -337,12 +337,12 @@ func TestHotKeyTrace(t *testing.T) {
 	waitedMu.Lock()
 	waited = waited[procs:] // not the warmups
 	waitedMu.Unlock()
-	t.Logf("Run's wait for its slot (RunResult.Waited): %s", traceDist(waited))
-	traceReport(t, procs, cycles, elapsed, revs, log.calls)
+	t.Logf("Run's wait for its slot (RunResult.Waited): %s", hotDist(waited))
+	hotReport(t, procs, cycles, elapsed, revs, log.calls)
 }
 
-// traceReport analyses one run of TestHotKeyTrace.
-func traceReport(t *testing.T, procs, cycles int, elapsed time.Duration, revs []traceRev, calls []traceCall) {
+// hotReport analyses one run of TestHotKeyTrace.
+func hotReport(t *testing.T, procs, cycles int, elapsed time.Duration, revs []hotRev, calls []hotCall) {
 	require.NotEmpty(t, revs)
 	// The trace's watch skips revisions superseded before it got to them
 	// (the bucket keeps one per key): the revisions are the processes'
@@ -354,14 +354,14 @@ func traceReport(t *testing.T, procs, cycles int, elapsed time.Duration, revs []
 		lag = append(lag, r.seen.Sub(r.created))
 		stamps[r.rev] = r.created
 	}
-	t.Logf("the trace's watch saw %d revisions from %d to %d; server stamp → its receipt: %s", len(revs), revs[0].rev, revs[len(revs)-1].rev, traceDist(lag))
+	t.Logf("the trace's watch saw %d revisions from %d to %d; server stamp → its receipt: %s", len(revs), revs[0].rev, revs[len(revs)-1].rev, hotDist(lag))
 	revs = revs[:0]
 	stamped := 0
 	for _, c := range calls {
 		if c.op == "get" || c.conflict || c.rev == 0 {
 			continue
 		}
-		r := traceRev{rev: c.rev, created: c.end}
+		r := hotRev{rev: c.rev, created: c.end}
 		if at, ok := stamps[c.rev]; ok {
 			r.created = at
 			stamped++
@@ -373,7 +373,7 @@ func traceReport(t *testing.T, procs, cycles int, elapsed time.Duration, revs []
 		}
 		revs = append(revs, r)
 	}
-	slices.SortFunc(revs, func(a, b traceRev) int { return cmp.Compare(a.rev, b.rev) })
+	slices.SortFunc(revs, func(a, b hotRev) int { return cmp.Compare(a.rev, b.rev) })
 	t.Logf("%d revisions written, %d of them stamped by the server", len(revs), stamped)
 	var toServer, fromServer []time.Duration
 	for _, c := range calls {
@@ -382,7 +382,7 @@ func traceReport(t *testing.T, procs, cycles int, elapsed time.Duration, revs []
 			fromServer = append(fromServer, c.end.Sub(at))
 		}
 	}
-	t.Logf("successful write: client start → server stamp %s; server stamp → client reply %s", traceDist(toServer), traceDist(fromServer))
+	t.Logf("successful write: client start → server stamp %s; server stamp → client reply %s", hotDist(toServer), hotDist(fromServer))
 	qlen := map[int]int{}
 	for _, r := range revs {
 		if r.state != nil {
@@ -397,7 +397,7 @@ func traceReport(t *testing.T, procs, cycles int, elapsed time.Duration, revs []
 	for i := range revs {
 		r := &revs[i]
 		if r.kind == "" {
-			r.kind, r.job = traceDiff(prev, r.state)
+			r.kind, r.job = hotDiff(prev, r.state)
 		}
 		prev = r.state
 		byRev[r.rev] = i
@@ -422,7 +422,7 @@ func traceReport(t *testing.T, procs, cycles int, elapsed time.Duration, revs []
 	for i := 1; i < len(revs); i++ {
 		a, b := revs[i-1], revs[i]
 		who := "other"
-		if traceJobProc(a.job) == traceJobProc(b.job) {
+		if hotJobProc(a.job) == hotJobProc(b.job) {
 			who = "same"
 		}
 		qa := 0
@@ -449,7 +449,7 @@ func traceReport(t *testing.T, procs, cycles int, elapsed time.Duration, revs []
 	var gb strings.Builder
 	for _, k := range gk {
 		g := gaps[k]
-		fmt.Fprintf(&gb, "\n  %5.1f%% %-48s %s", 100*g.sum.Seconds()/gapTotal.Seconds(), k, traceDist(g.ds))
+		fmt.Fprintf(&gb, "\n  %5.1f%% %-48s %s", 100*g.sum.Seconds()/gapTotal.Seconds(), k, hotDist(g.ds))
 	}
 	t.Logf("time between consecutive revisions (server stamps), %v in all:%s", gapTotal.Round(time.Millisecond), gb.String())
 
@@ -474,12 +474,12 @@ func traceReport(t *testing.T, procs, cycles int, elapsed time.Duration, revs []
 			if s, err := decodeState(c.value); err == nil {
 				st = s
 			}
-			intent, _ = traceDiff(revs[i].state, st)
+			intent, _ = hotDiff(revs[i].state, st)
 			winner := "?"
 			if i+1 < len(revs) && revs[i+1].rev > c.base {
 				w := revs[i+1]
 				winner = w.kind
-				if traceJobProc(w.job) == c.proc {
+				if hotJobProc(w.job) == c.proc {
 					winner += "(own)"
 				}
 			}
@@ -501,14 +501,14 @@ func traceReport(t *testing.T, procs, cycles int, elapsed time.Duration, revs []
 	notHead, heads, barged, sameProcHead := 0, 0, 0, 0
 	betweenKinds := map[string]int{}
 	// attempts of each process, in start order
-	byProc := map[int][]traceCall{}
+	byProc := map[int][]hotCall{}
 	for _, c := range calls {
 		if c.op != "get" {
 			byProc[c.proc] = append(byProc[c.proc], c)
 		}
 	}
 	for p := range byProc {
-		slices.SortFunc(byProc[p], func(a, b traceCall) int { return a.start.Compare(b.start) })
+		slices.SortFunc(byProc[p], func(a, b hotCall) int { return a.start.Compare(b.start) })
 	}
 	var lastRel = -1
 	for i, r := range revs {
@@ -538,13 +538,13 @@ func traceReport(t *testing.T, procs, cycles int, elapsed time.Duration, revs []
 					}
 					if fresh {
 						barged++
-					} else if traceJobProc(rel.state.Queued[0].JobID) == traceJobProc(r.job) {
+					} else if hotJobProc(rel.state.Queued[0].JobID) == hotJobProc(r.job) {
 						sameProcHead++
 					}
 				}
 			}
 			// The acquirer's first write after the release.
-			p := traceJobProc(r.job)
+			p := hotJobProc(r.job)
 			for _, c := range byProc[p] {
 				if c.start.After(rel.created) && c.what == "run" {
 					relToFirstTry = append(relToFirstTry, c.start.Sub(rel.created))
@@ -572,13 +572,13 @@ func traceReport(t *testing.T, procs, cycles int, elapsed time.Duration, revs []
 			acqLatency = append(acqLatency, c.end.Sub(c.start))
 		}
 	}
-	t.Logf("release → next acquisition (server stamps): %s", traceDist(relToAcq))
-	t.Logf("acquisition → its release (server stamps): %s", traceDist(acqToRel))
-	t.Logf("release → the acquirer's first write after it (client start): %s", traceDist(relToFirstTry))
-	t.Logf("successful write round trip (client): %s", traceDist(acqLatency))
+	t.Logf("release → next acquisition (server stamps): %s", hotDist(relToAcq))
+	t.Logf("acquisition → its release (server stamps): %s", hotDist(acqToRel))
+	t.Logf("release → the acquirer's first write after it (client start): %s", hotDist(relToFirstTry))
+	t.Logf("successful write round trip (client): %s", hotDist(acqLatency))
 	t.Logf("acquisitions of the queue's head at the release: %d, of another job: %d (%d of them admitted after the release, %d queued behind a head of the same process)",
 		heads, notHead, barged, sameProcHead)
-	t.Logf("revisions between a release and the next acquisition: mean %.2f; kinds %v", traceMean(between), betweenKinds)
+	t.Logf("revisions between a release and the next acquisition: mean %.2f; kinds %v", hotMean(between), betweenKinds)
 
 	// Failed writes and what the process did next: the pause from the
 	// failed write's end to its next write's start.
@@ -592,14 +592,14 @@ func traceReport(t *testing.T, procs, cycles int, elapsed time.Duration, revs []
 			intent := c.what
 			if j, ok := byRev[c.base]; ok && c.op == "update" {
 				if st, err := decodeState(c.value); err == nil {
-					intent, _ = traceDiff(revs[j].state, st)
+					intent, _ = hotDiff(revs[j].state, st)
 				}
 			}
 			retryGap[intent] = append(retryGap[intent], n.start.Sub(c.end))
 		}
 	}
 	for what, d := range retryGap {
-		t.Logf("failed %s write → next write of the process: %s", what, traceDist(d))
+		t.Logf("failed %s write → next write of the process: %s", what, hotDist(d))
 	}
 	// Timeline sample: revisions (server stamps) and failed writes (client
 	// start and end), in time order.
@@ -616,7 +616,7 @@ func traceReport(t *testing.T, procs, cycles int, elapsed time.Duration, revs []
 			if r.state != nil {
 				q = len(r.state.Queued)
 			}
-			lines = append(lines, line{r.created, fmt.Sprintf("rev %d %-7s %-12s (proc %d) queue %d", r.rev, r.kind, r.job, traceJobProc(r.job), q)})
+			lines = append(lines, line{r.created, fmt.Sprintf("rev %d %-7s %-12s (proc %d) queue %d", r.rev, r.kind, r.job, hotJobProc(r.job), q)})
 		}
 		for _, c := range calls {
 			if c.start.After(from) && c.start.Before(to) && (c.conflict || c.op == "get") {
@@ -631,14 +631,14 @@ func traceReport(t *testing.T, procs, cycles int, elapsed time.Duration, revs []
 	t.Logf("timeline sample (revisions, failed writes and reads):%s", b.String())
 }
 
-// traceCPU returns the user and system CPU time the process used.
-func traceCPU(t *testing.T) time.Duration {
+// hotCPU returns the user and system CPU time the process used.
+func hotCPU(t *testing.T) time.Duration {
 	var ru syscall.Rusage
 	require.NoError(t, syscall.Getrusage(syscall.RUSAGE_SELF, &ru))
 	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
 }
 
-func traceMean(xs []int) float64 {
+func hotMean(xs []int) float64 {
 	if len(xs) == 0 {
 		return 0
 	}
@@ -649,8 +649,8 @@ func traceMean(xs []int) float64 {
 	return float64(s) / float64(len(xs))
 }
 
-// traceDist formats the distribution of ds.
-func traceDist(ds []time.Duration) string {
+// hotDist formats the distribution of ds.
+func hotDist(ds []time.Duration) string {
 	if len(ds) == 0 {
 		return "none"
 	}
