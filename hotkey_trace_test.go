@@ -53,6 +53,7 @@ type hotCall struct {
 	conflict   bool   // a lost compare-and-swap
 	value      []byte // what a create or update wrote
 	what       string // the operation the caller ran (admit, run, release)
+	fed        string // a read's: whether the coordinator's entry was fed, and trusted
 }
 
 // hotStore records the store calls of one process.
@@ -60,6 +61,7 @@ type hotStore struct {
 	Store
 	proc int
 	log  *hotLog
+	keys **keyTable // the process's coordinator's, once it exists
 }
 
 type hotLog struct {
@@ -88,8 +90,16 @@ func (s hotStore) valueLimit(ctx context.Context, service string) (int, error) {
 
 func (s hotStore) Get(ctx context.Context, service, key string) ([]byte, uint64, error) {
 	start := time.Now()
+	fed := "no entry"
+	if t := *s.keys; t != nil {
+		if e := t.entry(key); e != nil {
+			e.mu.Lock()
+			fed = fmt.Sprintf("fed %v, trusted %v", e.watching > 0 && e.fresh, e.trusted())
+			e.mu.Unlock()
+		}
+	}
 	v, rev, err := s.Store.Get(ctx, service, key)
-	s.record(ctx, hotCall{op: "get", start: start, rev: rev}, err)
+	s.record(ctx, hotCall{op: "get", start: start, rev: rev, fed: fed}, err)
 	return v, rev, err
 }
 
@@ -206,8 +216,10 @@ func TestHotKeyTrace(t *testing.T) {
 		_, js := natstest.Connect(t, s)
 		store, err := NewNATSStore(js, WithCreateBuckets(jetstream.MemoryStorage, 1))
 		require.NoError(t, err)
-		coord, err := NewCoordinator(hotStore{Store: store, proc: i, log: log}, nil)
+		keys := new(*keyTable)
+		coord, err := NewCoordinator(hotStore{Store: store, proc: i, log: log, keys: keys}, nil)
 		require.NoError(t, err)
+		*keys = coord.keys
 		jt, err := coord.JobType(service, benchJobType, policy)
 		require.NoError(t, err)
 		w, err := NewWatcher(store)
@@ -454,6 +466,7 @@ func hotReport(t *testing.T, procs, cycles int, elapsed time.Duration, revs []ho
 	t.Logf("time between consecutive revisions (server stamps), %v in all:%s", gapTotal.Round(time.Millisecond), gb.String())
 
 	var writes, fails, reads int
+	readsBy := map[string]int{}   // the caller's operation
 	failsBy := map[string]int{}   // what a failed write meant to do → count
 	lostTo := map[string]int{}    // intended → what took the revision after its base
 	failsWhat := map[string]int{} // the caller's operation
@@ -461,6 +474,7 @@ func hotReport(t *testing.T, procs, cycles int, elapsed time.Duration, revs []ho
 		switch c.op {
 		case "get":
 			reads++
+			readsBy[c.what]++
 			continue
 		}
 		writes++
@@ -492,7 +506,7 @@ func hotReport(t *testing.T, procs, cycles int, elapsed time.Duration, revs []ho
 	}
 	t.Logf("store calls: %d writes (%.2f/cycle), %d failed (%.2f/cycle), %d reads (%.2f/cycle)",
 		writes, float64(writes)/float64(cycles), fails, float64(fails)/float64(cycles), reads, float64(reads)/float64(cycles))
-	t.Logf("failed writes by intent: %v; by caller: %v", failsBy, failsWhat)
+	t.Logf("failed writes by intent: %v; by caller: %v; reads by caller: %v", failsBy, failsWhat, readsBy)
 	t.Logf("failed writes, intent → what won its revision: %v", lostTo)
 
 	// Per cycle: release → next acquisition; acquisition → its release.
@@ -579,6 +593,34 @@ func hotReport(t *testing.T, procs, cycles int, elapsed time.Duration, revs []ho
 	t.Logf("acquisitions of the queue's head at the release: %d, of another job: %d (%d of them admitted after the release, %d queued behind a head of the same process)",
 		heads, notHead, barged, sameProcHead)
 	t.Logf("revisions between a release and the next acquisition: mean %.2f; kinds %v", hotMean(between), betweenKinds)
+
+	// What each read followed: the process's previous store call.
+	readAfter := map[string]int{}
+	var readWait []time.Duration
+	allByProc := map[int][]hotCall{}
+	for _, c := range calls {
+		allByProc[c.proc] = append(allByProc[c.proc], c)
+	}
+	for _, cs := range allByProc {
+		slices.SortFunc(cs, func(a, b hotCall) int { return a.start.Compare(b.start) })
+		for i, c := range cs {
+			if c.op != "get" {
+				continue
+			}
+			k := c.what + " read, first call"
+			if i > 0 {
+				p := cs[i-1]
+				res := "ok"
+				if p.conflict {
+					res = "conflict"
+					readWait = append(readWait, c.start.Sub(p.end))
+				}
+				k = fmt.Sprintf("%s read after %s %s %s (%s)", c.what, p.what, p.op, res, c.fed)
+			}
+			readAfter[k]++
+		}
+	}
+	t.Logf("reads, by the process's call before: %v; failed write → read: %s", readAfter, hotDist(readWait))
 
 	// Failed writes and what the process did next: the pause from the
 	// failed write's end to its next write's start.
