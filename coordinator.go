@@ -180,7 +180,10 @@ type Config struct {
 // the losers backing off ever further. Renew and Release are never delayed
 // by that first-attempt pacing, and retry until their lease expires rather
 // than Config.MaxAttempts times: a slot holder keeps its slot while the
-// lease runs.
+// lease runs. On a key a [Watcher] feeds to the coordinator (while a
+// [Runner] of it waits on the key, and a second after), they retry as soon
+// as the watch delivers the write they lost to, without the pause: it
+// would keep the slot held, and the key idle, for nothing.
 //
 // Every time the coordinator writes must fall in the years 0000 to 9999
 // (the clock's now, and leases from it); a clock outside them is refused
@@ -496,16 +499,23 @@ func (c *KeyCoordinator) run(ctx context.Context, key JobKey, rt retry, reduce f
 		lost++
 		// A waiter's lost race is answered by the write that won it, which
 		// the watch delivers: no pause, and no wider backoff window for
-		// the key's other operations (its Watcher spaces the waiters).
+		// the key's other operations (its Watcher spaces the waiters). So
+		// is a renewal's or release's on a watched key: it holds the slot
+		// while it pauses, and on a contended key the window its pause is
+		// drawn from is widened by every race the coordinator's other
+		// operations lose there (admissions, typically), up to
+		// MaxRetryBackoff, while the write it lost to is a watch hop away.
+		// Each of its retries follows another writer's success, so the
+		// key still makes progress.
 		fed := e.fed()
-		watchAnswers := fed && wt != nil && wt.trustWatch
+		watchAnswers := fed && (rt.lease != nil || wt != nil && wt.trustWatch)
 		if rt.lease != nil {
 			if until := leaseEnd(s.state, *rt.lease); !c.cfg.Now().Before(until) {
 				return fmt.Errorf("%w: KV key %q: job %q lost %d compare-and-swap races to concurrent writers until its lease expired at %s",
 					ErrContention, key.KVKey, rt.lease.JobID, lost, until.UTC().Format(time.RFC3339Nano))
 			}
-			// It backs off like any other operation: the pauses keep its
-			// attempts, and the other writers', apart.
+			// Unwatched, it backs off like any other operation: the
+			// pauses keep its attempts, and the other writers', apart.
 		} else if lost >= c.cfg.MaxAttempts {
 			return fmt.Errorf("%w: KV key %q: %d compare-and-swap attempts lost to concurrent writers", ErrContention, key.KVKey, lost)
 		}
