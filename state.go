@@ -88,6 +88,16 @@ func (s *KeyState) clone() *KeyState {
 	return &c
 }
 
+// rebuilt returns a copy of s with empty (not nil) slices of room for
+// active slots and queued jobs, none of them shared with s: a reducer that
+// rebuilds the slices from s's fills them, so each element is copied once.
+func (s *KeyState) rebuilt(active, queued int) *KeyState {
+	c := *s
+	c.Active = make([]ActiveSlot, 0, active)
+	c.Queued = make([]QueuedJob, 0, queued)
+	return &c
+}
+
 // ParseState decodes and validates a key state document, as a KV entry
 // holds it. It reads what the TypeScript original and its Rust port write,
 // with the TypeScript original's rules:
@@ -396,14 +406,26 @@ func deriveContext(c TraceContext, jobID, salt string) TraceContext {
 		c.RequestID = jobID
 	}
 	if c.TraceID == "" || c.Traceparent == "" {
-		sum := sha256.Sum256([]byte(jobID + "\x00" + salt))
-		var buf [48]byte
-		hex.Encode(buf[:], sum[:24])
-		if c.TraceID == "" {
-			c.TraceID = string(buf[:32])
-		}
-		if c.Traceparent == "" {
-			c.Traceparent = "00-" + c.TraceID + "-" + string(buf[32:48]) + "-00"
+		// The hash of jobID, a NUL and salt, hashed from a buffer on the
+		// stack when they fit in it.
+		var in [128]byte
+		sum := sha256.Sum256(append(append(append(in[:0], jobID...), 0), salt...))
+		// "00-" + 32 hex digits of trace id + "-" + 16 of parent id + "-00"
+		var tp [55]byte
+		copy(tp[:], "00-")
+		hex.Encode(tp[3:35], sum[:16])
+		tp[35] = '-'
+		hex.Encode(tp[36:52], sum[16:24])
+		copy(tp[52:], "-00")
+		switch {
+		case c.Traceparent != "":
+			c.TraceID = string(tp[3:35])
+		case c.TraceID == "":
+			// One string for both: the trace id is the traceparent's.
+			c.Traceparent = string(tp[:])
+			c.TraceID = c.Traceparent[3:35]
+		default:
+			c.Traceparent = "00-" + c.TraceID + string(tp[35:])
 		}
 	}
 	return c
