@@ -81,6 +81,11 @@ type KeyState struct {
 func (s *KeyState) Empty() bool { return len(s.Active) == 0 && len(s.Queued) == 0 }
 
 // clone returns a deep copy of the slices so reducers never alias their input.
+//
+// Every state a reducer returns is built in arrays of its own (clone or
+// rebuilt), never in its input's: the input may be a state a key entry
+// holds, whose arrays other states share (snapshotOver), and the returned
+// state belongs to the caller, who may write to it.
 func (s *KeyState) clone() *KeyState {
 	c := *s
 	c.Active = append(make([]ActiveSlot, 0, len(s.Active)+1), s.Active...)
