@@ -11,6 +11,7 @@ import (
 	"reflect"
 	"slices"
 	"strconv"
+	"sync"
 	"time"
 	"unicode/utf8"
 
@@ -460,10 +461,13 @@ func (c *KeyCoordinator) run(ctx context.Context, key JobKey, rt retry, reduce f
 	}
 	op := newLaneOp(ctx, reduce, rt, wt != nil && wt.trustWatch)
 	defer op.free()
+	// The buffer the batches this operation leads encode into (see
+	// encodeBuffers).
+	buf := takeEncodeBuffer()
+	defer putEncodeBuffer(buf)
 	var (
 		r        *read // the last read, nil until one is needed
 		readNext bool
-		buf      []byte
 		lost     int
 	)
 	for {
@@ -481,7 +485,7 @@ func (c *KeyCoordinator) run(ctx context.Context, key JobKey, rt retry, reduce f
 			r = &read{state: st, rev: rev, mark: mark, feed: feed}
 		}
 		op.r = r
-		res, err := c.turn(e, key, op, &buf)
+		res, err := c.turn(e, key, op, buf)
 		if err != nil {
 			return err
 		}
@@ -694,6 +698,84 @@ func snapshot(s *KeyState) *KeyState {
 	c.Active = slices.Clone(s.Active)
 	c.Queued = slices.Clone(s.Queued)
 	return &c
+}
+
+// snapshotOver returns a copy of s, a state reduced from base, that shares
+// no slice with s, for a key entry to keep: s belongs to the caller of the
+// operation that produced it, who may modify it.
+//
+// base must be immutable (a state a key entry holds: see keyEntry.state),
+// or nil. Where s's active slots or queued jobs are, element for element,
+// a run of base's (all of them, as a release leaves the queue; or all but
+// the first or the last, as an acquisition of the queue's head leaves it),
+// the copy shares that run of base's array instead of copying it. That is
+// safe because nothing writes to the elements of a state a key entry
+// holds, its copies included: the reducers build every state they return
+// in arrays of their own (KeyState.clone, KeyState.rebuilt). A shared run is
+// cut to its length (cap == len), so that even an append to the copy
+// cannot write past it into base's array.
+func snapshotOver(s, base *KeyState) *KeyState {
+	if base == nil {
+		return snapshot(s)
+	}
+	c := *s
+	c.Active = cloneOver(s.Active, base.Active)
+	c.Queued = cloneOver(s.Queued, base.Queued)
+	return &c
+}
+
+// cloneOver returns a copy of s for snapshotOver: the run of base that
+// equals s, if base starts or ends with it, else a copy of its own. An
+// empty s is copied (it shares no element), which keeps it nil or not.
+func cloneOver[T comparable](s, base []T) []T {
+	n := len(s)
+	if n == 0 || n > len(base) {
+		return slices.Clone(s)
+	}
+	if slices.Equal(s, base[:n]) {
+		return base[:n:n]
+	}
+	if i := len(base) - n; i > 0 && slices.Equal(s, base[i:]) {
+		return base[i:len(base):len(base)]
+	}
+	return slices.Clone(s)
+}
+
+// encodeBuffers holds the buffers operations encode states into
+// (*[]byte), so that a state's wire form, some kilobytes on a key with a
+// long queue, is not allocated again for every write. An operation takes
+// one for its run (takeEncodeBuffer) and puts it back when the run
+// returns (putEncodeBuffer); only a batch the operation leads, holding the
+// key's lane, writes to it (KeyCoordinator.encode). Reusing it is safe
+// because no one keeps the bytes once the write that sent them returns:
+//
+//   - a Store must not keep a value passed to Create or Update after
+//     returning (see [Store]): MemoryStore copies it into its entry and its
+//     watches copy it again, NATSStore copies it into the connection's
+//     buffer before the request returns;
+//   - the key entry refers to it only while the write is under way
+//     (keyEntry.writing), and forgets it before the batch ends
+//     (keyEntry.written), both under e.mu, which the watch's readers of it
+//     (keyTable.held) take too;
+//   - errors report its length, not its bytes.
+var encodeBuffers = sync.Pool{New: func() any { return new([]byte) }}
+
+// encodeBufferMax is the largest buffer put back into encodeBuffers: one
+// for a value of a NATS server's default max_payload, or a memory store's
+// default limit, and a little over.
+const encodeBufferMax = MemoryStoreMaxValueSizeDefault + 64<<10
+
+// takeEncodeBuffer returns an encode buffer from encodeBuffers.
+func takeEncodeBuffer() *[]byte { return encodeBuffers.Get().(*[]byte) }
+
+// putEncodeBuffer returns buf, from takeEncodeBuffer, to encodeBuffers,
+// emptied; one grown past encodeBufferMax is dropped instead.
+func putEncodeBuffer(buf *[]byte) {
+	if cap(*buf) > encodeBufferMax {
+		*buf = nil
+	}
+	*buf = (*buf)[:0]
+	encodeBuffers.Put(buf)
 }
 
 // read fetches and validates a key's state; nil state means absent.

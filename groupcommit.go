@@ -376,7 +376,7 @@ func (c *KeyCoordinator) commitBatch(e *keyEntry, key JobKey, lead *laneOp, buf 
 		// cur is also its operation's outcome's State, which belongs to
 		// the caller: remember a copy. The watch may recognise it before
 		// the reply.
-		snap := snapshot(cur)
+		snap := snapshotOver(cur, s.state)
 		e.writing(*buf, snap)
 		var rev uint64
 		if s.state == nil {
@@ -450,10 +450,14 @@ func (c *KeyCoordinator) commitBatch(e *keyEntry, key JobKey, lead *laneOp, buf 
 	return e.lane.deliver(ops, n)
 }
 
-// encode writes st's wire form into *buf.
+// encode writes st's wire form into *buf, an encode buffer (see
+// encodeBuffers: the bytes are valid until the next encode into it, and
+// nobody may keep them past the write they are for).
 func (c *KeyCoordinator) encode(buf *[]byte, st *KeyState) {
-	if *buf == nil {
-		*buf = make([]byte, 0, encodedSizeEstimate(st))
+	if need := encodedSizeEstimate(st); cap(*buf) < need {
+		// At least doubled, so that a key whose queue grows does not
+		// outgrow it at every write.
+		*buf = make([]byte, 0, max(need, 2*cap(*buf)))
 	}
 	*buf = appendState((*buf)[:0], st)
 }

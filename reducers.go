@@ -220,8 +220,9 @@ func ReduceAdmission(state *KeyState, key JobKey, req AdmitRequest, policy Polic
 		}
 		if policy.WhenFull == ReplaceOldest && queued > 0 {
 			old := state.Queued[0]
-			next := state.clone()
-			next.Queued = append(next.Queued[:0], state.Queued[1:]...)
+			next := state.rebuilt(len(state.Active), len(state.Queued))
+			next.Active = append(next.Active, state.Active...)
+			next.Queued = append(next.Queued, state.Queued[1:]...)
 			out.Kind = KindReplaced
 			out.Replaced = &ReplacedJob{
 				JobRef:    JobRef{Service: state.Service, JobType: state.JobType, ID: old.JobID},
@@ -262,8 +263,8 @@ func ReduceRestoreReplaced(state *KeyState, key JobKey, req RestoreRequest, poli
 	if base == nil {
 		base = emptyState(key, policy, now)
 	}
-	next := base.clone()
-	next.Queued = next.Queued[:0]
+	next := base.rebuilt(len(base.Active), len(base.Queued)+1)
+	next.Active = append(next.Active, base.Active...)
 	for _, q := range base.Queued {
 		if q.JobID != req.ReplacementJobID {
 			next.Queued = append(next.Queued, q)
@@ -352,8 +353,7 @@ func ReduceAcquire(state *KeyState, key JobKey, req AcquireRequest, policy Polic
 		return blocked(ReasonActiveLimit, live, policy.MaxActive)
 	}
 
-	next := base.clone()
-	next.Active = next.Active[:0]
+	next := base.rebuilt(len(base.Active)+1, len(base.Queued))
 	taken := 0
 	for _, slot := range base.Active {
 		switch {
@@ -367,12 +367,13 @@ func ReduceAcquire(state *KeyState, key JobKey, req AcquireRequest, policy Polic
 		}
 	}
 	if isQueued {
-		next.Queued = next.Queued[:0]
 		for _, q := range base.Queued {
 			if q.JobID != req.JobID {
 				next.Queued = append(next.Queued, q)
 			}
 		}
+	} else {
+		next.Queued = append(next.Queued, base.Queued...)
 	}
 	expires := now.Add(policy.HeartbeatTTL).Truncate(time.Millisecond)
 	next.Active = append(next.Active, ActiveSlot{
@@ -433,8 +434,9 @@ func ReduceRelease(state *KeyState, lease Lease, now time.Time) ReleaseOutcome {
 		if slot.JobID != lease.JobID || slot.SlotToken != lease.SlotToken {
 			continue
 		}
-		next := state.clone()
-		next.Active = append(next.Active[:i], next.Active[i+1:]...)
+		next := state.rebuilt(len(state.Active)-1, len(state.Queued))
+		next.Active = append(append(next.Active, state.Active[:i]...), state.Active[i+1:]...)
+		next.Queued = append(next.Queued, state.Queued...)
 		next.UpdatedAt = now
 		return ReleaseOutcome{Kind: KindReleased, State: next}
 	}
@@ -452,8 +454,8 @@ func ReduceRemoveQueued(state *KeyState, jobID string, now time.Time) Removal {
 	if i < 0 {
 		return Removal{Kind: KindNotFound}
 	}
-	next := state.clone()
-	next.Queued = next.Queued[:0]
+	next := state.rebuilt(len(state.Active), len(state.Queued)-1)
+	next.Active = append(next.Active, state.Active...)
 	for _, q := range state.Queued {
 		if q.JobID != jobID {
 			next.Queued = append(next.Queued, q)

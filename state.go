@@ -81,10 +81,25 @@ type KeyState struct {
 func (s *KeyState) Empty() bool { return len(s.Active) == 0 && len(s.Queued) == 0 }
 
 // clone returns a deep copy of the slices so reducers never alias their input.
+//
+// Every state a reducer returns is built in arrays of its own (clone or
+// rebuilt), never in its input's: the input may be a state a key entry
+// holds, whose arrays other states share (snapshotOver), and the returned
+// state belongs to the caller, who may write to it.
 func (s *KeyState) clone() *KeyState {
 	c := *s
 	c.Active = append(make([]ActiveSlot, 0, len(s.Active)+1), s.Active...)
 	c.Queued = append(make([]QueuedJob, 0, len(s.Queued)+1), s.Queued...)
+	return &c
+}
+
+// rebuilt returns a copy of s with empty (not nil) slices of room for
+// active slots and queued jobs, none of them shared with s: a reducer that
+// rebuilds the slices from s's fills them, so each element is copied once.
+func (s *KeyState) rebuilt(active, queued int) *KeyState {
+	c := *s
+	c.Active = make([]ActiveSlot, 0, active)
+	c.Queued = make([]QueuedJob, 0, queued)
 	return &c
 }
 
@@ -396,14 +411,26 @@ func deriveContext(c TraceContext, jobID, salt string) TraceContext {
 		c.RequestID = jobID
 	}
 	if c.TraceID == "" || c.Traceparent == "" {
-		sum := sha256.Sum256([]byte(jobID + "\x00" + salt))
-		var buf [48]byte
-		hex.Encode(buf[:], sum[:24])
-		if c.TraceID == "" {
-			c.TraceID = string(buf[:32])
-		}
-		if c.Traceparent == "" {
-			c.Traceparent = "00-" + c.TraceID + "-" + string(buf[32:48]) + "-00"
+		// The hash of jobID, a NUL and salt, hashed from a buffer on the
+		// stack when they fit in it.
+		var in [128]byte
+		sum := sha256.Sum256(append(append(append(in[:0], jobID...), 0), salt...))
+		// "00-" + 32 hex digits of trace id + "-" + 16 of parent id + "-00"
+		var tp [55]byte
+		copy(tp[:], "00-")
+		hex.Encode(tp[3:35], sum[:16])
+		tp[35] = '-'
+		hex.Encode(tp[36:52], sum[16:24])
+		copy(tp[52:], "-00")
+		switch {
+		case c.Traceparent != "":
+			c.TraceID = string(tp[3:35])
+		case c.TraceID == "":
+			// One string for both: the trace id is the traceparent's.
+			c.Traceparent = string(tp[:])
+			c.TraceID = c.Traceparent[3:35]
+		default:
+			c.Traceparent = "00-" + c.TraceID + string(tp[35:])
 		}
 	}
 	return c
