@@ -700,3 +700,63 @@ func TestLinearizableBatched(t *testing.T) {
 	t.Logf("%d of %d revisions in %d batches", batched, len(hdrs), batches)
 	assert.Positive(t, batches, "lanes wrote batches")
 }
+
+// TestClusterLinearizableBatched runs the workload of TestLinearizableBatched
+// on an R3 file bucket that allows atomic publish (batches staged in memory:
+// they pay there), clients spread over the three nodes: the history is
+// linearizable, the audit holds, and batches were written.
+func TestClusterLinearizableBatched(t *testing.T) {
+	clusterEnabled(t)
+	c := natstest.StartCluster(t, natstest.ClusterOptions{Nodes: 3})
+	seed := reliabilitySeed(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+	defer cancel()
+	const service, jobType = "clusterlinb", "work"
+	nc, js := clusterConnect(t, c.URLs(0))
+	bucket := clusterBucket(t, ctx, js, service)
+	require.NoError(t, allowAtomicPublish(ctx, js, "KV_"+bucket))
+	ttl := 300 * time.Millisecond
+	keys := []linKey{
+		newLinKey(t, service, jobType, "a", Policy{MaxActive: 1, MaxQueuedPerKey: 1, WhenFull: ReplaceOldest, StalePolicy: FailStale, HeartbeatTTL: ttl, HeartbeatInterval: ttl / 3}),
+		newLinKey(t, service, jobType, "b", Policy{MaxActive: 2, MaxQueuedPerKey: 1, WhenFull: Coalesce, StalePolicy: Block, HeartbeatTTL: ttl, HeartbeatInterval: ttl / 3}),
+	}
+	clients, sharing, ops := 3, 6, 200
+	rec := newLinRecorder()
+	pool := &linPool{jobs: make([][]string, len(keys))}
+	cs := make([]*linClient, clients)
+	for i := range cs {
+		cs[i] = newLinClient(t, i, c.URLs(i%3), service, jobType, keys, rec)
+	}
+	for i := range sharing {
+		owner := cs[i%clients]
+		cs = append(cs, &linClient{id: clients + i, service: service, jobType: jobType, keys: keys, rec: rec,
+			instance: fmt.Sprintf("client-%d", clients+i), coord: owner.coord, nc: owner.nc, js: owner.js})
+	}
+	var wg sync.WaitGroup
+	for i, cl := range cs {
+		wg.Go(func() { linRandomClient(ctx, cl, pool, rand.New(rand.NewPCG(seed, uint64(i))), ops) })
+	}
+	wg.Wait()
+	cs[0].drain(t, ctx)
+	log := rec.log()
+	for _, op := range log {
+		if op.out.err != nil && !errors.Is(op.out.err, ErrContention) {
+			t.Errorf("client %d: %s %s: %v", op.client, op.in.kind, op.in.job, op.out.err)
+		}
+	}
+	t.Logf("%d clients on 3 nodes, %d operations: %v", len(cs), len(log), linCountOutcomes(log))
+	linCheck(t, keys, log, time.Minute)
+	actx, acancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer acancel()
+	entries := auditRead(t, actx, js, bucket)
+	t.Logf("audit of %s: %v", bucket, auditCheck(t, entries, newAuditFacts(log), linPolicyOf(keys), true))
+	_, hdrs := bcNATSHistory(t, actx, nc, js, "KV_"+bucket, 1)
+	batches := 0
+	for _, h := range hdrs {
+		if h.Get("Nats-Batch-Sequence") == "1" {
+			batches++
+		}
+	}
+	t.Logf("%d batches in %d revisions", batches, len(hdrs))
+	assert.Positive(t, batches, "lanes wrote batches")
+}
