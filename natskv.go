@@ -68,6 +68,21 @@ const headerAllowance = 256
 // handler set on the connection after NewNATSStore replaces the store's;
 // refused calls then time out.
 //
+// # Atomic batches
+//
+// When a coordinator's operations on one key queue behind each other, the
+// states they write may go to the bucket as one JetStream atomic batch
+// (one message per state, each a revision of its own, all or nothing, in
+// one round trip). The store does so only where the bucket's stream allows
+// atomic publish (nats-server 2.12 or later; [WithCreateBuckets] allows it
+// on the buckets it creates) and a batch costs about one write: on memory
+// storage and on replicated file storage, not on R1 file storage, where
+// the server stages each batch in a temporary file store. It reads which
+// from the stream's configuration when it opens the bucket. The messages
+// are those single writes would store, with the batch headers
+// (Nats-Batch-Id, Nats-Batch-Sequence, Nats-Batch-Commit) added, and the
+// revision condition on the first only.
+//
 // # Durability
 //
 // A file-storage bucket is only as durable as the server's fsync: by
