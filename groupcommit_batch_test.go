@@ -51,11 +51,17 @@ type bcStore struct {
 	Store
 	bw              batchWriter
 	singles, groups atomic.Int64
+	reads           atomic.Int64
 	conflicts       atomic.Int64 // batches refused for a revision conflict
 	sizes           []int        // messages per batch, guarded by mu
 	mu              sync.Mutex
 	fail            error
 	failApplied     bool
+}
+
+func (s *bcStore) Get(ctx context.Context, service, key string) ([]byte, uint64, error) {
+	s.reads.Add(1)
+	return s.Store.Get(ctx, service, key)
 }
 
 func (s *bcStore) Create(ctx context.Context, service, key string, value []byte) (uint64, error) {
@@ -407,13 +413,34 @@ func TestGroupCommitBatchReplyLost(t *testing.T) {
 	follow := func(r *bcRig) []bcOp {
 		return []bcOp{bcReleaseHeld, r.acquire("a"), r.admit("c"), r.remove("b"), r.acquire("c")}
 	}
-	for _, applied := range []bool{true, false} {
-		t.Run(fmt.Sprintf("applied=%v", applied), func(t *testing.T) {
+	for _, tc := range []struct{ applied, fed bool }{{true, false}, {false, false}, {true, true}, {false, true}} {
+		t.Run(fmt.Sprintf("applied=%v,fed=%v", tc.applied, tc.fed), func(t *testing.T) {
 			t.Parallel()
-			svc := "bclost" + strconv.FormatBool(applied)
+			applied := tc.applied
+			svc := "bclost" + strconv.FormatBool(applied) + strconv.FormatBool(tc.fed)
 			mem, hist := bcMemory(t, svc)
 			b := newBCRig(t, mem, svc, policy)
 			before := bcSettled(t, mem, b, hist)
+			if tc.fed {
+				// The coordinator's watch feed of the key, as a Watcher
+				// gives it: the batch's revisions reach it although the
+				// reply is lost.
+				b.c.keys.attach(b.key.KVKey)
+				defer b.c.keys.detach(b.key.KVKey)
+				v, rev, err := mem.Get(context.Background(), svc, b.key.KVKey)
+				require.NoError(t, err)
+				b.c.keys.watchedValue(b.key.KVKey, svc, v, rev)
+				ctx, cancel := context.WithCancel(context.Background())
+				ended, err := mem.watchValues(ctx, svc, func(c keyChange) {
+					if c.deleted {
+						b.c.keys.watched(c.kvKey, nil, c.rev, true)
+					} else {
+						b.c.keys.watchedValue(c.kvKey, svc, c.value, c.rev)
+					}
+				})
+				require.NoError(t, err)
+				defer func() { cancel(); <-ended }()
+			}
 			b.store.failNext(errDown, applied)
 			res := b.batched(ops(b))
 			for i, got := range res {
@@ -434,7 +461,23 @@ func TestGroupCommitBatchReplyLost(t *testing.T) {
 			}
 			s.tokens = b.tokens // the batch's acquisition took one
 			assert.Equal(t, string(bcStored(t, s)), string(bcStored(t, b)), "the stored state")
+			if tc.fed && applied {
+				_, last, err := mem.Get(context.Background(), svc, b.key.KVKey)
+				require.NoError(t, err)
+				e := b.c.keys.entry(b.key.KVKey)
+				require.Eventually(t, func() bool {
+					e.mu.Lock()
+					defer e.mu.Unlock()
+					return e.watchRev == last
+				}, time.Minute, time.Millisecond, "the feed delivers the batch")
+				e.mu.Lock()
+				known, rev := e.known, e.rev
+				e.mu.Unlock()
+				assert.Equal(t, [2]any{true, last}, [2]any{known, rev}, "the entry holds the batch's last revision, from the feed")
+			}
+			reads := b.store.reads.Load()
 			gcSame(t, b.serial(follow(b)), s.serial(follow(s)), bcStored(t, b), bcStored(t, s))
+			t.Logf("%d reads after the failure", b.store.reads.Load()-reads)
 		})
 	}
 }
