@@ -8,19 +8,32 @@ package jobkeys
 // that write, in their order, as if they had run one after the other: every
 // outcome is the one the operation would have had in that serial run.
 //
-// At most groupWriters of a batch's operations may write (change the
-// state); any number of others ride along, their outcomes resting on the
-// write: a blocked acquisition, a renewal that finds its slot lost, a
-// release of a slot already gone need no read of their own when they ride
-// with a write that commits. groupWriters is 1 because of what an outcome
-// promises: its State is the state the operation wrote, a revision of the
-// key (the audit checks every one is stored), and every revision is the
-// work of one operation (a release frees one slot, an acquisition takes
-// one and frees only expired ones). A second writer in the same write
-// would leave the first one's State unstored, and a release and an
-// acquisition in one write would look like the takeover of a live slot.
-// The engine handles more (tests run it so); it is the contract that
-// stops at one.
+// Operations that write (change the state) are the batch's writers; any
+// number of others ride along, their outcomes resting on the write: a
+// blocked acquisition, a renewal that finds its slot lost, a release of a
+// slot already gone need no read of their own when they ride with a write
+// that commits. What an outcome promises bounds the writers: its State is
+// the state the operation wrote, a revision of the key (the audit checks
+// every one is stored), and every revision is the work of one operation (a
+// release frees one slot, an acquisition takes one and frees only expired
+// ones). A write of the last state alone would leave the other writers'
+// States unstored, and a release and an acquisition in one revision would
+// look like the takeover of a live slot. So:
+//
+//   - over a store that writes successive states of a key in one step
+//     (batchWriter: NATS atomic batch publish, where it costs about one
+//     round trip), a batch that updates the key takes up to groupCommitMax
+//     writers and writes each one's own state, in order, as a revision of
+//     its own: one writeBatch, on condition that the key is still at the
+//     revision the batch started from, all or nothing, at consecutive
+//     revisions (writeBatch). A release followed by the acquisition it lets
+//     in is two revisions;
+//   - otherwise a batch takes at most groupWriters writers and writes the
+//     last state. groupWriters is 1, which keeps the contract; the engine
+//     handles more (tests run it so), writing the last state only.
+//
+// A batch that creates the key writes one state (a create needs no
+// batch: the next batch updates).
 //
 // Where running operations together could give another outcome than the
 // serial run, they do not run together:
@@ -33,7 +46,9 @@ package jobkeys
 //     batch);
 //   - a batch the store refuses as too large (ErrStateTooLarge) is run
 //     again one operation at a time, so that only the operation whose own
-//     state is too large gets the error.
+//     state is too large gets the error; so is a batched write the store
+//     refuses as a batch (errBatchRefused: too many batches open on the
+//     stream, say), having written nothing.
 //
 // A batch that writes nothing rests on verified state, per operation, as a
 // single operation does (see start.verified): an operation whose outcome
@@ -57,14 +72,15 @@ import (
 	"time"
 )
 
-// groupCommitMax bounds the operations of one batch. The batch writes one
-// state, the one the serial run would end with, so its size is not what
-// bounds it; the count bounds the time the first operation spends
+// groupCommitMax bounds the operations of one batch, and so its writers
+// (each one message of a batched write; a NATS server takes up to 1,000
+// per atomic batch). The count bounds the time the first operation spends
 // reducing for the others and how long the last one waits.
 const groupCommitMax = 64
 
-// groupWritersDefault is how many writing operations a batch carries; see
-// the file comment for why it is one.
+// groupWritersDefault is how many writing operations a batch carries when
+// the store does not write batches (see batchWriter); see the file comment
+// for why it is one.
 const groupWritersDefault = 1
 
 // lane lets one operation at a time write a key (see keyTable), and queues
@@ -78,6 +94,10 @@ type lane struct {
 	// in first until a batch outgrows it.
 	batch []*laneOp
 	first [2]*laneOp
+	// values and ends are the holder's scratch lists of the encoded
+	// states of a batched write (writeBatch).
+	values [][]byte
+	ends   []int
 }
 
 // laneOp is one operation's turn at a key's lane.
@@ -97,10 +117,11 @@ type laneOp struct {
 	handed bool
 
 	// Set by the batch's holder while the operation is in its batch.
-	s     start // what begin gave the operation
-	ok    bool  // begin's ok
-	err   error // a check of the state it produced failed
-	early bool  // done before the batch's write: res is final
+	s     start     // what begin gave the operation
+	ok    bool      // begin's ok
+	err   error     // a check of the state it produced failed
+	early bool      // done before the batch's write: res is final
+	wrote *KeyState // the state it produced, when it writes (nil: it does not)
 	res   laneResult
 }
 
@@ -276,7 +297,7 @@ func (c *KeyCoordinator) commitBatch(e *keyEntry, key JobKey, lead *laneOp, buf 
 	last := -1
 	for i, op := range ops {
 		op.s, op.ok = e.begin(op.r, c.keys.max > 0, op.rt.assumeAbsent, op.trust)
-		op.err, op.early = nil, false
+		op.err, op.early, op.wrote = nil, false, nil
 		if op.ok {
 			last = i
 		}
@@ -288,6 +309,16 @@ func (c *KeyCoordinator) commitBatch(e *keyEntry, key JobKey, lead *laneOp, buf 
 		return e.lane.deliver(ops, len(ops))
 	}
 	s := ops[last].s
+	// A store that writes successive states of the key in one step takes
+	// every writer of the batch, each state a revision of its own; else a
+	// batch carries at most c.groupWriters, and writes the last state.
+	// A batch that creates the key writes one state (Create).
+	bw, _ := c.store.(batchWriter)
+	batched := bw != nil && s.state != nil && bw.batches(key.Service, key.KVKey)
+	maxWriters := c.groupWriters
+	if batched {
+		maxWriters = groupCommitMax
+	}
 	// Reduce in order, each from the state the one before produced.
 	n := len(ops)
 	cur, writes, writers := s.state, false, 0
@@ -304,7 +335,7 @@ func (c *KeyCoordinator) commitBatch(e *keyEntry, key JobKey, lead *laneOp, buf 
 			}
 			continue
 		}
-		if writers == c.groupWriters {
+		if writers == maxWriters {
 			n = i // one writer too many: it starts the next batch
 			break
 		}
@@ -314,6 +345,8 @@ func (c *KeyCoordinator) commitBatch(e *keyEntry, key JobKey, lead *laneOp, buf 
 				break
 			}
 			cur, writes, n = next, true, i+1 // a delete ends the batch
+			op.wrote = next
+			writers++
 			break
 		}
 		if err := checkTimes(key.KVKey, next, c.cfg.Now); err != nil {
@@ -329,6 +362,7 @@ func (c *KeyCoordinator) commitBatch(e *keyEntry, key JobKey, lead *laneOp, buf 
 			}
 		}
 		cur, writes = next, true
+		op.wrote = next
 		writers++
 	}
 	if !writes {
@@ -364,42 +398,49 @@ func (c *KeyCoordinator) commitBatch(e *keyEntry, key JobKey, lead *laneOp, buf 
 		defer b.stop()
 		wctx = b
 	}
-	var err error
-	if cur.Empty() {
-		if err = c.store.Delete(wctx, key.Service, key.KVKey, s.rev); err == nil {
-			e.commit(nil, s.rev, c.cfg.RetryBackoff) // absent now (past s.rev); Admit creates it without a read
-		}
-	} else {
+	// The write: its success leaves the key at state final (nil: deleted)
+	// and revision rev.
+	var (
+		err   error
+		final *KeyState
+		rev   uint64
+	)
+	switch {
+	case batched && writers > 1:
+		final, rev, err = c.writeBatch(wctx, e, key, bw, ops[:n], s.rev, buf)
+	case cur.Empty():
+		err = c.store.Delete(wctx, key.Service, key.KVKey, s.rev)
+		rev = s.rev // absent now (past s.rev); Admit creates it without a read
+	default:
 		if encoded != cur {
 			c.encode(buf, cur)
 		}
 		// cur is also its operation's outcome's State, which belongs to
 		// the caller: remember a copy. The watch may recognise it before
 		// the reply.
-		snap := snapshotOver(cur, s.state)
-		e.writing(*buf, snap)
-		var rev uint64
+		final = snapshotOver(cur, s.state)
+		e.writing(*buf, final)
 		if s.state == nil {
 			rev, err = c.store.Create(wctx, key.Service, key.KVKey, *buf)
 		} else {
 			rev, err = c.store.Update(wctx, key.Service, key.KVKey, *buf, s.rev)
 		}
 		e.written()
-		if err == nil {
-			e.commit(snap, rev, c.cfg.RetryBackoff)
-		}
 	}
 	if err == nil {
+		e.commit(final, rev, c.cfg.RetryBackoff)
 		for _, op := range ops[:n] {
 			op.res = laneResult{s: start{state: s.state, rev: s.rev, verified: true}, done: op.err == nil, err: op.err}
 		}
 		return e.lane.deliver(ops, n)
 	}
 
-	// A value refused for its size changed nothing: s is still what e
-	// knows. Any other failure leaves the stored state unknown.
+	// A value refused for its size, or a batch refused as a batch,
+	// changed nothing: s is still what e knows. Any other failure leaves
+	// the stored state unknown.
 	tooLarge := errors.Is(err, ErrStateTooLarge)
-	if !tooLarge {
+	refused := errors.Is(err, errBatchRefused)
+	if !tooLarge && !refused {
 		e.conflictAt(s.rev)
 	}
 	conflict := errors.Is(err, ErrRevisionConflict)
@@ -407,9 +448,10 @@ func (c *KeyCoordinator) commitBatch(e *keyEntry, key JobKey, lead *laneOp, buf 
 		c.obs.conflict(lead.ctx, &key)
 	}
 	switch {
-	case tooLarge && n > 1:
+	case tooLarge && n > 1, refused:
 		// Which operation's state is too large? Run them one at a time,
 		// in their order: lead now, the others handed the lane after it.
+		// So too for a batch the store would not take as one.
 		for _, op := range ops[:n] {
 			op.solo = true
 		}
@@ -448,6 +490,47 @@ func (c *KeyCoordinator) commitBatch(e *keyEntry, key JobKey, lead *laneOp, buf 
 		op.res = laneResult{s: op.startFrom(s), pause: pause}
 	}
 	return e.lane.deliver(ops, n)
+}
+
+// writeBatch writes the states of the writers among ops (op.wrote, in
+// their order) with one bw.writeBatch on revision rev, each a revision of
+// its own, the last a delete when it empties the key. It returns the state
+// the key is left at (a copy; nil: deleted) and its revision.
+func (c *KeyCoordinator) writeBatch(ctx context.Context, e *keyEntry, key JobKey, bw batchWriter, ops []*laneOp, rev uint64, buf *[]byte) (*KeyState, uint64, error) {
+	l := &e.lane
+	*buf, l.ends = (*buf)[:0], l.ends[:0]
+	var last *KeyState
+	for _, op := range ops {
+		if op.wrote == nil {
+			continue
+		}
+		last = op.wrote
+		if !last.Empty() {
+			*buf = appendState(*buf, last)
+		}
+		l.ends = append(l.ends, len(*buf))
+	}
+	values, from := l.values[:0], 0
+	for _, end := range l.ends {
+		values = append(values, (*buf)[from:end:end])
+		from = end
+	}
+	defer func() {
+		clear(values)
+		l.values = values[:0]
+	}()
+	del := last.Empty()
+	var final *KeyState
+	if !del {
+		// last is also its operation's outcome's State, which belongs to
+		// the caller: remember a copy. The watch may recognise it before
+		// the reply.
+		final = snapshot(last)
+		e.writing(values[len(values)-1], final)
+		defer e.written()
+	}
+	lastRev, err := bw.writeBatch(ctx, key.Service, key.KVKey, values, rev, del)
+	return final, lastRev, err
 }
 
 // encode writes st's wire form into *buf, an encode buffer (see

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"regexp"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/jobkeys/jobkeys/internal/jscas"
@@ -49,7 +50,9 @@ const headerAllowance = 256
 // replies and watch deliveries arrive. Under a JetStream domain or API
 // prefix P ("$JS.<domain>.API" for a domain) the "$JS.API" subjects start
 // with P instead, and writes go to P.$KV.JOBS_KEYS_S.>.
-// [WithCreateBuckets] needs $JS.API.STREAM.CREATE.KV_JOBS_KEYS_S too.
+// [WithCreateBuckets] needs $JS.API.STREAM.CREATE.KV_JOBS_KEYS_S too, and
+// $JS.API.STREAM.UPDATE.KV_JOBS_KEYS_S to allow atomic publish on the
+// buckets it creates (without it they work, one write per state).
 // Where users share a server, "_INBOX.>" lets any of them read the others'
 // replies: give each user its own prefix with [nats.CustomInboxPrefix] and
 // allow only that prefix.
@@ -64,6 +67,21 @@ const headerAllowance = 256
 // of the bucket's subjects fails every call in flight that needs it. A
 // handler set on the connection after NewNATSStore replaces the store's;
 // refused calls then time out.
+//
+// # Atomic batches
+//
+// When a coordinator's operations on one key queue behind each other, the
+// states they write may go to the bucket as one JetStream atomic batch
+// (one message per state, each a revision of its own, all or nothing, in
+// one round trip). The store does so only where the bucket's stream allows
+// atomic publish (nats-server 2.12 or later; [WithCreateBuckets] allows it
+// on the buckets it creates) and a batch costs about one write: on memory
+// storage and on replicated file storage, not on R1 file storage, where
+// the server stages each batch in a temporary file store. It reads which
+// from the stream's configuration when it opens the bucket. The messages
+// are those single writes would store, with the batch headers
+// (Nats-Batch-Id, Nats-Batch-Sequence, Nats-Batch-Commit) added, and the
+// revision condition on the first only.
 //
 // # Durability
 //
@@ -110,6 +128,20 @@ type natsBucket struct {
 	// keySubjects is "$KV.<bucket>.", the prefix of the subjects the
 	// bucket's keys are stored under, when leaderGet is set.
 	keySubjects string
+	// batches says the store writes successive states of a key as one
+	// atomic batch (batchWriter): the bucket's stream allows atomic
+	// publish and stages a batch in memory, so that a batch costs about
+	// one round trip. An R1 file-storage stream stages each batch in a
+	// temporary file store (about 3.4 ms here against 70 µs for a write):
+	// no batches there. Cleared when the server refuses a batch because
+	// the stream no longer allows atomic publish.
+	batches atomic.Bool
+}
+
+// batchesPay reports whether atomic batches cost about one write on a
+// stream with configuration cfg (see natsBucket.batches).
+func batchesPay(cfg jetstream.StreamConfig) bool {
+	return cfg.AllowAtomicPublish && cfg.Mirror == nil && !(cfg.Replicas <= 1 && cfg.Storage == jetstream.FileStorage)
 }
 
 // markerHintsMax bounds the delete markers a bucket remembers.
@@ -170,8 +202,12 @@ func WithBucketPrefix(prefix string) NATSStoreOption {
 }
 
 // WithCreateBuckets makes the store create a missing bucket with history 1
-// and the given storage and replicas (1 to 5). Without it a missing bucket
-// is an error wrapping ErrBucketNotFound.
+// and the given storage and replicas (1 to 5), and with atomic batch
+// publish allowed on its stream (AllowAtomicPublish, nats-server 2.12 or
+// later; a server that does not know it ignores it), so that the store
+// can write several successive states of a key in one round trip where
+// that pays (memory storage, or replicated file storage). Without it a
+// missing bucket is an error wrapping ErrBucketNotFound.
 func WithCreateBuckets(storage jetstream.StorageType, replicas int) NATSStoreOption {
 	return func(s *NATSStore) error {
 		if storage != jetstream.FileStorage && storage != jetstream.MemoryStorage {
@@ -234,6 +270,11 @@ func (s *NATSStore) bucket(ctx context.Context, service string) (*natsBucket, er
 		kv, err = s.js.CreateKeyValue(ctx, cfg)
 		if errors.Is(err, jetstream.ErrBucketExists) { // created concurrently with another config
 			kv, err = s.js.KeyValue(ctx, name)
+		} else if err == nil && allowAtomicPublish(ctx, s.js, "KV_"+name) != nil && ctx.Err() != nil {
+			// Without atomic publish the bucket works, one write per state
+			// (a missing STREAM.UPDATE permission, say); an ended call
+			// does not.
+			err = ctx.Err()
 		}
 	}
 	if errors.Is(err, jetstream.ErrBucketNotFound) {
@@ -259,6 +300,7 @@ func (s *NATSStore) bucket(ctx context.Context, service string) (*natsBucket, er
 			b.leaderGet = jscas.APIPrefix(opts) + "STREAM.MSG.GET." + info.Config.Name
 			b.keySubjects = "$KV." + kv.Bucket() + "."
 		}
+		b.batches.Store(batchesPay(info.Config))
 	}
 	s.mu.Lock()
 	if prev := s.buckets[service]; prev != nil {
@@ -268,6 +310,24 @@ func (s *NATSStore) bucket(ctx context.Context, service string) (*natsBucket, er
 	}
 	s.mu.Unlock()
 	return b, nil
+}
+
+// allowAtomicPublish allows atomic batch publish on the stream of a bucket
+// the store just created (KeyValueConfig has no field for it).
+func allowAtomicPublish(ctx context.Context, js jetstream.JetStream, stream string) error {
+	st, err := js.Stream(ctx, stream)
+	if err != nil {
+		return fmt.Errorf("allow atomic publish on stream %q: %w", stream, err)
+	}
+	cfg := st.CachedInfo().Config
+	if cfg.AllowAtomicPublish {
+		return nil
+	}
+	cfg.AllowAtomicPublish = true
+	if _, err := js.UpdateStream(ctx, cfg); err != nil {
+		return fmt.Errorf("allow atomic publish on stream %q: %w", stream, err)
+	}
+	return nil
 }
 
 // KeyValue returns the opened KV bucket of service, for callers that need

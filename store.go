@@ -2,6 +2,7 @@ package jobkeys
 
 import (
 	"context"
+	"errors"
 )
 
 // Store is the port the coordinator writes key state through: a revisioned
@@ -79,6 +80,38 @@ type keyChange struct {
 type valueWatcher interface {
 	watchValues(ctx context.Context, service string, changed func(keyChange)) (ended <-chan struct{}, err error)
 }
+
+// batchWriter is implemented by stores that can write successive states of
+// one key as one all-or-nothing write, at consecutive revisions, for about
+// the cost of one write: [NATSStore] on buckets whose stream allows atomic
+// publish and does not stage batches on disk (not R1 file storage), and
+// [MemoryStore] when batches were enabled on it (tests). A coordinator over
+// one writes a batch of several state-changing operations of one key's
+// lane as one writeBatch, each operation's own state a revision of its own
+// (see groupcommit.go).
+type batchWriter interface {
+	// batches reports whether a write of several successive states of key
+	// in service's bucket should be one writeBatch. It does no I/O: false
+	// while the store has not opened the bucket.
+	batches(service, key string) bool
+
+	// writeBatch writes values as successive revisions of key on
+	// condition that key's latest revision is revision (as Update: a
+	// delete marker's included; 0 never matches), the last a delete
+	// marker when del (its value is not written), and returns the
+	// revision of the last: values[i] of n is at last-n+1+i. It writes
+	// all of them or none: a conflict returns an error wrapping
+	// ErrRevisionConflict, a value over the size limit one wrapping
+	// ErrStateTooLarge, a batch the store could not take as a batch
+	// (written one at a time it would be) one wrapping errBatchRefused.
+	// Other errors leave unknown whether the batch was written, as for
+	// Update.
+	writeBatch(ctx context.Context, service, key string, values [][]byte, revision uint64, del bool) (last uint64, err error)
+}
+
+// errBatchRefused is a batchWriter.writeBatch the store refused as a
+// batch, writing nothing: the same writes one at a time may succeed.
+var errBatchRefused = errors.New("jobkeys: the store refused the write as a batch")
 
 // ListableStore is an optional capability of a [Store]: listing the keys of a
 // service's bucket. A [Sweeper] needs it. [NATSStore] and [MemoryStore]

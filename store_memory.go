@@ -22,6 +22,8 @@ type MemoryStore struct {
 	buckets      map[string]map[string]memoryEntry
 	maxValueSize int
 	watchers     []*memoryWatcher
+	// batching makes the store a batchWriter's that batches (tests).
+	batching bool
 }
 
 type memoryEntry struct {
@@ -30,7 +32,10 @@ type memoryEntry struct {
 	deleted bool
 }
 
-var _ Store = (*MemoryStore)(nil)
+var (
+	_ Store       = (*MemoryStore)(nil)
+	_ batchWriter = (*MemoryStore)(nil)
+)
 
 // NewMemoryStore returns an empty store with a value size limit of
 // MemoryStoreMaxValueSizeDefault.
@@ -105,6 +110,49 @@ func (m *MemoryStore) write(ctx context.Context, service, key string, value []by
 	m.rev++
 	b[key] = memoryEntry{value: append([]byte(nil), value...), rev: m.rev}
 	m.notify(service, key, value, m.rev, false)
+	return m.rev, nil
+}
+
+// batches implements batchWriter: only when enabled (tests).
+func (m *MemoryStore) batches(service, key string) bool {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return m.batching
+}
+
+// writeBatch implements batchWriter.
+func (m *MemoryStore) writeBatch(ctx context.Context, service, key string, values [][]byte, revision uint64, del bool) (uint64, error) {
+	if err := ctx.Err(); err != nil {
+		return 0, err
+	}
+	if len(values) == 0 {
+		return 0, fmt.Errorf("%w: a batch of no writes to %s", ErrInvalidRequest, key)
+	}
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	limit := m.maxValueSize
+	if limit == 0 {
+		limit = MemoryStoreMaxValueSizeDefault
+	}
+	for i, v := range values {
+		if len(v) > limit && !(del && i == len(values)-1) {
+			return 0, fmt.Errorf("%w: write %d of a batch: %d bytes exceed the memory store's limit of %d", ErrStateTooLarge, i+1, len(v), limit)
+		}
+	}
+	b := m.buckets[service]
+	if e, ok := b[key]; !ok || e.rev != revision {
+		return 0, fmt.Errorf("%w: %s is not at revision %d", ErrRevisionConflict, key, revision)
+	}
+	for i, v := range values {
+		m.rev++
+		if del && i == len(values)-1 {
+			b[key] = memoryEntry{rev: m.rev, deleted: true}
+			m.notify(service, key, nil, m.rev, true)
+			break
+		}
+		b[key] = memoryEntry{value: append([]byte(nil), v...), rev: m.rev}
+		m.notify(service, key, v, m.rev, false)
+	}
 	return m.rev, nil
 }
 

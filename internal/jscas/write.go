@@ -10,6 +10,7 @@ import (
 
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
+	"github.com/nats-io/nuid"
 )
 
 // The compare-and-swap write both NATS stores send, one level below
@@ -118,4 +119,136 @@ func (w *Writer) Write(ctx context.Context, subject string, value []byte, revisi
 		err = fmt.Errorf("%w: %w", err, jetstream.ErrKeyRevisionMismatch)
 	}
 	return rev, err
+}
+
+// The headers of a JetStream atomic batch publish (server 2.12 and later),
+// as the server and jetstreamext name them.
+const (
+	batchIDHeader     = "Nats-Batch-Id"
+	batchSeqHeader    = "Nats-Batch-Sequence"
+	batchCommitHeader = "Nats-Batch-Commit"
+)
+
+// WriteBatch publishes values to subject as one JetStream atomic batch, on
+// condition that subject's last message in the stream is revision (0:
+// subject has none), and returns the stream sequence of the last message
+// written. With del the last message is a delete marker (no data,
+// KV-Operation: DEL; its value is not sent). Each message is the one
+// [Writer.Write] would send for it, with the batch headers
+// (Nats-Batch-Id, Nats-Batch-Sequence, and Nats-Batch-Commit on the last)
+// added, and only the first carries the condition: the server allows a
+// condition only on the first message of a batch to a subject, and writes
+// a batch all at once or not at all, at consecutive sequences, so the
+// first condition fences them all. Message i of n is at sequence
+// last-n+1+i; WriteBatch checks that the acknowledgement counts n
+// messages. The stream must allow atomic publish.
+//
+// The messages but the last are published without waiting for a reply
+// (no flow control: a batch of a few messages needs none); the last
+// commits the batch and is sent as a request, so a batch costs one round
+// trip. Errors are Write's; in addition, a batch the server refused as a
+// batch (see [IsBatchRefused]) wrote nothing.
+func (w *Writer) WriteBatch(ctx context.Context, subject string, values [][]byte, revision uint64, del bool) (uint64, error) {
+	n := len(values)
+	if n == 0 {
+		return 0, errors.New("jscas: a batch of no messages")
+	}
+	msgs := make([]nats.Msg, n)
+	for i := range msgs {
+		hdr := make(nats.Header, 5)
+		if i == 0 {
+			hdr[jetstream.ExpectedLastSubjSeqHeader] = []string{strconv.FormatUint(revision, 10)}
+		}
+		hdr[batchSeqHeader] = []string{strconv.Itoa(i + 1)}
+		msgs[i] = nats.Msg{Subject: subject, Header: hdr, Data: values[i]}
+	}
+	lastMsg := &msgs[n-1]
+	lastMsg.Header[batchCommitHeader] = []string{"1"}
+	if del {
+		lastMsg.Header[kvOperationHeader] = []string{"DEL"}
+		lastMsg.Data = nil
+	}
+	if _, ok := ctx.Deadline(); !ok && w.Timeout > 0 {
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithTimeout(ctx, w.Timeout)
+		defer cancel()
+	}
+	var (
+		id   string
+		resp *nats.Msg
+		err  error
+	)
+	send := func() {
+		id = nuid.Next() // a new batch per attempt
+		for i := range msgs {
+			msgs[i].Header[batchIDHeader] = []string{id}
+		}
+		for i := range msgs[:n-1] {
+			if err = w.Conn.PublishMsg(&msgs[i]); err != nil {
+				return
+			}
+		}
+		resp, err = w.Conn.RequestMsgWithContext(ctx, lastMsg)
+	}
+	send()
+	for r := 0; errors.Is(err, nats.ErrNoResponders) && r < jetstream.DefaultPubRetryAttempts; r++ {
+		// A stream between leaders, as js.PublishMsg waits it out; no
+		// message of the batch was taken (a batch starts at its first).
+		select {
+		case <-ctx.Done():
+		case <-time.After(jetstream.DefaultPubRetryWait):
+		}
+		send()
+	}
+	if errors.Is(err, nats.ErrNoResponders) {
+		return 0, jetstream.ErrNoStreamResponse
+	}
+	if err != nil {
+		return 0, err
+	}
+	last, count, err := ParseBatchAck(resp.Data, w.Stream, id)
+	if err != nil {
+		if IsConflict(err) {
+			err = fmt.Errorf("%w: %w", err, jetstream.ErrKeyRevisionMismatch)
+		}
+		return 0, err
+	}
+	if count != uint64(n) || last < count {
+		return 0, fmt.Errorf("%w: batch of %d messages acknowledged as %d up to sequence %d", jetstream.ErrInvalidJSAck, n, count, last)
+	}
+	return last, nil
+}
+
+// The API error codes of an atomic batch the server refused as a batch,
+// having written none of it.
+const (
+	errCodeAtomicPublishDisabled    jetstream.ErrorCode = 10174
+	errCodeAtomicPublishIncomplete  jetstream.ErrorCode = 10176
+	errCodeAtomicPublishTooLarge    jetstream.ErrorCode = 10199
+	errCodeAtomicPublishTooManyOpen jetstream.ErrorCode = 10210
+)
+
+// IsBatchRefused reports whether err is a [Writer.WriteBatch] the server
+// refused as a batch, writing none of it, for a reason that a write of
+// each message on its own would not meet: the stream does not allow
+// atomic publish (10174), the batch arrived incomplete (10176), it has
+// more messages than the server takes (10199), or too many batches are
+// open (10210). It matches by code.
+func IsBatchRefused(err error) bool {
+	var apiErr *jetstream.APIError
+	if !errors.As(err, &apiErr) {
+		return false
+	}
+	switch apiErr.ErrorCode {
+	case errCodeAtomicPublishDisabled, errCodeAtomicPublishIncomplete, errCodeAtomicPublishTooLarge, errCodeAtomicPublishTooManyOpen:
+		return true
+	}
+	return false
+}
+
+// IsBatchDisabled reports whether err is a [Writer.WriteBatch] refused
+// because the stream does not allow atomic publish (10174).
+func IsBatchDisabled(err error) bool {
+	var apiErr *jetstream.APIError
+	return errors.As(err, &apiErr) && apiErr.ErrorCode == errCodeAtomicPublishDisabled
 }
