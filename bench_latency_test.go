@@ -281,17 +281,12 @@ func (l *delayLine) forward(dst, src net.Conn) {
 		}
 	})
 	wg.Go(func() {
-		t := time.NewTimer(time.Hour)
-		defer t.Stop()
 		failed := false
 		for c := range q {
 			if failed {
 				continue // drain, so that the reader never blocks
 			}
-			if wait := time.Until(c.due); wait > 0 {
-				t.Reset(wait)
-				<-t.C
-			}
+			delayUntil(c.due)
 			if _, err := dst.Write(c.b); err != nil {
 				failed = true
 				l.untrack(dst, src)
@@ -338,7 +333,7 @@ func TestDelayLine(t *testing.T) {
 	for i := range pipelined {
 		_, err := c.Write([]byte{byte('a' + i)})
 		require.NoError(t, err)
-		time.Sleep(d / 4)
+		delayUntil(time.Now().Add(d / 4))
 	}
 	got := make([]byte, pipelined)
 	_, err = io.ReadFull(c, got)
