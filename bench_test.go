@@ -59,7 +59,7 @@ type benchConn struct {
 
 func benchConnect(b *testing.B, s *server.Server) *benchConn {
 	b.Helper()
-	nc, js := natstest.Connect(b, s)
+	nc, js := natstest.ConnectURL(b, benchClientURL(s))
 	store, err := NewNATSStore(js, WithCreateBuckets(jetstream.MemoryStorage, 1))
 	require.NoError(b, err)
 	// The coordinator writes through a countingStore, which benchContended
@@ -245,6 +245,7 @@ func benchHotKey(b *testing.B, s *server.Server, n, conns int) {
 		}
 		return func(i int) error { return cycle(fmt.Sprintf("job-%d-%d", worker, i)) }
 	}, func(conns []*benchConn) {
+		benchNoBatch(conns)
 		for _, c := range conns {
 			c.totals.reads.Store(0)
 			c.totals.writes.Store(0)
