@@ -267,14 +267,28 @@ func (s *NATSStore) bucket(ctx context.Context, service string) (*natsBucket, er
 		cfg := *s.create
 		cfg.Bucket = name
 		cfg.Description = "jobkeys key state of service " + service
-		kv, err = s.js.CreateKeyValue(ctx, cfg)
+		// The creation and the stream update run under guards of their
+		// own (the call's guard does not know their subjects): a refused
+		// creation fails at once with ErrPermission, a refused update
+		// leaves a bucket without atomic publish.
+		cctx, cg := s.guards.guard(ctx, natsOpCreate, s.prefix, service)
+		kv, err = s.js.CreateKeyValue(cctx, cfg)
+		var v *permissionViolation
+		if err != nil && ctx.Err() == nil && errors.As(context.Cause(cctx), &v) {
+			err = fmt.Errorf("%w: create KV bucket %q (service %q): %v", ErrPermission, name, service, v)
+		}
+		cg.done()
 		if errors.Is(err, jetstream.ErrBucketExists) { // created concurrently with another config
 			kv, err = s.js.KeyValue(ctx, name)
-		} else if err == nil && allowAtomicPublish(ctx, s.js, "KV_"+name) != nil && ctx.Err() != nil {
-			// Without atomic publish the bucket works, one write per state
-			// (a missing STREAM.UPDATE permission, say); an ended call
-			// does not.
-			err = ctx.Err()
+		} else if err == nil {
+			uctx, ug := s.guards.guard(ctx, natsOpUpdateStream, s.prefix, service)
+			if allowAtomicPublish(uctx, s.js, "KV_"+name) != nil && ctx.Err() != nil {
+				// Without atomic publish the bucket works, one write per
+				// state (a missing STREAM.UPDATE permission, say); an
+				// ended call does not.
+				err = ctx.Err()
+			}
+			ug.done()
 		}
 	}
 	if errors.Is(err, jetstream.ErrBucketNotFound) {

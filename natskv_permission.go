@@ -64,6 +64,14 @@ const (
 	natsOpRead  natsOpKind = 1 << iota // direct get or leader message get
 	natsOpWrite                        // a publish to the key's subject
 	natsOpWatch                        // creating and deleting a consumer, flow control
+	// Creating a bucket (WithCreateBuckets): the account info request
+	// nats.go makes first and the stream's create. Only the guard of the
+	// creation itself has it: a refusal fails the creation, at once.
+	natsOpCreate
+	// Allowing atomic publish on a created bucket's stream (a stream
+	// update). Only the guard of that update has it: a refusal ends the
+	// update at once and the bucket goes on without batches.
+	natsOpUpdateStream
 )
 
 // needs reports whether a call of kind on service's bucket (name bucket)
@@ -82,12 +90,19 @@ func needs(kind natsOpKind, bucket, inbox, subject string) bool {
 		}
 	}
 	if !ofStream {
+		if kind&natsOpCreate != 0 && strings.HasSuffix(subject, "API.INFO") {
+			return true // account info: "$JS.API.INFO", "$JS.<domain>.API.INFO"
+		}
 		// A key subject, also behind an API prefix: "<prefix>.$KV.<bucket>.<key>".
 		return kind&natsOpWrite != 0 && strings.Contains(subject, "$KV."+bucket+".")
 	}
 	switch {
 	case strings.Contains(subject, ".STREAM.INFO."):
 		return true
+	case strings.Contains(subject, ".STREAM.CREATE."):
+		return kind&natsOpCreate != 0
+	case strings.Contains(subject, ".STREAM.UPDATE."):
+		return kind&natsOpUpdateStream != 0
 	case strings.Contains(subject, ".DIRECT.GET.") || strings.Contains(subject, ".STREAM.MSG.GET."):
 		return kind&natsOpRead != 0
 	case strings.Contains(subject, ".CONSUMER.") || strings.HasPrefix(subject, "$JS.FC."):
