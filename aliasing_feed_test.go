@@ -101,7 +101,7 @@ func (s *bufferCheckStore) Delete(ctx context.Context, service, key string, revi
 	return s.inner.Delete(ctx, service, key, revision)
 }
 
-// Two coordinators of one process share a Watcher over one memory store;
+// Two coordinators of one process share a Watcher over one store;
 // workers admit jobs on one key (scribbling over each admission's State),
 // run them with each coordinator's Runner (renewing once in the handler and
 // scribbling over the renewal's State), while some admissions are refused
@@ -110,18 +110,25 @@ func (s *bufferCheckStore) Delete(ctx context.Context, service, key string, revi
 // it was being written.
 func TestFedStatesAndEncodeBuffersUnderFaults(t *testing.T) {
 	t.Parallel()
+	for _, b := range coordBackends(t) {
+		t.Run(b.name, func(t *testing.T) {
+			t.Parallel()
+			testFedStatesAndEncodeBuffers(t, b)
+		})
+	}
+}
+
+func testFedStatesAndEncodeBuffers(t *testing.T, b coordBackend) {
 	seed := time.Now().UnixNano()
 	t.Logf("seed %d", seed)
 	ctx := context.Background()
-	mem := NewMemoryStore()
-	// The coordinators do not see the store's limit: a state over it is
-	// refused by the store.
-	require.NoError(t, mem.SetMaxValueSize(3000))
-	st := &bufferCheckStore{inner: mem, rec: newRecordingStore(mem), rng: rand.New(rand.NewPCG(uint64(seed), 1))}
-	w, err := NewWatcher(mem)
+	// The coordinators do not see the store's limit (bufferCheckStore
+	// hides it): a state over it is refused by the store.
+	raw, svc := b.openLimited(t, 3000)
+	st := &bufferCheckStore{inner: raw, rec: newRecordingStore(raw), rng: rand.New(rand.NewPCG(uint64(seed), 1))}
+	w, err := NewWatcher(raw.(WatchableStore))
 	require.NoError(t, err)
 	t.Cleanup(w.Close)
-	svc := jkService("feed")
 	policy := Policy{Key: []string{"tenant", "/tenant"}, MaxActive: 2, MaxQueuedPerKey: 64, HeartbeatInterval: time.Second, HeartbeatTTL: 10 * time.Second}
 	payload := benchPayload(0)
 
@@ -224,6 +231,6 @@ func TestFedStatesAndEncodeBuffersUnderFaults(t *testing.T) {
 	require.Positive(t, st.lostReply.Load(), "no lost reply: the test did not test them")
 	require.Positive(t, st.tooLarge.Load(), "no value refused as too large: the test did not test it")
 	// Every job either ran or was refused: the key ends empty.
-	_, _, err = mem.Get(ctx, svc, mustKey(t, procs[0].jt, payload).KVKey)
+	_, _, err = raw.Get(ctx, svc, mustKey(t, procs[0].jt, payload).KVKey)
 	require.ErrorIs(t, err, ErrKeyNotFound, "the key holds jobs no one ran")
 }
