@@ -79,14 +79,16 @@ type serviceWatch struct {
 // arrival order, the latest change the watch delivered (or a coordinator
 // of the process handed off), and the key tables of the coordinators it
 // feeds that change to. Guarded by Watcher.mu, but w, sw and kvKey, which
-// are set once, and nwaiting.
+// are set once, and the atomics.
 type keyWatch struct {
 	w       *Watcher
 	sw      *serviceWatch
 	kvKey   string
 	waiters []*Subscription
-	// nwaiting is len(waiters), for handoff to read without the lock.
+	// nwaiting is len(waiters), and nrev is rev, for handoff to read
+	// without the lock.
 	nwaiting atomic.Int32
+	nrev     atomic.Uint64
 	tables   map[*keyTable]int // coordinators' key tables, by waiters using them
 	rev      uint64            // the revision of the latest change delivered; 0 before one
 	seq      uint64            // changes delivered
@@ -460,12 +462,14 @@ func (w *Watcher) dispatchChange(sw *serviceWatch, c keyChange) {
 		// Only lingering feeds: no wake-up needs the state, and the
 		// coordinators decode it if an operation uses it.
 		kw.rev, kw.state, kw.decoded, kw.pending = c.rev, nil, false, &c
+		kw.nrev.Store(c.rev)
 		for t := range kw.tables {
 			t.watchedValue(c.kvKey, sw.service, c.value, c.rev)
 		}
 		return
 	default:
 		kw.rev, kw.state, kw.decoded, kw.pending = c.rev, nil, true, nil
+		kw.nrev.Store(c.rev)
 		if !c.deleted {
 			kw.state, kw.decoded = kw.decode(sw.service, c)
 		}
@@ -495,8 +499,8 @@ func (w *Watcher) handoff(kvKey string, st *KeyState, rev uint64) {
 		return
 	}
 	kw := v.(*keyWatch)
-	if kw.nwaiting.Load() == 0 {
-		return
+	if kw.nwaiting.Load() == 0 || rev <= kw.nrev.Load() {
+		return // often: the watch's delivery may come before the write's reply
 	}
 	w.mu.Lock()
 	defer w.mu.Unlock()
@@ -507,6 +511,7 @@ func (w *Watcher) handoff(kvKey string, st *KeyState, rev uint64) {
 	kw.at = time.Now()
 	kw.echo = rev
 	kw.rev, kw.state, kw.decoded, kw.pending = rev, st, true, nil
+	kw.nrev.Store(rev)
 	for t := range kw.tables {
 		t.watched(kvKey, st, rev, true)
 	}
