@@ -387,6 +387,7 @@ func (c *KeyCoordinator) commitBatch(e *keyEntry, key JobKey, lead *laneOp, buf 
 		e.written()
 		if err == nil {
 			e.commit(snap, rev, c.cfg.RetryBackoff)
+			c.keys.handoff(key.KVKey, snap, rev) // wake this process's waiters now, not at the watch's echo
 		}
 	}
 	if err == nil {

@@ -4,7 +4,9 @@ import (
 	"bytes"
 	"context"
 	mrand "math/rand/v2"
+	"slices"
 	"sync"
+	"sync/atomic"
 	"time"
 )
 
@@ -29,6 +31,10 @@ type keyTable struct {
 	mu      sync.Mutex
 	max     int
 	entries map[string]*keyEntry
+	// feeds are the Watchers this coordinator's Runners waited through
+	// (see Watcher.linked): its writes are handed to them (handoff).
+	// Replaced, never modified, under mu.
+	feeds atomic.Pointer[[]*Watcher]
 }
 
 // keyEntry is one key's entry. users is guarded by keyTable.mu, the other
@@ -185,6 +191,56 @@ func (t *keyTable) unwatched(k string) {
 		e.mu.Lock()
 		e.fresh, e.feedGen = false, e.feedGen+1
 		e.mu.Unlock()
+	}
+}
+
+// link adds w to t's feeds. Called with w.mu held.
+func (t *keyTable) link(w *Watcher) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	var ws []*Watcher
+	if old := t.feeds.Load(); old != nil {
+		ws = slices.Clone(*old)
+	}
+	ws = append(ws, w)
+	t.feeds.Store(&ws)
+}
+
+// unlink removes w from t's feeds. Called with w.mu held.
+func (t *keyTable) unlink(w *Watcher) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	old := t.feeds.Load()
+	if old == nil {
+		return
+	}
+	ws := slices.DeleteFunc(slices.Clone(*old), func(x *Watcher) bool { return x == w })
+	if len(ws) == 0 {
+		t.feeds.Store(nil)
+		return
+	}
+	t.feeds.Store(&ws)
+}
+
+// handoff hands a write of k that this coordinator committed, the state
+// st at revision rev (a stored revision: the write's reply says so), to
+// the Watchers its Runners wait through, which wake the waiters on k it
+// frees slots for at once, and feed it to the entries of k of every
+// coordinator they feed, this one's and the process's others (see
+// Watcher.handoff). A coordinator that no Runner waited through a Watcher
+// with does nothing. Call it after commit, with no lock held (the lane
+// may be: no Watcher waits for a lane); st must not be modified.
+//
+// A delete is not handed off: the store does not say the revision of its
+// delete marker, and a change without its revision cannot be ordered
+// against the watch's. Its watch delivery wakes the waiters.
+func (t *keyTable) handoff(k string, st *KeyState, rev uint64) {
+	ws := t.feeds.Load()
+	if ws == nil || st == nil {
+		return
+	}
+	for _, w := range *ws {
+		w.handoff(k, st, rev)
 	}
 }
 

@@ -7,6 +7,7 @@ import (
 	"slices"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 )
 
@@ -24,7 +25,11 @@ import (
 // short grace per job ahead. It hands each such key's latest state and
 // revision to the waiters' coordinators, so that a woken Runner decides and
 // writes without reading the key, and keeps doing so for a second after the
-// last waiter leaves, for the release and the next admission. A store that
+// last waiter leaves, for the release and the next admission. A write of
+// such a key by a coordinator whose Runners have waited through the
+// Watcher (a release, most of all) reaches it as soon as the write's reply
+// does, not when its watch delivers the write: the waiters in the process
+// the write frees slots for are woken at once. A store that
 // wraps one of these (its own type) gets plain signals. The cost: the
 // service's watch carries every value written to any of its keys, not only
 // the keys waited on (those alone are decoded), so each Watcher receives the
@@ -49,6 +54,13 @@ type Watcher struct {
 	closed  bool
 	watches map[string]*serviceWatch
 	decodes uint64 // watched values decoded (see keyWatch.decode)
+	// linked are the key tables of the coordinators whose Runners waited
+	// through this Watcher: each hands its writes to it (see handoff)
+	// until Close.
+	linked map[*keyTable]struct{}
+	// waited maps the KV key of every keyWatch of a running watch to it,
+	// for handoff to find without the lock. Written under mu.
+	waited sync.Map
 }
 
 // serviceWatch is the watch of one service and its subscribers. Its fields
@@ -64,14 +76,23 @@ type serviceWatch struct {
 
 // keyWatch is what a Watcher keeps of one key that waiters (the blocked
 // acquisitions of Runners, see subscribeWaiter) wait on: the waiters in
-// arrival order, the latest change the watch delivered, and the key tables
-// of the coordinators it feeds that change to. Guarded by Watcher.mu.
+// arrival order, the latest change the watch delivered (or a coordinator
+// of the process handed off), and the key tables of the coordinators it
+// feeds that change to. Guarded by Watcher.mu, but w, sw and kvKey, which
+// are set once, and the atomics.
 type keyWatch struct {
+	w       *Watcher
+	sw      *serviceWatch
+	kvKey   string
 	waiters []*Subscription
-	tables  map[*keyTable]int // coordinators' key tables, by waiters using them
-	rev     uint64            // the revision of the latest change delivered; 0 before one
-	seq     uint64            // changes delivered
-	at      time.Time         // when the latest change was delivered
+	// nwaiting is len(waiters), and nrev is rev, for handoff to read
+	// without the lock.
+	nwaiting atomic.Int32
+	nrev     atomic.Uint64
+	tables   map[*keyTable]int // coordinators' key tables, by waiters using them
+	rev      uint64            // the revision of the latest change delivered; 0 before one
+	seq      uint64            // changes delivered
+	at       time.Time         // when the latest change was delivered
 	// deferred wakes the waiters whose turn (see turn) comes after the
 	// latest change: it runs wake again at deferredAt (zero when not
 	// armed).
@@ -99,6 +120,10 @@ type keyWatch struct {
 	// every change.
 	state   *KeyState
 	decoded bool
+	// echo is the revision of the latest change handed off by a
+	// coordinator of this process (see handoff) whose delivery by the
+	// watch has not come yet; 0 when none.
+	echo uint64
 }
 
 // NewWatcher returns a watcher over store, which should be the store of the
@@ -109,7 +134,8 @@ func NewWatcher(store WatchableStore) (*Watcher, error) {
 		return nil, fmt.Errorf("%w: watcher store is nil", ErrInvalidRequest)
 	}
 	ctx, cancel := context.WithCancel(context.Background())
-	return &Watcher{store: store, ctx: ctx, cancel: cancel, grace: waiterGrace, watches: make(map[string]*serviceWatch)}, nil
+	return &Watcher{store: store, ctx: ctx, cancel: cancel, grace: waiterGrace, watches: make(map[string]*serviceWatch),
+		linked: make(map[*keyTable]struct{})}, nil
 }
 
 // Subscribe registers interest in changes of kvKey (a [JobKey.KVKey]) in
@@ -196,8 +222,13 @@ func (w *Watcher) subscribe(ctx context.Context, service, kvKey string, wt *wait
 				}
 				wt.wokenAt = kw.seq
 				kw.waiters = append(kw.waiters, sub)
-				if wt.table != nil {
-					kw.tables[wt.table]++
+				kw.nwaiting.Store(int32(len(kw.waiters)))
+				if t := wt.table; t != nil {
+					kw.tables[t]++
+					if _, ok := w.linked[t]; !ok {
+						w.linked[t] = struct{}{}
+						t.link(w)
+					}
 				}
 			}
 			w.mu.Unlock()
@@ -225,8 +256,9 @@ func (w *Watcher) subscribe(ctx context.Context, service, kvKey string, wt *wait
 
 // newKeyWatch returns the keyWatch of kvKey in sw. Called with w.mu held.
 func (w *Watcher) newKeyWatch(sw *serviceWatch, kvKey string) *keyWatch {
-	kw := &keyWatch{tables: make(map[*keyTable]int), grace: w.grace, decodes: &w.decodes, service: sw.service,
-		linger: make(map[*keyTable]bool)}
+	kw := &keyWatch{w: w, sw: sw, kvKey: kvKey, tables: make(map[*keyTable]int), grace: w.grace, decodes: &w.decodes,
+		service: sw.service, linger: make(map[*keyTable]bool)}
+	w.waited.Store(kvKey, kw)
 	kw.rewake = func() {
 		w.mu.Lock()
 		defer w.mu.Unlock()
@@ -282,6 +314,7 @@ func (w *Watcher) drop(sw *serviceWatch, kvKey string, kw *keyWatch) {
 	if sw.keys[kvKey] == kw {
 		delete(sw.keys, kvKey)
 	}
+	w.waited.CompareAndDelete(kvKey, kw)
 }
 
 // stop stops kw's timers, for a keyWatch no longer used. Called with
@@ -372,6 +405,7 @@ func (w *Watcher) monitor(sw *serviceWatch, ended <-chan struct{}, cancel contex
 	clear(sw.subs)
 	for kvKey, kw := range sw.keys {
 		kw.stop()
+		w.waited.CompareAndDelete(kvKey, kw) // nothing to hand off to any more
 		for t := range kw.tables {
 			t.unwatched(kvKey) // changes from now on may be missed
 		}
@@ -405,29 +439,81 @@ func (w *Watcher) dispatchChange(sw *serviceWatch, c keyChange) {
 	if kw == nil {
 		return
 	}
+	if c.rev != 0 && c.rev <= kw.rev {
+		// Already held: handed off by a coordinator of this process (see
+		// handoff), or delivered before (a restarted consumer delivers it
+		// again). The echo of a handed-off change is when other processes
+		// learn of it: the turns of the waiters behind their jobs count
+		// from now.
+		if c.rev == kw.echo {
+			kw.echo = 0
+			kw.at = time.Now()
+			kw.wake(kw.at)
+		}
+		return
+	}
 	kw.seq++
 	kw.at = time.Now()
+	kw.echo = 0
 	switch {
 	case c.rev == 0: // no values: every change may help anyone
 		kw.decoded = false
-	case c.rev <= kw.rev:
-		return // already held (a restarted consumer delivers it again)
 	case len(kw.waiters) == 0 && !c.deleted:
 		// Only lingering feeds: no wake-up needs the state, and the
 		// coordinators decode it if an operation uses it.
 		kw.rev, kw.state, kw.decoded, kw.pending = c.rev, nil, false, &c
+		kw.nrev.Store(c.rev)
 		for t := range kw.tables {
 			t.watchedValue(c.kvKey, sw.service, c.value, c.rev)
 		}
 		return
 	default:
 		kw.rev, kw.state, kw.decoded, kw.pending = c.rev, nil, true, nil
+		kw.nrev.Store(c.rev)
 		if !c.deleted {
 			kw.state, kw.decoded = kw.decode(sw.service, c)
 		}
 		for t := range kw.tables {
 			t.watched(c.kvKey, kw.state, c.rev, kw.decoded)
 		}
+	}
+	kw.wake(kw.at)
+}
+
+// handoff is dispatchChange for a write of kvKey that a coordinator of
+// this process committed, its key table linked to w (see keyTable.handoff):
+// state st at revision rev (nil: absent), a stored revision, since the
+// write's reply said so. Its waiters are woken at once, as the watch's
+// delivery would wake them, instead of after the round trip of that
+// delivery; when it comes (the echo), it changes nothing, since revisions
+// only go forward. A key nobody waits on is left to the watch (its
+// lingering feeds need no hurry), and so is a change the watch has
+// already delivered, or a later one.
+//
+// Other processes learn of the change from their watches: the turns of
+// waiters whose jobs have other processes' jobs queued ahead of them
+// (see turn) count from the echo, as they would without the handoff.
+func (w *Watcher) handoff(kvKey string, st *KeyState, rev uint64) {
+	v, ok := w.waited.Load(kvKey)
+	if !ok {
+		return
+	}
+	kw := v.(*keyWatch)
+	if kw.nwaiting.Load() == 0 || rev <= kw.nrev.Load() {
+		return // often: the watch's delivery may come before the write's reply
+	}
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if w.closed || kw.sw.ended || kw.sw.keys[kvKey] != kw || rev <= kw.rev || len(kw.waiters) == 0 {
+		return
+	}
+	kw.seq++
+	kw.at = time.Now()
+	kw.echo = rev
+	kw.rev, kw.state, kw.decoded, kw.pending = rev, st, true, nil
+	kw.nrev.Store(rev)
+	for t := range kw.tables {
+		t.watched(kvKey, st, rev, true)
 	}
 	kw.wake(kw.at)
 }
@@ -498,8 +584,12 @@ func (kw *keyWatch) wake(now time.Time) {
 		if wt.woken || !(kw.decoded && wt.seen < kw.rev || !kw.decoded && wt.wokenAt < kw.seq) {
 			continue
 		}
-		if at := kw.turn(wt.jobID, queued, free); now.Before(at) {
-			if later.IsZero() || at.Before(later) {
+		if at := kw.turn(wt.jobID, queued, free); !at.IsZero() && (kw.echo != 0 || now.Before(at)) {
+			// Its turn comes after the jobs of other processes ahead of
+			// it; while the change is one handed off here whose echo has
+			// not come, the other processes may not know of it yet, and
+			// the turn counts from the echo (see dispatchChange).
+			if kw.echo == 0 && (later.IsZero() || at.Before(later)) {
 				later = at
 			}
 			continue
@@ -558,6 +648,10 @@ func (kw *keyWatch) waiting(jobID string) bool {
 func (w *Watcher) Close() {
 	w.mu.Lock()
 	w.closed = true
+	for t := range w.linked {
+		t.unlink(w)
+	}
+	clear(w.linked)
 	w.mu.Unlock()
 	if w.cancel != nil { // nil in the zero value, which has no watches
 		w.cancel()
@@ -660,6 +754,7 @@ func (s *Subscription) closeWaiter() {
 		return // closed before
 	}
 	kw.waiters = slices.Delete(kw.waiters, i, i+1)
+	kw.nwaiting.Store(int32(len(kw.waiters)))
 	if t := s.waiter.table; t != nil {
 		switch {
 		case kw.tables[t] == 1 && !kw.linger[t] && !s.sw.ended:
