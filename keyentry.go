@@ -622,3 +622,51 @@ func sleepJitter(ctx context.Context, window time.Duration) error {
 		return nil
 	}
 }
+
+// queuedBehind returns, when the state of key's entry is the latest its
+// watch feed knows of (trusted) and has job jobID queued behind at least
+// as many jobs as it leaves slots free (of limit; a lease that expired by
+// now counts as free), the blocked outcome that state stands for and its
+// revision: a try now would take a free slot ahead of jobs queued before
+// it, or find the key busy. It returns 0 otherwise: the entry is not
+// trusted, the job is not queued there (the feed may not have delivered
+// its admission yet), or it is among the first free queued jobs, or holds
+// a slot of its own (the reducer decides what a retry gets).
+func (t *keyTable) queuedBehind(key JobKey, jobID string, limit int, now time.Time) (Acquisition, uint64) {
+	e := t.entry(key.KVKey)
+	if e == nil {
+		return Acquisition{}, 0
+	}
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	if !e.trusted() {
+		return Acquisition{}, 0
+	}
+	e.materialize()
+	st := e.state
+	if st == nil || !e.known {
+		return Acquisition{}, 0
+	}
+	i := indexQueued(st.Queued, jobID)
+	if i < 0 {
+		return Acquisition{}, 0
+	}
+	out := Acquisition{Kind: KindBlocked, Reason: ReasonActiveLimit, DisplayKey: key.DisplayKey, KeyHash: key.KeyHash,
+		Queued: len(st.Queued), Limit: limit}
+	for k := range st.Active {
+		slot := &st.Active[k]
+		if slot.JobID == jobID {
+			return Acquisition{}, 0
+		}
+		if exp := slot.LeaseExpiresAt; exp.After(now) {
+			out.Active++
+			if out.NextExpiry.IsZero() || exp.Before(out.NextExpiry) {
+				out.NextExpiry = exp
+			}
+		}
+	}
+	if i < limit-out.Active {
+		return Acquisition{}, 0
+	}
+	return out, e.rev
+}

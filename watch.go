@@ -158,10 +158,27 @@ func (w *Watcher) Subscribe(ctx context.Context, service, kvKey string) (*Subscr
 // key busy at revision seen the waiter calls rearm(seen). While it lasts,
 // the watch feeds the key's changes to t (see keyTable.watched).
 func (w *Watcher) subscribeWaiter(ctx context.Context, service, kvKey, jobID string, limit int, t *keyTable) (*Subscription, error) {
+	return w.subscribeQueued(ctx, service, kvKey, jobID, limit, t, 0)
+}
+
+// subscribeQueued is subscribeWaiter for a job that, with behind not 0,
+// its coordinator's watch-fed state at revision behind has queued behind
+// the jobs that may take the key's free slots (see Runner.queuedBehind):
+// the waiter starts out not woken, as if its try had found the key busy
+// just before revision behind, so that it is woken by the same rules as
+// any waiter (see wake and turn) once this Watcher holds revision behind
+// or a later one. A Watcher that holds no state of the key (its watch
+// of the key just began) wakes it at once: it has no queue to take turns
+// by.
+func (w *Watcher) subscribeQueued(ctx context.Context, service, kvKey, jobID string, limit int, t *keyTable, behind uint64) (*Subscription, error) {
 	if valueWatcherOf(w.store) == nil {
-		t = nil // a watch without values has no state to feed
+		t, behind = nil, 0 // a watch without values has no state to feed, nor turns
 	}
-	return w.subscribe(ctx, service, kvKey, &waiter{jobID: jobID, limit: limit, table: t, woken: true})
+	wt := &waiter{jobID: jobID, limit: limit, table: t, woken: true, index: -1}
+	if behind != 0 {
+		wt.woken, wt.seen = false, behind-1
+	}
+	return w.subscribe(ctx, service, kvKey, wt)
 }
 
 func (w *Watcher) subscribe(ctx context.Context, service, kvKey string, wt *waiter) (*Subscription, error) {
@@ -228,6 +245,17 @@ func (w *Watcher) subscribe(ctx context.Context, service, kvKey string, wt *wait
 					if _, ok := w.linked[t]; !ok {
 						w.linked[t] = struct{}{}
 						t.link(w)
+					}
+				}
+				if !wt.woken {
+					// Queued behind others (subscribeQueued): woken when
+					// its turn comes, or at once without a state to
+					// take turns by.
+					if !kw.decoded && kw.pending == nil {
+						wt.woken = true
+						sub.signal()
+					} else {
+						kw.wake(time.Now())
 					}
 				}
 			}
@@ -544,10 +572,12 @@ const waiterGrace = 2 * time.Millisecond
 
 // wake signals the waiters the latest change can help: as many as it
 // leaves slots free, counting those already woken and not yet back, in
-// arrival order, passing over waiters that found the key busy at that
-// revision or later, and those whose turn has not come (see turn; a timer
-// wakes them when it does). Without a decoded state it wakes every waiter
-// that no change has been delivered to since it was last woken.
+// the order of their jobs in the key's queue (waiters whose jobs are not
+// queued, retries, first, then in arrival order), passing over waiters
+// that found the key busy at that revision or later, and those whose turn
+// has not come (see turn; a timer wakes them when it does). Without a
+// decoded state it wakes, in arrival order, every waiter that no change
+// has been delivered to since it was last woken.
 func (kw *keyWatch) wake(now time.Time) {
 	if c := kw.pending; c != nil {
 		kw.pending = nil
@@ -568,6 +598,7 @@ func (kw *keyWatch) wake(now time.Time) {
 		}
 		free = max(limit-live, 0)
 		queued = kw.state.Queued
+		kw.order(queued)
 	}
 	woken := 0
 	for _, sub := range kw.waiters {
@@ -576,15 +607,24 @@ func (kw *keyWatch) wake(now time.Time) {
 		}
 	}
 	var later time.Time // the earliest turn still to come
+	local := 0          // waiters passed whose jobs are queued (ahead of the next)
 	for _, sub := range kw.waiters {
 		if woken >= free {
 			break
 		}
 		wt := sub.waiter
+		i := -1
+		if queued != nil {
+			i = wt.index
+		}
+		ahead := i - local // jobs queued ahead of wt's that no waiter here waits for
+		if i >= 0 {
+			local++
+		}
 		if wt.woken || !(kw.decoded && wt.seen < kw.rev || !kw.decoded && wt.wokenAt < kw.seq) {
 			continue
 		}
-		if at := kw.turn(wt.jobID, queued, free); !at.IsZero() && (kw.echo != 0 || now.Before(at)) {
+		if at := kw.turn(i, ahead, free); !at.IsZero() && (kw.echo != 0 || now.Before(at)) {
 			// Its turn comes after the jobs of other processes ahead of
 			// it; while the change is one handed off here whose echo has
 			// not come, the other processes may not know of it yet, and
@@ -608,38 +648,65 @@ func (kw *keyWatch) wake(now time.Time) {
 	}
 }
 
-// turn returns when the waiter of job jobID may try for one of free slots
-// after the latest change: at once (the zero time) unless jobs of other
-// waiters than this Watcher's are queued ahead of it, at least free of
-// them; then waiterGrace after the change per such job beyond the free
-// slots. The jobs queued ahead would take the slots first (every process
-// wakes its waiters by the same queue), so trying at once would only lose
-// races to them; should they not try, the waiters behind them still do.
-func (kw *keyWatch) turn(jobID string, queued []QueuedJob, free int) time.Time {
-	i := indexQueued(queued, jobID)
-	if i <= 0 {
-		return time.Time{} // the head, or not queued (a retry)
-	}
-	ahead := 0
-	for _, q := range queued[:i] {
-		if !kw.waiting(q.JobID) {
-			ahead++
+// order sets each waiter's index, the place of its job in queued (-1: not
+// queued), and sorts kw.waiters by it, stably: waiters whose jobs are not
+// queued first, in arrival order. A job's place only moves forward while it
+// is queued (jobs leave the queue, and join at its tail), so each search
+// starts from the waiter's last index and usually ends there or one place
+// before. Called with Watcher.mu held.
+func (kw *keyWatch) order(queued []QueuedJob) {
+	sorted := true
+	for k, sub := range kw.waiters {
+		wt := sub.waiter
+		wt.index = queuedFrom(queued, wt.jobID, wt.index)
+		if k > 0 && wt.index < kw.waiters[k-1].waiter.index {
+			sorted = false
 		}
 	}
-	if ahead < free {
+	if sorted {
+		return
+	}
+	for k := 1; k < len(kw.waiters); k++ { // insertion sort: stable, and the waiters are nearly sorted
+		for j := k; j > 0 && kw.waiters[j].waiter.index < kw.waiters[j-1].waiter.index; j-- {
+			kw.waiters[j], kw.waiters[j-1] = kw.waiters[j-1], kw.waiters[j]
+		}
+	}
+}
+
+// queuedFrom is indexQueued(queued, jobID), searching from index hint
+// towards the head first (a hint of -1 or past the tail starts at the
+// tail).
+func queuedFrom(queued []QueuedJob, jobID string, hint int) int {
+	if hint < 0 || hint >= len(queued) {
+		hint = len(queued) - 1
+	}
+	for i := hint; i >= 0; i-- {
+		if queued[i].JobID == jobID {
+			return i
+		}
+	}
+	for i := hint + 1; i < len(queued); i++ {
+		if queued[i].JobID == jobID {
+			return i
+		}
+	}
+	return -1
+}
+
+// turn returns when the waiter whose job is at index i of the key's queue
+// (-1: not queued, a retry) may try for one of free slots after the latest
+// change, ahead being the jobs queued before it that no waiter of this
+// Watcher waits for: at once (the zero time) for the head, a job not
+// queued, or fewer jobs ahead than free slots; else waiterGrace after the
+// change per such job beyond the free slots. The jobs queued ahead would
+// take the slots first (every process wakes its waiters by the same
+// queue), so trying at once would only lose races to them, or take their
+// turns; should they not try, the waiters behind them still do.
+func (kw *keyWatch) turn(i, ahead, free int) time.Time {
+	if i <= 0 || ahead < free {
 		return time.Time{}
 	}
 	return kw.at.Add(time.Duration(ahead-free+1) * kw.grace)
-}
-
-// waiting reports whether one of kw's waiters waits for job jobID.
-func (kw *keyWatch) waiting(jobID string) bool {
-	for _, sub := range kw.waiters {
-		if sub.waiter.jobID == jobID {
-			return true
-		}
-	}
-	return false
 }
 
 // Close stops every watch, ends every subscription (their Done channels
@@ -684,6 +751,7 @@ type waiter struct {
 	woken   bool
 	seen    uint64 // the revision its last try found the key busy at; 0 unknown
 	wokenAt uint64 // keyWatch.seq when it was last woken
+	index   int    // its job's place in the queue at the last wake (see order); -1 not queued
 }
 
 // signal makes a value pending on Changed. Called with Watcher.mu held.
