@@ -20,9 +20,11 @@ import (
 // For the [Runner]s it serves, a Watcher over a [NATSStore] or
 // [MemoryStore] does more than signal: its watch carries the values of the
 // keys they wait on, and it wakes only as many waiting Runners as a change
-// leaves slots free (a heartbeat wakes none), in arrival order, holding back
-// those whose jobs have other processes' jobs queued ahead of them for a
-// short grace per job ahead. It hands each such key's latest state and
+// leaves slots free (a heartbeat wakes none), in the order of their jobs in
+// the key's queue, holding back those whose jobs have other processes'
+// jobs queued ahead of them for a short grace per job ahead; a Run whose
+// job is queued behind others does not try before its turn either (see
+// [Runner.Run]). It hands each such key's latest state and
 // revision to the waiters' coordinators, so that a woken Runner decides and
 // writes without reading the key, and keeps doing so for a second after the
 // last waiter leaves, for the release and the next admission. A write of
@@ -75,8 +77,9 @@ type serviceWatch struct {
 }
 
 // keyWatch is what a Watcher keeps of one key that waiters (the blocked
-// acquisitions of Runners, see subscribeWaiter) wait on: the waiters in
-// arrival order, the latest change the watch delivered (or a coordinator
+// acquisitions of Runners, see subscribeWaiter) wait on: the waiters (in
+// arrival order, sorted by their jobs' places in the queue at each wake),
+// the latest change the watch delivered (or a coordinator
 // of the process handed off), and the key tables of the coordinators it
 // feeds that change to. Guarded by Watcher.mu, but w, sw and kvKey, which
 // are set once, and the atomics.
