@@ -175,7 +175,7 @@ func (w *Watcher) subscribeWaiter(ctx context.Context, service, kvKey, jobID str
 // by.
 func (w *Watcher) subscribeQueued(ctx context.Context, service, kvKey, jobID string, limit int, t *keyTable, behind uint64) (*Subscription, error) {
 	if valueWatcherOf(w.store) == nil {
-		t, behind = nil, 0 // a watch without values has no state to feed, nor turns
+		t = nil // a watch without values has no state to feed, nor turns: a waiter behind is woken at once
 	}
 	wt := &waiter{jobID: jobID, limit: limit, table: t, woken: true, index: -1}
 	if behind != 0 {
