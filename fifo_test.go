@@ -339,3 +339,63 @@ func TestRunnerFIFOTryRunAndRetryTryAtOnce(t *testing.T) {
 	assert.Equal(t, KindReleased, res.Release)
 	assert.Zero(t, blockedRuns, "a retry waited for its turn")
 }
+
+// TestRunnerFIFOWatcherLaggingBehindEntry: the coordinator's entry holds
+// the job's own admission (its write) before the Watcher's watch delivers
+// it. The Watcher's older state does not have the job queued, and with a
+// free slot would let it try at once; the waiter must instead wait until
+// the Watcher holds the state its Run decided on, and then take its turn
+// behind the head.
+func TestRunnerFIFOWatcherLaggingBehindEntry(t *testing.T) {
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	mem := NewMemoryStore()
+	service := rtService()
+	hw := heldMemoryWatcher(t, mem, service)
+	hw.grace = time.Hour // the dead head is never passed here
+	c, err := NewCoordinator(mem, nil)
+	require.NoError(t, err)
+	jt, err := c.JobType(service, benchJobType, fifoPolicy)
+	require.NoError(t, err)
+	r, err := NewRunner(jt, &RunnerConfig{Watcher: hw.Watcher, RecheckInterval: time.Minute})
+	require.NoError(t, err)
+	p := &fifoProc{t: t, mem: mem, jt: jt, w: hw.Watcher, r: r, service: service, payload: benchPayload(0)}
+	p.kvKey = mustKey(t, jt, p.payload).KVKey
+	other := newFIFOProc(t, mem, service, fifoPolicy, RunnerConfig{})
+
+	// A waiter came and left: the feed lingers, and with no waiter the
+	// coordinator's writes are not handed to the Watcher.
+	sub, err := hw.subscribeWaiter(ctx, service, p.kvKey, "feed", fifoPolicy.MaxActive, jt.coord.keys)
+	require.NoError(t, err)
+	sub.rearm(math.MaxUint64)
+	other.admit("dead")
+	p.awaitTrusted()
+	sub.Close()
+	hw.hold()
+	p.admit("n")
+	e := jt.coord.keys.entry(p.kvKey)
+	require.NotNil(t, e)
+	e.mu.Lock()
+	trusted, rev := e.trusted(), e.rev
+	e.mu.Unlock()
+	if !trusted {
+		t.Skip("the lingering feed ended before the test used it (machine too slow)")
+	}
+
+	done := p.run(ctx, "n", func(context.Context, Lease) error { return nil })
+	require.Eventually(t, func() bool { return p.waiting("n") }, rtWait, time.Millisecond,
+		"n tried although the Watcher's state, older than its admission, was all it had to take turns by")
+	hw.release()
+	require.Eventually(t, func() bool {
+		var got uint64
+		hw.mu.Lock()
+		if sw := hw.watches[service]; sw != nil && sw.keys[p.kvKey] != nil {
+			got = sw.keys[p.kvKey].rev
+		}
+		hw.mu.Unlock()
+		return got >= rev
+	}, rtWait, time.Millisecond, "the Watcher never got the admission")
+	assert.True(t, p.waiting("n"), "n was woken ahead of the head of the queue")
+	cancel()
+	require.ErrorIs(t, <-done, context.Canceled)
+}
