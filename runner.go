@@ -267,6 +267,17 @@ func (r *Runner) acquire(ctx context.Context, jobID string, payload any, opts []
 				}
 				return Acquisition{}, time.Time{}, 0, fmt.Errorf("jobkeys: wait for a slot for job %q: %w (a Runner without a Watcher polls instead)", jobID, err)
 			}
+			if behind == 0 && sub.waiter.table != nil {
+				// The key may have changed before the subscription; if the
+				// feed now has the job queued behind others, it is their
+				// turn first: it waits as if it had found the key busy
+				// just before that state.
+				var ahead Acquisition
+				if ahead, behind = r.queuedBehind(jobID, payload, opts); behind != 0 {
+					acq = ahead
+					sub.rearm(behind - 1)
+				}
+			}
 			if behind != 0 {
 				// Its turn comes after the jobs queued ahead of it: the
 				// Watcher wakes it then, as it wakes a waiter.
