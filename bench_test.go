@@ -206,7 +206,7 @@ func benchHotKey(b *testing.B, s *server.Server, n, conns int) {
 		r  *Runner
 	}
 	procs := map[*benchConn]proc{}
-	noop := func(context.Context, Lease) error { return nil }
+	order := newBenchOrder()
 	procConns := benchParallelConns(b, s, n, conns, "cycles/s", func(ctx context.Context, w *benchConn, worker int) func(int) error {
 		p, ok := procs[w]
 		if !ok {
@@ -228,7 +228,11 @@ func benchHotKey(b *testing.B, s *server.Server, n, conns int) {
 			if adm.Kind != KindAccepted {
 				return fmt.Errorf("admit %s: %s %s", jobID, adm.Kind, adm.Reason)
 			}
-			res, err := p.r.Run(ctx, jobID, payload, noop)
+			ahead := benchAhead(adm.State, jobID)
+			res, err := p.r.Run(ctx, jobID, payload, func(context.Context, Lease) error {
+				order.start(jobID, ahead)
+				return nil
+			})
 			if errors.Is(err, ErrContention) {
 				contention.Add(1)
 			}
@@ -250,6 +254,7 @@ func benchHotKey(b *testing.B, s *server.Server, n, conns int) {
 			c.totals.reads.Store(0)
 			c.totals.writes.Store(0)
 		}
+		order.reset()
 	})
 	var reads, writes int64
 	for _, c := range procConns {
@@ -259,6 +264,52 @@ func benchHotKey(b *testing.B, s *server.Server, n, conns int) {
 	b.ReportMetric(float64(reads)/float64(b.N), "reads/cycle")
 	b.ReportMetric(float64(writes)/float64(b.N), "writes/cycle")
 	b.ReportMetric(float64(contention.Load()), "contention-errors")
+	b.ReportMetric(float64(order.outOfOrder)/float64(b.N), "out-of-order/cycle")
+}
+
+// benchOrder counts the starts of a hot key's jobs that came out of queue
+// order: a job started while a job queued ahead of it at its admission
+// had not started yet. With MaxActive 1 the handlers run one at a time,
+// so the order they start in is the order of the acquisitions.
+type benchOrder struct {
+	mu         sync.Mutex
+	started    map[string]struct{}
+	outOfOrder int
+}
+
+func newBenchOrder() *benchOrder { return &benchOrder{started: make(map[string]struct{})} }
+
+// start records job jobID's start; ahead are the jobs queued ahead of it
+// at its admission.
+func (o *benchOrder) start(jobID string, ahead []QueuedJob) {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	for i := range ahead {
+		if _, ok := o.started[ahead[i].JobID]; !ok {
+			o.outOfOrder++
+			break
+		}
+	}
+	o.started[jobID] = struct{}{}
+}
+
+// reset forgets the count (of the warm-up), not the jobs started.
+func (o *benchOrder) reset() {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	o.outOfOrder = 0
+}
+
+// benchAhead returns the jobs st (an admission's new state, immutable)
+// has queued ahead of jobID.
+func benchAhead(st *KeyState, jobID string) []QueuedJob {
+	if st == nil {
+		return nil
+	}
+	if i := indexQueued(st.Queued, jobID); i > 0 {
+		return st.Queued[:i]
+	}
+	return nil
 }
 
 // benchParallel runs b.N ops over n workers, each with its own connection,

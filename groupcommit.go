@@ -429,6 +429,7 @@ func (c *KeyCoordinator) commitBatch(e *keyEntry, key JobKey, lead *laneOp, buf 
 	}
 	if err == nil {
 		e.commit(final, rev, c.cfg.RetryBackoff)
+		c.keys.handoff(key.KVKey, final, rev) // wake this process's waiters now, not at the watch's echo (nothing for a delete)
 		for _, op := range ops[:n] {
 			op.res = laneResult{s: start{state: s.state, rev: s.rev, verified: true}, done: op.err == nil, err: op.err}
 		}

@@ -4,7 +4,9 @@ import (
 	"bytes"
 	"context"
 	mrand "math/rand/v2"
+	"slices"
 	"sync"
+	"sync/atomic"
 	"time"
 )
 
@@ -29,6 +31,10 @@ type keyTable struct {
 	mu      sync.Mutex
 	max     int
 	entries map[string]*keyEntry
+	// feeds are the Watchers this coordinator's Runners waited through
+	// (see Watcher.linked): its writes are handed to them (handoff).
+	// Replaced, never modified, under mu.
+	feeds atomic.Pointer[[]*Watcher]
 }
 
 // keyEntry is one key's entry. users is guarded by keyTable.mu, the other
@@ -185,6 +191,56 @@ func (t *keyTable) unwatched(k string) {
 		e.mu.Lock()
 		e.fresh, e.feedGen = false, e.feedGen+1
 		e.mu.Unlock()
+	}
+}
+
+// link adds w to t's feeds. Called with w.mu held.
+func (t *keyTable) link(w *Watcher) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	var ws []*Watcher
+	if old := t.feeds.Load(); old != nil {
+		ws = slices.Clone(*old)
+	}
+	ws = append(ws, w)
+	t.feeds.Store(&ws)
+}
+
+// unlink removes w from t's feeds. Called with w.mu held.
+func (t *keyTable) unlink(w *Watcher) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	old := t.feeds.Load()
+	if old == nil {
+		return
+	}
+	ws := slices.DeleteFunc(slices.Clone(*old), func(x *Watcher) bool { return x == w })
+	if len(ws) == 0 {
+		t.feeds.Store(nil)
+		return
+	}
+	t.feeds.Store(&ws)
+}
+
+// handoff hands a write of k that this coordinator committed, the state
+// st at revision rev (a stored revision: the write's reply says so), to
+// the Watchers its Runners wait through, which wake the waiters on k it
+// frees slots for at once, and feed it to the entries of k of every
+// coordinator they feed, this one's and the process's others (see
+// Watcher.handoff). A coordinator that no Runner waited through a Watcher
+// with does nothing. Call it after commit, with no lock held (the lane
+// may be: no Watcher waits for a lane); st must not be modified.
+//
+// A delete is not handed off: the store does not say the revision of its
+// delete marker, and a change without its revision cannot be ordered
+// against the watch's. Its watch delivery wakes the waiters.
+func (t *keyTable) handoff(k string, st *KeyState, rev uint64) {
+	ws := t.feeds.Load()
+	if ws == nil || st == nil {
+		return
+	}
+	for _, w := range *ws {
+		w.handoff(k, st, rev)
 	}
 }
 
@@ -565,4 +621,52 @@ func sleepJitter(ctx context.Context, window time.Duration) error {
 	case <-t.C:
 		return nil
 	}
+}
+
+// queuedBehind returns, when the state of key's entry is the latest its
+// watch feed knows of (trusted) and has job jobID queued behind at least
+// as many jobs as it leaves slots free (of limit; a lease that expired by
+// now counts as free), the blocked outcome that state stands for and its
+// revision: a try now would take a free slot ahead of jobs queued before
+// it, or find the key busy. It returns 0 otherwise: the entry is not
+// trusted, the job is not queued there (the feed may not have delivered
+// its admission yet), or it is among the first free queued jobs, or holds
+// a slot of its own (the reducer decides what a retry gets).
+func (t *keyTable) queuedBehind(key JobKey, jobID string, limit int, now time.Time) (Acquisition, uint64) {
+	e := t.entry(key.KVKey)
+	if e == nil {
+		return Acquisition{}, 0
+	}
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	if !e.trusted() {
+		return Acquisition{}, 0
+	}
+	e.materialize()
+	st := e.state
+	if st == nil || !e.known {
+		return Acquisition{}, 0
+	}
+	i := indexQueued(st.Queued, jobID)
+	if i < 0 {
+		return Acquisition{}, 0
+	}
+	out := Acquisition{Kind: KindBlocked, Reason: ReasonActiveLimit, DisplayKey: key.DisplayKey, KeyHash: key.KeyHash,
+		Queued: len(st.Queued), Limit: limit}
+	for k := range st.Active {
+		slot := &st.Active[k]
+		if slot.JobID == jobID {
+			return Acquisition{}, 0
+		}
+		if exp := slot.LeaseExpiresAt; exp.After(now) {
+			out.Active++
+			if out.NextExpiry.IsZero() || exp.Before(out.NextExpiry) {
+				out.NextExpiry = exp
+			}
+		}
+	}
+	if i < limit-out.Active {
+		return Acquisition{}, 0
+	}
+	return out, e.rev
 }

@@ -150,6 +150,16 @@ type RunResult struct {
 // [*BlockedError]). A job that is not queued, and not a retry, is never
 // waited for: it returns a *BlockedError with [ReasonNotQueued] at once.
 //
+// With a Watcher that feeds the key's state to the coordinator (it does
+// while, and for a second after, any of the coordinator's Runs waits on
+// the key through it), a Run whose job that state has queued behind at
+// least as many jobs as there are free slots does not try at once, which
+// would take a slot ahead of them: it waits for its turn as a woken waiter
+// does (see [Watcher]), passing over jobs ahead that do not take their
+// turns after a short grace per job. Without such a feed (no Watcher, or
+// the key not waited on lately) and for retries, the first try takes any
+// free slot.
+//
 // The error is nil when the handler returned nil and the slot was released.
 // Otherwise it is the acquisition's error (the handler did not run), or the
 // handler's error joined with an error wrapping [ErrStaleCompletion] when the
@@ -209,17 +219,31 @@ func (r *Runner) acquire(ctx context.Context, jobID string, payload any, opts []
 	// anything: finding the key busy, it waits. TryRun's answer is final
 	// and must not rest on a feed that may lag behind the call: it does not.
 	trusted := r.cfg.Watcher != nil && wait
-	acq, deadline, err := try(trusted)
-	if trusted && err == nil && acq.Kind != KindAcquired && acq.Reason == ReasonNotQueued {
-		// Not queued, which is final, may be the feed lagging behind the
-		// job's admission: only a read tells.
-		acq, deadline, err = try(false)
+	var (
+		acq      Acquisition
+		deadline time.Time
+		err      error
+		// behind is the revision of the fed state by which the job is
+		// queued behind the jobs that may take the free slots: it does
+		// not try before its turn (see queuedBehind); 0 when it tries.
+		behind uint64
+	)
+	if trusted {
+		acq, behind = r.queuedBehind(jobID, payload, opts)
 	}
-	if err != nil || acq.Kind == KindAcquired {
-		return acq, deadline, 0, err
-	}
-	if !wait || acq.Reason == ReasonNotQueued {
-		return Acquisition{}, time.Time{}, 0, &BlockedError{JobID: jobID, Acquisition: acq}
+	if behind == 0 {
+		acq, deadline, err = try(trusted)
+		if trusted && err == nil && acq.Kind != KindAcquired && acq.Reason == ReasonNotQueued {
+			// Not queued, which is final, may be the feed lagging behind the
+			// job's admission: only a read tells.
+			acq, deadline, err = try(false)
+		}
+		if err != nil || acq.Kind == KindAcquired {
+			return acq, deadline, 0, err
+		}
+		if !wait || acq.Reason == ReasonNotQueued {
+			return Acquisition{}, time.Time{}, 0, &BlockedError{JobID: jobID, Acquisition: acq}
+		}
 	}
 	blockedAt := time.Now()
 
@@ -237,11 +261,28 @@ func (r *Runner) acquire(ctx context.Context, jobID string, payload any, opts []
 			kvKey := kvKeyFor(r.jt.Service(), r.jt.Name(), acq.KeyHash)
 			// A waiter's subscription wakes it only when a change frees a
 			// slot, and feeds the key's changes to the coordinator.
-			if sub, err = r.cfg.Watcher.subscribeWaiter(ctx, r.jt.Service(), kvKey, jobID, r.policy.MaxActive, r.jt.coord.keys); err != nil {
+			if sub, err = r.cfg.Watcher.subscribeQueued(ctx, r.jt.Service(), kvKey, jobID, r.policy.MaxActive, r.jt.coord.keys, behind); err != nil {
 				if ctx.Err() != nil {
 					return Acquisition{}, time.Time{}, 0, ctx.Err()
 				}
 				return Acquisition{}, time.Time{}, 0, fmt.Errorf("jobkeys: wait for a slot for job %q: %w (a Runner without a Watcher polls instead)", jobID, err)
+			}
+			if behind == 0 && sub.waiter.table != nil {
+				// The key may have changed before the subscription; if the
+				// feed now has the job queued behind others, it is their
+				// turn first: it waits as if it had found the key busy
+				// just before that state.
+				var ahead Acquisition
+				if ahead, behind = r.queuedBehind(jobID, payload, opts); behind != 0 {
+					acq = ahead
+					sub.rearm(behind - 1)
+				}
+			}
+			if behind != 0 {
+				// Its turn comes after the jobs queued ahead of it: the
+				// Watcher wakes it then, as it wakes a waiter.
+				behind = 0
+				continue
 			}
 			// The key may have changed before the subscription: look again.
 			trust = true
@@ -290,6 +331,43 @@ func (r *Runner) acquire(ctx context.Context, jobID string, payload any, opts []
 			return Acquisition{}, time.Time{}, 0, &BlockedError{JobID: jobID, Acquisition: acq}
 		}
 	}
+}
+
+// queuedBehind returns, for the first try of a Run with a Watcher, the
+// blocked outcome and the revision of the watch-fed state of the job's key
+// when by that state the job is queued behind at least as many jobs as
+// there are free slots (see keyTable.queuedBehind): trying now would take
+// a slot ahead of jobs queued before it, which the reducer allows but the
+// queue's order does not, or find the key busy. Such a Run waits for its
+// turn as a waiter does (see keyWatch.turn). The outcome says
+// ReasonActiveLimit, with Active the live slots seen, fewer than Limit when
+// the slots left free are the turns of the jobs ahead. It returns 0 when
+// the try may go ahead: the coordinator's entry of the key is not fed by a
+// watch or not trusted (no read is made to learn the queue), the state
+// does not have the job queued (the feed may lag behind its admission:
+// the try reads), the job is among the first free queued ones or holds a
+// slot, or it is a retry (WithRetry), which the reducer lets take a slot
+// whether queued or not.
+func (r *Runner) queuedBehind(jobID string, payload any, opts []AcquireOption) (Acquisition, uint64) {
+	t := r.jt.coord.keys
+	if t.feeds.Load() == nil {
+		return Acquisition{}, 0 // no Runner of the coordinator waited through a Watcher: nothing fed
+	}
+	var req AcquireRequest
+	for _, o := range opts {
+		if o == nil {
+			return Acquisition{}, 0 // the try reports it
+		}
+		req = o.applyAcquire(req)
+	}
+	if req.Retry {
+		return Acquisition{}, 0
+	}
+	key, err := r.jt.key(jobID, payload)
+	if err != nil {
+		return Acquisition{}, 0 // the try reports it
+	}
+	return t.queuedBehind(key, jobID, r.policy.MaxActive, time.Now())
 }
 
 // runHeld runs handler under res.Lease, which lasts at least until deadline

@@ -7,6 +7,7 @@ import (
 	"slices"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 )
 
@@ -19,12 +20,18 @@ import (
 // For the [Runner]s it serves, a Watcher over a [NATSStore] or
 // [MemoryStore] does more than signal: its watch carries the values of the
 // keys they wait on, and it wakes only as many waiting Runners as a change
-// leaves slots free (a heartbeat wakes none), in arrival order, holding back
-// those whose jobs have other processes' jobs queued ahead of them for a
-// short grace per job ahead. It hands each such key's latest state and
+// leaves slots free (a heartbeat wakes none), in the order of their jobs in
+// the key's queue, holding back those whose jobs have other processes'
+// jobs queued ahead of them for a short grace per job ahead; a Run whose
+// job is queued behind others does not try before its turn either (see
+// [Runner.Run]). It hands each such key's latest state and
 // revision to the waiters' coordinators, so that a woken Runner decides and
 // writes without reading the key, and keeps doing so for a second after the
-// last waiter leaves, for the release and the next admission. A store that
+// last waiter leaves, for the release and the next admission. A write of
+// such a key by a coordinator whose Runners have waited through the
+// Watcher (a release, most of all) reaches it as soon as the write's reply
+// does, not when its watch delivers the write: the waiters in the process
+// the write frees slots for are woken at once. A store that
 // wraps one of these (its own type) gets plain signals. The cost: the
 // service's watch carries every value written to any of its keys, not only
 // the keys waited on (those alone are decoded), so each Watcher receives the
@@ -49,6 +56,13 @@ type Watcher struct {
 	closed  bool
 	watches map[string]*serviceWatch
 	decodes uint64 // watched values decoded (see keyWatch.decode)
+	// linked are the key tables of the coordinators whose Runners waited
+	// through this Watcher: each hands its writes to it (see handoff)
+	// until Close.
+	linked map[*keyTable]struct{}
+	// waited maps the KV key of every keyWatch of a running watch to it,
+	// for handoff to find without the lock. Written under mu.
+	waited sync.Map
 }
 
 // serviceWatch is the watch of one service and its subscribers. Its fields
@@ -63,15 +77,25 @@ type serviceWatch struct {
 }
 
 // keyWatch is what a Watcher keeps of one key that waiters (the blocked
-// acquisitions of Runners, see subscribeWaiter) wait on: the waiters in
-// arrival order, the latest change the watch delivered, and the key tables
-// of the coordinators it feeds that change to. Guarded by Watcher.mu.
+// acquisitions of Runners, see subscribeWaiter) wait on: the waiters (in
+// arrival order, sorted by their jobs' places in the queue at each wake),
+// the latest change the watch delivered (or a coordinator
+// of the process handed off), and the key tables of the coordinators it
+// feeds that change to. Guarded by Watcher.mu, but w, sw and kvKey, which
+// are set once, and the atomics.
 type keyWatch struct {
+	w       *Watcher
+	sw      *serviceWatch
+	kvKey   string
 	waiters []*Subscription
-	tables  map[*keyTable]int // coordinators' key tables, by waiters using them
-	rev     uint64            // the revision of the latest change delivered; 0 before one
-	seq     uint64            // changes delivered
-	at      time.Time         // when the latest change was delivered
+	// nwaiting is len(waiters), and nrev is rev, for handoff to read
+	// without the lock.
+	nwaiting atomic.Int32
+	nrev     atomic.Uint64
+	tables   map[*keyTable]int // coordinators' key tables, by waiters using them
+	rev      uint64            // the revision of the latest change delivered; 0 before one
+	seq      uint64            // changes delivered
+	at       time.Time         // when the latest change was delivered
 	// deferred wakes the waiters whose turn (see turn) comes after the
 	// latest change: it runs wake again at deferredAt (zero when not
 	// armed).
@@ -99,6 +123,10 @@ type keyWatch struct {
 	// every change.
 	state   *KeyState
 	decoded bool
+	// echo is the revision of the latest change handed off by a
+	// coordinator of this process (see handoff) whose delivery by the
+	// watch has not come yet; 0 when none.
+	echo uint64
 }
 
 // NewWatcher returns a watcher over store, which should be the store of the
@@ -109,7 +137,8 @@ func NewWatcher(store WatchableStore) (*Watcher, error) {
 		return nil, fmt.Errorf("%w: watcher store is nil", ErrInvalidRequest)
 	}
 	ctx, cancel := context.WithCancel(context.Background())
-	return &Watcher{store: store, ctx: ctx, cancel: cancel, grace: waiterGrace, watches: make(map[string]*serviceWatch)}, nil
+	return &Watcher{store: store, ctx: ctx, cancel: cancel, grace: waiterGrace, watches: make(map[string]*serviceWatch),
+		linked: make(map[*keyTable]struct{})}, nil
 }
 
 // Subscribe registers interest in changes of kvKey (a [JobKey.KVKey]) in
@@ -132,10 +161,27 @@ func (w *Watcher) Subscribe(ctx context.Context, service, kvKey string) (*Subscr
 // key busy at revision seen the waiter calls rearm(seen). While it lasts,
 // the watch feeds the key's changes to t (see keyTable.watched).
 func (w *Watcher) subscribeWaiter(ctx context.Context, service, kvKey, jobID string, limit int, t *keyTable) (*Subscription, error) {
+	return w.subscribeQueued(ctx, service, kvKey, jobID, limit, t, 0)
+}
+
+// subscribeQueued is subscribeWaiter for a job that, with behind not 0,
+// its coordinator's watch-fed state at revision behind has queued behind
+// the jobs that may take the key's free slots (see Runner.queuedBehind):
+// the waiter starts out not woken, as if its try had found the key busy
+// just before revision behind, so that it is woken by the same rules as
+// any waiter (see wake and turn) once this Watcher holds revision behind
+// or a later one. A Watcher that holds no state of the key (its watch
+// of the key just began) wakes it at once: it has no queue to take turns
+// by.
+func (w *Watcher) subscribeQueued(ctx context.Context, service, kvKey, jobID string, limit int, t *keyTable, behind uint64) (*Subscription, error) {
 	if valueWatcherOf(w.store) == nil {
-		t = nil // a watch without values has no state to feed
+		t = nil // a watch without values has no state to feed, nor turns: a waiter behind is woken at once
 	}
-	return w.subscribe(ctx, service, kvKey, &waiter{jobID: jobID, limit: limit, table: t, woken: true})
+	wt := &waiter{jobID: jobID, limit: limit, table: t, woken: true, index: -1}
+	if behind != 0 {
+		wt.woken, wt.seen = false, behind-1
+	}
+	return w.subscribe(ctx, service, kvKey, wt)
 }
 
 func (w *Watcher) subscribe(ctx context.Context, service, kvKey string, wt *waiter) (*Subscription, error) {
@@ -196,8 +242,24 @@ func (w *Watcher) subscribe(ctx context.Context, service, kvKey string, wt *wait
 				}
 				wt.wokenAt = kw.seq
 				kw.waiters = append(kw.waiters, sub)
-				if wt.table != nil {
-					kw.tables[wt.table]++
+				kw.nwaiting.Store(int32(len(kw.waiters)))
+				if t := wt.table; t != nil {
+					kw.tables[t]++
+					if _, ok := w.linked[t]; !ok {
+						w.linked[t] = struct{}{}
+						t.link(w)
+					}
+				}
+				if !wt.woken {
+					// Queued behind others (subscribeQueued): woken when
+					// its turn comes, or at once without a state to
+					// take turns by.
+					if !kw.decoded && kw.pending == nil {
+						wt.woken = true
+						sub.signal()
+					} else {
+						kw.wake(time.Now())
+					}
 				}
 			}
 			w.mu.Unlock()
@@ -225,8 +287,9 @@ func (w *Watcher) subscribe(ctx context.Context, service, kvKey string, wt *wait
 
 // newKeyWatch returns the keyWatch of kvKey in sw. Called with w.mu held.
 func (w *Watcher) newKeyWatch(sw *serviceWatch, kvKey string) *keyWatch {
-	kw := &keyWatch{tables: make(map[*keyTable]int), grace: w.grace, decodes: &w.decodes, service: sw.service,
-		linger: make(map[*keyTable]bool)}
+	kw := &keyWatch{w: w, sw: sw, kvKey: kvKey, tables: make(map[*keyTable]int), grace: w.grace, decodes: &w.decodes,
+		service: sw.service, linger: make(map[*keyTable]bool)}
+	w.waited.Store(kvKey, kw)
 	kw.rewake = func() {
 		w.mu.Lock()
 		defer w.mu.Unlock()
@@ -282,6 +345,7 @@ func (w *Watcher) drop(sw *serviceWatch, kvKey string, kw *keyWatch) {
 	if sw.keys[kvKey] == kw {
 		delete(sw.keys, kvKey)
 	}
+	w.waited.CompareAndDelete(kvKey, kw)
 }
 
 // stop stops kw's timers, for a keyWatch no longer used. Called with
@@ -372,6 +436,7 @@ func (w *Watcher) monitor(sw *serviceWatch, ended <-chan struct{}, cancel contex
 	clear(sw.subs)
 	for kvKey, kw := range sw.keys {
 		kw.stop()
+		w.waited.CompareAndDelete(kvKey, kw) // nothing to hand off to any more
 		for t := range kw.tables {
 			t.unwatched(kvKey) // changes from now on may be missed
 		}
@@ -405,29 +470,81 @@ func (w *Watcher) dispatchChange(sw *serviceWatch, c keyChange) {
 	if kw == nil {
 		return
 	}
+	if c.rev != 0 && c.rev <= kw.rev {
+		// Already held: handed off by a coordinator of this process (see
+		// handoff), or delivered before (a restarted consumer delivers it
+		// again). The echo of a handed-off change is when other processes
+		// learn of it: the turns of the waiters behind their jobs count
+		// from now.
+		if c.rev == kw.echo {
+			kw.echo = 0
+			kw.at = time.Now()
+			kw.wake(kw.at)
+		}
+		return
+	}
 	kw.seq++
 	kw.at = time.Now()
+	kw.echo = 0
 	switch {
 	case c.rev == 0: // no values: every change may help anyone
 		kw.decoded = false
-	case c.rev <= kw.rev:
-		return // already held (a restarted consumer delivers it again)
 	case len(kw.waiters) == 0 && !c.deleted:
 		// Only lingering feeds: no wake-up needs the state, and the
 		// coordinators decode it if an operation uses it.
 		kw.rev, kw.state, kw.decoded, kw.pending = c.rev, nil, false, &c
+		kw.nrev.Store(c.rev)
 		for t := range kw.tables {
 			t.watchedValue(c.kvKey, sw.service, c.value, c.rev)
 		}
 		return
 	default:
 		kw.rev, kw.state, kw.decoded, kw.pending = c.rev, nil, true, nil
+		kw.nrev.Store(c.rev)
 		if !c.deleted {
 			kw.state, kw.decoded = kw.decode(sw.service, c)
 		}
 		for t := range kw.tables {
 			t.watched(c.kvKey, kw.state, c.rev, kw.decoded)
 		}
+	}
+	kw.wake(kw.at)
+}
+
+// handoff is dispatchChange for a write of kvKey that a coordinator of
+// this process committed, its key table linked to w (see keyTable.handoff):
+// state st at revision rev (nil: absent), a stored revision, since the
+// write's reply said so. Its waiters are woken at once, as the watch's
+// delivery would wake them, instead of after the round trip of that
+// delivery; when it comes (the echo), it changes nothing, since revisions
+// only go forward. A key nobody waits on is left to the watch (its
+// lingering feeds need no hurry), and so is a change the watch has
+// already delivered, or a later one.
+//
+// Other processes learn of the change from their watches: the turns of
+// waiters whose jobs have other processes' jobs queued ahead of them
+// (see turn) count from the echo, as they would without the handoff.
+func (w *Watcher) handoff(kvKey string, st *KeyState, rev uint64) {
+	v, ok := w.waited.Load(kvKey)
+	if !ok {
+		return
+	}
+	kw := v.(*keyWatch)
+	if kw.nwaiting.Load() == 0 || rev <= kw.nrev.Load() {
+		return // often: the watch's delivery may come before the write's reply
+	}
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if w.closed || kw.sw.ended || kw.sw.keys[kvKey] != kw || rev <= kw.rev || len(kw.waiters) == 0 {
+		return
+	}
+	kw.seq++
+	kw.at = time.Now()
+	kw.echo = rev
+	kw.rev, kw.state, kw.decoded, kw.pending = rev, st, true, nil
+	kw.nrev.Store(rev)
+	for t := range kw.tables {
+		t.watched(kvKey, st, rev, true)
 	}
 	kw.wake(kw.at)
 }
@@ -458,10 +575,12 @@ const waiterGrace = 2 * time.Millisecond
 
 // wake signals the waiters the latest change can help: as many as it
 // leaves slots free, counting those already woken and not yet back, in
-// arrival order, passing over waiters that found the key busy at that
-// revision or later, and those whose turn has not come (see turn; a timer
-// wakes them when it does). Without a decoded state it wakes every waiter
-// that no change has been delivered to since it was last woken.
+// the order of their jobs in the key's queue (waiters whose jobs are not
+// queued, retries, first, then in arrival order), passing over waiters
+// that found the key busy at that revision or later, and those whose turn
+// has not come (see turn; a timer wakes them when it does). Without a
+// decoded state it wakes, in arrival order, every waiter that no change
+// has been delivered to since it was last woken.
 func (kw *keyWatch) wake(now time.Time) {
 	if c := kw.pending; c != nil {
 		kw.pending = nil
@@ -482,6 +601,7 @@ func (kw *keyWatch) wake(now time.Time) {
 		}
 		free = max(limit-live, 0)
 		queued = kw.state.Queued
+		kw.order(queued)
 	}
 	woken := 0
 	for _, sub := range kw.waiters {
@@ -490,16 +610,29 @@ func (kw *keyWatch) wake(now time.Time) {
 		}
 	}
 	var later time.Time // the earliest turn still to come
+	local := 0          // waiters passed whose jobs are queued (ahead of the next)
 	for _, sub := range kw.waiters {
 		if woken >= free {
 			break
 		}
 		wt := sub.waiter
+		i := -1
+		if queued != nil {
+			i = wt.index
+		}
+		ahead := i - local // jobs queued ahead of wt's that no waiter here waits for
+		if i >= 0 {
+			local++
+		}
 		if wt.woken || !(kw.decoded && wt.seen < kw.rev || !kw.decoded && wt.wokenAt < kw.seq) {
 			continue
 		}
-		if at := kw.turn(wt.jobID, queued, free); now.Before(at) {
-			if later.IsZero() || at.Before(later) {
+		if at := kw.turn(i, ahead, free); !at.IsZero() && (kw.echo != 0 || now.Before(at)) {
+			// Its turn comes after the jobs of other processes ahead of
+			// it; while the change is one handed off here whose echo has
+			// not come, the other processes may not know of it yet, and
+			// the turn counts from the echo (see dispatchChange).
+			if kw.echo == 0 && (later.IsZero() || at.Before(later)) {
 				later = at
 			}
 			continue
@@ -518,38 +651,65 @@ func (kw *keyWatch) wake(now time.Time) {
 	}
 }
 
-// turn returns when the waiter of job jobID may try for one of free slots
-// after the latest change: at once (the zero time) unless jobs of other
-// waiters than this Watcher's are queued ahead of it, at least free of
-// them; then waiterGrace after the change per such job beyond the free
-// slots. The jobs queued ahead would take the slots first (every process
-// wakes its waiters by the same queue), so trying at once would only lose
-// races to them; should they not try, the waiters behind them still do.
-func (kw *keyWatch) turn(jobID string, queued []QueuedJob, free int) time.Time {
-	i := indexQueued(queued, jobID)
-	if i <= 0 {
-		return time.Time{} // the head, or not queued (a retry)
-	}
-	ahead := 0
-	for _, q := range queued[:i] {
-		if !kw.waiting(q.JobID) {
-			ahead++
+// order sets each waiter's index, the place of its job in queued (-1: not
+// queued), and sorts kw.waiters by it, stably: waiters whose jobs are not
+// queued first, in arrival order. A job's place only moves forward while it
+// is queued (jobs leave the queue, and join at its tail), so each search
+// starts from the waiter's last index and usually ends there or one place
+// before. Called with Watcher.mu held.
+func (kw *keyWatch) order(queued []QueuedJob) {
+	sorted := true
+	for k, sub := range kw.waiters {
+		wt := sub.waiter
+		wt.index = queuedFrom(queued, wt.jobID, wt.index)
+		if k > 0 && wt.index < kw.waiters[k-1].waiter.index {
+			sorted = false
 		}
 	}
-	if ahead < free {
+	if sorted {
+		return
+	}
+	for k := 1; k < len(kw.waiters); k++ { // insertion sort: stable, and the waiters are nearly sorted
+		for j := k; j > 0 && kw.waiters[j].waiter.index < kw.waiters[j-1].waiter.index; j-- {
+			kw.waiters[j], kw.waiters[j-1] = kw.waiters[j-1], kw.waiters[j]
+		}
+	}
+}
+
+// queuedFrom is indexQueued(queued, jobID), searching from index hint
+// towards the head first (a hint of -1 or past the tail starts at the
+// tail).
+func queuedFrom(queued []QueuedJob, jobID string, hint int) int {
+	if hint < 0 || hint >= len(queued) {
+		hint = len(queued) - 1
+	}
+	for i := hint; i >= 0; i-- {
+		if queued[i].JobID == jobID {
+			return i
+		}
+	}
+	for i := hint + 1; i < len(queued); i++ {
+		if queued[i].JobID == jobID {
+			return i
+		}
+	}
+	return -1
+}
+
+// turn returns when the waiter whose job is at index i of the key's queue
+// (-1: not queued, a retry) may try for one of free slots after the latest
+// change, ahead being the jobs queued before it that no waiter of this
+// Watcher waits for: at once (the zero time) for the head, a job not
+// queued, or fewer jobs ahead than free slots; else waiterGrace after the
+// change per such job beyond the free slots. The jobs queued ahead would
+// take the slots first (every process wakes its waiters by the same
+// queue), so trying at once would only lose races to them, or take their
+// turns; should they not try, the waiters behind them still do.
+func (kw *keyWatch) turn(i, ahead, free int) time.Time {
+	if i <= 0 || ahead < free {
 		return time.Time{}
 	}
 	return kw.at.Add(time.Duration(ahead-free+1) * kw.grace)
-}
-
-// waiting reports whether one of kw's waiters waits for job jobID.
-func (kw *keyWatch) waiting(jobID string) bool {
-	for _, sub := range kw.waiters {
-		if sub.waiter.jobID == jobID {
-			return true
-		}
-	}
-	return false
 }
 
 // Close stops every watch, ends every subscription (their Done channels
@@ -558,6 +718,10 @@ func (kw *keyWatch) waiting(jobID string) bool {
 func (w *Watcher) Close() {
 	w.mu.Lock()
 	w.closed = true
+	for t := range w.linked {
+		t.unlink(w)
+	}
+	clear(w.linked)
 	w.mu.Unlock()
 	if w.cancel != nil { // nil in the zero value, which has no watches
 		w.cancel()
@@ -590,6 +754,7 @@ type waiter struct {
 	woken   bool
 	seen    uint64 // the revision its last try found the key busy at; 0 unknown
 	wokenAt uint64 // keyWatch.seq when it was last woken
+	index   int    // its job's place in the queue at the last wake (see order); -1 not queued
 }
 
 // signal makes a value pending on Changed. Called with Watcher.mu held.
@@ -660,6 +825,7 @@ func (s *Subscription) closeWaiter() {
 		return // closed before
 	}
 	kw.waiters = slices.Delete(kw.waiters, i, i+1)
+	kw.nwaiting.Store(int32(len(kw.waiters)))
 	if t := s.waiter.table; t != nil {
 		switch {
 		case kw.tables[t] == 1 && !kw.linger[t] && !s.sw.ended:
