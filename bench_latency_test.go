@@ -121,7 +121,7 @@ func BenchmarkCycleDelayed(b *testing.B) {
 	})
 }
 
-// benchOneWorker is BenchmarkCycle's NATS/1worker: one worker's
+// benchOneWorker is the NATS/1worker row of BenchmarkCycle and BenchmarkCycleDelayed: one worker's
 // admit → acquire → release cycles on one key.
 func benchOneWorker(b *testing.B, s *server.Server) {
 	w := benchConnect(b, s)

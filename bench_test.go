@@ -126,27 +126,7 @@ func BenchmarkCycle(b *testing.B) {
 	})
 
 	s := natstest.Run(b)
-	b.Run("NATS/1worker", func(b *testing.B) {
-		w := benchConnect(b, s)
-		ctx, service, payload := context.Background(), benchService(), benchPayload(0)
-		if err := benchCycle(ctx, w.coord, service, benchPolicy, payload, "warmup"); err != nil {
-			b.Fatal(err) // opens the bucket; leaves a delete marker as steady state does
-		}
-		b.ReportAllocs()
-		start := w.requests()
-		reads, writes := w.totals.reads.Load(), w.totals.writes.Load()
-		b.ResetTimer()
-		for i := range b.N {
-			if err := benchCycle(ctx, w.coord, service, benchPolicy, payload, "job-"+strconv.Itoa(i)); err != nil {
-				b.Fatal(err)
-			}
-		}
-		b.StopTimer()
-		benchReportRate(b, "cycles/s")
-		b.ReportMetric(float64(w.requests()-start)/float64(b.N), "rt/op")
-		b.ReportMetric(float64(w.totals.reads.Load()-reads)/float64(b.N), "reads/cycle")
-		b.ReportMetric(float64(w.totals.writes.Load()-writes)/float64(b.N), "writes/cycle")
-	})
+	b.Run("NATS/1worker", func(b *testing.B) { benchOneWorker(b, s) })
 
 	// The baseline of the hot-key rows below, in the same run: three bare
 	// kv.Get + kv.Update pairs per op (BenchmarkRawKV/1worker).
