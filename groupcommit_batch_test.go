@@ -690,32 +690,8 @@ func TestLinearizableBatched(t *testing.T) {
 		newLinKey(t, service, jobType, "b", Policy{MaxActive: 2, MaxQueuedPerKey: 1, WhenFull: Coalesce, StalePolicy: Block, HeartbeatTTL: ttl, HeartbeatInterval: ttl / 3}),
 		newLinKey(t, service, jobType, "c", Policy{MaxActive: 1, MaxQueuedPerKey: 0, WhenFull: Reject, StalePolicy: FailStale, HeartbeatTTL: ttl, HeartbeatInterval: ttl / 3}),
 	}
-	rec := newLinRecorder()
-	pool := &linPool{jobs: make([][]string, len(keys))}
-	cs := make([]*linClient, clients)
-	for i := range cs {
-		cs[i] = newLinClient(t, i, s.ClientURL(), service, jobType, keys, rec)
-	}
-	// More clients share the coordinators (their connections, state
-	// caches and lanes), as goroutines of worker processes do.
-	for i := range sharing {
-		owner := cs[i%clients]
-		cs = append(cs, &linClient{id: clients + i, service: service, jobType: jobType, keys: keys, rec: rec,
-			instance: fmt.Sprintf("client-%d", clients+i), coord: owner.coord, nc: owner.nc, js: owner.js})
-	}
-	var wg sync.WaitGroup
-	for i, c := range cs {
-		wg.Go(func() { linRandomClient(ctx, c, pool, rand.New(rand.NewPCG(seed, uint64(i))), opsPerClient) })
-	}
-	wg.Wait()
-	cs[0].drain(t, ctx)
-	log := rec.log()
-	for _, op := range log {
-		if op.out.err != nil && !errors.Is(op.out.err, ErrContention) {
-			t.Errorf("client %d: %s %s: %v", op.client, op.in.kind, op.in.job, op.out.err)
-		}
-	}
-	t.Logf("%d clients (%d connections and coordinators), %d operations: %v", len(cs), clients, len(log), linCountOutcomes(log))
+	log := linRunShared(t, ctx, func(int) string { return s.ClientURL() }, service, jobType, keys, clients, sharing, opsPerClient, seed)
+	t.Logf("%d clients (%d connections and coordinators), %d operations: %v", clients+sharing, clients, len(log), linCountOutcomes(log))
 	linCheck(t, keys, log, timeout)
 	auditAll(t, js, bucket, log, linPolicyOf(keys), true)
 
@@ -764,30 +740,8 @@ func TestClusterLinearizableBatched(t *testing.T) {
 		newLinKey(t, service, jobType, "b", Policy{MaxActive: 2, MaxQueuedPerKey: 1, WhenFull: Coalesce, StalePolicy: Block, HeartbeatTTL: ttl, HeartbeatInterval: ttl / 3}),
 	}
 	clients, sharing, ops := 3, 6, 200
-	rec := newLinRecorder()
-	pool := &linPool{jobs: make([][]string, len(keys))}
-	cs := make([]*linClient, clients)
-	for i := range cs {
-		cs[i] = newLinClient(t, i, c.URLs(i%3), service, jobType, keys, rec)
-	}
-	for i := range sharing {
-		owner := cs[i%clients]
-		cs = append(cs, &linClient{id: clients + i, service: service, jobType: jobType, keys: keys, rec: rec,
-			instance: fmt.Sprintf("client-%d", clients+i), coord: owner.coord, nc: owner.nc, js: owner.js})
-	}
-	var wg sync.WaitGroup
-	for i, cl := range cs {
-		wg.Go(func() { linRandomClient(ctx, cl, pool, rand.New(rand.NewPCG(seed, uint64(i))), ops) })
-	}
-	wg.Wait()
-	cs[0].drain(t, ctx)
-	log := rec.log()
-	for _, op := range log {
-		if op.out.err != nil && !errors.Is(op.out.err, ErrContention) {
-			t.Errorf("client %d: %s %s: %v", op.client, op.in.kind, op.in.job, op.out.err)
-		}
-	}
-	t.Logf("%d clients on 3 nodes, %d operations: %v", len(cs), len(log), linCountOutcomes(log))
+	log := linRunShared(t, ctx, func(i int) string { return c.URLs(i % 3) }, service, jobType, keys, clients, sharing, ops, seed)
+	t.Logf("%d clients on 3 nodes, %d operations: %v", clients+sharing, len(log), linCountOutcomes(log))
 	linCheck(t, keys, log, time.Minute)
 	actx, acancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer acancel()
@@ -802,4 +756,37 @@ func TestClusterLinearizableBatched(t *testing.T) {
 	}
 	t.Logf("%d batches in %d revisions", batches, len(hdrs))
 	assert.Positive(t, batches, "lanes wrote batches")
+}
+
+// linRunShared runs the random workload of the linearizability tests with
+// clients connections and coordinators (client i dialling url(i)) and
+// sharing more clients on those coordinators (their connections, state
+// caches and lanes, as goroutines of worker processes), drains the keys,
+// fails the test on any error but ErrContention, and returns the log.
+func linRunShared(t *testing.T, ctx context.Context, url func(int) string, service, jobType string, keys []linKey, clients, sharing, ops int, seed uint64) []*linOp {
+	t.Helper()
+	rec := newLinRecorder()
+	pool := &linPool{jobs: make([][]string, len(keys))}
+	cs := make([]*linClient, clients)
+	for i := range cs {
+		cs[i] = newLinClient(t, i, url(i), service, jobType, keys, rec)
+	}
+	for i := range sharing {
+		owner := cs[i%clients]
+		cs = append(cs, &linClient{id: clients + i, service: service, jobType: jobType, keys: keys, rec: rec,
+			instance: fmt.Sprintf("client-%d", clients+i), coord: owner.coord, nc: owner.nc, js: owner.js})
+	}
+	var wg sync.WaitGroup
+	for i, c := range cs {
+		wg.Go(func() { linRandomClient(ctx, c, pool, rand.New(rand.NewPCG(seed, uint64(i))), ops) })
+	}
+	wg.Wait()
+	cs[0].drain(t, ctx)
+	log := rec.log()
+	for _, op := range log {
+		if op.out.err != nil && !errors.Is(op.out.err, ErrContention) {
+			t.Errorf("client %d: %s %s: %v", op.client, op.in.kind, op.in.job, op.out.err)
+		}
+	}
+	return log
 }
