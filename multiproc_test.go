@@ -133,12 +133,7 @@ func TestReleaseLostRaceAnsweredByWatch(t *testing.T) {
 			return nil
 		})
 	}()
-	require.Eventually(t, func() bool {
-		mine.w.mu.Lock()
-		defer mine.w.mu.Unlock()
-		sw := mine.w.watches[service]
-		return sw != nil && sw.keys[kvKey] != nil && len(sw.keys[kvKey].waiters) == 1
-	}, rtWait, time.Millisecond, "m1 never waited")
+	awaitOneWaiter(t, mine.w, service, kvKey, "m1 never waited")
 	rel, err := other.jt.Release(ctx, held.Lease)
 	require.NoError(t, err)
 	require.Equal(t, KindReleased, rel.Kind)

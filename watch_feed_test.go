@@ -277,12 +277,19 @@ func newTwoProcesses(t *testing.T, mem *MemoryStore, store Store) *twoProcesses 
 // awaitWaiter waits until one Runner waits on the key through p's Watcher.
 func (p *twoProcesses) awaitWaiter(t *testing.T) {
 	t.Helper()
+	awaitOneWaiter(t, p.w, p.service, p.key.KVKey, "the run never waited")
+}
+
+// awaitOneWaiter waits until exactly one waiter waits on kvKey through w;
+// msg says what failed if none does.
+func awaitOneWaiter(t *testing.T, w *Watcher, service, kvKey, msg string) {
+	t.Helper()
 	require.Eventually(t, func() bool {
-		p.w.mu.Lock()
-		defer p.w.mu.Unlock()
-		sw := p.w.watches[p.service]
-		return sw != nil && sw.keys[p.key.KVKey] != nil && len(sw.keys[p.key.KVKey].waiters) == 1
-	}, rtWait, time.Millisecond, "the run never waited")
+		w.mu.Lock()
+		defer w.mu.Unlock()
+		sw := w.watches[service]
+		return sw != nil && sw.keys[kvKey] != nil && len(sw.keys[kvKey].waiters) == 1
+	}, rtWait, time.Millisecond, msg)
 }
 
 // fed reports whether mine's entry for the key holds, trusted, the

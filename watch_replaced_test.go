@@ -45,12 +45,7 @@ func TestRunnerWokenThroughReplacedRevision(t *testing.T) {
 		defer close(done)
 		_, runErr = r.Run(ctx, "m1", payload, func(context.Context, Lease) error { return nil })
 	}()
-	require.Eventually(t, func() bool {
-		mine.w.mu.Lock()
-		defer mine.w.mu.Unlock()
-		sw := mine.w.watches[service]
-		return sw != nil && sw.keys[kvKey] != nil && len(sw.keys[kvKey].waiters) == 1
-	}, rtWait, time.Millisecond, "m1 never waited")
+	awaitOneWaiter(t, mine.w, service, kvKey, "m1 never waited")
 
 	// mine's Watcher's consumer is the only one on the bucket's stream.
 	stream, err := mine.store.js.Stream(ctx, "KV_"+mine.store.BucketName(service))
