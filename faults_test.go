@@ -384,8 +384,16 @@ func (f *faultRun) produce(p, n int, rng *rand.Rand) {
 		if len(mine) > 0 && rng.IntN(12) == 0 {
 			v := mine[rng.IntN(len(mine))]
 			out := f.op(func(ctx context.Context) linOutput { return c.remove(ctx, v.key, v.id) })
-			if out.err == nil && out.removal.Kind == KindRemoved {
+			switch {
+			case out.err == nil && out.removal.Kind == KindRemoved:
 				f.ledger.settle(v.id, "removed")
+			case out.err != nil:
+				// Unknown outcome: the removal may have landed, and
+				// nobody was told.
+				f.ledger.count("remove errors")
+				f.ledger.mu.Lock()
+				f.ledger.reasons[v.id] = "removed, outcome unknown"
+				f.ledger.mu.Unlock()
 			}
 		}
 		f.sleep(time.Duration(rng.IntN(6)) * time.Millisecond)
