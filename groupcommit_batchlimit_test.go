@@ -46,3 +46,41 @@ func TestNATSStoreBatchOverServerLimit(t *testing.T) {
 	assert.Equal(t, singles+5, b.store.singles.Load(), "then one write each")
 	assert.True(t, st.batches("bclimit", b.key.KVKey), "a batch too large for the server leaves batching on")
 }
+
+// A batch behind a JetStream domain or API prefix is one atomic batch on
+// the domain's subjects: consecutive revisions, all or nothing, as on the
+// default API.
+func TestNATSStoreBatchBehindDomain(t *testing.T) {
+	t.Parallel()
+	nc, contexts := natstest.RunDomain(t, "hub")
+	for i, tc := range contexts {
+		t.Run(tc.Name, func(t *testing.T) {
+			t.Parallel()
+			ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+			defer cancel()
+			svc := "bcdomain" + string(rune('a'+i))
+			bucket := natsAtomicBucket(t, ctx, tc.JS, svc, jetstream.MemoryStorage, true)
+			st, err := NewNATSStore(tc.JS)
+			require.NoError(t, err)
+			key := svc + ".t.k"
+			rev, err := st.Create(ctx, svc, key, []byte("v0"))
+			require.NoError(t, err)
+			require.True(t, st.batches(svc, key))
+			last, err := st.writeBatch(ctx, svc, key, [][]byte{[]byte("v1"), []byte("v2"), []byte("v3")}, rev, false)
+			require.NoError(t, err)
+			assert.Equal(t, rev+3, last, "three consecutive revisions")
+			hist, _ := bcNATSHistory(t, ctx, nc, tc.JS, "KV_"+bucket, rev+1)
+			require.Len(t, hist, 3)
+			for j, c := range hist {
+				assert.Equal(t, "v"+string(rune('1'+j)), string(c.value))
+			}
+			_, err = st.writeBatch(ctx, svc, key, [][]byte{[]byte("x"), []byte("y")}, rev, true)
+			require.ErrorIs(t, err, ErrRevisionConflict)
+			last, err = st.writeBatch(ctx, svc, key, [][]byte{[]byte("v4"), nil}, rev+3, true)
+			require.NoError(t, err)
+			_, _, err = st.Get(ctx, svc, key)
+			require.ErrorIs(t, err, ErrKeyNotFound, "deleted by the batch's last message")
+			assert.Equal(t, rev+5, last)
+		})
+	}
+}
