@@ -271,7 +271,7 @@ func (s *NATSStore) bucket(ctx context.Context, service string) (*natsBucket, er
 		// own (the call's guard does not know their subjects): a refused
 		// creation fails at once with ErrPermission, a refused update
 		// leaves a bucket without atomic publish.
-		cctx, cg := s.guards.guard(ctx, natsOpCreate, s.prefix, service)
+		cctx, cg := s.guards.guardAPI(ctx, natsOpCreate, s.prefix, service, jscas.APIPrefix(s.js.Options()))
 		kv, err = s.js.CreateKeyValue(cctx, cfg)
 		var v *permissionViolation
 		if err != nil && ctx.Err() == nil && errors.As(context.Cause(cctx), &v) {

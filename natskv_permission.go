@@ -76,8 +76,10 @@ const (
 
 // needs reports whether a call of kind on service's bucket (name bucket)
 // uses subject, a subject the server refused. Opening the bucket (stream
-// info) and the connection's inbox concern every call.
-func needs(kind natsOpKind, bucket, inbox, subject string) bool {
+// info) and the connection's inbox concern every call. api is the prefix
+// of the call's JetStream API subjects, ending in "." (see
+// jscas.APIPrefix), where the call needs account info (natsOpCreate).
+func needs(kind natsOpKind, bucket, inbox, api, subject string) bool {
 	if strings.HasPrefix(subject, inbox) {
 		return true // request replies and watch deliveries
 	}
@@ -90,8 +92,8 @@ func needs(kind natsOpKind, bucket, inbox, subject string) bool {
 		}
 	}
 	if !ofStream {
-		if kind&natsOpCreate != 0 && strings.HasSuffix(subject, "API.INFO") {
-			return true // account info: "$JS.API.INFO", "$JS.<domain>.API.INFO"
+		if kind&natsOpCreate != 0 && api != "" && subject == api+"INFO" {
+			return true // account info: "$JS.API.INFO", "$JS.<domain>.API.INFO", "<API prefix>.INFO"
 		}
 		// A key subject, also behind an API prefix: "<prefix>.$KV.<bucket>.<key>".
 		return kind&natsOpWrite != 0 && strings.Contains(subject, "$KV."+bucket+".")
@@ -140,6 +142,7 @@ type permissionGuard struct {
 	kind    natsOpKind
 	prefix  string // the store's bucket prefix
 	service string
+	api     string // the prefix of the call's API subjects, for natsOpCreate; see needs
 	cancel  context.CancelCauseFunc
 }
 
@@ -147,8 +150,14 @@ type permissionGuard struct {
 // prefix prefix) and returns the context it must use; release ends the
 // registration (and does not cancel the context).
 func (g *permissionGuards) guard(ctx context.Context, kind natsOpKind, prefix, service string) (context.Context, *permissionGuard) {
+	return g.guardAPI(ctx, kind, prefix, service, "")
+}
+
+// guardAPI is guard for a call whose JetStream API subjects start with
+// api (see needs).
+func (g *permissionGuards) guardAPI(ctx context.Context, kind natsOpKind, prefix, service, api string) (context.Context, *permissionGuard) {
 	gctx, cancel := context.WithCancelCause(ctx)
-	pg := &permissionGuard{guards: g, kind: kind, prefix: prefix, service: service, cancel: cancel}
+	pg := &permissionGuard{guards: g, kind: kind, prefix: prefix, service: service, api: api, cancel: cancel}
 	g.mu.Lock()
 	if g.active == nil {
 		g.active = make(map[*permissionGuard]struct{})
@@ -185,7 +194,7 @@ func (g *permissionGuards) record(nc *nats.Conn, err error) {
 	g.mu.Lock()
 	defer g.mu.Unlock()
 	for pg := range g.active {
-		if needs(pg.kind, pg.prefix+"_"+pg.service, inbox, v.subject) {
+		if needs(pg.kind, pg.prefix+"_"+pg.service, inbox, pg.api, v.subject) {
 			pg.cancel(v)
 		}
 	}

@@ -286,7 +286,30 @@ func TestPermissionNeeds(t *testing.T) {
 		{"$JS.FC.KV_JOBS_KEYS_s.a.b", natsOpWatch, true},
 		{"$JS.API.STREAM.CREATE.KV_JOBS_KEYS_s", all, false},
 		{"orders.new", all, false},
+		// Creating a bucket: account info and the stream's create; the
+		// stream's update only for its own guard.
+		{"$JS.API.INFO", natsOpCreate, true},
+		{"$JS.API.INFO", all | natsOpUpdateStream, false},
+		{"$JS.API.STREAM.CREATE.KV_JOBS_KEYS_s", natsOpCreate, true},
+		{"$JS.API.STREAM.CREATE.KV_JOBS_KEYS_s2", natsOpCreate, false},
+		{"$JS.API.STREAM.UPDATE.KV_JOBS_KEYS_s", natsOpUpdateStream, true},
+		{"$JS.API.STREAM.UPDATE.KV_JOBS_KEYS_s", natsOpCreate, false},
+		// Subjects of the application that end like account info are not it.
+		{"orders.API.INFO", natsOpCreate, false},
+		{"ordersAPI.INFO", natsOpCreate, false},
 	} {
-		assert.Equal(t, c.want, needs(c.kind, bucket, inbox, c.subject), "%s for kind %b", c.subject, c.kind)
+		assert.Equal(t, c.want, needs(c.kind, bucket, inbox, "$JS.API.", c.subject), "%s for kind %b", c.subject, c.kind)
+	}
+	// Account info behind a domain or an API prefix: the call's own.
+	for _, c := range []struct {
+		api, subject string
+		want         bool
+	}{
+		{"$JS.hub.API.", "$JS.hub.API.INFO", true},
+		{"$JS.hub.API.", "$JS.API.INFO", false},
+		{"dlc.", "dlc.INFO", true},
+		{"dlc.", "$JS.API.INFO", false},
+	} {
+		assert.Equal(t, c.want, needs(natsOpCreate, bucket, inbox, c.api, c.subject), "%s with API prefix %s", c.subject, c.api)
 	}
 }

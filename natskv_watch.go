@@ -131,7 +131,7 @@ func (s *NATSStore) startWatch(ctx, wctx context.Context, service, filter string
 	ferr := nc.FlushWithContext(fctx)
 	cancel()
 	if last := nc.LastError(); ferr == nil && last != nil && last != before {
-		if v := parseViolation(nc, last); v != nil && needs(natsOpWatch, kv.Bucket(), inboxPrefix(nc), v.subject) {
+		if v := parseViolation(nc, last); v != nil && needs(natsOpWatch, kv.Bucket(), inboxPrefix(nc), "", v.subject) {
 			_ = kw.Stop()
 			return nil, fmt.Errorf("%w: watch %s: %v", ErrPermission, filter, v)
 		}
