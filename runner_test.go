@@ -302,7 +302,7 @@ func TestRunLeaseLostWhenRenewalsFail(t *testing.T) {
 	t.Parallel()
 	nats, _ := rtNATS(t)
 	store := &faultyStore{Store: nats}
-	jt := rtJobType(t, cCoordinator(t, store, nil), rtService(), rtPolicy(100*time.Millisecond, 300*time.Millisecond))
+	jt := rtJobType(t, cCoordinator(t, store, nil), rtService(), rtPolicy(200*time.Millisecond, time.Second))
 	r := rtRunner(t, jt, nil)
 
 	var cause error
