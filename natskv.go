@@ -81,7 +81,10 @@ const headerAllowance = 256
 // from the stream's configuration when it opens the bucket. The messages
 // are those single writes would store, with the batch headers
 // (Nats-Batch-Id, Nats-Batch-Sequence, Nats-Batch-Commit) added, and the
-// revision condition on the first only.
+// revision condition on the first only. The store decides once per bucket
+// it opens: restart the processes before moving a bucket to servers older
+// than 2.12, which would take the messages of a batch one by one, the
+// later ones without a condition.
 //
 // # Durability
 //
