@@ -82,9 +82,10 @@ const headerAllowance = 256
 // are those single writes would store, with the batch headers
 // (Nats-Batch-Id, Nats-Batch-Sequence, Nats-Batch-Commit) added, and the
 // revision condition on the first only. The store decides once per bucket
-// it opens: restart the processes before moving a bucket to servers older
-// than 2.12, which would take the messages of a batch one by one, the
-// later ones without a condition.
+// it opens, so before moving a bucket to servers older than 2.12 (which
+// would take a batch's messages one by one, the later ones without a
+// condition), turn AllowAtomicPublish off on its stream and restart the
+// processes that use it.
 //
 // # Durability
 //
