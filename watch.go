@@ -9,6 +9,7 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
+	"weak"
 )
 
 // Watcher holds one watch per service on a store's keys and fans the changes
@@ -58,8 +59,10 @@ type Watcher struct {
 	decodes uint64 // watched values decoded (see keyWatch.decode)
 	// linked are the key tables of the coordinators whose Runners waited
 	// through this Watcher: each hands its writes to it (see handoff)
-	// until Close.
-	linked map[*keyTable]struct{}
+	// until Close. Weak: a coordinator its user drops is not kept alive
+	// by a Watcher that outlives it (dead entries are pruned as the map
+	// grows).
+	linked map[weak.Pointer[keyTable]]struct{}
 	// waited maps the KV key of every keyWatch of a running watch to it,
 	// for handoff to find without the lock. Written under mu.
 	waited sync.Map
@@ -138,7 +141,7 @@ func NewWatcher(store WatchableStore) (*Watcher, error) {
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	return &Watcher{store: store, ctx: ctx, cancel: cancel, grace: waiterGrace, watches: make(map[string]*serviceWatch),
-		linked: make(map[*keyTable]struct{})}, nil
+		linked: make(map[weak.Pointer[keyTable]]struct{})}, nil
 }
 
 // Subscribe registers interest in changes of kvKey (a [JobKey.KVKey]) in
@@ -245,8 +248,8 @@ func (w *Watcher) subscribe(ctx context.Context, service, kvKey string, wt *wait
 				kw.nwaiting.Store(int32(len(kw.waiters)))
 				if t := wt.table; t != nil {
 					kw.tables[t]++
-					if _, ok := w.linked[t]; !ok {
-						w.linked[t] = struct{}{}
+					if wt := weak.Make(t); !w.isLinked(wt) {
+						w.linked[wt] = struct{}{}
 						t.link(w)
 					}
 				}
@@ -712,14 +715,33 @@ func (kw *keyWatch) turn(i, ahead, free int) time.Time {
 	return kw.at.Add(time.Duration(ahead-free+1) * kw.grace)
 }
 
+// isLinked reports whether t is among w's linked tables; when it is not,
+// and the map's size is a power of two from 64 on, it first drops the
+// entries of tables already collected. Called with w.mu held.
+func (w *Watcher) isLinked(t weak.Pointer[keyTable]) bool {
+	if _, ok := w.linked[t]; ok {
+		return true
+	}
+	if n := len(w.linked); n >= 64 && n&(n-1) == 0 {
+		for wt := range w.linked {
+			if wt.Value() == nil {
+				delete(w.linked, wt)
+			}
+		}
+	}
+	return false
+}
+
 // Close stops every watch, ends every subscription (their Done channels
 // close) and waits for the watches' goroutines to finish. Later Subscribe
 // calls fail with [ErrWatcherClosed]. Close is idempotent.
 func (w *Watcher) Close() {
 	w.mu.Lock()
 	w.closed = true
-	for t := range w.linked {
-		t.unlink(w)
+	for wt := range w.linked {
+		if t := wt.Value(); t != nil {
+			t.unlink(w)
+		}
 	}
 	clear(w.linked)
 	w.mu.Unlock()
