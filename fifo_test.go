@@ -130,12 +130,7 @@ func (s *fifoStarts) get() []string {
 // run runs job id through p's Runner in a goroutine; the channel gets its
 // error.
 func (p *fifoProc) run(ctx context.Context, id string, h Handler) <-chan error {
-	done := make(chan error, 1)
-	go func() {
-		_, err := p.r.Run(ctx, id, p.payload, h)
-		done <- err
-	}()
-	return done
+	return goRun(ctx, p.r, id, p.payload, h)
 }
 
 // TestRunnerFIFOOtherProcessWaiterFirst: process B's job b is queued first

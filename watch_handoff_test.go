@@ -459,15 +459,11 @@ func TestRunnerHandoffRunsBeforeEcho(t *testing.T) {
 			lh := k.acquire(jt, "h")
 
 			started, finish := make(chan struct{}), make(chan struct{})
-			done := make(chan error, 1)
-			go func() {
-				_, err := r.Run(ctx, "a", k.payload, func(context.Context, Lease) error {
-					close(started)
-					<-finish
-					return nil
-				})
-				done <- err
-			}()
+			done := goRun(ctx, r, "a", k.payload, func(context.Context, Lease) error {
+				close(started)
+				<-finish
+				return nil
+			})
 			k.awaitWaiting(w.Watcher, 1)
 
 			w.hold()
@@ -507,14 +503,10 @@ func TestWatcherHandoffReachesOtherCoordinators(t *testing.T) {
 			lh := k.acquire(jt1, "h")
 			k.admit(jt2, "a")
 			started := make(chan struct{})
-			done := make(chan error, 1)
-			go func() {
-				_, err := r2.Run(ctx, "a", k.payload, func(context.Context, Lease) error {
-					close(started)
-					return nil
-				})
-				done <- err
-			}()
+			done := goRun(ctx, r2, "a", k.payload, func(context.Context, Lease) error {
+				close(started)
+				return nil
+			})
 			k.awaitWaiting(w.Watcher, 1)
 
 			w.hold()
@@ -678,4 +670,14 @@ func TestWatcherHandoffConcurrentRunners(t *testing.T) {
 			assert.Zero(t, overlap.Load(), "jobs ran two at a time on a key with MaxActive 1")
 		})
 	}
+}
+
+// goRun runs job id through r in a goroutine; the channel gets Run's error.
+func goRun(ctx context.Context, r *Runner, id string, payload any, h Handler) <-chan error {
+	done := make(chan error, 1)
+	go func() {
+		_, err := r.Run(ctx, id, payload, h)
+		done <- err
+	}()
+	return done
 }
