@@ -187,18 +187,7 @@ func TestRunnerFIFOLocalWaiterFirst(t *testing.T) {
 	p.feed()
 	var starts fifoStarts
 	p.admit("h", "a", "b")
-	acq, err := p.jt.Acquire(ctx, "h", p.payload)
-	require.NoError(t, err)
-	require.Equal(t, KindAcquired, acq.Kind)
-	aDone := p.run(ctx, "a", starts.handler("a"))
-	require.Eventually(t, func() bool { return p.waiting("a") }, rtWait, time.Millisecond, "a never waited")
-	p.awaitTrusted()
-
-	_, err = p.jt.Release(ctx, acq.Lease)
-	require.NoError(t, err)
-	_, err = p.r.Run(ctx, "b", p.payload, starts.handler("b"))
-	require.NoError(t, err)
-	require.NoError(t, <-aDone)
+	p.releaseToWaiterThenRun(ctx, &starts)
 	assert.Equal(t, []string{"a", "b"}, starts.get(), "b's first try took the slot ahead of a, queued before it")
 }
 
@@ -219,18 +208,7 @@ func TestRunnerFIFOLocalOrderBehindDeadHead(t *testing.T) {
 	p.admit("h")
 	other.admit("dead")
 	p.admit("a", "b")
-	acq, err := p.jt.Acquire(ctx, "h", p.payload)
-	require.NoError(t, err)
-	require.Equal(t, KindAcquired, acq.Kind)
-	aDone := p.run(ctx, "a", starts.handler("a"))
-	require.Eventually(t, func() bool { return p.waiting("a") }, rtWait, time.Millisecond, "a never waited")
-	p.awaitTrusted()
-
-	_, err = p.jt.Release(ctx, acq.Lease)
-	require.NoError(t, err)
-	_, err = p.r.Run(ctx, "b", p.payload, starts.handler("b"))
-	require.NoError(t, err)
-	require.NoError(t, <-aDone)
+	p.releaseToWaiterThenRun(ctx, &starts)
 	assert.Equal(t, []string{"a", "b"}, starts.get(), "b took the slot ahead of a")
 }
 
@@ -393,4 +371,25 @@ func TestRunnerFIFOWatcherLaggingBehindEntry(t *testing.T) {
 	assert.True(t, p.waiting("n"), "n was woken ahead of the head of the queue")
 	cancel()
 	require.ErrorIs(t, <-done, context.Canceled)
+}
+
+// releaseToWaiterThenRun holds the slot for job h, lets job a (queued
+// before b) wait for it through p's Watcher until p's entry is fed and
+// trusted, releases h's slot and at once runs b: the order a and b start
+// in is in starts.
+func (p *fifoProc) releaseToWaiterThenRun(ctx context.Context, starts *fifoStarts) {
+	t := p.t
+	t.Helper()
+	acq, err := p.jt.Acquire(ctx, "h", p.payload)
+	require.NoError(t, err)
+	require.Equal(t, KindAcquired, acq.Kind)
+	aDone := p.run(ctx, "a", starts.handler("a"))
+	require.Eventually(t, func() bool { return p.waiting("a") }, rtWait, time.Millisecond, "a never waited")
+	p.awaitTrusted()
+
+	_, err = p.jt.Release(ctx, acq.Lease)
+	require.NoError(t, err)
+	_, err = p.r.Run(ctx, "b", p.payload, starts.handler("b"))
+	require.NoError(t, err)
+	require.NoError(t, <-aDone)
 }
