@@ -215,10 +215,11 @@ func (e *clockEstimate) endProbe() { e.probing.Store(false) }
 // against the server that stamps a bucket ([NATSStore]).
 type clockSource interface {
 	// clockOffset returns what is known of offset = server clock − local
-	// clock (time.Now) for service's bucket. It does no I/O unless the
-	// estimate is due for a probe (see clockProbeAfter), or the bucket is
-	// not open yet; it never fails: a failed probe leaves less known.
-	clockOffset(ctx context.Context, service string) clockBounds
+	// clock (time.Now) for service's bucket, at local time at (read by
+	// clockOffset, to spare its caller a clock read). It does no I/O unless
+	// the estimate is due for a probe (see clockProbeAfter), or the bucket
+	// is not open yet; it never fails: a failed probe leaves less known.
+	clockOffset(ctx context.Context, service string) (b clockBounds, at time.Time)
 }
 
 // ClockOffset bounds a coordinator's clock (Config.Now) against the clock
@@ -240,11 +241,11 @@ func (c *KeyCoordinator) clockBounds(ctx context.Context, service string) clockB
 	if !ok {
 		return clockBounds{}
 	}
-	b := cs.clockOffset(ctx, service)
+	b, at := cs.clockOffset(ctx, service)
 	// The store measured against time.Now; the coordinator writes
-	// Config.Now. Read back to back, their difference is the shift.
-	local := time.Now()
-	return b.shift(local.Sub(c.cfg.Now()))
+	// Config.Now. Read right after at, the difference is the shift (less
+	// the nanoseconds between the two reads, for the default clock).
+	return b.shift(at.Sub(c.cfg.Now()))
 }
 
 // clockSkewLimit is the least proven |offset| from the server at which a

@@ -305,3 +305,31 @@ func TestClockEstimate(t *testing.T) {
 	var nilEstimate *clockEstimate
 	nilEstimate.observeStamp(t0, t0) // a watch of a bucket not open: nothing recorded, no panic
 }
+
+// BenchmarkClockSkewCheck is what the check adds to every acquisition and
+// sweep on a NATSStore whose bucket is open (no probe is due within a
+// run of a few seconds), and what every watched change and Get pays to
+// record its stamp.
+func BenchmarkClockSkewCheck(b *testing.B) {
+	store, _ := rtNATS(b)
+	svc := rtService()
+	c := cCoordinator(b, store, nil)
+	rtAdmit(b, rtJobType(b, c, svc, clockPolicy), "job-1")
+	ctx := context.Background()
+	b.Run("acquisition", func(b *testing.B) {
+		b.ReportAllocs()
+		for b.Loop() {
+			if refuse := c.clockSkew(ctx, svc, clockPolicy); refuse != nil {
+				b.Fatal(refuse("check"))
+			}
+		}
+	})
+	clock := store.bucketClock(svc)
+	b.Run("stamp", func(b *testing.B) {
+		b.ReportAllocs()
+		ts := time.Now()
+		for b.Loop() {
+			clock.observeStamp(ts, time.Now())
+		}
+	})
+}

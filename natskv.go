@@ -87,6 +87,17 @@ const headerAllowance = 256
 // condition), turn AllowAtomicPublish off on its stream and restart the
 // processes that use it.
 //
+// # Clocks
+//
+// The store keeps, per bucket, bounds on the offset between this host's
+// clock and the clock of the server that stamps the bucket's messages,
+// from the server times it sees: the stream info it reads when it opens
+// the bucket, the stamps of the values Get reads and of the changes its
+// watches deliver, and a stream info request when its bounds are ten
+// seconds old (made by the acquisition or sweep that finds them so). A
+// [KeyCoordinator] over it refuses acquisitions and sweeps while its clock
+// is proven too far from the server's (see [ErrClockSkew]).
+//
 // # Durability
 //
 // A file-storage bucket is only as durable as the server's fsync: by

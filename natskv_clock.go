@@ -26,7 +26,7 @@ import (
 var _ clockSource = (*NATSStore)(nil)
 
 // clockOffset implements clockSource.
-func (s *NATSStore) clockOffset(ctx context.Context, service string) clockBounds {
+func (s *NATSStore) clockOffset(ctx context.Context, service string) (clockBounds, time.Time) {
 	s.mu.Lock()
 	b := s.buckets[service]
 	s.mu.Unlock()
@@ -34,23 +34,24 @@ func (s *NATSStore) clockOffset(ctx context.Context, service string) clockBounds
 		// Opening the bucket measures the offset.
 		gctx, pg, err := s.begin(ctx, natsOpRead, service, "open the bucket of service", service)
 		if err != nil {
-			return clockBounds{}
+			return clockBounds{}, time.Now()
 		}
 		b, err = s.bucket(gctx, service)
 		pg.done()
 		if err != nil {
-			return clockBounds{}
+			return clockBounds{}, time.Now()
 		}
 	}
 	now := time.Now()
 	bounds, probe := b.clock.bounds(now)
 	if !probe || !b.clock.startProbe(now) {
-		return bounds
+		return bounds, now
 	}
 	defer b.clock.endProbe()
 	s.probeClock(ctx, service, b)
-	bounds, _ = b.clock.bounds(time.Now())
-	return bounds
+	now = time.Now()
+	bounds, _ = b.clock.bounds(now)
+	return bounds, now
 }
 
 // bucketClock returns the clock estimate of service's bucket, or nil when
