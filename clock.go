@@ -114,7 +114,9 @@ type clockBound struct {
 }
 
 // valid reports whether the bound still holds at now: measured less than
-// clockBoundAge ago, with no step of the wall clock since.
+// clockBoundAge ago, with no step of the wall clock since. A bound
+// measured a little after now (by a concurrent call, between its clock
+// read and its lock) holds too.
 func (b clockBound) valid(now time.Time) bool {
 	if b.at.IsZero() {
 		return false
@@ -122,7 +124,7 @@ func (b clockBound) valid(now time.Time) bool {
 	mono := now.Sub(b.at)
 	wall := now.Round(0).Sub(b.at.Round(0))
 	step := wall - mono
-	return mono >= 0 && mono < clockBoundAge && step < clockStepTolerance && step > -clockStepTolerance
+	return mono < clockBoundAge && step < clockStepTolerance && step > -clockStepTolerance
 }
 
 // clockEstimate keeps the bounds on one server's clock offset that a

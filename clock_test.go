@@ -302,6 +302,13 @@ func TestClockEstimate(t *testing.T) {
 	b, _ = e.bounds(at.Add(clockBoundAge))
 	assert.Equal(t, clockBounds{}, b, "too old to use")
 
+	// A bound measured by a concurrent call just after the check read its
+	// clock holds for the check.
+	e.observeRoundTrip(at.Round(0), at.Add(5*time.Millisecond), at.Add(5*time.Millisecond))
+	b, probe = e.bounds(at)
+	assert.True(t, b.hasLo && b.hasHi)
+	assert.False(t, probe)
+
 	var nilEstimate *clockEstimate
 	nilEstimate.observeStamp(t0, t0) // a watch of a bucket not open: nothing recorded, no panic
 }
