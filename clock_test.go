@@ -9,6 +9,8 @@ import (
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+
+	"github.com/jobkeys/jobkeys/internal/natstest"
 )
 
 // skewedClock is a Config.Now that reads the local clock plus an offset the
@@ -339,4 +341,37 @@ func BenchmarkClockSkewCheck(b *testing.B) {
 			clock.observeStamp(ts, time.Now())
 		}
 	})
+}
+
+// TestClusterClockFromLeaderGets: on an R3 bucket, Get reads through the
+// stream leader's message get, whose stamp bounds the offset too, and a
+// skewed coordinator is refused there as on one server (JOBKEYS_CLUSTER=1).
+func TestClusterClockFromLeaderGets(t *testing.T) {
+	clusterEnabled(t)
+	c := natstest.StartCluster(t, natstest.ClusterOptions{Nodes: 3})
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	_, js := clusterConnect(t, c.URLs(0))
+	const svc = "clusterclock"
+	clusterBucket(t, ctx, js, svc)
+	store, err := NewNATSStore(js)
+	require.NoError(t, err)
+	jt := rtJobType(t, cCoordinator(t, store, nil), svc, clockPolicy)
+	id := rtAdmit(t, jt, "job-1")
+
+	clock := store.bucketClock(svc)
+	require.NotNil(t, clock)
+	clock.forget()
+	storedRevision(t, store, jt)
+	got, _ := clock.bounds(time.Now())
+	require.True(t, got.hasLo, "the leader get's stamp bounds the offset")
+	assert.LessOrEqual(t, got.lo, time.Duration(0))
+	assert.Greater(t, got.lo, -time.Second)
+
+	skewed := rtJobType(t, cCoordinator(t, store, &Config{Now: newSkewedClock(time.Hour).Now}), svc, clockPolicy)
+	_, err = skewed.Acquire(ctx, id, rtPayload)
+	require.ErrorIs(t, err, ErrClockSkew)
+	acq, err := jt.Acquire(ctx, id, rtPayload)
+	require.NoError(t, err)
+	assert.Equal(t, KindAcquired, acq.Kind)
 }
