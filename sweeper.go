@@ -95,7 +95,7 @@ type SweepReport struct {
 //
 // A coordinator whose clock is proven too far from the NATS server's
 // does not sweep: it returns an error wrapping [ErrClockSkew] and touches
-// no key. Its clock would take live leases for expired ones (see
+// no key. Its clock may take live leases for expired ones (see
 // [ErrClockSkew]).
 func (jt *JobType) Sweep(ctx context.Context) (rep SweepReport, err error) {
 	defer jt.coord.obs.swept(ctx, jt, jt.coord.obs.begin(), &rep, &err)
