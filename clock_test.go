@@ -317,8 +317,8 @@ func TestClockEstimate(t *testing.T) {
 
 // BenchmarkClockSkewCheck is what the check adds to every acquisition and
 // sweep on a NATSStore whose bucket is open (no probe is due within a
-// run of a few seconds), and what every watched change and Get pays to
-// record its stamp.
+// run of a few seconds), what a probe costs the acquisition that makes
+// it, and what every watched change and Get pays to record its stamp.
 func BenchmarkClockSkewCheck(b *testing.B) {
 	store, _ := rtNATS(b)
 	svc := rtService()
@@ -331,6 +331,14 @@ func BenchmarkClockSkewCheck(b *testing.B) {
 			if refuse := c.clockSkew(ctx, svc, clockPolicy); refuse != nil {
 				b.Fatal(refuse("check"))
 			}
+		}
+	})
+	b.Run("probe", func(b *testing.B) { // one stream info request: once per 10s and bucket
+		bucket, err := store.bucket(ctx, svc)
+		require.NoError(b, err)
+		b.ReportAllocs()
+		for b.Loop() {
+			store.probeClock(ctx, svc, bucket)
 		}
 	})
 	clock := store.bucketClock(svc)
