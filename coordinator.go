@@ -146,6 +146,13 @@ type Config struct {
 	// Now is the clock. Defaults to time.Now. Tests inject a fixed clock.
 	Now func() time.Time
 
+	// IgnoreClockSkew turns off the refusal of acquisitions and sweeps on
+	// a host whose clock (Now) is proven too far from the NATS server's
+	// (see [ErrClockSkew]): for a server whose own clock is off, which
+	// would refuse every host, or tests that move Now to make leases
+	// expire. Defaults to false: the check is on.
+	IgnoreClockSkew bool
+
 	// NewSlotToken makes slot tokens. Defaults to random UUIDs (version 4).
 	NewSlotToken func() string
 

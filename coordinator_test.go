@@ -525,8 +525,8 @@ func TestCoordinatorCacheIsNotTrustedBlindly(t *testing.T) {
 			st, svc, another := b.open(t)
 			key := cKey(t, svc)
 			clock := &jkClock{t: rt0}
-			a := cCoordinator(t, st, &Config{InstanceID: "A", Now: clock.Now})
-			bc := cCoordinator(t, another(t), &Config{InstanceID: "B", Now: clock.Now})
+			a := cCoordinator(t, st, &Config{InstanceID: "A", IgnoreClockSkew: true, Now: clock.Now})
+			bc := cCoordinator(t, another(t), &Config{InstanceID: "B", IgnoreClockSkew: true, Now: clock.Now})
 			p := Policy{Key: cPolicy().Key, MaxActive: 1, MaxQueuedPerKey: 4, HeartbeatInterval: time.Second, HeartbeatTTL: 2 * time.Second}
 
 			// A fills the key: j1 running, j2 queued.
@@ -929,7 +929,7 @@ func TestCoordinatorContinuesStateWrittenByOthers(t *testing.T) {
 				_, err = st.Create(ctx, "fixtures", key.KVKey, doc)
 				require.NoError(t, err)
 				clock := &jkClock{t: time.Date(2026, 11, 30, 10, 0, 40, 0, time.UTC)}
-				c := cCoordinator(t, st, &Config{InstanceID: "go-worker", Now: clock.Now})
+				c := cCoordinator(t, st, &Config{InstanceID: "go-worker", IgnoreClockSkew: true, Now: clock.Now})
 
 				adm, err := c.Admit(ctx, AdmitRequest{Service: "fixtures", JobType: "sync", JobID: "go-job", Payload: payload, Policy: p, Context: rctx("go-job")})
 				require.NoError(t, err)

@@ -50,6 +50,18 @@ var (
 	// reader accepts. Nothing is written: the clock (Config.Now) is wrong.
 	ErrClockOutOfRange = errors.New("jobkeys: clock out of range")
 
+	// ErrClockSkew reports that a coordinator refused to take a lease (an
+	// acquisition) or to sweep because its clock (Config.Now) is proven to
+	// be at least half of HeartbeatTTL − HeartbeatInterval away from the
+	// clock of the NATS server that stamps the bucket: hosts that far from
+	// the server may be too far from each other for leases to keep jobs
+	// apart (see Clocks in [Policy]'s doc). Nothing is written; the error
+	// says the measured offset, the limit and where. Renewals and releases
+	// of slots already held go on. Only stores that see the server's time
+	// detect it ([NATSStore]; not [MemoryStore]); Config.IgnoreClockSkew
+	// turns the check off.
+	ErrClockSkew = errors.New("jobkeys: clock skew")
+
 	// ErrBucketNotFound reports that the KV bucket for a service does not
 	// exist and the store was not configured to create it.
 	ErrBucketNotFound = errors.New("jobkeys: bucket not found")

@@ -74,7 +74,7 @@ func TestCrashedWorkerTakenOver(t *testing.T) {
 			rec := newLinRecorder()
 			client := func(id int) *linClient {
 				c := newLinClient(t, id, s.ClientURL(), service, "work", keys, rec)
-				coord, err := NewCoordinator(faultNATSStore(t, c.js), &Config{InstanceID: c.instance, Now: clock.Now})
+				coord, err := NewCoordinator(faultNATSStore(t, c.js), &Config{InstanceID: c.instance, IgnoreClockSkew: true, Now: clock.Now})
 				require.NoError(t, err)
 				c.coord = coord
 				return c

@@ -43,7 +43,7 @@ func TestInspectKeys(t *testing.T) {
 			t.Parallel()
 			st, svc, _ := b.open(t)
 			clock := &inspectClock{now: rt0}
-			coord := cCoordinator(t, st, &Config{Now: clock.Now})
+			coord := cCoordinator(t, st, &Config{IgnoreClockSkew: true, Now: clock.Now})
 			jt, err := coord.JobType(svc, "render", inspectPolicy)
 			require.NoError(t, err)
 			other, err := coord.JobType(svc, "other", inspectPolicy)
@@ -148,7 +148,7 @@ func TestWatchOccupancy(t *testing.T) {
 			defer cancel()
 			st, svc, _ := b.open(t)
 			clock := &inspectClock{now: rt0}
-			coord := cCoordinator(t, st, &Config{Now: clock.Now})
+			coord := cCoordinator(t, st, &Config{IgnoreClockSkew: true, Now: clock.Now})
 			jt, err := coord.JobType(svc, "render", inspectPolicy)
 			require.NoError(t, err)
 			a := []byte(`{"t":"a"}`)

@@ -310,6 +310,10 @@ func (c *KeyCoordinator) acquireKey(ctx context.Context, key JobKey, policy Poli
 	var out Acquisition
 	var err error
 	defer c.obs.acquired(ctx, &key, c.obs.begin(), &out, &err)
+	if refuse := c.clockSkew(ctx, key.Service, policy); refuse != nil { // see clock.go
+		err = refuse(fmt.Sprintf("acquisition of job %q on KV key %q", req.JobID, key.KVKey))
+		return Acquisition{}, err
+	}
 	err = c.update(ctx, key, false, func(st *KeyState, now time.Time) *KeyState {
 		out = ReduceAcquire(st, key, req, policy, now, token)
 		return out.State

@@ -87,6 +87,17 @@ const headerAllowance = 256
 // condition), turn AllowAtomicPublish off on its stream and restart the
 // processes that use it.
 //
+// # Clocks
+//
+// The store keeps, per bucket, bounds on the offset between this host's
+// clock and the clock of the server that stamps the bucket's messages,
+// from the server times it sees: the stream info it reads when it opens
+// the bucket, the stamps of the values Get reads and of the changes its
+// watches deliver, and a stream info request when its bounds are ten
+// seconds old (made by the acquisition or sweep that finds them so). A
+// [KeyCoordinator] over it refuses acquisitions and sweeps while its clock
+// is proven too far from the server's (see [ErrClockSkew]).
+//
 // # Durability
 //
 // A file-storage bucket is only as durable as the server's fsync: by
@@ -140,6 +151,9 @@ type natsBucket struct {
 	// no batches there. Cleared when the server refuses a batch because
 	// the stream no longer allows atomic publish.
 	batches atomic.Bool
+	// clock bounds this host's clock offset against the server that
+	// stamps the bucket (natskv_clock.go).
+	clock clockEstimate
 }
 
 // batchesPay reports whether atomic batches cost about one write on a
@@ -301,15 +315,18 @@ func (s *NATSStore) bucket(ctx context.Context, service string) (*natsBucket, er
 	if err != nil {
 		return nil, fmt.Errorf("jobkeys: open KV bucket %q: %w", name, err)
 	}
+	sent := time.Now()
 	status, err := kv.Status(ctx)
 	if err != nil {
 		return nil, fmt.Errorf("jobkeys: status of KV bucket %q: %w", name, err)
 	}
+	replied := time.Now()
 	limit := int(s.js.Conn().MaxPayload()) - headerAllowance
 	if mv := int(status.Config().MaxValueSize); mv > 0 && mv-headerAllowance < limit {
 		limit = mv - headerAllowance
 	}
 	b = &natsBucket{kv: kv, maxValueSize: limit}
+	b.observeStatus(status, sent, replied) // see natskv_clock.go
 	opts := s.js.Options()
 	if info := bucketStreamInfo(status); info != nil && info.Config.Mirror == nil {
 		b.stream, b.writeTimeout = info.Config.Name, opts.DefaultTimeout
@@ -410,6 +427,7 @@ func (s *NATSStore) getKey(ctx context.Context, service, key string) ([]byte, ui
 	if err != nil {
 		return nil, 0, fmt.Errorf("jobkeys: get %s: %w", key, err)
 	}
+	b.clock.observeStamp(e.Created(), time.Now())
 	return e.Value(), e.Revision(), nil
 }
 
@@ -421,9 +439,10 @@ type msgGetResponse struct {
 		Description string `json:"description"`
 	} `json:"error"`
 	Message *struct {
-		Seq  uint64 `json:"seq"`
-		Hdrs []byte `json:"hdrs"` // base64 in the JSON
-		Data []byte `json:"data"` // base64 in the JSON
+		Seq  uint64    `json:"seq"`
+		Time time.Time `json:"time"` // the server's stamp
+		Hdrs []byte    `json:"hdrs"` // base64 in the JSON
+		Data []byte    `json:"data"` // base64 in the JSON
 	} `json:"message"`
 }
 
@@ -458,6 +477,7 @@ func (s *NATSStore) getFromLeader(ctx context.Context, b *natsBucket, key string
 	case resp.Message == nil:
 		return nil, 0, fmt.Errorf("jobkeys: get %s from the stream leader: response without a message", key)
 	}
+	b.clock.observeStamp(resp.Message.Time, time.Now())
 	if len(resp.Message.Hdrs) > 0 {
 		hdr, err := nats.DecodeHeadersMsg(resp.Message.Hdrs)
 		if err != nil {

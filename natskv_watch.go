@@ -80,6 +80,7 @@ func (s *NATSStore) watch(ctx context.Context, service, prefix string, metaOnly 
 		return nil, err
 	}
 	pg.release()
+	clock := s.bucketClock(service) // see natskv_clock.go
 	ended := make(chan struct{})
 	go func() {
 		defer close(ended)
@@ -93,6 +94,7 @@ func (s *NATSStore) watch(ctx context.Context, service, prefix string, metaOnly 
 					return // the subscription closed (connection closed)
 				}
 				if e != nil {
+					clock.observeStamp(e.Created(), time.Now())
 					changed(e)
 				}
 			}

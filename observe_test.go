@@ -336,7 +336,7 @@ func TestLogsStaleTakeoverAndCorruptState(t *testing.T) {
 			var h captureHandler
 			var clock atomic.Int64
 			clock.Store(time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC).UnixNano())
-			coord, err := NewCoordinator(store, &Config{Logger: slog.New(&h), Now: func() time.Time { return time.Unix(0, clock.Load()) }})
+			coord, err := NewCoordinator(store, &Config{Logger: slog.New(&h), IgnoreClockSkew: true, Now: func() time.Time { return time.Unix(0, clock.Load()) }})
 			require.NoError(t, err)
 			service := "logs" + name
 			jt, err := coord.JobType(service, "t", Policy{Key: []string{"/k"}, MaxQueuedPerKey: 1, HeartbeatInterval: time.Second, HeartbeatTTL: 2 * time.Second})

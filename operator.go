@@ -196,3 +196,31 @@ func operatorKey(service, kvKey string) (JobKey, error) {
 	}
 	return JobKey{Service: service, JobType: jobType, KeyHash: keyHash, KVKey: kvKey}, nil
 }
+
+// ClockOffset returns what the coordinator's store knows of the offset
+// between the clock of the NATS server that stamps service's bucket and
+// the coordinator's clock (Config.Now), the measure behind [ErrClockSkew]:
+// an acquisition or sweep under a policy p is refused while the offset is
+// proven to be at least (p.HeartbeatTTL − p.HeartbeatInterval) / 2 either
+// way. A [NATSStore] measures it from the server times it sees (when it
+// opens the bucket, on reads and watches, and by a stream info request
+// when its measurement is older than ten seconds, which this call may
+// make); a store that cannot ([MemoryStore]) returns the zero ClockOffset,
+// nothing known. It is safe for concurrent use.
+func (c *KeyCoordinator) ClockOffset(ctx context.Context, service string) (ClockOffset, error) {
+	if err := validateService(service); err != nil {
+		return ClockOffset{}, err
+	}
+	b := c.clockBounds(ctx, service)
+	if err := ctx.Err(); err != nil {
+		return ClockOffset{}, err
+	}
+	var off ClockOffset
+	if b.hasLo {
+		off.Min, off.MinKnown = b.lo, true
+	}
+	if b.hasHi {
+		off.Max, off.MaxKnown = b.hi, true
+	}
+	return off, nil
+}

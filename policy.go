@@ -64,7 +64,10 @@ const (
 // HeartbeatTTL − HeartbeatInterval: a host whose clock runs that far ahead
 // sees a lease as expired while its holder still renews it, and takes the
 // slot over. Keep hosts on NTP and leave HeartbeatTTL a wide margin over
-// HeartbeatInterval (the defaults leave 90s).
+// HeartbeatInterval (the defaults leave 90s). A coordinator over a
+// [NATSStore] checks its own clock against the NATS server's and refuses
+// to acquire or sweep while it is half that margin away or more (see
+// [ErrClockSkew]).
 type Policy struct {
 	// Key is the key template: each segment is either a literal (not
 	// starting with "/") or an RFC 6901 JSON pointer into the job payload

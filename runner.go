@@ -161,7 +161,9 @@ type RunResult struct {
 // free slot.
 //
 // The error is nil when the handler returned nil and the slot was released.
-// Otherwise it is the acquisition's error (the handler did not run), or the
+// Otherwise it is the acquisition's error (the handler did not run; one
+// wrapping [ErrClockSkew], from a host whose clock is too far from the
+// server's, is returned at once, not waited out), or the
 // handler's error joined with an error wrapping [ErrStaleCompletion] when the
 // slot was gone at release, or with the release's own error. The result
 // tells the same in fields, and lists stale slots the acquisition dropped.

@@ -92,11 +92,19 @@ type SweepReport struct {
 // [*StateError] for bad state). When ctx ends, Sweep stops and returns what
 // it did so far with an error wrapping ctx.Err() (joined with the errors of
 // the keys before).
+//
+// A coordinator whose clock is proven too far from the NATS server's
+// does not sweep: it returns an error wrapping [ErrClockSkew] and touches
+// no key. Its clock may take live leases for expired ones (see
+// [ErrClockSkew]).
 func (jt *JobType) Sweep(ctx context.Context) (rep SweepReport, err error) {
 	defer jt.coord.obs.swept(ctx, jt, jt.coord.obs.begin(), &rep, &err)
 	lister, err := jt.lister()
 	if err != nil {
 		return rep, err
+	}
+	if refuse := jt.coord.clockSkew(ctx, jt.service, jt.policy); refuse != nil {
+		return rep, refuse(fmt.Sprintf("sweep of job type %q of service %q", jt.name, jt.service))
 	}
 	keys, err := lister.ListKeys(ctx, jt.service, jt.name)
 	if err != nil {

@@ -110,8 +110,8 @@ func newSweepEnv(t *testing.T, store Store, stale StalePolicy) *sweepEnv {
 		return e.now
 	}
 	e.workers = rtJobType(t, cCoordinator(t, store, nil), e.svc, policy)
-	e.later = rtJobType(t, cCoordinator(t, store, &Config{Now: clock}), e.svc, policy)
-	e.sweeper = rtJobType(t, cCoordinator(t, store, &Config{Now: clock}), e.svc, policy)
+	e.later = rtJobType(t, cCoordinator(t, store, &Config{IgnoreClockSkew: true, Now: clock}), e.svc, policy)
+	e.sweeper = rtJobType(t, cCoordinator(t, store, &Config{IgnoreClockSkew: true, Now: clock}), e.svc, policy)
 	return e
 }
 
