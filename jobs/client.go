@@ -271,11 +271,15 @@ type EnqueueResult struct {
 	Outcome Outcome
 	// Job is the new job (accepted, replaced) or the existing job the new
 	// one folded into (coalesced); with Repeated, the job enqueued before
-	// under the same idempotency key, as it is now.
+	// under the same idempotency key, as it is now (for a coalesced one,
+	// its own superseded record).
 	Job Job
 	// Replaced is the replaced job's record (OutcomeReplaced), else nil.
 	Replaced *Job
-	// Repeated reports a replay of an idempotency key: nothing was written.
+	// Repeated reports a replay of an idempotency key: nothing was written,
+	// and Outcome is the first enqueue's as the record tells it
+	// (OutcomeAccepted or OutcomeCoalesced: OutcomeReplaced is reported as
+	// OutcomeAccepted, and a rejected or bad-key job replays its error).
 	Repeated bool
 	// Key is the display key the job was admitted under (empty when
 	// Repeated).
@@ -288,18 +292,24 @@ var ErrRejected = errors.New("jobs: rejected by key policy")
 
 // RejectedError is the error of an enqueue its key's policy rejected. The
 // new job's record is left superseded with reason "rejected": no pending
-// record remains.
+// record remains. A replay of the enqueue (its idempotency key again) is
+// the same error with Repeated set: the record keeps the outcome, not the
+// key, the reason or the counts, which are then zero.
 type RejectedError struct {
-	Job    Job            // the rejected job's record
-	Key    string         // the display key
-	Reason jobkeys.Reason // why: the limit that was hit
-	Active int            // active slots seen
-	Queued int            // queued jobs seen
-	Limit  int            // the limit
+	Job      Job            // the rejected job's record
+	Key      string         // the display key
+	Reason   jobkeys.Reason // why: the limit that was hit
+	Active   int            // active slots seen
+	Queued   int            // queued jobs seen
+	Limit    int            // the limit
+	Repeated bool           // a replay: the record says it was rejected
 }
 
 // Error says which job was rejected on which key, and by which limit.
 func (e *RejectedError) Error() string {
+	if e.Repeated {
+		return fmt.Sprintf("jobs: job %q of type %q was rejected by its key policy (a replay of its enqueue)", e.Job.ID, e.Job.Type)
+	}
 	return fmt.Sprintf("jobs: job %q of type %q rejected on key %q: %s (limit %d, %d active, %d queued)",
 		e.Job.ID, e.Job.Type, e.Key, e.Reason, e.Limit, e.Active, e.Queued)
 }
@@ -310,8 +320,8 @@ func (e *RejectedError) Unwrap() error { return ErrRejected }
 // Enqueue writes the job record and admits it on its key under its kind's
 // policy, as one outcome. req.Type must be a registered kind; a zero
 // req.Version is the kind's version. The store's rules apply first:
-// idempotency (a replay returns the job as it is, Repeated) and target
-// supersede. A rejection is a [*RejectedError] (match [ErrRejected]). A
+// idempotency (a replay returns the job as it is, Repeated, with the first
+// enqueue's outcome: a rejection again, for one) and target supersede. A rejection is a [*RejectedError] (match [ErrRejected]). A
 // job is never coalesced into one that is over (whose slot is not released
 // yet): such an enqueue is admitted strictly, accepted or rejected.
 //
@@ -333,13 +343,34 @@ func (c *Client) Enqueue(ctx context.Context, req EnqueueRequest) (EnqueueResult
 		return EnqueueResult{}, err
 	}
 	if enq.Repeated {
-		return EnqueueResult{Outcome: OutcomeAccepted, Job: enq.Job, Repeated: true}, nil
+		return replayed(enq.Job)
 	}
 	res, err := c.admit(ctx, k, enq.Job)
 	if err == nil {
 		c.poke()
 	}
 	return res, err
+}
+
+// replayed is the outcome of an enqueue whose idempotency key enqueued j
+// before: the first enqueue's outcome, as j's record tells it. A record
+// superseded as rejected is a [*RejectedError], one superseded for a bad
+// key is an error wrapping [jobkeys.ErrInvalidKey], one superseded as
+// coalesced is OutcomeCoalesced; any other is OutcomeAccepted.
+func replayed(j Job) (EnqueueResult, error) {
+	res := EnqueueResult{Outcome: OutcomeAccepted, Job: j, Repeated: true}
+	if j.State != StateSuperseded {
+		return res, nil
+	}
+	switch j.Reason {
+	case ReasonRejected:
+		return EnqueueResult{}, &RejectedError{Job: j, Repeated: true}
+	case ReasonBadKey:
+		return EnqueueResult{}, fmt.Errorf("jobs: enqueue job %q of type %q (a replay): its input derives no key: %w", j.ID, j.Type, jobkeys.ErrInvalidKey)
+	case ReasonCoalesced:
+		res.Outcome = OutcomeCoalesced
+	}
+	return res, nil
 }
 
 // admit admits job (pending, of kind k) on its key and applies the
