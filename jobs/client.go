@@ -147,7 +147,10 @@ type Client struct {
 	slotFree chan struct{} // signalled when a worker token frees
 	tokens   chan struct{} // one per handler slot of MaxWorkers; made by Start
 	bgCancel context.CancelFunc
-	claimTTL time.Duration // the longest HeartbeatTTL of the kinds; set by Start
+	// reconcileCancel ends the reconciliation pass in flight; set by Start
+	// when it reconciles.
+	reconcileCancel context.CancelFunc
+	claimTTL        time.Duration // the longest HeartbeatTTL of the kinds; set by Start
 
 	keyWaiters map[string]*keyWaiters // by KV key; guarded by mu
 }

@@ -47,8 +47,12 @@ func (c *Client) Start(ctx context.Context) error {
 	c.wg.Add(1)
 	go c.claimLoop(bg, ttl)
 	if c.cfg.ReconcileInterval > 0 {
+		// Stop ends a pass in flight: it is cleanup, which the next
+		// client's passes redo.
+		rctx, rcancel := context.WithCancel(bg)
+		c.reconcileCancel = rcancel
 		c.wg.Add(1)
-		go c.reconcileLoop(bg)
+		go c.reconcileLoop(rctx)
 	}
 	return nil
 }
@@ -56,7 +60,8 @@ func (c *Client) Start(ctx context.Context) error {
 // Stop drains the client: it claims nothing more, hands jobs waiting for a
 // slot back at once, lets running handlers finish for StopGrace, then
 // ends their contexts with [ErrStopping] and hands what did not finish
-// back without counting a failure; every slot is released. It returns
+// back without counting a failure; every slot is released. A
+// reconciliation pass in flight is ended (it is cleanup). It returns
 // once every job is handed back or finished, or with ctx.Err() when ctx
 // ends first (handlers are then cancelled at once, and what is left runs
 // down in the background). Stop of a client never started, or stopped
@@ -70,6 +75,9 @@ func (c *Client) Stop(ctx context.Context) error {
 	}
 	c.state = clientStopped
 	close(c.stopCh)
+	if c.reconcileCancel != nil {
+		c.reconcileCancel()
+	}
 	c.mu.Unlock()
 
 	done := make(chan struct{})
