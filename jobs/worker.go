@@ -406,12 +406,7 @@ func (c *Client) acquire(ctx context.Context, k *kind, run *Run, ar *activeRun) 
 		case <-c.stopCh:
 			stop = true
 		}
-		if !timer.Stop() {
-			select {
-			case <-timer.C:
-			default:
-			}
-		}
+		stopTimer(timer)
 		c.mu.Lock()
 		c.waiting--
 		c.mu.Unlock()
@@ -423,18 +418,54 @@ func (c *Client) acquire(ctx context.Context, k *kind, run *Run, ar *activeRun) 
 			c.handBack(ctx, run.claim, 0, "client-stopping")
 			return jobkeys.Lease{}, false
 		}
+		if !c.takeToken(ctx, run, ar, timer) {
+			return jobkeys.Lease{}, false
+		}
+	}
+}
+
+// takeToken waits for a worker token for a job that waited for its slot,
+// renewing its claim every half claim TTL meanwhile: every worker may be
+// busy for longer than a claim lasts. It returns false, holding no token,
+// when the job is no longer this client's to try: stopped here, its claim
+// lost or not renewed (it runs out and is claimed again), or the client
+// stopping (then it is handed back). timer is stopped on entry and on
+// return.
+func (c *Client) takeToken(ctx context.Context, run *Run, ar *activeRun, timer *time.Timer) bool {
+	defer stopTimer(timer)
+	for {
+		renewAt := run.job.ClaimExpiresAt.Add(-c.claimTTL / 2)
 		if !c.cfg.Now().Before(renewAt) {
 			j, err := c.store.Renew(ctx, RenewRequest{Claim: run.claim, ExpectedRevision: run.job.Revision, TTL: c.claimTTL})
 			if err != nil {
-				return jobkeys.Lease{}, false // lost, or it runs out and is claimed again
+				return false
 			}
 			run.job = j
+			continue
 		}
+		timer.Reset(max(renewAt.Sub(c.cfg.Now()), time.Millisecond))
 		select {
 		case c.tokens <- struct{}{}:
+			return true
+		case <-timer.C:
+		case <-ar.woken:
+			if ar.stopped() != nil {
+				return false // paused, cancelled or superseded here: nothing to write
+			}
 		case <-c.stopCh:
 			c.handBack(ctx, run.claim, 0, "client-stopping")
-			return jobkeys.Lease{}, false
+			return false
+		}
+		stopTimer(timer)
+	}
+}
+
+// stopTimer stops t and drains a tick it may have delivered.
+func stopTimer(t *time.Timer) {
+	if !t.Stop() {
+		select {
+		case <-t.C:
+		default:
 		}
 	}
 }

@@ -822,3 +822,80 @@ func TestClientStopDuringSlotAcquisitionDoesNotStart(t *testing.T) {
 	assert.Equal(t, jobs.StatePending, d.Job.State)
 	assert.Equal(t, 0, d.Job.Failures)
 }
+
+// TestClientJobWaitingForWorkerKeepsClaim is the regression test for a job
+// whose key freed while every worker of its client was busy: it waited for
+// a worker without renewing its claim, which ran out, so the job was
+// claimed again (an attempt more, and a second goroutine of this client
+// on it) or started on a lapsed claim and stopped at once. Its claim is
+// now renewed while it waits for a worker, and it runs on its first
+// attempt.
+func TestClientJobWaitingForWorkerKeepsClaim(t *testing.T) {
+	t.Parallel()
+	env := newRuntimeEnv(t)
+	cfg := fastConfig
+	cfg.MaxWorkers = 1
+	cfg.ReconcileInterval = -1
+	n := env.newNode(cfg, nil)
+	p := jobkeys.Policy{Key: []string{"/doc"}, MaxActive: 1, MaxQueuedPerKey: 5,
+		HeartbeatInterval: 100 * time.Millisecond, HeartbeatTTL: 2 * time.Second}
+	gate := make(chan struct{})
+	var l ledger
+	require.NoError(t, jobs.Register(n.client, jobs.Kind[docIn, docOut]{
+		Type: "busy", Policy: p,
+		Work: func(ctx context.Context, run *jobs.Run, in docIn) (docOut, error) {
+			l.start(run)
+			if run.Job().ID == "a" {
+				select {
+				case <-gate:
+				case <-ctx.Done():
+				}
+			}
+			return docOut{}, nil
+		},
+	}))
+	jt, err := n.coord.JobType(env.service, "busy", p)
+	require.NoError(t, err)
+	ctx := context.Background()
+	// Another process holds b's key, renewing its slot until released.
+	acq, err := jt.Acquire(ctx, "foreign", []byte(`{"doc":"kb"}`), jobkeys.WithRetry())
+	require.NoError(t, err)
+	require.Equal(t, jobkeys.KindAcquired, acq.Kind)
+	release := make(chan struct{})
+	released := make(chan struct{})
+	go func() {
+		defer close(released)
+		lease := acq.Lease
+		tick := time.NewTicker(100 * time.Millisecond)
+		defer tick.Stop()
+		for {
+			select {
+			case <-release:
+				_, err := jt.Release(ctx, lease)
+				assert.NoError(t, err)
+				return
+			case <-tick.C:
+				ren, err := jt.Renew(ctx, lease)
+				if assert.NoError(t, err) {
+					lease.LeaseExpiresAt = ren.LeaseExpiresAt
+				}
+			}
+		}
+	}()
+	_, err = n.client.Enqueue(ctx, enqueueReq("busy", "b", "b", "kb"))
+	require.NoError(t, err)
+	require.NoError(t, n.client.Start(ctx))
+	require.Eventually(t, func() bool { return getJob(t, n, "b").State == jobs.StateRunning }, 30*time.Second, 10*time.Millisecond)
+	_, err = n.client.Enqueue(ctx, enqueueReq("busy", "a", "a", "ka"))
+	require.NoError(t, err)
+	require.Eventually(t, func() bool { return l.count("a") == 1 }, 30*time.Second, 10*time.Millisecond)
+	// b's key frees while a holds the only worker, for three claim TTLs.
+	close(release)
+	<-released
+	time.Sleep(3 * p.HeartbeatTTL)
+	assert.Equal(t, 0, l.count("b"), "b ran without a worker")
+	close(gate)
+	b := waitState(t, n, "b", jobs.StateCompleted)
+	assert.Equal(t, 1, b.Attempts, "b's claim ran out while it waited for a worker")
+	assert.Equal(t, 1, l.count("b"))
+}
