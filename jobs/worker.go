@@ -483,9 +483,53 @@ func (c *Client) stillOurs(ctx context.Context, run *Run) bool {
 // handBack requeues a claimed job for after delay without counting a
 // failure. An error leaves the claim to run out.
 func (c *Client) handBack(ctx context.Context, claim Claim, delay time.Duration, reason string) {
-	_, err := c.store.Requeue(ctx, RequeueRequest{Claim: claim, AvailableAt: c.cfg.Now().Add(delay), Reason: reason})
+	c.handBackBy(ctx, claim, time.Time{}, delay, reason)
+}
+
+// handBackBy is handBack trying again while the store is unavailable and
+// the claim holds (until claimExpires; zero: one try), as writeOutcome.
+func (c *Client) handBackBy(ctx context.Context, claim Claim, claimExpires time.Time, delay time.Duration, reason string) {
+	err := c.writeOutcome(ctx, claimExpires, func(ctx context.Context) error {
+		_, err := c.store.Requeue(ctx, RequeueRequest{Claim: claim, AvailableAt: c.cfg.Now().Add(delay), Reason: reason})
+		return err
+	})
 	if err != nil && !errors.Is(err, ErrConflict) {
 		c.cfg.Logger.Warn("jobs: hand job back", "job", claim.JobID, "err", err)
+	}
+}
+
+// outcomeRetryMax bounds the pause between two tries of an outcome write.
+const outcomeRetryMax = time.Second
+
+// writeOutcome makes an attempt's last write (settle, requeue, fail, hand
+// back), trying again while the store is unavailable ([ErrUnavailable])
+// and the claim still holds: a write lost to a store briefly out of reach
+// (a leader election, a reconnect) would otherwise leave the job to run
+// again from the start once its claim ran out. It gives up, returning the
+// last error, before claimExpires (the claim's expiry: nothing renews it
+// after the handler returns), when the client's grace ends, or when ctx
+// ends. Any other error is returned at once.
+func (c *Client) writeOutcome(ctx context.Context, claimExpires time.Time, write func(context.Context) error) error {
+	pause := 50 * time.Millisecond
+	for {
+		err := write(ctx)
+		if err == nil || !errors.Is(err, ErrUnavailable) || ctx.Err() != nil {
+			return err
+		}
+		if !c.cfg.Now().Add(pause).Before(claimExpires) {
+			return err
+		}
+		t := time.NewTimer(pause)
+		select {
+		case <-t.C:
+		case <-c.killCh:
+			t.Stop()
+			return err
+		case <-ctx.Done():
+			t.Stop()
+			return err
+		}
+		pause = min(2*pause, outcomeRetryMax)
 	}
 }
 
@@ -535,11 +579,15 @@ func (c *Client) execute(ctx context.Context, k *kind, run *Run, ar *activeRun, 
 		errors.Is(cause, ErrCancelled), errors.Is(cause, ErrSuperseded):
 		// Not ours to write any more.
 	case werr == nil:
-		if _, err := c.store.Settle(ctx, SettleRequest{Claim: run.claim, Artifact: out}); err != nil {
+		err := c.writeOutcome(ctx, job.ClaimExpiresAt, func(ctx context.Context) error {
+			_, err := c.store.Settle(ctx, SettleRequest{Claim: run.claim, Artifact: out})
+			return err
+		})
+		if err != nil {
 			c.cfg.Logger.Warn("jobs: settle", "job", job.ID, "err", err)
 		}
 	case errors.Is(cause, ErrStopping), errors.Is(cause, ErrSlotLost):
-		c.handBack(ctx, run.claim, 0, reasonOf(cause))
+		c.handBackBy(ctx, run.claim, job.ClaimExpiresAt, 0, reasonOf(cause))
 	default:
 		if errors.Is(cause, ErrTimeout) {
 			werr = fmt.Errorf("%w after %v: %w", ErrTimeout, k.timeout, werr)
@@ -564,18 +612,22 @@ func (c *Client) release(ctx context.Context, k *kind, lease jobkeys.Lease) {
 }
 
 // failed counts a failure: the job is requeued with backoff, or failed
-// when the failures reach the kind's budget.
+// when the failures reach the kind's budget (job is the record as this
+// attempt last wrote it).
 func (c *Client) failed(ctx context.Context, k *kind, claim Claim, job Job, werr error) {
 	reason := truncate(werr.Error(), ReasonSizeLimit)
 	failures := job.Failures + 1
-	var err error
-	if failures >= k.maxFailures {
-		_, err = c.store.Fail(ctx, FailRequest{Claim: claim, Reason: reason})
-	} else {
-		_, err = c.store.Requeue(ctx, RequeueRequest{
-			Claim: claim, AvailableAt: c.cfg.Now().Add(c.cfg.Backoff(failures)), Reason: reason, CountFailure: true,
-		})
-	}
+	err := c.writeOutcome(ctx, job.ClaimExpiresAt, func(ctx context.Context) error {
+		var err error
+		if failures >= k.maxFailures {
+			_, err = c.store.Fail(ctx, FailRequest{Claim: claim, Reason: reason})
+		} else {
+			_, err = c.store.Requeue(ctx, RequeueRequest{
+				Claim: claim, AvailableAt: c.cfg.Now().Add(c.cfg.Backoff(failures)), Reason: reason, CountFailure: true,
+			})
+		}
+		return err
+	})
 	if err != nil {
 		c.cfg.Logger.Warn("jobs: record failure", "job", job.ID, "err", err)
 	}

@@ -899,3 +899,44 @@ func TestClientJobWaitingForWorkerKeepsClaim(t *testing.T) {
 	assert.Equal(t, 1, b.Attempts, "b's claim ran out while it waited for a worker")
 	assert.Equal(t, 1, l.count("b"))
 }
+
+// flakySettleStore is a job store whose first settles fail as a store
+// briefly out of reach does (a leader election, a reconnect).
+type flakySettleStore struct {
+	jobs.Store
+	failures atomic.Int64 // settles still to fail
+}
+
+func (s *flakySettleStore) Settle(ctx context.Context, req jobs.SettleRequest) (jobs.Detail, error) {
+	if s.failures.Add(-1) >= 0 {
+		return jobs.Detail{}, fmt.Errorf("%w: settle: no responders", jobs.ErrUnavailable)
+	}
+	return s.Store.Settle(ctx, req)
+}
+
+// TestClientSettleRetriesWhileClaimHolds is the regression test for a
+// success whose settle met a store briefly out of reach: the runtime logged
+// it and dropped the result, the claim ran out and the job ran again from
+// the start. The settle is now retried while the claim holds.
+func TestClientSettleRetriesWhileClaimHolds(t *testing.T) {
+	t.Parallel()
+	env := newRuntimeEnv(t)
+	fs := &flakySettleStore{}
+	fs.failures.Store(2)
+	n := env.newNode(fastConfig, func(s jobs.Store) jobs.Store { fs.Store = s; return fs })
+	var l ledger
+	require.NoError(t, jobs.Register(n.client, jobs.Kind[docIn, docOut]{
+		Type: "flaky", Policy: quickPolicy,
+		Work: func(ctx context.Context, run *jobs.Run, in docIn) (docOut, error) {
+			l.start(run)
+			return docOut{By: "once"}, nil
+		},
+	}))
+	ctx := context.Background()
+	_, err := n.client.Enqueue(ctx, enqueueReq("flaky", "j", "t", "d"))
+	require.NoError(t, err)
+	require.NoError(t, n.client.Start(ctx))
+	j := waitState(t, n, "j", jobs.StateCompleted)
+	assert.Equal(t, 1, j.Attempts, "the result was dropped and the job ran again")
+	assert.Equal(t, 1, l.count("j"))
+}
