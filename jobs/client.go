@@ -11,6 +11,7 @@ import (
 	"strings"
 	"sync"
 	"time"
+	"unicode/utf8"
 
 	"github.com/jobkeys/jobkeys"
 )
@@ -61,7 +62,8 @@ type ClientConfig struct {
 	// JOBS_KEYS_<Service>. Defaults to ServiceDefault ("jobs").
 	Service string
 
-	// Owner names this client in the claims it takes. Defaults to the
+	// Owner names this client in the claims it takes: at most
+	// IdentifierSizeLimit bytes of valid UTF-8. Defaults to the
 	// coordinator's instance id and a random suffix, unique per client.
 	Owner string
 
@@ -185,6 +187,9 @@ func NewClient(store Store, coord *jobkeys.KeyCoordinator, cfg *ClientConfig) (*
 	}
 	if len(c.Owner) > IdentifierSizeLimit {
 		return nil, fmt.Errorf("jobs: NewClient: ClientConfig.Owner is over %d bytes", IdentifierSizeLimit)
+	}
+	if !utf8.ValidString(c.Owner) {
+		return nil, fmt.Errorf("jobs: NewClient: ClientConfig.Owner %q is not valid UTF-8, which the store refuses in a claim", c.Owner)
 	}
 	for _, d := range []struct {
 		name string

@@ -56,6 +56,9 @@ type kind struct {
 // [Client.Start]; a type registered twice, a bad policy or name, or a
 // missing Work is an error.
 func Register[In, Out any](c *Client, k Kind[In, Out]) error {
+	if c == nil || c.coord == nil {
+		return fmt.Errorf("jobs: register kind %q: the client is nil or was not made by NewClient", k.Type)
+	}
 	if k.Work == nil {
 		return fmt.Errorf("jobs: register kind %q: Work is nil", k.Type)
 	}

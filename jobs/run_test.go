@@ -251,3 +251,24 @@ func TestRunStopsBeforeUnrenewedClaimLapses(t *testing.T) {
 	assert.True(t, s.at.Before(j.ClaimExpiresAt), "stopped at %v, claim lapses at %v", s.at, j.ClaimExpiresAt)
 	outage.down.Store(false)
 }
+
+// TestClientRefusesUnusableInput is the regression test for two inputs the
+// runtime took without a word: Register on a nil client panicked (a nil
+// pointer dereference), and an Owner that is not valid UTF-8 made a client
+// whose every claim the store refused, forever, in a log line only. Both
+// are errors now, naming what was wrong.
+func TestClientRefusesUnusableInput(t *testing.T) {
+	t.Parallel()
+	env := newRuntimeEnv(t)
+	n := env.newNode(fastConfig, nil)
+	var nilClient *jobs.Client
+	var err error
+	require.NotPanics(t, func() {
+		err = jobs.Register(nilClient, jobs.Kind[docIn, docOut]{Type: "x", Policy: docPolicy, Work: noWork})
+	})
+	require.Error(t, err)
+	assert.Contains(t, err.Error(), "nil")
+	_, err = jobs.NewClient(n.store, n.coord, &jobs.ClientConfig{KeyStore: n.keys, Owner: "w\xff"})
+	require.Error(t, err)
+	assert.Contains(t, err.Error(), "Owner")
+}
