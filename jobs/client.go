@@ -545,9 +545,10 @@ func (c *Client) Supersede(ctx context.Context, req SupersedeRequest) (Job, erro
 
 // Pause pauses a job (the store's Pause). A running job's context ends
 // with [ErrPaused] (at once in this client, at the next heartbeat in
-// another); a job waiting for its key's slot does not start; one paused
-// in the moment between its claim and its slot may start and is stopped
-// at its first heartbeat. It keeps its queue entry and runs again after
+// another); a job waiting for its key's slot, or acquiring it, in this
+// client does not start; one paused in another process in the moment
+// between its claim and its slot may start and is stopped at its first
+// heartbeat. It keeps its queue entry and runs again after
 // [Client.Resume].
 func (c *Client) Pause(ctx context.Context, req PauseRequest) (Job, error) {
 	j, err := c.store.Pause(ctx, req)

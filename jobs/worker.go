@@ -549,7 +549,12 @@ func (c *Client) execute(ctx context.Context, k *kind, run *Run, ar *activeRun, 
 	early := ar.cause
 	ar.mu.Unlock()
 	if early != nil {
-		cancel(early)
+		// Paused, cancelled or superseded by this client before it could
+		// start (while its slot was acquired): nothing to run, nothing to
+		// write.
+		c.release(ctx, k, lease)
+		c.poke()
+		return
 	}
 
 	input := run.job.Input // before the heartbeat may change run.job

@@ -940,3 +940,67 @@ func TestClientSettleRetriesWhileClaimHolds(t *testing.T) {
 	assert.Equal(t, 1, j.Attempts, "the result was dropped and the job ran again")
 	assert.Equal(t, 1, l.count("j"))
 }
+
+// TestClientPausedDuringSlotAcquisitionDoesNotStart is the regression test
+// for a job this client paused while its slot acquisition was in flight:
+// the handler was started anyway, with its context already ended, so a
+// handler that does not look at its context first did the work of a
+// paused job. It is not started now; the slot is given back and the job
+// stays paused.
+func TestClientPausedDuringSlotAcquisitionDoesNotStart(t *testing.T) {
+	t.Parallel()
+	env := newRuntimeEnv(t)
+	_, js := natstest.Connect(t, env.srv)
+	st, err := jobs.NewNATSStore(js, nil, jobs.WithBucket(env.bucket), jobs.WithCreateBucket(jetstream.MemoryStorage, 1))
+	require.NoError(t, err)
+	ks, err := jobkeys.NewNATSStore(js, jobkeys.WithCreateBuckets(jetstream.MemoryStorage, 1))
+	require.NoError(t, err)
+	keys := &gatedKeys{NATSStore: ks, entered: make(chan struct{}), release: make(chan struct{})}
+	coord, err := jobkeys.NewCoordinator(keys, nil)
+	require.NoError(t, err)
+	cfg := fastConfig
+	cfg.KeyStore, cfg.Service, cfg.ReconcileInterval = keys, env.service, -1
+	c, err := jobs.NewClient(st, coord, &cfg)
+	require.NoError(t, err)
+	defer func() { assert.NoError(t, c.Stop(context.Background())) }()
+	var runs atomic.Int64
+	require.NoError(t, jobs.Register(c, jobs.Kind[docIn, docOut]{
+		Type: "gate", Policy: quickPolicy,
+		Work: func(ctx context.Context, run *jobs.Run, in docIn) (docOut, error) { runs.Add(1); return docOut{}, nil },
+	}))
+	ctx := context.Background()
+	_, err = c.Enqueue(ctx, enqueueReq("gate", "j1", "t", "d"))
+	require.NoError(t, err)
+	keys.armed.Store(true)
+	require.NoError(t, c.Start(ctx))
+	select {
+	case <-keys.entered:
+	case <-time.After(30 * time.Second):
+		t.Fatal("the slot was never acquired")
+	}
+	d, err := c.Get(ctx, "ch", "j1")
+	require.NoError(t, err)
+	require.Equal(t, jobs.StateRunning, d.Job.State)
+	_, err = c.Pause(ctx, jobs.PauseRequest{ChannelID: "ch", JobID: "j1", ExpectedRevision: d.Job.Revision, Reason: "hold"})
+	require.NoError(t, err)
+	close(keys.release)
+	jt, err := coord.JobType(env.service, "gate", quickPolicy)
+	require.NoError(t, err)
+	require.Eventually(t, func() bool { // the slot is given back
+		key, err := jt.Key([]byte(`{"doc":"d"}`))
+		require.NoError(t, err)
+		val, _, err := ks.Get(ctx, env.service, key.KVKey)
+		if errors.Is(err, jobkeys.ErrKeyNotFound) {
+			return true // emptied and deleted
+		}
+		require.NoError(t, err)
+		s, err := jobkeys.ParseState(val)
+		require.NoError(t, err)
+		return len(s.Active) == 0
+	}, 30*time.Second, 10*time.Millisecond)
+	time.Sleep(200 * time.Millisecond)
+	assert.Equal(t, int64(0), runs.Load(), "the handler of a paused job was started")
+	d, err = c.Get(ctx, "ch", "j1")
+	require.NoError(t, err)
+	assert.Equal(t, jobs.StatePaused, d.Job.State)
+}
