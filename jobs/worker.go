@@ -588,7 +588,13 @@ func (c *Client) execute(ctx context.Context, k *kind, run *Run, ar *activeRun, 
 			_, err := c.store.Settle(ctx, SettleRequest{Claim: run.claim, Artifact: out})
 			return err
 		})
-		if err != nil {
+		switch {
+		case errors.Is(err, ErrConflict) && c.stillOurs(ctx, run):
+			// The claim holds, so the store refused the result itself (a
+			// record over the server's max_payload): the attempt failed.
+			// Else the job would run again, for ever, at every claim.
+			c.failed(ctx, k, run.claim, job, fmt.Errorf("jobs: the store refused the result of job %q: %w", job.ID, err))
+		case err != nil:
 			c.cfg.Logger.Warn("jobs: settle", "job", job.ID, "err", err)
 		}
 	case errors.Is(cause, ErrStopping), errors.Is(cause, ErrSlotLost):

@@ -8,11 +8,13 @@ import (
 	"log/slog"
 	"os"
 	"sort"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
 
+	"github.com/nats-io/nats-server/v2/server"
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
@@ -1003,4 +1005,39 @@ func TestClientPausedDuringSlotAcquisitionDoesNotStart(t *testing.T) {
 	d, err = c.Get(ctx, "ch", "j1")
 	require.NoError(t, err)
 	assert.Equal(t, jobs.StatePaused, d.Job.State)
+}
+
+// TestClientResultTheStoreRefusesIsAFailure is the regression test for a
+// result within ArtifactSizeLimit that the store refuses (its record is
+// over the server's max_payload): the refusal was logged and nothing
+// written, so the job stayed running until its claim ran out, ran again,
+// and so on for ever, never counting against its failure budget. The
+// refusal is now the attempt's failure.
+func TestClientResultTheStoreRefusesIsAFailure(t *testing.T) {
+	t.Parallel()
+	n := runtimeSeq.Add(1)
+	env := &runtimeEnv{t: t, bucket: fmt.Sprintf("JOBS_RT%d", n), service: fmt.Sprintf("rt%d", n),
+		srv: natstest.RunWith(t, natstest.Options{Configure: func(o *server.Options) { o.MaxPayload = 64 << 10 }})}
+	node := env.newNode(fastConfig, nil)
+	var runs atomic.Int64
+	big := strings.Repeat("x", 100<<10) // under ArtifactSizeLimit, over the server's max_payload
+	require.NoError(t, jobs.Register(node.client, jobs.Kind[docIn, string]{
+		Type: "big", Policy: quickPolicy, MaxFailures: 1,
+		Work: func(ctx context.Context, run *jobs.Run, in docIn) (string, error) {
+			runs.Add(1)
+			return big, nil
+		},
+	}))
+	ctx := context.Background()
+	_, err := node.client.Enqueue(ctx, enqueueReq("big", "j", "t", "d"))
+	require.NoError(t, err)
+	require.NoError(t, node.client.Start(ctx))
+	var j jobs.Job
+	assert.Eventually(t, func() bool {
+		j = getJob(t, node, "j")
+		return j.State == jobs.StateFailed
+	}, 20*time.Second, 20*time.Millisecond, "the job never failed")
+	assert.Equal(t, 1, j.Failures)
+	assert.Contains(t, j.Reason, "max_payload")
+	assert.Equal(t, int64(1), runs.Load())
 }
