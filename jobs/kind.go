@@ -38,8 +38,9 @@ type Kind[In, Out any] struct {
 	// Work runs one attempt. Its error requeues the job with backoff,
 	// counting a failure; a nil error settles the job with out as its
 	// artifact (a result the store refuses — over ArtifactSizeLimit, or
-	// a record over the server's max_payload — is a failure too). ctx ends, with a cause saying why (see [ErrClaimLost] and
-	// the errors beside it), when the attempt must stop. Required.
+	// a record over the server's max_payload — is a failure too). ctx
+	// ends, with a cause saying why (see [ErrClaimLost] and the errors
+	// beside it), when the attempt must stop. Required.
 	Work func(ctx context.Context, run *Run, in In) (out Out, err error)
 }
 
