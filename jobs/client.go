@@ -139,11 +139,12 @@ type Client struct {
 	mu       sync.Mutex
 	kinds    map[string]*kind
 	state    clientState
-	runs     map[jobRef]*activeRun // jobs this client holds a claim on
-	stopCh   chan struct{}         // closed by Stop: no new claims
-	killCh   chan struct{}         // closed when StopGrace passed: cancel handlers
-	wake     chan struct{}         // wakes the claim loop
-	wg       sync.WaitGroup        // the loops and every job goroutine
+	runs     map[jobRef]*activeRun   // jobs this client holds a claim on
+	byTarget map[jobRef][]*activeRun // the same, by channel and target key
+	stopCh   chan struct{}           // closed by Stop: no new claims
+	killCh   chan struct{}           // closed when StopGrace passed: cancel handlers
+	wake     chan struct{}           // wakes the claim loop
+	wg       sync.WaitGroup          // the loops and every job goroutine
 	watcher  *jobkeys.Watcher
 	waiting  int           // jobs waiting for a slot
 	slotFree chan struct{} // signalled when a worker token frees
@@ -237,6 +238,7 @@ func NewClient(store Store, coord *jobkeys.KeyCoordinator, cfg *ClientConfig) (*
 		store: store, coord: coord, cfg: c,
 		kinds:      make(map[string]*kind),
 		runs:       make(map[jobRef]*activeRun),
+		byTarget:   make(map[jobRef][]*activeRun),
 		keyWaiters: make(map[string]*keyWaiters),
 		stopCh:     make(chan struct{}),
 		killCh:     make(chan struct{}),
@@ -329,7 +331,9 @@ func (e *RejectedError) Unwrap() error { return ErrRejected }
 // policy, as one outcome. req.Type must be a registered kind; a zero
 // req.Version is the kind's version. The store's rules apply first:
 // idempotency (a replay returns the job as it is, Repeated, with the first
-// enqueue's outcome: a rejection again, for one) and target supersede. A rejection is a [*RejectedError] (match [ErrRejected]). A
+// enqueue's outcome: a rejection again, for one) and target supersede (an
+// older job of the target running in this client sees its context end at
+// once with [ErrSuperseded]; in another, at its next heartbeat). A rejection is a [*RejectedError] (match [ErrRejected]). A
 // job is never coalesced into one that is over (whose slot is not released
 // yet): such an enqueue is admitted strictly, accepted or rejected.
 //
@@ -353,6 +357,7 @@ func (c *Client) Enqueue(ctx context.Context, req EnqueueRequest) (EnqueueResult
 	if enq.Repeated {
 		return replayed(enq.Job)
 	}
+	c.notifyTarget(enq.Job)
 	res, err := c.admit(ctx, k, enq.Job)
 	if err == nil {
 		c.poke()
@@ -579,6 +584,22 @@ func (c *Client) dropQueued(ctx context.Context, j Job) {
 	}
 	if _, err := k.jt.RemoveQueued(ctx, keyJobID(j.ChannelID, j.ID), []byte(inputOf(j))); err != nil {
 		c.cfg.Logger.Warn("jobs: remove queue entry", "job", j.ID, "err", err)
+	}
+}
+
+// notifyTarget ends, with ErrSuperseded, the runs in this client of the
+// older jobs of j's target, which j's enqueue superseded.
+func (c *Client) notifyTarget(j Job) {
+	c.mu.Lock()
+	var older []*activeRun
+	for _, r := range c.byTarget[jobRef{j.ChannelID, j.TargetKey}] {
+		if r.generation < j.TargetGeneration {
+			older = append(older, r)
+		}
+	}
+	c.mu.Unlock()
+	for _, r := range older {
+		r.stopWith(ErrSuperseded)
 	}
 }
 

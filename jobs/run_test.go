@@ -2,6 +2,7 @@ package jobs_test
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"sync/atomic"
@@ -11,6 +12,7 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
+	"github.com/jobkeys/jobkeys"
 	"github.com/jobkeys/jobkeys/jobs"
 )
 
@@ -271,4 +273,37 @@ func TestClientRefusesUnusableInput(t *testing.T) {
 	_, err = jobs.NewClient(n.store, n.coord, &jobs.ClientConfig{KeyStore: n.keys, Owner: "w\xff"})
 	require.Error(t, err)
 	assert.Contains(t, err.Error(), "Owner")
+}
+
+// TestRunSupersededByLocalEnqueueStopsAtOnce is the regression test for a
+// job running in a client whose enqueue of a newer job for the same target
+// superseded it: the handler went on until its next heartbeat (30 s by
+// default) and learnt it then, although the client had just written the
+// change. Its context now ends at once with ErrSuperseded, as a local
+// Supersede does.
+func TestRunSupersededByLocalEnqueueStopsAtOnce(t *testing.T) {
+	t.Parallel()
+	env := newRuntimeEnv(t)
+	n := env.newNode(fastConfig, nil)
+	slow := jobkeys.Policy{Key: []string{"/doc"}, MaxActive: 2, MaxQueuedPerKey: 5,
+		HeartbeatInterval: time.Minute, HeartbeatTTL: 3 * time.Minute} // no heartbeat during the test
+	b := newBlocker()
+	require.NoError(t, jobs.Register(n.client, jobs.Kind[docIn, docOut]{Type: "sup", Policy: slow, Work: b.work}))
+	ctx := context.Background()
+	_, err := n.client.Enqueue(ctx, enqueueReq("sup", "v1", "target", "d"))
+	require.NoError(t, err)
+	require.NoError(t, n.client.Start(ctx))
+	b.waitStart(t, "v1")
+	req := enqueueReq("sup", "v2", "target", "d")
+	req.Input = json.RawMessage(`{"doc":"d","n":1}`) // returns at once
+	_, err = n.client.Enqueue(ctx, req)
+	require.NoError(t, err)
+	select {
+	case cause := <-b.causes:
+		assert.ErrorIs(t, cause, jobs.ErrSuperseded)
+	case <-time.After(10 * time.Second):
+		t.Fatal("the superseded job's handler went on")
+	}
+	assert.Equal(t, jobs.StateSuperseded, getJob(t, n, "v1").State)
+	waitState(t, n, "v2", jobs.StateCompleted)
 }

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"strings"
 	"sync"
 	"time"
@@ -187,10 +188,11 @@ func (c *Client) releaseToken() {
 // activeRun is a job this client holds a claim on, from the claim to the
 // last write; control calls of this client end it early.
 type activeRun struct {
-	mu     sync.Mutex
-	cause  error         // why it must stop, once known
-	cancel func(error)   // ends the handler's context; nil until it runs
-	woken  chan struct{} // signalled when cause is set
+	generation uint64 // its target generation
+	mu         sync.Mutex
+	cause      error         // why it must stop, once known
+	cancel     func(error)   // ends the handler's context; nil until it runs
+	woken      chan struct{} // signalled when cause is set
 }
 
 // stopWith records cause (the first one wins) and ends the handler's
@@ -222,15 +224,22 @@ func (r *activeRun) stopped() error {
 func (c *Client) handle(ctx context.Context, job Job) {
 	defer c.wg.Done()
 	ref := jobRef{job.ChannelID, job.ID}
-	ar := &activeRun{woken: make(chan struct{}, 1)}
+	target := jobRef{job.ChannelID, job.TargetKey}
+	ar := &activeRun{woken: make(chan struct{}, 1), generation: job.TargetGeneration}
 	c.mu.Lock()
 	c.runs[ref] = ar
+	c.byTarget[target] = append(c.byTarget[target], ar)
 	k := c.kinds[job.Type]
 	c.mu.Unlock()
 	defer func() {
 		c.mu.Lock()
 		if c.runs[ref] == ar {
 			delete(c.runs, ref)
+		}
+		if rest := slices.DeleteFunc(c.byTarget[target], func(r *activeRun) bool { return r == ar }); len(rest) > 0 {
+			c.byTarget[target] = rest
+		} else {
+			delete(c.byTarget, target)
 		}
 		c.mu.Unlock()
 	}()
