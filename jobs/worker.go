@@ -482,11 +482,12 @@ func stopTimer(t *time.Timer) {
 // stillOurs reports whether run's claim still holds (a read): a job that
 // waited for its slot may have been paused, cancelled or superseded by
 // another process meanwhile, which its own client learns only from the
-// record.
+// record; a claim that ran out is not ours either, even while nobody has
+// claimed the job again.
 func (c *Client) stillOurs(ctx context.Context, run *Run) bool {
 	d, err := c.store.Get(ctx, run.claim.ChannelID, run.claim.JobID)
 	return err == nil && d.Job.State == StateRunning && d.Job.ClaimOwner == run.claim.Owner &&
-		d.Job.ClaimGeneration == run.claim.Generation
+		d.Job.ClaimGeneration == run.claim.Generation && d.Job.ClaimExpiresAt.After(c.cfg.Now())
 }
 
 // handBack requeues a claimed job for after delay without counting a
