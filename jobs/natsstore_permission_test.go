@@ -63,4 +63,5 @@ func TestNATSStoreNamesRefusedPermission(t *testing.T) {
 	_, err = st.Claim(ctx, ClaimRequest{Owner: "w", Count: 1, TTL: time.Minute})
 	require.ErrorIs(t, err, jobkeys.ErrPermission, "%v", err)
 	assert.Contains(t, err.Error(), "$JS.API.DIRECT.GET.KV_JOBS_PERM")
+	assert.Equal(t, "permission_denied", errorClass(err), "the metrics' error.type")
 }
