@@ -33,10 +33,13 @@ const natsReadChunk = 256
 // natsUnavailable wraps an I/O error; the error of the caller's ctx, when
 // it has ended, is returned unchanged. ctx must be the caller's: a timeout
 // of the store's own (the JetStream default timeout) is ErrUnavailable,
-// not the caller's deadline.
+// not the caller's deadline, and does not match context.DeadlineExceeded.
 func natsUnavailable(ctx context.Context, op, what string, err error) error {
 	if ctx.Err() != nil {
 		return ctx.Err()
+	}
+	if errors.Is(err, context.DeadlineExceeded) {
+		return fmt.Errorf("%w: %s: %s: %v (the store's own timeout)", ErrUnavailable, op, what, err)
 	}
 	return fmt.Errorf("%w: %s: %s: %w", ErrUnavailable, op, what, err)
 }

@@ -33,11 +33,13 @@ func (s *NATSStore) unavailable(ctx context.Context, op, what string, err error)
 		return ctx.Err()
 	}
 	if refused, subject, ok := s.refusal(err); ok {
+		// The timeout is the caller's deadline (its error) or the store's
+		// own (ErrUnavailable, not matching context.DeadlineExceeded).
 		var base error = ErrUnavailable
 		if ctx.Err() != nil {
 			base = ctx.Err()
 		}
-		return fmt.Errorf("%w: %w: %s: %s: the NATS server refused %s %q for this connection's user (grant it, or see the connection's async errors): %w",
+		return fmt.Errorf("%w: %w: %s: %s: the NATS server refused %s %q for this connection's user (grant it, or see the connection's async errors): %v",
 			base, jobkeys.ErrPermission, op, what, strings.ToLower(refused), subject, err)
 	}
 	return natsUnavailable(ctx, op, what, err)
