@@ -839,8 +839,10 @@ func TestClientJobWaitingForWorkerKeepsClaim(t *testing.T) {
 	cfg.MaxWorkers = 1
 	cfg.ReconcileInterval = -1
 	n := env.newNode(cfg, nil)
+	// Claims last 4 s and are renewed 2 s before they run out: a margin a
+	// loaded machine keeps.
 	p := jobkeys.Policy{Key: []string{"/doc"}, MaxActive: 1, MaxQueuedPerKey: 5,
-		HeartbeatInterval: 100 * time.Millisecond, HeartbeatTTL: 2 * time.Second}
+		HeartbeatInterval: 100 * time.Millisecond, HeartbeatTTL: 4 * time.Second}
 	gate := make(chan struct{})
 	var l ledger
 	require.NoError(t, jobs.Register(n.client, jobs.Kind[docIn, docOut]{
@@ -891,10 +893,10 @@ func TestClientJobWaitingForWorkerKeepsClaim(t *testing.T) {
 	_, err = n.client.Enqueue(ctx, enqueueReq("busy", "a", "a", "ka"))
 	require.NoError(t, err)
 	require.Eventually(t, func() bool { return l.count("a") == 1 }, 30*time.Second, 10*time.Millisecond)
-	// b's key frees while a holds the only worker, for three claim TTLs.
+	// b's key frees while a holds the only worker, for two claim TTLs.
 	close(release)
 	<-released
-	time.Sleep(3 * p.HeartbeatTTL)
+	time.Sleep(2 * p.HeartbeatTTL)
 	assert.Equal(t, 0, l.count("b"), "b ran without a worker")
 	close(gate)
 	b := waitState(t, n, "b", jobs.StateCompleted)
