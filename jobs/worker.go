@@ -407,9 +407,10 @@ func (c *Client) acquire(ctx context.Context, k *kind, run *Run, ar *activeRun) 
 		}
 		c.cfg.Logger.Debug("jobs: waiting", "job", job.ID, "for", wait, "watched", turn != nil)
 		timer.Reset(wait)
-		stop := false
+		stop, gotTurn := false, false
 		select {
 		case <-turn:
+			gotTurn = true
 		case <-timer.C:
 		case <-ar.woken:
 		case <-c.stopCh:
@@ -421,6 +422,9 @@ func (c *Client) acquire(ctx context.Context, k *kind, run *Run, ar *activeRun) 
 		c.mu.Unlock()
 		waited = true
 		if ar.stopped() != nil {
+			if gotTurn {
+				c.passTurn(kvKey) // the try it leaves is another waiter's
+			}
 			return jobkeys.Lease{}, false // paused, cancelled or superseded here: nothing to write
 		}
 		if stop {
@@ -428,6 +432,9 @@ func (c *Client) acquire(ctx context.Context, k *kind, run *Run, ar *activeRun) 
 			return jobkeys.Lease{}, false
 		}
 		if !c.takeToken(ctx, run, ar, timer) {
+			if gotTurn {
+				c.passTurn(kvKey)
+			}
 			return jobkeys.Lease{}, false
 		}
 	}
