@@ -11,6 +11,7 @@ import (
 	"strings"
 	"sync"
 	"time"
+	"unicode/utf8"
 
 	"github.com/jobkeys/jobkeys"
 )
@@ -61,7 +62,8 @@ type ClientConfig struct {
 	// JOBS_KEYS_<Service>. Defaults to ServiceDefault ("jobs").
 	Service string
 
-	// Owner names this client in the claims it takes. Defaults to the
+	// Owner names this client in the claims it takes: at most
+	// IdentifierSizeLimit bytes of valid UTF-8. Defaults to the
 	// coordinator's instance id and a random suffix, unique per client.
 	Owner string
 
@@ -137,17 +139,21 @@ type Client struct {
 	mu       sync.Mutex
 	kinds    map[string]*kind
 	state    clientState
-	runs     map[jobRef]*activeRun // jobs this client holds a claim on
-	stopCh   chan struct{}         // closed by Stop: no new claims
-	killCh   chan struct{}         // closed when StopGrace passed: cancel handlers
-	wake     chan struct{}         // wakes the claim loop
-	wg       sync.WaitGroup        // the loops and every job goroutine
+	runs     map[jobRef]*activeRun   // jobs this client holds a claim on
+	byTarget map[jobRef][]*activeRun // the same, by channel and target key
+	stopCh   chan struct{}           // closed by Stop: no new claims
+	killCh   chan struct{}           // closed when StopGrace passed: cancel handlers
+	wake     chan struct{}           // wakes the claim loop
+	wg       sync.WaitGroup          // the loops and every job goroutine
 	watcher  *jobkeys.Watcher
 	waiting  int           // jobs waiting for a slot
 	slotFree chan struct{} // signalled when a worker token frees
 	tokens   chan struct{} // one per handler slot of MaxWorkers; made by Start
 	bgCancel context.CancelFunc
-	claimTTL time.Duration // the longest HeartbeatTTL of the kinds; set by Start
+	// reconcileCancel ends the reconciliation pass in flight; set by Start
+	// when it reconciles.
+	reconcileCancel context.CancelFunc
+	claimTTL        time.Duration // the longest HeartbeatTTL of the kinds; set by Start
 
 	keyWaiters map[string]*keyWaiters // by KV key; guarded by mu
 }
@@ -182,6 +188,9 @@ func NewClient(store Store, coord *jobkeys.KeyCoordinator, cfg *ClientConfig) (*
 	}
 	if len(c.Owner) > IdentifierSizeLimit {
 		return nil, fmt.Errorf("jobs: NewClient: ClientConfig.Owner is over %d bytes", IdentifierSizeLimit)
+	}
+	if !utf8.ValidString(c.Owner) {
+		return nil, fmt.Errorf("jobs: NewClient: ClientConfig.Owner %q is not valid UTF-8, which the store refuses in a claim", c.Owner)
 	}
 	for _, d := range []struct {
 		name string
@@ -229,6 +238,7 @@ func NewClient(store Store, coord *jobkeys.KeyCoordinator, cfg *ClientConfig) (*
 		store: store, coord: coord, cfg: c,
 		kinds:      make(map[string]*kind),
 		runs:       make(map[jobRef]*activeRun),
+		byTarget:   make(map[jobRef][]*activeRun),
 		keyWaiters: make(map[string]*keyWaiters),
 		stopCh:     make(chan struct{}),
 		killCh:     make(chan struct{}),
@@ -271,11 +281,15 @@ type EnqueueResult struct {
 	Outcome Outcome
 	// Job is the new job (accepted, replaced) or the existing job the new
 	// one folded into (coalesced); with Repeated, the job enqueued before
-	// under the same idempotency key, as it is now.
+	// under the same idempotency key, as it is now (for a coalesced one,
+	// its own superseded record).
 	Job Job
 	// Replaced is the replaced job's record (OutcomeReplaced), else nil.
 	Replaced *Job
-	// Repeated reports a replay of an idempotency key: nothing was written.
+	// Repeated reports a replay of an idempotency key: nothing was written,
+	// and Outcome is the first enqueue's as the record tells it
+	// (OutcomeAccepted or OutcomeCoalesced: OutcomeReplaced is reported as
+	// OutcomeAccepted, and a rejected or bad-key job replays its error).
 	Repeated bool
 	// Key is the display key the job was admitted under (empty when
 	// Repeated).
@@ -288,18 +302,24 @@ var ErrRejected = errors.New("jobs: rejected by key policy")
 
 // RejectedError is the error of an enqueue its key's policy rejected. The
 // new job's record is left superseded with reason "rejected": no pending
-// record remains.
+// record remains. A replay of the enqueue (its idempotency key again) is
+// the same error with Repeated set: the record keeps the outcome, not the
+// key, the reason or the counts, which are then zero.
 type RejectedError struct {
-	Job    Job            // the rejected job's record
-	Key    string         // the display key
-	Reason jobkeys.Reason // why: the limit that was hit
-	Active int            // active slots seen
-	Queued int            // queued jobs seen
-	Limit  int            // the limit
+	Job      Job            // the rejected job's record
+	Key      string         // the display key
+	Reason   jobkeys.Reason // why: the limit that was hit
+	Active   int            // active slots seen
+	Queued   int            // queued jobs seen
+	Limit    int            // the limit
+	Repeated bool           // a replay: the record says it was rejected
 }
 
 // Error says which job was rejected on which key, and by which limit.
 func (e *RejectedError) Error() string {
+	if e.Repeated {
+		return fmt.Sprintf("jobs: job %q of type %q was rejected by its key policy (a replay of its enqueue)", e.Job.ID, e.Job.Type)
+	}
 	return fmt.Sprintf("jobs: job %q of type %q rejected on key %q: %s (limit %d, %d active, %d queued)",
 		e.Job.ID, e.Job.Type, e.Key, e.Reason, e.Limit, e.Active, e.Queued)
 }
@@ -310,8 +330,10 @@ func (e *RejectedError) Unwrap() error { return ErrRejected }
 // Enqueue writes the job record and admits it on its key under its kind's
 // policy, as one outcome. req.Type must be a registered kind; a zero
 // req.Version is the kind's version. The store's rules apply first:
-// idempotency (a replay returns the job as it is, Repeated) and target
-// supersede. A rejection is a [*RejectedError] (match [ErrRejected]). A
+// idempotency (a replay returns the job as it is, Repeated, with the first
+// enqueue's outcome: a rejection again, for one) and target supersede (an
+// older job of the target running in this client sees its context end at
+// once with [ErrSuperseded]; in another, at its next heartbeat). A rejection is a [*RejectedError] (match [ErrRejected]). A
 // job is never coalesced into one that is over (whose slot is not released
 // yet): such an enqueue is admitted strictly, accepted or rejected.
 //
@@ -333,13 +355,35 @@ func (c *Client) Enqueue(ctx context.Context, req EnqueueRequest) (EnqueueResult
 		return EnqueueResult{}, err
 	}
 	if enq.Repeated {
-		return EnqueueResult{Outcome: OutcomeAccepted, Job: enq.Job, Repeated: true}, nil
+		return replayed(enq.Job)
 	}
+	c.notifyTarget(enq.Job)
 	res, err := c.admit(ctx, k, enq.Job)
 	if err == nil {
 		c.poke()
 	}
 	return res, err
+}
+
+// replayed is the outcome of an enqueue whose idempotency key enqueued j
+// before: the first enqueue's outcome, as j's record tells it. A record
+// superseded as rejected is a [*RejectedError], one superseded for a bad
+// key is an error wrapping [jobkeys.ErrInvalidKey], one superseded as
+// coalesced is OutcomeCoalesced; any other is OutcomeAccepted.
+func replayed(j Job) (EnqueueResult, error) {
+	res := EnqueueResult{Outcome: OutcomeAccepted, Job: j, Repeated: true}
+	if j.State != StateSuperseded {
+		return res, nil
+	}
+	switch j.Reason {
+	case ReasonRejected:
+		return EnqueueResult{}, &RejectedError{Job: j, Repeated: true}
+	case ReasonBadKey:
+		return EnqueueResult{}, fmt.Errorf("jobs: enqueue job %q of type %q (a replay): its input derives no key: %w", j.ID, j.Type, jobkeys.ErrInvalidKey)
+	case ReasonCoalesced:
+		res.Outcome = OutcomeCoalesced
+	}
+	return res, nil
 }
 
 // admit admits job (pending, of kind k) on its key and applies the
@@ -506,9 +550,10 @@ func (c *Client) Supersede(ctx context.Context, req SupersedeRequest) (Job, erro
 
 // Pause pauses a job (the store's Pause). A running job's context ends
 // with [ErrPaused] (at once in this client, at the next heartbeat in
-// another); a job waiting for its key's slot does not start; one paused
-// in the moment between its claim and its slot may start and is stopped
-// at its first heartbeat. It keeps its queue entry and runs again after
+// another); a job waiting for its key's slot, or acquiring it, in this
+// client does not start; one paused in another process in the moment
+// between its claim and its slot may start and is stopped at its first
+// heartbeat. It keeps its queue entry and runs again after
 // [Client.Resume].
 func (c *Client) Pause(ctx context.Context, req PauseRequest) (Job, error) {
 	j, err := c.store.Pause(ctx, req)
@@ -539,6 +584,22 @@ func (c *Client) dropQueued(ctx context.Context, j Job) {
 	}
 	if _, err := k.jt.RemoveQueued(ctx, keyJobID(j.ChannelID, j.ID), []byte(inputOf(j))); err != nil {
 		c.cfg.Logger.Warn("jobs: remove queue entry", "job", j.ID, "err", err)
+	}
+}
+
+// notifyTarget ends, with ErrSuperseded, the runs in this client of the
+// older jobs of j's target, which j's enqueue superseded.
+func (c *Client) notifyTarget(j Job) {
+	c.mu.Lock()
+	var older []*activeRun
+	for _, r := range c.byTarget[jobRef{j.ChannelID, j.TargetKey}] {
+		if r.generation < j.TargetGeneration {
+			older = append(older, r)
+		}
+	}
+	c.mu.Unlock()
+	for _, r := range older {
+		r.stopWith(ErrSuperseded)
 	}
 }
 

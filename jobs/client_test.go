@@ -336,3 +336,59 @@ func TestClientEnqueueDoesNotCoalesceIntoFinishedJob(t *testing.T) {
 	assert.Equal(t, jobs.StateSuperseded, j.State, "no pending record is left")
 	assert.Equal(t, jobs.ReasonRejected, j.Reason)
 }
+
+// TestClientEnqueueReplayKeepsOutcome is the regression test for a replayed
+// enqueue (the same idempotency key and fingerprint: a producer retrying
+// after a lost answer) of a job its key policy had rejected, coalesced or
+// found no key for: the replay reported OutcomeAccepted, with no error,
+// for a record that is superseded and will never run. A replay now reports
+// what the record says: the rejection (ErrRejected), the coalescing, the
+// bad key.
+func TestClientEnqueueReplayKeepsOutcome(t *testing.T) {
+	t.Parallel()
+	env := newRuntimeEnv(t)
+	n := env.newNode(jobs.ClientConfig{}, nil)
+	for typ, when := range map[string]jobkeys.WhenFull{"rej": jobkeys.Reject, "coal": jobkeys.Coalesce} {
+		p := docPolicy
+		p.WhenFull = when
+		require.NoError(t, jobs.Register(n.client, jobs.Kind[docIn, docOut]{Type: typ, Policy: p, Work: noWork}))
+	}
+	ctx := context.Background()
+	for _, typ := range []string{"rej", "coal"} {
+		for i := 1; i <= 2; i++ {
+			_, err := n.client.Enqueue(ctx, enqueueReq(typ, fmt.Sprintf("%s%d", typ, i), fmt.Sprintf("%s-t%d", typ, i), "d"))
+			require.NoError(t, err)
+		}
+	}
+
+	_, err := n.client.Enqueue(ctx, enqueueReq("rej", "rej3", "rej-t3", "d"))
+	require.ErrorIs(t, err, jobs.ErrRejected)
+	_, err = n.client.Enqueue(ctx, enqueueReq("rej", "rej3", "rej-t3", "d"))
+	require.ErrorIs(t, err, jobs.ErrRejected, "a replay of a rejected enqueue")
+	var rej *jobs.RejectedError
+	require.ErrorAs(t, err, &rej)
+	assert.Equal(t, "rej3", rej.Job.ID)
+	assert.Equal(t, jobs.StateSuperseded, rej.Job.State)
+
+	first, err := n.client.Enqueue(ctx, enqueueReq("coal", "coal3", "coal-t3", "d"))
+	require.NoError(t, err)
+	require.Equal(t, jobs.OutcomeCoalesced, first.Outcome)
+	again, err := n.client.Enqueue(ctx, enqueueReq("coal", "coal3", "coal-t3", "d"))
+	require.NoError(t, err)
+	assert.True(t, again.Repeated)
+	assert.Equal(t, jobs.OutcomeCoalesced, again.Outcome, "a replay of a coalesced enqueue")
+	assert.Equal(t, "coal3", again.Job.ID, "a replay returns the job it enqueued")
+
+	bad := enqueueReq("rej", "bad1", "bad", "d")
+	bad.Input = json.RawMessage(`{"doc":{"nested":true}}`)
+	_, err = n.client.Enqueue(ctx, bad)
+	require.ErrorIs(t, err, jobkeys.ErrInvalidKey)
+	_, err = n.client.Enqueue(ctx, bad)
+	require.ErrorIs(t, err, jobkeys.ErrInvalidKey, "a replay of an enqueue whose input derives no key")
+
+	ok, err := n.client.Enqueue(ctx, enqueueReq("rej", "rej1", "rej-t1", "d"))
+	require.NoError(t, err)
+	assert.True(t, ok.Repeated)
+	assert.Equal(t, jobs.OutcomeAccepted, ok.Outcome)
+	assert.Equal(t, jobs.StatePending, ok.Job.State)
+}

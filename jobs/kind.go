@@ -37,8 +37,10 @@ type Kind[In, Out any] struct {
 	Timeout time.Duration
 	// Work runs one attempt. Its error requeues the job with backoff,
 	// counting a failure; a nil error settles the job with out as its
-	// artifact. ctx ends, with a cause saying why (see [ErrClaimLost] and
-	// the errors beside it), when the attempt must stop. Required.
+	// artifact (a result the store refuses — over ArtifactSizeLimit, or
+	// a record over the server's max_payload — is a failure too). ctx
+	// ends, with a cause saying why (see [ErrClaimLost] and the errors
+	// beside it), when the attempt must stop. Required.
 	Work func(ctx context.Context, run *Run, in In) (out Out, err error)
 }
 
@@ -56,6 +58,9 @@ type kind struct {
 // [Client.Start]; a type registered twice, a bad policy or name, or a
 // missing Work is an error.
 func Register[In, Out any](c *Client, k Kind[In, Out]) error {
+	if c == nil || c.coord == nil {
+		return fmt.Errorf("jobs: register kind %q: the client is nil or was not made by NewClient", k.Type)
+	}
 	if k.Work == nil {
 		return fmt.Errorf("jobs: register kind %q: Work is nil", k.Type)
 	}

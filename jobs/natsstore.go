@@ -49,7 +49,11 @@ const natsCASAttempts = 16
 // lifetime. A stored job record that does not validate fails every call
 // that reads it with ErrCorrupt naming the KV key, until an operator
 // repairs or removes it; Claim skips it and claims the rest of its channel
-// (see [Store.Claim]). It is safe for concurrent use.
+// (see [Store.Claim]). A request the server refuses for the user's
+// permissions times out (the server tells only the connection's async
+// error handler); the call's error then wraps jobkeys.ErrPermission
+// beside ErrUnavailable (or the caller's deadline's error) and names the
+// refused subject. It is safe for concurrent use.
 type NATSStore struct {
 	js         jetstream.JetStream
 	cfg        config
@@ -1032,7 +1036,7 @@ func (s *NATSStore) DeleteChannel(ctx context.Context, channelID string) error {
 		return nil // no channel has the empty id
 	}
 	if err := s.stream.Purge(ctx, jetstream.WithPurgeSubject(s.keys.channelFilter(channelID))); err != nil {
-		return natsUnavailable(ctx, op, "purge channel "+channelID, err)
+		return s.unavailable(ctx, op, "purge channel "+channelID, err)
 	}
 	return nil
 }

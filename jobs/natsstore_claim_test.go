@@ -170,3 +170,27 @@ func TestNATSStoreClaimForgetsHintsOfJobsFinishedElsewhere(t *testing.T) {
 	_, err = a.Claim(ctx, ClaimRequest{ChannelID: "other", Owner: "w", Count: 1, TTL: time.Minute})
 	require.NoError(t, err)
 }
+
+// TestNATSStoreOwnTimeoutIsNotTheCallersDeadline is the regression test for
+// a read that ran out of the store's own time while the caller's ctx had no
+// deadline: its error wrapped ErrUnavailable but still matched
+// context.DeadlineExceeded, so a caller (and the metrics' error.type,
+// "deadline_exceeded") took it for the caller's deadline. It matches
+// ErrUnavailable only now, and says it was the store's own timeout.
+func TestNATSStoreOwnTimeoutIsNotTheCallersDeadline(t *testing.T) {
+	t.Parallel()
+	s := natstest.Run(t)
+	ctx := context.Background()
+	st, _ := newTestNATSStore(t, s, nil)
+	_, err := st.Enqueue(ctx, testEnqueueRequest("ch", "j", "doc"))
+	require.NoError(t, err)
+	nc, _ := natstest.Connect(t, s)
+	short, err := jetstream.New(nc, jetstream.WithDefaultTimeout(time.Nanosecond))
+	require.NoError(t, err)
+	st.js = short
+	_, err = st.Claim(ctx, ClaimRequest{ChannelID: "ch", Owner: "w", Count: 1, TTL: time.Minute})
+	require.ErrorIs(t, err, ErrUnavailable)
+	assert.NotErrorIs(t, err, context.DeadlineExceeded, "the caller's ctx has no deadline: %v", err)
+	assert.Contains(t, err.Error(), "the store's own timeout")
+	assert.Equal(t, "unavailable", errorClass(err))
+}

@@ -33,10 +33,13 @@ const natsReadChunk = 256
 // natsUnavailable wraps an I/O error; the error of the caller's ctx, when
 // it has ended, is returned unchanged. ctx must be the caller's: a timeout
 // of the store's own (the JetStream default timeout) is ErrUnavailable,
-// not the caller's deadline.
+// not the caller's deadline, and does not match context.DeadlineExceeded.
 func natsUnavailable(ctx context.Context, op, what string, err error) error {
 	if ctx.Err() != nil {
 		return ctx.Err()
+	}
+	if errors.Is(err, context.DeadlineExceeded) {
+		return fmt.Errorf("%w: %s: %s: %v (the store's own timeout)", ErrUnavailable, op, what, err)
 	}
 	return fmt.Errorf("%w: %s: %s: %w", ErrUnavailable, op, what, err)
 }
@@ -68,7 +71,7 @@ func (s *NATSStore) getOne(ctx context.Context, op, key string) (natsMsg, bool, 
 		return natsMsg{}, false, nil
 	}
 	if err != nil {
-		return natsMsg{}, false, natsUnavailable(ctx, op, "read KV key "+strconv.Quote(key), err)
+		return natsMsg{}, false, s.unavailable(ctx, op, "read KV key "+strconv.Quote(key), err)
 	}
 	if isNATSDeleted(m.Header) {
 		return natsMsg{}, false, nil
@@ -102,25 +105,25 @@ func (s *NATSStore) getFromLeader(ctx context.Context, op, subject string) (nats
 	}
 	reply, err := s.js.Conn().RequestWithContext(rctx, s.msgGet, req)
 	if err != nil {
-		return natsMsg{}, false, natsUnavailable(ctx, op, "read "+subject+" from the stream leader", err)
+		return natsMsg{}, false, s.unavailable(ctx, op, "read "+subject+" from the stream leader", err)
 	}
 	var resp natsMsgGetResponse
 	if err := json.Unmarshal(reply.Data, &resp); err != nil {
-		return natsMsg{}, false, natsUnavailable(ctx, op, "read "+subject, fmt.Errorf("bad response: %w", err))
+		return natsMsg{}, false, s.unavailable(ctx, op, "read "+subject, fmt.Errorf("bad response: %w", err))
 	}
 	switch {
 	case resp.Error != nil && resp.Error.ErrCode == int(jetstream.JSErrCodeMessageNotFound):
 		return natsMsg{}, false, nil
 	case resp.Error != nil:
-		return natsMsg{}, false, natsUnavailable(ctx, op, "read "+subject, &jetstream.APIError{
+		return natsMsg{}, false, s.unavailable(ctx, op, "read "+subject, &jetstream.APIError{
 			Code: resp.Error.Code, ErrorCode: jetstream.ErrorCode(resp.Error.ErrCode), Description: resp.Error.Description})
 	case resp.Message == nil:
-		return natsMsg{}, false, natsUnavailable(ctx, op, "read "+subject, errors.New("response without a message"))
+		return natsMsg{}, false, s.unavailable(ctx, op, "read "+subject, errors.New("response without a message"))
 	}
 	if len(resp.Message.Hdrs) > 0 {
 		h, err := nats.DecodeHeadersMsg(resp.Message.Hdrs)
 		if err != nil {
-			return natsMsg{}, false, natsUnavailable(ctx, op, "read "+subject, fmt.Errorf("bad headers: %w", err))
+			return natsMsg{}, false, s.unavailable(ctx, op, "read "+subject, fmt.Errorf("bad headers: %w", err))
 		}
 		if isNATSDeleted(h) {
 			return natsMsg{}, false, nil
@@ -214,7 +217,7 @@ func (s *NATSStore) batchGet(ctx context.Context, op string, subjects []string, 
 	defer cancel()
 	replies, err := s.replies.open(s.js.Conn())
 	if err != nil {
-		return natsUnavailable(ctx, op, "subscribe to batched read replies", err)
+		return s.unavailable(ctx, op, "subscribe to batched read replies", err)
 	}
 	body, err := natsMultiLastBody(subjects, natsBatchMaxBytes)
 	if err != nil {
@@ -223,7 +226,7 @@ func (s *NATSStore) batchGet(ctx context.Context, op string, subjects []string, 
 	inbox, queue := replies.await(most + 2)
 	defer replies.release(queue)
 	if err := s.js.Conn().PublishRequest(s.directGet, inbox, body); err != nil {
-		return natsUnavailable(ctx, op, fmt.Sprintf("batched read of %d subjects", len(subjects)), err)
+		return s.unavailable(ctx, op, fmt.Sprintf("batched read of %d subjects", len(subjects)), err)
 	}
 	// Every reply carries the number of matches still to come: they count
 	// down by one, so a reply lost on the way (a slow consumer) shows as a
@@ -234,7 +237,7 @@ func (s *NATSStore) batchGet(ctx context.Context, op string, subjects []string, 
 	for {
 		m, err := queue.take(rctx)
 		if err != nil {
-			return natsUnavailable(ctx, op, fmt.Sprintf("batched read of %d subjects", len(subjects)), err)
+			return s.unavailable(ctx, op, fmt.Sprintf("batched read of %d subjects", len(subjects)), err)
 		}
 		np, npErr := strconv.ParseUint(m.Header.Get("Nats-Num-Pending"), 10, 64)
 		if len(m.Data) == 0 {
@@ -250,19 +253,19 @@ func (s *NATSStore) batchGet(ctx context.Context, op string, subjects []string, 
 				return errTooManyResults
 			case "":
 			default:
-				return natsUnavailable(ctx, op, "batched read", fmt.Errorf("status %s %s", m.Header.Get("Status"), m.Header.Get("Description")))
+				return s.unavailable(ctx, op, "batched read", fmt.Errorf("status %s %s", m.Header.Get("Status"), m.Header.Get("Description")))
 			}
 		}
 		if npErr != nil {
-			return natsUnavailable(ctx, op, "batched read", fmt.Errorf("reply without Nats-Num-Pending: %w", npErr))
+			return s.unavailable(ctx, op, "batched read", fmt.Errorf("reply without Nats-Num-Pending: %w", npErr))
 		}
 		if !first && np+1 != pending {
-			return natsUnavailable(ctx, op, "batched read", fmt.Errorf("replies lost: %d matches to come after %d", np, pending))
+			return s.unavailable(ctx, op, "batched read", fmt.Errorf("replies lost: %d matches to come after %d", np, pending))
 		}
 		first, pending = false, np
 		seq, err := strconv.ParseUint(m.Header.Get(jetstream.SequenceHeader), 10, 64)
 		if err != nil {
-			return natsUnavailable(ctx, op, "batched read", fmt.Errorf("reply without a sequence: %w", err))
+			return s.unavailable(ctx, op, "batched read", fmt.Errorf("reply without a sequence: %w", err))
 		}
 		if isNATSDeleted(m.Header) {
 			continue
@@ -384,7 +387,7 @@ func (r *natsReplies) release(q *natsReplyQueue) {
 func (s *NATSStore) subjects(ctx context.Context, op, filter string) ([]string, uint64, error) {
 	info, err := s.stream.Info(ctx, jetstream.WithSubjectFilter(filter))
 	if err != nil {
-		return nil, 0, natsUnavailable(ctx, op, "list "+filter, err)
+		return nil, 0, s.unavailable(ctx, op, "list "+filter, err)
 	}
 	keys := make([]string, 0, len(info.State.Subjects))
 	for subj := range info.State.Subjects {
@@ -422,7 +425,7 @@ func (s *NATSStore) update(ctx context.Context, op, key string, value []byte, re
 	if jscas.IsConflict(err) {
 		return 0, true, nil
 	}
-	return 0, false, natsUnavailable(ctx, op, "write KV key "+strconv.Quote(key), err)
+	return 0, false, s.unavailable(ctx, op, "write KV key "+strconv.Quote(key), err)
 }
 
 // casWrite is kv.Update(ctx, key, value, rev) without its per-call options
@@ -491,7 +494,7 @@ func (s *NATSStore) publishBatch(ctx context.Context, op string, msgs []natsBatc
 	if jscas.IsConflict(err) {
 		return 0, true, nil
 	}
-	return 0, false, natsUnavailable(ctx, op, fmt.Sprintf("atomic batch of %d writes", len(msgs)), err)
+	return 0, false, s.unavailable(ctx, op, fmt.Sprintf("atomic batch of %d writes", len(msgs)), err)
 }
 
 // dropActive removes key's active entry if it was written before revision

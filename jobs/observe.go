@@ -8,6 +8,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/jobkeys/jobkeys"
 	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/metric"
 	"go.opentelemetry.io/otel/metric/noop"
@@ -128,6 +129,8 @@ func errorClass(err error) string {
 	switch {
 	case errors.Is(err, context.Canceled):
 		return "canceled"
+	case errors.Is(err, jobkeys.ErrPermission): // a refusal shows as a timeout: before it
+		return "permission_denied"
 	case errors.Is(err, context.DeadlineExceeded):
 		return "deadline_exceeded"
 	case errors.Is(err, ErrConflict):

@@ -68,7 +68,7 @@ func (c *Client) Reconcile(ctx context.Context) (ReconcileReport, error) {
 }
 
 // reconcileLoop reconciles now and then every ReconcileInterval (±10 %)
-// until the client stops.
+// until the client stops; ctx ends when Stop begins.
 func (c *Client) reconcileLoop(ctx context.Context) {
 	defer c.wg.Done()
 	t := time.NewTimer(0)
@@ -79,7 +79,7 @@ func (c *Client) reconcileLoop(ctx context.Context) {
 			return
 		case <-t.C:
 		}
-		if _, err := c.Reconcile(ctx); err != nil {
+		if _, err := c.Reconcile(ctx); err != nil && ctx.Err() == nil {
 			c.cfg.Logger.Warn("jobs: reconcile", "err", err)
 		}
 		d := c.cfg.ReconcileInterval

@@ -71,3 +71,53 @@ func TestClientReconcile(t *testing.T) {
 	assert.Equal(t, 1, rep.QueueEntriesRemoved, "the ghost, past its grace")
 	assert.Equal(t, []string{"ch/live", "plain-key-layer-job"}, queued())
 }
+
+// hangingGetStore is a job store whose Get of one job hangs until its
+// context ends: a reconciliation pass stuck on a slow or partitioned store.
+type hangingGetStore struct {
+	jobs.Store
+	jobID   string
+	entered chan struct{}
+}
+
+func (s *hangingGetStore) Get(ctx context.Context, channelID, jobID string) (jobs.Detail, error) {
+	if jobID == s.jobID {
+		select {
+		case s.entered <- struct{}{}:
+		default:
+		}
+		<-ctx.Done()
+		return jobs.Detail{}, ctx.Err()
+	}
+	return s.Store.Get(ctx, channelID, jobID)
+}
+
+// TestClientStopEndsReconciliation is the regression test for a Stop that
+// waited for a reconciliation pass in flight: the pass ran under a context
+// nothing cancelled before every goroutine had returned, so a pass stuck on
+// a slow store held Stop past StopGrace until the caller's ctx ended (and
+// left the pass running after it). Stop now ends the pass.
+func TestClientStopEndsReconciliation(t *testing.T) {
+	t.Parallel()
+	env := newRuntimeEnv(t)
+	hs := &hangingGetStore{jobID: "ghost", entered: make(chan struct{}, 1)}
+	cfg := fastConfig
+	cfg.StopGrace = 100 * time.Millisecond
+	n := env.newNode(cfg, func(s jobs.Store) jobs.Store { hs.Store = s; return hs })
+	p := jobkeys.Policy{Key: []string{"/doc"}, MaxActive: 1, MaxQueuedPerKey: 10}
+	require.NoError(t, jobs.Register(n.client, jobs.Kind[docIn, docOut]{Type: "rec", Policy: p, Work: noWork}))
+	jt, err := n.coord.JobType(env.service, "rec", p)
+	require.NoError(t, err)
+	ctx := context.Background()
+	_, err = jt.Admit(ctx, "ch/ghost", []byte(`{"doc":"q"}`)) // a queue entry reconciliation checks
+	require.NoError(t, err)
+	require.NoError(t, n.client.Start(ctx))
+	select {
+	case <-hs.entered:
+	case <-time.After(60 * time.Second):
+		t.Fatal("reconciliation never read the queue entry's job")
+	}
+	sctx, cancel := context.WithTimeout(ctx, 20*time.Second)
+	defer cancel()
+	assert.NoError(t, n.client.Stop(sctx), "Stop waited for the stuck reconciliation")
+}

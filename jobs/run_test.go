@@ -2,6 +2,7 @@ package jobs_test
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"sync/atomic"
@@ -11,6 +12,7 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
+	"github.com/jobkeys/jobkeys"
 	"github.com/jobkeys/jobkeys/jobs"
 )
 
@@ -250,4 +252,58 @@ func TestRunStopsBeforeUnrenewedClaimLapses(t *testing.T) {
 	require.Equal(t, jobs.StateRunning, j.State, "nothing was written")
 	assert.True(t, s.at.Before(j.ClaimExpiresAt), "stopped at %v, claim lapses at %v", s.at, j.ClaimExpiresAt)
 	outage.down.Store(false)
+}
+
+// TestClientRefusesUnusableInput is the regression test for two inputs the
+// runtime took without a word: Register on a nil client panicked (a nil
+// pointer dereference), and an Owner that is not valid UTF-8 made a client
+// whose every claim the store refused, forever, in a log line only. Both
+// are errors now, naming what was wrong.
+func TestClientRefusesUnusableInput(t *testing.T) {
+	t.Parallel()
+	env := newRuntimeEnv(t)
+	n := env.newNode(fastConfig, nil)
+	var nilClient *jobs.Client
+	var err error
+	require.NotPanics(t, func() {
+		err = jobs.Register(nilClient, jobs.Kind[docIn, docOut]{Type: "x", Policy: docPolicy, Work: noWork})
+	})
+	require.Error(t, err)
+	assert.Contains(t, err.Error(), "nil")
+	_, err = jobs.NewClient(n.store, n.coord, &jobs.ClientConfig{KeyStore: n.keys, Owner: "w\xff"})
+	require.Error(t, err)
+	assert.Contains(t, err.Error(), "Owner")
+}
+
+// TestRunSupersededByLocalEnqueueStopsAtOnce is the regression test for a
+// job running in a client whose enqueue of a newer job for the same target
+// superseded it: the handler went on until its next heartbeat (30 s by
+// default) and learnt it then, although the client had just written the
+// change. Its context now ends at once with ErrSuperseded, as a local
+// Supersede does.
+func TestRunSupersededByLocalEnqueueStopsAtOnce(t *testing.T) {
+	t.Parallel()
+	env := newRuntimeEnv(t)
+	n := env.newNode(fastConfig, nil)
+	slow := jobkeys.Policy{Key: []string{"/doc"}, MaxActive: 2, MaxQueuedPerKey: 5,
+		HeartbeatInterval: time.Minute, HeartbeatTTL: 3 * time.Minute} // no heartbeat during the test
+	b := newBlocker()
+	require.NoError(t, jobs.Register(n.client, jobs.Kind[docIn, docOut]{Type: "sup", Policy: slow, Work: b.work}))
+	ctx := context.Background()
+	_, err := n.client.Enqueue(ctx, enqueueReq("sup", "v1", "target", "d"))
+	require.NoError(t, err)
+	require.NoError(t, n.client.Start(ctx))
+	b.waitStart(t, "v1")
+	req := enqueueReq("sup", "v2", "target", "d")
+	req.Input = json.RawMessage(`{"doc":"d","n":1}`) // returns at once
+	_, err = n.client.Enqueue(ctx, req)
+	require.NoError(t, err)
+	select {
+	case cause := <-b.causes:
+		assert.ErrorIs(t, cause, jobs.ErrSuperseded)
+	case <-time.After(10 * time.Second):
+		t.Fatal("the superseded job's handler went on")
+	}
+	assert.Equal(t, jobs.StateSuperseded, getJob(t, n, "v1").State)
+	waitState(t, n, "v2", jobs.StateCompleted)
 }

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"strings"
 	"sync"
 	"time"
@@ -47,8 +48,12 @@ func (c *Client) Start(ctx context.Context) error {
 	c.wg.Add(1)
 	go c.claimLoop(bg, ttl)
 	if c.cfg.ReconcileInterval > 0 {
+		// Stop ends a pass in flight: it is cleanup, which the next
+		// client's passes redo.
+		rctx, rcancel := context.WithCancel(bg)
+		c.reconcileCancel = rcancel
 		c.wg.Add(1)
-		go c.reconcileLoop(bg)
+		go c.reconcileLoop(rctx)
 	}
 	return nil
 }
@@ -56,7 +61,8 @@ func (c *Client) Start(ctx context.Context) error {
 // Stop drains the client: it claims nothing more, hands jobs waiting for a
 // slot back at once, lets running handlers finish for StopGrace, then
 // ends their contexts with [ErrStopping] and hands what did not finish
-// back without counting a failure; every slot is released. It returns
+// back without counting a failure; every slot is released. A
+// reconciliation pass in flight is ended (it is cleanup). It returns
 // once every job is handed back or finished, or with ctx.Err() when ctx
 // ends first (handlers are then cancelled at once, and what is left runs
 // down in the background). Stop of a client never started, or stopped
@@ -70,6 +76,9 @@ func (c *Client) Stop(ctx context.Context) error {
 	}
 	c.state = clientStopped
 	close(c.stopCh)
+	if c.reconcileCancel != nil {
+		c.reconcileCancel()
+	}
 	c.mu.Unlock()
 
 	done := make(chan struct{})
@@ -179,10 +188,11 @@ func (c *Client) releaseToken() {
 // activeRun is a job this client holds a claim on, from the claim to the
 // last write; control calls of this client end it early.
 type activeRun struct {
-	mu     sync.Mutex
-	cause  error         // why it must stop, once known
-	cancel func(error)   // ends the handler's context; nil until it runs
-	woken  chan struct{} // signalled when cause is set
+	generation uint64 // its target generation
+	mu         sync.Mutex
+	cause      error         // why it must stop, once known
+	cancel     func(error)   // ends the handler's context; nil until it runs
+	woken      chan struct{} // signalled when cause is set
 }
 
 // stopWith records cause (the first one wins) and ends the handler's
@@ -214,15 +224,22 @@ func (r *activeRun) stopped() error {
 func (c *Client) handle(ctx context.Context, job Job) {
 	defer c.wg.Done()
 	ref := jobRef{job.ChannelID, job.ID}
-	ar := &activeRun{woken: make(chan struct{}, 1)}
+	target := jobRef{job.ChannelID, job.TargetKey}
+	ar := &activeRun{woken: make(chan struct{}, 1), generation: job.TargetGeneration}
 	c.mu.Lock()
 	c.runs[ref] = ar
+	c.byTarget[target] = append(c.byTarget[target], ar)
 	k := c.kinds[job.Type]
 	c.mu.Unlock()
 	defer func() {
 		c.mu.Lock()
 		if c.runs[ref] == ar {
 			delete(c.runs, ref)
+		}
+		if rest := slices.DeleteFunc(c.byTarget[target], func(r *activeRun) bool { return r == ar }); len(rest) > 0 {
+			c.byTarget[target] = rest
+		} else {
+			delete(c.byTarget, target)
 		}
 		c.mu.Unlock()
 	}()
@@ -390,43 +407,81 @@ func (c *Client) acquire(ctx context.Context, k *kind, run *Run, ar *activeRun) 
 		}
 		c.cfg.Logger.Debug("jobs: waiting", "job", job.ID, "for", wait, "watched", turn != nil)
 		timer.Reset(wait)
-		stop := false
+		stop, gotTurn := false, false
 		select {
 		case <-turn:
+			gotTurn = true
 		case <-timer.C:
 		case <-ar.woken:
 		case <-c.stopCh:
 			stop = true
 		}
-		if !timer.Stop() {
-			select {
-			case <-timer.C:
-			default:
-			}
-		}
+		stopTimer(timer)
 		c.mu.Lock()
 		c.waiting--
 		c.mu.Unlock()
 		waited = true
 		if ar.stopped() != nil {
+			if gotTurn {
+				c.passTurn(kvKey) // the try it leaves is another waiter's
+			}
 			return jobkeys.Lease{}, false // paused, cancelled or superseded here: nothing to write
 		}
 		if stop {
 			c.handBack(ctx, run.claim, 0, "client-stopping")
 			return jobkeys.Lease{}, false
 		}
+		if !c.takeToken(ctx, run, ar, timer) {
+			if gotTurn {
+				c.passTurn(kvKey)
+			}
+			return jobkeys.Lease{}, false
+		}
+	}
+}
+
+// takeToken waits for a worker token for a job that waited for its slot,
+// renewing its claim every half claim TTL meanwhile: every worker may be
+// busy for longer than a claim lasts. It returns false, holding no token,
+// when the job is no longer this client's to try: stopped here, its claim
+// lost or not renewed (it runs out and is claimed again), or the client
+// stopping (then it is handed back). timer is stopped on entry and on
+// return.
+func (c *Client) takeToken(ctx context.Context, run *Run, ar *activeRun, timer *time.Timer) bool {
+	defer stopTimer(timer)
+	for {
+		renewAt := run.job.ClaimExpiresAt.Add(-c.claimTTL / 2)
 		if !c.cfg.Now().Before(renewAt) {
 			j, err := c.store.Renew(ctx, RenewRequest{Claim: run.claim, ExpectedRevision: run.job.Revision, TTL: c.claimTTL})
 			if err != nil {
-				return jobkeys.Lease{}, false // lost, or it runs out and is claimed again
+				return false
 			}
 			run.job = j
+			continue
 		}
+		timer.Reset(max(renewAt.Sub(c.cfg.Now()), time.Millisecond))
 		select {
 		case c.tokens <- struct{}{}:
+			return true
+		case <-timer.C:
+		case <-ar.woken:
+			if ar.stopped() != nil {
+				return false // paused, cancelled or superseded here: nothing to write
+			}
 		case <-c.stopCh:
 			c.handBack(ctx, run.claim, 0, "client-stopping")
-			return jobkeys.Lease{}, false
+			return false
+		}
+		stopTimer(timer)
+	}
+}
+
+// stopTimer stops t and drains a tick it may have delivered.
+func stopTimer(t *time.Timer) {
+	if !t.Stop() {
+		select {
+		case <-t.C:
+		default:
 		}
 	}
 }
@@ -434,19 +489,64 @@ func (c *Client) acquire(ctx context.Context, k *kind, run *Run, ar *activeRun) 
 // stillOurs reports whether run's claim still holds (a read): a job that
 // waited for its slot may have been paused, cancelled or superseded by
 // another process meanwhile, which its own client learns only from the
-// record.
+// record; a claim that ran out is not ours either, even while nobody has
+// claimed the job again.
 func (c *Client) stillOurs(ctx context.Context, run *Run) bool {
 	d, err := c.store.Get(ctx, run.claim.ChannelID, run.claim.JobID)
 	return err == nil && d.Job.State == StateRunning && d.Job.ClaimOwner == run.claim.Owner &&
-		d.Job.ClaimGeneration == run.claim.Generation
+		d.Job.ClaimGeneration == run.claim.Generation && d.Job.ClaimExpiresAt.After(c.cfg.Now())
 }
 
 // handBack requeues a claimed job for after delay without counting a
 // failure. An error leaves the claim to run out.
 func (c *Client) handBack(ctx context.Context, claim Claim, delay time.Duration, reason string) {
-	_, err := c.store.Requeue(ctx, RequeueRequest{Claim: claim, AvailableAt: c.cfg.Now().Add(delay), Reason: reason})
+	c.handBackBy(ctx, claim, time.Time{}, delay, reason)
+}
+
+// handBackBy is handBack trying again while the store is unavailable and
+// the claim holds (until claimExpires; zero: one try), as writeOutcome.
+func (c *Client) handBackBy(ctx context.Context, claim Claim, claimExpires time.Time, delay time.Duration, reason string) {
+	err := c.writeOutcome(ctx, claimExpires, func(ctx context.Context) error {
+		_, err := c.store.Requeue(ctx, RequeueRequest{Claim: claim, AvailableAt: c.cfg.Now().Add(delay), Reason: reason})
+		return err
+	})
 	if err != nil && !errors.Is(err, ErrConflict) {
 		c.cfg.Logger.Warn("jobs: hand job back", "job", claim.JobID, "err", err)
+	}
+}
+
+// outcomeRetryMax bounds the pause between two tries of an outcome write.
+const outcomeRetryMax = time.Second
+
+// writeOutcome makes an attempt's last write (settle, requeue, fail, hand
+// back), trying again while the store is unavailable ([ErrUnavailable])
+// and the claim still holds: a write lost to a store briefly out of reach
+// (a leader election, a reconnect) would otherwise leave the job to run
+// again from the start once its claim ran out. It gives up, returning the
+// last error, before claimExpires (the claim's expiry: nothing renews it
+// after the handler returns), when the client's grace ends, or when ctx
+// ends. Any other error is returned at once.
+func (c *Client) writeOutcome(ctx context.Context, claimExpires time.Time, write func(context.Context) error) error {
+	pause := 50 * time.Millisecond
+	for {
+		err := write(ctx)
+		if err == nil || !errors.Is(err, ErrUnavailable) || ctx.Err() != nil {
+			return err
+		}
+		if !c.cfg.Now().Add(pause).Before(claimExpires) {
+			return err
+		}
+		t := time.NewTimer(pause)
+		select {
+		case <-t.C:
+		case <-c.killCh:
+			t.Stop()
+			return err
+		case <-ctx.Done():
+			t.Stop()
+			return err
+		}
+		pause = min(2*pause, outcomeRetryMax)
 	}
 }
 
@@ -466,7 +566,12 @@ func (c *Client) execute(ctx context.Context, k *kind, run *Run, ar *activeRun, 
 	early := ar.cause
 	ar.mu.Unlock()
 	if early != nil {
-		cancel(early)
+		// Paused, cancelled or superseded by this client before it could
+		// start (while its slot was acquired): nothing to run, nothing to
+		// write.
+		c.release(ctx, k, lease)
+		c.poke()
+		return
 	}
 
 	input := run.job.Input // before the heartbeat may change run.job
@@ -496,11 +601,21 @@ func (c *Client) execute(ctx context.Context, k *kind, run *Run, ar *activeRun, 
 		errors.Is(cause, ErrCancelled), errors.Is(cause, ErrSuperseded):
 		// Not ours to write any more.
 	case werr == nil:
-		if _, err := c.store.Settle(ctx, SettleRequest{Claim: run.claim, Artifact: out}); err != nil {
+		err := c.writeOutcome(ctx, job.ClaimExpiresAt, func(ctx context.Context) error {
+			_, err := c.store.Settle(ctx, SettleRequest{Claim: run.claim, Artifact: out})
+			return err
+		})
+		switch {
+		case errors.Is(err, ErrConflict) && c.stillOurs(ctx, run):
+			// The claim holds, so the store refused the result itself (a
+			// record over the server's max_payload): the attempt failed.
+			// Else the job would run again, for ever, at every claim.
+			c.failed(ctx, k, run.claim, job, fmt.Errorf("jobs: the store refused the result of job %q: %w", job.ID, err))
+		case err != nil:
 			c.cfg.Logger.Warn("jobs: settle", "job", job.ID, "err", err)
 		}
 	case errors.Is(cause, ErrStopping), errors.Is(cause, ErrSlotLost):
-		c.handBack(ctx, run.claim, 0, reasonOf(cause))
+		c.handBackBy(ctx, run.claim, job.ClaimExpiresAt, 0, reasonOf(cause))
 	default:
 		if errors.Is(cause, ErrTimeout) {
 			werr = fmt.Errorf("%w after %v: %w", ErrTimeout, k.timeout, werr)
@@ -525,18 +640,22 @@ func (c *Client) release(ctx context.Context, k *kind, lease jobkeys.Lease) {
 }
 
 // failed counts a failure: the job is requeued with backoff, or failed
-// when the failures reach the kind's budget.
+// when the failures reach the kind's budget (job is the record as this
+// attempt last wrote it).
 func (c *Client) failed(ctx context.Context, k *kind, claim Claim, job Job, werr error) {
 	reason := truncate(werr.Error(), ReasonSizeLimit)
 	failures := job.Failures + 1
-	var err error
-	if failures >= k.maxFailures {
-		_, err = c.store.Fail(ctx, FailRequest{Claim: claim, Reason: reason})
-	} else {
-		_, err = c.store.Requeue(ctx, RequeueRequest{
-			Claim: claim, AvailableAt: c.cfg.Now().Add(c.cfg.Backoff(failures)), Reason: reason, CountFailure: true,
-		})
-	}
+	err := c.writeOutcome(ctx, job.ClaimExpiresAt, func(ctx context.Context) error {
+		var err error
+		if failures >= k.maxFailures {
+			_, err = c.store.Fail(ctx, FailRequest{Claim: claim, Reason: reason})
+		} else {
+			_, err = c.store.Requeue(ctx, RequeueRequest{
+				Claim: claim, AvailableAt: c.cfg.Now().Add(c.cfg.Backoff(failures)), Reason: reason, CountFailure: true,
+			})
+		}
+		return err
+	})
 	if err != nil {
 		c.cfg.Logger.Warn("jobs: record failure", "job", job.ID, "err", err)
 	}

@@ -8,11 +8,13 @@ import (
 	"log/slog"
 	"os"
 	"sort"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
 
+	"github.com/nats-io/nats-server/v2/server"
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
@@ -821,4 +823,223 @@ func TestClientStopDuringSlotAcquisitionDoesNotStart(t *testing.T) {
 	require.NoError(t, err)
 	assert.Equal(t, jobs.StatePending, d.Job.State)
 	assert.Equal(t, 0, d.Job.Failures)
+}
+
+// TestClientJobWaitingForWorkerKeepsClaim is the regression test for a job
+// whose key freed while every worker of its client was busy: it waited for
+// a worker without renewing its claim, which ran out, so the job was
+// claimed again (an attempt more, and a second goroutine of this client
+// on it) or started on a lapsed claim and stopped at once. Its claim is
+// now renewed while it waits for a worker, and it runs on its first
+// attempt.
+func TestClientJobWaitingForWorkerKeepsClaim(t *testing.T) {
+	t.Parallel()
+	env := newRuntimeEnv(t)
+	cfg := fastConfig
+	cfg.MaxWorkers = 1
+	cfg.ReconcileInterval = -1
+	n := env.newNode(cfg, nil)
+	// Claims last 4 s and are renewed 2 s before they run out: a margin a
+	// loaded machine keeps.
+	p := jobkeys.Policy{Key: []string{"/doc"}, MaxActive: 1, MaxQueuedPerKey: 5,
+		HeartbeatInterval: 100 * time.Millisecond, HeartbeatTTL: 4 * time.Second}
+	gate := make(chan struct{})
+	var l ledger
+	require.NoError(t, jobs.Register(n.client, jobs.Kind[docIn, docOut]{
+		Type: "busy", Policy: p,
+		Work: func(ctx context.Context, run *jobs.Run, in docIn) (docOut, error) {
+			l.start(run)
+			if run.Job().ID == "a" {
+				select {
+				case <-gate:
+				case <-ctx.Done():
+				}
+			}
+			return docOut{}, nil
+		},
+	}))
+	jt, err := n.coord.JobType(env.service, "busy", p)
+	require.NoError(t, err)
+	ctx := context.Background()
+	// Another process holds b's key, renewing its slot until released.
+	acq, err := jt.Acquire(ctx, "foreign", []byte(`{"doc":"kb"}`), jobkeys.WithRetry())
+	require.NoError(t, err)
+	require.Equal(t, jobkeys.KindAcquired, acq.Kind)
+	release := make(chan struct{})
+	released := make(chan struct{})
+	go func() {
+		defer close(released)
+		lease := acq.Lease
+		tick := time.NewTicker(100 * time.Millisecond)
+		defer tick.Stop()
+		for {
+			select {
+			case <-release:
+				_, err := jt.Release(ctx, lease)
+				assert.NoError(t, err)
+				return
+			case <-tick.C:
+				ren, err := jt.Renew(ctx, lease)
+				if assert.NoError(t, err) {
+					lease.LeaseExpiresAt = ren.LeaseExpiresAt
+				}
+			}
+		}
+	}()
+	_, err = n.client.Enqueue(ctx, enqueueReq("busy", "b", "b", "kb"))
+	require.NoError(t, err)
+	require.NoError(t, n.client.Start(ctx))
+	require.Eventually(t, func() bool { return getJob(t, n, "b").State == jobs.StateRunning }, 30*time.Second, 10*time.Millisecond)
+	_, err = n.client.Enqueue(ctx, enqueueReq("busy", "a", "a", "ka"))
+	require.NoError(t, err)
+	require.Eventually(t, func() bool { return l.count("a") == 1 }, 30*time.Second, 10*time.Millisecond)
+	// b's key frees while a holds the only worker, for two claim TTLs.
+	close(release)
+	<-released
+	time.Sleep(2 * p.HeartbeatTTL)
+	assert.Equal(t, 0, l.count("b"), "b ran without a worker")
+	close(gate)
+	b := waitState(t, n, "b", jobs.StateCompleted)
+	assert.Equal(t, 1, b.Attempts, "b's claim ran out while it waited for a worker")
+	assert.Equal(t, 1, l.count("b"))
+}
+
+// flakySettleStore is a job store whose first settles fail as a store
+// briefly out of reach does (a leader election, a reconnect).
+type flakySettleStore struct {
+	jobs.Store
+	failures atomic.Int64 // settles still to fail
+}
+
+func (s *flakySettleStore) Settle(ctx context.Context, req jobs.SettleRequest) (jobs.Detail, error) {
+	if s.failures.Add(-1) >= 0 {
+		return jobs.Detail{}, fmt.Errorf("%w: settle: no responders", jobs.ErrUnavailable)
+	}
+	return s.Store.Settle(ctx, req)
+}
+
+// TestClientSettleRetriesWhileClaimHolds is the regression test for a
+// success whose settle met a store briefly out of reach: the runtime logged
+// it and dropped the result, the claim ran out and the job ran again from
+// the start. The settle is now retried while the claim holds.
+func TestClientSettleRetriesWhileClaimHolds(t *testing.T) {
+	t.Parallel()
+	env := newRuntimeEnv(t)
+	fs := &flakySettleStore{}
+	fs.failures.Store(2)
+	n := env.newNode(fastConfig, func(s jobs.Store) jobs.Store { fs.Store = s; return fs })
+	var l ledger
+	require.NoError(t, jobs.Register(n.client, jobs.Kind[docIn, docOut]{
+		Type: "flaky", Policy: quickPolicy,
+		Work: func(ctx context.Context, run *jobs.Run, in docIn) (docOut, error) {
+			l.start(run)
+			return docOut{By: "once"}, nil
+		},
+	}))
+	ctx := context.Background()
+	_, err := n.client.Enqueue(ctx, enqueueReq("flaky", "j", "t", "d"))
+	require.NoError(t, err)
+	require.NoError(t, n.client.Start(ctx))
+	j := waitState(t, n, "j", jobs.StateCompleted)
+	assert.Equal(t, 1, j.Attempts, "the result was dropped and the job ran again")
+	assert.Equal(t, 1, l.count("j"))
+}
+
+// TestClientPausedDuringSlotAcquisitionDoesNotStart is the regression test
+// for a job this client paused while its slot acquisition was in flight:
+// the handler was started anyway, with its context already ended, so a
+// handler that does not look at its context first did the work of a
+// paused job. It is not started now; the slot is given back and the job
+// stays paused.
+func TestClientPausedDuringSlotAcquisitionDoesNotStart(t *testing.T) {
+	t.Parallel()
+	env := newRuntimeEnv(t)
+	_, js := natstest.Connect(t, env.srv)
+	st, err := jobs.NewNATSStore(js, nil, jobs.WithBucket(env.bucket), jobs.WithCreateBucket(jetstream.MemoryStorage, 1))
+	require.NoError(t, err)
+	ks, err := jobkeys.NewNATSStore(js, jobkeys.WithCreateBuckets(jetstream.MemoryStorage, 1))
+	require.NoError(t, err)
+	keys := &gatedKeys{NATSStore: ks, entered: make(chan struct{}), release: make(chan struct{})}
+	coord, err := jobkeys.NewCoordinator(keys, nil)
+	require.NoError(t, err)
+	cfg := fastConfig
+	cfg.KeyStore, cfg.Service, cfg.ReconcileInterval = keys, env.service, -1
+	c, err := jobs.NewClient(st, coord, &cfg)
+	require.NoError(t, err)
+	defer func() { assert.NoError(t, c.Stop(context.Background())) }()
+	var runs atomic.Int64
+	require.NoError(t, jobs.Register(c, jobs.Kind[docIn, docOut]{
+		Type: "gate", Policy: quickPolicy,
+		Work: func(ctx context.Context, run *jobs.Run, in docIn) (docOut, error) { runs.Add(1); return docOut{}, nil },
+	}))
+	ctx := context.Background()
+	_, err = c.Enqueue(ctx, enqueueReq("gate", "j1", "t", "d"))
+	require.NoError(t, err)
+	keys.armed.Store(true)
+	require.NoError(t, c.Start(ctx))
+	select {
+	case <-keys.entered:
+	case <-time.After(30 * time.Second):
+		t.Fatal("the slot was never acquired")
+	}
+	d, err := c.Get(ctx, "ch", "j1")
+	require.NoError(t, err)
+	require.Equal(t, jobs.StateRunning, d.Job.State)
+	_, err = c.Pause(ctx, jobs.PauseRequest{ChannelID: "ch", JobID: "j1", ExpectedRevision: d.Job.Revision, Reason: "hold"})
+	require.NoError(t, err)
+	close(keys.release)
+	jt, err := coord.JobType(env.service, "gate", quickPolicy)
+	require.NoError(t, err)
+	require.Eventually(t, func() bool { // the slot is given back
+		key, err := jt.Key([]byte(`{"doc":"d"}`))
+		require.NoError(t, err)
+		val, _, err := ks.Get(ctx, env.service, key.KVKey)
+		if errors.Is(err, jobkeys.ErrKeyNotFound) {
+			return true // emptied and deleted
+		}
+		require.NoError(t, err)
+		s, err := jobkeys.ParseState(val)
+		require.NoError(t, err)
+		return len(s.Active) == 0
+	}, 30*time.Second, 10*time.Millisecond)
+	time.Sleep(200 * time.Millisecond)
+	assert.Equal(t, int64(0), runs.Load(), "the handler of a paused job was started")
+	d, err = c.Get(ctx, "ch", "j1")
+	require.NoError(t, err)
+	assert.Equal(t, jobs.StatePaused, d.Job.State)
+}
+
+// TestClientResultTheStoreRefusesIsAFailure is the regression test for a
+// result within ArtifactSizeLimit that the store refuses (its record is
+// over the server's max_payload): the refusal was logged and nothing
+// written, so the job stayed running until its claim ran out, ran again,
+// and so on for ever, never counting against its failure budget. The
+// refusal is now the attempt's failure.
+func TestClientResultTheStoreRefusesIsAFailure(t *testing.T) {
+	t.Parallel()
+	n := runtimeSeq.Add(1)
+	env := &runtimeEnv{t: t, bucket: fmt.Sprintf("JOBS_RT%d", n), service: fmt.Sprintf("rt%d", n),
+		srv: natstest.RunWith(t, natstest.Options{Configure: func(o *server.Options) { o.MaxPayload = 64 << 10 }})}
+	node := env.newNode(fastConfig, nil)
+	var runs atomic.Int64
+	big := strings.Repeat("x", 100<<10) // under ArtifactSizeLimit, over the server's max_payload
+	require.NoError(t, jobs.Register(node.client, jobs.Kind[docIn, string]{
+		Type: "big", Policy: quickPolicy, MaxFailures: 1,
+		Work: func(ctx context.Context, run *jobs.Run, in docIn) (string, error) {
+			runs.Add(1)
+			return big, nil
+		},
+	}))
+	ctx := context.Background()
+	_, err := node.client.Enqueue(ctx, enqueueReq("big", "j", "t", "d"))
+	require.NoError(t, err)
+	require.NoError(t, node.client.Start(ctx))
+	var j jobs.Job
+	assert.Eventually(t, func() bool {
+		j = getJob(t, node, "j")
+		return j.State == jobs.StateFailed
+	}, 20*time.Second, 20*time.Millisecond, "the job never failed")
+	assert.Equal(t, 1, j.Failures)
+	assert.Contains(t, j.Reason, "max_payload")
+	assert.Equal(t, int64(1), runs.Load())
 }

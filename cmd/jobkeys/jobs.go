@@ -124,6 +124,9 @@ func jobsLs(ctx context.Context, c *cli, o *options, channel string, limit int, 
 	if limit < 1 {
 		return usagef("--limit %d is not positive", limit)
 	}
+	if state != "" && !state.Valid() {
+		return usagef("--state %q is not a job state (pending, paused, running, completed, failed, cancelled, superseded)", string(state))
+	}
 	s, st, err := c.openJobs(ctx, o)
 	if err != nil {
 		return err

@@ -183,3 +183,20 @@ func TestJobsNATS(t *testing.T) {
 	r.defaultArgs = []string{"--jobs-bucket", "OPS_JOBS"}
 	testJobs(t, st, r)
 }
+
+// TestJobsLsRefusesUnknownState is the regression test for "jobs ls
+// --state" with a misspelt state: it listed nothing and said "no jobs in
+// channel", as if the channel were empty. It is a usage error now.
+func TestJobsLsRefusesUnknownState(t *testing.T) {
+	t.Parallel()
+	st, err := jobs.NewMemoryStore(nil)
+	require.NoError(t, err)
+	jobFixture(t, st)
+	r := jobRunner(t, st)
+	res := r.run("jobs", "ls", "ch", "--state", "runing")
+	assert.Equal(t, exitUsage, res.code, res.stdout)
+	assert.Contains(t, res.stderr, `"runing"`)
+	res = r.run("jobs", "ls", "ch", "--state", "running")
+	require.Equal(t, exitOK, res.code, res.stderr)
+	assert.Contains(t, res.stdout, "j-running")
+}

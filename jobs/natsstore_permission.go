@@ -1,0 +1,78 @@
+package jobs
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"regexp"
+	"strings"
+
+	"github.com/jobkeys/jobkeys"
+	"github.com/nats-io/nats.go"
+)
+
+// A NATS server refuses a publish or subscription the user may not make by
+// telling the connection's async error handler only (nats.go keeps it as
+// the connection's last error); the refused request itself times out. A
+// store call that times out while the connection's last error is a refusal
+// of one of the store's subjects fails naming that refusal
+// (jobkeys.ErrPermission), not as a bare timeout.
+
+// natsRefusalRe matches the server's violation messages (nats-server
+// client.go): `Permissions Violation for Publish to "subj"`, `… for
+// Subscription to "subj"`, `… for Publish with Reply of "subj"`.
+var natsRefusalRe = regexp.MustCompile(`Permissions Violation for (Publish to|Subscription to|Publish with Reply of) "([^"]+)"`)
+
+// unavailable is natsUnavailable for a call of s: a timeout behind which
+// the connection reports a refusal of one of the store's subjects wraps
+// jobkeys.ErrPermission too, and names the subject. The timeout is the
+// store's own (the error wraps ErrUnavailable) or the caller's deadline
+// (it wraps ctx.Err()); a cancelled ctx's error is returned unchanged.
+func (s *NATSStore) unavailable(ctx context.Context, op, what string, err error) error {
+	if errors.Is(ctx.Err(), context.Canceled) {
+		return ctx.Err()
+	}
+	if refused, subject, ok := s.refusal(err); ok {
+		// The timeout is the caller's deadline (its error) or the store's
+		// own (ErrUnavailable, not matching context.DeadlineExceeded).
+		var base error = ErrUnavailable
+		if ctx.Err() != nil {
+			base = ctx.Err()
+		}
+		return fmt.Errorf("%w: %w: %s: %s: the NATS server refused %s %q for this connection's user (grant it, or see the connection's async errors): %v",
+			base, jobkeys.ErrPermission, op, what, strings.ToLower(refused), subject, err)
+	}
+	return natsUnavailable(ctx, op, what, err)
+}
+
+// refusal returns the refusal the connection last reported when err is a
+// timeout and the refused subject is one the store uses: its stream's API
+// subjects, its bucket's keys (also behind an API prefix) or the
+// connection's inbox, which carries every reply.
+func (s *NATSStore) refusal(err error) (what, subject string, ok bool) {
+	if !errors.Is(err, context.DeadlineExceeded) && !errors.Is(err, nats.ErrTimeout) {
+		return "", "", false
+	}
+	nc := s.js.Conn()
+	last := nc.LastError()
+	if last == nil || !errors.Is(last, nats.ErrPermissionViolation) {
+		return "", "", false
+	}
+	m := natsRefusalRe.FindStringSubmatch(last.Error())
+	if m == nil {
+		return "", "", false
+	}
+	subject = m[2]
+	inbox := nats.InboxPrefix
+	if nc.Opts.InboxPrefix != "" {
+		inbox = nc.Opts.InboxPrefix + "."
+	}
+	ours := strings.HasPrefix(subject, inbox) || strings.Contains(subject, s.keys.prefix)
+	for tok := range strings.SplitSeq(subject, ".") {
+		ours = ours || tok == s.streamName
+	}
+	if !ours {
+		return "", "", false
+	}
+	return m[1], subject, true
+}

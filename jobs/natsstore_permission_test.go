@@ -1,0 +1,67 @@
+package jobs
+
+import (
+	"context"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats-server/v2/server"
+	"github.com/nats-io/nats.go/jetstream"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/jobkeys/jobkeys"
+	"github.com/jobkeys/jobkeys/internal/natstest"
+)
+
+// TestNATSStoreNamesRefusedPermission is the regression test for a store
+// whose user may not make a request it needs (here the stream's direct
+// gets): the server says so only to the connection's async error handler,
+// and every read timed out as ErrUnavailable "context deadline exceeded",
+// which sends an operator looking at the network. The error now wraps
+// jobkeys.ErrPermission and names the refused subject (DESIGN §7), beside
+// ErrUnavailable.
+func TestNATSStoreNamesRefusedPermission(t *testing.T) {
+	t.Parallel()
+	srv := natstest.RunWith(t, natstest.Options{Configure: func(o *server.Options) {
+		o.Users = append(o.Users, &server.User{Username: "admin", Password: "admin"},
+			&server.User{Username: "worker", Password: "worker", Permissions: &server.Permissions{
+				Publish: &server.SubjectPermission{Allow: []string{"$KV.>", "$JS.API.INFO",
+					"$JS.API.STREAM.INFO.>", "$JS.API.STREAM.MSG.GET.>", "$JS.API.STREAM.PURGE.>"}},
+				Subscribe: &server.SubjectPermission{Allow: []string{"_INBOX.>"}},
+			}})
+	}})
+	hostPort := strings.TrimPrefix(srv.ClientURL(), "nats://")
+	ctx := context.Background()
+	_, adminJS := natstest.ConnectURL(t, "nats://admin:admin@"+hostPort)
+	admin, err := NewNATSStore(adminJS, nil, WithBucket("JOBS_PERM"), WithCreateBucket(jetstream.MemoryStorage, 1))
+	require.NoError(t, err)
+	_, err = admin.Enqueue(ctx, testEnqueueRequest("ch", "j", "doc"))
+	require.NoError(t, err)
+
+	nc, _ := natstest.ConnectURL(t, "nats://worker:worker@"+hostPort)
+	js, err := jetstream.New(nc, jetstream.WithDefaultTimeout(500*time.Millisecond))
+	require.NoError(t, err)
+	st, err := NewNATSStore(js, nil, WithBucket("JOBS_PERM"))
+	require.NoError(t, err)
+
+	_, err = st.Get(ctx, "ch", "j")
+	require.ErrorIs(t, err, ErrUnavailable)
+	require.ErrorIs(t, err, jobkeys.ErrPermission, "a refused read is a timeout: %v", err)
+	assert.Contains(t, err.Error(), "$JS.API.DIRECT.GET.KV_JOBS_PERM")
+	assert.Contains(t, err.Error(), `read KV key "job.ch.j"`, "the read is still named")
+
+	// Behind the caller's deadline too: the deadline's error, and the
+	// refusal.
+	dctx, cancel := context.WithTimeout(ctx, 300*time.Millisecond)
+	defer cancel()
+	_, err = st.Get(dctx, "ch", "j")
+	require.ErrorIs(t, err, context.DeadlineExceeded)
+	require.ErrorIs(t, err, jobkeys.ErrPermission, "%v", err)
+
+	_, err = st.Claim(ctx, ClaimRequest{Owner: "w", Count: 1, TTL: time.Minute})
+	require.ErrorIs(t, err, jobkeys.ErrPermission, "%v", err)
+	assert.Contains(t, err.Error(), "$JS.API.DIRECT.GET.KV_JOBS_PERM")
+	assert.Equal(t, "permission_denied", errorClass(err), "the metrics' error.type")
+}
