@@ -195,6 +195,8 @@ func errorClass(err error) string {
 		return "state_too_large"
 	case errors.Is(err, ErrClockOutOfRange):
 		return "clock_out_of_range"
+	case errors.Is(err, ErrClockSkew):
+		return "clock_skew"
 	case errors.Is(err, ErrRevisionConflict):
 		return "revision_conflict"
 	case errors.Is(err, ErrBucketNotFound):

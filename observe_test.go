@@ -527,6 +527,7 @@ func TestErrorClass(t *testing.T) {
 		{&StateError{KVKey: "k", Err: ErrForeignState}, "foreign_state"},
 		{&StateError{KVKey: "k", Err: ErrStateTooLarge}, "state_too_large"},
 		{ErrClockOutOfRange, "clock_out_of_range"},
+		{fmt.Errorf("%w: acquisition refused", ErrClockSkew), "clock_skew"},
 		{ErrRevisionConflict, "revision_conflict"},
 		{ErrBucketNotFound, "bucket_not_found"},
 		{ErrPermission, "permission_denied"},
