@@ -11,14 +11,21 @@ package jobkeys
 //
 //	go test -run '^$' -bench 'BenchmarkCeiling' -benchtime 2s -count 1 .
 //
-// The rows (ratios mean something only against B0 of the same run):
+// Each row X runs as X/base then X/row: base is the baseline B0 (or P0
+// for the P rows) just before the row, as other load on the machine
+// drifts; only row/base ratios mean anything.
 //
-//	B0-1worker           3 kv.Update per cycle on the last revision, a real state's size
+//	B0                   3 kv.Update per cycle on the last revision, a real state's size
 //	B1-watch-Nconns      the protocol below, every connection watching the key
 //	B2-wake-Nconns       the protocol without watches, targeted wake-ups
 //	B3-1worker+15watch-* B0 beside 15 idle connections watching the same key or another
-//	P*-…procs            B0, B1, B2 and B3 with each worker (or idle watcher) a separate OS
+//	P0, P*-…procs        B0, B1, B2 and B3 with each worker (or idle watcher) a separate OS
 //	                     process: the test binary re-executed (TestCeilingChild)
+//
+// cpu-µs/cycle is the CPU time (user+system) the server and every client
+// used per cycle (the benchmark process, and its children for the P rows):
+// 2 cores can run at most 2e6 / cpu-µs/cycle cycles per second, however
+// quiet the machine.
 //
 // The protocol's state is {"active": job|null, "queue": [jobs]}: admit
 // appends the job (CAS), the queue's head acquires when no job is active
@@ -42,6 +49,7 @@ import (
 	"strings"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"testing"
 	"time"
 
@@ -126,6 +134,7 @@ type ceilStats struct {
 	FallbackReads int       `json:"fallback_reads"` // reads after an owed wake-up did not come
 	Wakes         int       `json:"wakes"`          // wake-ups published
 	Deliveries    int       `json:"deliveries"`     // watch entries or wake-ups received
+	CPU           int64     `json:"cpu_ns"`         // child process: its CPU time (user+system) over the run
 	Runs          []ceilRun `json:"runs"`
 }
 
@@ -138,6 +147,7 @@ func (s *ceilStats) add(o ceilStats) {
 	s.FallbackReads += o.FallbackReads
 	s.Wakes += o.Wakes
 	s.Deliveries += o.Deliveries
+	s.CPU += o.CPU
 	s.Runs = append(s.Runs, o.Runs...)
 }
 
@@ -669,21 +679,23 @@ func BenchmarkCeiling(b *testing.B) {
 		name string
 		row  ceilRow
 	}{
-		{"B0-1worker", ceilRow{mode: ceilRaw, workers: 1}},
 		{"B1-watch-1conn", ceilRow{mode: ceilWatch, workers: 1}},
 		{"B1-watch-16conns", ceilRow{mode: ceilWatch, workers: 16}},
 		{"B2-wake-1conn", ceilRow{mode: ceilWake, workers: 1}},
 		{"B2-wake-16conns", ceilRow{mode: ceilWake, workers: 16}},
 		{"B3-1worker+15watch-samekey", ceilRow{mode: ceilRaw, workers: 1, idle: 15, idleKey: ceilKey}},
 		{"B3-1worker+15watch-otherkey", ceilRow{mode: ceilRaw, workers: 1, idle: 15, idleKey: ceilOtherKey}},
-		{"P0-1proc", ceilRow{mode: ceilRaw, workers: 1, procs: true}},
 		{"P1-watch-16procs", ceilRow{mode: ceilWatch, workers: 16, procs: true}},
 		{"P2-wake-16procs", ceilRow{mode: ceilWake, workers: 16, procs: true}},
 		{"P3-1proc+15watch-samekey", ceilRow{mode: ceilRaw, workers: 1, idle: 15, idleKey: ceilKey, procs: true}},
-		{"B0-1worker-again", ceilRow{mode: ceilRaw, workers: 1}},
 	}
 	for _, r := range rows {
-		b.Run(r.name, func(b *testing.B) { benchCeilingRow(b, s, r.row, value) })
+		b.Run(r.name, func(b *testing.B) {
+			b.Run("base", func(b *testing.B) {
+				benchCeilingRow(b, s, ceilRow{mode: ceilRaw, workers: 1, procs: r.row.procs}, value)
+			})
+			b.Run("row", func(b *testing.B) { benchCeilingRow(b, s, r.row, value) })
+		})
 	}
 }
 
@@ -706,6 +718,7 @@ func benchCeilingRow(b *testing.B, s *server.Server, r ceilRow, value []byte) {
 	}
 	benchReportRate(b, "cycles/s")
 	n := float64(b.N)
+	b.ReportMetric(float64(total.CPU)/1e3/n, "cpu-µs/cycle")
 	b.ReportMetric(float64(total.Writes)/n, "writes/cycle")
 	b.ReportMetric(float64(total.Failed)/n, "failed-cas/cycle")
 	if r.mode == ceilWake {
@@ -751,6 +764,7 @@ func ceilRunInProcess(ctx context.Context, b *testing.B, specs []ceilSpec) ceilS
 	errs := make(chan error, len(workers))
 	var wg sync.WaitGroup
 	b.ReportAllocs()
+	cpu0 := ceilCPU(b)
 	b.ResetTimer()
 	for _, w := range workers {
 		if w.spec.Mode == ceilIdle {
@@ -765,6 +779,7 @@ func ceilRunInProcess(ctx context.Context, b *testing.B, specs []ceilSpec) ceilS
 	}
 	wg.Wait()
 	b.StopTimer()
+	cpu := ceilCPU(b) - cpu0
 	close(errs)
 	for err := range errs {
 		b.Error(err)
@@ -776,7 +791,15 @@ func ceilRunInProcess(ctx context.Context, b *testing.B, specs []ceilSpec) ceilS
 	for _, w := range workers {
 		total.add(w.stats)
 	}
+	total.CPU = int64(cpu)
 	return total
+}
+
+// ceilCPU returns the CPU time (user and system) the process has used.
+func ceilCPU(tb testing.TB) time.Duration {
+	var ru syscall.Rusage
+	require.NoError(tb, syscall.Getrusage(syscall.RUSAGE_SELF, &ru))
+	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
 }
 
 // ceilChildEnv carries a child process's spec (JSON).
@@ -849,6 +872,7 @@ func ceilRunProcs(ctx context.Context, b *testing.B, nc *nats.Conn, specs []ceil
 		}
 	}
 	b.ReportAllocs()
+	cpu0 := ceilCPU(b)
 	b.ResetTimer()
 	require.NoError(b, nc.Publish(prefix+".ctl", []byte("start")))
 	require.NoError(b, nc.Flush())
@@ -865,10 +889,19 @@ func ceilRunProcs(ctx context.Context, b *testing.B, nc *nats.Conn, specs []ceil
 		}
 	}
 	b.StopTimer()
+	cpu := ceilCPU(b) - cpu0
+	// The idle children report their CPU time once stopped.
+	require.NoError(b, nc.Publish(prefix+".ctl", []byte("stop")))
+	require.NoError(b, nc.Flush())
 	for _, c := range children {
 		if c.idle {
-			continue
+			err := <-c.done
+			c.done <- err
+			require.NoError(b, err)
 		}
+	}
+	total.CPU = int64(cpu)
+	for _, c := range children {
 		data, err := os.ReadFile(c.out)
 		require.NoError(b, err)
 		var st ceilStats
@@ -904,12 +937,14 @@ func TestCeilingChild(t *testing.T) {
 	if string(m.Data) == "stop" {
 		return // the benchmark failed before the start
 	}
+	cpu0 := ceilCPU(t)
 	if sp.Mode == ceilIdle {
 		_, err = cmds.NextMsg(10 * time.Minute)
 		require.NoError(t, err, "the stop")
-		return
+	} else {
+		require.NoError(t, w.run(ctx))
 	}
-	require.NoError(t, w.run(ctx))
+	w.stats.CPU = int64(ceilCPU(t) - cpu0)
 	data, err := json.Marshal(w.stats)
 	require.NoError(t, err)
 	require.NoError(t, os.WriteFile(sp.Out, data, 0o600))
