@@ -18,7 +18,8 @@ package jobkeys
 //	B0                   3 kv.Update per cycle on the last revision, a real state's size
 //	B1-watch-Nconns      the protocol below, every connection watching the key
 //	B2-wake-Nconns       the protocol without watches, targeted wake-ups
-//	B3-1worker+15watch-* B0 beside 15 idle connections watching the same key or another
+//	B3-1worker+15watch-* B0 beside 15 idle connections watching the same key (values or
+//	                     headers only) or another key
 //	P0, P*-…procs        B0, B1, B2 and B3 with each worker (or idle watcher) a separate OS
 //	                     process: the test binary re-executed (TestCeilingChild)
 //
@@ -161,6 +162,8 @@ type ceilSpec struct {
 	Cycles int      `json:"cycles"`
 	Wakes  string   `json:"wakes"` // subject prefix of the wake-ups; worker i listens on Wakes.i
 	Value  []byte   `json:"value"` // ceilRaw: the value written
+	// MetaOnly makes an idle worker's watch deliver headers only.
+	MetaOnly bool `json:"meta_only,omitempty"`
 	// Child process only: the subject the child says it is ready on, the
 	// subject it is started ("start") and stopped ("stop") on, and the
 	// file it writes its stats to.
@@ -257,7 +260,11 @@ func (w *ceilWorker) prepare(ctx context.Context) error {
 		}
 		w.stats.Reads = 0
 	case ceilIdle:
-		if w.watch, err = w.kv.Watch(ctx, w.spec.Key, jetstream.UpdatesOnly()); err != nil {
+		opts := []jetstream.WatchOpt{jetstream.UpdatesOnly()}
+		if w.spec.MetaOnly {
+			opts = append(opts, jetstream.MetaOnly())
+		}
+		if w.watch, err = w.kv.Watch(ctx, w.spec.Key, opts...); err != nil {
 			return err
 		}
 		w.idle = make(chan struct{})
@@ -647,13 +654,15 @@ func ceilBucket(b *testing.B, js jetstream.JetStream, value []byte) string {
 }
 
 // ceilRow describes a row: workers workers of mode, idle idle watchers of
-// idleKey; procs runs each of them as a child process.
+// idleKey (headers only when metaOnly); procs runs each of them as a child
+// process.
 type ceilRow struct {
-	mode    ceilMode
-	workers int
-	idle    int
-	idleKey string
-	procs   bool
+	mode     ceilMode
+	workers  int
+	idle     int
+	idleKey  string
+	metaOnly bool
+	procs    bool
 }
 
 func (r ceilRow) specs(url, bucket, wakes string, n int, value []byte) []ceilSpec {
@@ -666,7 +675,7 @@ func (r ceilRow) specs(url, bucket, wakes string, n int, value []byte) []ceilSpe
 		specs = append(specs, ceilSpec{URL: url, Bucket: bucket, Key: ceilKey, Mode: r.mode, ID: i, Cycles: c, Wakes: wakes, Value: value})
 	}
 	for i := range r.idle {
-		specs = append(specs, ceilSpec{URL: url, Bucket: bucket, Key: r.idleKey, Mode: ceilIdle, ID: r.workers + i})
+		specs = append(specs, ceilSpec{URL: url, Bucket: bucket, Key: r.idleKey, Mode: ceilIdle, ID: r.workers + i, MetaOnly: r.metaOnly})
 	}
 	return specs
 }
@@ -680,11 +689,16 @@ func BenchmarkCeiling(b *testing.B) {
 		row  ceilRow
 	}{
 		{"B1-watch-1conn", ceilRow{mode: ceilWatch, workers: 1}},
+		{"B1-watch-4conns", ceilRow{mode: ceilWatch, workers: 4}},
+		{"B1-watch-8conns", ceilRow{mode: ceilWatch, workers: 8}},
 		{"B1-watch-16conns", ceilRow{mode: ceilWatch, workers: 16}},
 		{"B2-wake-1conn", ceilRow{mode: ceilWake, workers: 1}},
 		{"B2-wake-16conns", ceilRow{mode: ceilWake, workers: 16}},
 		{"B3-1worker+15watch-samekey", ceilRow{mode: ceilRaw, workers: 1, idle: 15, idleKey: ceilKey}},
+		{"B3-1worker+15watch-samekey-metaonly", ceilRow{mode: ceilRaw, workers: 1, idle: 15, idleKey: ceilKey, metaOnly: true}},
 		{"B3-1worker+15watch-otherkey", ceilRow{mode: ceilRaw, workers: 1, idle: 15, idleKey: ceilOtherKey}},
+		{"P1-watch-4procs", ceilRow{mode: ceilWatch, workers: 4, procs: true}},
+		{"P1-watch-8procs", ceilRow{mode: ceilWatch, workers: 8, procs: true}},
 		{"P1-watch-16procs", ceilRow{mode: ceilWatch, workers: 16, procs: true}},
 		{"P2-wake-16procs", ceilRow{mode: ceilWake, workers: 16, procs: true}},
 		{"P3-1proc+15watch-samekey", ceilRow{mode: ceilRaw, workers: 1, idle: 15, idleKey: ceilKey, procs: true}},
