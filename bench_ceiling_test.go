@@ -18,6 +18,8 @@ package jobkeys
 //	B0                   3 kv.Update per cycle on the last revision, a real state's size
 //	B1-watch-Nconns      the protocol below, every connection watching the key
 //	B2-wake-Nconns       the protocol without watches, targeted wake-ups
+//	*-pipelined          each worker admits its next job while it holds the slot, so no
+//	                     admission races the next job's acquisition
 //	B3-1worker+15watch-* B0 beside 15 idle connections watching the same key (values or
 //	                     headers only) or another key
 //	P0, P*-…procs        B0, B1, B2 and B3 with each worker (or idle watcher) a separate OS
@@ -162,6 +164,8 @@ type ceilSpec struct {
 	Cycles int      `json:"cycles"`
 	Wakes  string   `json:"wakes"` // subject prefix of the wake-ups; worker i listens on Wakes.i
 	Value  []byte   `json:"value"` // ceilRaw: the value written
+	// Pipelined makes a worker admit its next job while it holds the slot.
+	Pipelined bool `json:"pipelined,omitempty"`
 	// MetaOnly makes an idle worker's watch deliver headers only.
 	MetaOnly bool `json:"meta_only,omitempty"`
 	// Child process only: the subject the child says it is ready on, the
@@ -317,12 +321,7 @@ func (w *ceilWorker) run(ctx context.Context) error {
 	case ceilRaw:
 		err = w.runRaw(ctx)
 	case ceilWatch, ceilWake:
-		for c := range w.spec.Cycles {
-			if err = w.cycle(ctx, ceilJob(w.spec.ID, c)); err != nil {
-				break
-			}
-			w.stats.Cycles++
-		}
+		err = w.runCycles(ctx)
 	}
 	if err != nil {
 		return fmt.Errorf("ceiling: worker %d (%s): %w", w.spec.ID, w.spec.Mode, err)
@@ -517,10 +516,44 @@ func (w *ceilWorker) write(ctx context.Context, st ceilState, job string) (lost 
 	return false, nil
 }
 
-// cycle admits job, waits for its turn, acquires and releases the slot.
-func (w *ceilWorker) cycle(ctx context.Context, job string) error {
-	// Admit: append on the known revision; a lost race waits for the next
-	// delivery (watch) or reads the key (wake-ups).
+// runCycles does the worker's cycles: admit a job, wait for its turn,
+// acquire, release. Pipelined, the worker admits its next job while it
+// holds the slot, before releasing it.
+func (w *ceilWorker) runCycles(ctx context.Context) error {
+	n := w.spec.Cycles
+	if w.spec.Pipelined && n > 0 {
+		if err := w.admit(ctx, ceilJob(w.spec.ID, 0)); err != nil {
+			return err
+		}
+	}
+	for c := range n {
+		job := ceilJob(w.spec.ID, c)
+		if !w.spec.Pipelined {
+			if err := w.admit(ctx, job); err != nil {
+				return err
+			}
+		}
+		run, err := w.acquire(ctx, job)
+		if err != nil {
+			return err
+		}
+		// The job runs (does nothing).
+		if w.spec.Pipelined && c+1 < n {
+			if err := w.admit(ctx, ceilJob(w.spec.ID, c+1)); err != nil {
+				return err
+			}
+		}
+		if err := w.release(ctx, run); err != nil {
+			return err
+		}
+		w.stats.Cycles++
+	}
+	return nil
+}
+
+// admit appends job on the known revision; a lost race waits for the
+// next delivery (watch) or reads the key (wake-ups).
+func (w *ceilWorker) admit(ctx context.Context, job string) error {
 	for {
 		if slices.Contains(w.cur.st.Queue, job) || (w.cur.st.Active != nil && *w.cur.st.Active == job) {
 			return fmt.Errorf("job %s is in the state at revision %d before its admission", job, w.cur.rev)
@@ -543,39 +576,47 @@ func (w *ceilWorker) cycle(ctx context.Context, job string) error {
 		}
 	}
 	w.stats.Admitted++
+	return nil
+}
 
-	// Acquire when the slot is free and job heads the queue.
+// acquire waits until the slot is free and job heads the queue, and takes
+// the slot.
+func (w *ceilWorker) acquire(ctx context.Context, job string) (ceilRun, error) {
 	for {
 		st := w.cur.st
 		if !slices.Contains(st.Queue, job) {
-			return fmt.Errorf("job %s left the queue at revision %d without acquiring", job, w.cur.rev)
+			return ceilRun{}, fmt.Errorf("job %s left the queue at revision %d without acquiring", job, w.cur.rev)
 		}
 		if st.Active != nil || st.Queue[0] != job {
 			// Not this job's turn: wait for a change (a wake-up when its
 			// turn comes).
 			if err := w.awaitNewer(ctx, w.cur.rev, false); err != nil {
-				return fmt.Errorf("acquire %s: %w", job, err)
+				return ceilRun{}, fmt.Errorf("acquire %s: %w", job, err)
 			}
 			continue
 		}
 		lost, err := w.write(ctx, ceilState{Active: &job, Queue: st.Queue[1:]}, job)
 		if err != nil {
-			return fmt.Errorf("acquire %s: %w", job, err)
+			return ceilRun{}, fmt.Errorf("acquire %s: %w", job, err)
 		}
 		if !lost {
 			break
 		}
 		// Lost to an admission: its writer wakes this job again.
 		if err := w.awaitNewer(ctx, w.cur.rev, true); err != nil {
-			return fmt.Errorf("acquire %s: %w", job, err)
+			return ceilRun{}, fmt.Errorf("acquire %s: %w", job, err)
 		}
 	}
 	run := ceilRun{Job: job, Acquired: w.cur.rev}
 	if w.holder != nil && !w.holder.CompareAndSwap(0, int64(w.spec.ID)+1) {
-		return fmt.Errorf("job %s acquired at revision %d while worker %d holds the slot", job, w.cur.rev, w.holder.Load()-1)
+		return ceilRun{}, fmt.Errorf("job %s acquired at revision %d while worker %d holds the slot", job, w.cur.rev, w.holder.Load()-1)
 	}
+	return run, nil
+}
 
-	// The job runs (does nothing); release.
+// release gives up the slot run holds.
+func (w *ceilWorker) release(ctx context.Context, run ceilRun) error {
+	job := run.Job
 	if w.holder != nil && !w.holder.CompareAndSwap(int64(w.spec.ID)+1, 0) {
 		return fmt.Errorf("job %s releasing while worker %d holds the slot", job, w.holder.Load()-1)
 	}
@@ -663,6 +704,9 @@ type ceilRow struct {
 	idleKey  string
 	metaOnly bool
 	procs    bool
+	// pipelined: each worker admits its next job while holding the slot
+	// (no admission races the next acquisition).
+	pipelined bool
 }
 
 func (r ceilRow) specs(url, bucket, wakes string, n int, value []byte) []ceilSpec {
@@ -672,7 +716,7 @@ func (r ceilRow) specs(url, bucket, wakes string, n int, value []byte) []ceilSpe
 		if i < n%r.workers {
 			c++
 		}
-		specs = append(specs, ceilSpec{URL: url, Bucket: bucket, Key: ceilKey, Mode: r.mode, ID: i, Cycles: c, Wakes: wakes, Value: value})
+		specs = append(specs, ceilSpec{URL: url, Bucket: bucket, Key: ceilKey, Mode: r.mode, ID: i, Cycles: c, Wakes: wakes, Value: value, Pipelined: r.pipelined})
 	}
 	for i := range r.idle {
 		specs = append(specs, ceilSpec{URL: url, Bucket: bucket, Key: r.idleKey, Mode: ceilIdle, ID: r.workers + i, MetaOnly: r.metaOnly})
@@ -694,6 +738,8 @@ func BenchmarkCeiling(b *testing.B) {
 		{"B1-watch-16conns", ceilRow{mode: ceilWatch, workers: 16}},
 		{"B2-wake-1conn", ceilRow{mode: ceilWake, workers: 1}},
 		{"B2-wake-16conns", ceilRow{mode: ceilWake, workers: 16}},
+		{"B1-watch-16conns-pipelined", ceilRow{mode: ceilWatch, workers: 16, pipelined: true}},
+		{"B2-wake-16conns-pipelined", ceilRow{mode: ceilWake, workers: 16, pipelined: true}},
 		{"B3-1worker+15watch-samekey", ceilRow{mode: ceilRaw, workers: 1, idle: 15, idleKey: ceilKey}},
 		{"B3-1worker+15watch-samekey-metaonly", ceilRow{mode: ceilRaw, workers: 1, idle: 15, idleKey: ceilKey, metaOnly: true}},
 		{"B3-1worker+15watch-otherkey", ceilRow{mode: ceilRaw, workers: 1, idle: 15, idleKey: ceilOtherKey}},
@@ -701,6 +747,8 @@ func BenchmarkCeiling(b *testing.B) {
 		{"P1-watch-8procs", ceilRow{mode: ceilWatch, workers: 8, procs: true}},
 		{"P1-watch-16procs", ceilRow{mode: ceilWatch, workers: 16, procs: true}},
 		{"P2-wake-16procs", ceilRow{mode: ceilWake, workers: 16, procs: true}},
+		{"P1-watch-16procs-pipelined", ceilRow{mode: ceilWatch, workers: 16, procs: true, pipelined: true}},
+		{"P2-wake-16procs-pipelined", ceilRow{mode: ceilWake, workers: 16, procs: true, pipelined: true}},
 		{"P3-1proc+15watch-samekey", ceilRow{mode: ceilRaw, workers: 1, idle: 15, idleKey: ceilKey, procs: true}},
 	}
 	for _, r := range rows {
@@ -970,8 +1018,12 @@ func TestCeilingChild(t *testing.T) {
 func TestCeilingProtocols(t *testing.T) {
 	t.Parallel()
 	s := natstest.Run(t)
-	for _, mode := range []ceilMode{ceilWatch, ceilWake} {
-		t.Run(string(mode), func(t *testing.T) {
+	for _, tc := range []struct {
+		mode      ceilMode
+		pipelined bool
+	}{{ceilWatch, false}, {ceilWake, false}, {ceilWatch, true}, {ceilWake, true}} {
+		mode := tc.mode
+		t.Run(fmt.Sprintf("%s/pipelined=%v", mode, tc.pipelined), func(t *testing.T) {
 			ctx := context.Background()
 			_, js := natstest.Connect(t, s)
 			bucket := "CEILT_" + strconv.FormatInt(benchSeq.Add(1), 10)
@@ -983,15 +1035,21 @@ func TestCeilingProtocols(t *testing.T) {
 			var holder atomic.Int64
 			var ws []*ceilWorker
 			for i := range workers {
-				w, err := newCeilWorker(ctx, ceilSpec{URL: s.ClientURL(), Bucket: bucket, Key: ceilKey, Mode: mode, ID: i, Cycles: cycles, Wakes: "ceilt." + bucket}, &holder)
+				w, err := newCeilWorker(ctx, ceilSpec{URL: s.ClientURL(), Bucket: bucket, Key: ceilKey, Mode: mode, ID: i, Cycles: cycles, Wakes: "ceilt." + bucket, Pipelined: tc.pipelined}, &holder)
 				require.NoError(t, err)
 				t.Cleanup(w.close)
 				ws = append(ws, w)
 			}
 			var wg sync.WaitGroup
 			errs := make([]error, workers)
+			rctx, cancel := context.WithCancel(ctx)
+			defer cancel()
 			for i, w := range ws {
-				wg.Go(func() { errs[i] = w.run(ctx) })
+				wg.Go(func() {
+					if errs[i] = w.run(rctx); errs[i] != nil {
+						cancel() // the others would wait for this worker
+					}
+				})
 			}
 			wg.Wait()
 			var total ceilStats
