@@ -4,10 +4,12 @@ package jobkeys
 // coordination code, how fast n processes on their own connections can
 // cycle jobs through ONE key with MaxActive 1, for two wake-up designs:
 // every process watching the key (as jobkeys' Watcher does), and targeted
-// wake-ups (the writer that frees the slot tells the next job's process on
-// its own core NATS subject). It separates the protocol's limit from the
-// library's (issue 11). Each cycle is admit, acquire, release: three
-// compare-and-swap revisions of the key. Run it with:
+// wake-ups (a write that leaves the slot free with jobs queued sends the
+// revision and value to the queue head's process on its own core NATS
+// subject; a lost admission or release reads the key). It separates the
+// protocol's limit from the library's (issue 11). Each cycle is admit,
+// acquire, release: three compare-and-swap revisions of the key. Run it
+// with:
 //
 //	go test -run '^$' -bench 'BenchmarkCeiling' -benchtime 2s -count 1 .
 //
