@@ -244,6 +244,27 @@ func (t *keyTable) handoff(k string, st *KeyState, rev uint64) {
 	}
 }
 
+// prewake wakes, ahead of a write of k by this coordinator that would
+// leave the key at state st (revision rev), the waiters of this
+// coordinator on k the write frees slots for, in the order the Watchers
+// it hands its writes to would wake them on that change (see
+// Watcher.prewake), so that their acquisitions can join the write's batch
+// (see lane.linger). It returns how many it woke. Nothing is recorded of
+// st, which is not stored (yet): the write's hand-off, or its failure,
+// follows as without prewake. Call it holding k's lane, with no lock held;
+// st must not be modified.
+func (t *keyTable) prewake(k string, st *KeyState, rev uint64) int {
+	ws := t.feeds.Load()
+	if ws == nil {
+		return 0
+	}
+	n := 0
+	for _, w := range *ws {
+		n += w.prewake(k, t, st, rev, time.Now())
+	}
+	return n
+}
+
 // watched records a change of k delivered by its watch feed: its state at
 // rev (nil when deleted), or, when not ok, a value that is not the key's
 // state (the next operation reads it and reports why). Changes arrive in
