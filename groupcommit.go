@@ -35,6 +35,31 @@ package jobkeys
 // A batch that creates the key writes one state (a create needs no
 // batch: the next batch updates).
 //
+// A batch's holder may wait a little, holding the lane, for operations it
+// expects (it lingers), so that they join its write instead of waiting a
+// round trip for the next one:
+//
+//   - a batched write that frees slots of a key this process's Runners
+//     wait on first wakes the waiters it frees them for, by the state the
+//     batch leaves, as the write's hand-off would after it (prewake; only
+//     waiters of this coordinator whose turn it is), and waits for their
+//     acquisitions, which then reduce after the release, in the same
+//     write. Nothing of that unstored state is recorded: each waiter's
+//     outcome is its own reducer's in the batch, and a write that fails
+//     sends it back to its retry rules as any operation;
+//   - a batch that is no release, right after a batch that took a slot
+//     (whose handler may return at once), waits for one release.
+//
+// A linger ends as soon as what it waits for has queued, after at most a
+// fraction of a round trip (lingerBound), or when the holder's context
+// ends; lingers for a release that waited in vain make the next batches
+// skip theirs (see lingerForRelease). An operation that queues while the
+// holder lingers is taken as any waiting one (unless it read the key: it
+// starts the next batch), and one whose context ends there leaves the
+// queue with nothing applied. An operation alone on its key does not
+// linger: it has no waiter to wake, and the release of a slot it took
+// comes next.
+//
 // Where running operations together could give another outcome than the
 // serial run, they do not run together:
 //
@@ -107,14 +132,16 @@ type lane struct {
 	arrived     chan struct{}
 	timer       *time.Timer
 	// returns counts the slots the lane's latest batches acquired whose
-	// releases have not come through the lane yet: their handlers may
-	// return at once, and their releases join the next batch (see
-	// commitBatch). skip counts batches that will not linger for them
-	// after lingers that waited in vain, and misses those lingers in a
-	// row.
-	returns int
-	skip    int
-	misses  int
+	// releases have not come through the lane yet, and returnsAt is when
+	// the latest of those batches committed: their handlers may return at
+	// once, and their releases join the next batch (see lingerForRelease).
+	// skip counts batches that will not linger for them after lingers
+	// that waited in vain, and misses those lingers in a row. Only the
+	// holder uses them.
+	returns   int
+	returnsAt time.Time
+	skip      int
+	misses    int
 }
 
 // laneOp is one operation's turn at a key's lane.
@@ -240,20 +267,31 @@ func (l *lane) leave() {
 }
 
 // lingerBound bounds how long a batch's holder waits for the acquisitions
-// of the waiters it woke to join it (see linger): a fraction of a round
-// trip to the store (one costs 60-150 µs on the benchmarks' embedded
-// server), spent only when this process has waiters the batch frees slots
-// for.
+// of the waiters it woke, or for a release, to join it (see linger): a
+// fraction of a round trip to the store (one costs 60-150 µs on the
+// benchmarks' embedded server), spent only when this process has waiters
+// the batch frees slots for, or a slot it took just now. It is the
+// default of keyTable.lingerWake and lingerRelease.
 const lingerBound = 40 * time.Microsecond
 
-// linger waits, holding the lane, until want more operations of a kind
-// (lease: those of a lease, a release or renewal; else waiting
-// acquisitions, which trust the watch) have queued, or for at most bound,
-// or until ctx ends. It reports whether they did, and whether any
-// operation queued meanwhile: the holder takes it into its batch.
+// linger waits, holding the lane, until want operations of a kind (lease:
+// those of a lease, a release or renewal; else waiting acquisitions, which
+// trust the watch) are queued, counting those queued already (since the
+// holder took its batch), or for at most bound, or until ctx ends. It
+// reports whether they are, and whether any operation is queued: the
+// holder takes it into its batch.
 func (l *lane) linger(ctx context.Context, lease bool, want int, bound time.Duration) (met, arrived bool) {
 	l.mu.Lock()
 	before := len(l.queue)
+	for _, op := range l.queue { // queued since the holder took its batch
+		if (op.rt.lease != nil) == lease && (lease || op.trust) {
+			want--
+		}
+	}
+	if want <= 0 {
+		l.mu.Unlock()
+		return true, before > 0
+	}
 	if l.arrived == nil {
 		l.arrived = make(chan struct{}, 1)
 		l.timer = time.NewTimer(bound)
@@ -283,47 +321,50 @@ func (l *lane) linger(ctx context.Context, lease bool, want int, bound time.Dura
 	if p := laneProbe.Load(); p != nil && p.linger != nil {
 		p.linger(l, lease, met, time.Since(start))
 	}
-	return met, len(l.queue) > before
+	return met, len(l.queue) > 0
 }
 
 // lingerMaxSkip bounds the batches that do not linger for releases after
 // lingers that waited for one in vain.
 const lingerMaxSkip = 64
 
+// releaseSoon is how long, in lingers for a release (bound), after a
+// batch that acquired slots their releases count as coming soon (see
+// lingerForRelease): the handlers that return at once have returned by
+// then.
+const releaseSoon = 4
+
 // lingerForRelease lingers, for the holder of a batch that is no release,
-// for one release to join it, when the lane's latest batches acquired
-// slots whose releases have not come yet (see returns). Lingers that wait
-// in vain (the handlers run on) make the next batches skip theirs, twice
-// as many after each, up to lingerMaxSkip: a key whose handlers take
-// their time pays for a linger rarely.
-func (l *lane) lingerForRelease(ctx context.Context) {
-	if l.returns == 0 {
-		return
+// for one release to join it for at most bound, when the lane's latest
+// batch, less than releaseSoon bounds ago, acquired slots whose releases
+// have not come yet (see returns). It reports whether it lingered.
+// Lingers that wait in vain (the handlers run on) make the next batches
+// skip theirs, twice as many after each, up to lingerMaxSkip: a key whose
+// handlers take their time pays for a linger rarely.
+func (l *lane) lingerForRelease(ctx context.Context, bound time.Duration) bool {
+	if l.returns == 0 || time.Since(l.returnsAt) >= releaseSoon*bound {
+		return false
 	}
 	if l.skip > 0 {
 		l.skip--
-		return
+		return false
 	}
-	l.mu.Lock()
-	for _, op := range l.queue {
-		if op.rt.lease != nil {
-			l.mu.Unlock()
-			return // one is here
-		}
-	}
-	l.mu.Unlock()
-	if met, _ := l.linger(ctx, true, 1, lingerBound); met {
+	if met, _ := l.linger(ctx, true, 1, bound); met {
 		l.misses = 0
-		return
+		return true
 	}
 	l.skip = min(1<<l.misses, lingerMaxSkip)
 	l.misses = min(l.misses+1, 6)
+	return true
 }
 
 // returned records a committed batch that acquired slots and carried
 // leases operations (releases or renewals).
 func (l *lane) returned(acquired, leases int) {
 	l.returns = max(l.returns+acquired-leases, 0)
+	if acquired > 0 {
+		l.returnsAt = time.Now()
+	}
 }
 
 // take appends to ops, for the holder's batch, the operations waiting at
@@ -412,7 +453,9 @@ func (c *KeyCoordinator) commitBatch(e *keyEntry, key JobKey, lead *laneOp, buf 
 	ops := append(e.lane.batch[:0], lead)
 	if !lead.solo {
 		if lead.rt.lease == nil {
-			e.lane.lingerForRelease(lead.ctx)
+			if e.lane.lingerForRelease(lead.ctx, c.keys.lingerRelease) {
+				c.keys.lingers.Add(1)
+			}
 		}
 		ops = e.lane.take(ops)
 	}
@@ -514,11 +557,25 @@ func (c *KeyCoordinator) commitBatch(e *keyEntry, key JobKey, lead *laneOp, buf 
 		if woken == 0 {
 			break
 		}
-		if _, arrived := e.lane.linger(lead.ctx, false, woken, lingerBound); !arrived {
+		c.keys.lingers.Add(1)
+		if _, arrived := e.lane.linger(lead.ctx, false, woken, c.keys.lingerWake); !arrived {
 			break
 		}
 		from := len(ops)
 		ops = e.lane.take(ops)
+		for i := from; i < len(ops); i++ {
+			op := ops[i]
+			if op.r != nil {
+				// It read the key: the state it starts from may be newer
+				// than the batch's. It starts the next batch.
+				e.lane.putBack(ops[i:])
+				clear(ops[i:])
+				ops = ops[:i]
+				break
+			}
+			op.s, op.ok = e.begin(nil, c.keys.max > 0, op.rt.assumeAbsent, op.trust)
+			op.err, op.early, op.wrote = nil, false, nil
+		}
 		ended = reduceFrom(from)
 	}
 	if !writes {

@@ -35,6 +35,13 @@ type keyTable struct {
 	// (see Watcher.linked): its writes are handed to them (handoff).
 	// Replaced, never modified, under mu.
 	feeds atomic.Pointer[[]*Watcher]
+	// lingerWake and lingerRelease bound how long a batch's holder
+	// lingers for the acquisitions of the waiters it woke (prewake) and
+	// for a release (see lane.linger); lingerBound unless a test sets
+	// them before the table is used. lingers counts the lingers.
+	lingerWake    time.Duration
+	lingerRelease time.Duration
+	lingers       atomic.Int64
 }
 
 // keyEntry is one key's entry. users is guarded by keyTable.mu, the other
@@ -107,7 +114,7 @@ type revState struct {
 const windowMemory = 16
 
 func newKeyTable(size int) *keyTable {
-	return &keyTable{max: max(size, 0), entries: make(map[string]*keyEntry)}
+	return &keyTable{max: max(size, 0), entries: make(map[string]*keyEntry), lingerWake: lingerBound, lingerRelease: lingerBound}
 }
 
 // pin returns k's entry, creating it if needed, and keeps it in the
