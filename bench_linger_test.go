@@ -27,6 +27,28 @@ import (
 	"github.com/jobkeys/jobkeys/internal/natstest"
 )
 
+// BenchmarkLingerHotKey is the NATS/1worker row and the one-process
+// hot-key rows of BenchmarkCycle with the process's CPU time per cycle
+// (cpu-µs/cycle, user and system, the embedded server's included, and
+// each row's setup and warm-up too): on a machine too loaded for the
+// rows' latency to mean much, what a cycle costs.
+//
+//	go test -run '^$' -bench BenchmarkLingerHotKey -benchtime 2s .
+func BenchmarkLingerHotKey(b *testing.B) {
+	s := natstest.Run(b)
+	cpu := func(b *testing.B, run func()) {
+		cpu0 := benchProcessCPU(b)
+		run()
+		b.ReportMetric(float64((benchProcessCPU(b)-cpu0).Microseconds())/float64(b.N), "cpu-µs/cycle")
+	}
+	b.Run("NATS/1worker", func(b *testing.B) { cpu(b, func() { benchOneWorker(b, s) }) })
+	for _, n := range []int{16, 64} {
+		b.Run(fmt.Sprintf("NATS/%dworkers-1conn-1key-watcher", n), func(b *testing.B) {
+			cpu(b, func() { benchHotKey(b, s, n, 1) })
+		})
+	}
+}
+
 func BenchmarkLaneProbe(b *testing.B) {
 	if os.Getenv("JOBKEYS_LANE_TRACE") != "1" {
 		b.Skip("set JOBKEYS_LANE_TRACE=1 to run the lane probe")
