@@ -452,7 +452,8 @@ func (c *KeyCoordinator) commitBatch(e *keyEntry, key JobKey, lead *laneOp, buf 
 	}
 	ops := append(e.lane.batch[:0], lead)
 	if !lead.solo {
-		if lead.rt.lease == nil {
+		// A release can join only a batched write (one writer else).
+		if lead.rt.lease == nil && e.lane.returns > 0 && canBatch(c.store, key) {
 			if e.lane.lingerForRelease(lead.ctx, c.keys.lingerRelease) {
 				c.keys.lingers.Add(1)
 			}
@@ -717,6 +718,13 @@ func (c *KeyCoordinator) commitBatch(e *keyEntry, key JobKey, lead *laneOp, buf 
 		op.res = laneResult{s: op.startFrom(s), pause: pause}
 	}
 	return e.lane.deliver(ops, n)
+}
+
+// canBatch reports whether store writes successive states of key in one
+// step (see batchWriter).
+func canBatch(store Store, key JobKey) bool {
+	bw, ok := store.(batchWriter)
+	return ok && bw.batches(key.Service, key.KVKey)
 }
 
 // writeBatch writes the states of the writers among ops (op.wrote, in

@@ -325,3 +325,32 @@ func TestGroupCommitLingerAudit(t *testing.T) {
 	sum := auditCheck(t, entries, facts, func(string) (Policy, bool) { return jt.Policy(), true }, true)
 	t.Logf("%s; %d lingers", sum, c.keys.lingers.Load())
 }
+
+// TestGroupCommitNoLingerWithoutBatches: over a store that writes one
+// state per write, a batch carries one writer, so no release or woken
+// acquisition could join it: nothing lingers.
+func TestGroupCommitNoLingerWithoutBatches(t *testing.T) {
+	g := newLingerRig(t)
+	g.mem.batching = false
+	// Were they to linger, the operations would take a minute each.
+	g.c.keys.lingerWake, g.c.keys.lingerRelease = time.Minute, time.Minute
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	payload := benchPayload(0)
+	for _, id := range []string{"held", "next"} {
+		adm, err := g.jt.Admit(ctx, id, payload)
+		require.NoError(t, err)
+		require.Equal(t, KindAccepted, adm.Kind)
+	}
+	acq, err := g.jt.Acquire(ctx, "held", payload)
+	require.NoError(t, err)
+	require.Equal(t, KindAcquired, acq.Kind)
+	adm, err := g.jt.Admit(ctx, "later", payload) // right after an acquisition
+	require.NoError(t, err)
+	require.Equal(t, KindAccepted, adm.Kind)
+	rel, err := g.jt.Release(ctx, acq.Lease)
+	require.NoError(t, err)
+	require.Equal(t, KindReleased, rel.Kind)
+	assert.Zero(t, g.c.keys.lingers.Load(), "lingers")
+	assert.Zero(t, g.store.groups.Load(), "batched writes")
+}
