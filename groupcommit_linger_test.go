@@ -67,6 +67,7 @@ func (g *lingerRig) writes() int64 { return g.store.singles.Load() + g.store.gro
 // acquisition joins the release's batch: one write of two revisions, the
 // release's and the acquisition's.
 func TestGroupCommitPrewakeJoinsRelease(t *testing.T) {
+	t.Parallel()
 	g := newLingerRig(t)
 	g.c.keys.lingerWake = time.Minute // ends when the woken acquisition arrives
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
@@ -109,6 +110,7 @@ func TestGroupCommitPrewakeJoinsRelease(t *testing.T) {
 // through a Runner with a Watcher and through the coordinator's methods,
 // never linger: no other operation of the process is expected on the key.
 func TestGroupCommitLoneOperationNeverLingers(t *testing.T) {
+	t.Parallel()
 	g := newLingerRig(t)
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
@@ -182,6 +184,7 @@ func laneLingering(e *keyEntry) (bool, int) {
 // an admission that queued during the linger and whose context ended
 // there leaves with its context's error and nothing applied.
 func TestGroupCommitLingerForRelease(t *testing.T) {
+	t.Parallel()
 	g := newLingerRig(t)
 	g.c.keys.lingerRelease = time.Minute // ends when the release arrives
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
@@ -239,6 +242,7 @@ func TestGroupCommitLingerForRelease(t *testing.T) {
 // slot vanishes only by its release, a queued job leaves only by taking a
 // slot), the handlers never overlap, and every job ran once.
 func TestGroupCommitLingerAudit(t *testing.T) {
+	t.Parallel()
 	s := natstest.Run(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 	defer cancel()
@@ -330,6 +334,7 @@ func TestGroupCommitLingerAudit(t *testing.T) {
 // state per write, a batch carries one writer, so no release or woken
 // acquisition could join it: nothing lingers.
 func TestGroupCommitNoLingerWithoutBatches(t *testing.T) {
+	t.Parallel()
 	g := newLingerRig(t)
 	g.mem.batching = false
 	// Were they to linger, the operations would take a minute each.
