@@ -35,6 +35,31 @@ package jobkeys
 // A batch that creates the key writes one state (a create needs no
 // batch: the next batch updates).
 //
+// A batch's holder may wait a little, holding the lane, for operations it
+// expects (it lingers), so that they join its write instead of waiting a
+// round trip for the next one:
+//
+//   - a batched write that frees slots of a key this process's Runners
+//     wait on first wakes the waiters it frees them for, by the state the
+//     batch leaves, as the write's hand-off would after it (prewake; only
+//     waiters of this coordinator whose turn it is), and waits for their
+//     acquisitions, which then reduce after the release, in the same
+//     write. Nothing of that unstored state is recorded: each waiter's
+//     outcome is its own reducer's in the batch, and a write that fails
+//     sends it back to its retry rules as any operation;
+//   - a batch that is no release, right after a batch that took a slot
+//     (whose handler may return at once), waits for one release.
+//
+// A linger ends as soon as what it waits for has queued, after at most a
+// fraction of a round trip (lingerBound), or when the holder's context
+// ends; lingers for a release that waited in vain make the next batches
+// skip theirs (see lingerForRelease). An operation that queues while the
+// holder lingers is taken as any waiting one (unless it read the key: it
+// starts the next batch), and one whose context ends there leaves the
+// queue with nothing applied. An operation alone on its key does not
+// linger: it has no waiter to wake, and the release of a slot it took
+// comes next.
+//
 // Where running operations together could give another outcome than the
 // serial run, they do not run together:
 //
@@ -98,6 +123,25 @@ type lane struct {
 	// states of a batched write (writeBatch).
 	values [][]byte
 	ends   []int
+	// While the holder lingers (see linger), arrived receives a signal
+	// once lingerFor more operations of the kind it waits for (lingerLease:
+	// a lease's, else waiting acquisitions) have queued.
+	lingering   bool
+	lingerLease bool
+	lingerFor   int
+	arrived     chan struct{}
+	timer       *time.Timer
+	// returns counts the slots the lane's latest batches acquired whose
+	// releases have not come through the lane yet, and returnsAt is when
+	// the latest of those batches committed: their handlers may return at
+	// once, and their releases join the next batch (see lingerForRelease).
+	// skip counts batches that will not linger for them after lingers
+	// that waited in vain, and misses those lingers in a row. Only the
+	// holder uses them.
+	returns   int
+	returnsAt time.Time
+	skip      int
+	misses    int
 }
 
 // laneOp is one operation's turn at a key's lane.
@@ -141,6 +185,19 @@ func (op *laneOp) free() {
 	laneOps.Put(op)
 }
 
+// laneProbe, when set (by diagnostics only: see bench_linger_test.go), is
+// told of every operation's arrival at a lane, under the lane's lock (busy:
+// it queues), of every batch that writes, once taken and reduced (ops, of
+// which writers write), and of the end of its write.
+var laneProbe atomic.Pointer[laneProbes]
+
+type laneProbes struct {
+	arrive  func(l *lane, op *laneOp, busy bool)
+	batch   func(l *lane, ops []*laneOp, writers int)
+	written func(l *lane, err error)
+	linger  func(l *lane, lease, met bool, d time.Duration)
+}
+
 // laneResult is the result of an operation's turn, for run.
 type laneResult struct {
 	s     start // the state the turn's attempt started from
@@ -157,6 +214,9 @@ type laneResult struct {
 // for that batch's result, which is its outcome.
 func (l *lane) enter(op *laneOp) (lead bool, err error) {
 	l.mu.Lock()
+	if p := laneProbe.Load(); p != nil {
+		p.arrive(l, op, l.busy)
+	}
 	if !l.busy {
 		l.busy = true
 		l.mu.Unlock()
@@ -164,6 +224,12 @@ func (l *lane) enter(op *laneOp) (lead bool, err error) {
 	}
 	op.handed = false
 	l.queue = append(l.queue, op)
+	if l.lingering && (op.rt.lease != nil) == l.lingerLease && (l.lingerLease || op.trust) {
+		if l.lingerFor--; l.lingerFor == 0 {
+			l.lingering = false
+			l.arrived <- struct{}{}
+		}
+	}
 	l.mu.Unlock()
 	select {
 	case <-op.wake:
@@ -198,6 +264,107 @@ func (l *lane) leave() {
 	next.handed = true
 	l.mu.Unlock()
 	next.wake <- struct{}{}
+}
+
+// lingerBound bounds how long a batch's holder waits for the acquisitions
+// of the waiters it woke, or for a release, to join it (see linger): a
+// fraction of a round trip to the store (one costs 60-150 µs on the
+// benchmarks' embedded server), spent only when this process has waiters
+// the batch frees slots for, or a slot it took just now. It is the
+// default of keyTable.lingerWake and lingerRelease.
+const lingerBound = 40 * time.Microsecond
+
+// linger waits, holding the lane, until want operations of a kind (lease:
+// those of a lease, a release or renewal; else waiting acquisitions, which
+// trust the watch) are queued, counting those queued already (since the
+// holder took its batch), or for at most bound, or until ctx ends. It
+// reports whether they are, and whether any operation is queued: the
+// holder takes it into its batch.
+func (l *lane) linger(ctx context.Context, lease bool, want int, bound time.Duration) (met, arrived bool) {
+	l.mu.Lock()
+	before := len(l.queue)
+	for _, op := range l.queue { // queued since the holder took its batch
+		if (op.rt.lease != nil) == lease && (lease || op.trust) {
+			want--
+		}
+	}
+	if want <= 0 {
+		l.mu.Unlock()
+		return true, before > 0
+	}
+	if l.arrived == nil {
+		l.arrived = make(chan struct{}, 1)
+		l.timer = time.NewTimer(bound)
+	} else {
+		l.timer.Reset(bound)
+	}
+	l.lingering, l.lingerLease, l.lingerFor = true, lease, want
+	l.mu.Unlock()
+	start := time.Now()
+	select {
+	case <-l.arrived:
+	case <-l.timer.C:
+	case <-ctx.Done():
+	}
+	l.timer.Stop()
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.lingering {
+		l.lingering = false
+	} else {
+		met = true
+		select { // signalled after the timer fired or ctx ended
+		case <-l.arrived:
+		default:
+		}
+	}
+	if p := laneProbe.Load(); p != nil && p.linger != nil {
+		p.linger(l, lease, met, time.Since(start))
+	}
+	return met, len(l.queue) > 0
+}
+
+// lingerMaxSkip bounds the batches that do not linger for releases after
+// lingers that waited for one in vain.
+const lingerMaxSkip = 64
+
+// releaseSoon is how long, in lingers for a release (bound), after a
+// batch that acquired slots their releases count as coming soon (see
+// lingerForRelease): the handlers that return at once have returned by
+// then.
+const releaseSoon = 4
+
+// lingerForRelease lingers, for the holder of a batch that is no release,
+// for one release to join it for at most bound, when the lane's latest
+// batch, less than releaseSoon bounds ago, acquired slots whose releases
+// have not come yet (see returns). It reports whether it lingered.
+// Lingers that wait in vain (the handlers run on) make the next batches
+// skip theirs, twice as many after each, up to lingerMaxSkip: a key whose
+// handlers take their time pays for a linger rarely.
+func (l *lane) lingerForRelease(ctx context.Context, bound time.Duration) bool {
+	if l.returns == 0 || time.Since(l.returnsAt) >= releaseSoon*bound {
+		return false
+	}
+	if l.skip > 0 {
+		l.skip--
+		return false
+	}
+	if met, _ := l.linger(ctx, true, 1, bound); met {
+		l.misses = 0
+		return true
+	}
+	l.skip = min(1<<l.misses, lingerMaxSkip)
+	l.misses = min(l.misses+1, 6)
+	return true
+}
+
+// returned records a committed batch that acquired slots and carried
+// leases operations (releases or renewals).
+func (l *lane) returned(acquired, leases int) {
+	l.returns = max(l.returns+acquired-leases, 0)
+	if acquired > 0 {
+		l.returnsAt = time.Now()
+	}
 }
 
 // take appends to ops, for the holder's batch, the operations waiting at
@@ -285,6 +452,12 @@ func (c *KeyCoordinator) commitBatch(e *keyEntry, key JobKey, lead *laneOp, buf 
 	}
 	ops := append(e.lane.batch[:0], lead)
 	if !lead.solo {
+		// A release can join only a batched write (one writer else).
+		if lead.rt.lease == nil && e.lane.returns > 0 && canBatch(c.store, key) {
+			if e.lane.lingerForRelease(lead.ctx, c.keys.lingerRelease) {
+				c.keys.lingers.Add(1)
+			}
+		}
 		ops = e.lane.take(ops)
 	}
 	defer func() {
@@ -321,49 +494,90 @@ func (c *KeyCoordinator) commitBatch(e *keyEntry, key JobKey, lead *laneOp, buf 
 	}
 	// Reduce in order, each from the state the one before produced.
 	n := len(ops)
-	cur, writes, writers := s.state, false, 0
+	cur, writes, writers, acquired := s.state, false, 0, 0
 	var encoded *KeyState // the state *buf holds
-	for i, op := range ops {
-		next := op.reduce(cur, c.cfg.Now())
-		if writesNothing(next, cur) {
-			// Ahead of every write, on state verified for it, the outcome
-			// is final now, as it would be alone.
-			if i > 0 && !writes {
-				if st := op.startFrom(s); st.verified {
-					op.res, op.early = laneResult{s: st, done: true}, true
+	// reduceFrom reduces ops[from:]; it reports whether the batch ended
+	// before the last of them (n is then where it ended).
+	reduceFrom := func(from int) bool {
+		n = len(ops)
+		for i := from; i < len(ops); i++ {
+			op := ops[i]
+			next := op.reduce(cur, c.cfg.Now())
+			if writesNothing(next, cur) {
+				// Ahead of every write, on state verified for it, the outcome
+				// is final now, as it would be alone.
+				if i > 0 && !writes {
+					if st := op.startFrom(s); st.verified {
+						op.res, op.early = laneResult{s: st, done: true}, true
+					}
 				}
+				continue
 			}
-			continue
-		}
-		if writers == maxWriters {
-			n = i // one writer too many: it starts the next batch
-			break
-		}
-		if next.Empty() {
-			if writes && s.state == nil {
-				n = i // the key was never stored: the batch creates it, the next one deletes it
-				break
+			if writers == maxWriters {
+				n = i // one writer too many: it starts the next batch
+				return true
 			}
-			cur, writes, n = next, true, i+1 // a delete ends the batch
-			op.wrote = next
-			writers++
-			break
-		}
-		if err := checkTimes(key.KVKey, next, c.cfg.Now); err != nil {
-			op.err = err
-			continue
-		}
-		if cur == nil || len(next.Queued) > len(cur.Queued) {
-			c.encode(buf, next)
-			encoded = next
-			if err := c.checkRoom(op.ctx, key, next, len(*buf)); err != nil {
+			if next.Empty() {
+				if writes && s.state == nil {
+					n = i // the key was never stored: the batch creates it, the next one deletes it
+					return true
+				}
+				cur, writes, n = next, true, i+1 // a delete ends the batch
+				op.wrote = next
+				writers++
+				return true
+			}
+			if err := checkTimes(key.KVKey, next, c.cfg.Now); err != nil {
 				op.err = err
 				continue
 			}
+			if cur == nil || len(next.Queued) > len(cur.Queued) {
+				c.encode(buf, next)
+				encoded = next
+				if err := c.checkRoom(op.ctx, key, next, len(*buf)); err != nil {
+					op.err = err
+					continue
+				}
+			}
+			if cur != nil && len(next.Active) > len(cur.Active) || cur == nil && len(next.Active) > 0 {
+				acquired++ // a slot taken: its handler's release may come soon
+			}
+			cur, writes = next, true
+			op.wrote = next
+			writers++
 		}
-		cur, writes = next, true
-		op.wrote = next
-		writers++
+		return false
+	}
+	ended := reduceFrom(0)
+	// A batched write that frees slots wakes this process's waiters it
+	// frees them for now, and waits a little for their acquisitions to
+	// join it (see linger).
+	for !ended && batched && writes && writers < maxWriters && !lead.solo && len(ops) < groupCommitMax &&
+		s.state != nil && len(cur.Active) < len(s.state.Active) {
+		woken := c.keys.prewake(key.KVKey, cur, s.rev+uint64(writers))
+		if woken == 0 {
+			break
+		}
+		c.keys.lingers.Add(1)
+		if _, arrived := e.lane.linger(lead.ctx, false, woken, c.keys.lingerWake); !arrived {
+			break
+		}
+		from := len(ops)
+		ops = e.lane.take(ops)
+		for i := from; i < len(ops); i++ {
+			op := ops[i]
+			if op.r != nil {
+				// It read the key: the state it starts from may be newer
+				// than the batch's. It starts the next batch.
+				e.lane.putBack(ops[i:])
+				clear(ops[i:])
+				ops = ops[:i]
+				break
+			}
+			op.s, op.ok = e.begin(nil, c.keys.max > 0, op.rt.assumeAbsent, op.trust)
+			op.err, op.early, op.wrote = nil, false, nil
+		}
+		ended = reduceFrom(from)
 	}
 	if !writes {
 		for _, op := range ops[:n] {
@@ -392,6 +606,9 @@ func (c *KeyCoordinator) commitBatch(e *keyEntry, key JobKey, lead *laneOp, buf 
 	clear(ops[k:])
 	ops, n = ops[:k], n-early
 
+	if p := laneProbe.Load(); p != nil {
+		p.batch(&e.lane, ops[:n], writers)
+	}
 	wctx := lead.ctx
 	if n > 1 {
 		b := newBatchContext(ops[:n])
@@ -427,9 +644,19 @@ func (c *KeyCoordinator) commitBatch(e *keyEntry, key JobKey, lead *laneOp, buf 
 		}
 		e.written()
 	}
+	if p := laneProbe.Load(); p != nil {
+		p.written(&e.lane, err)
+	}
 	if err == nil {
 		e.commit(final, rev, c.cfg.RetryBackoff)
 		c.keys.handoff(key.KVKey, final, rev) // wake this process's waiters now, not at the watch's echo (nothing for a delete)
+		leases := 0
+		for _, op := range ops[:n] {
+			if op.rt.lease != nil {
+				leases++
+			}
+		}
+		e.lane.returned(acquired, leases)
 		for _, op := range ops[:n] {
 			op.res = laneResult{s: start{state: s.state, rev: s.rev, verified: true}, done: op.err == nil, err: op.err}
 		}
@@ -491,6 +718,13 @@ func (c *KeyCoordinator) commitBatch(e *keyEntry, key JobKey, lead *laneOp, buf 
 		op.res = laneResult{s: op.startFrom(s), pause: pause}
 	}
 	return e.lane.deliver(ops, n)
+}
+
+// canBatch reports whether store writes successive states of key in one
+// step (see batchWriter).
+func canBatch(store Store, key JobKey) bool {
+	bw, ok := store.(batchWriter)
+	return ok && bw.batches(key.Service, key.KVKey)
 }
 
 // writeBatch writes the states of the writers among ops (op.wrote, in

@@ -35,6 +35,13 @@ type keyTable struct {
 	// (see Watcher.linked): its writes are handed to them (handoff).
 	// Replaced, never modified, under mu.
 	feeds atomic.Pointer[[]*Watcher]
+	// lingerWake and lingerRelease bound how long a batch's holder
+	// lingers for the acquisitions of the waiters it woke (prewake) and
+	// for a release (see lane.linger); lingerBound unless a test sets
+	// them before the table is used. lingers counts the lingers.
+	lingerWake    time.Duration
+	lingerRelease time.Duration
+	lingers       atomic.Int64
 }
 
 // keyEntry is one key's entry. users is guarded by keyTable.mu, the other
@@ -107,7 +114,7 @@ type revState struct {
 const windowMemory = 16
 
 func newKeyTable(size int) *keyTable {
-	return &keyTable{max: max(size, 0), entries: make(map[string]*keyEntry)}
+	return &keyTable{max: max(size, 0), entries: make(map[string]*keyEntry), lingerWake: lingerBound, lingerRelease: lingerBound}
 }
 
 // pin returns k's entry, creating it if needed, and keeps it in the
@@ -242,6 +249,27 @@ func (t *keyTable) handoff(k string, st *KeyState, rev uint64) {
 	for _, w := range *ws {
 		w.handoff(k, st, rev)
 	}
+}
+
+// prewake wakes, ahead of a write of k by this coordinator that would
+// leave the key at state st (revision rev), the waiters of this
+// coordinator on k the write frees slots for, in the order the Watchers
+// it hands its writes to would wake them on that change (see
+// Watcher.prewake), so that their acquisitions can join the write's batch
+// (see lane.linger). It returns how many it woke. Nothing is recorded of
+// st, which is not stored (yet): the write's hand-off, or its failure,
+// follows as without prewake. Call it holding k's lane, with no lock held;
+// st must not be modified.
+func (t *keyTable) prewake(k string, st *KeyState, rev uint64) int {
+	ws := t.feeds.Load()
+	if ws == nil {
+		return 0
+	}
+	n := 0
+	for _, w := range *ws {
+		n += w.prewake(k, t, st, rev, time.Now())
+	}
+	return n
 }
 
 // watched records a change of k delivered by its watch feed: its state at
