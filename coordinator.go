@@ -536,8 +536,10 @@ func (c *KeyCoordinator) run(ctx context.Context, key JobKey, rt retry, reduce f
 		// MaxRetryBackoff, while the write it lost to is a watch hop away.
 		// Each of its retries follows another writer's success, so the
 		// key still makes progress.
+		//
 		// A create lost on the absence the feed delivered is not paused
-		// for either: it was a guess, which never is.
+		// for either: it was made on a guess, and a failed write on a
+		// guess never is.
 		fed := e.fed()
 		watchAnswers := createLost || fed && (rt.lease != nil || wt != nil && wt.trustWatch)
 		if rt.lease != nil {
