@@ -18,6 +18,7 @@ import (
 	mrand "math/rand/v2"
 	"os"
 	"runtime"
+	"slices"
 	"strconv"
 	"sync"
 	"sync/atomic"
@@ -187,6 +188,10 @@ func benchHotKey(b *testing.B, s *server.Server, n, conns int) {
 	}
 	procs := map[*benchConn]proc{}
 	order := newBenchOrder()
+	// admits[w] are worker w's Admit call durations: how long an
+	// admission takes on the hot key (a process starved by another that
+	// keeps winning shows in the tail).
+	admits := make([][]time.Duration, n)
 	procConns := benchParallelConns(b, s, n, conns, "cycles/s", func(ctx context.Context, w *benchConn, worker int) func(int) error {
 		p, ok := procs[w]
 		if !ok {
@@ -201,7 +206,9 @@ func benchHotKey(b *testing.B, s *server.Server, n, conns int) {
 			procs[w] = p
 		}
 		cycle := func(jobID string) error {
+			began := time.Now()
 			adm, err := p.jt.Admit(ctx, jobID, payload)
+			admits[worker] = append(admits[worker], time.Since(began))
 			if err != nil {
 				return fmt.Errorf("admit %s: %w", jobID, err)
 			}
@@ -235,6 +242,9 @@ func benchHotKey(b *testing.B, s *server.Server, n, conns int) {
 			c.totals.writes.Store(0)
 		}
 		order.reset()
+		for w := range admits {
+			admits[w] = admits[w][:0] // not the warm-up's
+		}
 	})
 	var reads, writes int64
 	for _, c := range procConns {
@@ -245,6 +255,14 @@ func benchHotKey(b *testing.B, s *server.Server, n, conns int) {
 	b.ReportMetric(float64(writes)/float64(b.N), "writes/cycle")
 	b.ReportMetric(float64(contention.Load()), "contention-errors")
 	b.ReportMetric(float64(order.outOfOrder)/float64(b.N), "out-of-order/cycle")
+	if all := slices.Concat(admits...); len(all) > 0 {
+		slices.Sort(all)
+		at := func(q float64) float64 {
+			return float64(all[min(len(all)-1, int(q*float64(len(all))))].Nanoseconds()) / 1e3
+		}
+		b.ReportMetric(at(0.5), "admit-p50-µs")
+		b.ReportMetric(at(0.99), "admit-p99-µs")
+	}
 }
 
 // benchOrder counts the starts of a hot key's jobs that came out of queue

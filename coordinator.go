@@ -441,7 +441,16 @@ type retry struct {
 // guess that turns out stale costs one failed write and a read, and is not
 // a lost race; a failed write on state this operation read is, and is
 // followed by a pause drawn from the key's backoff window (see
-// keyEntry.lose).
+// keyEntry.lose). An outcome that writes nothing on a guess, or on state
+// only the watch feed vouches for, is confirmed by a read at once.
+//
+// On a key a Watcher feeds to the coordinator (keyEntry.fed), a lost race
+// is answered by the watch's delivery of the write that won: the next
+// attempt starts from it, without a read (after the pause, for operations
+// that pause). So is a create made on the key's absence the feed
+// delivered, which, when it fails, lost to another process's create: it
+// counts as a lost race but is not paused for, as a stale guess is not
+// (see watchretry.go).
 //
 // Writes hold the key's lane, reads do not: an operation that only needs to
 // look (an acquisition that finds every slot taken) never waits for this
@@ -492,6 +501,7 @@ func (c *KeyCoordinator) run(ctx context.Context, key JobKey, rt retry, reduce f
 			r = &read{state: st, rev: rev, mark: mark, feed: feed}
 		}
 		op.r = r
+		view := e.view()
 		res, err := c.turn(e, key, op, buf)
 		if err != nil {
 			return err
@@ -504,8 +514,16 @@ func (c *KeyCoordinator) run(ctx context.Context, key JobKey, rt retry, reduce f
 			return res.err
 		}
 		readNext = true
-		if !s.verified && !s.watched {
-			continue // a stale guess, not a lost race: read and try again
+		// A create of this operation's (op.wrote: the batch's holder sets
+		// it) on the absence the feed delivered lost to another
+		// process's create, which the feed delivers next.
+		createLost := op.wrote != nil && s.state == nil && view.absent && c.keys.max > 0 && e.fed()
+		if !createLost && !s.verified && (!s.watched || op.wrote == nil) {
+			// A stale guess, not a lost race: read and try again. So is an
+			// outcome that writes nothing on state the feed delivered,
+			// which may be stale (only a waiter trusts it): the read
+			// confirms it.
+			continue
 		}
 		lost++
 		// A waiter's lost race is answered by the write that won it, which
@@ -518,8 +536,12 @@ func (c *KeyCoordinator) run(ctx context.Context, key JobKey, rt retry, reduce f
 		// MaxRetryBackoff, while the write it lost to is a watch hop away.
 		// Each of its retries follows another writer's success, so the
 		// key still makes progress.
+		//
+		// A create lost on the absence the feed delivered is not paused
+		// for either: it was made on a guess, and a failed write on a
+		// guess never is.
 		fed := e.fed()
-		watchAnswers := fed && (rt.lease != nil || wt != nil && wt.trustWatch)
+		watchAnswers := createLost || fed && (rt.lease != nil || wt != nil && wt.trustWatch)
 		if rt.lease != nil {
 			if until := leaseEnd(s.state, *rt.lease); !c.cfg.Now().Before(until) {
 				return fmt.Errorf("%w: KV key %q: job %q lost %d compare-and-swap races to concurrent writers until its lease expired at %s",
@@ -541,7 +563,13 @@ func (c *KeyCoordinator) run(ctx context.Context, key JobKey, rt retry, reduce f
 				return err
 			}
 		}
-		if fed && e.awaitChange(ctx, s.rev, watchFallback) {
+		if createLost {
+			if e.awaitCreated(ctx, view.delivered, watchFallback) {
+				// The watch delivered the create that won: start from
+				// it, without a read.
+				r, readNext = nil, false
+			}
+		} else if fed && e.awaitChange(ctx, s.rev, watchFallback) {
 			// The watch delivered what the write lost to: start from
 			// it, without a read.
 			r, readNext = nil, false

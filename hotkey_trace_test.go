@@ -251,12 +251,18 @@ func TestHotKeyTrace(t *testing.T) {
 
 	noop := func(context.Context, Lease) error { return nil }
 	var waitedMu sync.Mutex
-	var waited []time.Duration // each Run's RunResult.Waited
+	var waited []time.Duration   // each Run's RunResult.Waited
+	var admitted []time.Duration // each Admit call's duration
 	cycle := func(p proc, jobID string) error {
+		began := time.Now()
 		adm, err := p.jt.Admit(context.WithValue(ctx, hotWhatKey{}, "admit"), jobID, payload)
 		if err != nil {
 			return err
 		}
+		took := time.Since(began)
+		waitedMu.Lock()
+		admitted = append(admitted, took)
+		waitedMu.Unlock()
 		if adm.Kind != KindAccepted {
 			return fmt.Errorf("admit %s: %s %s", jobID, adm.Kind, adm.Reason)
 		}
@@ -348,7 +354,9 @@ func TestHotKeyTrace(t *testing.T) {
 
 	waitedMu.Lock()
 	waited = waited[procs:] // not the warmups
+	admitted = admitted[procs:]
 	waitedMu.Unlock()
+	t.Logf("Admit call: %s", hotDist(admitted))
 	t.Logf("Run's wait for its slot (RunResult.Waited): %s", hotDist(waited))
 	hotReport(t, procs, cycles, elapsed, revs, log.calls)
 }

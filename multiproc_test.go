@@ -7,6 +7,7 @@ package jobkeys
 import (
 	"context"
 	"errors"
+	"fmt"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -20,12 +21,14 @@ import (
 	"github.com/stretchr/testify/require"
 )
 
-// raceHookStore runs a hook, once armed, before the next Update or Delete it
-// is given: another process's write slipped in just before this one.
+// raceHookStore runs a hook, once armed, before the next Create, Update or
+// Delete it is given: another process's write slipped in just before this
+// one. It counts its reads and its lost compare-and-swaps.
 type raceHookStore struct {
 	Store
 	hook      atomic.Pointer[func()]
-	conflicts atomic.Int64 // Updates and Deletes that lost their compare-and-swap
+	conflicts atomic.Int64 // Creates, Updates and Deletes that lost their compare-and-swap
+	reads     atomic.Int64 // Gets
 }
 
 func (s *raceHookStore) count(err error) {
@@ -42,6 +45,18 @@ func (s *raceHookStore) before() {
 	if h := s.hook.Swap(nil); h != nil {
 		(*h)()
 	}
+}
+
+func (s *raceHookStore) Get(ctx context.Context, service, key string) ([]byte, uint64, error) {
+	s.reads.Add(1)
+	return s.Store.Get(ctx, service, key)
+}
+
+func (s *raceHookStore) Create(ctx context.Context, service, key string, value []byte) (uint64, error) {
+	s.before()
+	rev, err := s.Store.Create(ctx, service, key, value)
+	s.count(err)
+	return rev, err
 }
 
 func (s *raceHookStore) Update(ctx context.Context, service, key string, value []byte, revision uint64) (uint64, error) {
@@ -150,4 +165,196 @@ func TestReleaseLostRaceAnsweredByWatch(t *testing.T) {
 	if assert.Len(t, state.Queued, 1) {
 		assert.Equal(t, "o2", state.Queued[0].JobID, "the admission that won the race is kept")
 	}
+}
+
+// fedProcesses is two worker processes on one key: mine, whose store
+// hooks and counts (with a backoff window of an hour, so that any pause
+// by it outlasts the test), and other; mine's entry of the key is fed by
+// a waiter's subscription to its Watcher.
+type fedProcesses struct {
+	hs           *raceHookStore
+	mine, other  *workerProcess
+	key          JobKey
+	payload      []byte
+	service      string
+	subscription *Subscription
+}
+
+func newFedProcesses(t *testing.T) *fedProcesses {
+	t.Helper()
+	s := natstest.Run(t)
+	service := rtService()
+	policy := Policy{Key: benchPolicy.Key, MaxActive: 1, MaxQueuedPerKey: 8}
+	p := &fedProcesses{hs: &raceHookStore{}, payload: benchPayload(0), service: service}
+	p.mine = newWorkerProcess(t, s, service, policy, func(st Store) Store { p.hs.Store = st; return p.hs },
+		&Config{RetryBackoff: time.Hour, MaxRetryBackoff: time.Hour})
+	p.other = newWorkerProcess(t, s, service, policy, nil, nil)
+	p.key = mustKey(t, p.mine.jt, p.payload)
+	sub, err := p.mine.w.subscribeWaiter(context.Background(), service, p.key.KVKey, "nobody", policy.MaxActive, p.mine.coord.keys)
+	require.NoError(t, err)
+	t.Cleanup(sub.Close)
+	p.subscription = sub
+	return p
+}
+
+// entry returns mine's entry of the key.
+func (p *fedProcesses) entry(t *testing.T) *keyEntry {
+	t.Helper()
+	e := p.mine.coord.keys.entry(p.key.KVKey)
+	require.NotNil(t, e, "a fed key has an entry")
+	return e
+}
+
+// awaitFed waits until mine's entry holds, trusted, the key's stored
+// revision (or, with the key absent, its absence).
+func (p *fedProcesses) awaitFed(t *testing.T) {
+	t.Helper()
+	e := p.entry(t)
+	require.Eventually(t, func() bool {
+		_, rev, err := p.other.store.Get(context.Background(), p.service, p.key.KVKey)
+		e.mu.Lock()
+		defer e.mu.Unlock()
+		if errors.Is(err, ErrKeyNotFound) {
+			return e.watching > 0 && e.fresh && !e.known && e.watchRev > 0
+		}
+		return err == nil && e.trusted() && e.rev == rev
+	}, rtWait, time.Millisecond, "mine's entry is never fed the key's latest state")
+}
+
+// armOtherAdmits makes the other process admit jobID just before mine's
+// next write (see otherAdmits).
+func (p *fedProcesses) armOtherAdmits(t *testing.T, jobID string) {
+	hook := func() { p.otherAdmits(t, jobID) }
+	p.hs.hook.Store(&hook)
+}
+
+// otherAdmits has the other process admit jobID, then waits until mine's
+// feed has delivered that write (the write mine's is about to lose to),
+// so that a loaded machine's slow delivery does not send mine to a read
+// after watchFallback.
+func (p *fedProcesses) otherAdmits(t *testing.T, jobID string) {
+	ctx := context.Background()
+	adm, err := p.other.jt.Admit(ctx, jobID, p.payload)
+	assert.NoError(t, err)
+	assert.Equal(t, KindAccepted, adm.Kind)
+	assert.False(t, adm.AlreadyPresent)
+	_, rev, err := p.other.store.Get(ctx, p.service, p.key.KVKey)
+	assert.NoError(t, err)
+	e := p.mine.coord.keys.entry(p.key.KVKey)
+	assert.Eventually(t, func() bool {
+		e.mu.Lock()
+		defer e.mu.Unlock()
+		return e.watchRev >= rev
+	}, rtWait, time.Millisecond, "mine's feed never delivers the other's admission")
+}
+
+// queued returns the ids of the jobs queued on the key, read by the other
+// process.
+func (p *fedProcesses) queued(t *testing.T) []string {
+	t.Helper()
+	st, _, err := p.other.coord.read(context.Background(), p.key)
+	require.NoError(t, err)
+	require.NotNil(t, st)
+	var ids []string
+	for _, q := range st.Queued {
+		ids = append(ids, q.JobID)
+	}
+	return ids
+}
+
+// TestFedCreateLostToCreateStartsFromDelivery: the key emptied (deleted),
+// the delete delivered to mine's fed entry; mine's admission creates it
+// without a read and loses to the other process's create. It retries from
+// the watch's delivery of that create, not from a read (the old code read).
+func TestFedCreateLostToCreateStartsFromDelivery(t *testing.T) {
+	t.Parallel()
+	p := newFedProcesses(t)
+	ctx := context.Background()
+	_, err := p.other.jt.Admit(ctx, "o1", p.payload)
+	require.NoError(t, err)
+	acq, err := p.other.jt.Acquire(ctx, "o1", p.payload)
+	require.NoError(t, err)
+	require.Equal(t, KindAcquired, acq.Kind)
+	rel, err := p.other.jt.Release(ctx, acq.Lease)
+	require.NoError(t, err)
+	require.Equal(t, KindReleased, rel.Kind)
+	p.awaitFed(t) // absent, the delete delivered
+
+	p.armOtherAdmits(t, "o2")
+	reads := p.hs.reads.Load()
+	actx, cancel := context.WithTimeout(ctx, rtWait)
+	defer cancel()
+	adm, err := p.mine.jt.Admit(actx, "m1", p.payload)
+	require.NoError(t, err)
+	assert.Equal(t, KindAccepted, adm.Kind)
+	assert.Equal(t, int64(1), p.hs.conflicts.Load(), "one create lost to the other's: the test did not test it, or the retry lost again")
+	assert.Equal(t, reads, p.hs.reads.Load(), "the retry started from the watch's delivery of the other's create, not a read")
+	assert.Equal(t, []string{"o2", "m1"}, p.queued(t))
+}
+
+// TestFedAdmitAlreadyPresentReadsAtOnce: an admission of a job already
+// queued, on a key its watch feeds, finds it queued in the fed state,
+// which writes nothing and may be stale, so it reads to confirm: at once,
+// with no pause (the old code took that outcome for a lost race and
+// paused by the key's window, an hour here).
+func TestFedAdmitAlreadyPresentReadsAtOnce(t *testing.T) {
+	t.Parallel()
+	p := newFedProcesses(t)
+	_, err := p.other.jt.Admit(context.Background(), "o1", p.payload)
+	require.NoError(t, err)
+	p.awaitFed(t)
+
+	reads := p.hs.reads.Load()
+	ctx, cancel := context.WithTimeout(context.Background(), rtWait)
+	defer cancel()
+	adm, err := p.mine.jt.Admit(ctx, "o1", p.payload)
+	require.NoError(t, err, "the admission paused instead of reading")
+	assert.Equal(t, KindAccepted, adm.Kind)
+	assert.True(t, adm.AlreadyPresent)
+	assert.Equal(t, reads+1, p.hs.reads.Load(), "one read confirms the outcome")
+	assert.Zero(t, p.hs.conflicts.Load())
+}
+
+// TestFedAdmitMaxAttempts: on a key its watch feeds, an admission whose
+// every write loses to another process's still fails with ErrContention
+// after Config.MaxAttempts lost races, each retried from the watch's
+// delivery of the write that won, with no read.
+func TestFedAdmitMaxAttempts(t *testing.T) {
+	t.Parallel()
+	const attempts = 8
+	s := natstest.Run(t)
+	service := rtService()
+	policy := Policy{Key: benchPolicy.Key, MaxActive: 1, MaxQueuedPerKey: 4 * attempts}
+	payload := benchPayload(0)
+	hs := &raceHookStore{}
+	mine := newWorkerProcess(t, s, service, policy, func(st Store) Store { hs.Store = st; return hs },
+		&Config{MaxAttempts: attempts, RetryBackoff: time.Millisecond, MaxRetryBackoff: 2 * time.Millisecond})
+	other := newWorkerProcess(t, s, service, policy, nil, nil)
+	key := mustKey(t, mine.jt, payload)
+	sub, err := mine.w.subscribeWaiter(context.Background(), service, key.KVKey, "nobody", policy.MaxActive, mine.coord.keys)
+	require.NoError(t, err)
+	defer sub.Close()
+	p := &fedProcesses{hs: hs, mine: mine, other: other, key: key, payload: payload, service: service}
+	_, err = other.jt.Admit(context.Background(), "o0", payload)
+	require.NoError(t, err)
+	p.awaitFed(t)
+
+	// Before each of mine's writes, the other process admits a job.
+	var n atomic.Int64
+	var hook func()
+	hook = func() {
+		p.otherAdmits(t, fmt.Sprintf("o%d", n.Add(1)))
+		hs.hook.Store(&hook)
+	}
+	hs.hook.Store(&hook)
+	defer hs.hook.Store(nil)
+	reads := hs.reads.Load()
+	ctx, cancel := context.WithTimeout(context.Background(), rtWait)
+	defer cancel()
+	_, err = mine.jt.Admit(ctx, "m1", payload)
+	require.ErrorIs(t, err, ErrContention)
+	assert.ErrorContains(t, err, fmt.Sprintf("%d compare-and-swap attempts lost", attempts))
+	assert.Equal(t, int64(attempts), hs.conflicts.Load(), "one write per attempt")
+	assert.Equal(t, reads, hs.reads.Load(), "every retry started from the watch's delivery, not a read")
+	assert.NotContains(t, p.queued(t), "m1")
 }

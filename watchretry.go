@@ -1,0 +1,58 @@
+package jobkeys
+
+import (
+	"context"
+	"time"
+)
+
+// Retries answered by the watch (issue 11). On a key a Watcher feeds to the
+// coordinator (keyEntry.fed), a create that fails on the key's absence the
+// feed delivered (its delete) lost to another process's create, which the
+// feed delivers next: the operation starts its next attempt from that
+// delivery rather than a read. See KeyCoordinator.run. This file holds what
+// run needs of the key entry for that.
+
+// feedView is what an attempt knew of its key's watch feed when it began
+// (keyEntry.view).
+type feedView struct {
+	// delivered is the latest revision the feed had delivered.
+	delivered uint64
+	// absent says the fed entry held the key as absent (the feed delivered
+	// its delete, and nothing stored since): an admission creates it, and
+	// a create that fails lost to another process's create.
+	absent bool
+}
+
+// view returns what e's watch feed has delivered, for an attempt about to
+// begin.
+func (e *keyEntry) view() feedView {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	return feedView{delivered: e.watchRev, absent: e.watching > 0 && e.fresh && !e.known}
+}
+
+// present reports whether e holds the key's state (not its absence).
+func (e *keyEntry) present() bool {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	return e.known
+}
+
+// awaitCreated waits, for at most bound, until e's watch feed delivers a
+// revision after base and e holds the key's state: the create that won
+// over one of this coordinator's, made after the feed had delivered base.
+// A delete delivered meanwhile (this coordinator's own, say, whose
+// revision it does not know) is not that create. It reports whether the
+// create came.
+func (e *keyEntry) awaitCreated(ctx context.Context, base uint64, bound time.Duration) bool {
+	end := time.Now().Add(bound)
+	for {
+		if !e.awaitChange(ctx, base, time.Until(end)) {
+			return false
+		}
+		if e.present() {
+			return true
+		}
+		base = e.view().delivered
+	}
+}
