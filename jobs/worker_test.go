@@ -780,34 +780,8 @@ func (k *gatedKeys) Update(ctx context.Context, service, key string, value []byt
 // starting a handler it then cancels at the end of the grace.
 func TestClientStopDuringSlotAcquisitionDoesNotStart(t *testing.T) {
 	t.Parallel()
-	env := newRuntimeEnv(t)
-	_, js := natstest.Connect(t, env.srv)
-	st, err := jobs.NewNATSStore(js, nil, jobs.WithBucket(env.bucket), jobs.WithCreateBucket(jetstream.MemoryStorage, 1))
-	require.NoError(t, err)
-	ks, err := jobkeys.NewNATSStore(js, jobkeys.WithCreateBuckets(jetstream.MemoryStorage, 1))
-	require.NoError(t, err)
-	keys := &gatedKeys{NATSStore: ks, entered: make(chan struct{}), release: make(chan struct{})}
-	coord, err := jobkeys.NewCoordinator(keys, nil)
-	require.NoError(t, err)
-	cfg := fastConfig
-	cfg.KeyStore, cfg.Service, cfg.ReconcileInterval = keys, env.service, -1
-	c, err := jobs.NewClient(st, coord, &cfg)
-	require.NoError(t, err)
-	var runs atomic.Int64
-	require.NoError(t, jobs.Register(c, jobs.Kind[docIn, docOut]{
-		Type: "gate", Policy: quickPolicy,
-		Work: func(ctx context.Context, run *jobs.Run, in docIn) (docOut, error) { runs.Add(1); return docOut{}, nil },
-	}))
-	ctx := context.Background()
-	_, err = c.Enqueue(ctx, enqueueReq("gate", "j1", "t", "d"))
-	require.NoError(t, err)
-	keys.armed.Store(true)
-	require.NoError(t, c.Start(ctx))
-	select {
-	case <-keys.entered:
-	case <-time.After(30 * time.Second):
-		t.Fatal("the slot was never acquired")
-	}
+	g := startGatedJob(t)
+	c, keys, runs, ctx := g.c, g.keys, &g.runs, context.Background()
 	stopped := make(chan error, 1)
 	go func() { stopped <- c.Stop(ctx) }()
 	time.Sleep(100 * time.Millisecond) // Stop has begun
@@ -953,35 +927,10 @@ func TestClientSettleRetriesWhileClaimHolds(t *testing.T) {
 // stays paused.
 func TestClientPausedDuringSlotAcquisitionDoesNotStart(t *testing.T) {
 	t.Parallel()
-	env := newRuntimeEnv(t)
-	_, js := natstest.Connect(t, env.srv)
-	st, err := jobs.NewNATSStore(js, nil, jobs.WithBucket(env.bucket), jobs.WithCreateBucket(jetstream.MemoryStorage, 1))
-	require.NoError(t, err)
-	ks, err := jobkeys.NewNATSStore(js, jobkeys.WithCreateBuckets(jetstream.MemoryStorage, 1))
-	require.NoError(t, err)
-	keys := &gatedKeys{NATSStore: ks, entered: make(chan struct{}), release: make(chan struct{})}
-	coord, err := jobkeys.NewCoordinator(keys, nil)
-	require.NoError(t, err)
-	cfg := fastConfig
-	cfg.KeyStore, cfg.Service, cfg.ReconcileInterval = keys, env.service, -1
-	c, err := jobs.NewClient(st, coord, &cfg)
-	require.NoError(t, err)
-	defer func() { assert.NoError(t, c.Stop(context.Background())) }()
-	var runs atomic.Int64
-	require.NoError(t, jobs.Register(c, jobs.Kind[docIn, docOut]{
-		Type: "gate", Policy: quickPolicy,
-		Work: func(ctx context.Context, run *jobs.Run, in docIn) (docOut, error) { runs.Add(1); return docOut{}, nil },
-	}))
-	ctx := context.Background()
-	_, err = c.Enqueue(ctx, enqueueReq("gate", "j1", "t", "d"))
-	require.NoError(t, err)
-	keys.armed.Store(true)
-	require.NoError(t, c.Start(ctx))
-	select {
-	case <-keys.entered:
-	case <-time.After(30 * time.Second):
-		t.Fatal("the slot was never acquired")
-	}
+	g := startGatedJob(t)
+	defer func() { assert.NoError(t, g.c.Stop(context.Background())) }()
+	c, keys, runs, ctx := g.c, g.keys, &g.runs, context.Background()
+	env, ks, coord := g.env, g.ks, g.coord
 	d, err := c.Get(ctx, "ch", "j1")
 	require.NoError(t, err)
 	require.Equal(t, jobs.StateRunning, d.Job.State)
@@ -1042,4 +991,53 @@ func TestClientResultTheStoreRefusesIsAFailure(t *testing.T) {
 	assert.Equal(t, 1, j.Failures)
 	assert.Contains(t, j.Reason, "max_payload")
 	assert.Equal(t, int64(1), runs.Load())
+}
+
+// gatedJob is a client whose key store holds job j1's slot acquisition at
+// the gate (gatedKeys) until the test closes keys.release.
+type gatedJob struct {
+	env   *runtimeEnv
+	ks    *jobkeys.NATSStore
+	keys  *gatedKeys
+	coord *jobkeys.KeyCoordinator
+	c     *jobs.Client
+	runs  atomic.Int64 // handler runs of kind "gate"
+}
+
+// startGatedJob starts a client with kind "gate", enqueues j1 and returns
+// once j1's slot acquisition has reached the gate. The caller stops the
+// client.
+func startGatedJob(t *testing.T) *gatedJob {
+	t.Helper()
+	g := &gatedJob{env: newRuntimeEnv(t)}
+	_, js := natstest.Connect(t, g.env.srv)
+	st, err := jobs.NewNATSStore(js, nil, jobs.WithBucket(g.env.bucket), jobs.WithCreateBucket(jetstream.MemoryStorage, 1))
+	require.NoError(t, err)
+	g.ks, err = jobkeys.NewNATSStore(js, jobkeys.WithCreateBuckets(jetstream.MemoryStorage, 1))
+	require.NoError(t, err)
+	g.keys = &gatedKeys{NATSStore: g.ks, entered: make(chan struct{}), release: make(chan struct{})}
+	g.coord, err = jobkeys.NewCoordinator(g.keys, nil)
+	require.NoError(t, err)
+	cfg := fastConfig
+	cfg.KeyStore, cfg.Service, cfg.ReconcileInterval = g.keys, g.env.service, -1
+	g.c, err = jobs.NewClient(st, g.coord, &cfg)
+	require.NoError(t, err)
+	require.NoError(t, jobs.Register(g.c, jobs.Kind[docIn, docOut]{
+		Type: "gate", Policy: quickPolicy,
+		Work: func(ctx context.Context, run *jobs.Run, in docIn) (docOut, error) {
+			g.runs.Add(1)
+			return docOut{}, nil
+		},
+	}))
+	ctx := context.Background()
+	_, err = g.c.Enqueue(ctx, enqueueReq("gate", "j1", "t", "d"))
+	require.NoError(t, err)
+	g.keys.armed.Store(true)
+	require.NoError(t, g.c.Start(ctx))
+	select {
+	case <-g.keys.entered:
+	case <-time.After(30 * time.Second):
+		t.Fatal("the slot was never acquired")
+	}
+	return g
 }
