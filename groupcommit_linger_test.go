@@ -359,3 +359,105 @@ func TestGroupCommitNoLingerWithoutBatches(t *testing.T) {
 	assert.Zero(t, g.c.keys.lingers.Load(), "lingers")
 	assert.Zero(t, g.store.groups.Load(), "batched writes")
 }
+
+// TestGroupCommitLingerAuditTwoProcesses is TestGroupCommitLingerAudit
+// with two slots and two coordinators on their own connections, each with
+// its Watcher: a release prewakes only its own coordinator's waiters, and
+// stops at the first waiter of the other (which cannot join the batch),
+// while that one's jobs are queued ahead. Every revision passes the audit,
+// at most two handlers run at once, and every job runs once.
+func TestGroupCommitLingerAuditTwoProcesses(t *testing.T) {
+	t.Parallel()
+	s := natstest.Run(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+	defer cancel()
+	_, js := natstest.Connect(t, s)
+	const service = "lingeraudit2"
+	bucket := auditCreateBucket(t, ctx, js, service, 1, jetstream.MemoryStorage)
+	require.NoError(t, allowAtomicPublish(ctx, js, "KV_"+bucket))
+	policy := Policy{Key: benchPolicy.Key, MaxActive: 2, MaxQueuedPerKey: 64}
+	type proc struct {
+		c  *KeyCoordinator
+		jt *JobType
+		r  *Runner
+	}
+	var procs []proc
+	for range 2 {
+		_, pjs := natstest.Connect(t, s)
+		store, err := NewNATSStore(pjs)
+		require.NoError(t, err)
+		c, err := NewCoordinator(store, nil)
+		require.NoError(t, err)
+		w, err := NewWatcher(store)
+		require.NoError(t, err)
+		t.Cleanup(w.Close)
+		jt, err := c.JobType(service, benchJobType, policy)
+		require.NoError(t, err)
+		r, err := NewRunner(jt, &RunnerConfig{Watcher: w})
+		require.NoError(t, err)
+		procs = append(procs, proc{c: c, jt: jt, r: r})
+	}
+
+	const workers, cycles = 4, 20
+	payload := benchPayload(0)
+	var (
+		running, overlaps atomic.Int32
+		mu                sync.Mutex
+		tokens            = map[string]bool{}
+		ran               = map[string]int{}
+	)
+	var wg sync.WaitGroup
+	errs := make(chan error, 2*workers)
+	for p, pr := range procs {
+		for k := range workers {
+			wg.Go(func() {
+				for i := range cycles {
+					id := fmt.Sprintf("job-%d-%d-%d", p, k, i)
+					adm, err := pr.jt.Admit(ctx, id, payload)
+					if err == nil && adm.Kind != KindAccepted {
+						err = fmt.Errorf("admit %s: %s %s", id, adm.Kind, adm.Reason)
+					}
+					if err != nil {
+						errs <- err
+						return
+					}
+					res, err := pr.r.Run(ctx, id, payload, func(_ context.Context, l Lease) error {
+						if running.Add(1) > 2 {
+							overlaps.Add(1)
+						}
+						defer running.Add(-1)
+						mu.Lock()
+						ran[id]++
+						mu.Unlock()
+						return nil
+					})
+					if err == nil && res.Release != KindReleased {
+						err = fmt.Errorf("run %s: release %s", id, res.Release)
+					}
+					if err != nil {
+						errs <- fmt.Errorf("run %s: %w", id, err)
+						return
+					}
+					mu.Lock()
+					tokens[res.Lease.SlotToken] = true
+					mu.Unlock()
+				}
+			})
+		}
+	}
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		require.NoError(t, err)
+	}
+	assert.Zero(t, overlaps.Load(), "handlers that ran while two others held both slots")
+	assert.Len(t, ran, 2*workers*cycles)
+	for id, n := range ran {
+		assert.Equal(t, 1, n, "runs of %s", id)
+	}
+	facts := auditFacts{releaseCalled: tokens, acquiredTokens: tokens, removeCalled: map[string]bool{}, restoreCalled: map[string]bool{},
+		replacedReported: map[string]bool{}, staleReported: map[string]bool{}, uncertain: map[opKind]int{}}
+	entries := auditRead(t, ctx, js, bucket)
+	sum := auditCheck(t, entries, facts, func(string) (Policy, bool) { return procs[0].jt.Policy(), true }, true)
+	t.Logf("%s; %d and %d lingers", sum, procs[0].c.keys.lingers.Load(), procs[1].c.keys.lingers.Load())
+}

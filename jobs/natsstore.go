@@ -1036,7 +1036,7 @@ func (s *NATSStore) DeleteChannel(ctx context.Context, channelID string) error {
 		return nil // no channel has the empty id
 	}
 	if err := s.stream.Purge(ctx, jetstream.WithPurgeSubject(s.keys.channelFilter(channelID))); err != nil {
-		return s.unavailable(ctx, op, "purge channel "+channelID, err)
+		return s.unavailable(ctx, op, "purge channel "+channelID, err, s.purge)
 	}
 	return nil
 }

@@ -71,7 +71,7 @@ func (s *NATSStore) getOne(ctx context.Context, op, key string) (natsMsg, bool, 
 		return natsMsg{}, false, nil
 	}
 	if err != nil {
-		return natsMsg{}, false, s.unavailable(ctx, op, "read KV key "+strconv.Quote(key), err)
+		return natsMsg{}, false, s.unavailable(ctx, op, "read KV key "+strconv.Quote(key), err, s.directGet, s.msgGet)
 	}
 	if isNATSDeleted(m.Header) {
 		return natsMsg{}, false, nil
@@ -105,7 +105,7 @@ func (s *NATSStore) getFromLeader(ctx context.Context, op, subject string) (nats
 	}
 	reply, err := s.js.Conn().RequestWithContext(rctx, s.msgGet, req)
 	if err != nil {
-		return natsMsg{}, false, s.unavailable(ctx, op, "read "+subject+" from the stream leader", err)
+		return natsMsg{}, false, s.unavailable(ctx, op, "read "+subject+" from the stream leader", err, s.msgGet)
 	}
 	var resp natsMsgGetResponse
 	if err := json.Unmarshal(reply.Data, &resp); err != nil {
@@ -226,7 +226,7 @@ func (s *NATSStore) batchGet(ctx context.Context, op string, subjects []string, 
 	inbox, queue := replies.await(most + 2)
 	defer replies.release(queue)
 	if err := s.js.Conn().PublishRequest(s.directGet, inbox, body); err != nil {
-		return s.unavailable(ctx, op, fmt.Sprintf("batched read of %d subjects", len(subjects)), err)
+		return s.unavailable(ctx, op, fmt.Sprintf("batched read of %d subjects", len(subjects)), err, s.directGet)
 	}
 	// Every reply carries the number of matches still to come: they count
 	// down by one, so a reply lost on the way (a slow consumer) shows as a
@@ -237,7 +237,7 @@ func (s *NATSStore) batchGet(ctx context.Context, op string, subjects []string, 
 	for {
 		m, err := queue.take(rctx)
 		if err != nil {
-			return s.unavailable(ctx, op, fmt.Sprintf("batched read of %d subjects", len(subjects)), err)
+			return s.unavailable(ctx, op, fmt.Sprintf("batched read of %d subjects", len(subjects)), err, s.directGet)
 		}
 		np, npErr := strconv.ParseUint(m.Header.Get("Nats-Num-Pending"), 10, 64)
 		if len(m.Data) == 0 {
@@ -387,7 +387,7 @@ func (r *natsReplies) release(q *natsReplyQueue) {
 func (s *NATSStore) subjects(ctx context.Context, op, filter string) ([]string, uint64, error) {
 	info, err := s.stream.Info(ctx, jetstream.WithSubjectFilter(filter))
 	if err != nil {
-		return nil, 0, s.unavailable(ctx, op, "list "+filter, err)
+		return nil, 0, s.unavailable(ctx, op, "list "+filter, err, natsAPIPrefix(s.js.Options())+"STREAM.INFO."+s.streamName)
 	}
 	keys := make([]string, 0, len(info.State.Subjects))
 	for subj := range info.State.Subjects {
@@ -425,7 +425,7 @@ func (s *NATSStore) update(ctx context.Context, op, key string, value []byte, re
 	if jscas.IsConflict(err) {
 		return 0, true, nil
 	}
-	return 0, false, s.unavailable(ctx, op, "write KV key "+strconv.Quote(key), err)
+	return 0, false, s.unavailable(ctx, op, "write KV key "+strconv.Quote(key), err, s.keys.subject(key))
 }
 
 // casWrite is kv.Update(ctx, key, value, rev) without its per-call options
@@ -494,7 +494,7 @@ func (s *NATSStore) publishBatch(ctx context.Context, op string, msgs []natsBatc
 	if jscas.IsConflict(err) {
 		return 0, true, nil
 	}
-	return 0, false, s.unavailable(ctx, op, fmt.Sprintf("atomic batch of %d writes", len(msgs)), err)
+	return 0, false, s.unavailable(ctx, op, fmt.Sprintf("atomic batch of %d writes", len(msgs)), err, s.keys.prefix)
 }
 
 // dropActive removes key's active entry if it was written before revision

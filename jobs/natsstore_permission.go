@@ -13,26 +13,31 @@ import (
 
 // A NATS server refuses a publish or subscription the user may not make by
 // telling the connection's async error handler only (nats.go keeps it as
-// the connection's last error); the refused request itself times out. A
-// store call that times out while the connection's last error is a refusal
-// of one of the store's subjects fails naming that refusal
-// (jobkeys.ErrPermission), not as a bare timeout.
+// the connection's last error, until a reconnect); the refused request
+// itself times out. A store call that times out while the connection's
+// last error is a refusal of one of the subjects that call uses (or of the
+// connection's inbox, which every reply needs) fails naming that refusal
+// (jobkeys.ErrPermission), not as a bare timeout. A refusal of another
+// call's subject, even an older one of this store's, is not this call's
+// cause.
 
 // natsRefusalRe matches the server's violation messages (nats-server
 // client.go): `Permissions Violation for Publish to "subj"`, `… for
 // Subscription to "subj"`, `… for Publish with Reply of "subj"`.
 var natsRefusalRe = regexp.MustCompile(`Permissions Violation for (Publish to|Subscription to|Publish with Reply of) "([^"]+)"`)
 
-// unavailable is natsUnavailable for a call of s: a timeout behind which
-// the connection reports a refusal of one of the store's subjects wraps
+// unavailable is natsUnavailable for a call of s that published to the
+// subjects used (each a subject or the start of one: a refused subject
+// that contains it is the call's): a timeout behind which the connection
+// reports a refusal of one of them, or of the inbox, wraps
 // jobkeys.ErrPermission too, and names the subject. The timeout is the
 // store's own (the error wraps ErrUnavailable) or the caller's deadline
 // (it wraps ctx.Err()); a cancelled ctx's error is returned unchanged.
-func (s *NATSStore) unavailable(ctx context.Context, op, what string, err error) error {
+func (s *NATSStore) unavailable(ctx context.Context, op, what string, err error, used ...string) error {
 	if errors.Is(ctx.Err(), context.Canceled) {
 		return ctx.Err()
 	}
-	if refused, subject, ok := s.refusal(err); ok {
+	if refused, subject, ok := s.refusal(err, used); ok {
 		// The timeout is the caller's deadline (its error) or the store's
 		// own (ErrUnavailable, not matching context.DeadlineExceeded).
 		var base error = ErrUnavailable
@@ -46,10 +51,10 @@ func (s *NATSStore) unavailable(ctx context.Context, op, what string, err error)
 }
 
 // refusal returns the refusal the connection last reported when err is a
-// timeout and the refused subject is one the store uses: its stream's API
-// subjects, its bucket's keys (also behind an API prefix) or the
-// connection's inbox, which carries every reply.
-func (s *NATSStore) refusal(err error) (what, subject string, ok bool) {
+// timeout and the refused subject is the connection's inbox, which carries
+// every reply, or one of the subjects used by the call that timed out (a
+// refused subject containing one of them).
+func (s *NATSStore) refusal(err error, used []string) (what, subject string, ok bool) {
 	if !errors.Is(err, context.DeadlineExceeded) && !errors.Is(err, nats.ErrTimeout) {
 		return "", "", false
 	}
@@ -67,9 +72,9 @@ func (s *NATSStore) refusal(err error) (what, subject string, ok bool) {
 	if nc.Opts.InboxPrefix != "" {
 		inbox = nc.Opts.InboxPrefix + "."
 	}
-	ours := strings.HasPrefix(subject, inbox) || strings.Contains(subject, s.keys.prefix)
-	for tok := range strings.SplitSeq(subject, ".") {
-		ours = ours || tok == s.streamName
+	ours := strings.HasPrefix(subject, inbox)
+	for _, u := range used {
+		ours = ours || u != "" && strings.Contains(subject, u)
 	}
 	if !ours {
 		return "", "", false

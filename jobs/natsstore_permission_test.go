@@ -2,6 +2,7 @@ package jobs
 
 import (
 	"context"
+	"errors"
 	"strings"
 	"testing"
 	"time"
@@ -57,6 +58,7 @@ func TestNATSStoreNamesRefusedPermission(t *testing.T) {
 	dctx, cancel := context.WithTimeout(ctx, 300*time.Millisecond)
 	defer cancel()
 	_, err = st.Get(dctx, "ch", "j")
+	t.Logf("expired: %v", err)
 	require.ErrorIs(t, err, context.DeadlineExceeded)
 	require.ErrorIs(t, err, jobkeys.ErrPermission, "%v", err)
 
@@ -64,4 +66,66 @@ func TestNATSStoreNamesRefusedPermission(t *testing.T) {
 	require.ErrorIs(t, err, jobkeys.ErrPermission, "%v", err)
 	assert.Contains(t, err.Error(), "$JS.API.DIRECT.GET.KV_JOBS_PERM")
 	assert.Equal(t, "permission_denied", errorClass(err), "the metrics' error.type")
+}
+
+// TestNATSStoreStaleRefusalNamesNoOtherCall is the regression test for a
+// refusal that outlived its call: nats.go keeps the connection's last
+// error until a reconnect, so once one call was refused (here a purge the
+// worker may not make), every later timeout of any other call (here a read
+// behind an expired deadline, which the worker may make) wrapped
+// jobkeys.ErrPermission and named the old refused subject, counted as
+// permission_denied. A refusal now names only a call whose own subjects it
+// refused (or the inbox, which every reply needs).
+func TestNATSStoreStaleRefusalNamesNoOtherCall(t *testing.T) {
+	t.Parallel()
+	srv := natstest.RunWith(t, natstest.Options{Configure: func(o *server.Options) {
+		o.Users = append(o.Users, &server.User{Username: "admin", Password: "admin"},
+			&server.User{Username: "worker", Password: "worker", Permissions: &server.Permissions{
+				Publish: &server.SubjectPermission{Allow: []string{"$KV.>", "$JS.API.INFO",
+					"$JS.API.STREAM.INFO.>", "$JS.API.STREAM.MSG.GET.>", "$JS.API.DIRECT.GET.>"}},
+				Subscribe: &server.SubjectPermission{Allow: []string{"_INBOX.>"}},
+			}})
+	}})
+	hostPort := strings.TrimPrefix(srv.ClientURL(), "nats://")
+	ctx := context.Background()
+	_, adminJS := natstest.ConnectURL(t, "nats://admin:admin@"+hostPort)
+	admin, err := NewNATSStore(adminJS, nil, WithBucket("JOBS_STALE"), WithCreateBucket(jetstream.MemoryStorage, 1))
+	require.NoError(t, err)
+	_, err = admin.Enqueue(ctx, testEnqueueRequest("ch", "j", "doc"))
+	require.NoError(t, err)
+
+	nc, _ := natstest.ConnectURL(t, "nats://worker:worker@"+hostPort)
+	js, err := jetstream.New(nc, jetstream.WithDefaultTimeout(500*time.Millisecond))
+	require.NoError(t, err)
+	st, err := NewNATSStore(js, nil, WithBucket("JOBS_STALE"))
+	require.NoError(t, err)
+	_, err = st.Get(ctx, "ch", "j")
+	require.NoError(t, err, "the worker may read")
+
+	err = st.DeleteChannel(ctx, "ch")
+	require.ErrorIs(t, err, jobkeys.ErrPermission, "the purge is refused: %v", err)
+	assert.Contains(t, err.Error(), "$JS.API.STREAM.PURGE.KV_JOBS_STALE")
+
+	// Reads whose deadlines pass before or while they are in flight time
+	// out: the deadline's error, not the purge's refusal.
+	inFlight := 0
+	for d := 20 * time.Microsecond; d < 100*time.Millisecond; d = d * 5 / 4 {
+		dctx, cancel := context.WithTimeout(ctx, d)
+		_, err := st.Get(dctx, "ch", "j")
+		cancel()
+		if err == nil {
+			continue
+		}
+		require.ErrorIs(t, err, context.DeadlineExceeded)
+		if errors.Is(err, jobkeys.ErrPermission) {
+			inFlight++
+			t.Errorf("a read behind a %v deadline: %v", d, err)
+		}
+		assert.NotContains(t, err.Error(), "PURGE")
+		assert.NotEqual(t, "permission_denied", errorClass(err))
+	}
+	assert.Zero(t, inFlight, "timeouts taken for the purge's refusal")
+
+	_, err = st.Get(ctx, "ch", "j")
+	require.NoError(t, err, "the worker still reads")
 }
