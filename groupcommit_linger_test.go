@@ -265,68 +265,28 @@ func TestGroupCommitLingerAudit(t *testing.T) {
 
 	const workers, cycles = 8, 25
 	payload := benchPayload(0)
-	var (
-		running, overlaps atomic.Int32
-		mu                sync.Mutex
-		tokens            = map[string]bool{}
-		ran               = map[string]int{}
-	)
+	l := newLingerLedger(1)
 	var wg sync.WaitGroup
 	errs := make(chan error, workers)
 	for k := range workers {
 		wg.Go(func() {
 			for i := range cycles {
-				id := fmt.Sprintf("job-%d-%d", k, i)
-				adm, err := jt.Admit(ctx, id, payload)
-				if err == nil && adm.Kind != KindAccepted {
-					err = fmt.Errorf("admit %s: %s %s", id, adm.Kind, adm.Reason)
-				}
-				if err != nil {
+				if err := l.cycle(ctx, jt, r, fmt.Sprintf("job-%d-%d", k, i), payload); err != nil {
 					errs <- err
 					return
 				}
-				res, err := r.Run(ctx, id, payload, func(_ context.Context, l Lease) error {
-					if running.Add(1) > 1 {
-						overlaps.Add(1)
-					}
-					defer running.Add(-1)
-					mu.Lock()
-					ran[id]++
-					mu.Unlock()
-					return nil
-				})
-				if err == nil && res.Release != KindReleased {
-					err = fmt.Errorf("run %s: release %s", id, res.Release)
-				}
-				if err != nil {
-					errs <- fmt.Errorf("run %s: %w", id, err)
-					return
-				}
-				mu.Lock()
-				tokens[res.Lease.SlotToken] = true
-				mu.Unlock()
 			}
 		})
 	}
 	wg.Wait()
-	close(errs)
-	for err := range errs {
-		require.NoError(t, err)
-	}
-	assert.Zero(t, overlaps.Load(), "handlers that ran while another held the only slot")
-	assert.Len(t, ran, workers*cycles)
-	for id, n := range ran {
-		assert.Equal(t, 1, n, "runs of %s", id)
-	}
+	l.check(t, errs, workers*cycles)
 	assert.Positive(t, c.keys.lingers.Load(), "lingers")
 	key, err := jt.key("job-0-0", payload)
 	require.NoError(t, err)
 	assert.True(t, store.batches(service, key.KVKey), "the store writes atomic batches")
 
-	facts := auditFacts{releaseCalled: tokens, acquiredTokens: tokens, removeCalled: map[string]bool{}, restoreCalled: map[string]bool{},
-		replacedReported: map[string]bool{}, staleReported: map[string]bool{}, uncertain: map[opKind]int{}}
 	entries := auditRead(t, ctx, js, bucket)
-	sum := auditCheck(t, entries, facts, func(string) (Policy, bool) { return jt.Policy(), true }, true)
+	sum := auditCheck(t, entries, l.facts(), func(string) (Policy, bool) { return jt.Policy(), true }, true)
 	t.Logf("%s; %d lingers", sum, c.keys.lingers.Load())
 }
 
@@ -400,64 +360,92 @@ func TestGroupCommitLingerAuditTwoProcesses(t *testing.T) {
 
 	const workers, cycles = 4, 20
 	payload := benchPayload(0)
-	var (
-		running, overlaps atomic.Int32
-		mu                sync.Mutex
-		tokens            = map[string]bool{}
-		ran               = map[string]int{}
-	)
+	l := newLingerLedger(2)
 	var wg sync.WaitGroup
 	errs := make(chan error, 2*workers)
 	for p, pr := range procs {
 		for k := range workers {
 			wg.Go(func() {
 				for i := range cycles {
-					id := fmt.Sprintf("job-%d-%d-%d", p, k, i)
-					adm, err := pr.jt.Admit(ctx, id, payload)
-					if err == nil && adm.Kind != KindAccepted {
-						err = fmt.Errorf("admit %s: %s %s", id, adm.Kind, adm.Reason)
-					}
-					if err != nil {
+					if err := l.cycle(ctx, pr.jt, pr.r, fmt.Sprintf("job-%d-%d-%d", p, k, i), payload); err != nil {
 						errs <- err
 						return
 					}
-					res, err := pr.r.Run(ctx, id, payload, func(_ context.Context, l Lease) error {
-						if running.Add(1) > 2 {
-							overlaps.Add(1)
-						}
-						defer running.Add(-1)
-						mu.Lock()
-						ran[id]++
-						mu.Unlock()
-						return nil
-					})
-					if err == nil && res.Release != KindReleased {
-						err = fmt.Errorf("run %s: release %s", id, res.Release)
-					}
-					if err != nil {
-						errs <- fmt.Errorf("run %s: %w", id, err)
-						return
-					}
-					mu.Lock()
-					tokens[res.Lease.SlotToken] = true
-					mu.Unlock()
 				}
 			})
 		}
 	}
 	wg.Wait()
+	l.check(t, errs, 2*workers*cycles)
+	entries := auditRead(t, ctx, js, bucket)
+	sum := auditCheck(t, entries, l.facts(), func(string) (Policy, bool) { return procs[0].jt.Policy(), true }, true)
+	t.Logf("%s; %d and %d lingers", sum, procs[0].c.keys.lingers.Load(), procs[1].c.keys.lingers.Load())
+}
+
+// lingerLedger records the linger audits' cycles: the handlers running at
+// once (at most maxActive), how often each job ran, and the slot tokens
+// released, for auditFacts.
+type lingerLedger struct {
+	maxActive         int32
+	running, overlaps atomic.Int32
+	mu                sync.Mutex
+	tokens            map[string]bool
+	ran               map[string]int
+}
+
+func newLingerLedger(maxActive int32) *lingerLedger {
+	return &lingerLedger{maxActive: maxActive, tokens: map[string]bool{}, ran: map[string]int{}}
+}
+
+// cycle admits job id and runs it through r with a handler that records it.
+func (l *lingerLedger) cycle(ctx context.Context, jt *JobType, r *Runner, id string, payload []byte) error {
+	adm, err := jt.Admit(ctx, id, payload)
+	if err == nil && adm.Kind != KindAccepted {
+		err = fmt.Errorf("admit %s: %s %s", id, adm.Kind, adm.Reason)
+	}
+	if err != nil {
+		return err
+	}
+	res, err := r.Run(ctx, id, payload, func(context.Context, Lease) error {
+		if l.running.Add(1) > l.maxActive {
+			l.overlaps.Add(1)
+		}
+		defer l.running.Add(-1)
+		l.mu.Lock()
+		l.ran[id]++
+		l.mu.Unlock()
+		return nil
+	})
+	if err == nil && res.Release != KindReleased {
+		err = fmt.Errorf("release %s", res.Release)
+	}
+	if err != nil {
+		return fmt.Errorf("run %s: %w", id, err)
+	}
+	l.mu.Lock()
+	l.tokens[res.Lease.SlotToken] = true
+	l.mu.Unlock()
+	return nil
+}
+
+// check closes errs and asserts no cycle failed, no more than maxActive
+// handlers ran at once and each of the jobs ran once.
+func (l *lingerLedger) check(t *testing.T, errs chan error, jobs int) {
+	t.Helper()
 	close(errs)
 	for err := range errs {
 		require.NoError(t, err)
 	}
-	assert.Zero(t, overlaps.Load(), "handlers that ran while two others held both slots")
-	assert.Len(t, ran, 2*workers*cycles)
-	for id, n := range ran {
+	assert.Zero(t, l.overlaps.Load(), "handlers that ran while the %d slots were held", l.maxActive)
+	assert.Len(t, l.ran, jobs)
+	for id, n := range l.ran {
 		assert.Equal(t, 1, n, "runs of %s", id)
 	}
-	facts := auditFacts{releaseCalled: tokens, acquiredTokens: tokens, removeCalled: map[string]bool{}, restoreCalled: map[string]bool{},
+}
+
+// facts returns the audit's facts of the cycles: every slot acquired was
+// released by its Run.
+func (l *lingerLedger) facts() auditFacts {
+	return auditFacts{releaseCalled: l.tokens, acquiredTokens: l.tokens, removeCalled: map[string]bool{}, restoreCalled: map[string]bool{},
 		replacedReported: map[string]bool{}, staleReported: map[string]bool{}, uncertain: map[opKind]int{}}
-	entries := auditRead(t, ctx, js, bucket)
-	sum := auditCheck(t, entries, facts, func(string) (Policy, bool) { return procs[0].jt.Policy(), true }, true)
-	t.Logf("%s; %d and %d lingers", sum, procs[0].c.keys.lingers.Load(), procs[1].c.keys.lingers.Load())
 }
