@@ -25,29 +25,10 @@ import (
 // ErrUnavailable.
 func TestNATSStoreNamesRefusedPermission(t *testing.T) {
 	t.Parallel()
-	srv := natstest.RunWith(t, natstest.Options{Configure: func(o *server.Options) {
-		o.Users = append(o.Users, &server.User{Username: "admin", Password: "admin"},
-			&server.User{Username: "worker", Password: "worker", Permissions: &server.Permissions{
-				Publish: &server.SubjectPermission{Allow: []string{"$KV.>", "$JS.API.INFO",
-					"$JS.API.STREAM.INFO.>", "$JS.API.STREAM.MSG.GET.>", "$JS.API.STREAM.PURGE.>"}},
-				Subscribe: &server.SubjectPermission{Allow: []string{"_INBOX.>"}},
-			}})
-	}})
-	hostPort := strings.TrimPrefix(srv.ClientURL(), "nats://")
 	ctx := context.Background()
-	_, adminJS := natstest.ConnectURL(t, "nats://admin:admin@"+hostPort)
-	admin, err := NewNATSStore(adminJS, nil, WithBucket("JOBS_PERM"), WithCreateBucket(jetstream.MemoryStorage, 1))
-	require.NoError(t, err)
-	_, err = admin.Enqueue(ctx, testEnqueueRequest("ch", "j", "doc"))
-	require.NoError(t, err)
+	st := workerStore(t, "JOBS_PERM", "$JS.API.STREAM.INFO.>", "$JS.API.STREAM.MSG.GET.>", "$JS.API.STREAM.PURGE.>")
 
-	nc, _ := natstest.ConnectURL(t, "nats://worker:worker@"+hostPort)
-	js, err := jetstream.New(nc, jetstream.WithDefaultTimeout(500*time.Millisecond))
-	require.NoError(t, err)
-	st, err := NewNATSStore(js, nil, WithBucket("JOBS_PERM"))
-	require.NoError(t, err)
-
-	_, err = st.Get(ctx, "ch", "j")
+	_, err := st.Get(ctx, "ch", "j")
 	require.ErrorIs(t, err, ErrUnavailable)
 	require.ErrorIs(t, err, jobkeys.ErrPermission, "a refused read is a timeout: %v", err)
 	assert.Contains(t, err.Error(), "$JS.API.DIRECT.GET.KV_JOBS_PERM")
@@ -78,27 +59,9 @@ func TestNATSStoreNamesRefusedPermission(t *testing.T) {
 // refused (or the inbox, which every reply needs).
 func TestNATSStoreStaleRefusalNamesNoOtherCall(t *testing.T) {
 	t.Parallel()
-	srv := natstest.RunWith(t, natstest.Options{Configure: func(o *server.Options) {
-		o.Users = append(o.Users, &server.User{Username: "admin", Password: "admin"},
-			&server.User{Username: "worker", Password: "worker", Permissions: &server.Permissions{
-				Publish: &server.SubjectPermission{Allow: []string{"$KV.>", "$JS.API.INFO",
-					"$JS.API.STREAM.INFO.>", "$JS.API.STREAM.MSG.GET.>", "$JS.API.DIRECT.GET.>"}},
-				Subscribe: &server.SubjectPermission{Allow: []string{"_INBOX.>"}},
-			}})
-	}})
-	hostPort := strings.TrimPrefix(srv.ClientURL(), "nats://")
 	ctx := context.Background()
-	_, adminJS := natstest.ConnectURL(t, "nats://admin:admin@"+hostPort)
-	admin, err := NewNATSStore(adminJS, nil, WithBucket("JOBS_STALE"), WithCreateBucket(jetstream.MemoryStorage, 1))
-	require.NoError(t, err)
-	_, err = admin.Enqueue(ctx, testEnqueueRequest("ch", "j", "doc"))
-	require.NoError(t, err)
-
-	nc, _ := natstest.ConnectURL(t, "nats://worker:worker@"+hostPort)
-	js, err := jetstream.New(nc, jetstream.WithDefaultTimeout(500*time.Millisecond))
-	require.NoError(t, err)
-	st, err := NewNATSStore(js, nil, WithBucket("JOBS_STALE"))
-	require.NoError(t, err)
+	st := workerStore(t, "JOBS_STALE", "$JS.API.STREAM.INFO.>", "$JS.API.STREAM.MSG.GET.>", "$JS.API.DIRECT.GET.>")
+	var err error
 	_, err = st.Get(ctx, "ch", "j")
 	require.NoError(t, err, "the worker may read")
 
@@ -128,4 +91,32 @@ func TestNATSStoreStaleRefusalNamesNoOtherCall(t *testing.T) {
 
 	_, err = st.Get(ctx, "ch", "j")
 	require.NoError(t, err, "the worker still reads")
+}
+
+// workerStore starts a server with users admin (all permissions) and
+// worker (publish to $KV.>, $JS.API.INFO and allow, subscribe to
+// _INBOX.>), creates bucket as admin with job j of channel ch in it, and
+// returns the worker's store of bucket (requests time out after 500 ms).
+func workerStore(t *testing.T, bucket string, allow ...string) *NATSStore {
+	t.Helper()
+	srv := natstest.RunWith(t, natstest.Options{Configure: func(o *server.Options) {
+		o.Users = append(o.Users, &server.User{Username: "admin", Password: "admin"},
+			&server.User{Username: "worker", Password: "worker", Permissions: &server.Permissions{
+				Publish:   &server.SubjectPermission{Allow: append([]string{"$KV.>", "$JS.API.INFO"}, allow...)},
+				Subscribe: &server.SubjectPermission{Allow: []string{"_INBOX.>"}},
+			}})
+	}})
+	hostPort := strings.TrimPrefix(srv.ClientURL(), "nats://")
+	_, adminJS := natstest.ConnectURL(t, "nats://admin:admin@"+hostPort)
+	admin, err := NewNATSStore(adminJS, nil, WithBucket(bucket), WithCreateBucket(jetstream.MemoryStorage, 1))
+	require.NoError(t, err)
+	_, err = admin.Enqueue(context.Background(), testEnqueueRequest("ch", "j", "doc"))
+	require.NoError(t, err)
+
+	nc, _ := natstest.ConnectURL(t, "nats://worker:worker@"+hostPort)
+	js, err := jetstream.New(nc, jetstream.WithDefaultTimeout(500*time.Millisecond))
+	require.NoError(t, err)
+	st, err := NewNATSStore(js, nil, WithBucket(bucket))
+	require.NoError(t, err)
+	return st
 }
