@@ -61,8 +61,7 @@ func TestNATSStoreStaleRefusalNamesNoOtherCall(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
 	st := workerStore(t, "JOBS_STALE", "$JS.API.STREAM.INFO.>", "$JS.API.STREAM.MSG.GET.>", "$JS.API.DIRECT.GET.>")
-	var err error
-	_, err = st.Get(ctx, "ch", "j")
+	_, err := st.Get(ctx, "ch", "j")
 	require.NoError(t, err, "the worker may read")
 
 	err = st.DeleteChannel(ctx, "ch")
