@@ -123,6 +123,16 @@ type ClientConfig struct {
 	// Logger receives what the client cannot return to a caller (a failed
 	// heartbeat, a reconciliation error). Defaults to none.
 	Logger *slog.Logger
+
+	// IgnoreClockSkew turns off the client's clock check: by default it
+	// claims nothing while its coordinator proves the coordinator's clock
+	// (jobkeys.Config.Now, which should be this client's and its store's
+	// clock) too far from the NATS server's for its claims (see Clocks in
+	// the package doc). Set it where the coordinator's
+	// jobkeys.Config.IgnoreClockSkew is set (which the client cannot read):
+	// a server whose own clock is off, or tests that move the clock to
+	// expire claims. Defaults to false: the check is on.
+	IgnoreClockSkew bool
 }
 
 // Client is the job runtime: it enqueues jobs through the job store and
@@ -154,6 +164,12 @@ type Client struct {
 	// when it reconciles.
 	reconcileCancel context.CancelFunc
 	claimTTL        time.Duration // the longest HeartbeatTTL of the kinds; set by Start
+	// skewLimit is the least proven clock offset from the NATS server at
+	// which the claim loop claims nothing (see claimSkewLimit); set by
+	// Start. skewed is whether the last check found it: the claim loop's
+	// alone.
+	skewLimit time.Duration
+	skewed    bool
 
 	keyWaiters map[string]*keyWaiters // by KV key; guarded by mu
 }

@@ -81,6 +81,23 @@
 // worker last saw and must move the expiry later; it can bind a small
 // value (such as a key-layer lease) to the claim.
 //
+// # Clocks
+//
+// Claims are timestamps of the host that wrote them, compared against the
+// clock of whichever host claims next: as with the key layer's leases (see
+// Clocks in [jobkeys.Policy]'s doc), hosts whose clocks differ by what is
+// left of a claim when it is renewed can claim a job that still runs. A
+// [Client] renews its claims at half their TTL (the longest HeartbeatTTL
+// of its kinds) before they expire at the latest, or every
+// HeartbeatInterval, and claims nothing while its coordinator
+// ([jobkeys.KeyCoordinator.ClockOffset]) proves the host's clock half of
+// that margin or more from the NATS server's: (TTL − max(TTL/2, the
+// longest HeartbeatInterval)) / 2, 30s with the default policy. It logs
+// the refusal (a warning) and its end once each, looks again every
+// PollInterval, and keeps renewing and settling the jobs it holds. A
+// store that does not see the server's time (a [jobkeys.MemoryStore])
+// proves nothing. ClientConfig.IgnoreClockSkew turns the check off.
+//
 // # Progress and artifacts
 //
 // Progress entries name a stage (^[a-z][a-z0-9-]{0,63}$), a label of 1 to

@@ -42,6 +42,7 @@ func (c *Client) Start(ctx context.Context) error {
 		ttl = max(ttl, k.jt.Policy().HeartbeatTTL)
 	}
 	c.claimTTL = ttl
+	c.skewLimit = claimSkewLimit(ttl, c.kinds)
 	c.tokens = make(chan struct{}, c.cfg.MaxWorkers)
 	bg, cancel := context.WithCancel(context.WithoutCancel(ctx))
 	c.bgCancel = cancel
@@ -145,6 +146,20 @@ func (c *Client) claimLoop(ctx context.Context, ttl time.Duration) {
 			}
 			continue
 		}
+		if c.clockSkewed(ctx) {
+			// Claim nothing this pass; look again after PollInterval (not
+			// at every enqueue or freed token: nothing is due to change).
+			for range n {
+				<-c.tokens
+			}
+			poll.Reset(c.cfg.PollInterval)
+			select {
+			case <-c.stopCh:
+				return
+			case <-poll.C:
+			}
+			continue
+		}
 		var claimed []Job
 		var err error
 		select {
@@ -174,6 +189,79 @@ func (c *Client) claimLoop(ctx context.Context, ttl time.Duration) {
 		case <-poll.C:
 		}
 	}
+}
+
+// Clock skew (see Clocks in the package doc). A claim, like a key-layer
+// lease, is a timestamp of the host that wrote it compared against the
+// clock of whichever host claims next: a host whose clock runs ahead sees
+// live claims expired and takes their jobs over (the holder's next write
+// fails, its run ends with ErrClaimLost), and one whose clock runs behind
+// writes claims the other hosts see expire early. The key coordinator
+// bounds its clock's offset from the NATS server's (from server times its
+// store sees anyway, and a rare probe: [jobkeys.KeyCoordinator.ClockOffset]
+// does no I/O but one stream info request per ten seconds at most), and
+// the claim loop asks it once per pass, not per claim.
+//
+// Only claims are refused. Renewals and settles of claims already held go
+// on: they extend or end a claim this host holds, and refusing them would
+// let it lapse early in the other hosts' eyes and its job be claimed
+// again while its handler still runs, the overlap the check prevents (the
+// key layer keeps renewing the job's slot for the same reason).
+
+// clockSkewTimeout bounds a pass's clock check (a bucket open or a probe,
+// when one is due): a check that fails knows nothing and refuses nothing.
+const clockSkewTimeout = 5 * time.Second
+
+// claimSkewLimit is the least offset from the server's clock at which a
+// client whose claims last ttl (the longest HeartbeatTTL of kinds) claims
+// nothing: half the skew between hosts its claims tolerate. A claim is
+// renewed at the latest half its TTL before it expires (a job waiting for
+// a slot), or every HeartbeatInterval (a running one): what is left of it
+// when it is renewed, ttl less the longer of those gaps, is how far ahead
+// another host's clock may be before it sees the claim expired; a host
+// within half that of the server is within all of it of every other such
+// host.
+func claimSkewLimit(ttl time.Duration, kinds map[string]*kind) time.Duration {
+	gap := ttl / 2
+	for _, k := range kinds {
+		gap = max(gap, k.jt.Policy().HeartbeatInterval)
+	}
+	return (ttl - gap) / 2
+}
+
+// clockSkewed reports whether the coordinator proves its clock at least
+// skewLimit away from the server's, and logs when that changes. Called by
+// the claim loop before each pass.
+func (c *Client) clockSkewed(ctx context.Context) bool {
+	if c.cfg.IgnoreClockSkew {
+		return false
+	}
+	cctx, cancel := context.WithTimeout(ctx, clockSkewTimeout)
+	off, err := c.coord.ClockOffset(cctx, c.cfg.Service)
+	cancel()
+	if err != nil {
+		return false // nothing known: the claim goes on as without the check
+	}
+	var got time.Duration // the least |offset| the bounds allow
+	dir := "behind"
+	switch {
+	case off.MinKnown && off.Min > 0:
+		got = off.Min
+	case off.MaxKnown && off.Max < 0:
+		got, dir = -off.Max, "ahead of"
+	}
+	skewed := got > 0 && got >= c.skewLimit
+	if skewed != c.skewed {
+		c.skewed = skewed
+		if skewed {
+			c.cfg.Logger.Warn("jobs: clock skew: claiming nothing while this host's clock is too far from the NATS server's (fix the host's time sync, or set ClientConfig.IgnoreClockSkew with the coordinator's Config.IgnoreClockSkew if the server's clock is the one that is wrong); jobs it holds run on",
+				"service", c.cfg.Service, "offset", got.String(), "direction", dir, "limit", c.skewLimit.String(), "claimTTL", c.claimTTL.String())
+		} else {
+			c.cfg.Logger.Info("jobs: clock skew: claiming again, this host's clock is back within the limit of the NATS server's",
+				"service", c.cfg.Service, "limit", c.skewLimit.String())
+		}
+	}
+	return skewed
 }
 
 // releaseToken gives a worker token back.
