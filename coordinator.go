@@ -150,7 +150,8 @@ type Config struct {
 	// a host whose clock (Now) is proven too far from the NATS server's
 	// (see [ErrClockSkew]): for a server whose own clock is off, which
 	// would refuse every host, or tests that move Now to make leases
-	// expire. Defaults to false: the check is on.
+	// expire. It also turns off the claim check of the package jobs
+	// clients built on the coordinator. Defaults to false: the check is on.
 	IgnoreClockSkew bool
 
 	// NewSlotToken makes slot tokens. Defaults to random UUIDs (version 4).

@@ -197,6 +197,11 @@ func operatorKey(service, kvKey string) (JobKey, error) {
 	return JobKey{Service: service, JobType: jobType, KeyHash: keyHash, KVKey: kvKey}, nil
 }
 
+// IgnoresClockSkew reports whether the coordinator was configured with
+// Config.IgnoreClockSkew: it then refuses nothing for clock skew, and
+// neither do the clients built on it (package jobs).
+func (c *KeyCoordinator) IgnoresClockSkew() bool { return c.cfg.IgnoreClockSkew }
+
 // ClockOffset returns what the coordinator's store knows of the offset
 // between the clock of the NATS server that stamps service's bucket and
 // the coordinator's clock (Config.Now), the measure behind [ErrClockSkew]:

@@ -123,16 +123,6 @@ type ClientConfig struct {
 	// Logger receives what the client cannot return to a caller (a failed
 	// heartbeat, a reconciliation error). Defaults to none.
 	Logger *slog.Logger
-
-	// IgnoreClockSkew turns off the client's clock check: by default it
-	// claims nothing while its coordinator proves the coordinator's clock
-	// (jobkeys.Config.Now, which should be this client's and its store's
-	// clock) too far from the NATS server's for its claims (see Clocks in
-	// the package doc). Set it where the coordinator's
-	// jobkeys.Config.IgnoreClockSkew is set (which the client cannot read):
-	// a server whose own clock is off, or tests that move the clock to
-	// expire claims. Defaults to false: the check is on.
-	IgnoreClockSkew bool
 }
 
 // Client is the job runtime: it enqueues jobs through the job store and

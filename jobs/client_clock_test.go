@@ -181,7 +181,7 @@ func TestClientSkewedClockClaimsNothing(t *testing.T) {
 	assert.Equal(t, 2, logB.count("clock skew"))
 }
 
-// With IgnoreClockSkew (on the client, as on its coordinator) a client an
+// With its coordinator's IgnoreClockSkew a client an
 // hour ahead claims again: it takes over a job another client still
 // runs, which is what the check prevents.
 func TestClientIgnoreClockSkewClaims(t *testing.T) {
@@ -189,9 +189,7 @@ func TestClientIgnoreClockSkewClaims(t *testing.T) {
 	env := newRuntimeEnv(t)
 	ahead := func() time.Time { return time.Now().Add(time.Hour) }
 	a := env.newNode(fastConfig, nil)
-	cfgB := fastConfig
-	cfgB.IgnoreClockSkew = true
-	b := env.newClockNode(cfgB, ahead, &jobkeys.Config{IgnoreClockSkew: true})
+	b := env.newClockNode(fastConfig, ahead, &jobkeys.Config{IgnoreClockSkew: true})
 	startedA := make(chan struct{})
 	causeA := make(chan error, 1)
 	require.NoError(t, jobs.Register(a.client, jobs.Kind[docIn, docOut]{

@@ -96,7 +96,8 @@
 // the refusal (a warning) and its end once each, looks again every
 // PollInterval, and keeps renewing and settling the jobs it holds. A
 // store that does not see the server's time (a [jobkeys.MemoryStore])
-// proves nothing. ClientConfig.IgnoreClockSkew turns the check off.
+// proves nothing. The coordinator's jobkeys.Config.IgnoreClockSkew turns the
+// check off for its clients too.
 //
 // # Progress and artifacts
 //

@@ -233,7 +233,7 @@ func claimSkewLimit(ttl time.Duration, kinds map[string]*kind) time.Duration {
 // skewLimit away from the server's, and logs when that changes. Called by
 // the claim loop before each pass.
 func (c *Client) clockSkewed(ctx context.Context) bool {
-	if c.cfg.IgnoreClockSkew {
+	if c.coord.IgnoresClockSkew() {
 		return false
 	}
 	cctx, cancel := context.WithTimeout(ctx, clockSkewTimeout)
@@ -254,7 +254,7 @@ func (c *Client) clockSkewed(ctx context.Context) bool {
 	if skewed != c.skewed {
 		c.skewed = skewed
 		if skewed {
-			c.cfg.Logger.Warn("jobs: clock skew: claiming nothing while this host's clock is too far from the NATS server's (fix the host's time sync, or set ClientConfig.IgnoreClockSkew with the coordinator's Config.IgnoreClockSkew if the server's clock is the one that is wrong); jobs it holds run on",
+			c.cfg.Logger.Warn("jobs: clock skew: claiming nothing while this host's clock is too far from the NATS server's (fix the host's time sync, or set the coordinator's Config.IgnoreClockSkew if the server's clock is the one that is wrong); jobs it holds run on",
 				"service", c.cfg.Service, "offset", got.String(), "direction", dir, "limit", c.skewLimit.String(), "claimTTL", c.claimTTL.String())
 		} else {
 			c.cfg.Logger.Info("jobs: clock skew: claiming again, this host's clock is back within the limit of the NATS server's",
