@@ -40,7 +40,7 @@ package jobkeys
 // admitted job runs exactly once, and the key ends empty.
 
 import (
-	"bufio"
+	"bytes"
 	"cmp"
 	"context"
 	"encoding/binary"
@@ -907,20 +907,16 @@ func ceilRunProcs(ctx context.Context, b *testing.B, nc *nats.Conn, specs []ceil
 		require.NoError(b, err)
 		cmd := exec.Command(exe, "-test.run=^TestCeilingChild$", "-test.count=1", "-test.timeout=10m")
 		cmd.Env = append(os.Environ(), ceilChildEnv+"="+string(spec))
-		stderr, err := cmd.StderrPipe()
-		require.NoError(b, err)
-		cmd.Stdout = cmd.Stderr
+		// The child's output, whole, for the error of a failed child (exec
+		// copies it; Wait returns once it is all read).
+		var output bytes.Buffer
+		cmd.Stdout, cmd.Stderr = &output, &output
 		require.NoError(b, cmd.Start())
 		c := &child{cmd: cmd, out: sp.Out, idle: sp.Mode == ceilIdle, done: make(chan error, 1)}
 		children[i] = c
 		go func() {
-			var lines []string
-			sc := bufio.NewScanner(stderr)
-			for sc.Scan() {
-				lines = append(lines, sc.Text())
-			}
 			if err := cmd.Wait(); err != nil {
-				c.done <- fmt.Errorf("ceiling: child %d: %w\n%s", sp.ID, err, strings.Join(lines, "\n"))
+				c.done <- fmt.Errorf("ceiling: child %d: %w\n%s", sp.ID, err, output.String())
 				return
 			}
 			c.done <- nil
