@@ -73,11 +73,7 @@ func TestGroupCommitPrewakeJoinsRelease(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
 	payload := benchPayload(0)
-	for _, id := range []string{"holder", "waiter"} {
-		adm, err := g.jt.Admit(ctx, id, payload)
-		require.NoError(t, err)
-		require.Equal(t, KindAccepted, adm.Kind)
-	}
+	lingerAdmit(t, ctx, g.jt, payload, "holder", "waiter")
 	started, finish := make(chan struct{}), make(chan struct{})
 	holder := goRun(ctx, g.r, "holder", payload, func(context.Context, Lease) error {
 		close(started)
@@ -117,14 +113,8 @@ func TestGroupCommitLoneOperationNeverLingers(t *testing.T) {
 	// A Run that waited through the Watcher first, on another key: the
 	// coordinator hands its writes to the Watcher (and prewakes) from now.
 	busy := benchPayload(2)
-	for _, id := range []string{"busy-a", "busy-b"} {
-		adm, err := g.jt.Admit(ctx, id, busy)
-		require.NoError(t, err)
-		require.Equal(t, KindAccepted, adm.Kind)
-	}
-	held, err := g.jt.Acquire(ctx, "busy-a", busy)
-	require.NoError(t, err)
-	require.Equal(t, KindAcquired, held.Kind)
+	lingerAdmit(t, ctx, g.jt, busy, "busy-a", "busy-b")
+	held := lingerAcquire(t, ctx, g.jt, "busy-a", busy)
 	blocked := make(chan struct{})
 	wr, err := NewRunner(g.jt, &RunnerConfig{Watcher: g.r.cfg.Watcher, OnBlocked: func(string, Acquisition) { close(blocked) }})
 	require.NoError(t, err)
@@ -147,9 +137,7 @@ func TestGroupCommitLoneOperationNeverLingers(t *testing.T) {
 	writes := g.writes()
 	for i := range cycles {
 		id := fmt.Sprintf("run-%d", i)
-		adm, err := g.jt.Admit(ctx, id, payload)
-		require.NoError(t, err)
-		require.Equal(t, KindAccepted, adm.Kind)
+		lingerAdmit(t, ctx, g.jt, payload, id)
 		res, err := g.r.Run(ctx, id, payload, func(context.Context, Lease) error { return nil })
 		require.NoError(t, err)
 		require.Equal(t, KindReleased, res.Release)
@@ -157,12 +145,8 @@ func TestGroupCommitLoneOperationNeverLingers(t *testing.T) {
 	other := benchPayload(1)
 	for i := range cycles {
 		id := fmt.Sprintf("call-%d", i)
-		adm, err := g.jt.Admit(ctx, id, other)
-		require.NoError(t, err)
-		require.Equal(t, KindAccepted, adm.Kind)
-		acq, err := g.jt.Acquire(ctx, id, other)
-		require.NoError(t, err)
-		require.Equal(t, KindAcquired, acq.Kind)
+		lingerAdmit(t, ctx, g.jt, other, id)
+		acq := lingerAcquire(t, ctx, g.jt, id, other)
 		rel, err := g.jt.Release(ctx, acq.Lease)
 		require.NoError(t, err)
 		require.Equal(t, KindReleased, rel.Kind)
@@ -190,12 +174,8 @@ func TestGroupCommitLingerForRelease(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
 	payload := benchPayload(0)
-	adm, err := g.jt.Admit(ctx, "held", payload)
-	require.NoError(t, err)
-	require.Equal(t, KindAccepted, adm.Kind)
-	acq, err := g.jt.Acquire(ctx, "held", payload)
-	require.NoError(t, err)
-	require.Equal(t, KindAcquired, acq.Kind)
+	lingerAdmit(t, ctx, g.jt, payload, "held")
+	acq := lingerAcquire(t, ctx, g.jt, "held", payload)
 	e := g.c.keys.entry(kvKeyFor(acq.Lease.Service, acq.Lease.JobType, acq.Lease.KeyHash))
 	require.NotNil(t, e)
 
@@ -302,17 +282,9 @@ func TestGroupCommitNoLingerWithoutBatches(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	payload := benchPayload(0)
-	for _, id := range []string{"held", "next"} {
-		adm, err := g.jt.Admit(ctx, id, payload)
-		require.NoError(t, err)
-		require.Equal(t, KindAccepted, adm.Kind)
-	}
-	acq, err := g.jt.Acquire(ctx, "held", payload)
-	require.NoError(t, err)
-	require.Equal(t, KindAcquired, acq.Kind)
-	adm, err := g.jt.Admit(ctx, "later", payload) // right after an acquisition
-	require.NoError(t, err)
-	require.Equal(t, KindAccepted, adm.Kind)
+	lingerAdmit(t, ctx, g.jt, payload, "held", "next")
+	acq := lingerAcquire(t, ctx, g.jt, "held", payload)
+	lingerAdmit(t, ctx, g.jt, payload, "later") // right after an acquisition
 	rel, err := g.jt.Release(ctx, acq.Lease)
 	require.NoError(t, err)
 	require.Equal(t, KindReleased, rel.Kind)
@@ -448,4 +420,24 @@ func (l *lingerLedger) check(t *testing.T, errs chan error, jobs int) {
 func (l *lingerLedger) facts() auditFacts {
 	return auditFacts{releaseCalled: l.tokens, acquiredTokens: l.tokens, removeCalled: map[string]bool{}, restoreCalled: map[string]bool{},
 		replacedReported: map[string]bool{}, staleReported: map[string]bool{}, uncertain: map[opKind]int{}}
+}
+
+// lingerAdmit admits the jobs ids on jt with payload and requires each
+// accepted.
+func lingerAdmit(t *testing.T, ctx context.Context, jt *JobType, payload []byte, ids ...string) {
+	t.Helper()
+	for _, id := range ids {
+		adm, err := jt.Admit(ctx, id, payload)
+		require.NoError(t, err)
+		require.Equal(t, KindAccepted, adm.Kind, "admission of %s", id)
+	}
+}
+
+// lingerAcquire acquires a slot for job id on jt and requires it taken.
+func lingerAcquire(t *testing.T, ctx context.Context, jt *JobType, id string, payload []byte) Acquisition {
+	t.Helper()
+	acq, err := jt.Acquire(ctx, id, payload)
+	require.NoError(t, err)
+	require.Equal(t, KindAcquired, acq.Kind, "acquisition of %s", id)
+	return acq
 }

@@ -77,13 +77,10 @@ func (e *runtimeEnv) newClockNode(cfg jobs.ClientConfig, now func() time.Time, c
 	return &node{store: st, keys: keys, coord: coord, client: c}
 }
 
-// skewPolicy has claims of 3s renewed every 100ms (a running job) or
+// skewPolicy (quickPolicy, named for what these tests rely on) has claims of 3s renewed every 100ms (a running job) or
 // 1.5s (a waiting one): a client refuses to claim while its clock is
 // proven (3s − 1.5s) / 2 = 750ms or more from the server's.
-var skewPolicy = jobkeys.Policy{
-	Key: []string{"doc", "/doc"}, MaxActive: 1, MaxQueuedPerKey: 10,
-	HeartbeatInterval: 100 * time.Millisecond, HeartbeatTTL: 3 * time.Second,
-}
+var skewPolicy = quickPolicy
 
 // A client whose clock runs an hour ahead of the NATS server's claims
 // nothing, though every claim looks expired to it: a job another client
