@@ -66,6 +66,9 @@ type Watcher struct {
 	// waited maps the KV key of every keyWatch of a running watch to it,
 	// for handoff to find without the lock. Written under mu.
 	waited sync.Map
+	// wakeSubs are the open subscriptions of subscribeWake, which Close
+	// ends.
+	wakeSubs map[*Subscription]struct{}
 }
 
 // serviceWatch is the watch of one service and its subscribers. Its fields
@@ -744,7 +747,14 @@ func (w *Watcher) Close() {
 		}
 	}
 	clear(w.linked)
+	wakes := make([]*Subscription, 0, len(w.wakeSubs))
+	for s := range w.wakeSubs {
+		wakes = append(wakes, s)
+	}
 	w.mu.Unlock()
+	for _, s := range wakes {
+		s.closeWake()
+	}
 	if w.cancel != nil { // nil in the zero value, which has no watches
 		w.cancel()
 	}
@@ -762,7 +772,8 @@ type Subscription struct {
 	changed chan struct{}
 	done    chan struct{}
 	once    sync.Once
-	waiter  *waiter // a Runner's blocked acquisition; see subscribeWaiter
+	waiter  *waiter   // a Runner's blocked acquisition; see subscribeWaiter
+	wake    *wakeWait // one over targeted wake-ups; see subscribeWake
 }
 
 // waiter is the wake-up state of a waiter's subscription, guarded by
@@ -792,6 +803,10 @@ func (s *Subscription) signal() {
 // change that frees a slot. A slot still free at a later revision than
 // seen wakes it again at once.
 func (s *Subscription) rearm(seen uint64) {
+	if s.wake != nil {
+		s.rearmWake(seen)
+		return
+	}
 	if s.waiter == nil {
 		return
 	}
@@ -819,6 +834,10 @@ func (s *Subscription) Done() <-chan struct{} { return s.done }
 // Close ends the subscription and forgets it. It is idempotent.
 func (s *Subscription) Close() {
 	if s.w == nil { // the zero value
+		return
+	}
+	if s.wake != nil {
+		s.closeWake()
 		return
 	}
 	s.w.mu.Lock()
