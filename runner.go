@@ -38,12 +38,15 @@ type RunnerConfig struct {
 	// Watcher wakes a blocked Run as soon as the job's key changes. It must
 	// watch the coordinator's store, and stay open while Runs wait: a Run
 	// whose watch cannot start (or restart) fails with that error. Without
-	// one, a blocked Run re-checks every RecheckInterval. Defaults to nil.
+	// one, a blocked Run re-checks every RecheckInterval. Over a NATSStore
+	// made with [WithWakeUps], a blocked Run of a queued job waits for its
+	// own job's wake-ups instead of the watch. Defaults to nil.
 	Watcher *Watcher
 
 	// RecheckInterval is how often a blocked Run tries again when nothing
-	// woke it: the safety net for a missed change with a Watcher, the poll
-	// interval without one. A blocked Run also re-checks when the earliest
+	// woke it: the safety net for a missed change with a Watcher (and for
+	// a wake-up nobody sent, such as after a write by a process without
+	// [WithWakeUps] or by the TS original), the poll interval without one. A blocked Run also re-checks when the earliest
 	// lease it saw expires. Defaults to RecheckIntervalDefault (5s).
 	RecheckInterval time.Duration
 
@@ -164,6 +167,16 @@ type RunResult struct {
 // the key not waited on lately) and for retries, the first try takes any
 // free slot.
 //
+// Over targeted wake-ups (a NATSStore made with [WithWakeUps]), a blocked
+// Run of a queued job waits for wake-ups sent to its own job, not the
+// watch: the write that leaves a slot free for it (in any process with
+// wake-ups on) sends the key's new state, and the Run tries on that state
+// at once, without a read. A try whose compare-and-swap loses waits for
+// the next wake-up, which the write it lost to sends if that write leaves
+// a slot free. A first try whose coordinator just saw the job queued
+// behind as many jobs as there are free slots waits for its wake-up
+// without trying.
+//
 // The error is nil when the handler returned nil and the slot was released.
 // Otherwise it is the acquisition's error (the handler did not run; one
 // wrapping [ErrClockSkew], from a host whose clock is too far from the
@@ -209,8 +222,9 @@ func (r *Runner) acquire(ctx context.Context, jobID string, payload any, opts []
 	// the wake-ups of its own job, not the Watcher's watch, and a try
 	// that trusts starts from the state its coordinator last saw stored
 	// (the wake-up's), without a read; one whose write loses waits for
-	// the next wake-up (see waitTry.wake).
-	wakes := wait && r.cfg.Watcher.wakeUps() != nil
+	// the next wake-up (see waitTry.wake). A retry (WithRetry) is not
+	// queued, so no wake-up names its job: it waits on the watch.
+	wakes := wait && r.cfg.Watcher.wakeUps() != nil && !retryOf(opts)
 	var seen uint64 // the revision the last try's outcome rested on; 0 unknown
 	try := func(trust bool) (Acquisition, time.Time, error) {
 		actx, wt := ctx, (*waitTry)(nil)
@@ -543,4 +557,15 @@ func leaseExpired(lease Lease, kvKey string, expires time.Time, lastErr error) e
 	}
 	return fmt.Errorf("%w: job %q on KV key %q: renewals failed until the lease expired at %s: %w",
 		ErrLeaseLost, lease.JobID, kvKey, expires.UTC().Format(time.RFC3339Nano), lastErr)
+}
+
+// retryOf reports whether opts make an acquisition a retry (WithRetry).
+func retryOf(opts []AcquireOption) bool {
+	var req AcquireRequest
+	for _, o := range opts {
+		if o != nil {
+			req = o.applyAcquire(req)
+		}
+	}
+	return req.Retry
 }

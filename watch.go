@@ -38,6 +38,15 @@ import (
 // the keys waited on (those alone are decoded), so each Watcher receives the
 // service's write rate times its states' size.
 //
+// Over a [NATSStore] made with [WithWakeUps], the Runners' blocked
+// acquisitions of queued jobs do not use the watch at all: each waits for
+// the wake-ups sent to its own job's subject by the writes that leave a
+// slot free for it (see WithWakeUps), so a process receives one message
+// per slot freed for one of its jobs instead of every change of the key.
+// A batch of a coordinator that frees a slot still wakes that
+// coordinator's next waiter first, for its acquisition to join the batch.
+// Subscribe, and retries (WithRetry), still use the watch.
+//
 // A service's watch starts with the first [Watcher.Subscribe] for it and
 // lasts until Close, or until the store ends it (a closed connection); the
 // next Subscribe then starts a new one. A Watcher is safe for concurrent use.
@@ -68,7 +77,7 @@ type Watcher struct {
 	waited sync.Map
 	// wakeSubs are the open subscriptions of subscribeWake, which Close
 	// ends.
-	wakeSubs map[*Subscription]struct{}
+	wakeSubs map[string]map[*Subscription]struct{} // by KV key
 }
 
 // serviceWatch is the watch of one service and its subscribers. Its fields
@@ -747,9 +756,11 @@ func (w *Watcher) Close() {
 		}
 	}
 	clear(w.linked)
-	wakes := make([]*Subscription, 0, len(w.wakeSubs))
-	for s := range w.wakeSubs {
-		wakes = append(wakes, s)
+	var wakes []*Subscription
+	for _, subs := range w.wakeSubs {
+		for s := range subs {
+			wakes = append(wakes, s)
+		}
 	}
 	w.mu.Unlock()
 	for _, s := range wakes {
