@@ -234,7 +234,10 @@ type wakeChain struct {
 	key     string // bucket + " " + kvKey
 	rev     uint64
 	payload []byte // revision, then value
-	// subjects are the targets' subjects, in queue order.
+	// subjectPrefix is "<prefix>.<bucket>.<kvKey>.".
+	subjectPrefix string
+	jobs          []string // the targets, in queue order
+	// subjects[i] is jobs[i]'s subject once the walk reached it.
 	subjects  []string
 	states    []uint8
 	free      int
@@ -299,7 +302,8 @@ func (s *NATSStore) publishWakes(service, kvKey string, value []byte, rev uint64
 	s.wake.publish(s.BucketName(service), kvKey, value, rev, targets, free)
 }
 
-// subscribeWake implements wakeStore. fn must not call stop.
+// subscribeWake implements wakeStore. fn must not call stop, nor modify
+// value (which it may keep: the store does not change it either).
 func (s *NATSStore) subscribeWake(service, kvKey, jobID string, fn func(value []byte, rev uint64)) (func(), error) {
 	if s.wake == nil {
 		return nil, fmt.Errorf("%w: wake-ups of job %q of %s: the store has no wake-ups (WithWakeUps)", ErrInvalidRequest, jobID, kvKey)
@@ -371,11 +375,11 @@ func (h *wakeHub) startLocked(bucket, kvKey string, value []byte, rev uint64, ta
 	h.nextID++
 	c := &wakeChain{
 		id: h.nextID, key: key, rev: rev, payload: payload,
-		subjects: make([]string, len(targets)), states: make([]uint8, len(targets)),
-		free: min(free, len(targets)), born: now,
-	}
-	for i, job := range targets {
-		c.subjects[i] = h.prefix + bucket + "." + kvKey + "." + wakeToken(job)
+		subjectPrefix: h.prefix + bucket + "." + kvKey + ".",
+		jobs:          append([]string(nil), targets...),
+		subjects:      make([]string, len(targets)),
+		states:        make([]uint8, len(targets)),
+		free:          min(free, len(targets)), born: now,
 	}
 	h.chains[c.id] = c
 	h.order = append(h.order, c)
@@ -412,6 +416,9 @@ func (h *wakeHub) walkLocked(c *wakeChain, acts *wakeActions) {
 	for c.delivered+c.sent < c.free && c.next < len(c.subjects) {
 		i := c.next
 		c.next++
+		if c.subjects[i] == "" {
+			c.subjects[i] = c.subjectPrefix + wakeToken(c.jobs[i])
+		}
 		if e := h.subs[c.subjects[i]]; e != nil && len(e.waiters) > 0 {
 			c.states[i] = wakeLocal
 			c.delivered++

@@ -461,3 +461,87 @@ func TestWakeUpsRefusedFailNoCall(t *testing.T) {
 	assert.NotEmpty(t, errc, "the connection's own handler still sees the refusals")
 	assert.False(t, pending(l.ch))
 }
+
+// TestWakeUpsStopRace: a waiter that stops after a wake-up chose it but
+// before the wake-up reached it is not called.
+func TestWakeUpsStopRace(t *testing.T) {
+	t.Parallel()
+	f := newNATSWakeFixture(t)
+	a, ncA := f.store(t)
+	l, stop := f.wait(t, a, ncA, "j1")
+	reply, ok := a.wake.replySubjects()
+	require.True(t, ok)
+	a.wake.mu.Lock()
+	c, acts := a.wake.startLocked(a.BucketName(f.service), f.kvKey, []byte("x"), 1, []string{"j1"}, 1, time.Now())
+	a.wake.mu.Unlock()
+	require.NotNil(t, c)
+	require.Len(t, acts.local, 1, "the walk chose the local waiter")
+	stop()
+	a.wake.act(c, reply, &acts)
+	assert.Empty(t, l.ch, "a stopped waiter was called")
+}
+
+// TestWakeUpsConnectionClosed: closing the connection ends the store's
+// dispatcher even while waiters are subscribed; later wake-ups are dropped
+// and counted, later subscriptions fail.
+func TestWakeUpsConnectionClosed(t *testing.T) {
+	t.Parallel()
+	f := newNATSWakeFixture(t)
+	b, ncB := f.store(t)
+	_, stop := f.wait(t, b, ncB, "j1")
+	_, _ = f.wait(t, b, ncB, "j2")
+	ncB.Close()
+	require.Eventually(t, func() bool {
+		b.wake.mu.Lock()
+		defer b.wake.mu.Unlock()
+		return b.wake.disp == nil && b.wake.live == 0 && len(b.wake.subs) == 0
+	}, rtWait, time.Millisecond, "the dispatcher ended with the connection")
+	stop() // harmless after the close
+
+	b.publishWakes(f.service, f.kvKey, []byte("x"), 1, []string{"j1"}, 1)
+	assert.Equal(t, uint64(1), b.wakeCounters().Dropped)
+	_, err := b.subscribeWake(f.service, f.kvKey, "j3", func([]byte, uint64) {})
+	require.ErrorIs(t, err, nats.ErrConnectionClosed)
+}
+
+// TestWakeUpsBounded: the delivery state kept for wake-ups stays bounded
+// however many keys are woken, and expires.
+func TestWakeUpsBounded(t *testing.T) {
+	t.Parallel()
+	f := newNATSWakeFixture(t)
+	a, _ := f.store(t)
+	h := a.wake
+	kept := func() (order, latest, chains int) {
+		h.mu.Lock()
+		defer h.mu.Unlock()
+		return len(h.order), len(h.latest), len(h.chains)
+	}
+	for i := range wakeChainsMax + 500 {
+		a.publishWakes(f.service, f.kvKey+strconv.Itoa(i), []byte("x"), 1, []string{"j"}, 1)
+		order, latest, chains := kept()
+		require.LessOrEqual(t, order, wakeChainsMax)
+		require.LessOrEqual(t, latest, wakeChainsMax)
+		require.LessOrEqual(t, chains, wakeChainsMax)
+	}
+	require.Eventually(t, func() bool { _, _, chains := kept(); return chains == 0 }, rtWait, time.Millisecond,
+		"every wake-up ended")
+
+	// Targets beyond free+16 are never tried.
+	before := a.wakeCounters()
+	many := make([]string, 1000)
+	for i := range many {
+		many[i] = "nobody-" + strconv.Itoa(i)
+	}
+	a.publishWakes(f.service, f.kvKey, []byte("x"), 1, many, 1)
+	require.Eventually(t, func() bool { _, _, chains := kept(); return chains == 0 }, rtWait, time.Millisecond)
+	after := a.wakeCounters()
+	assert.Equal(t, before.Retried+1, after.Retried)
+	assert.Equal(t, before.Published+2*(1+wakeWalkExtra), after.Published)
+	assert.Equal(t, before.NoResponders+2*(1+wakeWalkExtra), after.NoResponders)
+
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	h.expireLocked(time.Now().Add(2 * wakeChainTTL))
+	assert.Empty(t, h.order)
+	assert.Empty(t, h.latest)
+}
