@@ -46,6 +46,9 @@ const (
 	// wakeChainsMax bounds the wake-ups whose delivery state is kept; the
 	// oldest are dropped first.
 	wakeChainsMax = 4096
+	// wakeKeptBytesMax bounds the size of the states kept for wake-ups
+	// whose delivery may go on; the oldest are dropped first.
+	wakeKeptBytesMax = 8 << 20
 	// wakeWalkExtra bounds the targets a wake-up tries beyond its free
 	// slots.
 	wakeWalkExtra = 16
@@ -181,7 +184,9 @@ type wakeHub struct {
 	chains map[uint64]*wakeChain   // wake-ups whose delivery may go on, by id
 	order  []*wakeChain            // every kept wake-up, oldest first
 	latest map[string]*wakeChain   // the newest kept wake-up per bucket and key
-	nextID uint64
+	// keptBytes is the size of the payloads of the chains in h.chains.
+	keptBytes int
+	nextID    uint64
 }
 
 // wakeSubject is one subject this store's waiters wait on.
@@ -251,6 +256,7 @@ type wakeChain struct {
 
 // wakeActions are what a walk decided, done outside the hub's lock.
 type wakeActions struct {
+	payload []byte // the chain's, which it drops when it ends
 	local   []*wakeWaiter
 	publish []string // subjects
 	retry   bool
@@ -382,6 +388,7 @@ func (h *wakeHub) startLocked(bucket, kvKey string, value []byte, rev uint64, ta
 		free:          min(free, len(targets)), born: now,
 	}
 	h.chains[c.id] = c
+	h.keptBytes += len(payload)
 	h.order = append(h.order, c)
 	h.latest[key] = c
 	h.walkLocked(c, &acts)
@@ -413,6 +420,7 @@ func (h *wakeHub) replySubjects() (string, bool) {
 // nothing is left in flight the chain is over, or, if nobody was woken at
 // all and it was not retried yet, it is sent once more after h.retry.
 func (h *wakeHub) walkLocked(c *wakeChain, acts *wakeActions) {
+	acts.payload = c.payload
 	for c.delivered+c.sent < c.free && c.next < len(c.subjects) {
 		i := c.next
 		c.next++
@@ -443,7 +451,7 @@ func (h *wakeHub) walkLocked(c *wakeChain, acts *wakeActions) {
 // act does what a walk of c decided, outside the hub's lock.
 func (h *wakeHub) act(c *wakeChain, reply string, acts *wakeActions) {
 	if len(acts.local) > 0 {
-		value, rev := c.payload[wakeRevLen:], c.rev
+		value, rev := acts.payload[wakeRevLen:], c.rev
 		for _, w := range acts.local {
 			w.deliver(value, rev)
 		}
@@ -453,7 +461,7 @@ func (h *wakeHub) act(c *wakeChain, reply string, acts *wakeActions) {
 		replyTo := reply + strconv.FormatUint(c.id, 10)
 		for _, subj := range acts.publish {
 			h.published.Add(1) // before the send: the waiter may count first
-			if err := h.nc.PublishRequest(subj, replyTo, c.payload); err != nil {
+			if err := h.nc.PublishRequest(subj, replyTo, acts.payload); err != nil {
 				h.published.Add(^uint64(0))
 				// A closed connection, or a buffer full while
 				// reconnecting: the wake-up is lost, the waiters'
@@ -534,13 +542,15 @@ func (h *wakeHub) endLocked(c *wakeChain) {
 	}
 	c.done = true
 	delete(h.chains, c.id)
+	h.keptBytes -= len(c.payload)
+	c.payload, c.jobs, c.subjects, c.states = nil, nil, nil, nil
 }
 
 // expireLocked forgets the chains older than wakeChainTTL, and the oldest
-// beyond wakeChainsMax.
+// beyond wakeChainsMax or wakeKeptBytesMax.
 func (h *wakeHub) expireLocked(now time.Time) {
 	n := 0
-	for n < len(h.order) && (len(h.order)-n >= wakeChainsMax || now.Sub(h.order[n].born) > wakeChainTTL) {
+	for n < len(h.order) && (len(h.order)-n >= wakeChainsMax || h.keptBytes > wakeKeptBytesMax || now.Sub(h.order[n].born) > wakeChainTTL) {
 		c := h.order[n]
 		h.endLocked(c)
 		if h.latest[c.key] == c {

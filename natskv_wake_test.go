@@ -539,9 +539,81 @@ func TestWakeUpsBounded(t *testing.T) {
 	assert.Equal(t, before.Published+2*(1+wakeWalkExtra), after.Published)
 	assert.Equal(t, before.NoResponders+2*(1+wakeWalkExtra), after.NoResponders)
 
+	// Large states: the bytes kept are bounded too.
+	big := make([]byte, 600<<10)
+	for i := range 20 {
+		a.publishWakes(f.service, f.kvKey+"big"+strconv.Itoa(i), big, 1, []string{"j"}, 1)
+		h.mu.Lock()
+		keptBytes := h.keptBytes
+		h.mu.Unlock()
+		require.LessOrEqual(t, keptBytes, wakeKeptBytesMax+len(big)+wakeRevLen)
+	}
+	require.Eventually(t, func() bool { _, _, chains := kept(); return chains == 0 }, rtWait, time.Millisecond)
+
 	h.mu.Lock()
 	defer h.mu.Unlock()
+	assert.Zero(t, h.keptBytes)
 	h.expireLocked(time.Now().Add(2 * wakeChainTTL))
 	assert.Empty(t, h.order)
 	assert.Empty(t, h.latest)
+}
+
+// BenchmarkWakeUps measures one wake-up of a one-slot state: to a waiter
+// of the same store (in memory), and to a waiter on another connection,
+// received before the next is sent; beside it, a bare core NATS publish
+// and receipt over the same connections as the baseline.
+func BenchmarkWakeUps(b *testing.B) {
+	srv := natstest.Run(b)
+	svc := jkService("wakebench")
+	key, err := DeriveKey(svc, "render", []byte(`{"t":"acme"}`), []string{"/t"})
+	require.NoError(b, err)
+	value := []byte(`{"version":1,"service":"` + svc + `","jobType":"render","key":"acme","keyHash":"` + key.KeyHash +
+		`","maxActive":1,"maxQueuedPerKey":16,"active":[],"queued":[{"jobId":"j1","createdAt":"2026-12-01T00:00:00.000Z","requestId":"r"}],"staleTakeoverCount":0,"updatedAt":"2026-12-01T00:00:00.000Z"}`)
+	open := func() (*NATSStore, *nats.Conn) {
+		nc, js := natstest.Connect(b, srv)
+		s, err := NewNATSStore(js, WithWakeUps(""))
+		require.NoError(b, err)
+		return s, nc
+	}
+	got := make(chan uint64, 1)
+	fn := func(_ []byte, rev uint64) { got <- rev }
+
+	b.Run("local", func(b *testing.B) {
+		a, _ := open()
+		stop, err := a.subscribeWake(svc, key.KVKey, "j1", fn)
+		require.NoError(b, err)
+		defer stop()
+		b.ReportAllocs()
+		for i := range b.N {
+			a.publishWakes(svc, key.KVKey, value, uint64(i+1), []string{"j1"}, 1)
+			<-got
+		}
+	})
+	b.Run("remote", func(b *testing.B) {
+		a, _ := open()
+		w, ncW := open()
+		stop, err := w.subscribeWake(svc, key.KVKey, "j1", fn)
+		require.NoError(b, err)
+		defer stop()
+		require.NoError(b, ncW.Flush())
+		b.ReportAllocs()
+		for i := range b.N {
+			a.publishWakes(svc, key.KVKey, value, uint64(i+1), []string{"j1"}, 1)
+			<-got
+		}
+	})
+	b.Run("core-nats-baseline", func(b *testing.B) {
+		_, ncA := open()
+		_, ncW := open()
+		subject := "bench." + svc
+		sub, err := ncW.Subscribe(subject, func(m *nats.Msg) { got <- uint64(len(m.Data)) })
+		require.NoError(b, err)
+		defer func() { _ = sub.Unsubscribe() }()
+		require.NoError(b, ncW.Flush())
+		b.ReportAllocs()
+		for range b.N {
+			require.NoError(b, ncA.Publish(subject, value))
+			<-got
+		}
+	})
 }
