@@ -235,23 +235,28 @@ const (
 // wakeChain is the delivery of one published wake-up: its targets in queue
 // order, walked on as targets answer that they have no waiter.
 type wakeChain struct {
-	id      uint64
-	key     string // bucket + " " + kvKey
+	id uint64
+	// key is "<prefix>.<bucket>.<kvKey>.", the prefix of its targets'
+	// subjects, and its key in h.latest.
+	key     string
 	rev     uint64
 	payload []byte // revision, then value
-	// subjectPrefix is "<prefix>.<bucket>.<kvKey>.".
-	subjectPrefix string
-	jobs          []string // the targets, in queue order
-	// subjects[i] is jobs[i]'s subject once the walk reached it.
-	subjects  []string
-	states    []uint8
-	free      int
-	next      int // index of the next unused target
-	sent      int // targets in state wakeSent
-	delivered int // targets in state wakeLocal
+	targets []wakeTarget
+	free    int
+	next    int // index of the next unused target
+	sent    int // targets in state wakeSent
+	// delivered counts the targets in state wakeLocal.
+	delivered int
 	retried   bool
 	done      bool // over, stale or expired: nothing moves it on
 	born      time.Time
+}
+
+// wakeTarget is one job a wake-up may go to.
+type wakeTarget struct {
+	job     string
+	subject string // once the walk reached it
+	state   uint8
 }
 
 // wakeActions are what a walk decided, done outside the hub's lock.
@@ -368,7 +373,7 @@ func (h *wakeHub) publish(bucket, kvKey string, value []byte, rev uint64, target
 func (h *wakeHub) startLocked(bucket, kvKey string, value []byte, rev uint64, targets []string, free int, now time.Time) (*wakeChain, wakeActions) {
 	var acts wakeActions
 	h.expireLocked(now)
-	key := bucket + " " + kvKey
+	key := h.prefix + bucket + "." + kvKey + "."
 	if prev := h.latest[key]; prev != nil {
 		if prev.rev >= rev {
 			return nil, acts // a newer state of the key went out already
@@ -381,11 +386,11 @@ func (h *wakeHub) startLocked(bucket, kvKey string, value []byte, rev uint64, ta
 	h.nextID++
 	c := &wakeChain{
 		id: h.nextID, key: key, rev: rev, payload: payload,
-		subjectPrefix: h.prefix + bucket + "." + kvKey + ".",
-		jobs:          append([]string(nil), targets...),
-		subjects:      make([]string, len(targets)),
-		states:        make([]uint8, len(targets)),
-		free:          min(free, len(targets)), born: now,
+		targets: make([]wakeTarget, len(targets)),
+		free:    min(free, len(targets)), born: now,
+	}
+	for i, job := range targets {
+		c.targets[i].job = job
 	}
 	h.chains[c.id] = c
 	h.keptBytes += len(payload)
@@ -421,21 +426,21 @@ func (h *wakeHub) replySubjects() (string, bool) {
 // all and it was not retried yet, it is sent once more after h.retry.
 func (h *wakeHub) walkLocked(c *wakeChain, acts *wakeActions) {
 	acts.payload = c.payload
-	for c.delivered+c.sent < c.free && c.next < len(c.subjects) {
-		i := c.next
+	for c.delivered+c.sent < c.free && c.next < len(c.targets) {
+		tg := &c.targets[c.next]
 		c.next++
-		if c.subjects[i] == "" {
-			c.subjects[i] = c.subjectPrefix + wakeToken(c.jobs[i])
+		if tg.subject == "" {
+			tg.subject = c.key + wakeToken(tg.job)
 		}
-		if e := h.subs[c.subjects[i]]; e != nil && len(e.waiters) > 0 {
-			c.states[i] = wakeLocal
+		if e := h.subs[tg.subject]; e != nil && len(e.waiters) > 0 {
+			tg.state = wakeLocal
 			c.delivered++
 			acts.local = append(acts.local, e.waiters...)
 			continue
 		}
-		c.states[i] = wakeSent
+		tg.state = wakeSent
 		c.sent++
-		acts.publish = append(acts.publish, c.subjects[i])
+		acts.publish = append(acts.publish, tg.subject)
 	}
 	if c.sent > 0 {
 		return // answers may come
@@ -490,7 +495,9 @@ func (h *wakeHub) retryChain(c *wakeChain, reply string) {
 	}
 	h.retried.Add(1)
 	c.next, c.sent, c.delivered = 0, 0, 0
-	clear(c.states)
+	for i := range c.targets {
+		c.targets[i].state = wakeUnused
+	}
 	var acts wakeActions
 	h.walkLocked(c, &acts)
 	h.mu.Unlock()
@@ -521,9 +528,9 @@ func (h *wakeHub) onReply(m *nats.Msg) {
 		return
 	}
 	var acts wakeActions
-	for i, subj := range c.subjects[:c.next] {
-		if subj == target && c.states[i] == wakeSent {
-			c.states[i] = wakeNoWaiter
+	for i := range c.targets[:c.next] {
+		if tg := &c.targets[i]; tg.subject == target && tg.state == wakeSent {
+			tg.state = wakeNoWaiter
 			c.sent--
 			h.walkLocked(c, &acts)
 			break
@@ -543,7 +550,7 @@ func (h *wakeHub) endLocked(c *wakeChain) {
 	c.done = true
 	delete(h.chains, c.id)
 	h.keptBytes -= len(c.payload)
-	c.payload, c.jobs, c.subjects, c.states = nil, nil, nil, nil
+	c.payload, c.targets = nil, nil
 }
 
 // expireLocked forgets the chains older than wakeChainTTL, and the oldest
