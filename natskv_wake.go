@@ -46,6 +46,9 @@ const (
 	// wakeChainsMax bounds the wake-ups whose delivery state is kept; the
 	// oldest are dropped first.
 	wakeChainsMax = 4096
+	// wakeKeptBytesMax bounds the size of the states kept for wake-ups
+	// whose delivery may go on; the oldest are dropped first.
+	wakeKeptBytesMax = 8 << 20
 	// wakeWalkExtra bounds the targets a wake-up tries beyond its free
 	// slots.
 	wakeWalkExtra = 16
@@ -181,7 +184,9 @@ type wakeHub struct {
 	chains map[uint64]*wakeChain   // wake-ups whose delivery may go on, by id
 	order  []*wakeChain            // every kept wake-up, oldest first
 	latest map[string]*wakeChain   // the newest kept wake-up per bucket and key
-	nextID uint64
+	// keptBytes is the size of the payloads of the chains in h.chains.
+	keptBytes int
+	nextID    uint64
 }
 
 // wakeSubject is one subject this store's waiters wait on.
@@ -230,24 +235,33 @@ const (
 // wakeChain is the delivery of one published wake-up: its targets in queue
 // order, walked on as targets answer that they have no waiter.
 type wakeChain struct {
-	id      uint64
-	key     string // bucket + " " + kvKey
+	id uint64
+	// key is "<prefix>.<bucket>.<kvKey>.", the prefix of its targets'
+	// subjects, and its key in h.latest.
+	key     string
 	rev     uint64
 	payload []byte // revision, then value
-	// subjects are the targets' subjects, in queue order.
-	subjects  []string
-	states    []uint8
-	free      int
-	next      int // index of the next unused target
-	sent      int // targets in state wakeSent
-	delivered int // targets in state wakeLocal
+	targets []wakeTarget
+	free    int
+	next    int // index of the next unused target
+	sent    int // targets in state wakeSent
+	// delivered counts the targets in state wakeLocal.
+	delivered int
 	retried   bool
 	done      bool // over, stale or expired: nothing moves it on
 	born      time.Time
 }
 
+// wakeTarget is one job a wake-up may go to.
+type wakeTarget struct {
+	job     string
+	subject string // once the walk reached it
+	state   uint8
+}
+
 // wakeActions are what a walk decided, done outside the hub's lock.
 type wakeActions struct {
+	payload []byte // the chain's, which it drops when it ends
 	local   []*wakeWaiter
 	publish []string // subjects
 	retry   bool
@@ -299,7 +313,8 @@ func (s *NATSStore) publishWakes(service, kvKey string, value []byte, rev uint64
 	s.wake.publish(s.BucketName(service), kvKey, value, rev, targets, free)
 }
 
-// subscribeWake implements wakeStore. fn must not call stop.
+// subscribeWake implements wakeStore. fn must not call stop, nor modify
+// value (which it may keep: the store does not change it either).
 func (s *NATSStore) subscribeWake(service, kvKey, jobID string, fn func(value []byte, rev uint64)) (func(), error) {
 	if s.wake == nil {
 		return nil, fmt.Errorf("%w: wake-ups of job %q of %s: the store has no wake-ups (WithWakeUps)", ErrInvalidRequest, jobID, kvKey)
@@ -358,7 +373,7 @@ func (h *wakeHub) publish(bucket, kvKey string, value []byte, rev uint64, target
 func (h *wakeHub) startLocked(bucket, kvKey string, value []byte, rev uint64, targets []string, free int, now time.Time) (*wakeChain, wakeActions) {
 	var acts wakeActions
 	h.expireLocked(now)
-	key := bucket + " " + kvKey
+	key := h.prefix + bucket + "." + kvKey + "."
 	if prev := h.latest[key]; prev != nil {
 		if prev.rev >= rev {
 			return nil, acts // a newer state of the key went out already
@@ -371,13 +386,14 @@ func (h *wakeHub) startLocked(bucket, kvKey string, value []byte, rev uint64, ta
 	h.nextID++
 	c := &wakeChain{
 		id: h.nextID, key: key, rev: rev, payload: payload,
-		subjects: make([]string, len(targets)), states: make([]uint8, len(targets)),
-		free: min(free, len(targets)), born: now,
+		targets: make([]wakeTarget, len(targets)),
+		free:    min(free, len(targets)), born: now,
 	}
 	for i, job := range targets {
-		c.subjects[i] = h.prefix + bucket + "." + kvKey + "." + wakeToken(job)
+		c.targets[i].job = job
 	}
 	h.chains[c.id] = c
+	h.keptBytes += len(payload)
 	h.order = append(h.order, c)
 	h.latest[key] = c
 	h.walkLocked(c, &acts)
@@ -409,18 +425,22 @@ func (h *wakeHub) replySubjects() (string, bool) {
 // nothing is left in flight the chain is over, or, if nobody was woken at
 // all and it was not retried yet, it is sent once more after h.retry.
 func (h *wakeHub) walkLocked(c *wakeChain, acts *wakeActions) {
-	for c.delivered+c.sent < c.free && c.next < len(c.subjects) {
-		i := c.next
+	acts.payload = c.payload
+	for c.delivered+c.sent < c.free && c.next < len(c.targets) {
+		tg := &c.targets[c.next]
 		c.next++
-		if e := h.subs[c.subjects[i]]; e != nil && len(e.waiters) > 0 {
-			c.states[i] = wakeLocal
+		if tg.subject == "" {
+			tg.subject = c.key + wakeToken(tg.job)
+		}
+		if e := h.subs[tg.subject]; e != nil && len(e.waiters) > 0 {
+			tg.state = wakeLocal
 			c.delivered++
 			acts.local = append(acts.local, e.waiters...)
 			continue
 		}
-		c.states[i] = wakeSent
+		tg.state = wakeSent
 		c.sent++
-		acts.publish = append(acts.publish, c.subjects[i])
+		acts.publish = append(acts.publish, tg.subject)
 	}
 	if c.sent > 0 {
 		return // answers may come
@@ -436,7 +456,7 @@ func (h *wakeHub) walkLocked(c *wakeChain, acts *wakeActions) {
 // act does what a walk of c decided, outside the hub's lock.
 func (h *wakeHub) act(c *wakeChain, reply string, acts *wakeActions) {
 	if len(acts.local) > 0 {
-		value, rev := c.payload[wakeRevLen:], c.rev
+		value, rev := acts.payload[wakeRevLen:], c.rev
 		for _, w := range acts.local {
 			w.deliver(value, rev)
 		}
@@ -446,7 +466,7 @@ func (h *wakeHub) act(c *wakeChain, reply string, acts *wakeActions) {
 		replyTo := reply + strconv.FormatUint(c.id, 10)
 		for _, subj := range acts.publish {
 			h.published.Add(1) // before the send: the waiter may count first
-			if err := h.nc.PublishRequest(subj, replyTo, c.payload); err != nil {
+			if err := h.nc.PublishRequest(subj, replyTo, acts.payload); err != nil {
 				h.published.Add(^uint64(0))
 				// A closed connection, or a buffer full while
 				// reconnecting: the wake-up is lost, the waiters'
@@ -475,7 +495,9 @@ func (h *wakeHub) retryChain(c *wakeChain, reply string) {
 	}
 	h.retried.Add(1)
 	c.next, c.sent, c.delivered = 0, 0, 0
-	clear(c.states)
+	for i := range c.targets {
+		c.targets[i].state = wakeUnused
+	}
 	var acts wakeActions
 	h.walkLocked(c, &acts)
 	h.mu.Unlock()
@@ -506,9 +528,9 @@ func (h *wakeHub) onReply(m *nats.Msg) {
 		return
 	}
 	var acts wakeActions
-	for i, subj := range c.subjects[:c.next] {
-		if subj == target && c.states[i] == wakeSent {
-			c.states[i] = wakeNoWaiter
+	for i := range c.targets[:c.next] {
+		if tg := &c.targets[i]; tg.subject == target && tg.state == wakeSent {
+			tg.state = wakeNoWaiter
 			c.sent--
 			h.walkLocked(c, &acts)
 			break
@@ -527,13 +549,15 @@ func (h *wakeHub) endLocked(c *wakeChain) {
 	}
 	c.done = true
 	delete(h.chains, c.id)
+	h.keptBytes -= len(c.payload)
+	c.payload, c.targets = nil, nil
 }
 
 // expireLocked forgets the chains older than wakeChainTTL, and the oldest
-// beyond wakeChainsMax.
+// beyond wakeChainsMax or wakeKeptBytesMax.
 func (h *wakeHub) expireLocked(now time.Time) {
 	n := 0
-	for n < len(h.order) && (len(h.order)-n >= wakeChainsMax || now.Sub(h.order[n].born) > wakeChainTTL) {
+	for n < len(h.order) && (len(h.order)-n >= wakeChainsMax || h.keptBytes > wakeKeptBytesMax || now.Sub(h.order[n].born) > wakeChainTTL) {
 		c := h.order[n]
 		h.endLocked(c)
 		if h.latest[c.key] == c {

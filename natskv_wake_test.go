@@ -461,3 +461,159 @@ func TestWakeUpsRefusedFailNoCall(t *testing.T) {
 	assert.NotEmpty(t, errc, "the connection's own handler still sees the refusals")
 	assert.False(t, pending(l.ch))
 }
+
+// TestWakeUpsStopRace: a waiter that stops after a wake-up chose it but
+// before the wake-up reached it is not called.
+func TestWakeUpsStopRace(t *testing.T) {
+	t.Parallel()
+	f := newNATSWakeFixture(t)
+	a, ncA := f.store(t)
+	l, stop := f.wait(t, a, ncA, "j1")
+	reply, ok := a.wake.replySubjects()
+	require.True(t, ok)
+	a.wake.mu.Lock()
+	c, acts := a.wake.startLocked(a.BucketName(f.service), f.kvKey, []byte("x"), 1, []string{"j1"}, 1, time.Now())
+	a.wake.mu.Unlock()
+	require.NotNil(t, c)
+	require.Len(t, acts.local, 1, "the walk chose the local waiter")
+	stop()
+	a.wake.act(c, reply, &acts)
+	assert.Empty(t, l.ch, "a stopped waiter was called")
+}
+
+// TestWakeUpsConnectionClosed: closing the connection ends the store's
+// dispatcher even while waiters are subscribed; later wake-ups are dropped
+// and counted, later subscriptions fail.
+func TestWakeUpsConnectionClosed(t *testing.T) {
+	t.Parallel()
+	f := newNATSWakeFixture(t)
+	b, ncB := f.store(t)
+	_, stop := f.wait(t, b, ncB, "j1")
+	_, _ = f.wait(t, b, ncB, "j2")
+	ncB.Close()
+	require.Eventually(t, func() bool {
+		b.wake.mu.Lock()
+		defer b.wake.mu.Unlock()
+		return b.wake.disp == nil && b.wake.live == 0 && len(b.wake.subs) == 0
+	}, rtWait, time.Millisecond, "the dispatcher ended with the connection")
+	stop() // harmless after the close
+
+	b.publishWakes(f.service, f.kvKey, []byte("x"), 1, []string{"j1"}, 1)
+	assert.Equal(t, uint64(1), b.wakeCounters().Dropped)
+	_, err := b.subscribeWake(f.service, f.kvKey, "j3", func([]byte, uint64) {})
+	require.ErrorIs(t, err, nats.ErrConnectionClosed)
+}
+
+// TestWakeUpsBounded: the delivery state kept for wake-ups stays bounded
+// however many keys are woken, and expires.
+func TestWakeUpsBounded(t *testing.T) {
+	t.Parallel()
+	f := newNATSWakeFixture(t)
+	a, _ := f.store(t)
+	h := a.wake
+	kept := func() (order, latest, chains int) {
+		h.mu.Lock()
+		defer h.mu.Unlock()
+		return len(h.order), len(h.latest), len(h.chains)
+	}
+	for i := range wakeChainsMax + 500 {
+		a.publishWakes(f.service, f.kvKey+strconv.Itoa(i), []byte("x"), 1, []string{"j"}, 1)
+		order, latest, chains := kept()
+		require.LessOrEqual(t, order, wakeChainsMax)
+		require.LessOrEqual(t, latest, wakeChainsMax)
+		require.LessOrEqual(t, chains, wakeChainsMax)
+	}
+	require.Eventually(t, func() bool { _, _, chains := kept(); return chains == 0 }, rtWait, time.Millisecond,
+		"every wake-up ended")
+
+	// Targets beyond free+16 are never tried.
+	before := a.wakeCounters()
+	many := make([]string, 1000)
+	for i := range many {
+		many[i] = "nobody-" + strconv.Itoa(i)
+	}
+	a.publishWakes(f.service, f.kvKey, []byte("x"), 1, many, 1)
+	require.Eventually(t, func() bool { _, _, chains := kept(); return chains == 0 }, rtWait, time.Millisecond)
+	after := a.wakeCounters()
+	assert.Equal(t, before.Retried+1, after.Retried)
+	assert.Equal(t, before.Published+2*(1+wakeWalkExtra), after.Published)
+	assert.Equal(t, before.NoResponders+2*(1+wakeWalkExtra), after.NoResponders)
+
+	// Large states: the bytes kept are bounded too.
+	big := make([]byte, 600<<10)
+	for i := range 20 {
+		a.publishWakes(f.service, f.kvKey+"big"+strconv.Itoa(i), big, 1, []string{"j"}, 1)
+		h.mu.Lock()
+		keptBytes := h.keptBytes
+		h.mu.Unlock()
+		require.LessOrEqual(t, keptBytes, wakeKeptBytesMax+len(big)+wakeRevLen)
+	}
+	require.Eventually(t, func() bool { _, _, chains := kept(); return chains == 0 }, rtWait, time.Millisecond)
+
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	assert.Zero(t, h.keptBytes)
+	h.expireLocked(time.Now().Add(2 * wakeChainTTL))
+	assert.Empty(t, h.order)
+	assert.Empty(t, h.latest)
+}
+
+// BenchmarkWakeUps measures one wake-up of a one-slot state: to a waiter
+// of the same store (in memory), and to a waiter on another connection,
+// received before the next is sent; beside it, a bare core NATS publish
+// and receipt over the same connections as the baseline.
+func BenchmarkWakeUps(b *testing.B) {
+	srv := natstest.Run(b)
+	svc := jkService("wakebench")
+	key, err := DeriveKey(svc, "render", []byte(`{"t":"acme"}`), []string{"/t"})
+	require.NoError(b, err)
+	value := []byte(`{"version":1,"service":"` + svc + `","jobType":"render","key":"acme","keyHash":"` + key.KeyHash +
+		`","maxActive":1,"maxQueuedPerKey":16,"active":[],"queued":[{"jobId":"j1","createdAt":"2026-12-01T00:00:00.000Z","requestId":"r"}],"staleTakeoverCount":0,"updatedAt":"2026-12-01T00:00:00.000Z"}`)
+	open := func() (*NATSStore, *nats.Conn) {
+		nc, js := natstest.Connect(b, srv)
+		s, err := NewNATSStore(js, WithWakeUps(""))
+		require.NoError(b, err)
+		return s, nc
+	}
+	got := make(chan uint64, 1)
+	fn := func(_ []byte, rev uint64) { got <- rev }
+
+	b.Run("local", func(b *testing.B) {
+		a, _ := open()
+		stop, err := a.subscribeWake(svc, key.KVKey, "j1", fn)
+		require.NoError(b, err)
+		defer stop()
+		b.ReportAllocs()
+		for i := range b.N {
+			a.publishWakes(svc, key.KVKey, value, uint64(i+1), []string{"j1"}, 1)
+			<-got
+		}
+	})
+	b.Run("remote", func(b *testing.B) {
+		a, _ := open()
+		w, ncW := open()
+		stop, err := w.subscribeWake(svc, key.KVKey, "j1", fn)
+		require.NoError(b, err)
+		defer stop()
+		require.NoError(b, ncW.Flush())
+		b.ReportAllocs()
+		for i := range b.N {
+			a.publishWakes(svc, key.KVKey, value, uint64(i+1), []string{"j1"}, 1)
+			<-got
+		}
+	})
+	b.Run("core-nats-baseline", func(b *testing.B) {
+		_, ncA := open()
+		_, ncW := open()
+		subject := "bench." + svc
+		sub, err := ncW.Subscribe(subject, func(m *nats.Msg) { got <- uint64(len(m.Data)) })
+		require.NoError(b, err)
+		defer func() { _ = sub.Unsubscribe() }()
+		require.NoError(b, ncW.Flush())
+		b.ReportAllocs()
+		for range b.N {
+			require.NoError(b, ncA.Publish(subject, value))
+			<-got
+		}
+	})
+}
