@@ -5,7 +5,6 @@ import (
 	"fmt"
 	"sync/atomic"
 	"time"
-	"weak"
 )
 
 // Targeted wake-ups (see WithWakeUps): the coordinator side, which sends a
@@ -120,7 +119,7 @@ func (w *Watcher) subscribeWake(service, kvKey, jobID string, t *keyTable) (*Sub
 		w.mu.Unlock()
 		return nil, fmt.Errorf("%w: subscribe to %s", ErrWatcherClosed, kvKey)
 	}
-	sub := &Subscription{w: w, kvKey: kvKey, changed: make(chan struct{}, 1), done: make(chan struct{}), wake: &wakeWait{table: t, jobID: jobID}}
+	sub := &Subscription{w: w, kvKey: kvKey, changed: make(chan struct{}, 1), done: make(chan struct{}), wake: &wakeWait{table: t}}
 	if w.wakeSubs == nil {
 		w.wakeSubs = make(map[string]map[*Subscription]struct{})
 	}
@@ -130,12 +129,6 @@ func (w *Watcher) subscribeWake(service, kvKey, jobID string, t *keyTable) (*Sub
 		w.wakeSubs[kvKey] = subs
 	}
 	subs[sub] = struct{}{}
-	if wt := weak.Make(t); !w.isLinked(wt) {
-		// Its coordinator's batches that free slots wake it first (see
-		// prewakeWake).
-		w.linked[wt] = struct{}{}
-		t.link(w)
-	}
 	w.mu.Unlock()
 
 	e := t.pin(kvKey)
@@ -165,14 +158,11 @@ func (w *Watcher) subscribeWake(service, kvKey, jobID string, t *keyTable) (*Sub
 // wakeWait is the state of a Subscription made by subscribeWake.
 type wakeWait struct {
 	table *keyTable
-	jobID string
 	entry *keyEntry // pinned while the subscription lasts
 	stop  func()    // ends the store's subscription
 	rev   atomic.Uint64
-	// closed is set once Close ran, and prewoken while a batch of its
-	// coordinator woke it (see prewakeWake) and it has not come back;
-	// guarded by Watcher.mu.
-	closed, prewoken bool
+	// closed is set once Close ran; guarded by Watcher.mu.
+	closed bool
 }
 
 // wakeSignal is signal for a wake-up subscription, from the store's
@@ -188,9 +178,6 @@ func (s *Subscription) wakeSignal() {
 // before the try is dropped, unless a wake-up of a later revision than the
 // try's came meanwhile.
 func (s *Subscription) rearmWake(seen uint64) {
-	s.w.mu.Lock()
-	s.wake.prewoken = false
-	s.w.mu.Unlock()
 	if seen != 0 && s.wake.rev.Load() > seen {
 		return
 	}
@@ -238,59 +225,4 @@ func (w *Watcher) forgetWake(s *Subscription) {
 	if len(subs) == 0 {
 		delete(w.wakeSubs, s.kvKey)
 	}
-}
-
-// prewakeWake is prewake over targeted wake-ups: ahead of a batched write
-// of kvKey by the coordinator whose key table is t that would leave the
-// key at state st, it wakes the Runs of t waiting for wake-ups whose jobs
-// are first in st's queue, as many as st leaves slots free (counting those
-// woken so and not yet back), so that their acquisitions join the batch
-// (see lane.linger). It stops at the first queued job that no Run of t
-// waits for here: that job's waiter, elsewhere, cannot join the batch and
-// is woken by the write's wake-up (see publishWakes), and no job is woken
-// ahead of it. It returns how many it woke.
-func (w *Watcher) prewakeWake(kvKey string, t *keyTable, st *KeyState, now time.Time) int {
-	w.mu.Lock()
-	defer w.mu.Unlock()
-	subs := w.wakeSubs[kvKey]
-	if len(subs) == 0 || w.closed {
-		return 0
-	}
-	live := 0
-	for i := range st.Active {
-		if st.Active[i].LeaseExpiresAt.After(now) {
-			live++
-		}
-	}
-	woken := 0
-	for sub := range subs {
-		if sub.wake.prewoken {
-			woken++
-		}
-	}
-	free := st.MaxActive - live
-	n := 0
-	for i := range st.Queued {
-		if woken >= free {
-			break
-		}
-		var found *Subscription
-		for sub := range subs {
-			if sub.wake.jobID == st.Queued[i].JobID && sub.wake.table == t {
-				found = sub
-				break
-			}
-		}
-		if found == nil {
-			break
-		}
-		if found.wake.prewoken {
-			continue // counted above
-		}
-		found.wake.prewoken = true
-		woken++
-		n++
-		found.wakeSignal()
-	}
-	return n
 }

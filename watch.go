@@ -43,8 +43,6 @@ import (
 // the wake-ups sent to its own job's subject by the writes that leave a
 // slot free for it (see WithWakeUps), so a process receives one message
 // per slot freed for one of its jobs instead of every change of the key.
-// A batch of a coordinator that frees a slot still wakes that
-// coordinator's next waiter first, for its acquisition to join the batch.
 // Subscribe, and retries (WithRetry), still use the watch.
 //
 // A service's watch starts with the first [Watcher.Subscribe] for it and

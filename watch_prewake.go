@@ -18,9 +18,6 @@ import "time"
 // batch, so that no waiter is woken ahead of a job queued before its own.
 // Called with no lock held.
 func (w *Watcher) prewake(kvKey string, t *keyTable, st *KeyState, rev uint64, now time.Time) int {
-	if st != nil && w.wakeUps() != nil {
-		return w.prewakeWake(kvKey, t, st, now)
-	}
 	v, ok := w.waited.Load(kvKey)
 	if !ok || st == nil {
 		return 0
