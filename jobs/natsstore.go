@@ -51,9 +51,10 @@ const natsCASAttempts = 16
 // repairs or removes it; Claim skips it and claims the rest of its channel
 // (see [Store.Claim]). A request the server refuses for the user's
 // permissions times out (the server tells only the connection's async
-// error handler); the call's error then wraps jobkeys.ErrPermission
-// beside ErrUnavailable (or the caller's deadline's error) and names the
-// refused subject. It is safe for concurrent use.
+// error handler); the call's error (NewNATSStore's too) then wraps
+// jobkeys.ErrPermission beside ErrUnavailable (or the caller's deadline's
+// error) and names the refused subject. The module's README lists the
+// permissions a store's user needs. It is safe for concurrent use.
 type NATSStore struct {
 	js         jetstream.JetStream
 	cfg        config
@@ -168,20 +169,24 @@ func NewNATSStore(js jetstream.JetStream, cfg *Config, opts ...NATSStoreOption) 
 	if errors.Is(err, jetstream.ErrBucketNotFound) {
 		return nil, fmt.Errorf("%w: NewNATSStore: KV bucket %q does not exist; create it (with atomic publish allowed) or pass WithCreateBucket", ErrNotFound, o.bucket)
 	}
-	if err != nil {
-		return nil, fmt.Errorf("%w: NewNATSStore: open KV bucket %q: %w", ErrUnavailable, o.bucket, err)
-	}
 	streamName := "KV_" + o.bucket
+	// A refusal of one of these (or of the inbox) is named, not a bare
+	// timeout; the timeout is NewNATSStore's own, not a caller's deadline.
+	api := natsAPIPrefix(js.Options())
+	used := []string{api + "STREAM.INFO." + streamName, api + "INFO", api + "STREAM.CREATE." + streamName, api + "STREAM.UPDATE." + streamName}
+	if err != nil {
+		return nil, natsRefusedOr(context.Background(), js.Conn(), "NewNATSStore", fmt.Sprintf("open KV bucket %q", o.bucket), err, used)
+	}
 	stream, err := js.Stream(ctx, streamName)
 	if err != nil {
-		return nil, fmt.Errorf("%w: NewNATSStore: open stream %q of KV bucket %q: %w", ErrUnavailable, streamName, o.bucket, err)
+		return nil, natsRefusedOr(context.Background(), js.Conn(), "NewNATSStore", fmt.Sprintf("open stream %q of KV bucket %q", streamName, o.bucket), err, used)
 	}
 	info := stream.CachedInfo()
 	if !info.Config.AllowAtomicPublish && o.create {
 		// Another process created the bucket and has not allowed atomic
 		// publish on it yet (createNATSBucket's second step): finish it.
 		if info, err = allowAtomicPublish(ctx, js, stream); err != nil {
-			return nil, fmt.Errorf("%w: NewNATSStore: KV bucket %q: %w", ErrUnavailable, o.bucket, err)
+			return nil, natsRefusedOr(context.Background(), js.Conn(), "NewNATSStore", fmt.Sprintf("KV bucket %q", o.bucket), err, used)
 		}
 	}
 	switch {
