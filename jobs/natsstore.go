@@ -44,17 +44,26 @@ const natsCASAttempts = 16
 // any number of processes, may share a bucket. What a store remembers — the
 // running jobs it wrote last, the targets and pending jobs it has seen — is
 // only a guess that saves a read: a wrong one costs a failed write or an
-// extra read, never a wrong result. A store keeps one subscription on js's
-// connection for the replies of batched reads, for the connection's
-// lifetime. A stored job record that does not validate fails every call
-// that reads it with ErrCorrupt naming the KV key, until an operator
-// repairs or removes it; Claim skips it and claims the rest of its channel
-// (see [Store.Claim]). A request the server refuses for the user's
-// permissions times out (the server tells only the connection's async
-// error handler); the call's error (NewNATSStore's too) then wraps
-// jobkeys.ErrPermission beside ErrUnavailable (or the caller's deadline's
-// error) and names the refused subject. The module's README lists the
-// permissions a store's user needs. It is safe for concurrent use.
+// extra read, never a wrong result. A stored job record that does not
+// validate fails every call that reads it with ErrCorrupt naming the KV
+// key, until an operator repairs or removes it; Claim skips it and claims
+// the rest of its channel (see [Store.Claim]).
+//
+// A store keeps one subscription on js's connection for the replies of
+// batched reads and purges, until [NATSStore.Close] or the connection's
+// end. A write that finishes a job (and a Claim that meets a finished job)
+// purges the job's active entry in the background, without waiting for
+// the answer; Close waits for the purges in flight.
+//
+// A request the server refuses for the user's permissions times out (the
+// server tells only the connection's async error handler); the call's
+// error (NewNATSStore's too) then wraps jobkeys.ErrPermission beside
+// ErrUnavailable (or the caller's deadline's error) and names the refused
+// subject. A refused background purge is logged once per store, a warning
+// through [Config.Logger] (claims then read every finished job). The
+// module's README lists the permissions a store's user needs.
+//
+// It is safe for concurrent use.
 type NATSStore struct {
 	js         jetstream.JetStream
 	cfg        config
@@ -68,8 +77,10 @@ type NATSStore struct {
 	msgGet, directGet string
 	// purge is the STREAM.PURGE API subject of the bucket's stream.
 	purge string
-	// replies receives the answers of batched reads.
+	// replies receives the answers of batched reads and purges.
 	replies natsReplies
+	// purges are the background purges of active entries in flight.
+	purges natsPurges
 	// cache remembers the running jobs this store wrote last; targets the
 	// targets it has seen stored.
 	cache   natsJobCache

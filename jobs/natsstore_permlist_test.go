@@ -274,7 +274,7 @@ func TestNATSStorePermissionList(t *testing.T) {
 	for _, u := range users {
 		t.Run(u.name, func(t *testing.T) {
 			t.Parallel()
-			_, err := NewNATSStore(adminJS, nil, WithBucket(u.bucket), WithCreateBucket(jetstream.MemoryStorage, 1))
+			admin, err := NewNATSStore(adminJS, nil, WithBucket(u.bucket), WithCreateBucket(jetstream.MemoryStorage, 1))
 			require.NoError(t, err)
 			userErrs := make(chan error, 64)
 			// A refusal shows when a request times out: a short store
@@ -299,7 +299,23 @@ func TestNATSStorePermissionList(t *testing.T) {
 			ctx := context.Background()
 			var failed string
 			steps := permListSteps()
-			for _, step := range steps {
+			for i, step := range steps {
+				if i == len(steps)-1 && failed == "" {
+					// Before the channel goes: the background purges
+					// of the finished jobs' active entries.
+					cctx, cancel := context.WithTimeout(ctx, time.Minute)
+					require.NoError(t, l.store.Close(cctx), "waiting for the purges' answers")
+					cancel()
+					if u.refused == "" {
+						assert.Zero(t, l.store.purges.refused.Load()+l.store.purges.failed.Load(), "purges refused or failed")
+						entries, _, err := admin.listActive(ctx, "list", "ch", nil)
+						require.NoError(t, err)
+						assert.Empty(t, entries, "every job is finished: the active index is empty")
+					}
+					if strings.Contains(u.refused, ".STREAM.PURGE.") {
+						assert.Positive(t, l.store.purges.refused.Load(), "the refused purges are counted")
+					}
+				}
 				if err = step.run(ctx, l); err != nil {
 					failed = step.name
 					break
