@@ -282,7 +282,7 @@ func TestNATSStorePermissionList(t *testing.T) {
 			// permission keeps the default, for a loaded machine.
 			timeout := 5 * time.Second
 			if u.refused != "" {
-				timeout = time.Second
+				timeout = 2 * time.Second
 			}
 			nc, _ := natstest.ConnectURL(t, "nats://"+u.bucket+":"+u.bucket+"@"+hostPort, nats.CustomInboxPrefix(inbox),
 				nats.ErrorHandler(func(_ *nats.Conn, _ *nats.Subscription, err error) {

@@ -35,7 +35,7 @@ func settleOne(t *testing.T, st *NATSStore, id string) {
 func TestNATSStorePurgeRefusalObserved(t *testing.T) {
 	t.Parallel()
 	var h logRecords
-	st := workerStoreWith(t, "JOBS_NOPURGE", &Config{Logger: slog.New(&h)}, 500*time.Millisecond,
+	st := workerStoreWith(t, "JOBS_NOPURGE", &Config{Logger: slog.New(&h)}, 2*time.Second,
 		"$JS.API.STREAM.INFO.>", "$JS.API.STREAM.MSG.GET.>", "$JS.API.DIRECT.GET.>")
 	ctx := context.Background()
 	settleOne(t, st, "j")
