@@ -3,13 +3,18 @@ package jobs
 import (
 	"context"
 	"encoding/json"
+	"fmt"
 	"log/slog"
+	"strconv"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+
+	"github.com/jobkeys/jobkeys/internal/natstest"
 )
 
 // settleOne claims and settles job j of channel ch, which the store's
@@ -97,4 +102,44 @@ func TestNATSStoreCloseCancelsPurges(t *testing.T) {
 	// The store still works after Close.
 	_, err := st.Get(context.Background(), "ch", "j")
 	require.NoError(t, err)
+}
+
+// TestNATSStorePurgesConcurrent: purges sent by concurrent settles are all
+// answered, none refused or failed, and Close, after the last call, finds
+// none left; the active index holds no finished job.
+func TestNATSStorePurgesConcurrent(t *testing.T) {
+	t.Parallel()
+	st, _ := newTestNATSStore(t, natstest.Run(t), nil)
+	ctx := context.Background()
+	const workers, each = 4, 10
+	var wg sync.WaitGroup
+	for w := range workers {
+		wg.Go(func() {
+			ch := fmt.Sprintf("ch%d", w)
+			for i := range each {
+				id := strconv.Itoa(i)
+				if _, err := st.Enqueue(ctx, testEnqueueRequest(ch, id, id)); !assert.NoError(t, err) {
+					return
+				}
+				got, err := st.Claim(ctx, ClaimRequest{ChannelID: ch, Owner: "w", Count: 1, TTL: time.Minute})
+				if !assert.NoError(t, err) || !assert.Len(t, got, 1) {
+					return
+				}
+				_, err = st.Settle(ctx, SettleRequest{Claim: ClaimOf(got[0]), Artifact: json.RawMessage(`{}`)})
+				assert.NoError(t, err)
+			}
+		})
+	}
+	wg.Wait()
+	cctx, cancel := context.WithTimeout(ctx, time.Minute)
+	defer cancel()
+	require.NoError(t, st.Close(cctx))
+	st.purges.mu.Lock()
+	assert.Zero(t, st.purges.live)
+	assert.Empty(t, st.purges.flying)
+	st.purges.mu.Unlock()
+	assert.Zero(t, st.purges.refused.Load()+st.purges.failed.Load())
+	entries, _, err := st.listActive(ctx, "list", "", nil)
+	require.NoError(t, err)
+	assert.Empty(t, entries, "every job is finished")
 }
