@@ -106,7 +106,8 @@ func TestNATSStoreCloseCancelsPurges(t *testing.T) {
 
 // TestNATSStorePurgesConcurrent: purges sent by concurrent settles are all
 // answered, none refused or failed, and Close, after the last call, finds
-// none left; the active index holds no finished job.
+// none left and ends the store's reply subscription (it used to live as
+// long as the connection); the active index holds no finished job.
 func TestNATSStorePurgesConcurrent(t *testing.T) {
 	t.Parallel()
 	st, _ := newTestNATSStore(t, natstest.Run(t), nil)
@@ -131,9 +132,11 @@ func TestNATSStorePurgesConcurrent(t *testing.T) {
 		})
 	}
 	wg.Wait()
+	subs := st.js.Conn().NumSubscriptions()
 	cctx, cancel := context.WithTimeout(ctx, time.Minute)
 	defer cancel()
 	require.NoError(t, st.Close(cctx))
+	assert.Equal(t, subs-1, st.js.Conn().NumSubscriptions(), "Close ends the store's reply subscription")
 	st.purges.mu.Lock()
 	assert.Zero(t, st.purges.live)
 	assert.Empty(t, st.purges.flying)
