@@ -39,6 +39,17 @@ func jobStorePublish(bucket string) []string {
 
 func jobStoreSubscribe(inbox string) []string { return []string{inbox + ".>"} }
 
+// jobStoreCreate is what the README says WithCreateBucket needs besides
+// jobStorePublish, on a bucket that does not exist yet.
+func jobStoreCreate(bucket string) []string {
+	stream := "KV_" + bucket
+	return []string{
+		"$JS.API.INFO",                    // the account's limits, which nats.go reads first
+		"$JS.API.STREAM.CREATE." + stream, // creating it
+		"$JS.API.STREAM.UPDATE." + stream, // allowing atomic publish on it
+	}
+}
+
 // permListStep is one step of the job store's lifecycle as
 // TestNATSStorePermissionList runs it.
 type permListStep struct {
@@ -50,6 +61,7 @@ type permListStep struct {
 type permLifecycle struct {
 	js     jetstream.JetStream
 	bucket string
+	create bool // open with WithCreateBucket
 	clock  *fixedClock
 	store  *NATSStore
 	claims map[string]Claim // by job id
@@ -88,7 +100,11 @@ func (l *permLifecycle) enqueue(ctx context.Context, id, target string) error {
 func permListSteps() []permListStep {
 	return []permListStep{
 		{"open", func(ctx context.Context, l *permLifecycle) error {
-			st, err := NewNATSStore(l.js, &Config{Now: l.clock.Now}, WithBucket(l.bucket))
+			opts := []NATSStoreOption{WithBucket(l.bucket)}
+			if l.create {
+				opts = append(opts, WithCreateBucket(jetstream.MemoryStorage, 1))
+			}
+			st, err := NewNATSStore(l.js, &Config{Now: l.clock.Now}, opts...)
 			l.store = st
 			return err
 		}},
@@ -245,19 +261,29 @@ func TestNATSStorePermissionList(t *testing.T) {
 		name               string
 		bucket             string
 		publish, subscribe []string
-		refused            string // what the error must name; "" for the user with every permission
+		create             bool   // the user creates the bucket (WithCreateBucket); else the operator does
+		refused            string // what the error must name; "" for the users with every permission
 	}
 	var users []user
-	add := func(name string, publish func(bucket string) []string, subscribe []string, refused func(bucket string) string) {
+	add := func(name string, create bool, publish func(bucket string) []string, subscribe []string, refused func(bucket string) string) {
 		bucket := fmt.Sprintf("JOBS_PL%d", len(users))
-		users = append(users, user{name: name, bucket: bucket, publish: publish(bucket), subscribe: subscribe, refused: refused(bucket)})
+		users = append(users, user{name: name, bucket: bucket, publish: publish(bucket), subscribe: subscribe, create: create, refused: refused(bucket)})
 	}
-	add("all", jobStorePublish, jobStoreSubscribe(inbox), func(string) string { return "" })
+	none := func(string) string { return "" }
+	add("all", false, jobStorePublish, jobStoreSubscribe(inbox), none)
 	for i, p := range jobStorePublish("BUCKET") {
-		add("no "+p, func(bucket string) []string { return slices.Delete(jobStorePublish(bucket), i, i+1) }, jobStoreSubscribe(inbox),
+		add("no "+p, false, func(bucket string) []string { return slices.Delete(jobStorePublish(bucket), i, i+1) }, jobStoreSubscribe(inbox),
 			func(bucket string) string { return strings.TrimSuffix(jobStorePublish(bucket)[i], ".>") })
 	}
-	add("no inbox", jobStorePublish, jobStoreSubscribe("_INBOX_other"), func(string) string { return inbox + "." })
+	add("no inbox", false, jobStorePublish, jobStoreSubscribe("_INBOX_other"), func(string) string { return inbox + "." })
+	withCreate := func(bucket string) []string { return append(jobStorePublish(bucket), jobStoreCreate(bucket)...) }
+	add("create", true, withCreate, jobStoreSubscribe(inbox), none)
+	for i, p := range jobStoreCreate("BUCKET") {
+		add("create, no "+p, true, func(bucket string) []string {
+			return slices.Delete(withCreate(bucket), len(jobStorePublish(bucket))+i, len(jobStorePublish(bucket))+i+1)
+		},
+			jobStoreSubscribe(inbox), func(bucket string) string { return jobStoreCreate(bucket)[i] })
+	}
 
 	srv := natstest.RunWith(t, natstest.Options{Configure: func(o *server.Options) {
 		o.Users = append(o.Users, &server.User{Username: "admin", Password: "admin"})
@@ -274,8 +300,10 @@ func TestNATSStorePermissionList(t *testing.T) {
 	for _, u := range users {
 		t.Run(u.name, func(t *testing.T) {
 			t.Parallel()
-			admin, err := NewNATSStore(adminJS, nil, WithBucket(u.bucket), WithCreateBucket(jetstream.MemoryStorage, 1))
-			require.NoError(t, err)
+			if !u.create {
+				_, err := NewNATSStore(adminJS, nil, WithBucket(u.bucket), WithCreateBucket(jetstream.MemoryStorage, 1))
+				require.NoError(t, err)
+			}
 			userErrs := make(chan error, 64)
 			// A refusal shows when a request times out: a short store
 			// timeout keeps the refused cases short. The user with every
@@ -293,7 +321,7 @@ func TestNATSStorePermissionList(t *testing.T) {
 				}))
 			js, err := jetstream.New(nc, jetstream.WithDefaultTimeout(timeout))
 			require.NoError(t, err)
-			l := &permLifecycle{js: js, bucket: u.bucket, clock: newFixedClock(), claims: map[string]Claim{}, revs: map[string]uint64{}}
+			l := &permLifecycle{js: js, bucket: u.bucket, create: u.create, clock: newFixedClock(), claims: map[string]Claim{}, revs: map[string]uint64{}}
 			// No deadline of the caller's: each request ends at the
 			// store's own timeout.
 			ctx := context.Background()
@@ -308,6 +336,8 @@ func TestNATSStorePermissionList(t *testing.T) {
 					cancel()
 					if u.refused == "" {
 						assert.Zero(t, l.store.purges.refused.Load()+l.store.purges.failed.Load(), "purges refused or failed")
+						admin, err := NewNATSStore(adminJS, nil, WithBucket(u.bucket))
+						require.NoError(t, err)
 						entries, _, err := admin.listActive(ctx, "list", "ch", nil)
 						require.NoError(t, err)
 						assert.Empty(t, entries, "every job is finished: the active index is empty")
