@@ -617,3 +617,21 @@ func BenchmarkWakeUps(b *testing.B) {
 		}
 	})
 }
+
+// TestWakeUpsSameConnection: a second store on the same connection is
+// another process as far as wake-ups go: it is woken by a message, which
+// the server echoes to the connection.
+func TestWakeUpsSameConnection(t *testing.T) {
+	t.Parallel()
+	f := newNATSWakeFixture(t)
+	nc, js := natstest.Connect(t, f.srv)
+	a, err := NewNATSStore(js, WithWakeUps(""))
+	require.NoError(t, err)
+	b, err := NewNATSStore(js, WithWakeUps(""))
+	require.NoError(t, err)
+	l, _ := f.wait(t, b, nc, "j1")
+	a.publishWakes(f.service, f.kvKey, []byte("x"), 1, []string{"j1"}, 1)
+	assert.Equal(t, natsWakeGot{value: []byte("x"), rev: 1}, l.next(t, "j1's wake-up"))
+	assert.Equal(t, uint64(1), a.wakeCounters().Published)
+	assert.Zero(t, a.wakeCounters().Local)
+}
