@@ -247,7 +247,7 @@ func TestWakeUpsRetry(t *testing.T) {
 	t.Parallel()
 	f := newNATSWakeFixture(t)
 	a, ncA := f.store(t)
-	a.wake.retry = time.Second // long enough for the waiter to subscribe
+	a.wake.retry = 2 * time.Second // long enough for the waiter to subscribe on a loaded machine
 	b, ncB := f.store(t)
 
 	a.publishWakes(f.service, f.kvKey, []byte("late"), 3, []string{"j1"}, 1)
@@ -284,7 +284,7 @@ func TestWakeUpsStaleChain(t *testing.T) {
 	t.Parallel()
 	f := newNATSWakeFixture(t)
 	a, _ := f.store(t)
-	a.wake.retry = 300 * time.Millisecond
+	a.wake.retry = 2 * time.Second // long enough for the newer state to go out first on a loaded machine
 	b, ncB := f.store(t)
 
 	a.publishWakes(f.service, f.kvKey, []byte("old"), 1, []string{"j1"}, 1)
