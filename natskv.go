@@ -53,6 +53,8 @@ const headerAllowance = 256
 // [WithCreateBuckets] needs $JS.API.STREAM.CREATE.KV_JOBS_KEYS_S too, and
 // $JS.API.STREAM.UPDATE.KV_JOBS_KEYS_S to allow atomic publish on the
 // buckets it creates (without it they work, one write per state).
+// [WithWakeUps] needs publish and subscribe on "<prefix>.JOBS_KEYS_S.>"
+// ("jobkeys.wake.JOBS_KEYS_S.>" by default).
 // Where users share a server, "_INBOX.>" lets any of them read the others'
 // replies: give each user its own prefix with [nats.CustomInboxPrefix] and
 // allow only that prefix.

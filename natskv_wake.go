@@ -84,7 +84,7 @@ type wakeCounts struct {
 	Local        uint64 // wake-ups handed to a waiter of the same store in memory
 	NoResponders uint64 // "no responders" answers: a target without a waiter
 	Retried      uint64 // wake-ups that found no waiter, sent once more
-	Dropped      uint64 // wake-ups dropped on a publish or subscribe error
+	Dropped      uint64 // wake-ups dropped: a publish failed (connection closed, reconnect buffer full), the reply subscription could not be made, or the service or key was invalid
 	Received     uint64 // wake-ups from other processes handed to waiters
 	Malformed    uint64 // received messages too short to be a wake-up, ignored
 	// Refused counts the server's refusals of wake-up subjects (publish
@@ -94,9 +94,8 @@ type wakeCounts struct {
 }
 
 // validateWakePrefix checks a wake-up subject prefix: dot-separated tokens
-// of letters, digits, '_' and '-', at most WakePrefixMaxLength bytes. '$'
-// (the server's and JetStream's subjects) cannot start it, nor can
-// wildcards or spaces appear in it.
+// of letters, digits, '_' and '-', at most WakePrefixMaxLength bytes: no
+// '$' (the server's and JetStream's subjects), no wildcards, no spaces.
 func validateWakePrefix(prefix string) error {
 	if len(prefix) > WakePrefixMaxLength {
 		return fmt.Errorf("%w: wake-up prefix %q is %d bytes, more than %d", ErrInvalidRequest, prefix, len(prefix), WakePrefixMaxLength)

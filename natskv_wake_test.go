@@ -4,6 +4,7 @@ import (
 	"context"
 	"crypto/sha256"
 	"encoding/base64"
+	"fmt"
 	"slices"
 	"strconv"
 	"strings"
@@ -246,7 +247,7 @@ func TestWakeUpsRetry(t *testing.T) {
 	t.Parallel()
 	f := newNATSWakeFixture(t)
 	a, ncA := f.store(t)
-	a.wake.retry = time.Second // long enough for the waiter to subscribe
+	a.wake.retry = 2 * time.Second // long enough for the waiter to subscribe on a loaded machine
 	b, ncB := f.store(t)
 
 	a.publishWakes(f.service, f.kvKey, []byte("late"), 3, []string{"j1"}, 1)
@@ -283,7 +284,7 @@ func TestWakeUpsStaleChain(t *testing.T) {
 	t.Parallel()
 	f := newNATSWakeFixture(t)
 	a, _ := f.store(t)
-	a.wake.retry = 300 * time.Millisecond
+	a.wake.retry = 2 * time.Second // long enough for the newer state to go out first on a loaded machine
 	b, ncB := f.store(t)
 
 	a.publishWakes(f.service, f.kvKey, []byte("old"), 1, []string{"j1"}, 1)
@@ -616,4 +617,56 @@ func BenchmarkWakeUps(b *testing.B) {
 			<-got
 		}
 	})
+}
+
+// TestWakeUpsSameConnection: a second store on the same connection is
+// another process as far as wake-ups go: it is woken by a message, which
+// the server echoes to the connection.
+func TestWakeUpsSameConnection(t *testing.T) {
+	t.Parallel()
+	f := newNATSWakeFixture(t)
+	nc, js := natstest.Connect(t, f.srv)
+	a, err := NewNATSStore(js, WithWakeUps(""))
+	require.NoError(t, err)
+	b, err := NewNATSStore(js, WithWakeUps(""))
+	require.NoError(t, err)
+	l, _ := f.wait(t, b, nc, "j1")
+	a.publishWakes(f.service, f.kvKey, []byte("x"), 1, []string{"j1"}, 1)
+	assert.Equal(t, natsWakeGot{value: []byte("x"), rev: 1}, l.next(t, "j1's wake-up"))
+	assert.Equal(t, uint64(1), a.wakeCounters().Published)
+	assert.Zero(t, a.wakeCounters().Local)
+}
+
+// TestWakeUpsRefusalConcernsNoCall: the server's refusal of a wake-up
+// subject cancels no store call in flight, even one whose subjects the
+// wake-up subject's tokens resemble (a service named after another's
+// stream, a job type named like an API verb), and is counted.
+func TestWakeUpsRefusalConcernsNoCall(t *testing.T) {
+	t.Parallel()
+	srv := natstest.Run(t)
+	nc, js := natstest.Connect(t, srv)
+	store, err := NewNATSStore(js, WithWakeUps(""))
+	require.NoError(t, err)
+	svc1 := jkService("wakeg")
+	svc2 := "KV_" + store.BucketName(svc1) // a service named after svc1's stream
+	require.NoError(t, validateService(svc2))
+	kvKey2 := svc2 + ".CONSUMER." + strings.Repeat("a", 64)
+	subject := store.wake.subject(store.BucketName(svc2), kvKey2, "j1")
+	violation := func(what, subject string) error {
+		return fmt.Errorf("%w: Permissions Violation for %s %q", nats.ErrPermissionViolation, what, subject)
+	}
+
+	gctx, pg := store.guards.guard(context.Background(), natsOpRead|natsOpWatch, store.prefix, svc1)
+	defer pg.done()
+	store.guards.record(nc, violation("Publish to", subject))
+	store.guards.record(nc, violation("Subscription to", subject))
+	require.NoError(t, gctx.Err(), "a refused wake-up subject cancelled a call on another bucket")
+	assert.Equal(t, uint64(2), store.wakeCounters().Refused)
+
+	// The guard does work: a refusal of its stream's consumer creation
+	// cancels it.
+	store.guards.record(nc, violation("Publish to", "$JS.API.CONSUMER.CREATE.KV_"+store.BucketName(svc1)+".c"))
+	require.Error(t, gctx.Err())
+	var v *permissionViolation
+	require.ErrorAs(t, context.Cause(gctx), &v)
 }
