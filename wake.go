@@ -31,9 +31,9 @@ func wakeStoreOf(store any) wakeStore {
 // state by which the Run is blocked for the Run to wait on it for a
 // wake-up once subscribed, without a read: a wake-up sent after that
 // state but before the subscription reached the server finds nobody, and
-// is sent again within the store's retries (see WithWakeUps), which must
-// outlast it.
-const wakeTrustAge = 15 * time.Millisecond
+// is sent once more wakeRetry (2 ms) later, which must find the
+// subscription in place.
+const wakeTrustAge = time.Millisecond
 
 // wakeTargetsMax bounds the queued jobs one wake-up may be offered to
 // beyond the free slots (the store moves it on past jobs with no waiter).
