@@ -101,7 +101,7 @@ type benchRechecks struct {
 func (r *benchRechecks) note(ctx context.Context) {
 	for _, ctx := range batchContexts(ctx) {
 		wt, _ := ctx.Value(waitTryKey{}).(*waitTry)
-		if wt == nil || wt.trustWatch {
+		if wt == nil || wt.trustWatch || wt.wake {
 			continue
 		}
 		r.mu.Lock()

@@ -1,0 +1,310 @@
+package jobkeys
+
+import (
+	"context"
+	"fmt"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats-server/v2/server"
+	"github.com/nats-io/nats.go/jetstream"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/jobkeys/jobkeys/internal/natstest"
+)
+
+// wakeProc is one process of the wake-up tests: its own connection, a
+// store with targeted wake-ups (or without: wakes false), a coordinator
+// writing through a countingStore, a Watcher and a Runner.
+type wakeProc struct {
+	store *NATSStore
+	reads *raceTotals
+	c     *KeyCoordinator
+	jt    *JobType
+	w     *Watcher
+	r     *Runner
+}
+
+func newWakeProc(t *testing.T, s *server.Server, service string, policy Policy, wakes bool, recheck time.Duration) *wakeProc {
+	t.Helper()
+	_, js := natstest.Connect(t, s)
+	opts := []NATSStoreOption{WithCreateBuckets(jetstream.MemoryStorage, 1)}
+	if wakes {
+		opts = append(opts, WithWakeUps(""))
+	}
+	store, err := NewNATSStore(js, opts...)
+	require.NoError(t, err)
+	cs := newCountingStore(store)
+	c, err := NewCoordinator(cs, nil)
+	require.NoError(t, err)
+	require.Equal(t, wakes, c.wakes != nil, "the coordinator sees the store's wake-ups through the countingStore")
+	jt, err := c.JobType(service, benchJobType, policy)
+	require.NoError(t, err)
+	w, err := NewWatcher(store)
+	require.NoError(t, err)
+	t.Cleanup(w.Close)
+	r, err := NewRunner(jt, &RunnerConfig{Watcher: w, RecheckInterval: recheck})
+	require.NoError(t, err)
+	return &wakeProc{store: store, reads: cs.totals, c: c, jt: jt, w: w, r: r}
+}
+
+// runAsync admits job id and runs it through p's Runner in a goroutine,
+// holding the slot until release is closed; acquired is closed once the
+// handler runs, and the Run's error (or nil) is sent on done.
+func (p *wakeProc) runAsync(t *testing.T, ctx context.Context, id string, release <-chan struct{}) (acquired chan struct{}, done chan error) {
+	t.Helper()
+	payload := benchPayload(0)
+	adm, err := p.jt.Admit(ctx, id, payload)
+	require.NoError(t, err)
+	require.Equal(t, KindAccepted, adm.Kind, "admit %s", id)
+	acquired, done = make(chan struct{}), make(chan error, 1)
+	go func() {
+		_, err := p.r.Run(ctx, id, payload, func(context.Context, Lease) error {
+			close(acquired)
+			select {
+			case <-release:
+			case <-ctx.Done():
+			}
+			return nil
+		})
+		done <- err
+	}()
+	return acquired, done
+}
+
+// TestWakeUpsWakeOtherProcess: a Run blocked in one process on a key
+// another process holds is woken by that process's release through its
+// wake-up, with no read of the key while it waits and no recheck (the
+// recheck is an hour away: without the wake-up the test times out).
+func TestWakeUpsWakeOtherProcess(t *testing.T) {
+	t.Parallel()
+	s := natstest.Run(t)
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	policy := Policy{Key: benchPolicy.Key, MaxActive: 1, MaxQueuedPerKey: 8}
+	a := newWakeProc(t, s, "wakeother", policy, true, time.Hour)
+	b := newWakeProc(t, s, "wakeother", policy, true, time.Hour)
+
+	releaseA := make(chan struct{})
+	heldA, doneA := a.runAsync(t, ctx, "job-a", releaseA)
+	<-heldA
+	releaseB := make(chan struct{})
+	close(releaseB)
+	heldB, doneB := b.runAsync(t, ctx, "job-b", releaseB)
+	// Wait until b's Run is blocked on its wake-up subscription.
+	require.Eventually(t, func() bool { return b.w.wakeSubscriptions() == 1 }, 30*time.Second, time.Millisecond)
+	readsBefore := b.reads.reads.Load()
+	sentBefore := a.store.wakeCounters().Published
+	close(releaseA)
+	require.NoError(t, <-doneA)
+	select {
+	case <-heldB:
+	case <-ctx.Done():
+		t.Fatal("job-b was not woken by job-a's release")
+	}
+	require.NoError(t, <-doneB)
+	assert.Equal(t, readsBefore, b.reads.reads.Load(), "reads of the key by the woken process")
+	assert.Zero(t, b.r.rechecks.Load(), "rechecks")
+	assert.Equal(t, uint64(1), uint64(a.store.wakeCounters().Published-sentBefore), "wake-ups published by the release")
+	assert.Positive(t, b.store.wakeCounters().Received, "wake-ups received")
+}
+
+// TestWakeUpsHeartbeatWakesNobody: renewals of a full key send no wake-up;
+// the release that frees one of two slots wakes exactly one of the three
+// Runs waiting in another process, and the next release the next one.
+func TestWakeUpsHeartbeatWakesNobody(t *testing.T) {
+	t.Parallel()
+	s := natstest.Run(t)
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	policy := Policy{Key: benchPolicy.Key, MaxActive: 2, MaxQueuedPerKey: 8}
+	a := newWakeProc(t, s, "wakebeat", policy, true, time.Hour)
+	b := newWakeProc(t, s, "wakebeat", policy, true, time.Hour)
+
+	payload := benchPayload(0)
+	var leases []Lease
+	for i := range 2 {
+		id := fmt.Sprintf("held-%d", i)
+		_, err := a.jt.Admit(ctx, id, payload)
+		require.NoError(t, err)
+		acq, err := a.jt.Acquire(ctx, id, payload)
+		require.NoError(t, err)
+		require.Equal(t, KindAcquired, acq.Kind)
+		leases = append(leases, acq.Lease)
+	}
+	release := make(chan struct{})
+	defer close(release)
+	var held []chan struct{}
+	for i := range 3 {
+		h, _ := b.runAsync(t, ctx, fmt.Sprintf("waiter-%d", i), release)
+		held = append(held, h)
+	}
+	require.Eventually(t, func() bool { return b.w.wakeSubscriptions() == 3 }, 30*time.Second, time.Millisecond)
+
+	sent := a.store.wakeCounters().Published + a.store.wakeCounters().Local
+	for range 3 {
+		for _, l := range leases {
+			ren, err := a.c.Renew(ctx, RenewRequest{Lease: l})
+			require.NoError(t, err)
+			require.Equal(t, KindRenewed, ren.Kind)
+		}
+	}
+	assert.Equal(t, sent, a.store.wakeCounters().Published+a.store.wakeCounters().Local, "wake-ups sent by renewals of a full key")
+
+	rel, err := a.c.Release(ctx, ReleaseRequest{Lease: leases[0]})
+	require.NoError(t, err)
+	require.Equal(t, KindReleased, rel.Kind)
+	select {
+	case <-held[0]:
+	case <-ctx.Done():
+		t.Fatal("the first waiter was not woken")
+	}
+	// The others stay blocked: nobody freed a slot for them.
+	time.Sleep(200 * time.Millisecond)
+	for i, h := range held[1:] {
+		select {
+		case <-h:
+			t.Fatalf("waiter-%d ran with the key full", i+1)
+		default:
+		}
+	}
+	rel, err = a.c.Release(ctx, ReleaseRequest{Lease: leases[1]})
+	require.NoError(t, err)
+	require.Equal(t, KindReleased, rel.Kind)
+	select {
+	case <-held[1]:
+	case <-ctx.Done():
+		t.Fatal("the second waiter was not woken")
+	}
+	assert.Zero(t, b.r.rechecks.Load(), "rechecks")
+}
+
+// TestWakeUpsFallBackToRecheck: a writer without wake-ups (the TS
+// original, or a process that did not turn them on) sends none; a Run
+// waiting for one gets the slot at its recheck.
+func TestWakeUpsFallBackToRecheck(t *testing.T) {
+	t.Parallel()
+	s := natstest.Run(t)
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	policy := Policy{Key: benchPolicy.Key, MaxActive: 1, MaxQueuedPerKey: 8}
+	a := newWakeProc(t, s, "wakefallback", policy, false, time.Hour)
+	b := newWakeProc(t, s, "wakefallback", policy, true, 200*time.Millisecond)
+
+	releaseA := make(chan struct{})
+	heldA, doneA := a.runAsync(t, ctx, "job-a", releaseA)
+	<-heldA
+	done := make(chan struct{})
+	close(done)
+	heldB, doneB := b.runAsync(t, ctx, "job-b", done)
+	require.Eventually(t, func() bool { return b.w.wakeSubscriptions() == 1 }, 30*time.Second, time.Millisecond)
+	close(releaseA)
+	require.NoError(t, <-doneA)
+	select {
+	case <-heldB:
+	case <-ctx.Done():
+		t.Fatal("job-b did not get the slot at its recheck")
+	}
+	require.NoError(t, <-doneB)
+	assert.Positive(t, b.r.rechecks.Load(), "rechecks")
+	assert.Zero(t, b.store.wakeCounters().Received, "wake-ups received")
+}
+
+// TestWakeUpsAudit runs several processes' Runners over wake-ups on one
+// key and audits the key's history: one slot appears or vanishes per
+// revision, every state a client was told it wrote is stored, at most
+// MaxActive handlers ran at once and every job ran once.
+func TestWakeUpsAudit(t *testing.T) {
+	t.Parallel()
+	for _, maxActive := range []int{1, 2} {
+		t.Run(fmt.Sprintf("max%d", maxActive), func(t *testing.T) {
+			s := natstest.Run(t)
+			ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+			defer cancel()
+			_, js := natstest.Connect(t, s)
+			service := fmt.Sprintf("wakeaudit%d", maxActive)
+			bucket := auditCreateBucket(t, ctx, js, service, 1, jetstream.MemoryStorage)
+			require.NoError(t, allowAtomicPublish(ctx, js, "KV_"+bucket))
+			policy := Policy{Key: benchPolicy.Key, MaxActive: maxActive, MaxQueuedPerKey: 64}
+			// A missed wake-up costs a recheck, not the test.
+			var procs []*wakeProc
+			for range 3 {
+				procs = append(procs, newWakeProc(t, s, service, policy, true, time.Second))
+			}
+			const workers, cycles = 3, 20
+			payload := benchPayload(0)
+			l := newLingerLedger(int32(maxActive))
+			var wg sync.WaitGroup
+			errs := make(chan error, len(procs)*workers)
+			for p, pr := range procs {
+				for k := range workers {
+					wg.Go(func() {
+						for i := range cycles {
+							if err := l.cycle(ctx, pr.jt, pr.r, fmt.Sprintf("job-%d-%d-%d", p, k, i), payload); err != nil {
+								errs <- err
+								return
+							}
+						}
+					})
+				}
+			}
+			wg.Wait()
+			l.check(t, errs, len(procs)*workers*cycles)
+			entries := auditRead(t, ctx, js, bucket)
+			sum := auditCheck(t, entries, l.facts(), func(string) (Policy, bool) { return policy, true }, true)
+			var received, rechecks int64
+			for _, p := range procs {
+				received += int64(p.store.wakeCounters().Received) + int64(p.store.wakeCounters().Local)
+				rechecks += p.r.rechecks.Load()
+			}
+			assert.Positive(t, received, "wake-ups delivered")
+			t.Logf("%s; %d wake-ups delivered, %d rechecks", sum, received, rechecks)
+		})
+	}
+}
+
+// TestWakeUpsPassOverDeadWaiter: the job at the head of the queue belongs
+// to a process whose connection is gone (a crash: the server dropped its
+// subscriptions); the release's wake-up finds nobody there ("no
+// responders") and goes on to the next queued job, whose Run in a live
+// process gets the slot without waiting for a recheck.
+func TestWakeUpsPassOverDeadWaiter(t *testing.T) {
+	t.Parallel()
+	s := natstest.Run(t)
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	policy := Policy{Key: benchPolicy.Key, MaxActive: 1, MaxQueuedPerKey: 8}
+	a := newWakeProc(t, s, "wakedead", policy, true, time.Hour)
+	dead := newWakeProc(t, s, "wakedead", policy, true, time.Hour)
+	b := newWakeProc(t, s, "wakedead", policy, true, time.Hour)
+
+	releaseA := make(chan struct{})
+	heldA, doneA := a.runAsync(t, ctx, "job-a", releaseA)
+	<-heldA
+	// The dead process's job is queued first and its Run waits.
+	dctx, dcancel := context.WithCancel(ctx)
+	never := make(chan struct{})
+	_, doneDead := dead.runAsync(t, dctx, "job-dead", never)
+	require.Eventually(t, func() bool { return dead.w.wakeSubscriptions() == 1 }, 30*time.Second, time.Millisecond)
+	open := make(chan struct{})
+	close(open)
+	heldB, doneB := b.runAsync(t, ctx, "job-b", open)
+	require.Eventually(t, func() bool { return b.w.wakeSubscriptions() == 1 }, 30*time.Second, time.Millisecond)
+	// The crash: its connection goes, and with it its subscriptions.
+	dead.store.js.Conn().Close()
+	dcancel()
+	<-doneDead
+
+	close(releaseA)
+	require.NoError(t, <-doneA)
+	select {
+	case <-heldB:
+	case <-ctx.Done():
+		t.Fatal("job-b was not woken past the dead head of the queue")
+	}
+	require.NoError(t, <-doneB)
+	assert.Zero(t, b.r.rechecks.Load(), "rechecks")
+	assert.Positive(t, a.store.wakeCounters().NoResponders, "the head's wake-up found nobody")
+}
