@@ -25,6 +25,10 @@ type wakeProc struct {
 	jt    *JobType
 	w     *Watcher
 	r     *Runner
+	// blocked receives the job ID of each Run that starts to wait
+	// (RunnerConfig.OnBlocked: after its tries, including the read of a
+	// state seen too long ago).
+	blocked chan string
 }
 
 func newWakeProc(t *testing.T, s *server.Server, service string, policy Policy, wakes bool, recheck time.Duration) *wakeProc {
@@ -45,9 +49,31 @@ func newWakeProc(t *testing.T, s *server.Server, service string, policy Policy, 
 	w, err := NewWatcher(store)
 	require.NoError(t, err)
 	t.Cleanup(w.Close)
-	r, err := NewRunner(jt, &RunnerConfig{Watcher: w, RecheckInterval: recheck})
+	blocked := make(chan string, 64)
+	r, err := NewRunner(jt, &RunnerConfig{Watcher: w, RecheckInterval: recheck, OnBlocked: func(jobID string, _ Acquisition) {
+		select {
+		case blocked <- jobID:
+		default:
+		}
+	}})
 	require.NoError(t, err)
-	return &wakeProc{store: store, reads: cs.totals, c: c, jt: jt, w: w, r: r}
+	return &wakeProc{store: store, reads: cs.totals, c: c, jt: jt, w: w, r: r, blocked: blocked}
+}
+
+// waitBlocked waits until p's Runs of jobs ids (in any order) start to
+// wait.
+func (p *wakeProc) waitBlocked(t *testing.T, ctx context.Context, ids ...string) {
+	t.Helper()
+	var got []string
+	for range ids {
+		select {
+		case id := <-p.blocked:
+			got = append(got, id)
+		case <-ctx.Done():
+			t.Fatalf("the Runs of %v did not all start to wait: only %v did", ids, got)
+		}
+	}
+	require.ElementsMatch(t, ids, got, "the Runs that started to wait")
 }
 
 // runAsync admits job id and runs it through p's Runner in a goroutine,
@@ -93,8 +119,9 @@ func TestWakeUpsWakeOtherProcess(t *testing.T) {
 	releaseB := make(chan struct{})
 	close(releaseB)
 	heldB, doneB := b.runAsync(t, ctx, "job-b", releaseB)
-	// Wait until b's Run is blocked on its wake-up subscription.
-	require.Eventually(t, func() bool { return b.w.wakeSubscriptions() == 1 }, 30*time.Second, time.Millisecond)
+	// Wait until b's Run waits on its wake-up subscription.
+	b.waitBlocked(t, ctx, "job-b")
+	require.Equal(t, 1, b.w.wakeSubscriptions())
 	readsBefore := b.reads.reads.Load()
 	sentBefore := a.store.wakeCounters().Published
 	close(releaseA)
@@ -141,7 +168,8 @@ func TestWakeUpsHeartbeatWakesNobody(t *testing.T) {
 		h, _ := b.runAsync(t, ctx, fmt.Sprintf("waiter-%d", i), release)
 		held = append(held, h)
 	}
-	require.Eventually(t, func() bool { return b.w.wakeSubscriptions() == 3 }, 30*time.Second, time.Millisecond)
+	b.waitBlocked(t, ctx, "waiter-0", "waiter-1", "waiter-2")
+	require.Equal(t, 3, b.w.wakeSubscriptions())
 
 	sent := a.store.wakeCounters().Published + a.store.wakeCounters().Local
 	for range 3 {
@@ -199,7 +227,7 @@ func TestWakeUpsFallBackToRecheck(t *testing.T) {
 	done := make(chan struct{})
 	close(done)
 	heldB, doneB := b.runAsync(t, ctx, "job-b", done)
-	require.Eventually(t, func() bool { return b.w.wakeSubscriptions() == 1 }, 30*time.Second, time.Millisecond)
+	b.waitBlocked(t, ctx, "job-b")
 	close(releaseA)
 	require.NoError(t, <-doneA)
 	select {
@@ -287,11 +315,11 @@ func TestWakeUpsPassOverDeadWaiter(t *testing.T) {
 	dctx, dcancel := context.WithCancel(ctx)
 	never := make(chan struct{})
 	_, doneDead := dead.runAsync(t, dctx, "job-dead", never)
-	require.Eventually(t, func() bool { return dead.w.wakeSubscriptions() == 1 }, 30*time.Second, time.Millisecond)
+	dead.waitBlocked(t, ctx, "job-dead")
 	open := make(chan struct{})
 	close(open)
 	heldB, doneB := b.runAsync(t, ctx, "job-b", open)
-	require.Eventually(t, func() bool { return b.w.wakeSubscriptions() == 1 }, 30*time.Second, time.Millisecond)
+	b.waitBlocked(t, ctx, "job-b")
 	// The crash: its connection goes, and with it its subscriptions.
 	dead.store.js.Conn().Close()
 	dcancel()
