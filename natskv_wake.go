@@ -457,9 +457,10 @@ func (h *wakeHub) act(c *wakeChain, reply string, acts *wakeActions) {
 	if len(acts.local) > 0 {
 		value, rev := acts.payload[wakeRevLen:], c.rev
 		for _, w := range acts.local {
-			w.deliver(value, rev)
+			if w.deliver(value, rev) {
+				h.local.Add(1)
+			}
 		}
-		h.local.Add(uint64(len(acts.local)))
 	}
 	if len(acts.publish) > 0 {
 		replyTo := reply + strconv.FormatUint(c.id, 10)

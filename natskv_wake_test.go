@@ -480,6 +480,7 @@ func TestWakeUpsStopRace(t *testing.T) {
 	stop()
 	a.wake.act(c, reply, &acts)
 	assert.Empty(t, l.ch, "a stopped waiter was called")
+	assert.Zero(t, a.wakeCounters().Local)
 }
 
 // TestWakeUpsConnectionClosed: closing the connection ends the store's
