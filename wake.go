@@ -141,8 +141,9 @@ func (w *Watcher) subscribeWake(service, kvKey, jobID string, t *keyTable) (*Sub
 			}
 		}
 		e.observe(st, rev, e.feedMark())
-		sub.wake.rev.Store(max(sub.wake.rev.Load(), rev))
-		sub.wakeSignal()
+		for old := sub.wake.rev.Load(); old < rev && !sub.wake.rev.CompareAndSwap(old, rev); old = sub.wake.rev.Load() {
+		}
+		sub.wakeSignal() // after the revision is stored: see rearmWake
 	})
 	if err != nil {
 		t.unpin(kvKey, e)
@@ -176,16 +177,25 @@ func (s *Subscription) wakeSignal() {
 
 // rearmWake is rearm for a wake-up subscription: a signal pending from
 // before the try is dropped, unless a wake-up of a later revision than the
-// try's came meanwhile.
+// try's came meanwhile. The drain comes first: a wake-up whose revision
+// is stored after the check below signals after the drain (see
+// subscribeWake), so none is lost between them.
 func (s *Subscription) rearmWake(seen uint64) {
-	if seen != 0 && s.wake.rev.Load() > seen {
-		return
-	}
 	select {
 	case <-s.changed:
 	default:
 	}
+	if h := rearmWakeHook; h != nil {
+		h(s)
+	}
+	if seen != 0 && s.wake.rev.Load() > seen {
+		s.wakeSignal()
+	}
 }
+
+// rearmWakeHook, when set (by a test, before any Run), runs in rearmWake
+// between its drain and its check, where a wake-up's delivery may come.
+var rearmWakeHook func(*Subscription)
 
 // closeWake ends a wake-up subscription, once.
 func (s *Subscription) closeWake() {
