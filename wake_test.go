@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -335,4 +336,123 @@ func TestWakeUpsPassOverDeadWaiter(t *testing.T) {
 	require.NoError(t, <-doneB)
 	assert.Zero(t, b.r.rechecks.Load(), "rechecks")
 	assert.Positive(t, a.store.wakeCounters().NoResponders, "the head's wake-up found nobody")
+}
+
+// TestWakeUpsNoLostWakeUp: 16 processes' Runners cycle jobs through one
+// key, each Run woken only by wake-ups (the recheck is a minute away), so
+// one lost wake-up stops every Run: the slot stays free and its queue's
+// head waits. A wake-up that came while its Run's try was returning was
+// dropped by the try's rearm (it checked for a newer wake-up, then
+// drained the signal the newer one had just sent): every few thousand
+// cycles the key stopped for the whole recheck interval.
+func TestWakeUpsNoLostWakeUp(t *testing.T) {
+	t.Parallel()
+	s := natstest.Run(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+	defer cancel()
+	policy := Policy{Key: benchPolicy.Key, MaxActive: 1, MaxQueuedPerKey: 64}
+	var procs []*wakeProc
+	for range 16 {
+		procs = append(procs, newWakeProc(t, s, "wakelost", policy, true, time.Minute))
+	}
+	cycles := 150
+	if testing.Short() {
+		cycles = 50
+	}
+	var done atomic.Int64
+	var last atomic.Int64
+	last.Store(time.Now().UnixNano())
+	stalled := make(chan time.Duration, 1)
+	stop := make(chan struct{})
+	go func() {
+		tk := time.NewTicker(100 * time.Millisecond)
+		defer tk.Stop()
+		for {
+			select {
+			case <-stop:
+				return
+			case <-tk.C:
+			}
+			// The key cycles every few milliseconds, if slowly on a
+			// loaded machine; a lost wake-up stops it for a minute.
+			if gap := time.Since(time.Unix(0, last.Load())); gap > 5*time.Second {
+				stalled <- gap
+				cancel()
+				return
+			}
+		}
+	}()
+	var wg sync.WaitGroup
+	errs := make(chan error, len(procs))
+	for p, pr := range procs {
+		wg.Go(func() {
+			for i := range cycles {
+				id := fmt.Sprintf("job-%d-%d", p, i)
+				if _, err := pr.jt.Admit(ctx, id, benchPayload(0)); err != nil {
+					errs <- err
+					return
+				}
+				if _, err := pr.r.Run(ctx, id, benchPayload(0), func(context.Context, Lease) error { return nil }); err != nil {
+					errs <- err
+					return
+				}
+				done.Add(1)
+				last.Store(time.Now().UnixNano())
+			}
+		})
+	}
+	wg.Wait()
+	close(stop)
+	select {
+	case gap := <-stalled:
+		t.Fatalf("no cycle completed for %v after %d cycles: a wake-up was lost", gap, done.Load())
+	default:
+	}
+	close(errs)
+	for err := range errs {
+		require.NoError(t, err)
+	}
+	assert.EqualValues(t, len(procs)*cycles, done.Load())
+}
+
+// TestWakeUpsRearmKeepsWakeUpDuringIt: a wake-up delivered while a Run's
+// try rearms its subscription (between the drain of the signal from
+// before the try and the check for a wake-up newer than the try's state)
+// leaves the Run signalled. With the check first and the drain after, the
+// drain ate that wake-up's signal (TestWakeUpsNoLostWakeUp saw the stalls
+// this caused, about once in seven runs).
+func TestWakeUpsRearmKeepsWakeUpDuringIt(t *testing.T) {
+	s := natstest.Run(t)
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	policy := Policy{Key: benchPolicy.Key, MaxActive: 1, MaxQueuedPerKey: 8}
+	p := newWakeProc(t, s, "wakerearm", policy, true, time.Hour)
+	payload := benchPayload(0)
+	adm, err := p.jt.Admit(ctx, "job", payload)
+	require.NoError(t, err)
+	key, err := p.jt.key("job", payload)
+	require.NoError(t, err)
+	value, rev, err := p.store.Get(ctx, key.Service, key.KVKey)
+	require.NoError(t, err)
+	require.NotNil(t, adm.State)
+
+	sub, err := p.w.subscribeWake(key.Service, key.KVKey, "job", p.c.keys)
+	require.NoError(t, err)
+	defer sub.Close()
+	delivered := false
+	rearmWakeHook = func(s *Subscription) {
+		if s == sub && !delivered {
+			delivered = true
+			// This store's own waiter: delivered in memory, at once.
+			p.store.publishWakes(key.Service, key.KVKey, value, rev, []string{"job"}, 1)
+		}
+	}
+	defer func() { rearmWakeHook = nil }()
+	sub.rearm(rev - 1) // the try rested on the revision before
+	require.True(t, delivered, "the hook delivered a wake-up")
+	select {
+	case <-sub.Changed():
+	default:
+		t.Fatal("the wake-up delivered during the rearm left no signal")
+	}
 }
