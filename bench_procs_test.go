@@ -21,13 +21,15 @@ package jobkeys
 //
 // Metrics per cycle: cpu-µs/cycle is the CPU time (user+system) of the
 // parent (the server) and of every child over the timed part; reads and
-// writes are the coordinators' store calls (countingStore), waits the Runs
+// writes are the coordinators' store calls (countingStore; writes count
+// every attempt, failed-cas/cycle those that lost), waits the Runs
 // that blocked, rechecks the Runners' tries a recheck timer started
 // (Runner.rechecks), untrusted-tries the tries no change or wake-up
 // started, counted at the store as the in-process hot-key rows count their
 // rechecks/cycle (benchRecheckStore), and for -wake the stores' wake-up
 // counters (NATSStore.wakeCounters). contention-errors is the count of
-// ErrContention (any fails the run).
+// ErrContention (any fails the run). B/op and allocs/op are the parent's
+// only (the server's).
 //
 // Every run is checked (procCheck): every job admitted ran exactly once and
 // was released; the key ends empty; and MaxActive 1 held across processes:
@@ -108,6 +110,7 @@ type procStats struct {
 	Admitted   int         `json:"admitted"`
 	Reads      int64       `json:"reads"`
 	Writes     int64       `json:"writes"`
+	Conflicts  int64       `json:"conflicts"` // writes that lost their compare-and-swap
 	Waits      int64       `json:"waits"`
 	Rechecks   int64       `json:"rechecks"`
 	Untrusted  int64       `json:"untrusted"`
@@ -123,6 +126,7 @@ func (s *procStats) add(o procStats) {
 	s.Admitted += o.Admitted
 	s.Reads += o.Reads
 	s.Writes += o.Writes
+	s.Conflicts += o.Conflicts
 	s.Waits += o.Waits
 	s.Rechecks += o.Rechecks
 	s.Untrusted += o.Untrusted
@@ -230,6 +234,7 @@ func benchProcsRow(b *testing.B, s *server.Server, procs int, wake bool) {
 	b.ReportMetric(per(float64(total.CPU)/1e3), "cpu-µs/cycle")
 	b.ReportMetric(per(float64(total.Reads)), "reads/cycle")
 	b.ReportMetric(per(float64(total.Writes)), "writes/cycle")
+	b.ReportMetric(per(float64(total.Conflicts)), "failed-cas/cycle")
 	b.ReportMetric(per(float64(total.Waits)), "waits/cycle")
 	b.ReportMetric(per(float64(total.Rechecks)), "rechecks/cycle")
 	b.ReportMetric(per(float64(total.Untrusted)), "untrusted-tries/cycle")
@@ -559,6 +564,8 @@ func TestCycleProcsChild(t *testing.T) {
 	st = procStats{}
 	cs.totals.reads.Store(0)
 	cs.totals.writes.Store(0)
+	cs.totals.lost.Store(0)
+	cs.totals.stale.Store(0)
 	rs.rechecks.reset()
 	waits.Store(0)
 	rechecks0, wakes0 := r.rechecks.Load(), store.wakeCounters()
@@ -585,6 +592,7 @@ func TestCycleProcsChild(t *testing.T) {
 	}
 	st.CPU = int64(ceilCPU(t) - cpu0)
 	st.Reads, st.Writes = cs.totals.reads.Load(), cs.totals.writes.Load()
+	st.Conflicts = cs.totals.lost.Load() + cs.totals.stale.Load()
 	st.Waits, st.Untrusted = waits.Load(), rs.rechecks.count()
 	st.Rechecks = r.rechecks.Load() - rechecks0
 	st.Wakes = addWakeCounts(store.wakeCounters(), wakes0, -1)
