@@ -61,6 +61,27 @@ func newWakeProc(t *testing.T, s *server.Server, service string, policy Policy, 
 	return &wakeProc{store: store, reads: cs.totals, c: c, jt: jt, w: w, r: r, blocked: blocked}
 }
 
+// awaitRun waits until a runAsync's handler ran (held) and its Run
+// returned with no error; what says what failed if the handler did not
+// run before ctx ended.
+func awaitRun(t *testing.T, ctx context.Context, held chan struct{}, done chan error, what string) {
+	t.Helper()
+	select {
+	case <-held:
+	case <-ctx.Done():
+		t.Fatal(what)
+	}
+	require.NoError(t, <-done)
+}
+
+// released returns a closed channel: a runAsync handler that returns at
+// once.
+func released() chan struct{} {
+	c := make(chan struct{})
+	close(c)
+	return c
+}
+
 // waitBlocked waits until p's Runs of jobs ids (in any order) start to
 // wait.
 func (p *wakeProc) waitBlocked(t *testing.T, ctx context.Context, ids ...string) {
@@ -117,9 +138,7 @@ func TestWakeUpsWakeOtherProcess(t *testing.T) {
 	releaseA := make(chan struct{})
 	heldA, doneA := a.runAsync(t, ctx, "job-a", releaseA)
 	<-heldA
-	releaseB := make(chan struct{})
-	close(releaseB)
-	heldB, doneB := b.runAsync(t, ctx, "job-b", releaseB)
+	heldB, doneB := b.runAsync(t, ctx, "job-b", released())
 	// Wait until b's Run waits on its wake-up subscription.
 	b.waitBlocked(t, ctx, "job-b")
 	require.Equal(t, 1, b.w.wakeSubscriptions())
@@ -127,12 +146,7 @@ func TestWakeUpsWakeOtherProcess(t *testing.T) {
 	sentBefore := a.store.wakeCounters().Published
 	close(releaseA)
 	require.NoError(t, <-doneA)
-	select {
-	case <-heldB:
-	case <-ctx.Done():
-		t.Fatal("job-b was not woken by job-a's release")
-	}
-	require.NoError(t, <-doneB)
+	awaitRun(t, ctx, heldB, doneB, "job-b was not woken by job-a's release")
 	assert.Equal(t, readsBefore, b.reads.reads.Load(), "reads of the key by the woken process")
 	assert.Zero(t, b.r.rechecks.Load(), "rechecks")
 	assert.Equal(t, uint64(1), uint64(a.store.wakeCounters().Published-sentBefore), "wake-ups published by the release")
@@ -225,18 +239,11 @@ func TestWakeUpsFallBackToRecheck(t *testing.T) {
 	releaseA := make(chan struct{})
 	heldA, doneA := a.runAsync(t, ctx, "job-a", releaseA)
 	<-heldA
-	done := make(chan struct{})
-	close(done)
-	heldB, doneB := b.runAsync(t, ctx, "job-b", done)
+	heldB, doneB := b.runAsync(t, ctx, "job-b", released())
 	b.waitBlocked(t, ctx, "job-b")
 	close(releaseA)
 	require.NoError(t, <-doneA)
-	select {
-	case <-heldB:
-	case <-ctx.Done():
-		t.Fatal("job-b did not get the slot at its recheck")
-	}
-	require.NoError(t, <-doneB)
+	awaitRun(t, ctx, heldB, doneB, "job-b did not get the slot at its recheck")
 	assert.Positive(t, b.r.rechecks.Load(), "rechecks")
 	assert.Zero(t, b.store.wakeCounters().Received, "wake-ups received")
 }
@@ -317,9 +324,7 @@ func TestWakeUpsPassOverDeadWaiter(t *testing.T) {
 	never := make(chan struct{})
 	_, doneDead := dead.runAsync(t, dctx, "job-dead", never)
 	dead.waitBlocked(t, ctx, "job-dead")
-	open := make(chan struct{})
-	close(open)
-	heldB, doneB := b.runAsync(t, ctx, "job-b", open)
+	heldB, doneB := b.runAsync(t, ctx, "job-b", released())
 	b.waitBlocked(t, ctx, "job-b")
 	// The crash: its connection goes, and with it its subscriptions.
 	dead.store.js.Conn().Close()
@@ -328,12 +333,7 @@ func TestWakeUpsPassOverDeadWaiter(t *testing.T) {
 
 	close(releaseA)
 	require.NoError(t, <-doneA)
-	select {
-	case <-heldB:
-	case <-ctx.Done():
-		t.Fatal("job-b was not woken past the dead head of the queue")
-	}
-	require.NoError(t, <-doneB)
+	awaitRun(t, ctx, heldB, doneB, "job-b was not woken past the dead head of the queue")
 	assert.Zero(t, b.r.rechecks.Load(), "rechecks")
 	assert.Positive(t, a.store.wakeCounters().NoResponders, "the head's wake-up found nobody")
 }
