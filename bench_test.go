@@ -281,6 +281,18 @@ func BenchmarkCycle(b *testing.B) {
 		b.Run(fmt.Sprintf("NATS/%dworkers-%dconns-1key-wake", n, n), func(b *testing.B) {
 			benchHotKeyRow(b, s, hotKeyRow{workers: n, conns: n, wake: true})
 		})
+		// Each worker admits its next job while its handler holds the
+		// slot: no admission of the releasing worker races the woken
+		// head's acquisition.
+		for _, wake := range []bool{false, true} {
+			name := fmt.Sprintf("NATS/%dworkers-%dconns-1key-watcher-pipelined", n, n)
+			if wake {
+				name = fmt.Sprintf("NATS/%dworkers-%dconns-1key-wake-pipelined", n, n)
+			}
+			b.Run(name, func(b *testing.B) {
+				benchHotKeyRow(b, s, hotKeyRow{workers: n, conns: n, wake: wake, pipelined: true})
+			})
+		}
 	}
 	// Several processes with several workers each: 64 workers over 4
 	// connections (16 per process).
@@ -324,6 +336,10 @@ func benchHotKey(b *testing.B, s *server.Server, n, conns int) {
 type hotKeyRow struct {
 	workers, conns int
 	wake           bool
+	// pipelined: each worker admits its next job while its handler holds
+	// the slot, not after its Run returned, so that no admission of the
+	// worker that frees the slot races the woken acquisition.
+	pipelined bool
 }
 
 // benchHotKeyRow runs row's workers on one key with MaxActive 1 and
@@ -363,21 +379,47 @@ func benchHotKeyRow(b *testing.B, s *server.Server, row hotKeyRow) {
 			p = proc{jt: jt, r: r}
 			procs[w] = p
 		}
-		cycle := func(jobID string) error {
+		admit := func(jobID string) ([]QueuedJob, error) {
 			began := time.Now()
 			adm, err := p.jt.Admit(ctx, jobID, payload)
 			admits[worker] = append(admits[worker], time.Since(began))
 			if err != nil {
-				return fmt.Errorf("admit %s: %w", jobID, err)
+				return nil, fmt.Errorf("admit %s: %w", jobID, err)
 			}
 			if adm.Kind != KindAccepted {
-				return fmt.Errorf("admit %s: %s %s", jobID, adm.Kind, adm.Reason)
+				return nil, fmt.Errorf("admit %s: %s %s", jobID, adm.Kind, adm.Reason)
 			}
-			ahead := benchAhead(adm.State, jobID)
+			return benchAhead(adm.State, jobID), nil
+		}
+		// With row.pipelined, next is the worker's job admitted by its
+		// previous cycle's handler, and its place in the queue then.
+		var next string
+		var nextAhead []QueuedJob
+		var seq int
+		cycle := func(jobID string) error {
+			var ahead []QueuedJob
+			var err error
+			if !row.pipelined || next == "" {
+				ahead, err = admit(jobID)
+			} else {
+				jobID, ahead = next, nextAhead
+			}
+			if err != nil {
+				return err
+			}
+			var admitErr error
 			res, err := p.r.Run(ctx, jobID, payload, func(context.Context, Lease) error {
 				order.start(jobID, ahead)
+				if row.pipelined {
+					seq++
+					next = fmt.Sprintf("job-%d-p%d", worker, seq)
+					nextAhead, admitErr = admit(next)
+				}
 				return nil
 			})
+			if err == nil {
+				err = admitErr
+			}
 			if errors.Is(err, ErrContention) {
 				contention.Add(1)
 			}
