@@ -1,0 +1,112 @@
+package jobkeys
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/jobkeys/jobkeys/internal/natstest"
+)
+
+// TestWakeUpsWorkerPermissions: two workers allowed exactly the key
+// store's documented subjects (see NATSStore, TestNATSStoreWorkerPermissions)
+// plus the wake-up subjects WithWakeUps names ("<prefix>.<bucket>.>",
+// publish and subscribe) run a wake-up cycle across their two connections:
+// the Run blocked in one is woken by the other's release through its
+// wake-up (no recheck: it is an hour away), with no permission error on
+// either connection and no refused wake-up subject.
+func TestWakeUpsWorkerPermissions(t *testing.T) {
+	t.Parallel()
+	svc := jkService("wakeperm")
+	bucket := BucketPrefixDefault + "_" + svc
+	wakes := WakePrefixDefault + "." + bucket + ".>"
+	const inbox = "_INBOX_wakeworker"
+	s := permServer(t, permUser{name: "worker",
+		publish:  append(workerPublish(bucket), wakes),
+		subsribe: append(workerSubscribe(inbox), wakes)})
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+
+	_, admin := natstest.Connect(t, s, nats.UserInfo("admin", "admin"))
+	_, err := admin.CreateKeyValue(ctx, jetstream.KeyValueConfig{Bucket: bucket, Storage: jetstream.MemoryStorage})
+	require.NoError(t, err)
+
+	policy := Policy{Key: []string{"/tenant"}, MaxActive: 1, MaxQueuedPerKey: 4}
+	payload := []byte(`{"tenant":"acme"}`)
+	errc := make(chan error, 16)
+	type worker struct {
+		store *NATSStore
+		jt    *JobType
+		r     *Runner
+		// blocked receives the job ID of each Run that starts to wait.
+		blocked chan string
+	}
+	newWorker := func(instance string) *worker {
+		_, js := natstest.Connect(t, s, nats.UserInfo("worker", "worker"), nats.CustomInboxPrefix(inbox),
+			nats.ErrorHandler(func(_ *nats.Conn, _ *nats.Subscription, err error) { errc <- err }))
+		store, err := NewNATSStore(js, WithWakeUps(""))
+		require.NoError(t, err)
+		coord, err := NewCoordinator(store, &Config{InstanceID: instance})
+		require.NoError(t, err)
+		jt, err := coord.JobType(svc, "render", policy)
+		require.NoError(t, err)
+		w, err := NewWatcher(store)
+		require.NoError(t, err)
+		t.Cleanup(w.Close)
+		blocked := make(chan string, 4)
+		r, err := NewRunner(jt, &RunnerConfig{Watcher: w, RecheckInterval: time.Hour, OnBlocked: func(jobID string, _ Acquisition) { blocked <- jobID }})
+		require.NoError(t, err)
+		return &worker{store: store, jt: jt, r: r, blocked: blocked}
+	}
+	a, b := newWorker("worker-a"), newWorker("worker-b")
+
+	for _, id := range []string{"j1", "j2"} {
+		adm, err := a.jt.Admit(ctx, id, payload)
+		require.NoError(t, err, "admit %s", id)
+		require.Equal(t, KindAccepted, adm.Kind, "admit %s", id)
+	}
+	acq, err := a.jt.Acquire(ctx, "j1", payload)
+	require.NoError(t, err, "acquire j1")
+	require.Equal(t, KindAcquired, acq.Kind)
+
+	ran := make(chan struct{})
+	done := make(chan error, 1)
+	go func() {
+		_, err := b.r.Run(ctx, "j2", payload, func(context.Context, Lease) error {
+			close(ran)
+			return nil
+		})
+		done <- err
+	}()
+	assert.Equal(t, "j2", recv(t, b.blocked, "j2's Run waiting"))
+	require.Eventually(t, func() bool { return b.r.cfg.Watcher.wakeSubscriptions() == 1 }, 10*time.Second, time.Millisecond)
+	// Make sure the wait's subscription is at the server before the
+	// release (a lost wake-up would be a recheck, an hour away).
+	require.NoError(t, b.store.js.Conn().FlushWithContext(ctx))
+
+	rel, err := a.jt.coord.Release(ctx, ReleaseRequest{Lease: acq.Lease})
+	require.NoError(t, err, "release j1")
+	require.Equal(t, KindReleased, rel.Kind)
+	select {
+	case <-ran:
+	case <-ctx.Done():
+		t.Fatal("j2's Run was not woken by the release on the other connection")
+	}
+	require.NoError(t, <-done, "j2's Run")
+	assert.Zero(t, b.r.rechecks.Load(), "rechecks")
+	assert.Positive(t, b.store.wakeCounters().Received, "wake-ups received")
+	for _, w := range []*worker{a, b} {
+		assert.Zero(t, w.store.wakeCounters().Refused, "refused wake-up subjects")
+	}
+
+	var asyncErrs []error
+	for len(errc) > 0 {
+		asyncErrs = append(asyncErrs, <-errc)
+	}
+	assert.Empty(t, asyncErrs, "errors reported on the workers' connections")
+}
