@@ -32,7 +32,9 @@ func wakeStoreOf(store any) wakeStore {
 // wake-up once subscribed, without a read: a wake-up sent after that
 // state but before the subscription reached the server finds nobody, and
 // is sent once more wakeRetry (2 ms) later, which must find the
-// subscription in place.
+// subscription in place. subscribeWake returns once the server confirmed
+// the subscription (or gave no answer within wakeSubscribeConfirm), so
+// the subscription was in place within wakeTrustAge of the state.
 const wakeTrustAge = time.Millisecond
 
 // wakeTargetsMax bounds the queued jobs one wake-up may be offered to

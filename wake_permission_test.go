@@ -110,3 +110,40 @@ func TestWakeUpsWorkerPermissions(t *testing.T) {
 	}
 	assert.Empty(t, asyncErrs, "errors reported on the workers' connections")
 }
+
+// TestWakeUpsSubscriptionInFlight: a Run whose connection is slow to the
+// server (30 ms each way) blocks on a state its coordinator has just
+// written (its own admission) and waits for its wake-up without a read,
+// and the release comes as soon as it waits: its wake-up subscription has
+// not reached the server then, nor when the store sends the wake-up once
+// more 2 ms later. The Run must still be woken, not wait for its recheck
+// (an hour away): it used to, trusting a state seen within 1 ms although
+// its subscription was still on the wire.
+func TestWakeUpsSubscriptionInFlight(t *testing.T) {
+	t.Parallel()
+	s := natstest.Run(t)
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	policy := Policy{Key: benchPolicy.Key, MaxActive: 1, MaxQueuedPerKey: 8}
+	a := newWakeProc(t, s, "wakeinflight", policy, true, time.Hour)
+	line := startDelayLine(t, benchHostPort(t, s.ClientURL()), 30*time.Millisecond)
+	_, js := natstest.ConnectURL(t, line.URL())
+	b := newWakeProcOn(t, js, "wakeinflight", policy, true, time.Hour)
+
+	releaseA := make(chan struct{})
+	heldA, doneA := a.runAsync(t, ctx, "job-a", releaseA)
+	recv(t, heldA, "job-a's slot")
+	open := make(chan struct{})
+	close(open)
+	heldB, doneB := b.runAsync(t, ctx, "job-b", open)
+	b.waitBlocked(t, ctx, "job-b")
+	close(releaseA) // at once: job-b's subscription may be on the wire
+	require.NoError(t, <-doneA)
+	select {
+	case <-heldB:
+	case <-time.After(20 * time.Second):
+		t.Fatalf("job-b was not woken by job-a's release (wake-ups of the release: %+v)", a.store.wakeCounters())
+	}
+	require.NoError(t, <-doneB)
+	assert.Zero(t, b.r.rechecks.Load(), "rechecks")
+}

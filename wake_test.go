@@ -34,6 +34,12 @@ type wakeProc struct {
 func newWakeProc(t *testing.T, s *server.Server, service string, policy Policy, wakes bool, recheck time.Duration) *wakeProc {
 	t.Helper()
 	_, js := natstest.Connect(t, s)
+	return newWakeProcOn(t, js, service, policy, wakes, recheck)
+}
+
+// newWakeProcOn is newWakeProc on the connection of js.
+func newWakeProcOn(t *testing.T, js jetstream.JetStream, service string, policy Policy, wakes bool, recheck time.Duration) *wakeProc {
+	t.Helper()
 	opts := []NATSStoreOption{WithCreateBuckets(jetstream.MemoryStorage, 1)}
 	if wakes {
 		opts = append(opts, WithWakeUps(""))
