@@ -147,3 +147,42 @@ func TestWakeUpsSubscriptionInFlight(t *testing.T) {
 	require.NoError(t, <-doneB)
 	assert.Zero(t, b.r.rechecks.Load(), "rechecks")
 }
+
+// TestWakeUpsWatcherCloseWhileSubscribing: the Watcher closes while a
+// blocked Run is making its wake-up subscription (on a slow connection,
+// the server's confirmation takes 60 ms). The Run fails with
+// ErrWatcherClosed and the store's subscription ends with it: it used to
+// be left open (Close found no stop function yet, and the Run's own close
+// found the subscription closed already), with the store's dispatcher
+// goroutine.
+func TestWakeUpsWatcherCloseWhileSubscribing(t *testing.T) {
+	t.Parallel()
+	s := natstest.Run(t)
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	policy := Policy{Key: benchPolicy.Key, MaxActive: 1, MaxQueuedPerKey: 8}
+	a := newWakeProc(t, s, "wakeclosesub", policy, true, time.Hour)
+	line := startDelayLine(t, benchHostPort(t, s.ClientURL()), 30*time.Millisecond)
+	_, js := natstest.ConnectURL(t, line.URL())
+	b := newWakeProcOn(t, js, "wakeclosesub", policy, true, time.Hour)
+
+	releaseA := make(chan struct{})
+	defer close(releaseA)
+	heldA, _ := a.runAsync(t, ctx, "job-a", releaseA)
+	recv(t, heldA, "job-a's slot")
+	open := make(chan struct{})
+	close(open)
+	_, doneB := b.runAsync(t, ctx, "job-b", open)
+	// The Run's first try decides on the admission's state, without a
+	// read: it subscribes at once, and waits for the confirmation.
+	require.Eventually(t, func() bool { return b.w.wakeSubscriptions() == 1 }, 10*time.Second, 100*time.Microsecond)
+	b.w.Close()
+	err := recv(t, doneB, "job-b's Run")
+	require.ErrorIs(t, err, ErrWatcherClosed)
+	h := b.store.wake
+	require.Eventually(t, func() bool {
+		h.mu.Lock()
+		defer h.mu.Unlock()
+		return h.live == 0 && len(h.subs) == 0 && h.disp == nil
+	}, 10*time.Second, time.Millisecond, "the store's wake-up subscriptions end")
+}
