@@ -330,6 +330,14 @@ func TestWakeUpsPassOverDeadWaiter(t *testing.T) {
 	dead.store.js.Conn().Close()
 	dcancel()
 	<-doneDead
+	// The server drops the closed connection's subscriptions on its own
+	// time: until then the head's wake-up is delivered there, not
+	// answered "no responders", and goes no further.
+	key, err := DeriveKey("wakedead", benchJobType, benchPayload(0), policy.Key)
+	require.NoError(t, err)
+	deadSubject := dead.store.wake.subject(dead.store.BucketName("wakedead"), key.KVKey, "job-dead")
+	require.Eventually(t, func() bool { return !s.GlobalAccount().SubscriptionInterest(deadSubject) }, 10*time.Second, time.Millisecond,
+		"the server drops the dead process's subscription")
 
 	close(releaseA)
 	require.NoError(t, <-doneA)
