@@ -186,3 +186,53 @@ func TestWakeUpsWatcherCloseWhileSubscribing(t *testing.T) {
 		return h.live == 0 && len(h.subs) == 0 && h.disp == nil
 	}, 10*time.Second, time.Millisecond, "the store's wake-up subscriptions end")
 }
+
+// TestWakeUpsAfterReconnect: the connection of a process whose Run waits
+// for its wake-up drops and reconnects; the client subscribes again, and
+// the release made after that wakes the Run through its wake-up (no
+// recheck: it is an hour away). A wake-up sent while the connection is
+// down is lost, and left to the recheck (see WithWakeUps).
+func TestWakeUpsAfterReconnect(t *testing.T) {
+	t.Parallel()
+	s := natstest.Run(t)
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	policy := Policy{Key: benchPolicy.Key, MaxActive: 1, MaxQueuedPerKey: 8}
+	a := newWakeProc(t, s, "wakereconnect", policy, true, time.Hour)
+	p := startPausableProxy(t, benchHostPort(t, s.ClientURL()))
+	reconnected := make(chan struct{}, 4)
+	nc, js := natstest.ConnectURL(t, p.url(), nats.MaxReconnects(-1), nats.ReconnectWait(10*time.Millisecond),
+		nats.ReconnectHandler(func(*nats.Conn) { reconnected <- struct{}{} }))
+	b := newWakeProcOn(t, js, "wakereconnect", policy, true, time.Hour)
+
+	releaseA := make(chan struct{})
+	heldA, doneA := a.runAsync(t, ctx, "job-a", releaseA)
+	recv(t, heldA, "job-a's slot")
+	open := make(chan struct{})
+	close(open)
+	heldB, doneB := b.runAsync(t, ctx, "job-b", open)
+	b.waitBlocked(t, ctx, "job-b")
+
+	// Drop b's connection (the proxy's side of it); the client reconnects
+	// through the proxy.
+	p.mu.Lock()
+	conns := p.conns
+	p.conns = nil
+	p.mu.Unlock()
+	for _, c := range conns {
+		c.Close()
+	}
+	recv(t, reconnected, "b's reconnection")
+	require.NoError(t, nc.FlushWithContext(ctx), "b's subscriptions are at the server again")
+
+	close(releaseA)
+	require.NoError(t, <-doneA)
+	select {
+	case <-heldB:
+	case <-time.After(20 * time.Second):
+		t.Fatalf("job-b was not woken after its connection reconnected (wake-ups of the release: %+v)", a.store.wakeCounters())
+	}
+	require.NoError(t, <-doneB)
+	assert.Zero(t, b.r.rechecks.Load(), "rechecks")
+	assert.Positive(t, b.store.wakeCounters().Received, "wake-ups received")
+}
