@@ -56,9 +56,10 @@ const (
 	// subscriptions of a store deliver to.
 	wakeDispatchBuffer = 1024
 	// wakeSubscribeConfirm bounds how long a new wake-up subscription
-	// waits for the server to confirm it (a PING's PONG): longer than
-	// wakeTrustAge, after which its waiter reads the key anyway.
-	wakeSubscribeConfirm = 10 * time.Millisecond
+	// waits for the server to confirm it (a PING's PONG): a waiter
+	// confirmed later than wakeTrustAge after it saw the state reads the
+	// key anyway (its read follows the SUB on the connection).
+	wakeSubscribeConfirm = wakeTrustAge
 	// wakeRevLen is the length of the revision in front of a wake-up's
 	// value.
 	wakeRevLen = 8
@@ -76,8 +77,8 @@ type wakeStore interface {
 	publishWakes(service, kvKey string, value []byte, rev uint64, targets []string, free int)
 	// subscribeWake calls fn with every wake-up sent to job jobID of kvKey
 	// until stop is called. fn must not block. It returns once the server
-	// has confirmed the subscription, or after a short while
-	// (wakeSubscribeConfirm) without that.
+	// has confirmed the subscription, or after wakeSubscribeConfirm
+	// without that.
 	subscribeWake(service, kvKey, jobID string, fn func(value []byte, rev uint64)) (stop func(), err error)
 }
 

@@ -33,8 +33,9 @@ func wakeStoreOf(store any) wakeStore {
 // state but before the subscription reached the server finds nobody, and
 // is sent once more wakeRetry (2 ms) later, which must find the
 // subscription in place. subscribeWake returns once the server confirmed
-// the subscription (or gave no answer within wakeSubscribeConfirm), so
-// the subscription was in place within wakeTrustAge of the state.
+// the subscription (or gave no answer within wakeSubscribeConfirm, and
+// the Run then reads), so a Run that trusts had its subscription in
+// place within wakeTrustAge of the state.
 const wakeTrustAge = time.Millisecond
 
 // wakeTargetsMax bounds the queued jobs one wake-up may be offered to
