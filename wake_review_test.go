@@ -1,5 +1,9 @@
 package jobkeys
 
+// Tests of the final review of targeted wake-ups (session 4 of issue 11):
+// permissions, a subscription still on the wire, Watcher.Close while
+// subscribing, a reconnect.
+
 import (
 	"context"
 	"testing"
