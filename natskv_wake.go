@@ -55,6 +55,11 @@ const (
 	// wakeDispatchBuffer is the capacity of the channel the wake-up
 	// subscriptions of a store deliver to.
 	wakeDispatchBuffer = 1024
+	// wakeSubscribeConfirm bounds how long a new wake-up subscription
+	// waits for the server to confirm it (a PING's PONG): a waiter
+	// confirmed later than wakeTrustAge after it saw the state reads the
+	// key anyway (its read follows the SUB on the connection).
+	wakeSubscribeConfirm = wakeTrustAge
 	// wakeRevLen is the length of the revision in front of a wake-up's
 	// value.
 	wakeRevLen = 8
@@ -71,8 +76,9 @@ type wakeStore interface {
 	// the network and copies value if it keeps it.
 	publishWakes(service, kvKey string, value []byte, rev uint64, targets []string, free int)
 	// subscribeWake calls fn with every wake-up sent to job jobID of kvKey
-	// until stop is called. fn must not block. The subscription is sent to
-	// the server without waiting for it.
+	// until stop is called. fn must not block. It returns once the server
+	// has confirmed the subscription, or after wakeSubscribeConfirm
+	// without that.
 	subscribeWake(service, kvKey, jobID string, fn func(value []byte, rev uint64)) (stop func(), err error)
 }
 
@@ -610,7 +616,16 @@ func (h *wakeHub) subscribe(subject string, fn func([]byte, uint64)) (func(), er
 	}
 	if orphan {
 		_ = sub.Unsubscribe() // an error means it is closed already
+		return h.stopper(e, w), nil
 	}
+	// Wait (briefly) for the server to have the subscription: a waiter
+	// that trusts a state it saw just before it subscribed must not be
+	// left with a wake-up, and its one retry, sent while the SUB was
+	// still in the client's buffer or on the wire. The caller measures
+	// how long ago it saw the state after this returns, so a slow or
+	// failed confirmation makes it read the key instead (the read's
+	// request follows the SUB on the connection).
+	_ = h.nc.FlushTimeout(wakeSubscribeConfirm)
 	return h.stopper(e, w), nil
 }
 

@@ -302,8 +302,9 @@ func (r *Runner) acquire(ctx context.Context, jobID string, payload any, opts []
 			behind = 0
 			// A wake-up sent before the subscription reached the server
 			// is sent again shortly by its writer when nobody took it
-			// (see WithWakeUps), so a state seen just now is a safe
-			// place to wait from. One seen longer ago is not: it reads.
+			// (see WithWakeUps), so a state seen just before the server
+			// confirmed the subscription (subscribeWake waits for that)
+			// is a safe place to wait from. One seen longer ago is not: it reads.
 			// A later state the coordinator learned meanwhile is tried.
 			rev, at := sub.wake.entry.seen()
 			switch {

@@ -32,7 +32,10 @@ func wakeStoreOf(store any) wakeStore {
 // wake-up once subscribed, without a read: a wake-up sent after that
 // state but before the subscription reached the server finds nobody, and
 // is sent once more wakeRetry (2 ms) later, which must find the
-// subscription in place.
+// subscription in place. subscribeWake returns once the server confirmed
+// the subscription (or gave no answer within wakeSubscribeConfirm, and
+// the Run then reads), so a Run that trusts had its subscription in
+// place within wakeTrustAge of the state.
 const wakeTrustAge = time.Millisecond
 
 // wakeTargetsMax bounds the queued jobs one wake-up may be offered to
@@ -152,15 +155,30 @@ func (w *Watcher) subscribeWake(service, kvKey, jobID string, t *keyTable) (*Sub
 		w.mu.Unlock()
 		return nil, err
 	}
+	w.mu.Lock()
+	if sub.wake.closed {
+		// Closed meanwhile (Watcher.Close), before it had these to end.
+		// The entry stays for the caller to look at (Runner.acquire),
+		// unpinned: Done is closed, the caller goes no further.
+		sub.wake.entry = e
+		w.mu.Unlock()
+		stop()
+		t.unpin(kvKey, e)
+		return sub, nil
+	}
 	sub.wake.entry, sub.wake.stop = e, stop
+	w.mu.Unlock()
 	return sub, nil
 }
 
 // wakeWait is the state of a Subscription made by subscribeWake.
 type wakeWait struct {
 	table *keyTable
-	entry *keyEntry // pinned while the subscription lasts
-	stop  func()    // ends the store's subscription
+	// entry (pinned while the subscription lasts) and stop (ends the
+	// store's subscription) are set once subscribed; guarded by
+	// Watcher.mu.
+	entry *keyEntry
+	stop  func()
 	rev   atomic.Uint64
 	// closed is set once Close ran; guarded by Watcher.mu.
 	closed bool
@@ -206,12 +224,14 @@ func (s *Subscription) closeWake() {
 	}
 	s.wake.closed = true
 	s.w.forgetWake(s)
+	// nil while subscribeWake is still subscribing: it ends them then.
+	stop, entry := s.wake.stop, s.wake.entry
 	s.w.mu.Unlock()
-	if s.wake.stop != nil {
-		s.wake.stop()
+	if stop != nil {
+		stop()
 	}
-	if s.wake.entry != nil {
-		s.wake.table.unpin(s.kvKey, s.wake.entry)
+	if entry != nil {
+		s.wake.table.unpin(s.kvKey, entry)
 	}
 	s.end()
 }

@@ -35,6 +35,12 @@ type wakeProc struct {
 func newWakeProc(t *testing.T, s *server.Server, service string, policy Policy, wakes bool, recheck time.Duration) *wakeProc {
 	t.Helper()
 	_, js := natstest.Connect(t, s)
+	return newWakeProcOn(t, js, service, policy, wakes, recheck)
+}
+
+// newWakeProcOn is newWakeProc on the connection of js.
+func newWakeProcOn(t *testing.T, js jetstream.JetStream, service string, policy Policy, wakes bool, recheck time.Duration) *wakeProc {
+	t.Helper()
 	opts := []NATSStoreOption{WithCreateBuckets(jetstream.MemoryStorage, 1)}
 	if wakes {
 		opts = append(opts, WithWakeUps(""))
@@ -330,6 +336,14 @@ func TestWakeUpsPassOverDeadWaiter(t *testing.T) {
 	dead.store.js.Conn().Close()
 	dcancel()
 	<-doneDead
+	// The server drops the closed connection's subscriptions on its own
+	// time: until then the head's wake-up is delivered there, not
+	// answered "no responders", and goes no further.
+	key, err := DeriveKey("wakedead", benchJobType, benchPayload(0), policy.Key)
+	require.NoError(t, err)
+	deadSubject := dead.store.wake.subject(dead.store.BucketName("wakedead"), key.KVKey, "job-dead")
+	require.Eventually(t, func() bool { return !s.GlobalAccount().SubscriptionInterest(deadSubject) }, 10*time.Second, time.Millisecond,
+		"the server drops the dead process's subscription")
 
 	close(releaseA)
 	require.NoError(t, <-doneA)

@@ -218,7 +218,8 @@ func (s *NATSStore) purged(p *natsPurge, outcome natsPurgeOutcome, err error) {
 // (and a Claim that meets a finished job) purges the job's entry from the
 // active index without waiting for the answer; Close waits for the answers
 // of the purges in flight until ctx ends, then stops waiting for the rest
-// (returning ctx's error), and ends the store's subscription for replies.
+// (returning an error that wraps ctx's and says how many), and ends the
+// store's subscription for replies.
 // Call it after the store's last call has returned; a call made after
 // Close still works, subscribing again. It is safe for concurrent use and
 // may be called more than once.
@@ -228,7 +229,6 @@ func (s *NATSStore) Close(ctx context.Context) error {
 	select {
 	case <-ps.wait():
 	case <-ctx.Done():
-		err = ctx.Err()
 		ps.mu.Lock()
 		var stopped []*natsPurge
 		for p := range ps.flying {
@@ -238,6 +238,7 @@ func (s *NATSStore) Close(ctx context.Context) error {
 			}
 		}
 		ps.mu.Unlock()
+		err = fmt.Errorf("jobs: close the store of bucket %s: stopped waiting for the answers of %d purges of finished jobs' active-index entries: %w", s.Bucket(), len(stopped), ctx.Err())
 		for _, p := range stopped {
 			s.replies.release(p.queue)
 			s.purged(p, purgeCancelled, nil)

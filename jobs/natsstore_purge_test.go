@@ -91,7 +91,10 @@ func TestNATSStoreCloseCancelsPurges(t *testing.T) {
 
 	ctx, cancel := context.WithTimeout(context.Background(), 300*time.Millisecond)
 	defer cancel()
-	require.ErrorIs(t, st.Close(ctx), context.DeadlineExceeded)
+	err := st.Close(ctx)
+	require.ErrorIs(t, err, context.DeadlineExceeded)
+	assert.ErrorContains(t, err, "JOBS_CLOSEPURGE", "the error names the bucket")
+	assert.ErrorContains(t, err, " 1 purge", "the error says how many purges it stopped waiting for")
 	st.purges.mu.Lock()
 	assert.Empty(t, st.purges.flying)
 	assert.Zero(t, st.purges.live, "a purge is left after Close")
@@ -100,7 +103,7 @@ func TestNATSStoreCloseCancelsPurges(t *testing.T) {
 	require.NoError(t, st.Close(context.Background()), "again: nothing to wait for")
 
 	// The store still works after Close.
-	_, err := st.Get(context.Background(), "ch", "j")
+	_, err = st.Get(context.Background(), "ch", "j")
 	require.NoError(t, err)
 }
 
