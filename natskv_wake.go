@@ -51,7 +51,7 @@ const (
 	wakeKeptBytesMax = 8 << 20
 	// wakeWalkExtra bounds the targets a wake-up tries beyond its free
 	// slots.
-	wakeWalkExtra = 16
+	wakeWalkExtra = 64
 	// wakeDispatchBuffer is the capacity of the channel the wake-up
 	// subscriptions of a store deliver to.
 	wakeDispatchBuffer = 1024

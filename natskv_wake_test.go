@@ -528,7 +528,7 @@ func TestWakeUpsBounded(t *testing.T) {
 	require.Eventually(t, func() bool { _, _, chains := kept(); return chains == 0 }, rtWait, time.Millisecond,
 		"every wake-up ended")
 
-	// Targets beyond free+16 are never tried.
+	// Targets beyond free+wakeWalkExtra are never tried.
 	before := a.wakeCounters()
 	many := make([]string, 1000)
 	for i := range many {

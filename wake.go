@@ -39,8 +39,10 @@ func wakeStoreOf(store any) wakeStore {
 const wakeTrustAge = time.Millisecond
 
 // wakeTargetsMax bounds the queued jobs one wake-up may be offered to
-// beyond the free slots (the store moves it on past jobs with no waiter).
-const wakeTargetsMax = 16
+// beyond the free slots (the store moves it on past jobs with no waiter,
+// one "no responders" answer each): a Run with more queued jobs ahead of
+// it that nobody waits for is woken by its recheck.
+const wakeTargetsMax = wakeWalkExtra
 
 // publishWakes sends, after a committed write of key that left it at state
 // st (revision rev, its stored value value) from state prev, a wake-up to
@@ -67,9 +69,20 @@ func (c *KeyCoordinator) publishWakes(key JobKey, prev, st *KeyState, rev uint64
 		return
 	}
 	var targets []string
+	var before map[string]struct{} // prev's queue, when it is long
+	if len(prev.Queued) > 16 {
+		before = make(map[string]struct{}, len(prev.Queued))
+		for i := range prev.Queued {
+			before[prev.Queued[i].JobID] = struct{}{}
+		}
+	}
 	for i := range st.Queued {
 		id := st.Queued[i].JobID
-		if indexQueued(prev.Queued, id) < 0 {
+		if before != nil {
+			if _, ok := before[id]; !ok {
+				continue // queued by this write
+			}
+		} else if indexQueued(prev.Queued, id) < 0 {
 			continue // queued by this write
 		}
 		targets = append(targets, id)

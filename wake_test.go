@@ -470,3 +470,34 @@ func TestWakeUpsRearmKeepsWakeUpDuringIt(t *testing.T) {
 		t.Fatal("the wake-up delivered during the rearm left no signal")
 	}
 }
+
+// TestWakeUpsPastJobsNobodyWaitsFor: 40 jobs queued ahead of a waiting Run
+// have no Run waiting (admitted, their workers not there yet); the
+// release's wake-up goes past all of them ("no responders" each) to the
+// Run behind, which gets the slot without its recheck (an hour away). The
+// walk went 16 jobs past the free slot: the Run waited for its recheck.
+func TestWakeUpsPastJobsNobodyWaitsFor(t *testing.T) {
+	t.Parallel()
+	s := natstest.Run(t)
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	policy := Policy{Key: benchPolicy.Key, MaxActive: 1, MaxQueuedPerKey: 64}
+	a := newWakeProc(t, s, "wakepast", policy, true, time.Hour)
+	b := newWakeProc(t, s, "wakepast", policy, true, time.Hour)
+
+	releaseA := make(chan struct{})
+	heldA, doneA := a.runAsync(t, ctx, "job-a", releaseA)
+	<-heldA
+	for i := range 40 {
+		adm, err := a.jt.Admit(ctx, fmt.Sprintf("unclaimed-%d", i), benchPayload(0))
+		require.NoError(t, err)
+		require.Equal(t, KindAccepted, adm.Kind)
+	}
+	heldB, doneB := b.runAsync(t, ctx, "job-b", released())
+	b.waitBlocked(t, ctx, "job-b")
+	close(releaseA)
+	require.NoError(t, <-doneA)
+	awaitRun(t, ctx, heldB, doneB, "job-b was not woken past the 40 jobs nobody waits for")
+	assert.Zero(t, b.r.rechecks.Load(), "rechecks")
+	assert.GreaterOrEqual(t, a.store.wakeCounters().NoResponders, uint64(40), "the jobs ahead answered no responders")
+}
