@@ -721,3 +721,15 @@ func (e *keyEntry) seen() (uint64, time.Time) {
 	}
 	return e.rev, e.seenAt
 }
+
+// queuedIndex returns the place of job jobID in the queue of the state e
+// knows, -1 when it knows none or the job is not queued there.
+func (e *keyEntry) queuedIndex(jobID string) int {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	e.materialize()
+	if !e.known || e.state == nil {
+		return -1
+	}
+	return indexQueued(e.state.Queued, jobID)
+}

@@ -290,6 +290,7 @@ func (r *Runner) acquire(ctx context.Context, jobID string, payload any, opts []
 	recheck := time.NewTimer(r.cfg.RecheckInterval)
 	defer recheck.Stop()
 	waiting, trust := false, false
+	var turnAt time.Time // over wake-ups: when a Run queued behind free slots tries anyway; zero: never
 	for {
 		if sub == nil && wakes {
 			kvKey := kvKeyFor(r.jt.Service(), r.jt.Name(), acq.KeyHash)
@@ -298,6 +299,16 @@ func (r *Runner) acquire(ctx context.Context, jobID string, payload any, opts []
 			}
 			if behind != 0 {
 				seen = behind // not tried: the fed state has it queued behind others
+				if free := acq.Limit - acq.Active; free > 0 {
+					// Slots are free for the jobs ahead, whose Runs, if
+					// they wait, are woken; if no write follows (they do
+					// not wait, and nobody else writes), nothing wakes
+					// this one: it tries when its turn would come by the
+					// Watcher's rule (see keyWatch.turn).
+					if i := sub.wake.entry.queuedIndex(jobID); i >= free {
+						turnAt = time.Now().Add(time.Duration(i-free+1) * waiterGrace)
+					}
+				}
 			}
 			behind = 0
 			// A wake-up sent before the subscription reached the server
@@ -361,6 +372,9 @@ func (r *Runner) acquire(ctx context.Context, jobID string, payload any, opts []
 				// the key is looked at again.)
 				d = min(d, time.Until(acq.NextExpiry)+time.Millisecond)
 			}
+			if !turnAt.IsZero() {
+				d = min(d, time.Until(turnAt))
+			}
 			recheck.Reset(max(d, time.Millisecond))
 			var changed, ended <-chan struct{}
 			if sub != nil {
@@ -379,7 +393,11 @@ func (r *Runner) acquire(ctx context.Context, jobID string, payload any, opts []
 				trust = false
 			case <-recheck.C:
 				trust = false
-				r.rechecks.Add(1)
+				if !turnAt.IsZero() && !time.Now().Before(turnAt) {
+					turnAt = time.Time{} // its turn, not a recheck
+				} else {
+					r.rechecks.Add(1)
+				}
 			}
 		}
 		acq, deadline, err = try(trust)

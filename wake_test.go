@@ -501,3 +501,25 @@ func TestWakeUpsPastJobsNobodyWaitsFor(t *testing.T) {
 	assert.Zero(t, b.r.rechecks.Load(), "rechecks")
 	assert.GreaterOrEqual(t, a.store.wakeCounters().NoResponders, uint64(40), "the jobs ahead answered no responders")
 }
+
+// TestWakeUpsIdleKeyBehindJobsNobodyWaitsFor: the slot is free, but the
+// Run's job is queued behind 10 jobs that nobody waits for, and nobody
+// writes the key: no write sends a wake-up. The Run tries when its turn
+// would come by the Watcher's rule (2 ms per job ahead), not at its
+// recheck (an hour away: it waited for it).
+func TestWakeUpsIdleKeyBehindJobsNobodyWaitsFor(t *testing.T) {
+	t.Parallel()
+	s := natstest.Run(t)
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	policy := Policy{Key: benchPolicy.Key, MaxActive: 1, MaxQueuedPerKey: 16}
+	a := newWakeProc(t, s, "wakeidle", policy, true, time.Hour)
+	for i := range 10 {
+		adm, err := a.jt.Admit(ctx, fmt.Sprintf("unclaimed-%d", i), benchPayload(0))
+		require.NoError(t, err)
+		require.Equal(t, KindAccepted, adm.Kind)
+	}
+	held, done := a.runAsync(t, ctx, "job", released())
+	awaitRun(t, ctx, held, done, "the Run behind 10 unclaimed jobs on an idle key did not get the free slot")
+	assert.Zero(t, a.r.rechecks.Load(), "rechecks")
+}
