@@ -107,18 +107,22 @@ func BenchmarkCycleDelayed(b *testing.B) {
 	b.Run(prefix+"1worker", func(b *testing.B) {
 		benchOneWorker(b, s)
 	})
-	b.Run(prefix+"16workers-1conn-1key-watcher", func(b *testing.B) {
-		benchHotKey(b, s, 16, 1)
-	})
-	b.Run(prefix+"64workers-1conn-1key-watcher", func(b *testing.B) {
-		benchHotKey(b, s, 64, 1)
-	})
-	b.Run(prefix+"64workers-4conns-1key-watcher", func(b *testing.B) {
-		benchHotKey(b, s, 64, 4)
-	})
-	b.Run(prefix+"16workers-16conns-1key-watcher", func(b *testing.B) {
-		benchHotKey(b, s, 16, 16)
-	})
+	// Each -wake row is the -watcher row with targeted wake-ups (see
+	// BenchmarkCycle); 64 workers on one connection have no -wake row.
+	for _, r := range []struct {
+		name string
+		row  hotKeyRow
+	}{
+		{"16workers-1conn-1key-watcher", hotKeyRow{workers: 16, conns: 1}},
+		{"16workers-1conn-1key-wake", hotKeyRow{workers: 16, conns: 1, wake: true}},
+		{"64workers-1conn-1key-watcher", hotKeyRow{workers: 64, conns: 1}},
+		{"64workers-4conns-1key-watcher", hotKeyRow{workers: 64, conns: 4}},
+		{"64workers-4conns-1key-wake", hotKeyRow{workers: 64, conns: 4, wake: true}},
+		{"16workers-16conns-1key-watcher", hotKeyRow{workers: 16, conns: 16}},
+		{"16workers-16conns-1key-wake", hotKeyRow{workers: 16, conns: 16, wake: true}},
+	} {
+		b.Run(prefix+r.name, func(b *testing.B) { benchHotKeyRow(b, s, r.row) })
+	}
 }
 
 // benchOneWorker is the NATS/1worker row of BenchmarkCycle and BenchmarkCycleDelayed: one worker's

@@ -52,23 +52,146 @@ func benchPayload(key int) []byte { return []byte(`{"tenant":"t-` + strconv.Itoa
 // benchConn is one worker's connection: its own TCP connection, store and
 // coordinator, as a separate worker process would have.
 type benchConn struct {
-	nc     *nats.Conn
-	store  *NATSStore
-	coord  *KeyCoordinator
-	totals *raceTotals // the coordinator's reads and writes at the store
+	nc       *nats.Conn
+	store    *NATSStore
+	coord    *KeyCoordinator
+	totals   *raceTotals    // the coordinator's reads and writes at the store
+	rechecks *benchRechecks // the Runners' tries no change or wake-up started
 }
 
-func benchConnect(b *testing.B, s *server.Server) *benchConn {
+// benchConnect connects a worker to s, with its store made with
+// WithCreateBuckets and opts.
+func benchConnect(b *testing.B, s *server.Server, opts ...NATSStoreOption) *benchConn {
 	b.Helper()
 	nc, js := natstest.ConnectURL(b, benchClientURL(s))
-	store, err := NewNATSStore(js, WithCreateBuckets(jetstream.MemoryStorage, 1))
+	store, err := NewNATSStore(js, append([]NATSStoreOption{WithCreateBuckets(jetstream.MemoryStorage, 1)}, opts...)...)
 	require.NoError(b, err)
 	// The coordinator writes through a countingStore, which benchContended
 	// reads its lost races from.
 	cs := newCountingStore(store)
-	coord, err := NewCoordinator(cs, nil)
+	rs := benchRecheckStore{countingStore: cs, rechecks: &benchRechecks{seen: map[*waitTry]struct{}{}}}
+	coord, err := NewCoordinator(rs, nil)
 	require.NoError(b, err)
-	return &benchConn{nc: nc, store: store, coord: coord, totals: cs.totals}
+	return &benchConn{nc: nc, store: store, coord: coord, totals: cs.totals, rechecks: rs.rechecks}
+}
+
+// benchRecheckStore is the store a benchConn's coordinator writes through:
+// its countingStore, which also counts the tries of waiting Runs that no
+// change of the key (a watch delivery, or a targeted wake-up) started: the
+// Runner's safety-net recheck (RunnerConfig.RecheckInterval, or the expiry
+// of a lease it saw) or a watch subscription that ended. Such a try carries
+// a waitTry that does not trust the watch feed, and reaches the store at
+// least once (its write, or the read that confirms a blocked outcome on
+// remembered state): each is counted once, at its first store call.
+type benchRecheckStore struct {
+	countingStore
+	rechecks *benchRechecks
+}
+
+// benchRechecks counts the distinct untrusting tries (see
+// benchRecheckStore).
+type benchRechecks struct {
+	mu   sync.Mutex
+	seen map[*waitTry]struct{} // since the last reset
+	n    int64
+}
+
+// note counts the untrusting tries among the operations a store call
+// made with ctx is for.
+func (r *benchRechecks) note(ctx context.Context) {
+	for _, ctx := range batchContexts(ctx) {
+		wt, _ := ctx.Value(waitTryKey{}).(*waitTry)
+		if wt == nil || wt.trustWatch || wt.wake {
+			continue
+		}
+		r.mu.Lock()
+		if _, ok := r.seen[wt]; !ok {
+			r.seen[wt] = struct{}{}
+			r.n++
+		}
+		r.mu.Unlock()
+	}
+}
+
+// reset forgets the tries counted so far (the warm-up's).
+func (r *benchRechecks) reset() {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	clear(r.seen)
+	r.n = 0
+}
+
+// count returns the tries counted since the last reset.
+func (r *benchRechecks) count() int64 {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.n
+}
+
+func (s benchRecheckStore) Get(ctx context.Context, service, key string) ([]byte, uint64, error) {
+	s.rechecks.note(ctx)
+	return s.countingStore.Get(ctx, service, key)
+}
+
+func (s benchRecheckStore) Create(ctx context.Context, service, key string, value []byte) (uint64, error) {
+	s.rechecks.note(ctx)
+	return s.countingStore.Create(ctx, service, key, value)
+}
+
+func (s benchRecheckStore) Update(ctx context.Context, service, key string, value []byte, revision uint64) (uint64, error) {
+	s.rechecks.note(ctx)
+	return s.countingStore.Update(ctx, service, key, value, revision)
+}
+
+func (s benchRecheckStore) Delete(ctx context.Context, service, key string, revision uint64) error {
+	s.rechecks.note(ctx)
+	return s.countingStore.Delete(ctx, service, key, revision)
+}
+
+func (s benchRecheckStore) writeBatch(ctx context.Context, service, key string, values [][]byte, revision uint64, del bool) (uint64, error) {
+	s.rechecks.note(ctx)
+	return s.countingStore.writeBatch(ctx, service, key, values, revision, del)
+}
+
+var (
+	_ batchWriter = benchRecheckStore{}
+	_ wakeStore   = benchRecheckStore{}
+)
+
+// benchWakes is what the connections' stores counted of their targeted
+// wake-ups (NATSStore.wakeCounters), summed, as float64 whatever the
+// counters' integer type.
+type benchWakes struct {
+	published, local, noResponders, retried, dropped, received, malformed float64
+}
+
+// benchWakeCounts sums the wake-up counters of conns' stores.
+func benchWakeCounts(conns []*benchConn) benchWakes {
+	var w benchWakes
+	for _, c := range conns {
+		n := c.store.wakeCounters()
+		w.published += float64(n.Published)
+		w.local += float64(n.Local)
+		w.noResponders += float64(n.NoResponders)
+		w.retried += float64(n.Retried)
+		w.dropped += float64(n.Dropped)
+		w.received += float64(n.Received)
+		w.malformed += float64(n.Malformed)
+	}
+	return w
+}
+
+// since returns w less the counts in base.
+func (w benchWakes) since(base benchWakes) benchWakes {
+	return benchWakes{
+		published:    w.published - base.published,
+		local:        w.local - base.local,
+		noResponders: w.noResponders - base.noResponders,
+		retried:      w.retried - base.retried,
+		dropped:      w.dropped - base.dropped,
+		received:     w.received - base.received,
+		malformed:    w.malformed - base.malformed,
+	}
 }
 
 // requests is how many messages (requests) the connection has sent: each
@@ -140,19 +263,44 @@ func BenchmarkCycle(b *testing.B) {
 	// Hot keys (issue 11): n workers on ONE key with MaxActive 1, each
 	// looping admit → Runner.Run (waiting on a Watcher while blocked) with
 	// a handler that returns at once; all on one connection (one process)
-	// or one connection, coordinator and Watcher per worker.
+	// or one connection, coordinator and Watcher per worker. Each -wake
+	// row is the -watcher row before it with every connection's store
+	// made with WithWakeUps(""): targeted wake-ups.
 	for _, n := range []int{16, 64} {
 		b.Run(fmt.Sprintf("NATS/%dworkers-1conn-1key-watcher", n), func(b *testing.B) {
 			benchHotKey(b, s, n, 1)
 		})
+		if n == 16 {
+			b.Run("NATS/16workers-1conn-1key-wake", func(b *testing.B) {
+				benchHotKeyRow(b, s, hotKeyRow{workers: 16, conns: 1, wake: true})
+			})
+		}
 		b.Run(fmt.Sprintf("NATS/%dworkers-%dconns-1key-watcher", n, n), func(b *testing.B) {
 			benchHotKey(b, s, n, n)
 		})
+		b.Run(fmt.Sprintf("NATS/%dworkers-%dconns-1key-wake", n, n), func(b *testing.B) {
+			benchHotKeyRow(b, s, hotKeyRow{workers: n, conns: n, wake: true})
+		})
+		// Each worker admits its next job while its handler holds the
+		// slot: no admission of the releasing worker races the woken
+		// head's acquisition.
+		for _, wake := range []bool{false, true} {
+			name := fmt.Sprintf("NATS/%dworkers-%dconns-1key-watcher-pipelined", n, n)
+			if wake {
+				name = fmt.Sprintf("NATS/%dworkers-%dconns-1key-wake-pipelined", n, n)
+			}
+			b.Run(name, func(b *testing.B) {
+				benchHotKeyRow(b, s, hotKeyRow{workers: n, conns: n, wake: wake, pipelined: true})
+			})
+		}
 	}
 	// Several processes with several workers each: 64 workers over 4
 	// connections (16 per process).
 	b.Run("NATS/64workers-4conns-1key-watcher", func(b *testing.B) {
 		benchHotKey(b, s, 64, 4)
+	})
+	b.Run("NATS/64workers-4conns-1key-wake", func(b *testing.B) {
+		benchHotKeyRow(b, s, hotKeyRow{workers: 64, conns: 4, wake: true})
 	})
 
 	b.Run("NATS/16workers-16keys", func(b *testing.B) {
@@ -176,12 +324,38 @@ func BenchmarkCycle(b *testing.B) {
 	})
 }
 
-// benchHotKey runs n Runner workers on one key with MaxActive 1 (see
-// BenchmarkCycle) and reports the store reads and writes per cycle.
+// benchHotKey runs n Runner workers over conns connections on one key
+// with MaxActive 1 (see BenchmarkCycle): benchHotKeyRow without wake-ups.
 func benchHotKey(b *testing.B, s *server.Server, n, conns int) {
+	benchHotKeyRow(b, s, hotKeyRow{workers: n, conns: conns})
+}
+
+// hotKeyRow is one hot-key row of BenchmarkCycle: workers Runner workers
+// over conns connections; wake makes every connection's store with
+// WithWakeUps("").
+type hotKeyRow struct {
+	workers, conns int
+	wake           bool
+	// pipelined: each worker admits its next job while its handler holds
+	// the slot, not after its Run returned, so that no admission of the
+	// worker that frees the slot races the woken acquisition.
+	pipelined bool
+}
+
+// benchHotKeyRow runs row's workers on one key with MaxActive 1 and
+// reports, per cycle, the store reads and writes, the Runs that waited,
+// the waits' tries no change of the key started (rechecks, see
+// benchRecheckStore) and, with wake-ups, what the stores counted of them.
+func benchHotKeyRow(b *testing.B, s *server.Server, row hotKeyRow) {
+	n := row.workers
+	var opts []NATSStoreOption
+	if row.wake {
+		opts = append(opts, WithWakeUps(""))
+	}
 	policy := Policy{Key: []string{"tenant", "/tenant"}, MaxActive: 1, MaxQueuedPerKey: n}
 	service, payload := benchService(), benchPayload(0)
-	var contention atomic.Int64
+	var contention, waits atomic.Int64
+	var wakes benchWakes // the counts when the timer started
 	type proc struct {
 		jt *JobType
 		r  *Runner
@@ -192,7 +366,7 @@ func benchHotKey(b *testing.B, s *server.Server, n, conns int) {
 	// admission takes on the hot key (a process starved by another that
 	// keeps winning shows in the tail).
 	admits := make([][]time.Duration, n)
-	procConns := benchParallelConns(b, s, n, conns, "cycles/s", func(ctx context.Context, w *benchConn, worker int) func(int) error {
+	procConns := benchParallelConns(b, s, n, row.conns, opts, "cycles/s", func(ctx context.Context, w *benchConn, worker int) func(int) error {
 		p, ok := procs[w]
 		if !ok {
 			jt, err := w.coord.JobType(service, benchJobType, policy)
@@ -200,26 +374,52 @@ func benchHotKey(b *testing.B, s *server.Server, n, conns int) {
 			wt, err := NewWatcher(w.store)
 			require.NoError(b, err)
 			b.Cleanup(wt.Close)
-			r, err := NewRunner(jt, &RunnerConfig{Watcher: wt})
+			r, err := NewRunner(jt, &RunnerConfig{Watcher: wt, OnBlocked: func(string, Acquisition) { waits.Add(1) }})
 			require.NoError(b, err)
 			p = proc{jt: jt, r: r}
 			procs[w] = p
 		}
-		cycle := func(jobID string) error {
+		admit := func(jobID string) ([]QueuedJob, error) {
 			began := time.Now()
 			adm, err := p.jt.Admit(ctx, jobID, payload)
 			admits[worker] = append(admits[worker], time.Since(began))
 			if err != nil {
-				return fmt.Errorf("admit %s: %w", jobID, err)
+				return nil, fmt.Errorf("admit %s: %w", jobID, err)
 			}
 			if adm.Kind != KindAccepted {
-				return fmt.Errorf("admit %s: %s %s", jobID, adm.Kind, adm.Reason)
+				return nil, fmt.Errorf("admit %s: %s %s", jobID, adm.Kind, adm.Reason)
 			}
-			ahead := benchAhead(adm.State, jobID)
+			return benchAhead(adm.State, jobID), nil
+		}
+		// With row.pipelined, next is the worker's job admitted by its
+		// previous cycle's handler, and its place in the queue then.
+		var next string
+		var nextAhead []QueuedJob
+		var seq int
+		cycle := func(jobID string, warm bool) error {
+			var ahead []QueuedJob
+			var err error
+			if !row.pipelined || next == "" {
+				ahead, err = admit(jobID)
+			} else {
+				jobID, ahead = next, nextAhead
+			}
+			if err != nil {
+				return err
+			}
+			var admitErr error
 			res, err := p.r.Run(ctx, jobID, payload, func(context.Context, Lease) error {
 				order.start(jobID, ahead)
+				if row.pipelined && !warm {
+					seq++
+					next = fmt.Sprintf("job-%d-p%d", worker, seq)
+					nextAhead, admitErr = admit(next)
+				}
 				return nil
 			})
+			if err == nil {
+				err = admitErr
+			}
 			if errors.Is(err, ErrContention) {
 				contention.Add(1)
 			}
@@ -231,28 +431,47 @@ func benchHotKey(b *testing.B, s *server.Server, n, conns int) {
 			}
 			return nil
 		}
-		if err := cycle(fmt.Sprintf("warmup-%d", worker)); err != nil {
+		// The warm-up admits no next job: it would wait, unrun, ahead of
+		// the warm-ups of the workers after it.
+		if err := cycle(fmt.Sprintf("warmup-%d", worker), true); err != nil {
 			b.Fatal(err)
 		}
-		return func(i int) error { return cycle(fmt.Sprintf("job-%d-%d", worker, i)) }
+		return func(i int) error { return cycle(fmt.Sprintf("job-%d-%d", worker, i), false) }
 	}, func(conns []*benchConn) {
 		benchNoBatch(conns)
 		for _, c := range conns {
 			c.totals.reads.Store(0)
 			c.totals.writes.Store(0)
+			c.rechecks.reset()
 		}
+		waits.Store(0)
+		wakes = benchWakeCounts(conns)
 		order.reset()
 		for w := range admits {
 			admits[w] = admits[w][:0] // not the warm-up's
 		}
 	})
-	var reads, writes int64
+	var reads, writes, rechecks int64
 	for _, c := range procConns {
 		reads += c.totals.reads.Load()
 		writes += c.totals.writes.Load()
+		rechecks += c.rechecks.count()
 	}
-	b.ReportMetric(float64(reads)/float64(b.N), "reads/cycle")
-	b.ReportMetric(float64(writes)/float64(b.N), "writes/cycle")
+	perCycle := func(v float64) float64 { return v / float64(b.N) }
+	b.ReportMetric(perCycle(float64(reads)), "reads/cycle")
+	b.ReportMetric(perCycle(float64(writes)), "writes/cycle")
+	b.ReportMetric(perCycle(float64(waits.Load())), "waits/cycle")
+	b.ReportMetric(perCycle(float64(rechecks)), "rechecks/cycle")
+	if row.wake {
+		w := benchWakeCounts(procConns).since(wakes)
+		b.ReportMetric(perCycle(w.published), "wakes-published/cycle")
+		b.ReportMetric(perCycle(w.local), "wakes-local/cycle")
+		b.ReportMetric(perCycle(w.noResponders), "wakes-503/cycle")
+		b.ReportMetric(perCycle(w.retried), "wakes-retried/cycle")
+		b.ReportMetric(perCycle(w.received), "wakes-received/cycle")
+		b.ReportMetric(w.dropped, "wakes-dropped")
+		b.ReportMetric(w.malformed, "wakes-malformed")
+	}
 	b.ReportMetric(float64(contention.Load()), "contention-errors")
 	b.ReportMetric(float64(order.outOfOrder)/float64(b.N), "out-of-order/cycle")
 	if all := slices.Concat(admits...); len(all) > 0 {
@@ -320,18 +539,19 @@ func benchParallel(b *testing.B, s *server.Server, n int, shared bool, unit stri
 	if shared {
 		k = 1
 	}
-	return benchParallelConns(b, s, n, k, unit, setup, beforeTimer...)
+	return benchParallelConns(b, s, n, k, nil, unit, setup, beforeTimer...)
 }
 
 // benchParallelConns is benchParallel with the n workers spread evenly over
-// k connections (k processes).
-func benchParallelConns(b *testing.B, s *server.Server, n, k int, unit string, setup func(ctx context.Context, w *benchConn, worker int) func(i int) error, beforeTimer ...func([]*benchConn)) []*benchConn {
+// k connections (k processes), whose stores are made with opts (see
+// benchConnect).
+func benchParallelConns(b *testing.B, s *server.Server, n, k int, opts []NATSStoreOption, unit string, setup func(ctx context.Context, w *benchConn, worker int) func(i int) error, beforeTimer ...func([]*benchConn)) []*benchConn {
 	ctx := context.Background()
 	var conns []*benchConn
 	ops := make([]func(int) error, n)
 	for i := range ops {
 		if c := i * k / n; c == len(conns) {
-			conns = append(conns, benchConnect(b, s))
+			conns = append(conns, benchConnect(b, s, opts...))
 		}
 		ops[i] = setup(ctx, conns[len(conns)-1], i)
 	}
@@ -1314,4 +1534,117 @@ func benchProcessCPU(b *testing.B) time.Duration {
 	var ru syscall.Rusage
 	require.NoError(b, syscall.Getrusage(syscall.RUSAGE_SELF, &ru))
 	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
+}
+
+// The hot-key rows' rechecks/cycle counts the tries of a waiting Run that
+// its recheck started, and not those a change of the key woke: a Run
+// waiting with a short RecheckInterval is counted, one woken by the
+// release of the slot it waits for is not.
+func TestBenchRecheckStoreCounts(t *testing.T) {
+	t.Parallel()
+	ctx, payload := context.Background(), benchPayload(0)
+	policy := Policy{Key: benchPolicy.Key, MaxActive: 1, MaxQueuedPerKey: 4}
+	for _, tc := range []struct {
+		name     string
+		interval time.Duration
+		woken    bool // the wait ends by the release, not by a recheck
+	}{
+		{"rechecks", 5 * time.Millisecond, false},
+		{"woken", time.Hour, true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			mem := NewMemoryStore()
+			rs := benchRecheckStore{countingStore: newCountingStore(mem), rechecks: &benchRechecks{seen: map[*waitTry]struct{}{}}}
+			coord, err := NewCoordinator(rs, nil)
+			require.NoError(t, err)
+			jt, err := coord.JobType("recheck-"+tc.name, benchJobType, policy)
+			require.NoError(t, err)
+			wt, err := NewWatcher(mem)
+			require.NoError(t, err)
+			defer wt.Close()
+			blocked := make(chan struct{})
+			r, err := NewRunner(jt, &RunnerConfig{Watcher: wt, RecheckInterval: tc.interval,
+				OnBlocked: func(string, Acquisition) { close(blocked) }})
+			require.NoError(t, err)
+			for _, id := range []string{"holder", "waiter"} {
+				adm, err := jt.Admit(ctx, id, payload)
+				require.NoError(t, err)
+				require.Equal(t, KindAccepted, adm.Kind, "admit %s", id)
+			}
+			held, err := jt.Acquire(ctx, "holder", payload)
+			require.NoError(t, err)
+			require.Equal(t, KindAcquired, held.Kind)
+			done := make(chan error, 1)
+			go func() {
+				_, err := r.Run(ctx, "waiter", payload, func(context.Context, Lease) error { return nil })
+				done <- err
+			}()
+			<-blocked
+			if !tc.woken {
+				require.Eventually(t, func() bool { return rs.rechecks.count() >= 2 }, time.Minute, time.Millisecond,
+					"a Run waiting with RecheckInterval %v", tc.interval)
+			}
+			rel, err := jt.Release(ctx, held.Lease)
+			require.NoError(t, err)
+			require.Equal(t, KindReleased, rel.Kind)
+			require.NoError(t, <-done)
+			if tc.woken {
+				assert.Zero(t, rs.rechecks.count(), "rechecks of a Run woken by the release")
+			}
+		})
+	}
+}
+
+// benchFakeWakeStore is a MemoryStore that records the wake-up calls made
+// to it (a wakeStore with wake-ups on).
+type benchFakeWakeStore struct {
+	*MemoryStore
+	published []string // "service kvKey rev free targets..."
+	delivered func(value []byte, rev uint64)
+}
+
+func (s *benchFakeWakeStore) wakeUps() bool { return true }
+
+func (s *benchFakeWakeStore) publishWakes(service, kvKey string, value []byte, rev uint64, targets []string, free int) {
+	s.published = append(s.published, fmt.Sprint(service, " ", kvKey, " ", string(value), " ", rev, " ", free, " ", targets))
+}
+
+func (s *benchFakeWakeStore) subscribeWake(service, kvKey, jobID string, fn func(value []byte, rev uint64)) (func(), error) {
+	s.delivered = fn
+	return func() { s.delivered = nil }, nil
+}
+
+// A countingStore (and the benchmarks' benchRecheckStore over it) passes
+// the wake-ups of the store it wraps through, and has none over a store
+// without them.
+func TestCountingStoreForwardsWakes(t *testing.T) {
+	t.Parallel()
+	fake := &benchFakeWakeStore{MemoryStore: NewMemoryStore()}
+	for name, ws := range map[string]wakeStore{
+		"counting": newCountingStore(fake),
+		"recheck":  benchRecheckStore{countingStore: newCountingStore(fake)},
+	} {
+		fake.published = nil
+		require.True(t, ws.wakeUps(), name)
+		ws.publishWakes("svc", "svc.render.h", []byte("v"), 7, []string{"a", "b"}, 1)
+		assert.Equal(t, []string{"svc svc.render.h v 7 1 [a b]"}, fake.published, name)
+		var got []string
+		stop, err := ws.subscribeWake("svc", "svc.render.h", "a", func(value []byte, rev uint64) {
+			got = append(got, fmt.Sprint(string(value), " ", rev))
+		})
+		require.NoError(t, err, name)
+		require.NotNil(t, fake.delivered, name)
+		fake.delivered([]byte("w"), 9)
+		stop()
+		assert.Nil(t, fake.delivered, "%s: stop did not reach the wrapped store", name)
+		assert.Equal(t, []string{"w 9"}, got, name)
+	}
+
+	plain := newCountingStore(NewMemoryStore())
+	assert.False(t, plain.wakeUps(), "wake-ups over a store without them")
+	plain.publishWakes("svc", "svc.render.h", []byte("v"), 7, []string{"a"}, 1) // does nothing
+	stop, err := plain.subscribeWake("svc", "svc.render.h", "a", func([]byte, uint64) {})
+	require.ErrorIs(t, err, ErrInvalidRequest)
+	assert.Nil(t, stop)
 }

@@ -9,6 +9,7 @@ package jobkeys
 import (
 	"context"
 	"errors"
+	"fmt"
 	"math"
 	"sync"
 	"sync/atomic"
@@ -60,6 +61,30 @@ func (s countingStore) valueLimit(ctx context.Context, service string) (int, err
 	}
 	return math.MaxInt, nil
 }
+
+// wakeUps, publishWakes and subscribeWake forward the wrapped store's
+// targeted wake-ups (wakeStore), so that a coordinator over a
+// countingStore sees them as it would over the store itself; without them
+// the wake-ups are off.
+func (s countingStore) wakeUps() bool {
+	w, ok := s.Store.(wakeStore)
+	return ok && w.wakeUps()
+}
+
+func (s countingStore) publishWakes(service, kvKey string, value []byte, rev uint64, targets []string, free int) {
+	if w, ok := s.Store.(wakeStore); ok {
+		w.publishWakes(service, kvKey, value, rev, targets, free)
+	}
+}
+
+func (s countingStore) subscribeWake(service, kvKey, jobID string, fn func(value []byte, rev uint64)) (stop func(), err error) {
+	if w, ok := s.Store.(wakeStore); ok {
+		return w.subscribeWake(service, kvKey, jobID, fn)
+	}
+	return nil, fmt.Errorf("%w: KV key %q of service %q: the store %T under the counting store carries no wake-ups", ErrInvalidRequest, kvKey, service, s.Store)
+}
+
+var _ wakeStore = countingStore{}
 
 func counterOf(ctx context.Context) *raceCounter {
 	rc, _ := ctx.Value(raceCounterKey{}).(*raceCounter)

@@ -212,6 +212,10 @@ type KeyCoordinator struct {
 	// batch carries (see groupcommit.go): groupWritersDefault.
 	groupWriters int
 	obs          *observer // metrics and logs; nil: none
+	// wakes is the store's targeted wake-ups (see WithWakeUps), nil when
+	// it has none: each committed write that leaves slots free with jobs
+	// queued wakes their waiters (see publishWakes).
+	wakes wakeStore
 }
 
 // NewCoordinator returns a coordinator over store. cfg may be nil for the
@@ -268,7 +272,8 @@ func NewCoordinator(store Store, cfg *Config) (*KeyCoordinator, error) {
 	if err != nil {
 		return nil, err
 	}
-	return &KeyCoordinator{store: store, cfg: c, keys: newKeyTable(c.StateCacheSize), slotRoom: slotRoom(c.InstanceID), obs: obs, groupWriters: groupWritersDefault}, nil
+	return &KeyCoordinator{store: store, cfg: c, keys: newKeyTable(c.StateCacheSize), slotRoom: slotRoom(c.InstanceID), obs: obs, groupWriters: groupWritersDefault,
+		wakes: wakeStoreOf(store)}, nil
 }
 
 // InstanceID returns the instance id the coordinator writes into slots.
@@ -467,7 +472,7 @@ func (c *KeyCoordinator) run(ctx context.Context, key JobKey, rt retry, reduce f
 	wt, _ := ctx.Value(waitTryKey{}).(*waitTry)
 	// A waiter on a key its watch feeds tries at once: its Watcher spaces
 	// the tries.
-	if rt.lease == nil && (wt == nil || !wt.trustWatch || !e.fed()) {
+	if rt.lease == nil && (wt == nil || !wt.wake) && (wt == nil || !wt.trustWatch || !e.fed()) {
 		if window := e.paceWindow(time.Now()); window > 0 {
 			// A contended key: pace the first attempt too, so that a
 			// writer that keeps winning does not keep the others out.
@@ -477,6 +482,7 @@ func (c *KeyCoordinator) run(ctx context.Context, key JobKey, rt retry, reduce f
 		}
 	}
 	op := newLaneOp(ctx, reduce, rt, wt != nil && wt.trustWatch)
+	op.woken = wt != nil && wt.wake
 	defer op.free()
 	// The buffer the batches this operation leads encode into (see
 	// encodeBuffers).
@@ -515,6 +521,12 @@ func (c *KeyCoordinator) run(ctx context.Context, key JobKey, rt retry, reduce f
 			return res.err
 		}
 		readNext = true
+		if op.woken && op.wrote != nil && s.state != nil {
+			// A woken waiter's write lost: the write that won wakes it
+			// again if it leaves a slot free (see publishWakes).
+			wt.decided(s.rev)
+			return errWakeLost
+		}
 		// A create of this operation's (op.wrote: the batch's holder sets
 		// it) on the absence the feed delivered lost to another
 		// process's create, which the feed delivers next.
@@ -589,7 +601,14 @@ type waitTry struct {
 	// trustWatch lets the acquisition find the key busy on the state the
 	// watch feed vouches for, without a read (see keyEntry.begin).
 	trustWatch bool
-	rev        uint64 // the revision the outcome rested on; 0 unknown
+	// wake marks a waiter's try over a store with targeted wake-ups: it
+	// may find the key busy on any state its coordinator saw stored (the
+	// wake-up's, typically) without a read, is not paced, and a write of
+	// its that loses its compare-and-swap ends the try with errWakeLost
+	// instead of a read (the write that won wakes it if it leaves a slot
+	// free).
+	wake bool
+	rev  uint64 // the revision the outcome rested on; 0 unknown
 }
 
 type waitTryKey struct{}

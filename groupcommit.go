@@ -150,6 +150,7 @@ type laneOp struct {
 	reduce func(*KeyState, time.Time) *KeyState // nil: a lock (see keyEntry.lock)
 	rt     retry
 	trust  bool  // a waiting acquisition that trusts the watch feed (waitTry)
+	woken  bool  // a woken waiter's acquisition over targeted wake-ups (waitTry.wake)
 	r      *read // the operation's last read; nil: none
 	// solo keeps the operation out of batches: it takes the lane only when
 	// handed it, and takes no one along (a batch it was in fell back).
@@ -420,9 +421,9 @@ func (l *lane) deliver(ops []*laneOp, n int) laneResult {
 // s: s, verified for op when it was stored at an instant during op (op read
 // it or an older revision, or a trusted watch feed vouches for it).
 func (op *laneOp) startFrom(s start) start {
-	v := op.trust && s.watched ||
+	v := op.trust && s.watched || op.woken && s.cached ||
 		op.ok && op.s.verified && (op.s.rev == s.rev && (op.s.state == nil) == (s.state == nil) || op.s.rev != 0 && s.rev > op.s.rev)
-	return start{state: s.state, rev: s.rev, verified: v, watched: s.watched}
+	return start{state: s.state, rev: s.rev, verified: v, watched: s.watched, cached: s.cached}
 }
 
 // turn takes op's turn at e's lane: it leads a batch (op and those waiting
@@ -650,6 +651,9 @@ func (c *KeyCoordinator) commitBatch(e *keyEntry, key JobKey, lead *laneOp, buf 
 	if err == nil {
 		e.commit(final, rev, c.cfg.RetryBackoff)
 		c.keys.handoff(key.KVKey, final, rev) // wake this process's waiters now, not at the watch's echo (nothing for a delete)
+		if c.wakes != nil && final != nil {
+			c.publishWakes(key, s.state, final, rev, lastValue(*buf, e.lane.ends, batched && writers > 1))
+		}
 		leases := 0
 		for _, op := range ops[:n] {
 			if op.rt.lease != nil {
@@ -708,7 +712,7 @@ func (c *KeyCoordinator) commitBatch(e *keyEntry, key JobKey, lead *laneOp, buf 
 	fed, lost := e.fed(), false
 	for _, op := range ops[:n] {
 		st := op.startFrom(s)
-		lost = lost || (st.verified || st.watched) && !(fed && op.trust)
+		lost = lost || (st.verified || st.watched) && !(fed && op.trust) && !op.woken
 	}
 	var pause time.Duration
 	if lost {

@@ -2,6 +2,7 @@ package jobkeys
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"slices"
 	"time"
@@ -318,6 +319,12 @@ func (c *KeyCoordinator) acquireKey(ctx context.Context, key JobKey, policy Poli
 		out = ReduceAcquire(st, key, req, policy, now, token)
 		return out.State
 	})
+	if errors.Is(err, errWakeLost) {
+		// A woken waiter's write lost (see waitTry.wake): it is blocked
+		// until the next wake-up, which the write it lost to sends if it
+		// leaves a slot free.
+		out, err = Acquisition{Kind: KindBlocked, Reason: ReasonActiveLimit, DisplayKey: key.DisplayKey, KeyHash: key.KeyHash, Limit: policy.MaxActive}, nil
+	}
 	if err != nil {
 		return Acquisition{}, err
 	}

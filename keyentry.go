@@ -98,6 +98,9 @@ type keyEntry struct {
 	value        []byte
 	valueService string
 	valueKey     string
+	// seenAt is when the state (and rev) was learned, by a read, a
+	// write, a watch feed's delivery or a wake-up.
+	seenAt time.Time
 }
 
 // recentStates is how many of its own writes per key a coordinator keeps
@@ -292,6 +295,7 @@ func (t *keyTable) watched(k string, st *KeyState, rev uint64, ok bool) {
 		e.state, e.rev, e.known, e.fresh = nil, 0, false, false
 	case rev > e.rev: // e.rev is 0 or, when not known, a revision the key is past
 		e.state, e.rev, e.known, e.fresh = st, rev, st != nil, true
+		e.seenAt = time.Now()
 		if st == nil {
 			e.rev = 0
 		}
@@ -320,6 +324,7 @@ func (t *keyTable) watchedValue(k, service string, value []byte, rev uint64) {
 	e.watchRev = rev
 	if rev > e.rev { // e.rev is 0 or, when not known, a revision the key is past
 		e.state, e.rev, e.known, e.fresh = nil, rev, true, true
+		e.seenAt = time.Now()
 		e.value, e.valueService, e.valueKey = value, service, k
 	} else {
 		e.fresh = true // the entry holds a later state than the watch delivered
@@ -484,6 +489,10 @@ type start struct {
 	// (keyEntry.trusted): a failed write on it lost a race, and the next
 	// change the watch delivers answers it.
 	watched bool
+	// cached says the state is the one this coordinator last saw stored
+	// (keyEntry.known), from before the operation: a woken waiter over
+	// targeted wake-ups may find the key busy on it (see waitTry.wake).
+	cached bool
 }
 
 // read is the result of a read made without the lane.
@@ -524,7 +533,7 @@ func (e *keyEntry) begin(r *read, useCache, assumeAbsent, trustWatch bool) (s st
 		switch {
 		case useCache && e.known:
 			w := e.trusted()
-			return start{state: e.state, rev: e.rev, verified: trustWatch && w, watched: w}, true
+			return start{state: e.state, rev: e.rev, verified: trustWatch && w, watched: w, cached: true}, true
 		case assumeAbsent:
 			return start{}, true
 		}
@@ -545,6 +554,7 @@ func (e *keyEntry) begin(r *read, useCache, assumeAbsent, trustWatch bool) (s st
 		return start{state: e.state, rev: e.rev, verified: true}, true
 	}
 	e.state, e.rev, e.known = r.state, r.rev, r.state != nil
+	e.seenAt = time.Now()
 	e.refreshed(r.feed)
 	return start{state: r.state, rev: r.rev, verified: true}, true
 }
@@ -561,6 +571,7 @@ func (e *keyEntry) observe(state *KeyState, rev, feed uint64) {
 	defer e.mu.Unlock()
 	if rev > e.rev || !e.known {
 		e.state, e.rev, e.known = state, rev, true
+		e.seenAt = time.Now()
 		e.refreshed(feed)
 	}
 }
@@ -579,6 +590,7 @@ func (e *keyEntry) commit(state *KeyState, rev uint64, floor time.Duration) {
 	// The watch feed may have delivered this write and later ones already.
 	if state == nil || !e.known || rev >= e.rev {
 		e.state, e.rev, e.known = state, rev, state != nil
+		e.seenAt = time.Now()
 		e.refreshed(e.writeGen)
 	}
 	e.commits++
@@ -660,14 +672,14 @@ func sleepJitter(ctx context.Context, window time.Duration) error {
 // trusted, the job is not queued there (the feed may not have delivered
 // its admission yet), or it is among the first free queued jobs, or holds
 // a slot of its own (the reducer decides what a retry gets).
-func (t *keyTable) queuedBehind(key JobKey, jobID string, limit int, now time.Time) (Acquisition, uint64) {
+func (t *keyTable) queuedBehind(key JobKey, jobID string, limit int, now time.Time, cached bool) (Acquisition, uint64) {
 	e := t.entry(key.KVKey)
 	if e == nil {
 		return Acquisition{}, 0
 	}
 	e.mu.Lock()
 	defer e.mu.Unlock()
-	if !e.trusted() {
+	if !e.trusted() && !(cached && e.known) {
 		return Acquisition{}, 0
 	}
 	e.materialize()
@@ -697,4 +709,27 @@ func (t *keyTable) queuedBehind(key JobKey, jobID string, limit int, now time.Ti
 		return Acquisition{}, 0
 	}
 	return out, e.rev
+}
+
+// seen returns the revision of the state e knows (0 when it knows none)
+// and when it learned it.
+func (e *keyEntry) seen() (uint64, time.Time) {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	if !e.known {
+		return 0, time.Time{}
+	}
+	return e.rev, e.seenAt
+}
+
+// queuedIndex returns the place of job jobID in the queue of the state e
+// knows, -1 when it knows none or the job is not queued there.
+func (e *keyEntry) queuedIndex(jobID string) int {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	e.materialize()
+	if !e.known || e.state == nil {
+		return -1
+	}
+	return indexQueued(e.state.Queued, jobID)
 }

@@ -53,6 +53,8 @@ const headerAllowance = 256
 // [WithCreateBuckets] needs $JS.API.STREAM.CREATE.KV_JOBS_KEYS_S too, and
 // $JS.API.STREAM.UPDATE.KV_JOBS_KEYS_S to allow atomic publish on the
 // buckets it creates (without it they work, one write per state).
+// [WithWakeUps] needs publish and subscribe on "<prefix>.JOBS_KEYS_S.>"
+// ("jobkeys.wake.JOBS_KEYS_S.>" by default).
 // Where users share a server, "_INBOX.>" lets any of them read the others'
 // replies: give each user its own prefix with [nats.CustomInboxPrefix] and
 // allow only that prefix.
@@ -114,6 +116,9 @@ type NATSStore struct {
 	create *jetstream.KeyValueConfig // template for missing buckets; nil: do not create
 
 	guards *permissionGuards // of js.Conn(), shared by its stores; see natskv_permission.go
+
+	wakePrefix string   // WithWakeUps; "" when off
+	wake       *wakeHub // targeted wake-ups (natskv_wake.go); nil when off
 
 	mu      sync.Mutex
 	buckets map[string]*natsBucket
@@ -239,6 +244,51 @@ func WithCreateBuckets(storage jetstream.StorageType, replicas int) NATSStoreOpt
 	}
 }
 
+// WithWakeUps turns on targeted wake-ups for every [KeyCoordinator] and
+// [Watcher] over the store: a write that leaves a slot of a key free
+// sends the state it wrote, on core NATS, to the job at the head of the
+// key's queue, whose blocked [Runner] subscribes to a subject of its own
+// (no KV watch), so that a release wakes as many waiters as it frees
+// slots and they acquire without reading the key. Each process (each
+// store) delivers to its own waiters in memory.
+//
+// The subject of job J of KV key K in bucket B (see
+// [NATSStore.BucketName]) is "<prefix>.B.K.T", T the unpadded base64url
+// encoding of the first 16 bytes of SHA-256(J); the payload is the
+// state's revision, 8 bytes big-endian, followed by its value exactly as
+// stored in KV. A publish carries a reply subject under the connection's
+// inbox prefix, where the server's "no responders" answer tells the store
+// to try the next job of the queue. The KV wire format is unchanged.
+//
+// prefix "" means [WakePrefixDefault] ("jobkeys.wake"). A prefix is
+// dot-separated tokens of letters, digits, '_' and '-', at most
+// [WakePrefixMaxLength] bytes; a bad one, or one that could overlap the
+// connection's inbox subjects or the JetStream API's, is an error wrapping
+// [ErrInvalidRequest] that names it.
+//
+// The user needs permission to publish and to subscribe to
+// "<prefix>.<bucket>.>" for each bucket it uses, and to subscribe to the
+// connection's inbox prefix (as requests already need). A refused wake-up
+// subject fails no store call: the wake-up is lost, and the waiter learns
+// of the change by its Runner's RecheckInterval.
+//
+// Every process sharing the buckets should turn it on: a writer without
+// it (and the TypeScript original) sends no wake-ups, and waiters woken
+// only by wake-ups then wait for their Runner's RecheckInterval or a
+// lease expiry, which read the key.
+func WithWakeUps(prefix string) NATSStoreOption {
+	return func(s *NATSStore) error {
+		if prefix == "" {
+			prefix = WakePrefixDefault
+		}
+		if err := validateWakePrefix(prefix); err != nil {
+			return err
+		}
+		s.wakePrefix = prefix
+		return nil
+	}
+}
+
 // NewNATSStore returns a store over js. Nothing is opened until first use.
 func NewNATSStore(js jetstream.JetStream, opts ...NATSStoreOption) (*NATSStore, error) {
 	if js == nil {
@@ -251,6 +301,13 @@ func NewNATSStore(js jetstream.JetStream, opts ...NATSStoreOption) (*NATSStore, 
 		}
 	}
 	s.guards = connectionGuards(js.Conn())
+	if s.wakePrefix != "" {
+		h, err := newWakeHub(s.wakePrefix, js, s.guards)
+		if err != nil {
+			return nil, err
+		}
+		s.wake = h
+	}
 	return s, nil
 }
 

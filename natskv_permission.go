@@ -133,6 +133,9 @@ type permissionGuards struct {
 	// the client reconnects and subscribes again; the server does not
 	// report it again.
 	inbox atomic.Pointer[permissionViolation]
+	// wakes counts the refusals of the stores' wake-up subjects
+	// (natskv_wake.go), which concern no call.
+	wakes wakeRefusals
 }
 
 // permissionGuard cancels one call's context when the server refuses a
@@ -184,7 +187,7 @@ func (pg *permissionGuard) done() {
 // cancels the running calls that need the refused subject.
 func (g *permissionGuards) record(nc *nats.Conn, err error) {
 	v := parseViolation(nc, err)
-	if v == nil {
+	if v == nil || g.wakes.take(v) {
 		return
 	}
 	inbox := inboxPrefix(nc)

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"sync/atomic"
 	"time"
 )
 
@@ -37,12 +38,15 @@ type RunnerConfig struct {
 	// Watcher wakes a blocked Run as soon as the job's key changes. It must
 	// watch the coordinator's store, and stay open while Runs wait: a Run
 	// whose watch cannot start (or restart) fails with that error. Without
-	// one, a blocked Run re-checks every RecheckInterval. Defaults to nil.
+	// one, a blocked Run re-checks every RecheckInterval. Over a NATSStore
+	// made with [WithWakeUps], a blocked Run of a queued job waits for its
+	// own job's wake-ups instead of the watch. Defaults to nil.
 	Watcher *Watcher
 
 	// RecheckInterval is how often a blocked Run tries again when nothing
-	// woke it: the safety net for a missed change with a Watcher, the poll
-	// interval without one. A blocked Run also re-checks when the earliest
+	// woke it: the safety net for a missed change with a Watcher (and for
+	// a wake-up nobody sent, such as after a write by a process without
+	// [WithWakeUps] or by the TS original), the poll interval without one. A blocked Run also re-checks when the earliest
 	// lease it saw expires. Defaults to RecheckIntervalDefault (5s).
 	RecheckInterval time.Duration
 
@@ -87,6 +91,9 @@ type Runner struct {
 	policy Policy // jt's
 	cfg    RunnerConfig
 	obs    *runnerObserver // metrics and logs; nil: none
+	// rechecks counts the tries of blocked Runs that their recheck timer
+	// (RecheckInterval, or a lease's expiry) started, not a wake-up.
+	rechecks atomic.Int64
 }
 
 // NewRunner returns a runner of jt's jobs. cfg may be nil for the defaults;
@@ -160,6 +167,16 @@ type RunResult struct {
 // the key not waited on lately) and for retries, the first try takes any
 // free slot.
 //
+// Over targeted wake-ups (a NATSStore made with [WithWakeUps]), a blocked
+// Run of a queued job waits for wake-ups sent to its own job, not the
+// watch: the write that leaves a slot free for it (in any process with
+// wake-ups on) sends the key's new state, and the Run tries on that state
+// at once, without a read. A try whose compare-and-swap loses waits for
+// the next wake-up, which the write it lost to sends if that write leaves
+// a slot free. A first try whose coordinator just saw the job queued
+// behind as many jobs as there are free slots waits for its wake-up
+// without trying.
+//
 // The error is nil when the handler returned nil and the slot was released.
 // Otherwise it is the acquisition's error (the handler did not run; one
 // wrapping [ErrClockSkew], from a host whose clock is too far from the
@@ -201,9 +218,21 @@ func (r *Runner) acquire(ctx context.Context, jobID string, payload any, opts []
 	}()
 	// trust lets a try find the key busy on the state the Watcher
 	// delivered, without a read; the safety-net recheck reads.
+	// Over targeted wake-ups (see WithWakeUps), a waiting Run waits for
+	// the wake-ups of its own job, not the Watcher's watch, and a try
+	// that trusts starts from the state its coordinator last saw stored
+	// (the wake-up's), without a read; one whose write loses waits for
+	// the next wake-up (see waitTry.wake). A retry (WithRetry) is not
+	// queued, so no wake-up names its job: it waits on the watch.
+	wakes := wait && r.cfg.Watcher.wakeUps() != nil && !retryOf(opts)
+	var seen uint64 // the revision the last try's outcome rested on; 0 unknown
 	try := func(trust bool) (Acquisition, time.Time, error) {
 		actx, wt := ctx, (*waitTry)(nil)
-		if sub != nil || trust {
+		switch {
+		case wakes && trust:
+			wt = &waitTry{wake: true}
+			actx = withWaitTry(ctx, wt)
+		case sub != nil || trust:
 			wt = &waitTry{trustWatch: trust}
 			actx = withWaitTry(ctx, wt)
 		}
@@ -211,8 +240,11 @@ func (r *Runner) acquire(ctx context.Context, jobID string, payload any, opts []
 		// lasts at least TTL from start.
 		start := time.Now()
 		acq, err := r.jt.Acquire(actx, jobID, payload, opts...)
+		if seen = 0; wt != nil {
+			seen = wt.rev
+		}
 		if err == nil && acq.Kind != KindAcquired && sub != nil {
-			sub.rearm(wt.rev) // wait to be woken by a change that frees a slot
+			sub.rearm(seen) // wait to be woken by a change that frees a slot
 		}
 		return acq, start.Add(r.policy.HeartbeatTTL), err
 	}
@@ -231,7 +263,7 @@ func (r *Runner) acquire(ctx context.Context, jobID string, payload any, opts []
 		behind uint64
 	)
 	if trusted {
-		acq, behind = r.queuedBehind(jobID, payload, opts)
+		acq, behind = r.queuedBehind(jobID, payload, opts, wakes)
 	}
 	if behind == 0 {
 		acq, deadline, err = try(trusted)
@@ -258,8 +290,43 @@ func (r *Runner) acquire(ctx context.Context, jobID string, payload any, opts []
 	recheck := time.NewTimer(r.cfg.RecheckInterval)
 	defer recheck.Stop()
 	waiting, trust := false, false
+	var turnAt time.Time // over wake-ups: when a Run queued behind free slots tries anyway; zero: never
 	for {
-		if sub == nil && r.cfg.Watcher != nil {
+		if sub == nil && wakes {
+			kvKey := kvKeyFor(r.jt.Service(), r.jt.Name(), acq.KeyHash)
+			if sub, err = r.cfg.Watcher.subscribeWake(r.jt.Service(), kvKey, jobID, r.jt.coord.keys); err != nil {
+				return Acquisition{}, time.Time{}, 0, fmt.Errorf("jobkeys: wait for a slot for job %q: %w (a Runner without a Watcher polls instead)", jobID, err)
+			}
+			if behind != 0 {
+				seen = behind // not tried: the fed state has it queued behind others
+				if free := acq.Limit - acq.Active; free > 0 {
+					// Slots are free for the jobs ahead, whose Runs, if
+					// they wait, are woken; if no write follows (they do
+					// not wait, and nobody else writes), nothing wakes
+					// this one: it tries when its turn would come by the
+					// Watcher's rule (see keyWatch.turn).
+					if i := sub.wake.entry.queuedIndex(jobID); i >= free {
+						turnAt = time.Now().Add(time.Duration(i-free+1) * waiterGrace)
+					}
+				}
+			}
+			behind = 0
+			// A wake-up sent before the subscription reached the server
+			// is sent again shortly by its writer when nobody took it
+			// (see WithWakeUps), so a state seen just before the server
+			// confirmed the subscription (subscribeWake waits for that)
+			// is a safe place to wait from. One seen longer ago is not: it reads.
+			// A later state the coordinator learned meanwhile is tried.
+			rev, at := sub.wake.entry.seen()
+			switch {
+			case rev == 0 || time.Since(at) > wakeTrustAge:
+				trust = false
+			case rev > seen:
+				trust = true
+			default:
+				continue // wait
+			}
+		} else if sub == nil && r.cfg.Watcher != nil {
 			kvKey := kvKeyFor(r.jt.Service(), r.jt.Name(), acq.KeyHash)
 			// A waiter's subscription wakes it only when a change frees a
 			// slot, and feeds the key's changes to the coordinator.
@@ -275,7 +342,7 @@ func (r *Runner) acquire(ctx context.Context, jobID string, payload any, opts []
 				// turn first: it waits as if it had found the key busy
 				// just before that state.
 				var ahead Acquisition
-				if ahead, behind = r.queuedBehind(jobID, payload, opts); behind != 0 {
+				if ahead, behind = r.queuedBehind(jobID, payload, opts, false); behind != 0 {
 					acq = ahead
 					sub.rearm(behind - 1)
 				}
@@ -305,6 +372,9 @@ func (r *Runner) acquire(ctx context.Context, jobID string, payload any, opts []
 				// the key is looked at again.)
 				d = min(d, time.Until(acq.NextExpiry)+time.Millisecond)
 			}
+			if !turnAt.IsZero() {
+				d = min(d, time.Until(turnAt))
+			}
 			recheck.Reset(max(d, time.Millisecond))
 			var changed, ended <-chan struct{}
 			if sub != nil {
@@ -323,6 +393,11 @@ func (r *Runner) acquire(ctx context.Context, jobID string, payload any, opts []
 				trust = false
 			case <-recheck.C:
 				trust = false
+				if !turnAt.IsZero() && !time.Now().Before(turnAt) {
+					turnAt = time.Time{} // its turn, not a recheck
+				} else {
+					r.rechecks.Add(1)
+				}
 			}
 		}
 		acq, deadline, err = try(trust)
@@ -350,9 +425,9 @@ func (r *Runner) acquire(ctx context.Context, jobID string, payload any, opts []
 // the try reads), the job is among the first free queued ones or holds a
 // slot, or it is a retry (WithRetry), which the reducer lets take a slot
 // whether queued or not.
-func (r *Runner) queuedBehind(jobID string, payload any, opts []AcquireOption) (Acquisition, uint64) {
+func (r *Runner) queuedBehind(jobID string, payload any, opts []AcquireOption, cached bool) (Acquisition, uint64) {
 	t := r.jt.coord.keys
-	if t.feeds.Load() == nil {
+	if t.feeds.Load() == nil && !cached {
 		return Acquisition{}, 0 // no Runner of the coordinator waited through a Watcher: nothing fed
 	}
 	var req AcquireRequest
@@ -369,7 +444,7 @@ func (r *Runner) queuedBehind(jobID string, payload any, opts []AcquireOption) (
 	if err != nil {
 		return Acquisition{}, 0 // the try reports it
 	}
-	return t.queuedBehind(key, jobID, r.policy.MaxActive, time.Now())
+	return t.queuedBehind(key, jobID, r.policy.MaxActive, time.Now(), cached)
 }
 
 // runHeld runs handler under res.Lease, which lasts at least until deadline
@@ -501,4 +576,15 @@ func leaseExpired(lease Lease, kvKey string, expires time.Time, lastErr error) e
 	}
 	return fmt.Errorf("%w: job %q on KV key %q: renewals failed until the lease expired at %s: %w",
 		ErrLeaseLost, lease.JobID, kvKey, expires.UTC().Format(time.RFC3339Nano), lastErr)
+}
+
+// retryOf reports whether opts make an acquisition a retry (WithRetry).
+func retryOf(opts []AcquireOption) bool {
+	var req AcquireRequest
+	for _, o := range opts {
+		if o != nil {
+			req = o.applyAcquire(req)
+		}
+	}
+	return req.Retry
 }

@@ -38,6 +38,13 @@ import (
 // the keys waited on (those alone are decoded), so each Watcher receives the
 // service's write rate times its states' size.
 //
+// Over a [NATSStore] made with [WithWakeUps], the Runners' blocked
+// acquisitions of queued jobs do not use the watch at all: each waits for
+// the wake-ups sent to its own job's subject by the writes that leave a
+// slot free for it (see WithWakeUps), so a process receives one message
+// per slot freed for one of its jobs instead of every change of the key.
+// Subscribe, and retries (WithRetry), still use the watch.
+//
 // A service's watch starts with the first [Watcher.Subscribe] for it and
 // lasts until Close, or until the store ends it (a closed connection); the
 // next Subscribe then starts a new one. A Watcher is safe for concurrent use.
@@ -66,6 +73,9 @@ type Watcher struct {
 	// waited maps the KV key of every keyWatch of a running watch to it,
 	// for handoff to find without the lock. Written under mu.
 	waited sync.Map
+	// wakeSubs are the open subscriptions of subscribeWake, which Close
+	// ends.
+	wakeSubs map[string]map[*Subscription]struct{} // by KV key
 }
 
 // serviceWatch is the watch of one service and its subscribers. Its fields
@@ -744,7 +754,16 @@ func (w *Watcher) Close() {
 		}
 	}
 	clear(w.linked)
+	var wakes []*Subscription
+	for _, subs := range w.wakeSubs {
+		for s := range subs {
+			wakes = append(wakes, s)
+		}
+	}
 	w.mu.Unlock()
+	for _, s := range wakes {
+		s.closeWake()
+	}
 	if w.cancel != nil { // nil in the zero value, which has no watches
 		w.cancel()
 	}
@@ -762,7 +781,8 @@ type Subscription struct {
 	changed chan struct{}
 	done    chan struct{}
 	once    sync.Once
-	waiter  *waiter // a Runner's blocked acquisition; see subscribeWaiter
+	waiter  *waiter   // a Runner's blocked acquisition; see subscribeWaiter
+	wake    *wakeWait // one over targeted wake-ups; see subscribeWake
 }
 
 // waiter is the wake-up state of a waiter's subscription, guarded by
@@ -792,6 +812,10 @@ func (s *Subscription) signal() {
 // change that frees a slot. A slot still free at a later revision than
 // seen wakes it again at once.
 func (s *Subscription) rearm(seen uint64) {
+	if s.wake != nil {
+		s.rearmWake(seen)
+		return
+	}
 	if s.waiter == nil {
 		return
 	}
@@ -819,6 +843,10 @@ func (s *Subscription) Done() <-chan struct{} { return s.done }
 // Close ends the subscription and forgets it. It is idempotent.
 func (s *Subscription) Close() {
 	if s.w == nil { // the zero value
+		return
+	}
+	if s.wake != nil {
+		s.closeWake()
 		return
 	}
 	s.w.mu.Lock()

@@ -140,6 +140,7 @@
 // then count their transitions by outcome and measure their latency (meter
 // [MeterName]: jobkeys.jobs.transitions and jobkeys.jobs.duration; the
 // repository's README lists their attributes), with no per-job attribute.
-// [Config.Logger] logs corrupt records. Both default to nil: no metrics, no
-// logs, no cost.
+// [Config.Logger] logs corrupt records, and a [NATSStore]'s background
+// purges the server refuses (once per store). Both default to nil: no
+// metrics, no logs, no cost.
 package jobs

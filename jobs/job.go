@@ -491,7 +491,8 @@ type Config struct {
 	// nil: no metrics, and no cost.
 	MeterProvider metric.MeterProvider
 	// Logger receives the store's logs: corrupt records (error, naming the
-	// job and the KV key). Defaults to nil: no logs.
+	// job and the KV key); a NATSStore's background purges the server
+	// refuses (a warning, once per store). Defaults to nil: no logs.
 	Logger *slog.Logger
 }
 

@@ -44,16 +44,26 @@ const natsCASAttempts = 16
 // any number of processes, may share a bucket. What a store remembers — the
 // running jobs it wrote last, the targets and pending jobs it has seen — is
 // only a guess that saves a read: a wrong one costs a failed write or an
-// extra read, never a wrong result. A store keeps one subscription on js's
-// connection for the replies of batched reads, for the connection's
-// lifetime. A stored job record that does not validate fails every call
-// that reads it with ErrCorrupt naming the KV key, until an operator
-// repairs or removes it; Claim skips it and claims the rest of its channel
-// (see [Store.Claim]). A request the server refuses for the user's
-// permissions times out (the server tells only the connection's async
-// error handler); the call's error then wraps jobkeys.ErrPermission
-// beside ErrUnavailable (or the caller's deadline's error) and names the
-// refused subject. It is safe for concurrent use.
+// extra read, never a wrong result. A stored job record that does not
+// validate fails every call that reads it with ErrCorrupt naming the KV
+// key, until an operator repairs or removes it; Claim skips it and claims
+// the rest of its channel (see [Store.Claim]).
+//
+// A store keeps one subscription on js's connection for the replies of
+// batched reads and purges, until [NATSStore.Close] or the connection's
+// end. A write that finishes a job (and a Claim that meets a finished job)
+// purges the job's active entry in the background, without waiting for
+// the answer; Close waits for the purges in flight.
+//
+// A request the server refuses for the user's permissions times out (the
+// server tells only the connection's async error handler); the call's
+// error (NewNATSStore's too) then wraps jobkeys.ErrPermission beside
+// ErrUnavailable (or the caller's deadline's error) and names the refused
+// subject. A refused background purge is logged once per store, a warning
+// through [Config.Logger] (claims then read every finished job). The
+// module's README lists the permissions a store's user needs.
+//
+// It is safe for concurrent use.
 type NATSStore struct {
 	js         jetstream.JetStream
 	cfg        config
@@ -67,8 +77,10 @@ type NATSStore struct {
 	msgGet, directGet string
 	// purge is the STREAM.PURGE API subject of the bucket's stream.
 	purge string
-	// replies receives the answers of batched reads.
+	// replies receives the answers of batched reads and purges.
 	replies natsReplies
+	// purges are the background purges of active entries in flight.
+	purges natsPurges
 	// cache remembers the running jobs this store wrote last; targets the
 	// targets it has seen stored.
 	cache   natsJobCache
@@ -168,20 +180,24 @@ func NewNATSStore(js jetstream.JetStream, cfg *Config, opts ...NATSStoreOption) 
 	if errors.Is(err, jetstream.ErrBucketNotFound) {
 		return nil, fmt.Errorf("%w: NewNATSStore: KV bucket %q does not exist; create it (with atomic publish allowed) or pass WithCreateBucket", ErrNotFound, o.bucket)
 	}
-	if err != nil {
-		return nil, fmt.Errorf("%w: NewNATSStore: open KV bucket %q: %w", ErrUnavailable, o.bucket, err)
-	}
 	streamName := "KV_" + o.bucket
+	// A refusal of one of these (or of the inbox) is named, not a bare
+	// timeout; the timeout is NewNATSStore's own, not a caller's deadline.
+	api := natsAPIPrefix(js.Options())
+	used := []string{api + "STREAM.INFO." + streamName, api + "INFO", api + "STREAM.CREATE." + streamName, api + "STREAM.UPDATE." + streamName}
+	if err != nil {
+		return nil, natsRefusedOr(context.Background(), js.Conn(), "NewNATSStore", fmt.Sprintf("open KV bucket %q", o.bucket), err, used)
+	}
 	stream, err := js.Stream(ctx, streamName)
 	if err != nil {
-		return nil, fmt.Errorf("%w: NewNATSStore: open stream %q of KV bucket %q: %w", ErrUnavailable, streamName, o.bucket, err)
+		return nil, natsRefusedOr(context.Background(), js.Conn(), "NewNATSStore", fmt.Sprintf("open stream %q of KV bucket %q", streamName, o.bucket), err, used)
 	}
 	info := stream.CachedInfo()
 	if !info.Config.AllowAtomicPublish && o.create {
 		// Another process created the bucket and has not allowed atomic
 		// publish on it yet (createNATSBucket's second step): finish it.
 		if info, err = allowAtomicPublish(ctx, js, stream); err != nil {
-			return nil, fmt.Errorf("%w: NewNATSStore: KV bucket %q: %w", ErrUnavailable, o.bucket, err)
+			return nil, natsRefusedOr(context.Background(), js.Conn(), "NewNATSStore", fmt.Sprintf("KV bucket %q", o.bucket), err, used)
 		}
 	}
 	switch {

@@ -287,7 +287,8 @@ var errBatchCut = errors.New("batched read cut short")
 
 // natsReplies is one inbox subscription per store for the replies of
 // batched reads, each request told apart by the last token of its reply
-// subject. It lives as long as the connection.
+// subject. It lives as long as the connection, or until the store's
+// Close.
 type natsReplies struct {
 	mu      sync.Mutex
 	sub     *nats.Subscription
@@ -301,7 +302,10 @@ type natsReplies struct {
 // read usually answers a handful), never beyond the most the request can
 // get, so that a request costs no buffer sized for the largest answer.
 type natsReplyQueue struct {
-	token  string // the last token of the request's reply subject
+	token string // the last token of the request's reply subject
+	// fn, when set, takes each reply instead of the queue, on the
+	// subscription's goroutine (see awaitFunc).
+	fn     func(*nats.Msg)
 	mu     sync.Mutex
 	msgs   []*nats.Msg
 	most   int
@@ -331,6 +335,10 @@ func (r *natsReplies) deliver(m *nats.Msg) {
 	r.mu.Unlock()
 	if q == nil {
 		return // a request that gave up
+	}
+	if q.fn != nil {
+		q.fn(m)
+		return
 	}
 	q.mu.Lock()
 	if len(q.msgs) < q.most { // else more replies than the server sends for one request
@@ -373,6 +381,30 @@ func (r *natsReplies) await(n int) (inbox string, q *natsReplyQueue) {
 	q = &natsReplyQueue{token: token, most: n, signal: make(chan struct{}, 1)}
 	r.waiting[token] = q
 	return r.prefix + token, q
+}
+
+// awaitFunc registers a request whose replies fn takes, on the
+// subscription's goroutine; fn must not block. release unregisters it.
+func (r *natsReplies) awaitFunc(fn func(*nats.Msg)) (inbox string, q *natsReplyQueue) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.next++
+	token := strconv.FormatUint(r.next, 36)
+	q = &natsReplyQueue{token: token, fn: fn}
+	r.waiting[token] = q
+	return r.prefix + token, q
+}
+
+// close ends the subscription; the next open subscribes again. Requests
+// still waiting get no more replies.
+func (r *natsReplies) close() {
+	r.mu.Lock()
+	sub := r.sub
+	r.sub = nil
+	r.mu.Unlock()
+	if sub != nil {
+		_ = sub.Unsubscribe() // an error: the connection is closed, and the subscription with it
+	}
 }
 
 // release unregisters q's request.
@@ -495,22 +527,6 @@ func (s *NATSStore) publishBatch(ctx context.Context, op string, msgs []natsBatc
 		return 0, true, nil
 	}
 	return 0, false, s.unavailable(ctx, op, fmt.Sprintf("atomic batch of %d writes", len(msgs)), err, s.keys.prefix)
-}
-
-// dropActive removes key's active entry if it was written before revision
-// before: a purge that cannot remove an entry written later (a job
-// re-created after DeleteChannel). It is cleanup, sent without waiting for
-// the answer: an entry it misses is removed by the next Claim that meets
-// it.
-func (s *NATSStore) dropActive(ctx context.Context, key string, before uint64) {
-	if before == 0 || ctx.Err() != nil {
-		return
-	}
-	body, err := natsPurgeBody(s.keys.subject(key), before)
-	if err != nil {
-		return
-	}
-	_ = s.js.Conn().Publish(s.purge, body)
 }
 
 // The bodies of the API requests the store sends, written by hand: the

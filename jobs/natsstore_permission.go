@@ -34,10 +34,15 @@ var natsRefusalRe = regexp.MustCompile(`Permissions Violation for (Publish to|Su
 // store's own (the error wraps ErrUnavailable) or the caller's deadline
 // (it wraps ctx.Err()); a cancelled ctx's error is returned unchanged.
 func (s *NATSStore) unavailable(ctx context.Context, op, what string, err error, used ...string) error {
+	return natsRefusedOr(ctx, s.js.Conn(), op, what, err, used)
+}
+
+// natsRefusedOr is NATSStore.unavailable for a call on nc.
+func natsRefusedOr(ctx context.Context, nc *nats.Conn, op, what string, err error, used []string) error {
 	if errors.Is(ctx.Err(), context.Canceled) {
 		return ctx.Err()
 	}
-	if refused, subject, ok := s.refusal(err, used); ok {
+	if refused, subject, ok := natsRefusal(nc, err, used); ok {
 		// The timeout is the caller's deadline (its error) or the store's
 		// own (ErrUnavailable, not matching context.DeadlineExceeded).
 		var base error = ErrUnavailable
@@ -50,15 +55,14 @@ func (s *NATSStore) unavailable(ctx context.Context, op, what string, err error,
 	return natsUnavailable(ctx, op, what, err)
 }
 
-// refusal returns the refusal the connection last reported when err is a
+// natsRefusal returns the refusal nc last reported when err is a
 // timeout and the refused subject is the connection's inbox, which carries
 // every reply, or one of the subjects used by the call that timed out (a
 // refused subject containing one of them).
-func (s *NATSStore) refusal(err error, used []string) (what, subject string, ok bool) {
+func natsRefusal(nc *nats.Conn, err error, used []string) (what, subject string, ok bool) {
 	if !errors.Is(err, context.DeadlineExceeded) && !errors.Is(err, nats.ErrTimeout) {
 		return "", "", false
 	}
-	nc := s.js.Conn()
 	last := nc.LastError()
 	if last == nil || !errors.Is(last, nats.ErrPermissionViolation) {
 		return "", "", false

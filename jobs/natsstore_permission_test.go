@@ -98,6 +98,13 @@ func TestNATSStoreStaleRefusalNamesNoOtherCall(t *testing.T) {
 // returns the worker's store of bucket (requests time out after 500 ms).
 func workerStore(t *testing.T, bucket string, allow ...string) *NATSStore {
 	t.Helper()
+	return workerStoreWith(t, bucket, nil, 500*time.Millisecond, allow...)
+}
+
+// workerStoreWith is workerStore with the worker's store configured by cfg
+// and its requests timing out after timeout.
+func workerStoreWith(t *testing.T, bucket string, cfg *Config, timeout time.Duration, allow ...string) *NATSStore {
+	t.Helper()
 	srv := natstest.RunWith(t, natstest.Options{Configure: func(o *server.Options) {
 		o.Users = append(o.Users, &server.User{Username: "admin", Password: "admin"},
 			&server.User{Username: "worker", Password: "worker", Permissions: &server.Permissions{
@@ -113,9 +120,9 @@ func workerStore(t *testing.T, bucket string, allow ...string) *NATSStore {
 	require.NoError(t, err)
 
 	nc, _ := natstest.ConnectURL(t, "nats://worker:worker@"+hostPort)
-	js, err := jetstream.New(nc, jetstream.WithDefaultTimeout(500*time.Millisecond))
+	js, err := jetstream.New(nc, jetstream.WithDefaultTimeout(timeout))
 	require.NoError(t, err)
-	st, err := NewNATSStore(js, nil, WithBucket(bucket))
+	st, err := NewNATSStore(js, cfg, WithBucket(bucket))
 	require.NoError(t, err)
 	return st
 }

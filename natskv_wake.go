@@ -1,0 +1,719 @@
+package jobkeys
+
+import (
+	"crypto/sha256"
+	"encoding/base64"
+	"encoding/binary"
+	"fmt"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/jobkeys/jobkeys/internal/jscas"
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+)
+
+// This file holds NATSStore's targeted wake-ups (WithWakeUps): a write that
+// leaves a slot free sends the state it wrote, on core NATS, to the queue
+// head's own subject, where that job's blocked Runner waits, instead of
+// every waiter of the key learning of the change from a KV watch and
+// reading the key.
+//
+// Wire: subject "<prefix>.<bucket>.<kvKey>.<jobToken>", jobToken the
+// unpadded base64url of the first 16 bytes of SHA-256(jobID); payload the
+// revision (8 bytes, big-endian) followed by the state's value exactly as
+// stored in KV.
+
+// WakePrefixDefault is the subject prefix of targeted wake-ups when
+// [WithWakeUps] is given "".
+const WakePrefixDefault = "jobkeys.wake"
+
+// WakePrefixMaxLength bounds the length of a wake-up subject prefix in bytes.
+const WakePrefixMaxLength = 64
+
+const (
+	// wakeRetry is how long a wake-up that found no waiter at all (every
+	// target answered "no responders") waits before it is sent once more:
+	// a waiter that had just blocked may not have its subscription at the
+	// server yet.
+	wakeRetry = 2 * time.Millisecond
+	// wakeChainTTL is how long a wake-up's delivery state is kept: a
+	// "no responders" answer comes within a round trip.
+	wakeChainTTL = time.Second
+	// wakeChainsMax bounds the wake-ups whose delivery state is kept; the
+	// oldest are dropped first.
+	wakeChainsMax = 4096
+	// wakeKeptBytesMax bounds the size of the states kept for wake-ups
+	// whose delivery may go on; the oldest are dropped first.
+	wakeKeptBytesMax = 8 << 20
+	// wakeWalkExtra bounds the targets a wake-up tries beyond its free
+	// slots.
+	wakeWalkExtra = 64
+	// wakeDispatchBuffer is the capacity of the channel the wake-up
+	// subscriptions of a store deliver to.
+	wakeDispatchBuffer = 1024
+	// wakeSubscribeConfirm bounds how long a new wake-up subscription
+	// waits for the server to confirm it (a PING's PONG): a waiter
+	// confirmed later than wakeTrustAge after it saw the state reads the
+	// key anyway (its read follows the SUB on the connection).
+	wakeSubscribeConfirm = wakeTrustAge
+	// wakeRevLen is the length of the revision in front of a wake-up's
+	// value.
+	wakeRevLen = 8
+)
+
+// wakeStore is implemented by stores that carry targeted wake-ups (see
+// WithWakeUps).
+type wakeStore interface {
+	// wakeUps reports whether targeted wake-ups are on.
+	wakeUps() bool
+	// publishWakes sends the state value (as stored) at revision rev of
+	// kvKey in service's bucket to the waiters of the first free of
+	// targets (job IDs, in queue order) that have one. It never blocks on
+	// the network and copies value if it keeps it.
+	publishWakes(service, kvKey string, value []byte, rev uint64, targets []string, free int)
+	// subscribeWake calls fn with every wake-up sent to job jobID of kvKey
+	// until stop is called. fn must not block. It returns once the server
+	// has confirmed the subscription, or after wakeSubscribeConfirm
+	// without that.
+	subscribeWake(service, kvKey, jobID string, fn func(value []byte, rev uint64)) (stop func(), err error)
+}
+
+var _ wakeStore = (*NATSStore)(nil)
+
+// wakeCounts are a store's wake-up counters since it was made.
+type wakeCounts struct {
+	Published    uint64 // wake-ups published to other processes (PUBs sent)
+	Local        uint64 // wake-ups handed to a waiter of the same store in memory
+	NoResponders uint64 // "no responders" answers: a target without a waiter
+	Retried      uint64 // wake-ups that found no waiter, sent once more
+	Dropped      uint64 // wake-ups dropped: a publish failed (connection closed, reconnect buffer full), the reply subscription could not be made, or the service or key was invalid
+	Received     uint64 // wake-ups from other processes handed to waiters
+	Malformed    uint64 // received messages too short to be a wake-up, ignored
+	// Refused counts the server's refusals of wake-up subjects (publish
+	// or subscribe) on the store's connection under its prefix, shared
+	// by the stores there with that prefix.
+	Refused uint64
+}
+
+// validateWakePrefix checks a wake-up subject prefix: dot-separated tokens
+// of letters, digits, '_' and '-', at most WakePrefixMaxLength bytes: no
+// '$' (the server's and JetStream's subjects), no wildcards, no spaces.
+func validateWakePrefix(prefix string) error {
+	if len(prefix) > WakePrefixMaxLength {
+		return fmt.Errorf("%w: wake-up prefix %q is %d bytes, more than %d", ErrInvalidRequest, prefix, len(prefix), WakePrefixMaxLength)
+	}
+	for tok := range strings.SplitSeq(prefix, ".") {
+		if !bucketTokenRe.MatchString(tok) {
+			return fmt.Errorf("%w: wake-up prefix %q must be dot-separated tokens of letters, digits, '_' or '-'", ErrInvalidRequest, prefix)
+		}
+	}
+	return nil
+}
+
+// subjectsOverlap reports whether a subject could start with both prefixes
+// a and b, each ending in ".".
+func subjectsOverlap(a, b string) bool {
+	return strings.HasPrefix(a, b) || strings.HasPrefix(b, a)
+}
+
+// wakeToken is the last token of job jobID's wake-up subject.
+func wakeToken(jobID string) string {
+	sum := sha256.Sum256([]byte(jobID))
+	return base64.RawURLEncoding.EncodeToString(sum[:16])
+}
+
+// wakeRefusals counts, per wake-up prefix, the refusals of wake-up subjects
+// the server reports on one connection (see permissionGuards.record): they
+// concern no store call. The zero value is ready; safe for concurrent use.
+type wakeRefusals struct {
+	mu       sync.Mutex
+	prefixes map[string]*atomic.Uint64 // "<prefix>." → refusals
+}
+
+// register returns the counter of prefix (ending in ".").
+func (r *wakeRefusals) register(prefix string) *atomic.Uint64 {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.prefixes == nil {
+		r.prefixes = make(map[string]*atomic.Uint64)
+	}
+	n := r.prefixes[prefix]
+	if n == nil {
+		n = new(atomic.Uint64)
+		r.prefixes[prefix] = n
+	}
+	return n
+}
+
+// take reports whether v refuses a wake-up subject, and counts it if so.
+func (r *wakeRefusals) take(v *permissionViolation) bool {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	for p, n := range r.prefixes {
+		if strings.HasPrefix(v.subject, p) {
+			n.Add(1)
+			return true
+		}
+	}
+	return false
+}
+
+// wakeHub is a store's wake-up state: its waiters, the delivery of the
+// wake-ups it publishes, and its counters. Its methods are safe for
+// concurrent use.
+//
+// Lock order: mu is never held while calling into nats.go, because nats.go
+// calls subscriptions' closed handlers (subClosed, which takes mu) under
+// its own locks; replyMu is taken before nats.go calls, never with mu.
+type wakeHub struct {
+	prefix string // "<prefix>."
+	nc     *nats.Conn
+	// retry is wakeRetry; tests may change it before the store is used.
+	retry time.Duration
+
+	published, local, noResponders, retried, dropped, received, malformed atomic.Uint64
+	refused                                                               *atomic.Uint64
+	retrySkipped                                                          atomic.Uint64 // retries of stale chains, for tests
+
+	replyMu     sync.Mutex
+	replyPrefix atomic.Pointer[string] // "<inbox>.", set once the reply subscription is made
+
+	mu     sync.Mutex
+	subs   map[string]*wakeSubject // by subject: this store's waiters
+	disp   *wakeDispatcher         // nil when no subscription is live
+	live   int                     // subscriptions not yet closed
+	chains map[uint64]*wakeChain   // wake-ups whose delivery may go on, by id
+	order  []*wakeChain            // every kept wake-up, oldest first
+	latest map[string]*wakeChain   // the newest kept wake-up per bucket and key
+	// keptBytes is the size of the payloads of the chains in h.chains.
+	keptBytes int
+	nextID    uint64
+}
+
+// wakeSubject is one subject this store's waiters wait on.
+type wakeSubject struct {
+	subject string
+	waiters []*wakeWaiter
+	disp    *wakeDispatcher
+	sub     *nats.Subscription // nil while it is being made
+	closed  bool               // unsubscribed, or the connection closed
+}
+
+// wakeWaiter is one subscribeWake.
+type wakeWaiter struct {
+	mu      sync.Mutex
+	fn      func(value []byte, rev uint64)
+	stopped bool
+}
+
+// deliver calls the waiter's fn unless it has stopped.
+func (w *wakeWaiter) deliver(value []byte, rev uint64) bool {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if w.stopped {
+		return false
+	}
+	w.fn(value, rev)
+	return true
+}
+
+// wakeDispatcher is the goroutine that hands the messages of a store's
+// wake-up subscriptions to their waiters; it runs while a subscription is
+// live.
+type wakeDispatcher struct {
+	ch   chan *nats.Msg
+	quit chan struct{}
+}
+
+// Target states of a wake-up chain.
+const (
+	wakeUnused   uint8 = iota
+	wakeLocal          // handed to a waiter of this store
+	wakeSent           // published; no "no responders" answer so far
+	wakeNoWaiter       // published and answered "no responders"
+)
+
+// wakeChain is the delivery of one published wake-up: its targets in queue
+// order, walked on as targets answer that they have no waiter.
+type wakeChain struct {
+	id uint64
+	// key is "<prefix>.<bucket>.<kvKey>.", the prefix of its targets'
+	// subjects, and its key in h.latest.
+	key     string
+	rev     uint64
+	payload []byte // revision, then value
+	targets []wakeTarget
+	free    int
+	next    int // index of the next unused target
+	sent    int // targets in state wakeSent
+	// delivered counts the targets in state wakeLocal.
+	delivered int
+	retried   bool
+	done      bool // over, stale or expired: nothing moves it on
+	born      time.Time
+}
+
+// wakeTarget is one job a wake-up may go to.
+type wakeTarget struct {
+	job     string
+	subject string // once the walk reached it
+	state   uint8
+}
+
+// wakeActions are what a walk decided, done outside the hub's lock.
+type wakeActions struct {
+	payload []byte // the chain's, which it drops when it ends
+	local   []*wakeWaiter
+	publish []string // subjects
+	retry   bool
+}
+
+// newWakeHub returns the wake-up state of a store on nc with prefix; it
+// fails when the prefix could overlap the connection's inboxes or the
+// JetStream context's subjects (a refusal of a wake-up subject must never
+// be taken for the refusal of a call's).
+func newWakeHub(prefix string, js jetstream.JetStream, guards *permissionGuards) (*wakeHub, error) {
+	nc := js.Conn()
+	if nc == nil {
+		return nil, fmt.Errorf("%w: wake-ups need a NATS connection", ErrInvalidRequest)
+	}
+	p := prefix + "."
+	for _, other := range []string{inboxPrefix(nc), jscas.APIPrefix(js.Options())} {
+		if subjectsOverlap(p, other) {
+			return nil, fmt.Errorf("%w: wake-up prefix %q overlaps the subjects %s…", ErrInvalidRequest, prefix, other)
+		}
+	}
+	return &wakeHub{
+		prefix:  p,
+		nc:      nc,
+		retry:   wakeRetry,
+		refused: guards.wakes.register(p),
+		subs:    make(map[string]*wakeSubject),
+		chains:  make(map[uint64]*wakeChain),
+		latest:  make(map[string]*wakeChain),
+	}, nil
+}
+
+// subject is the wake-up subject of job jobID of kvKey in bucket.
+func (h *wakeHub) subject(bucket, kvKey, jobID string) string {
+	return h.prefix + bucket + "." + kvKey + "." + wakeToken(jobID)
+}
+
+// wakeUps implements wakeStore.
+func (s *NATSStore) wakeUps() bool { return s.wake != nil }
+
+// publishWakes implements wakeStore.
+func (s *NATSStore) publishWakes(service, kvKey string, value []byte, rev uint64, targets []string, free int) {
+	if s.wake == nil || free <= 0 || len(targets) == 0 {
+		return
+	}
+	if validateService(service) != nil || !validKVKey(kvKey) {
+		s.wake.dropped.Add(1)
+		return
+	}
+	s.wake.publish(s.BucketName(service), kvKey, value, rev, targets, free)
+}
+
+// subscribeWake implements wakeStore. fn must not call stop, nor modify
+// value (which it may keep: the store does not change it either).
+func (s *NATSStore) subscribeWake(service, kvKey, jobID string, fn func(value []byte, rev uint64)) (func(), error) {
+	if s.wake == nil {
+		return nil, fmt.Errorf("%w: wake-ups of job %q of %s: the store has no wake-ups (WithWakeUps)", ErrInvalidRequest, jobID, kvKey)
+	}
+	if fn == nil {
+		return nil, fmt.Errorf("%w: wake-ups of job %q of %s: function is nil", ErrInvalidRequest, jobID, kvKey)
+	}
+	if err := validateService(service); err != nil {
+		return nil, fmt.Errorf("wake-ups of job %q of %s: %w", jobID, kvKey, err)
+	}
+	if !validKVKey(kvKey) {
+		return nil, fmt.Errorf("%w: wake-ups of job %q: %q is not a KV key", ErrInvalidRequest, jobID, kvKey)
+	}
+	return s.wake.subscribe(s.wake.subject(s.BucketName(service), kvKey, jobID), fn)
+}
+
+// wakeCounters returns the store's wake-up counters (zero when off).
+func (s *NATSStore) wakeCounters() wakeCounts {
+	h := s.wake
+	if h == nil {
+		return wakeCounts{}
+	}
+	return wakeCounts{
+		Published:    h.published.Load(),
+		Local:        h.local.Load(),
+		NoResponders: h.noResponders.Load(),
+		Retried:      h.retried.Load(),
+		Dropped:      h.dropped.Load(),
+		Received:     h.received.Load(),
+		Malformed:    h.malformed.Load(),
+		Refused:      h.refused.Load(),
+	}
+}
+
+// publish starts the delivery of a wake-up (see publishWakes).
+func (h *wakeHub) publish(bucket, kvKey string, value []byte, rev uint64, targets []string, free int) {
+	reply, ok := h.replySubjects()
+	if !ok {
+		h.dropped.Add(1)
+		return
+	}
+	free = min(free, len(targets))
+	if n := free + wakeWalkExtra; len(targets) > n {
+		targets = targets[:n]
+	}
+	h.mu.Lock()
+	c, acts := h.startLocked(bucket, kvKey, value, rev, targets, free, time.Now())
+	h.mu.Unlock()
+	if c != nil {
+		h.act(c, reply, &acts)
+	}
+}
+
+// startLocked makes the chain of a wake-up and walks it (see publish); nil
+// when a state of the key at rev or newer was published already.
+func (h *wakeHub) startLocked(bucket, kvKey string, value []byte, rev uint64, targets []string, free int, now time.Time) (*wakeChain, wakeActions) {
+	var acts wakeActions
+	h.expireLocked(now)
+	key := h.prefix + bucket + "." + kvKey + "."
+	if prev := h.latest[key]; prev != nil {
+		if prev.rev >= rev {
+			return nil, acts // a newer state of the key went out already
+		}
+		h.endLocked(prev) // stale: a 503 for it moves nothing on
+	}
+	payload := make([]byte, wakeRevLen+len(value))
+	binary.BigEndian.PutUint64(payload, rev)
+	copy(payload[wakeRevLen:], value)
+	h.nextID++
+	c := &wakeChain{
+		id: h.nextID, key: key, rev: rev, payload: payload,
+		targets: make([]wakeTarget, len(targets)),
+		free:    min(free, len(targets)), born: now,
+	}
+	for i, job := range targets {
+		c.targets[i].job = job
+	}
+	h.chains[c.id] = c
+	h.keptBytes += len(payload)
+	h.order = append(h.order, c)
+	h.latest[key] = c
+	h.walkLocked(c, &acts)
+	return c, acts
+}
+
+// replySubjects returns the prefix of the reply subjects of this store's
+// wake-ups, subscribing to them on first use; false when that fails.
+func (h *wakeHub) replySubjects() (string, bool) {
+	if p := h.replyPrefix.Load(); p != nil {
+		return *p, true
+	}
+	h.replyMu.Lock()
+	defer h.replyMu.Unlock()
+	if p := h.replyPrefix.Load(); p != nil {
+		return *p, true
+	}
+	p := h.nc.NewInbox() + "."
+	if _, err := h.nc.Subscribe(p+"*", h.onReply); err != nil {
+		return "", false
+	}
+	h.replyPrefix.Store(&p)
+	return p, true
+}
+
+// walkLocked moves chain c on: it takes unused targets in order while
+// fewer than free are delivered or awaiting an answer, a target with a
+// waiter of this store delivered in memory, any other published. When
+// nothing is left in flight the chain is over, or, if nobody was woken at
+// all and it was not retried yet, it is sent once more after h.retry.
+func (h *wakeHub) walkLocked(c *wakeChain, acts *wakeActions) {
+	acts.payload = c.payload
+	for c.delivered+c.sent < c.free && c.next < len(c.targets) {
+		tg := &c.targets[c.next]
+		c.next++
+		if tg.subject == "" {
+			tg.subject = c.key + wakeToken(tg.job)
+		}
+		if e := h.subs[tg.subject]; e != nil && len(e.waiters) > 0 {
+			tg.state = wakeLocal
+			c.delivered++
+			acts.local = append(acts.local, e.waiters...)
+			continue
+		}
+		tg.state = wakeSent
+		c.sent++
+		acts.publish = append(acts.publish, tg.subject)
+	}
+	if c.sent > 0 {
+		return // answers may come
+	}
+	if c.delivered == 0 && !c.retried {
+		c.retried = true
+		acts.retry = true
+		return
+	}
+	h.endLocked(c)
+}
+
+// act does what a walk of c decided, outside the hub's lock.
+func (h *wakeHub) act(c *wakeChain, reply string, acts *wakeActions) {
+	if len(acts.local) > 0 {
+		value, rev := acts.payload[wakeRevLen:], c.rev
+		for _, w := range acts.local {
+			if w.deliver(value, rev) {
+				h.local.Add(1)
+			}
+		}
+	}
+	if len(acts.publish) > 0 {
+		replyTo := reply + strconv.FormatUint(c.id, 10)
+		for _, subj := range acts.publish {
+			h.published.Add(1) // before the send: the waiter may count first
+			if err := h.nc.PublishRequest(subj, replyTo, acts.payload); err != nil {
+				h.published.Add(^uint64(0))
+				// A closed connection, or a buffer full while
+				// reconnecting: the wake-up is lost, the waiters'
+				// rechecks find the state.
+				h.dropped.Add(1)
+				h.mu.Lock()
+				h.endLocked(c)
+				h.mu.Unlock()
+				return
+			}
+		}
+	}
+	if acts.retry {
+		time.AfterFunc(h.retry, func() { h.retryChain(c, reply) })
+	}
+}
+
+// retryChain sends chain c, which found no waiter, once more from its
+// first target, unless a newer state of its key was published meanwhile.
+func (h *wakeHub) retryChain(c *wakeChain, reply string) {
+	h.mu.Lock()
+	if c.done || h.latest[c.key] != c {
+		h.mu.Unlock()
+		h.retrySkipped.Add(1)
+		return
+	}
+	h.retried.Add(1)
+	c.next, c.sent, c.delivered = 0, 0, 0
+	for i := range c.targets {
+		c.targets[i].state = wakeUnused
+	}
+	var acts wakeActions
+	h.walkLocked(c, &acts)
+	h.mu.Unlock()
+	h.act(c, reply, &acts)
+}
+
+// onReply handles an answer to a published wake-up: "no responders" (status
+// 503, header Nats-Subject naming the target) moves its chain on to the
+// next target.
+func (h *wakeHub) onReply(m *nats.Msg) {
+	if m.Header.Get("Status") != "503" {
+		return
+	}
+	h.noResponders.Add(1)
+	reply, ok := h.replySubjects()
+	if !ok {
+		return
+	}
+	id, err := strconv.ParseUint(strings.TrimPrefix(m.Subject, reply), 10, 64)
+	if err != nil {
+		return
+	}
+	target := m.Header.Get("Nats-Subject")
+	h.mu.Lock()
+	c := h.chains[id]
+	if c == nil || c.done {
+		h.mu.Unlock()
+		return
+	}
+	var acts wakeActions
+	for i := range c.targets[:c.next] {
+		if tg := &c.targets[i]; tg.subject == target && tg.state == wakeSent {
+			tg.state = wakeNoWaiter
+			c.sent--
+			h.walkLocked(c, &acts)
+			break
+		}
+	}
+	h.mu.Unlock()
+	h.act(c, reply, &acts)
+}
+
+// endLocked ends chain c: nothing moves it on any more. It stays in
+// h.order (and in h.latest while it is the newest of its key) until it
+// expires, so that an older state of its key is not published after it.
+func (h *wakeHub) endLocked(c *wakeChain) {
+	if c.done {
+		return
+	}
+	c.done = true
+	delete(h.chains, c.id)
+	h.keptBytes -= len(c.payload)
+	c.payload, c.targets = nil, nil
+}
+
+// expireLocked forgets the chains older than wakeChainTTL, and the oldest
+// beyond wakeChainsMax or wakeKeptBytesMax.
+func (h *wakeHub) expireLocked(now time.Time) {
+	n := 0
+	for n < len(h.order) && (len(h.order)-n >= wakeChainsMax || h.keptBytes > wakeKeptBytesMax || now.Sub(h.order[n].born) > wakeChainTTL) {
+		c := h.order[n]
+		h.endLocked(c)
+		if h.latest[c.key] == c {
+			delete(h.latest, c.key)
+		}
+		h.order[n] = nil
+		n++
+	}
+	if n > 0 {
+		h.order = h.order[n:]
+		if cap(h.order) > 64 && len(h.order) < cap(h.order)/4 {
+			h.order = append([]*wakeChain(nil), h.order...) // let the old array go
+		}
+	}
+}
+
+// subscribe registers fn as a waiter on subject, subscribing to it when it
+// is the subject's first.
+func (h *wakeHub) subscribe(subject string, fn func([]byte, uint64)) (func(), error) {
+	w := &wakeWaiter{fn: fn}
+	h.mu.Lock()
+	e := h.subs[subject]
+	if e != nil {
+		e.waiters = append(e.waiters, w)
+		h.mu.Unlock()
+		return h.stopper(e, w), nil
+	}
+	e = &wakeSubject{subject: subject, waiters: []*wakeWaiter{w}}
+	h.subs[subject] = e
+	if h.disp == nil {
+		h.disp = &wakeDispatcher{ch: make(chan *nats.Msg, wakeDispatchBuffer), quit: make(chan struct{})}
+		go h.dispatch(h.disp)
+	}
+	h.live++
+	e.disp = h.disp
+	h.mu.Unlock()
+
+	sub, err := h.nc.ChanSubscribe(subject, e.disp.ch)
+	if err != nil {
+		h.subClosed(e)
+		return nil, fmt.Errorf("jobkeys: subscribe to wake-up subject %q: %w", subject, err)
+	}
+	sub.SetClosedHandler(func(string) { h.subClosed(e) })
+	h.mu.Lock()
+	e.sub = sub
+	orphan := len(e.waiters) == 0 // every waiter stopped meanwhile
+	h.mu.Unlock()
+	if !sub.IsValid() {
+		h.subClosed(e) // closed before its handler was set
+	}
+	if orphan {
+		_ = sub.Unsubscribe() // an error means it is closed already
+		return h.stopper(e, w), nil
+	}
+	// Wait (briefly) for the server to have the subscription: a waiter
+	// that trusts a state it saw just before it subscribed must not be
+	// left with a wake-up, and its one retry, sent while the SUB was
+	// still in the client's buffer or on the wire. The caller measures
+	// how long ago it saw the state after this returns, so a slow or
+	// failed confirmation makes it read the key instead (the read's
+	// request follows the SUB on the connection).
+	_ = h.nc.FlushTimeout(wakeSubscribeConfirm)
+	return h.stopper(e, w), nil
+}
+
+// stopper returns the stop function of waiter w on e.
+func (h *wakeHub) stopper(e *wakeSubject, w *wakeWaiter) func() {
+	var once sync.Once
+	return func() {
+		once.Do(func() {
+			w.mu.Lock()
+			w.stopped = true
+			w.mu.Unlock()
+			h.mu.Lock()
+			if i := indexOf(e.waiters, w); i >= 0 {
+				e.waiters = append(e.waiters[:i], e.waiters[i+1:]...)
+			}
+			var sub *nats.Subscription
+			if len(e.waiters) == 0 {
+				if h.subs[e.subject] == e {
+					delete(h.subs, e.subject)
+				}
+				sub = e.sub // nil while subscribing: subscribe unsubscribes it
+			}
+			h.mu.Unlock()
+			if sub != nil {
+				_ = sub.Unsubscribe() // an error means it is closed already
+			}
+		})
+	}
+}
+
+func indexOf(ws []*wakeWaiter, w *wakeWaiter) int {
+	for i, x := range ws {
+		if x == w {
+			return i
+		}
+	}
+	return -1
+}
+
+// subClosed records that e's subscription closed (unsubscribed, or the
+// connection closed); the dispatcher ends with the last live one. nats.go
+// calls it under its own locks: it must not call into nats.go.
+func (h *wakeHub) subClosed(e *wakeSubject) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if e.closed {
+		return
+	}
+	e.closed = true
+	if h.subs[e.subject] == e {
+		delete(h.subs, e.subject)
+	}
+	h.live--
+	if h.live == 0 && h.disp != nil {
+		close(h.disp.quit)
+		h.disp = nil
+	}
+}
+
+// dispatch hands the wake-ups delivered to d's channel to their waiters
+// until d is no longer needed.
+func (h *wakeHub) dispatch(d *wakeDispatcher) {
+	var waiters []*wakeWaiter
+	for {
+		select {
+		case <-d.quit:
+			return
+		case m := <-d.ch:
+			if len(m.Data) < wakeRevLen {
+				h.malformed.Add(1)
+				continue
+			}
+			rev := binary.BigEndian.Uint64(m.Data)
+			value := m.Data[wakeRevLen:]
+			h.mu.Lock()
+			if e := h.subs[m.Subject]; e != nil {
+				waiters = append(waiters[:0], e.waiters...)
+			}
+			h.mu.Unlock()
+			handed := false
+			for _, w := range waiters {
+				handed = w.deliver(value, rev) || handed
+			}
+			if handed {
+				h.received.Add(1)
+			}
+			clear(waiters)
+			waiters = waiters[:0]
+		}
+	}
+}

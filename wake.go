@@ -1,0 +1,271 @@
+package jobkeys
+
+import (
+	"errors"
+	"fmt"
+	"sync/atomic"
+	"time"
+)
+
+// Targeted wake-ups (see WithWakeUps): the coordinator side, which sends a
+// wake-up after each committed write that leaves slots free with jobs
+// queued, and the Watcher side, on which a Runner's blocked acquisition
+// waits for the wake-ups of its own job instead of a watch of the key.
+
+// errWakeLost ends a woken waiter's try whose write lost its
+// compare-and-swap (see waitTry.wake): the Runner waits for the next
+// wake-up, which the write that won sends when it leaves a slot free.
+var errWakeLost = errors.New("jobkeys: a woken acquisition lost its compare-and-swap")
+
+// wakeStoreOf returns store's targeted wake-ups, or nil when it has none
+// or they are off.
+func wakeStoreOf(store any) wakeStore {
+	ws, ok := store.(wakeStore)
+	if !ok || !ws.wakeUps() {
+		return nil
+	}
+	return ws
+}
+
+// wakeTrustAge is how recently a Run's coordinator must have learned the
+// state by which the Run is blocked for the Run to wait on it for a
+// wake-up once subscribed, without a read: a wake-up sent after that
+// state but before the subscription reached the server finds nobody, and
+// is sent once more wakeRetry (2 ms) later, which must find the
+// subscription in place. subscribeWake returns once the server confirmed
+// the subscription (or gave no answer within wakeSubscribeConfirm, and
+// the Run then reads), so a Run that trusts had its subscription in
+// place within wakeTrustAge of the state.
+const wakeTrustAge = time.Millisecond
+
+// wakeTargetsMax bounds the queued jobs one wake-up may be offered to
+// beyond the free slots (the store moves it on past jobs with no waiter,
+// one "no responders" answer each): a Run with more queued jobs ahead of
+// it that nobody waits for is woken by its recheck.
+const wakeTargetsMax = wakeWalkExtra
+
+// publishWakes sends, after a committed write of key that left it at state
+// st (revision rev, its stored value value) from state prev, a wake-up to
+// the waiters of the first queued jobs that may take the slots st leaves
+// free: every queued job but those this write queued (whoever admitted
+// them acts on the outcome). Any write does, a renewal too: a woken
+// waiter's acquisition in flight loses to it, and waits for the wake-up
+// of the write it lost to (see errWakeLost). A state with no slot free, or
+// no job queued before the write, sends nothing: a heartbeat of a full key
+// wakes nobody. Called holding the key's lane, with no lock held.
+func (c *KeyCoordinator) publishWakes(key JobKey, prev, st *KeyState, rev uint64, value []byte) {
+	if prev == nil || len(st.Queued) == 0 {
+		return
+	}
+	now := c.cfg.Now()
+	live := 0
+	for i := range st.Active {
+		if st.Active[i].LeaseExpiresAt.After(now) {
+			live++
+		}
+	}
+	free := st.MaxActive - live
+	if free <= 0 {
+		return
+	}
+	var targets []string
+	var before map[string]struct{} // prev's queue, when it is long
+	if len(prev.Queued) > 16 {
+		before = make(map[string]struct{}, len(prev.Queued))
+		for i := range prev.Queued {
+			before[prev.Queued[i].JobID] = struct{}{}
+		}
+	}
+	for i := range st.Queued {
+		id := st.Queued[i].JobID
+		if before != nil {
+			if _, ok := before[id]; !ok {
+				continue // queued by this write
+			}
+		} else if indexQueued(prev.Queued, id) < 0 {
+			continue // queued by this write
+		}
+		targets = append(targets, id)
+		if len(targets) == free+wakeTargetsMax {
+			break
+		}
+	}
+	if len(targets) > 0 {
+		c.wakes.publishWakes(key.Service, key.KVKey, value, rev, targets, free)
+	}
+}
+
+// lastValue returns the value of the last state a committed write stored:
+// buf itself, or, for a batch (ends the end of each of its values in
+// buf), the last of them.
+func lastValue(buf []byte, ends []int, batch bool) []byte {
+	if !batch || len(ends) == 0 {
+		return buf
+	}
+	from := 0
+	if len(ends) > 1 {
+		from = ends[len(ends)-2]
+	}
+	return buf[from:ends[len(ends)-1]]
+}
+
+// wakeUps returns the targeted wake-ups of w's store, or nil: a Watcher
+// over a store with them on lets its Runners' blocked acquisitions wait
+// for wake-ups (subscribeWake) instead of its watch.
+func (w *Watcher) wakeUps() wakeStore {
+	if w == nil || w.store == nil {
+		return nil
+	}
+	return wakeStoreOf(w.store)
+}
+
+// subscribeWake is subscribeWaiter over targeted wake-ups: the
+// subscription is signalled by the wake-ups sent to job jobID of kvKey,
+// whose states it hands to t, the key table of the waiter's coordinator,
+// as states seen stored (keyEntry.observe: the next try starts from it,
+// without a read). It does not start the Watcher's watch. t's entry of
+// the key is kept while the subscription lasts.
+func (w *Watcher) subscribeWake(service, kvKey, jobID string, t *keyTable) (*Subscription, error) {
+	ws := w.wakeUps()
+	if ws == nil {
+		return nil, fmt.Errorf("%w: subscribe to %s: the Watcher's store has no wake-ups", ErrInvalidRequest, kvKey)
+	}
+	w.mu.Lock()
+	if w.closed {
+		w.mu.Unlock()
+		return nil, fmt.Errorf("%w: subscribe to %s", ErrWatcherClosed, kvKey)
+	}
+	sub := &Subscription{w: w, kvKey: kvKey, changed: make(chan struct{}, 1), done: make(chan struct{}), wake: &wakeWait{table: t}}
+	if w.wakeSubs == nil {
+		w.wakeSubs = make(map[string]map[*Subscription]struct{})
+	}
+	subs := w.wakeSubs[kvKey]
+	if subs == nil {
+		subs = make(map[*Subscription]struct{})
+		w.wakeSubs[kvKey] = subs
+	}
+	subs[sub] = struct{}{}
+	w.mu.Unlock()
+
+	e := t.pin(kvKey)
+	stop, err := ws.subscribeWake(service, kvKey, jobID, func(value []byte, rev uint64) {
+		st := t.held(kvKey, rev, value)
+		if st == nil {
+			var err error
+			if st, err = decodeState(value); err != nil || st.Service != service || kvKeyFor(st.Service, st.JobType, st.KeyHash) != kvKey {
+				return // not this key's state: the Runner's recheck reads it
+			}
+		}
+		e.observe(st, rev, e.feedMark())
+		for old := sub.wake.rev.Load(); old < rev && !sub.wake.rev.CompareAndSwap(old, rev); old = sub.wake.rev.Load() {
+		}
+		sub.wakeSignal() // after the revision is stored: see rearmWake
+	})
+	if err != nil {
+		t.unpin(kvKey, e)
+		w.mu.Lock()
+		w.forgetWake(sub)
+		w.mu.Unlock()
+		return nil, err
+	}
+	w.mu.Lock()
+	if sub.wake.closed {
+		// Closed meanwhile (Watcher.Close), before it had these to end.
+		// The entry stays for the caller to look at (Runner.acquire),
+		// unpinned: Done is closed, the caller goes no further.
+		sub.wake.entry = e
+		w.mu.Unlock()
+		stop()
+		t.unpin(kvKey, e)
+		return sub, nil
+	}
+	sub.wake.entry, sub.wake.stop = e, stop
+	w.mu.Unlock()
+	return sub, nil
+}
+
+// wakeWait is the state of a Subscription made by subscribeWake.
+type wakeWait struct {
+	table *keyTable
+	// entry (pinned while the subscription lasts) and stop (ends the
+	// store's subscription) are set once subscribed; guarded by
+	// Watcher.mu.
+	entry *keyEntry
+	stop  func()
+	rev   atomic.Uint64
+	// closed is set once Close ran; guarded by Watcher.mu.
+	closed bool
+}
+
+// wakeSignal is signal for a wake-up subscription, from the store's
+// delivery.
+func (s *Subscription) wakeSignal() {
+	select {
+	case s.changed <- struct{}{}:
+	default:
+	}
+}
+
+// rearmWake is rearm for a wake-up subscription: a signal pending from
+// before the try is dropped, unless a wake-up of a later revision than the
+// try's came meanwhile. The drain comes first: a wake-up whose revision
+// is stored after the check below signals after the drain (see
+// subscribeWake), so none is lost between them.
+func (s *Subscription) rearmWake(seen uint64) {
+	select {
+	case <-s.changed:
+	default:
+	}
+	if h := rearmWakeHook; h != nil {
+		h(s)
+	}
+	if seen != 0 && s.wake.rev.Load() > seen {
+		s.wakeSignal()
+	}
+}
+
+// rearmWakeHook, when set (by a test, before any Run), runs in rearmWake
+// between its drain and its check, where a wake-up's delivery may come.
+var rearmWakeHook func(*Subscription)
+
+// closeWake ends a wake-up subscription, once.
+func (s *Subscription) closeWake() {
+	s.w.mu.Lock()
+	if s.wake.closed {
+		s.w.mu.Unlock()
+		return
+	}
+	s.wake.closed = true
+	s.w.forgetWake(s)
+	// nil while subscribeWake is still subscribing: it ends them then.
+	stop, entry := s.wake.stop, s.wake.entry
+	s.w.mu.Unlock()
+	if stop != nil {
+		stop()
+	}
+	if entry != nil {
+		s.wake.table.unpin(s.kvKey, entry)
+	}
+	s.end()
+}
+
+// wakeSubscriptions returns how many subscriptions of subscribeWake are
+// open: the Runs waiting for wake-ups (tests wait for them).
+func (w *Watcher) wakeSubscriptions() int {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	n := 0
+	for _, subs := range w.wakeSubs {
+		n += len(subs)
+	}
+	return n
+}
+
+// forgetWake removes s from w.wakeSubs. Called with w.mu held.
+func (w *Watcher) forgetWake(s *Subscription) {
+	subs := w.wakeSubs[s.kvKey]
+	delete(subs, s)
+	if len(subs) == 0 {
+		delete(w.wakeSubs, s.kvKey)
+	}
+}
