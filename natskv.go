@@ -245,12 +245,14 @@ func WithCreateBuckets(storage jetstream.StorageType, replicas int) NATSStoreOpt
 }
 
 // WithWakeUps turns on targeted wake-ups for every [KeyCoordinator] and
-// [Watcher] over the store: a write that leaves a slot of a key free
-// sends the state it wrote, on core NATS, to the job at the head of the
-// key's queue, whose blocked [Runner] subscribes to a subject of its own
-// (no KV watch), so that a release wakes as many waiters as it frees
-// slots and they acquire without reading the key. Each process (each
-// store) delivers to its own waiters in memory.
+// [Watcher] over the store: a write that leaves slots of a key free sends
+// the state it wrote, on core NATS, to the first jobs of the key's queue,
+// as many as there are free slots, whose blocked [Runner]s subscribe to a
+// subject of their own job (no KV watch), so that a release wakes as many
+// waiters as it frees slots and they acquire without reading the key.
+// Each process (each store) delivers to its own waiters in memory. See
+// the README's "Targeted wake-ups" for what is left to a Runner's
+// RecheckInterval.
 //
 // The subject of job J of KV key K in bucket B (see
 // [NATSStore.BucketName]) is "<prefix>.B.K.T", T the unpadded base64url
