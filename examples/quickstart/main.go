@@ -189,6 +189,7 @@ func run() error {
 type node struct {
 	name   string
 	nc     *nats.Conn
+	store  *jobs.NATSStore
 	client *jobs.Client
 }
 
@@ -214,6 +215,7 @@ func (n *node) setup(aud *audit) error {
 	if err != nil {
 		return err
 	}
+	n.store = store
 	keys, err := jobkeys.NewNATSStore(js, jobkeys.WithCreateBuckets(jetstream.MemoryStorage, 1))
 	if err != nil {
 		return err
@@ -268,7 +270,18 @@ func (n *node) setup(aud *audit) error {
 	})
 }
 
-func (n *node) close() { n.nc.Close() }
+// close waits briefly for the job store's background purges, then closes
+// the connection.
+func (n *node) close() {
+	if n.store != nil {
+		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+		defer cancel()
+		if err := n.store.Close(ctx); err != nil {
+			fmt.Fprintf(os.Stderr, "%s: %v\n", n.name, err)
+		}
+	}
+	n.nc.Close()
+}
 
 // audit records, from the handlers themselves, who ran and how many jobs
 // of a tenant ran at once.
