@@ -69,21 +69,32 @@ func (c *KeyCoordinator) publishWakes(key JobKey, prev, st *KeyState, rev uint64
 		return
 	}
 	var targets []string
-	var before map[string]struct{} // prev's queue, when it is long
-	if len(prev.Queued) > 16 {
-		before = make(map[string]struct{}, len(prev.Queued))
-		for i := range prev.Queued {
-			before[prev.Queued[i].JobID] = struct{}{}
-		}
-	}
+	// The reducers keep the order of the queued jobs (they remove some and
+	// append): each is looked for in prev's queue after the last one found
+	// there, and only one not found there (queued by this write, or the
+	// order changed) in all of it, in a set once it is long. The walk
+	// stops at the targets' bound: a long queue costs no more than its
+	// first targets.
+	var before map[string]struct{} // prev's queue, once needed
+	from := 0                      // prev.Queued[from:] follows the last job found
 	for i := range st.Queued {
 		id := st.Queued[i].JobID
-		if before != nil {
-			if _, ok := before[id]; !ok {
+		if k := indexQueued(prev.Queued[from:], id); k >= 0 {
+			from += k + 1
+		} else {
+			if before == nil && len(prev.Queued) > 16 {
+				before = make(map[string]struct{}, len(prev.Queued))
+				for j := range prev.Queued {
+					before[prev.Queued[j].JobID] = struct{}{}
+				}
+			}
+			if before != nil {
+				if _, ok := before[id]; !ok {
+					continue // queued by this write
+				}
+			} else if indexQueued(prev.Queued[:from], id) < 0 {
 				continue // queued by this write
 			}
-		} else if indexQueued(prev.Queued, id) < 0 {
-			continue // queued by this write
 		}
 		targets = append(targets, id)
 		if len(targets) == free+wakeTargetsMax {
