@@ -27,7 +27,9 @@ func TestRunnerWokenThroughReplacedRevision(t *testing.T) {
 	payload := benchPayload(0)
 	mine := newWorkerProcess(t, s, service, policy, nil, nil)
 	other := newWorkerProcess(t, s, service, policy, nil, nil)
-	r, err := NewRunner(mine.jt, &RunnerConfig{Watcher: mine.w, RecheckInterval: time.Hour})
+	blocked := make(chan struct{}, 1)
+	r, err := NewRunner(mine.jt, &RunnerConfig{Watcher: mine.w, RecheckInterval: time.Hour,
+		OnBlocked: func(string, Acquisition) { blocked <- struct{}{} }})
 	require.NoError(t, err)
 	kvKey := mustKey(t, mine.jt, payload).KVKey
 
@@ -46,6 +48,13 @@ func TestRunnerWokenThroughReplacedRevision(t *testing.T) {
 		_, runErr = r.Run(ctx, "m1", payload, func(context.Context, Lease) error { return nil })
 	}()
 	awaitOneWaiter(t, mine.w, service, kvKey, "m1 never waited")
+	// And its try after subscribing is over (it may read the key, which,
+	// after the release below, would find the slot free: CI saw it once).
+	select {
+	case <-blocked:
+	case <-time.After(rtWait):
+		t.Fatal("m1 never started to wait")
+	}
 
 	// mine's Watcher's consumer is the only one on the bucket's stream.
 	stream, err := mine.store.js.Stream(ctx, "KV_"+mine.store.BucketName(service))
