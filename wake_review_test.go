@@ -134,15 +134,10 @@ func TestWakeUpsSubscriptionInFlight(t *testing.T) {
 	_, js := natstest.ConnectURL(t, line.URL())
 	b := newWakeProcOn(t, js, "wakeinflight", policy, true, time.Hour)
 
-	releaseA := make(chan struct{})
-	heldA, doneA := a.runAsync(t, ctx, "job-a", releaseA)
-	recv(t, heldA, "job-a's slot")
-	open := make(chan struct{})
-	close(open)
-	heldB, doneB := b.runAsync(t, ctx, "job-b", open)
+	releaseA := a.holdSlot(t, ctx, "job-a")
+	heldB, doneB := b.runAsync(t, ctx, "job-b", released())
 	b.waitBlocked(t, ctx, "job-b")
-	close(releaseA) // at once: job-b's subscription may be on the wire
-	require.NoError(t, <-doneA)
+	releaseA() // at once: job-b's subscription may be on the wire
 	select {
 	case <-heldB:
 	case <-time.After(20 * time.Second):
@@ -174,9 +169,7 @@ func TestWakeUpsWatcherCloseWhileSubscribing(t *testing.T) {
 	defer close(releaseA)
 	heldA, _ := a.runAsync(t, ctx, "job-a", releaseA)
 	recv(t, heldA, "job-a's slot")
-	open := make(chan struct{})
-	close(open)
-	_, doneB := b.runAsync(t, ctx, "job-b", open)
+	_, doneB := b.runAsync(t, ctx, "job-b", released())
 	// The Run's first try decides on the admission's state, without a
 	// read: it subscribes at once, and waits for the confirmation.
 	require.Eventually(t, func() bool { return b.w.wakeSubscriptions() == 1 }, 10*time.Second, 100*time.Microsecond)
@@ -209,12 +202,8 @@ func TestWakeUpsAfterReconnect(t *testing.T) {
 		nats.ReconnectHandler(func(*nats.Conn) { reconnected <- struct{}{} }))
 	b := newWakeProcOn(t, js, "wakereconnect", policy, true, time.Hour)
 
-	releaseA := make(chan struct{})
-	heldA, doneA := a.runAsync(t, ctx, "job-a", releaseA)
-	recv(t, heldA, "job-a's slot")
-	open := make(chan struct{})
-	close(open)
-	heldB, doneB := b.runAsync(t, ctx, "job-b", open)
+	releaseA := a.holdSlot(t, ctx, "job-a")
+	heldB, doneB := b.runAsync(t, ctx, "job-b", released())
 	b.waitBlocked(t, ctx, "job-b")
 
 	// Drop b's connection (the proxy's side of it); the client reconnects
@@ -229,8 +218,7 @@ func TestWakeUpsAfterReconnect(t *testing.T) {
 	recv(t, reconnected, "b's reconnection")
 	require.NoError(t, nc.FlushWithContext(ctx), "b's subscriptions are at the server again")
 
-	close(releaseA)
-	require.NoError(t, <-doneA)
+	releaseA()
 	select {
 	case <-heldB:
 	case <-time.After(20 * time.Second):

@@ -67,6 +67,25 @@ func newWakeProcOn(t *testing.T, js jetstream.JetStream, service string, policy 
 	return &wakeProc{store: store, reads: cs.totals, c: c, jt: jt, w: w, r: r, blocked: blocked}
 }
 
+// holdSlot runs job id through p's Runner and returns once its handler
+// holds the slot; release makes the handler return and waits for the Run
+// to end with no error.
+func (p *wakeProc) holdSlot(t *testing.T, ctx context.Context, id string) (release func()) {
+	t.Helper()
+	unblock := make(chan struct{})
+	held, done := p.runAsync(t, ctx, id, unblock)
+	select {
+	case <-held:
+	case <-ctx.Done():
+		t.Fatalf("%s never got the slot", id)
+	}
+	return func() {
+		t.Helper()
+		close(unblock)
+		require.NoError(t, <-done)
+	}
+}
+
 // awaitRun waits until a runAsync's handler ran (held) and its Run
 // returned with no error; what says what failed if the handler did not
 // run before ctx ended.
@@ -141,17 +160,14 @@ func TestWakeUpsWakeOtherProcess(t *testing.T) {
 	a := newWakeProc(t, s, "wakeother", policy, true, time.Hour)
 	b := newWakeProc(t, s, "wakeother", policy, true, time.Hour)
 
-	releaseA := make(chan struct{})
-	heldA, doneA := a.runAsync(t, ctx, "job-a", releaseA)
-	<-heldA
+	releaseA := a.holdSlot(t, ctx, "job-a")
 	heldB, doneB := b.runAsync(t, ctx, "job-b", released())
 	// Wait until b's Run waits on its wake-up subscription.
 	b.waitBlocked(t, ctx, "job-b")
 	require.Equal(t, 1, b.w.wakeSubscriptions())
 	readsBefore := b.reads.reads.Load()
 	sentBefore := a.store.wakeCounters().Published
-	close(releaseA)
-	require.NoError(t, <-doneA)
+	releaseA()
 	awaitRun(t, ctx, heldB, doneB, "job-b was not woken by job-a's release")
 	assert.Equal(t, readsBefore, b.reads.reads.Load(), "reads of the key by the woken process")
 	assert.Zero(t, b.r.rechecks.Load(), "rechecks")
@@ -242,13 +258,10 @@ func TestWakeUpsFallBackToRecheck(t *testing.T) {
 	a := newWakeProc(t, s, "wakefallback", policy, false, time.Hour)
 	b := newWakeProc(t, s, "wakefallback", policy, true, 200*time.Millisecond)
 
-	releaseA := make(chan struct{})
-	heldA, doneA := a.runAsync(t, ctx, "job-a", releaseA)
-	<-heldA
+	releaseA := a.holdSlot(t, ctx, "job-a")
 	heldB, doneB := b.runAsync(t, ctx, "job-b", released())
 	b.waitBlocked(t, ctx, "job-b")
-	close(releaseA)
-	require.NoError(t, <-doneA)
+	releaseA()
 	awaitRun(t, ctx, heldB, doneB, "job-b did not get the slot at its recheck")
 	assert.Positive(t, b.r.rechecks.Load(), "rechecks")
 	assert.Zero(t, b.store.wakeCounters().Received, "wake-ups received")
@@ -322,9 +335,7 @@ func TestWakeUpsPassOverDeadWaiter(t *testing.T) {
 	dead := newWakeProc(t, s, "wakedead", policy, true, time.Hour)
 	b := newWakeProc(t, s, "wakedead", policy, true, time.Hour)
 
-	releaseA := make(chan struct{})
-	heldA, doneA := a.runAsync(t, ctx, "job-a", releaseA)
-	<-heldA
+	releaseA := a.holdSlot(t, ctx, "job-a")
 	// The dead process's job is queued first and its Run waits.
 	dctx, dcancel := context.WithCancel(ctx)
 	never := make(chan struct{})
@@ -345,8 +356,7 @@ func TestWakeUpsPassOverDeadWaiter(t *testing.T) {
 	require.Eventually(t, func() bool { return !s.GlobalAccount().SubscriptionInterest(deadSubject) }, 10*time.Second, time.Millisecond,
 		"the server drops the dead process's subscription")
 
-	close(releaseA)
-	require.NoError(t, <-doneA)
+	releaseA()
 	awaitRun(t, ctx, heldB, doneB, "job-b was not woken past the dead head of the queue")
 	assert.Zero(t, b.r.rechecks.Load(), "rechecks")
 	assert.Positive(t, a.store.wakeCounters().NoResponders, "the head's wake-up found nobody")
@@ -485,9 +495,7 @@ func TestWakeUpsPastJobsNobodyWaitsFor(t *testing.T) {
 	a := newWakeProc(t, s, "wakepast", policy, true, time.Hour)
 	b := newWakeProc(t, s, "wakepast", policy, true, time.Hour)
 
-	releaseA := make(chan struct{})
-	heldA, doneA := a.runAsync(t, ctx, "job-a", releaseA)
-	<-heldA
+	releaseA := a.holdSlot(t, ctx, "job-a")
 	for i := range 40 {
 		adm, err := a.jt.Admit(ctx, fmt.Sprintf("unclaimed-%d", i), benchPayload(0))
 		require.NoError(t, err)
@@ -495,8 +503,7 @@ func TestWakeUpsPastJobsNobodyWaitsFor(t *testing.T) {
 	}
 	heldB, doneB := b.runAsync(t, ctx, "job-b", released())
 	b.waitBlocked(t, ctx, "job-b")
-	close(releaseA)
-	require.NoError(t, <-doneA)
+	releaseA()
 	awaitRun(t, ctx, heldB, doneB, "job-b was not woken past the 40 jobs nobody waits for")
 	assert.Zero(t, b.r.rechecks.Load(), "rechecks")
 	assert.GreaterOrEqual(t, a.store.wakeCounters().NoResponders, uint64(40), "the jobs ahead answered no responders")
