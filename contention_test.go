@@ -84,7 +84,15 @@ func (s countingStore) subscribeWake(service, kvKey, jobID string, fn func(value
 	return nil, fmt.Errorf("%w: KV key %q of service %q: the store %T under the counting store carries no wake-ups", ErrInvalidRequest, kvKey, service, s.Store)
 }
 
-var _ wakeStore = countingStore{}
+func (s countingStore) waitsFor(service, kvKey, jobID string) bool {
+	l, ok := s.Store.(localWaiters)
+	return ok && l.waitsFor(service, kvKey, jobID)
+}
+
+var (
+	_ wakeStore    = countingStore{}
+	_ localWaiters = countingStore{}
+)
 
 func counterOf(ctx context.Context) *raceCounter {
 	rc, _ := ctx.Value(raceCounterKey{}).(*raceCounter)

@@ -84,6 +84,16 @@ type wakeStore interface {
 
 var _ wakeStore = (*NATSStore)(nil)
 
+// localWaiters is implemented by wake-up stores that tell whether one of
+// their own waiters waits for a job's wake-ups.
+type localWaiters interface {
+	// waitsFor reports whether a waiter of this store waits for the
+	// wake-ups of job jobID of kvKey in service's bucket.
+	waitsFor(service, kvKey, jobID string) bool
+}
+
+var _ localWaiters = (*NATSStore)(nil)
+
 // wakeCounts are a store's wake-up counters since it was made.
 type wakeCounts struct {
 	Published    uint64 // wake-ups published to other processes (PUBs sent)
@@ -334,6 +344,19 @@ func (s *NATSStore) subscribeWake(service, kvKey, jobID string, fn func(value []
 		return nil, fmt.Errorf("%w: wake-ups of job %q: %q is not a KV key", ErrInvalidRequest, jobID, kvKey)
 	}
 	return s.wake.subscribe(s.wake.subject(s.BucketName(service), kvKey, jobID), fn)
+}
+
+// waitsFor implements localWaiters.
+func (s *NATSStore) waitsFor(service, kvKey, jobID string) bool {
+	h := s.wake
+	if h == nil {
+		return false
+	}
+	subject := h.subject(s.BucketName(service), kvKey, jobID)
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	e := h.subs[subject]
+	return e != nil && len(e.waiters) > 0
 }
 
 // wakeCounters returns the store's wake-up counters (zero when off).

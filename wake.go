@@ -38,6 +38,22 @@ func wakeStoreOf(store any) wakeStore {
 // place within wakeTrustAge of the state.
 const wakeTrustAge = time.Millisecond
 
+// wakeTurnMin is the least time a Run over wake-ups queued behind jobs
+// that free slots are for waits before it tries anyway (see wakeTurn).
+const wakeTurnMin = 200 * time.Millisecond
+
+// wakeTurn is how long a Run over wake-ups that found ahead jobs queued
+// before its turn, with slots free for them, waits before it tries anyway:
+// the write that freed them woke the first of them that wait, and one of
+// theirs wakes it when its turn comes; the try is for jobs ahead nobody
+// waits for on a key nobody writes. It is the Watcher's turn (waiterGrace
+// per job ahead, see keyWatch.turn), but at least wakeTurnMin: over a
+// network a woken job's acquisition takes a wake-up's hop and a write's
+// round trip, and a try before it would take the slot it was woken for.
+func wakeTurn(ahead int) time.Duration {
+	return max(time.Duration(ahead)*waiterGrace, wakeTurnMin)
+}
+
 // wakeTargetsMax bounds the queued jobs one wake-up may be offered to
 // beyond the free slots (the store moves it on past jobs with no waiter,
 // one "no responders" answer each): a Run with more queued jobs ahead of

@@ -1,0 +1,71 @@
+package jobkeys
+
+import (
+	"context"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/jobkeys/jobkeys/internal/natstest"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+)
+
+// TestWakeUpsInTurnAcrossProcesses: the slot of a key frees while job-b,
+// queued first, waits for its wake-up in a process on a slow link (its
+// wake-up and its acquisition take 20 ms each way); job-c, queued behind
+// it in a third process, starts its Run then, on a state too old to wait
+// from, and reads the key: it finds the slot free, which the reducer would
+// let it take, but job-b was woken for it. job-c waits its turn: job-b
+// runs first, then job-c, woken by job-b's release. (job-c used to take
+// the slot, and job-b's woken acquisition lost.)
+func TestWakeUpsInTurnAcrossProcesses(t *testing.T) {
+	t.Parallel()
+	s := natstest.Run(t)
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	policy := Policy{Key: benchPolicy.Key, MaxActive: 1, MaxQueuedPerKey: 8}
+	a := newWakeProc(t, s, "wakeinturn", policy, true, time.Hour)
+	line := startDelayLine(t, benchHostPort(t, s.ClientURL()), 20*time.Millisecond)
+	_, js := natstest.ConnectURL(t, line.URL())
+	b := newWakeProcOn(t, js, "wakeinturn", policy, true, time.Hour)
+	c := newWakeProc(t, s, "wakeinturn", policy, true, time.Hour)
+
+	var mu sync.Mutex
+	var order []string
+	ran := func(id string) {
+		mu.Lock()
+		defer mu.Unlock()
+		order = append(order, id)
+	}
+	releaseA := a.holdSlot(t, ctx, "job-a")
+	heldB, doneB := b.runAsync(t, ctx, "job-b", released())
+	b.waitBlocked(t, ctx, "job-b")
+	go func() {
+		<-heldB
+		ran("job-b")
+	}()
+	payload := benchPayload(0)
+	adm, err := c.jt.Admit(ctx, "job-c", payload)
+	require.NoError(t, err)
+	require.Equal(t, KindAccepted, adm.Kind)
+	time.Sleep(2 * wakeTrustAge) // job-c's Run will not trust its admission's state
+	releaseA()
+	readsBefore := c.reads.reads.Load()
+	doneC := make(chan error, 1)
+	go func() {
+		_, err := c.r.Run(ctx, "job-c", payload, func(context.Context, Lease) error {
+			ran("job-c")
+			return nil
+		})
+		doneC <- err
+	}()
+	require.NoError(t, recv(t, doneB, "job-b's Run"))
+	require.NoError(t, recv(t, doneC, "job-c's Run"))
+	mu.Lock()
+	defer mu.Unlock()
+	assert.Equal(t, []string{"job-b", "job-c"}, order, "the order the jobs ran in")
+	assert.Zero(t, c.r.rechecks.Load(), "job-c's rechecks: its wake-up started its last try")
+	assert.Positive(t, c.reads.reads.Load()-readsBefore, "job-c's Run read the key (the state of its admission was too old to wait from)")
+	assert.Positive(t, c.store.wakeCounters().Received, "job-c's wake-ups received")
+}
