@@ -1,0 +1,244 @@
+package jobkeys_test
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"log/slog"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats-server/v2/server"
+	"github.com/nats-io/nats.go/jetstream"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/jobkeys/jobkeys"
+	"github.com/jobkeys/jobkeys/internal/natstest"
+	"github.com/jobkeys/jobkeys/jobs"
+)
+
+// The jobs runtime (package jobs) over targeted wake-ups, seen from the
+// wake-up counters of its key stores (WakeCountsOf, watch_job_test.go):
+// jobs.Client processes on connections of their own share a job bucket
+// and a key bucket.
+
+var wakeRuntimeSeq atomic.Int64
+
+// readCountingKeys is a key store that counts its reads (Get). It embeds
+// the NATSStore, so it keeps the store's wake-ups and watches.
+type readCountingKeys struct {
+	*jobkeys.NATSStore
+	gets atomic.Int64
+}
+
+func (k *readCountingKeys) Get(ctx context.Context, service, key string) ([]byte, uint64, error) {
+	k.gets.Add(1)
+	return k.NATSStore.Get(ctx, service, key)
+}
+
+// waitingLog is a client's logger that closes seen when the client logs
+// that job waits for its slot.
+type waitingLog struct {
+	job  string
+	once sync.Once
+	seen chan struct{}
+}
+
+func (w *waitingLog) Enabled(context.Context, slog.Level) bool { return true }
+func (w *waitingLog) WithAttrs([]slog.Attr) slog.Handler       { return w }
+func (w *waitingLog) WithGroup(string) slog.Handler            { return w }
+
+func (w *waitingLog) Handle(_ context.Context, r slog.Record) error {
+	if r.Message != "jobs: waiting" {
+		return nil
+	}
+	r.Attrs(func(a slog.Attr) bool {
+		if a.Key == "job" && a.Value.String() == w.job {
+			w.once.Do(func() { close(w.seen) })
+			return false
+		}
+		return true
+	})
+	return nil
+}
+
+// wakeRuntime is the buckets and the kind the processes of one test share.
+type wakeRuntime struct {
+	t       *testing.T
+	srv     *server.Server
+	bucket  string // the job bucket
+	service string // the key layer's
+	policy  jobkeys.Policy
+	gate    chan struct{} // job "a" runs until it closes
+	started chan string   // every job's id as its handler starts
+}
+
+func newWakeRuntime(t *testing.T) *wakeRuntime {
+	n := wakeRuntimeSeq.Add(1)
+	return &wakeRuntime{
+		t: t, srv: natstest.Run(t), bucket: fmt.Sprintf("JOBS_WJ%d", n), service: fmt.Sprintf("wj%d", n),
+		// Claims and leases last two minutes: no expiry wakes a waiter
+		// during the test; the running job heartbeats every 50 ms.
+		policy: jobkeys.Policy{Key: []string{"/doc"}, MaxActive: 1, MaxQueuedPerKey: 5,
+			HeartbeatInterval: 50 * time.Millisecond, HeartbeatTTL: 2 * time.Minute},
+		gate: make(chan struct{}), started: make(chan string, 8),
+	}
+}
+
+// wakeProcess is one process: its key store and its client.
+type wakeProcess struct {
+	keys   *readCountingKeys
+	client *jobs.Client
+}
+
+// process connects a process whose key store has wake-ups if wakeUps is
+// set; its client rechecks blocked jobs every recheck. The client is
+// stopped when the test ends.
+func (e *wakeRuntime) process(wakeUps bool, maxWorkers int, recheck time.Duration, log slog.Handler) *wakeProcess {
+	t := e.t
+	_, js := natstest.Connect(t, e.srv)
+	st, err := jobs.NewNATSStore(js, nil, jobs.WithBucket(e.bucket), jobs.WithCreateBucket(jetstream.MemoryStorage, 1))
+	require.NoError(t, err)
+	opts := []jobkeys.NATSStoreOption{jobkeys.WithCreateBuckets(jetstream.MemoryStorage, 1)}
+	if wakeUps {
+		opts = append(opts, jobkeys.WithWakeUps(""))
+	}
+	ks, err := jobkeys.NewNATSStore(js, opts...)
+	require.NoError(t, err)
+	keys := &readCountingKeys{NATSStore: ks}
+	coord, err := jobkeys.NewCoordinator(keys, nil)
+	require.NoError(t, err)
+	cfg := jobs.ClientConfig{KeyStore: keys, Service: e.service, MaxWorkers: maxWorkers,
+		PollInterval: 20 * time.Millisecond, RecheckInterval: recheck, ReconcileInterval: -1, StopGrace: 2 * time.Second}
+	if log != nil {
+		cfg.Logger = slog.New(log)
+	}
+	c, err := jobs.NewClient(st, coord, &cfg)
+	require.NoError(t, err)
+	require.NoError(t, jobs.Register(c, jobs.Kind[json.RawMessage, string]{Type: "w", Policy: e.policy,
+		Work: func(ctx context.Context, run *jobs.Run, in json.RawMessage) (string, error) {
+			e.started <- run.Job().ID
+			if run.Job().ID == "a" {
+				select {
+				case <-e.gate:
+				case <-ctx.Done():
+				}
+			}
+			return "", nil
+		}}))
+	t.Cleanup(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		defer cancel()
+		assert.NoError(t, c.Stop(ctx))
+	})
+	return &wakeProcess{keys: keys, client: c}
+}
+
+func (e *wakeRuntime) enqueue(p *wakeProcess, id string) {
+	_, err := p.client.Enqueue(context.Background(), jobs.EnqueueRequest{ID: id, ChannelID: "ch", Type: "w", TargetKey: id,
+		IdempotencyKey: id, Fingerprint: id, Input: json.RawMessage(`{"doc":"d"}`)})
+	require.NoError(e.t, err)
+}
+
+// startedJob returns the next job whose handler started, failing the test
+// when none does within 30 s.
+func (e *wakeRuntime) startedJob(what string) string {
+	e.t.Helper()
+	select {
+	case id := <-e.started:
+		return id
+	case <-time.After(30 * time.Second):
+		e.t.Fatalf("no job started: %s", what)
+		return ""
+	}
+}
+
+// kvKey is the KV key of the test's jobs.
+func (e *wakeRuntime) kvKey() string {
+	k, err := jobkeys.DeriveKey(e.service, "w", []byte(`{"doc":"d"}`), e.policy.Key)
+	require.NoError(e.t, err)
+	return k.KVKey
+}
+
+// runAThenB runs job "a" in process A (one worker: it claims nothing else
+// while a runs) and queues job "b" behind it, claimed by process B, and
+// returns once b waits for its slot.
+func (e *wakeRuntime) runAThenB(a, b *wakeProcess, bLog *waitingLog) {
+	ctx := context.Background()
+	e.enqueue(a, "a")
+	require.NoError(e.t, a.client.Start(ctx))
+	require.Equal(e.t, "a", e.startedJob("a in process A"))
+	e.enqueue(a, "b")
+	require.NoError(e.t, b.client.Start(ctx))
+	select {
+	case <-bLog.seen:
+	case <-time.After(30 * time.Second):
+		e.t.Fatal("b never waited for its slot in process B")
+	}
+}
+
+// TestJobsClientWokenByItsOwnWakeUp is the regression test for the jobs
+// runtime over targeted wake-ups, which waited on a KV watch of the key:
+// the release of the slot sent its wake-up to the queued job's subject,
+// where nobody subscribed (every release then walked up to free+64 jobs
+// answered "no responders", twice), and every heartbeat of the running
+// job let a waiter of the key try (a read). Now the blocked job of
+// process B waits for its own job's wake-up: the release in process A
+// reaches it (received, not answered 503), it starts long before its
+// recheck (a minute), and the heartbeats of A's running job, which free
+// nothing, make B read nothing.
+func TestJobsClientWokenByItsOwnWakeUp(t *testing.T) {
+	t.Parallel()
+	e := newWakeRuntime(t)
+	bLog := &waitingLog{job: "b", seen: make(chan struct{})}
+	a := e.process(true, 1, time.Minute, nil)
+	b := e.process(true, 4, time.Minute, bLog)
+	e.runAThenB(a, b, bLog)
+
+	// Heartbeats of a: at least three writes of the key.
+	ctx := context.Background()
+	_, rev0, err := a.keys.NATSStore.Get(ctx, e.service, e.kvKey())
+	require.NoError(t, err)
+	reads0 := b.keys.gets.Load()
+	require.Eventually(t, func() bool {
+		_, rev, err := a.keys.NATSStore.Get(ctx, e.service, e.kvKey())
+		return err == nil && rev >= rev0+3
+	}, 30*time.Second, 10*time.Millisecond, "a's heartbeats")
+	assert.Equal(t, reads0, b.keys.gets.Load(), "reads of process B while a heartbeats (b was tried)")
+	select {
+	case id := <-e.started:
+		t.Fatalf("job %s started while a held the slot", id)
+	default:
+	}
+
+	close(e.gate)
+	// The recheck is a minute away: only a wake-up starts b this soon
+	// (30 s, for a loaded machine).
+	require.Equal(t, "b", e.startedJob("b woken by a's release"))
+	published, local, noResponders, _ := jobkeys.WakeCountsOf(a.keys.NATSStore)
+	_, _, _, received := jobkeys.WakeCountsOf(b.keys.NATSStore)
+	t.Logf("process A: %d wake-ups published, %d local, %d answered 503; process B: %d received", published, local, noResponders, received)
+	assert.Positive(t, published, "wake-ups process A published")
+	assert.Positive(t, received, "wake-ups process B received")
+	assert.Zero(t, noResponders, "wake-ups answered 503: sent to a job nobody waited for")
+}
+
+// TestJobsClientWakeUpsFallBackToRecheck: a writer without wake-ups (a
+// key store without WithWakeUps, as the TS original) releases the slot a
+// job of a process with wake-ups waits for: no wake-up comes, and the job
+// starts at its recheck (200 ms).
+func TestJobsClientWakeUpsFallBackToRecheck(t *testing.T) {
+	t.Parallel()
+	e := newWakeRuntime(t)
+	bLog := &waitingLog{job: "b", seen: make(chan struct{})}
+	a := e.process(false, 1, time.Minute, nil)
+	b := e.process(true, 4, 200*time.Millisecond, bLog)
+	e.runAThenB(a, b, bLog)
+	close(e.gate)
+	require.Equal(t, "b", e.startedJob("b at its recheck after a's release"))
+	_, _, _, received := jobkeys.WakeCountsOf(b.keys.NATSStore)
+	assert.Zero(t, received, "wake-ups received from a writer without wake-ups")
+}
