@@ -20,7 +20,8 @@ import (
 // BenchmarkRuntimeJobCycleWakeUps is BenchmarkRuntimeJobCycle's runtime
 // cases over key stores with targeted wake-ups (jobkeys.WithWakeUps), in
 // one client (procs=1) or two on connections of their own (procs=2, each
-// with half the workers, the jobs enqueued through the first). Run with
+// with half the workers, the jobs enqueued through the first), with the
+// key stores' reads per job (key-reads/op). Run with
 //
 //	go test -run '^$' -bench RuntimeJobCycleWakeUps -benchtime 2000x ./jobs/
 func BenchmarkRuntimeJobCycleWakeUps(b *testing.B) {
@@ -34,11 +35,23 @@ func BenchmarkRuntimeJobCycleWakeUps(b *testing.B) {
 	}
 }
 
+// benchReadKeys is a key store that counts its reads; it embeds the
+// NATSStore, keeping its wake-ups and watches.
+type benchReadKeys struct {
+	*jobkeys.NATSStore
+	gets *atomic.Int64
+}
+
+func (k benchReadKeys) Get(ctx context.Context, service, key string) ([]byte, uint64, error) {
+	k.gets.Add(1)
+	return k.NATSStore.Get(ctx, service, key)
+}
+
 func benchRuntimeWake(b *testing.B, url string, procs, workers, keys int) {
 	n := runtimeSeq.Add(1)
 	bucket, service := fmt.Sprintf("JOBS_RW%d", n), fmt.Sprintf("rw%d", n)
 	inflight := make(chan struct{}, 4*workers)
-	var done, total atomic.Int64
+	var done, total, reads atomic.Int64
 	finished := make(chan struct{})
 	clients := make([]*jobs.Client, procs)
 	for i := range clients {
@@ -51,7 +64,8 @@ func benchRuntimeWake(b *testing.B, url string, procs, workers, keys int) {
 		require.NoError(b, err)
 		ks, err := jobkeys.NewNATSStore(js, jobkeys.WithCreateBuckets(jetstream.MemoryStorage, 1), jobkeys.WithWakeUps(""))
 		require.NoError(b, err)
-		coord, err := jobkeys.NewCoordinator(ks, nil)
+		keyStore := &benchReadKeys{NATSStore: ks, gets: &reads}
+		coord, err := jobkeys.NewCoordinator(keyStore, nil)
 		require.NoError(b, err)
 		signal := &settleSignal{Store: st, settled: func() {
 			<-inflight
@@ -60,7 +74,7 @@ func benchRuntimeWake(b *testing.B, url string, procs, workers, keys int) {
 			}
 		}}
 		c, err := jobs.NewClient(signal, coord, &jobs.ClientConfig{
-			KeyStore: ks, Service: service, MaxWorkers: workers / procs,
+			KeyStore: keyStore, Service: service, MaxWorkers: workers / procs,
 			PollInterval: 10 * time.Millisecond, ReconcileInterval: -1,
 		})
 		require.NoError(b, err)
@@ -78,6 +92,7 @@ func benchRuntimeWake(b *testing.B, url string, procs, workers, keys int) {
 	total.Store(int64(b.N))
 	b.ReportAllocs()
 	b.ResetTimer()
+	reads.Store(0)
 	var next atomic.Int64
 	errs := make(chan error, workers)
 	for range workers {
@@ -103,4 +118,5 @@ func benchRuntimeWake(b *testing.B, url string, procs, workers, keys int) {
 		}
 	}
 	<-finished
+	b.ReportMetric(float64(reads.Load())/float64(b.N), "key-reads/op")
 }
