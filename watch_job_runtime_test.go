@@ -242,3 +242,112 @@ func TestJobsClientWakeUpsFallBackToRecheck(t *testing.T) {
 	_, _, _, received := jobkeys.WakeCountsOf(b.keys.NATSStore)
 	assert.Zero(t, received, "wake-ups received from a writer without wake-ups")
 }
+
+// settleCounter is a job store that calls settled after every successful
+// settle: the end of a job's cycle.
+type settleCounter struct {
+	jobs.Store
+	settled func()
+}
+
+func (s *settleCounter) Settle(ctx context.Context, req jobs.SettleRequest) (jobs.Detail, error) {
+	d, err := s.Store.Settle(ctx, req)
+	if err == nil {
+		s.settled()
+	}
+	return d, err
+}
+
+// BenchmarkJobsClientWakeUps is the jobs runtime's job cycle (enqueue →
+// claim + acquire → settle + release) on one key (MaxActive 1) with 16
+// workers in two clients on connections of their own, over key stores
+// with wake-ups, reporting per job the key stores' reads and their
+// wake-ups: published to the other process, answered "no responders"
+// (503: nobody subscribed to the job's subject) and received. Run with
+//
+//	go test -run '^$' -bench JobsClientWakeUps -benchtime 2000x .
+func BenchmarkJobsClientWakeUps(b *testing.B) {
+	srv := natstest.Run(b)
+	n := wakeRuntimeSeq.Add(1)
+	bucket, service := fmt.Sprintf("JOBS_WB%d", n), fmt.Sprintf("wb%d", n)
+	const workers, procs = 16, 2
+	inflight := make(chan struct{}, 4*workers)
+	var done, total atomic.Int64
+	finished := make(chan struct{})
+	keys := make([]*readCountingKeys, procs)
+	clients := make([]*jobs.Client, procs)
+	ctx := context.Background()
+	for i := range clients {
+		_, js := natstest.Connect(b, srv)
+		st, err := jobs.NewNATSStore(js, nil, jobs.WithBucket(bucket), jobs.WithCreateBucket(jetstream.MemoryStorage, 1))
+		require.NoError(b, err)
+		ks, err := jobkeys.NewNATSStore(js, jobkeys.WithCreateBuckets(jetstream.MemoryStorage, 1), jobkeys.WithWakeUps(""))
+		require.NoError(b, err)
+		keys[i] = &readCountingKeys{NATSStore: ks}
+		coord, err := jobkeys.NewCoordinator(keys[i], nil)
+		require.NoError(b, err)
+		signal := &settleCounter{Store: st, settled: func() {
+			<-inflight
+			if done.Add(1) == total.Load() {
+				close(finished)
+			}
+		}}
+		c, err := jobs.NewClient(signal, coord, &jobs.ClientConfig{KeyStore: keys[i], Service: service,
+			MaxWorkers: workers / procs, PollInterval: 10 * time.Millisecond, ReconcileInterval: -1})
+		require.NoError(b, err)
+		require.NoError(b, jobs.Register(c, jobs.Kind[json.RawMessage, string]{Type: "bench",
+			Policy: jobkeys.Policy{Key: []string{"/doc"}, MaxActive: 1, MaxQueuedPerKey: 4 * workers},
+			Work:   func(ctx context.Context, run *jobs.Run, in json.RawMessage) (string, error) { return "", nil }}))
+		require.NoError(b, c.Start(ctx))
+		b.Cleanup(func() { require.NoError(b, c.Stop(ctx)) })
+		clients[i] = c
+	}
+	type counts struct{ reads, published, noResponders, received uint64 }
+	sum := func() (s counts) {
+		for _, k := range keys {
+			p, _, nr, r := jobkeys.WakeCountsOf(k.NATSStore)
+			s.reads += uint64(k.gets.Load())
+			s.published += p
+			s.noResponders += nr
+			s.received += r
+		}
+		return s
+	}
+	total.Store(int64(b.N))
+	b.ReportAllocs()
+	b.ResetTimer()
+	base := sum()
+	var next atomic.Int64
+	errs := make(chan error, workers)
+	for range workers {
+		go func() {
+			for {
+				i := int(next.Add(1) - 1)
+				if i >= b.N {
+					errs <- nil
+					return
+				}
+				inflight <- struct{}{}
+				id := fmt.Sprint(i)
+				if _, err := clients[0].Enqueue(ctx, jobs.EnqueueRequest{ID: id, ChannelID: "ch", Type: "bench", TargetKey: id,
+					IdempotencyKey: id, Fingerprint: id, Input: json.RawMessage(`{"doc":"d"}`)}); err != nil {
+					errs <- err
+					return
+				}
+			}
+		}()
+	}
+	for range workers {
+		if err := <-errs; err != nil {
+			b.Fatal(err)
+		}
+	}
+	<-finished
+	b.StopTimer()
+	got := sum()
+	per := func(v, from uint64) float64 { return float64(v-from) / float64(b.N) }
+	b.ReportMetric(per(got.reads, base.reads), "key-reads/op")
+	b.ReportMetric(per(got.published, base.published), "wakes-published/op")
+	b.ReportMetric(per(got.noResponders, base.noResponders), "wakes-503/op")
+	b.ReportMetric(per(got.received, base.received), "wakes-received/op")
+}
