@@ -5,12 +5,14 @@ import (
 	"encoding/json"
 	"fmt"
 	"log/slog"
+	"os"
 	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/nats-io/nats-server/v2/server"
+	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
@@ -350,4 +352,120 @@ func BenchmarkJobsClientWakeUps(b *testing.B) {
 	b.ReportMetric(per(got.published, base.published), "wakes-published/op")
 	b.ReportMetric(per(got.noResponders, base.noResponders), "wakes-503/op")
 	b.ReportMetric(per(got.received, base.received), "wakes-received/op")
+}
+
+// A worker runtime of its own waits for a slot as a Runner does over
+// targeted wake-ups: its blocked job subscribes to its own job's
+// wake-ups, tries once more (a release may have come before the
+// subscription), and tries again at each wake-up, keeping a recheck for
+// writers without wake-ups.
+func ExampleWatcher_SubscribeJob() {
+	dir, err := os.MkdirTemp("", "jobkeys-example")
+	if err != nil {
+		fmt.Println(err)
+		return
+	}
+	defer os.RemoveAll(dir)
+	srv, err := server.NewServer(&server.Options{Host: "127.0.0.1", Port: -1, JetStream: true, StoreDir: dir, NoLog: true, NoSigs: true})
+	if err != nil {
+		fmt.Println(err)
+		return
+	}
+	srv.Start()
+	defer srv.WaitForShutdown()
+	defer srv.Shutdown()
+	if !srv.ReadyForConnections(10 * time.Second) {
+		fmt.Println("the server did not start")
+		return
+	}
+	nc, err := nats.Connect(srv.ClientURL())
+	if err != nil {
+		fmt.Println(err)
+		return
+	}
+	defer nc.Close()
+	js, err := jetstream.New(nc)
+	if err != nil {
+		fmt.Println(err)
+		return
+	}
+	store, err := jobkeys.NewNATSStore(js, jobkeys.WithWakeUps(""), jobkeys.WithCreateBuckets(jetstream.MemoryStorage, 1))
+	if err != nil {
+		fmt.Println(err)
+		return
+	}
+	coord, err := jobkeys.NewCoordinator(store, nil)
+	if err != nil {
+		fmt.Println(err)
+		return
+	}
+	jt, err := coord.JobType("billing", "sync", jobkeys.Policy{Key: []string{"/tenant"}, MaxActive: 1, MaxQueuedPerKey: 1})
+	if err != nil {
+		fmt.Println(err)
+		return
+	}
+	watcher, err := jobkeys.NewWatcher(store)
+	if err != nil {
+		fmt.Println(err)
+		return
+	}
+	defer watcher.Close()
+	ctx := context.Background()
+	payload := []byte(`{"tenant":"acme"}`)
+	for _, id := range []string{"sync-1", "sync-2"} {
+		if _, err := jt.Admit(ctx, id, payload); err != nil {
+			fmt.Println(err)
+			return
+		}
+	}
+	first, err := jt.Acquire(ctx, "sync-1", payload)
+	if err != nil {
+		fmt.Println(err)
+		return
+	}
+	fmt.Println("sync-1:", first.Kind)
+
+	// sync-2 is blocked: it waits for its own wake-ups.
+	fmt.Println("wake-ups:", watcher.WakeUps())
+	key, err := jt.Key(payload)
+	if err != nil {
+		fmt.Println(err)
+		return
+	}
+	sub, err := watcher.SubscribeJob(ctx, jt, key.KVKey, "sync-2")
+	if err != nil {
+		fmt.Println(err)
+		return
+	}
+	defer sub.Close()
+	released := make(chan error, 1)
+	go func() { // another worker finishes sync-1
+		_, err := jt.Release(ctx, first.Lease)
+		released <- err
+	}()
+	recheck := time.NewTimer(5 * time.Second)
+	defer recheck.Stop()
+	for {
+		acq, err := jt.Acquire(ctx, "sync-2", payload) // once more after subscribing, then at each wake-up
+		if err != nil {
+			fmt.Println(err)
+			return
+		}
+		if acq.Kind == jobkeys.KindAcquired {
+			fmt.Println("sync-2:", acq.Kind)
+			break
+		}
+		select {
+		case <-sub.Changed():
+		case <-recheck.C: // a writer without wake-ups, or an expired lease
+			recheck.Reset(5 * time.Second)
+		}
+	}
+	if err := <-released; err != nil {
+		fmt.Println(err)
+	}
+	// Output:
+	// sync-1: acquired
+	// wake-ups: true
+	// sync-2: acquired
 }
