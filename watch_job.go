@@ -29,12 +29,15 @@ func (w *Watcher) WakeUps() bool { return w.wakeUps() != nil }
 // The subscription's Changed channel delivers a value after each wake-up
 // sent to the job (coalesced, as every Subscription's): the write of any
 // process with wake-ups on that left a slot free with the job among the
-// first queued ones, as many as the slots it left free. Writes that free
-// nothing (a heartbeat, an admission) signal nothing, nor do wake-ups sent
-// to other jobs of the key. The state each wake-up carries is recorded in
+// first queued ones, as many as the slots it left free (a release,
+// typically; but any write that leaves a slot free, a heartbeat or an
+// admission too, wakes them again). A write that leaves no slot free (a
+// heartbeat of a full key) signals nothing, nor do wake-ups sent to other
+// jobs of the key. The state each wake-up carries is recorded in
 // jt's coordinator as a state seen stored, so that the job's next
 // [JobType.Acquire] starts from it: it writes on it without a read when
-// it has a slot free (a stale one costs a failed write and a read), and
+// it has a slot free (a stale one costs a failed write and a read; a
+// coordinator whose Config.StateCacheSize disables its cache reads), and
 // reads, as every Acquire that finds a key busy on a remembered state
 // does, before it reports the key busy.
 //
