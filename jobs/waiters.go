@@ -9,10 +9,11 @@ import (
 
 // keyWaiters are this client's jobs waiting for a slot on one key (over
 // targeted wake-ups only those no wake-up names: retries and jobs not
-// queued yet; see subscribeJob). They share one watch subscription, and a change of the key lets one of them
-// try (a read), not all: if it gets a slot it passes the turn on, since
-// more slots may be free; if it is blocked, so would the others be, and
-// they wait for the next change (or their own recheck or lease expiry).
+// queued yet; see subscribeJob). They share one watch subscription, and a
+// change of the key lets one of them try (a read), not all: if it gets a
+// slot it passes the turn on, since more slots may be free; if it is
+// blocked, so would the others be, and they wait for the next change (or
+// their own recheck or lease expiry).
 type keyWaiters struct {
 	n    int           // jobs waiting; guarded by Client.mu
 	turn chan struct{} // a change not yet tried; capacity 1
