@@ -21,7 +21,10 @@ import (
 // cases over key stores with targeted wake-ups (jobkeys.WithWakeUps), in
 // one client (procs=1) or two on connections of their own (procs=2, each
 // with half the workers, the jobs enqueued through the first), with the
-// key stores' reads per job (key-reads/op). Run with
+// key stores' reads per job (key-reads/op). As there, a key admits
+// workers/keys jobs at once: no job waits for a slot here (the root
+// package's BenchmarkJobsClientWakeUps is the contended case, MaxActive
+// 1). Run with
 //
 //	go test -run '^$' -bench RuntimeJobCycleWakeUps -benchtime 2000x ./jobs/
 func BenchmarkRuntimeJobCycleWakeUps(b *testing.B) {
