@@ -325,7 +325,30 @@ func (s *NATSStore) publishWakes(service, kvKey string, value []byte, rev uint64
 		s.wake.dropped.Add(1)
 		return
 	}
-	s.wake.publish(s.BucketName(service), kvKey, value, rev, targets, free)
+	s.wake.publish(s.BucketName(service), kvKey, value, rev, targets, free, false)
+}
+
+// wakeAheadStore is implemented by wake-up stores that send a wake-up of
+// a revision again (see KeyCoordinator.wakeAhead).
+type wakeAheadStore interface {
+	// publishWakesAgain is publishWakes, sent even when a wake-up of
+	// that revision (or, for this store, of no newer one) went out
+	// already, to other targets: the one before it ends.
+	publishWakesAgain(service, kvKey string, value []byte, rev uint64, targets []string, free int)
+}
+
+var _ wakeAheadStore = (*NATSStore)(nil)
+
+// publishWakesAgain implements wakeAheadStore.
+func (s *NATSStore) publishWakesAgain(service, kvKey string, value []byte, rev uint64, targets []string, free int) {
+	if s.wake == nil || free <= 0 || len(targets) == 0 {
+		return
+	}
+	if validateService(service) != nil || !validKVKey(kvKey) {
+		s.wake.dropped.Add(1)
+		return
+	}
+	s.wake.publish(s.BucketName(service), kvKey, value, rev, targets, free, true)
 }
 
 // subscribeWake implements wakeStore. fn must not call stop, nor modify
@@ -377,8 +400,10 @@ func (s *NATSStore) wakeCounters() wakeCounts {
 	}
 }
 
-// publish starts the delivery of a wake-up (see publishWakes).
-func (h *wakeHub) publish(bucket, kvKey string, value []byte, rev uint64, targets []string, free int) {
+// publish starts the delivery of a wake-up (see publishWakes); again
+// sends it even if one of that revision went out already (see
+// wakeAheadStore).
+func (h *wakeHub) publish(bucket, kvKey string, value []byte, rev uint64, targets []string, free int, again bool) {
 	reply, ok := h.replySubjects()
 	if !ok {
 		h.dropped.Add(1)
@@ -389,7 +414,7 @@ func (h *wakeHub) publish(bucket, kvKey string, value []byte, rev uint64, target
 		targets = targets[:n]
 	}
 	h.mu.Lock()
-	c, acts := h.startLocked(bucket, kvKey, value, rev, targets, free, time.Now())
+	c, acts := h.startLocked(bucket, kvKey, value, rev, targets, free, time.Now(), again)
 	h.mu.Unlock()
 	if c != nil {
 		h.act(c, reply, &acts)
@@ -398,15 +423,15 @@ func (h *wakeHub) publish(bucket, kvKey string, value []byte, rev uint64, target
 
 // startLocked makes the chain of a wake-up and walks it (see publish); nil
 // when a state of the key at rev or newer was published already.
-func (h *wakeHub) startLocked(bucket, kvKey string, value []byte, rev uint64, targets []string, free int, now time.Time) (*wakeChain, wakeActions) {
+func (h *wakeHub) startLocked(bucket, kvKey string, value []byte, rev uint64, targets []string, free int, now time.Time, again bool) (*wakeChain, wakeActions) {
 	var acts wakeActions
 	h.expireLocked(now)
 	key := h.prefix + bucket + "." + kvKey + "."
 	if prev := h.latest[key]; prev != nil {
-		if prev.rev >= rev {
+		if prev.rev > rev || prev.rev == rev && !again {
 			return nil, acts // a newer state of the key went out already
 		}
-		h.endLocked(prev) // stale: a 503 for it moves nothing on
+		h.endLocked(prev) // stale, or sent again: a 503 for it moves nothing on
 	}
 	payload := make([]byte, wakeRevLen+len(value))
 	binary.BigEndian.PutUint64(payload, rev)

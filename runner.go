@@ -308,6 +308,11 @@ func (r *Runner) acquire(ctx context.Context, jobID string, payload any, opts []
 	inTurnAt := func() {
 		if ahead > 0 {
 			turnAt = time.Now().Add(wakeTurn(ahead))
+			if sub != nil && sub.wake != nil {
+				// The jobs ahead may have nobody waiting for them: their
+				// wake-up passes them over to this one.
+				r.jt.coord.wakeAhead(r.jt.Service(), sub.kvKey, sub.wake.entry, seen, jobID, r.policy.MaxActive)
+			}
 		}
 	}
 	inTurnAt()
@@ -328,10 +333,15 @@ func (r *Runner) acquire(ctx context.Context, jobID string, payload any, opts []
 					// Watcher's rule (see keyWatch.turn).
 					if i := sub.wake.entry.queuedIndex(jobID); i >= free {
 						turnAt = time.Now().Add(wakeTurn(i - free + 1))
+						r.jt.coord.wakeAhead(r.jt.Service(), kvKey, sub.wake.entry, behind, jobID, r.policy.MaxActive)
 					}
 				}
 			}
-			behind = 0
+			if behind = 0; ahead > 0 {
+				// Its first try found it queued behind the jobs the free
+				// slots are for (see inTurnAt).
+				r.jt.coord.wakeAhead(r.jt.Service(), kvKey, sub.wake.entry, seen, jobID, r.policy.MaxActive)
+			}
 			// A wake-up sent before the subscription reached the server
 			// is sent again shortly by its writer when nobody took it
 			// (see WithWakeUps), so a state seen just before the server

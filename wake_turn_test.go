@@ -2,6 +2,7 @@ package jobkeys
 
 import (
 	"context"
+	"fmt"
 	"sync"
 	"testing"
 	"time"
@@ -68,4 +69,53 @@ func TestWakeUpsInTurnAcrossProcesses(t *testing.T) {
 	assert.Zero(t, c.r.rechecks.Load(), "job-c's rechecks: its wake-up started its last try")
 	assert.Positive(t, c.reads.reads.Load()-readsBefore, "job-c's Run read the key (the state of its admission was too old to wait from)")
 	assert.Positive(t, c.store.wakeCounters().Received, "job-c's wake-ups received")
+}
+
+// TestWakeUpsRunWakesPastJobsNobodyWaitsFor: the slot is free, and the
+// Run's job is queued behind 10 jobs nobody waits for on a key nobody
+// writes (the process that admitted them sent their wake-ups already,
+// answered "no responders"). The Run, blocked in turn, sends the state's
+// wake-up to the jobs ahead and itself: each job ahead answers "no
+// responders" and the wake-up comes to the Run, in memory, which takes
+// the slot — not at its turn's timer (wakeTurnMin), nor its recheck.
+func TestWakeUpsRunWakesPastJobsNobodyWaitsFor(t *testing.T) {
+	t.Parallel()
+	s := natstest.Run(t)
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	policy := Policy{Key: benchPolicy.Key, MaxActive: 1, MaxQueuedPerKey: 16}
+	a := newWakeProc(t, s, "wakepast", policy, true, time.Hour)
+	for i := range 10 {
+		adm, err := a.jt.Admit(ctx, fmt.Sprintf("unclaimed-%d", i), benchPayload(0))
+		require.NoError(t, err)
+		require.Equal(t, KindAccepted, adm.Kind)
+	}
+	adm, err := a.jt.Admit(ctx, "job", benchPayload(0))
+	require.NoError(t, err)
+	require.Equal(t, KindAccepted, adm.Kind)
+	// The admissions' own wake-ups are over: each target answered, and the
+	// one retry after wakeRetry went out too.
+	require.Eventually(t, func() bool {
+		a.store.wake.mu.Lock()
+		defer a.store.wake.mu.Unlock()
+		for _, c := range a.store.wake.chains {
+			if !c.done {
+				return false
+			}
+		}
+		return true
+	}, 10*time.Second, time.Millisecond)
+	before := a.store.wakeCounters()
+	ran := make(chan struct{})
+	res, err := a.r.Run(ctx, "job", benchPayload(0), func(context.Context, Lease) error {
+		close(ran)
+		return nil
+	})
+	require.NoError(t, err)
+	recv(t, ran, "the handler")
+	assert.Equal(t, KindReleased, res.Release)
+	after := a.store.wakeCounters()
+	assert.Equal(t, uint64(1), after.Local-before.Local, "wake-ups handed over in memory: the Run's own")
+	assert.GreaterOrEqual(t, after.NoResponders-before.NoResponders, uint64(10), "the jobs ahead answered no responders")
+	assert.Zero(t, a.r.rechecks.Load(), "rechecks")
 }
