@@ -113,12 +113,13 @@ func isKeyOf(jt *JobType, kvKey string) bool {
 	return true
 }
 
-// sameStore reports whether a and b are the same store; values of a type
-// == cannot compare are never the same.
+// sameStore reports whether a and b are the same store; values == cannot
+// compare (of such a type, or holding such a value in an interface) are
+// never the same.
 func sameStore(a, b wakeStore) bool {
 	if a == nil || b == nil {
 		return false
 	}
-	ta, tb := reflect.TypeOf(a), reflect.TypeOf(b)
-	return ta == tb && ta.Comparable() && a == b
+	va, vb := reflect.ValueOf(a), reflect.ValueOf(b)
+	return va.Type() == vb.Type() && va.Comparable() && vb.Comparable() && a == b
 }
