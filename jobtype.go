@@ -321,7 +321,18 @@ func (c *KeyCoordinator) acquireKey(ctx context.Context, key JobKey, policy Poli
 		if inTurn {
 			wt.ahead = 0
 			if st != nil {
-				if behind, i, ok := queuedBehindIn(st, key, req.JobID, policy.MaxActive, now); ok && behind.Active < policy.MaxActive {
+				// Under Block an expired slot stays taken while the key is
+				// at capacity, and counts as taken below it (see
+				// ReduceAcquire): it frees no slot for the jobs ahead.
+				limit := policy.MaxActive
+				if policy.StalePolicy == Block {
+					for k := range st.Active {
+						if !st.Active[k].LeaseExpiresAt.After(now) {
+							limit--
+						}
+					}
+				}
+				if behind, i, ok := queuedBehindIn(st, key, req.JobID, limit, now); ok && behind.Active < limit {
 					// Slots are free, for jobs queued before it: its turn
 					// comes after them (see waitTry.inTurn), unless all of
 					// them wait here, in this process, where a wake-up is
@@ -329,8 +340,9 @@ func (c *KeyCoordinator) acquireKey(ctx context.Context, key JobKey, policy Poli
 					// the key's lane may take a slot, in the batch of the
 					// write that freed it. (With none free, the reducer
 					// blocks it.)
-					free := policy.MaxActive - behind.Active
+					free := limit - behind.Active
 					if !c.waitHere(key, st.Queued[:free]) {
+						behind.Active, behind.Limit = behind.Active+policy.MaxActive-limit, policy.MaxActive
 						out, wt.ahead = behind, i-free+1
 						return nil // writes nothing
 					}

@@ -296,10 +296,11 @@ func (r *Runner) acquire(ctx context.Context, jobID string, payload any, opts []
 	recheck := time.NewTimer(r.cfg.RecheckInterval)
 	defer recheck.Stop()
 	waiting, trust := false, false
-	// Over wake-ups, a try that neither a wake-up nor the job's turn
-	// started keeps the queue's order (see waitTry.inTurn): a try right
-	// after subscribing, on a state read or remembered, must not take a
-	// slot a wake-up is on its way for to a job ahead of it.
+	// Over wake-ups, the Run's first try and its try right after
+	// subscribing keep the queue's order (see waitTry.inTurn): such a
+	// try, on a state read or remembered, must not take a slot a wake-up
+	// is on its way for to a job ahead of it. Its other tries do not: one
+	// a wake-up, its turn, a lease's expiry or a recheck started.
 	inTurn := false
 	var turnAt time.Time // over wake-ups: when a Run queued behind free slots tries anyway; zero: never
 	// inTurnAt is when a try blocked in turn behind the jobs the free

@@ -119,3 +119,58 @@ func TestWakeUpsRunWakesPastJobsNobodyWaitsFor(t *testing.T) {
 	assert.GreaterOrEqual(t, after.NoResponders-before.NoResponders, uint64(10), "the jobs ahead answered no responders")
 	assert.Zero(t, a.r.rechecks.Load(), "rechecks")
 }
+
+// TestInTurnBlockStalePolicy: under StalePolicy Block an expired slot
+// stays taken, so an in-turn try (waitTry.inTurn) of a job queued second
+// counts it as taken, as the reducer does: on a key at capacity with the
+// expired slot it reports ReasonStaleBlocked (not ReasonActiveLimit with
+// a slot it says is free), and with MaxActive 2 and one expired slot it
+// is blocked behind the job queued first, whose turn the one slot really
+// free is, instead of taking it. (The try counted the expired slot free.)
+func TestInTurnBlockStalePolicy(t *testing.T) {
+	t.Parallel()
+	f := newNATSWakeFixture(t)
+	ctx := context.Background()
+	w, _ := f.store(t, WithCreateBuckets(0, 1))
+	r, _ := f.store(t)
+	cw, err := NewCoordinator(w, nil)
+	require.NoError(t, err)
+	// The reader's clock runs an hour ahead: the writer's slots have
+	// expired by it.
+	cr, err := NewCoordinator(r, &Config{Now: func() time.Time { return time.Now().Add(time.Hour) }, IgnoreClockSkew: true})
+	require.NoError(t, err)
+	for _, tc := range []struct {
+		name      string
+		maxActive int
+		want      Reason
+	}{
+		{"at capacity", 1, ReasonStaleBlocked},
+		{"one slot free", 2, ReasonActiveLimit},
+	} {
+		p := Policy{Key: []string{"/t"}, MaxActive: tc.maxActive, MaxQueuedPerKey: 5, StalePolicy: Block}
+		payload := []byte(`{"t":"` + tc.name + `"}`)
+		jtw, err := cw.JobType(f.service, "render", p)
+		require.NoError(t, err)
+		jtr, err := cr.JobType(f.service, "render", p)
+		require.NoError(t, err)
+		for _, id := range []string{"job-s", "job-a", "job-b"} {
+			adm, err := jtw.Admit(ctx, id, payload)
+			require.NoError(t, err)
+			require.Equal(t, KindAccepted, adm.Kind, tc.name)
+		}
+		acq, err := jtw.Acquire(ctx, "job-s", payload)
+		require.NoError(t, err)
+		require.Equal(t, KindAcquired, acq.Kind, tc.name)
+
+		wt := &waitTry{inTurn: true}
+		got, err := jtr.Acquire(withWaitTry(ctx, wt), "job-b", payload)
+		require.NoError(t, err)
+		assert.Equal(t, KindBlocked, got.Kind, tc.name)
+		assert.Equal(t, tc.want, got.Reason, tc.name)
+		assert.Equal(t, tc.maxActive, got.Limit, tc.name)
+		if tc.want == ReasonActiveLimit {
+			assert.Equal(t, 1, got.Active, tc.name+": the expired slot is taken under Block")
+			assert.Equal(t, 1, wt.ahead, tc.name+": job-a's turn first")
+		}
+	}
+}

@@ -31,7 +31,9 @@ func (w *Watcher) WakeUps() bool { return w.wakeUps() != nil }
 // process with wake-ups on that left a slot free with the job among the
 // first queued ones, as many as the slots it left free (a release,
 // typically; but any write that leaves a slot free, a heartbeat or an
-// admission too, wakes them again). A write that leaves no slot free (a
+// admission too, wakes them again), or behind them when jobs ahead of it
+// have no waiter anywhere (a wake-up moves on past such jobs, up to 64
+// past the free slots). A write that leaves no slot free (a
 // heartbeat of a full key) signals nothing, nor do wake-ups sent to other
 // jobs of the key. The state each wake-up carries is recorded in
 // jt's coordinator as a state seen stored, so that the job's next
@@ -113,12 +115,13 @@ func isKeyOf(jt *JobType, kvKey string) bool {
 	return true
 }
 
-// sameStore reports whether a and b are the same store; values of a type
-// == cannot compare are never the same.
+// sameStore reports whether a and b are the same store; values == cannot
+// compare (of such a type, or holding such a value in an interface) are
+// never the same.
 func sameStore(a, b wakeStore) bool {
 	if a == nil || b == nil {
 		return false
 	}
-	ta, tb := reflect.TypeOf(a), reflect.TypeOf(b)
-	return ta == tb && ta.Comparable() && a == b
+	va, vb := reflect.ValueOf(a), reflect.ValueOf(b)
+	return va.Type() == vb.Type() && va.Comparable() && vb.Comparable() && a == b
 }

@@ -185,3 +185,34 @@ func TestSubscribeJobSignalledByItsOwnWakeUps(t *testing.T) {
 	recv(t, sub3.Done(), "the end of job-3's subscription at Watcher.Close")
 	assert.Zero(t, f.wb.wakeSubscriptions())
 }
+
+// taggedWakeStore is a store of a comparable type whose values == cannot
+// compare: its tags hold a slice.
+type taggedWakeStore struct {
+	*NATSStore
+	tags any
+}
+
+// TestSubscribeJobUncomparableStoreNoPanic: a Watcher and a coordinator
+// over a wrapped store whose type is comparable but whose value holds
+// something == cannot compare are refused (SubscribeJob cannot tell them
+// the same store), not a panic.
+func TestSubscribeJobUncomparableStoreNoPanic(t *testing.T) {
+	t.Parallel()
+	f := newJobWakeFixture(t)
+	s := taggedWakeStore{NATSStore: f.b, tags: []string{"b"}}
+	c, err := NewCoordinator(s, nil)
+	require.NoError(t, err)
+	jt, err := c.JobType(f.service, "render", Policy{Key: []string{"/t"}, MaxActive: 1, MaxQueuedPerKey: 5})
+	require.NoError(t, err)
+	w, err := NewWatcher(s)
+	require.NoError(t, err)
+	defer w.Close()
+	require.True(t, w.WakeUps())
+	var sub *Subscription
+	require.NotPanics(t, func() { sub, err = w.SubscribeJob(context.Background(), jt, f.kvKey, "job-1") })
+	require.ErrorIs(t, err, ErrInvalidRequest)
+	assert.ErrorContains(t, err, "another store")
+	assert.Nil(t, sub)
+	assert.Zero(t, w.wakeSubscriptions())
+}

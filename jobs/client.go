@@ -58,8 +58,8 @@ type ClientConfig struct {
 	// Over a NATSStore made with [jobkeys.WithWakeUps], a queued job
 	// waiting for a slot waits for the wake-ups of its own job instead
 	// (see [jobkeys.Watcher.SubscribeJob]): a release wakes as many jobs
-	// as it frees slots, and a heartbeat none; a write by a process
-	// without wake-ups wakes it at its recheck. Required.
+	// as it frees slots, and a heartbeat of a full key none; a write by a
+	// process without wake-ups wakes it at its recheck. Required.
 	KeyStore jobkeys.Store
 
 	// Service is the key-layer service of every kind: the key bucket is

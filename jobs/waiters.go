@@ -88,8 +88,8 @@ func (c *Client) wakeUps() bool {
 
 // subscribeJob subscribes a job blocked on kvKey to the wake-ups sent to
 // its own key-layer job kid: a write that frees a slot for it sends one to
-// it alone, so no other waiter of the key tries, and a heartbeat, which
-// frees nothing, sends none. Unlike a group's turn, a wake-up is not
+// it alone, so no other waiter of the key tries, and a heartbeat of a
+// full key, which frees nothing, sends none. Unlike a group's turn, a wake-up is not
 // passed on after an acquisition: the writer wakes as many jobs as it left
 // slots free. nil when it cannot subscribe (the waiter joins its key's
 // group instead). The caller closes the subscription when it stops
