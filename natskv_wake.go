@@ -25,7 +25,8 @@ import (
 // Wire: subject "<prefix>.<bucket>.<kvKey>.<jobToken>", jobToken the
 // unpadded base64url of the first 16 bytes of SHA-256(jobID); payload the
 // revision (8 bytes, big-endian) followed by the state's value exactly as
-// stored in KV.
+// stored in KV (a wake-up a blocked Run sends again, see
+// KeyCoordinator.wakeAhead, carries this package's encoding of it).
 
 // WakePrefixDefault is the subject prefix of targeted wake-ups when
 // [WithWakeUps] is given "".
