@@ -25,7 +25,8 @@ import (
 // Wire: subject "<prefix>.<bucket>.<kvKey>.<jobToken>", jobToken the
 // unpadded base64url of the first 16 bytes of SHA-256(jobID); payload the
 // revision (8 bytes, big-endian) followed by the state's value exactly as
-// stored in KV.
+// stored in KV (a wake-up a blocked Run sends again, see
+// KeyCoordinator.wakeAhead, carries this package's encoding of it).
 
 // WakePrefixDefault is the subject prefix of targeted wake-ups when
 // [WithWakeUps] is given "".
@@ -333,7 +334,9 @@ func (s *NATSStore) publishWakes(service, kvKey string, value []byte, rev uint64
 type wakeAheadStore interface {
 	// publishWakesAgain is publishWakes, sent even when a wake-up of
 	// that revision (or, for this store, of no newer one) went out
-	// already, to other targets: the one before it ends.
+	// already, to other targets: the one before it ends. When that one,
+	// of the same revision, found no waiter and waits for its retry, this
+	// one is sent in its stead after wakeRetry.
 	publishWakesAgain(service, kvKey string, value []byte, rev uint64, targets []string, free int)
 }
 
@@ -427,10 +430,17 @@ func (h *wakeHub) startLocked(bucket, kvKey string, value []byte, rev uint64, ta
 	var acts wakeActions
 	h.expireLocked(now)
 	key := h.prefix + bucket + "." + kvKey + "."
+	// waitRetry: sent again while the wake-up it ends, of the same
+	// revision, waits for its retry (it found no waiter; one may be
+	// subscribing): it waits in its stead, and then walks its targets
+	// from the first, so that it does not hand the slot to a job behind
+	// the one the retry would have reached.
+	waitRetry := false
 	if prev := h.latest[key]; prev != nil {
 		if prev.rev > rev || prev.rev == rev && !again {
 			return nil, acts // a newer state of the key went out already
 		}
+		waitRetry = prev.rev == rev && prev.retried && !prev.done && prev.sent == 0
 		h.endLocked(prev) // stale, or sent again: a 503 for it moves nothing on
 	}
 	payload := make([]byte, wakeRevLen+len(value))
@@ -449,6 +459,11 @@ func (h *wakeHub) startLocked(bucket, kvKey string, value []byte, rev uint64, ta
 	h.keptBytes += len(payload)
 	h.order = append(h.order, c)
 	h.latest[key] = c
+	if waitRetry {
+		c.retried = true
+		acts.payload, acts.retry = c.payload, true
+		return c, acts
+	}
 	h.walkLocked(c, &acts)
 	return c, acts
 }

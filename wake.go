@@ -60,7 +60,8 @@ func wakeTurn(ahead int) time.Duration {
 // wakeTargetsMax bounds the queued jobs one wake-up may be offered to
 // beyond the free slots (the store moves it on past jobs with no waiter,
 // one "no responders" answer each): a Run with more queued jobs ahead of
-// it that nobody waits for is woken by its recheck.
+// it that nobody waits for is woken by its recheck, or, blocked in turn
+// (see wakeAhead), tries at its turn (wakeTurn).
 const wakeTargetsMax = wakeWalkExtra
 
 // publishWakes sends, after a committed write of key that left it at state
@@ -136,7 +137,9 @@ func (c *KeyCoordinator) publishWakes(key JobKey, prev, st *KeyState, rev uint64
 // one behind a waiting job does not take it. It sends nothing when e
 // holds another revision now, no slot is free for jobs ahead of jobID, or
 // jobID is past a wake-up's targets (see wakeTargetsMax). limit is the
-// policy's MaxActive.
+// policy's MaxActive. The value sent is this coordinator's encoding of
+// the state (appendState), the stored bytes of a state this package
+// wrote, not necessarily of one another writer (the TS original) wrote.
 func (c *KeyCoordinator) wakeAhead(service, kvKey string, e *keyEntry, rev uint64, jobID string, limit int) {
 	if c.wakes == nil || e == nil {
 		return
