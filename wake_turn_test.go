@@ -115,7 +115,11 @@ func TestWakeUpsRunWakesPastJobsNobodyWaitsFor(t *testing.T) {
 	recv(t, ran, "the handler")
 	assert.Equal(t, KindReleased, res.Release)
 	after := a.store.wakeCounters()
-	assert.Equal(t, uint64(1), after.Local-before.Local, "wake-ups handed over in memory: the Run's own")
+	// The Run's own, handed over in memory: one per try in turn (its
+	// first, and the one after it subscribed when that one read).
+	local := after.Local - before.Local
+	assert.GreaterOrEqual(t, local, uint64(1), "wake-ups handed over in memory: the Run's own")
+	assert.LessOrEqual(t, local, uint64(2), "wake-ups handed over in memory: at most one per try in turn")
 	assert.GreaterOrEqual(t, after.NoResponders-before.NoResponders, uint64(10), "the jobs ahead answered no responders")
 	assert.Zero(t, a.r.rechecks.Load(), "rechecks")
 }
