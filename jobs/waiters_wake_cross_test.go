@@ -4,7 +4,6 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
-	"sort"
 	"sync"
 	"testing"
 	"time"
@@ -31,12 +30,8 @@ func TestClientPerKeyConcurrencyAcrossClientsWakeUps(t *testing.T) {
 	n := runtimeSeq.Add(1)
 	bucket, service := fmt.Sprintf("JOBS_WX%d", n), fmt.Sprintf("wx%d", n)
 	p := jobkeys.Policy{Key: []string{"doc", "/doc"}, MaxActive: 2, MaxQueuedPerKey: 100}
-	type span struct {
-		key        string
-		start, end time.Time
-	}
 	var mu sync.Mutex
-	var spans []span
+	var spans []keySpan
 	runs := map[string]int{}
 	clients := make([]*jobs.Client, 3)
 	for i := range clients {
@@ -58,7 +53,7 @@ func TestClientPerKeyConcurrencyAcrossClientsWakeUps(t *testing.T) {
 		require.NoError(t, jobs.Register(c, jobs.Kind[docIn, docOut]{
 			Type: "work", Policy: p,
 			Work: func(ctx context.Context, run *jobs.Run, in docIn) (docOut, error) {
-				s := span{key: in.Doc, start: time.Now()}
+				s := keySpan{key: in.Doc, start: time.Now()}
 				time.Sleep(time.Duration(5+in.N%4*5) * time.Millisecond)
 				s.end = time.Now()
 				mu.Lock()
@@ -96,30 +91,5 @@ func TestClientPerKeyConcurrencyAcrossClientsWakeUps(t *testing.T) {
 	for _, id := range ids {
 		assert.Equal(t, 1, runs[id], "job %s", id)
 	}
-	peak := map[string]int{}
-	for _, key := range []string{"k0", "k1", "k2"} {
-		type ev struct {
-			at time.Time
-			d  int
-		}
-		var evs []ev
-		for _, s := range spans {
-			if s.key == key {
-				evs = append(evs, ev{s.start, 1}, ev{s.end, -1})
-			}
-		}
-		sort.Slice(evs, func(i, j int) bool {
-			if evs[i].at.Equal(evs[j].at) {
-				return evs[i].d < evs[j].d
-			}
-			return evs[i].at.Before(evs[j].at)
-		})
-		cur := 0
-		for _, e := range evs {
-			cur += e.d
-			peak[key] = max(peak[key], cur)
-		}
-		assert.LessOrEqual(t, peak[key], p.MaxActive, "key %s", key)
-	}
-	t.Logf("per-key peaks: %v", peak)
+	assertKeyPeaks(t, spans, []string{"k0", "k1", "k2"}, p.MaxActive)
 }
