@@ -120,6 +120,8 @@ func BenchmarkCycleDelayed(b *testing.B) {
 		{"64workers-4conns-1key-wake", hotKeyRow{workers: 64, conns: 4, wake: true}},
 		{"16workers-16conns-1key-watcher", hotKeyRow{workers: 16, conns: 16}},
 		{"16workers-16conns-1key-wake", hotKeyRow{workers: 16, conns: 16, wake: true}},
+		{"16workers-16conns-1key-wake-pipelined", hotKeyRow{workers: 16, conns: 16, wake: true, pipelined: true}},
+		{"64workers-64conns-1key-wake", hotKeyRow{workers: 64, conns: 64, wake: true}},
 	} {
 		b.Run(prefix+r.name, func(b *testing.B) { benchHotKeyRow(b, s, r.row) })
 	}

@@ -11,6 +11,10 @@ package jobkeys
 //
 //	go test -c -o /tmp/pb.test . && cd /tmp && ./pb.test -test.run '^$' -test.bench 'BenchmarkCycleProcs' -test.benchtime 2s
 //
+// With JOBKEYS_BENCH_DELAY set (a one-way delay, "250us"), every process,
+// P0's too, reaches the server through a TCP delay line, as in
+// BenchmarkCycleDelayed.
+//
 // Rows (only row/P0 ratios within one run mean anything: other load on the
 // machine drifts):
 //
@@ -220,6 +224,13 @@ var (
 // BenchmarkCycleProcs is documented at the top of this file.
 func BenchmarkCycleProcs(b *testing.B) {
 	s := natstest.Run(b)
+	if d, ok := benchDelay(b); ok {
+		// Every process, P0's too, reaches the server through a delay
+		// line (see BenchmarkCycleDelayed).
+		line := startDelayLine(b, benchHostPort(b, s.ClientURL()), d)
+		benchURL = line.URL()
+		b.Cleanup(func() { benchURL = "" })
+	}
 	b.Run("P0-rawKV", func(b *testing.B) {
 		benchCeilingRow(b, s, ceilRow{mode: ceilRaw, workers: 1, procs: true}, benchStateBytes(b, 0))
 	})

@@ -84,7 +84,22 @@ func (s countingStore) subscribeWake(service, kvKey, jobID string, fn func(value
 	return nil, fmt.Errorf("%w: KV key %q of service %q: the store %T under the counting store carries no wake-ups", ErrInvalidRequest, kvKey, service, s.Store)
 }
 
-var _ wakeStore = countingStore{}
+func (s countingStore) publishWakesAgain(service, kvKey string, value []byte, rev uint64, targets []string, free int) {
+	if w, ok := s.Store.(wakeAheadStore); ok {
+		w.publishWakesAgain(service, kvKey, value, rev, targets, free)
+	}
+}
+
+func (s countingStore) waitsFor(service, kvKey, jobID string) bool {
+	l, ok := s.Store.(localWaiters)
+	return ok && l.waitsFor(service, kvKey, jobID)
+}
+
+var (
+	_ wakeStore      = countingStore{}
+	_ localWaiters   = countingStore{}
+	_ wakeAheadStore = countingStore{}
+)
 
 func counterOf(ctx context.Context) *raceCounter {
 	rc, _ := ctx.Value(raceCounterKey{}).(*raceCounter)

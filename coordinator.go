@@ -608,7 +608,17 @@ type waitTry struct {
 	// instead of a read (the write that won wakes it if it leaves a slot
 	// free).
 	wake bool
-	rev  uint64 // the revision the outcome rested on; 0 unknown
+	// inTurn keeps the queue's order: a queued job behind at least as
+	// many queued jobs as there are free slots is blocked (ReasonActiveLimit,
+	// writing nothing) rather than take a slot ahead of them, which the
+	// reducer allows, unless all of those the free slots are for wait for
+	// their wake-ups in the coordinator's own store; ahead then says how
+	// many of them are before its turn. A Runner over targeted wake-ups tries so at its first try and
+	// right after subscribing, not when a wake-up, its turn, a lease's
+	// expiry or a recheck started the try (see Runner.acquire).
+	inTurn bool
+	ahead  int    // with inTurn: jobs before the job's turn when it was blocked so; else 0
+	rev    uint64 // the revision the outcome rested on; 0 unknown
 }
 
 type waitTryKey struct{}

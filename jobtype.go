@@ -315,7 +315,40 @@ func (c *KeyCoordinator) acquireKey(ctx context.Context, key JobKey, policy Poli
 		err = refuse(fmt.Sprintf("acquisition of job %q on KV key %q", req.JobID, key.KVKey))
 		return Acquisition{}, err
 	}
+	wt, _ := ctx.Value(waitTryKey{}).(*waitTry)
+	inTurn := wt != nil && wt.inTurn && !req.Retry
 	err = c.update(ctx, key, false, func(st *KeyState, now time.Time) *KeyState {
+		if inTurn {
+			wt.ahead = 0
+			if st != nil {
+				// Under Block an expired slot stays taken while the key is
+				// at capacity, and counts as taken below it (see
+				// ReduceAcquire): it frees no slot for the jobs ahead.
+				limit := policy.MaxActive
+				if policy.StalePolicy == Block {
+					for k := range st.Active {
+						if !st.Active[k].LeaseExpiresAt.After(now) {
+							limit--
+						}
+					}
+				}
+				if behind, i, ok := queuedBehindIn(st, key, req.JobID, limit, now); ok && behind.Active < limit {
+					// Slots are free, for jobs queued before it: its turn
+					// comes after them (see waitTry.inTurn), unless all of
+					// them wait here, in this process, where a wake-up is
+					// handed over in memory and the first of them to reach
+					// the key's lane may take a slot, in the batch of the
+					// write that freed it. (With none free, the reducer
+					// blocks it.)
+					free := limit - behind.Active
+					if !c.waitHere(key, st.Queued[:free]) {
+						behind.Active, behind.Limit = behind.Active+policy.MaxActive-limit, policy.MaxActive
+						out, wt.ahead = behind, i-free+1
+						return nil // writes nothing
+					}
+				}
+			}
+		}
 		out = ReduceAcquire(st, key, req, policy, now, token)
 		return out.State
 	})
@@ -329,6 +362,21 @@ func (c *KeyCoordinator) acquireKey(ctx context.Context, key JobKey, policy Poli
 		return Acquisition{}, err
 	}
 	return out, nil
+}
+
+// waitHere reports whether every one of jobs waits for its wake-ups in
+// this coordinator's store (see localWaiters).
+func (c *KeyCoordinator) waitHere(key JobKey, jobs []QueuedJob) bool {
+	l, ok := c.wakes.(localWaiters)
+	if !ok {
+		return false
+	}
+	for i := range jobs {
+		if !l.waitsFor(key.Service, key.KVKey, jobs[i].JobID) {
+			return false
+		}
+	}
+	return true
 }
 
 func (c *KeyCoordinator) removeQueuedKey(ctx context.Context, key JobKey, jobID string) (Removal, error) {

@@ -687,16 +687,29 @@ func (t *keyTable) queuedBehind(key JobKey, jobID string, limit int, now time.Ti
 	if st == nil || !e.known {
 		return Acquisition{}, 0
 	}
+	out, _, behind := queuedBehindIn(st, key, jobID, limit, now)
+	if !behind {
+		return Acquisition{}, 0
+	}
+	return out, e.rev
+}
+
+// queuedBehindIn reports whether, by state st, job jobID is queued behind
+// at least as many jobs as st leaves slots free (of limit; a lease that
+// expired by now counts as free), with the blocked outcome st stands for
+// then and the job's place in the queue. It is false when the job is not
+// queued in st, is among its first free queued jobs, or holds a slot.
+func queuedBehindIn(st *KeyState, key JobKey, jobID string, limit int, now time.Time) (Acquisition, int, bool) {
 	i := indexQueued(st.Queued, jobID)
 	if i < 0 {
-		return Acquisition{}, 0
+		return Acquisition{}, -1, false
 	}
 	out := Acquisition{Kind: KindBlocked, Reason: ReasonActiveLimit, DisplayKey: key.DisplayKey, KeyHash: key.KeyHash,
 		Queued: len(st.Queued), Limit: limit}
 	for k := range st.Active {
 		slot := &st.Active[k]
 		if slot.JobID == jobID {
-			return Acquisition{}, 0
+			return Acquisition{}, -1, false
 		}
 		if exp := slot.LeaseExpiresAt; exp.After(now) {
 			out.Active++
@@ -706,9 +719,9 @@ func (t *keyTable) queuedBehind(key JobKey, jobID string, limit int, now time.Ti
 		}
 	}
 	if i < limit-out.Active {
-		return Acquisition{}, 0
+		return Acquisition{}, -1, false
 	}
-	return out, e.rev
+	return out, i, true
 }
 
 // seen returns the revision of the state e knows (0 when it knows none)

@@ -25,7 +25,8 @@ import (
 // Wire: subject "<prefix>.<bucket>.<kvKey>.<jobToken>", jobToken the
 // unpadded base64url of the first 16 bytes of SHA-256(jobID); payload the
 // revision (8 bytes, big-endian) followed by the state's value exactly as
-// stored in KV.
+// stored in KV (a wake-up a blocked Run sends again, see
+// KeyCoordinator.wakeAhead, carries this package's encoding of it).
 
 // WakePrefixDefault is the subject prefix of targeted wake-ups when
 // [WithWakeUps] is given "".
@@ -83,6 +84,16 @@ type wakeStore interface {
 }
 
 var _ wakeStore = (*NATSStore)(nil)
+
+// localWaiters is implemented by wake-up stores that tell whether one of
+// their own waiters waits for a job's wake-ups.
+type localWaiters interface {
+	// waitsFor reports whether a waiter of this store waits for the
+	// wake-ups of job jobID of kvKey in service's bucket.
+	waitsFor(service, kvKey, jobID string) bool
+}
+
+var _ localWaiters = (*NATSStore)(nil)
 
 // wakeCounts are a store's wake-up counters since it was made.
 type wakeCounts struct {
@@ -315,7 +326,32 @@ func (s *NATSStore) publishWakes(service, kvKey string, value []byte, rev uint64
 		s.wake.dropped.Add(1)
 		return
 	}
-	s.wake.publish(s.BucketName(service), kvKey, value, rev, targets, free)
+	s.wake.publish(s.BucketName(service), kvKey, value, rev, targets, free, false)
+}
+
+// wakeAheadStore is implemented by wake-up stores that send a wake-up of
+// a revision again (see KeyCoordinator.wakeAhead).
+type wakeAheadStore interface {
+	// publishWakesAgain is publishWakes, sent even when a wake-up of
+	// that revision (or, for this store, of no newer one) went out
+	// already, to other targets: the one before it ends. When that one,
+	// of the same revision, found no waiter and waits for its retry, this
+	// one is sent in its stead after wakeRetry.
+	publishWakesAgain(service, kvKey string, value []byte, rev uint64, targets []string, free int)
+}
+
+var _ wakeAheadStore = (*NATSStore)(nil)
+
+// publishWakesAgain implements wakeAheadStore.
+func (s *NATSStore) publishWakesAgain(service, kvKey string, value []byte, rev uint64, targets []string, free int) {
+	if s.wake == nil || free <= 0 || len(targets) == 0 {
+		return
+	}
+	if validateService(service) != nil || !validKVKey(kvKey) {
+		s.wake.dropped.Add(1)
+		return
+	}
+	s.wake.publish(s.BucketName(service), kvKey, value, rev, targets, free, true)
 }
 
 // subscribeWake implements wakeStore. fn must not call stop, nor modify
@@ -336,6 +372,19 @@ func (s *NATSStore) subscribeWake(service, kvKey, jobID string, fn func(value []
 	return s.wake.subscribe(s.wake.subject(s.BucketName(service), kvKey, jobID), fn)
 }
 
+// waitsFor implements localWaiters.
+func (s *NATSStore) waitsFor(service, kvKey, jobID string) bool {
+	h := s.wake
+	if h == nil {
+		return false
+	}
+	subject := h.subject(s.BucketName(service), kvKey, jobID)
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	e := h.subs[subject]
+	return e != nil && len(e.waiters) > 0
+}
+
 // wakeCounters returns the store's wake-up counters (zero when off).
 func (s *NATSStore) wakeCounters() wakeCounts {
 	h := s.wake
@@ -354,8 +403,10 @@ func (s *NATSStore) wakeCounters() wakeCounts {
 	}
 }
 
-// publish starts the delivery of a wake-up (see publishWakes).
-func (h *wakeHub) publish(bucket, kvKey string, value []byte, rev uint64, targets []string, free int) {
+// publish starts the delivery of a wake-up (see publishWakes); again
+// sends it even if one of that revision went out already (see
+// wakeAheadStore).
+func (h *wakeHub) publish(bucket, kvKey string, value []byte, rev uint64, targets []string, free int, again bool) {
 	reply, ok := h.replySubjects()
 	if !ok {
 		h.dropped.Add(1)
@@ -366,7 +417,7 @@ func (h *wakeHub) publish(bucket, kvKey string, value []byte, rev uint64, target
 		targets = targets[:n]
 	}
 	h.mu.Lock()
-	c, acts := h.startLocked(bucket, kvKey, value, rev, targets, free, time.Now())
+	c, acts := h.startLocked(bucket, kvKey, value, rev, targets, free, time.Now(), again)
 	h.mu.Unlock()
 	if c != nil {
 		h.act(c, reply, &acts)
@@ -375,15 +426,22 @@ func (h *wakeHub) publish(bucket, kvKey string, value []byte, rev uint64, target
 
 // startLocked makes the chain of a wake-up and walks it (see publish); nil
 // when a state of the key at rev or newer was published already.
-func (h *wakeHub) startLocked(bucket, kvKey string, value []byte, rev uint64, targets []string, free int, now time.Time) (*wakeChain, wakeActions) {
+func (h *wakeHub) startLocked(bucket, kvKey string, value []byte, rev uint64, targets []string, free int, now time.Time, again bool) (*wakeChain, wakeActions) {
 	var acts wakeActions
 	h.expireLocked(now)
 	key := h.prefix + bucket + "." + kvKey + "."
+	// waitRetry: sent again while the wake-up it ends, of the same
+	// revision, waits for its retry (it found no waiter; one may be
+	// subscribing): it waits in its stead, and then walks its targets
+	// from the first, so that it does not hand the slot to a job behind
+	// the one the retry would have reached.
+	waitRetry := false
 	if prev := h.latest[key]; prev != nil {
-		if prev.rev >= rev {
+		if prev.rev > rev || prev.rev == rev && !again {
 			return nil, acts // a newer state of the key went out already
 		}
-		h.endLocked(prev) // stale: a 503 for it moves nothing on
+		waitRetry = prev.rev == rev && prev.retried && !prev.done && prev.sent == 0
+		h.endLocked(prev) // stale, or sent again: a 503 for it moves nothing on
 	}
 	payload := make([]byte, wakeRevLen+len(value))
 	binary.BigEndian.PutUint64(payload, rev)
@@ -401,6 +459,11 @@ func (h *wakeHub) startLocked(bucket, kvKey string, value []byte, rev uint64, ta
 	h.keptBytes += len(payload)
 	h.order = append(h.order, c)
 	h.latest[key] = c
+	if waitRetry {
+		c.retried = true
+		acts.payload, acts.retry = c.payload, true
+		return c, acts
+	}
 	h.walkLocked(c, &acts)
 	return c, acts
 }

@@ -314,11 +314,11 @@ func TestWakeUpsStaleNoResponders(t *testing.T) {
 	// The older wake-up's answer for j1 waits for the hub's lock, which
 	// the test holds until the newer wake-up went out.
 	a.wake.mu.Lock()
-	c, acts := a.wake.startLocked(a.BucketName(f.service), f.kvKey, []byte("old"), 1, []string{"j1", "j2"}, 1, time.Now())
+	c, acts := a.wake.startLocked(a.BucketName(f.service), f.kvKey, []byte("old"), 1, []string{"j1", "j2"}, 1, time.Now(), false)
 	require.NotNil(t, c)
 	a.wake.act(c, reply, &acts)
 	require.NoError(t, ncA.Flush()) // the server answered: no responders
-	c2, acts2 := a.wake.startLocked(a.BucketName(f.service), f.kvKey, []byte("new"), 2, []string{"j3"}, 1, time.Now())
+	c2, acts2 := a.wake.startLocked(a.BucketName(f.service), f.kvKey, []byte("new"), 2, []string{"j3"}, 1, time.Now(), false)
 	require.NotNil(t, c2)
 	a.wake.act(c2, reply, &acts2)
 	a.wake.mu.Unlock()
@@ -473,7 +473,7 @@ func TestWakeUpsStopRace(t *testing.T) {
 	reply, ok := a.wake.replySubjects()
 	require.True(t, ok)
 	a.wake.mu.Lock()
-	c, acts := a.wake.startLocked(a.BucketName(f.service), f.kvKey, []byte("x"), 1, []string{"j1"}, 1, time.Now())
+	c, acts := a.wake.startLocked(a.BucketName(f.service), f.kvKey, []byte("x"), 1, []string{"j1"}, 1, time.Now(), false)
 	a.wake.mu.Unlock()
 	require.NotNil(t, c)
 	require.Len(t, acts.local, 1, "the walk chose the local waiter")

@@ -226,22 +226,28 @@ func (r *Runner) acquire(ctx context.Context, jobID string, payload any, opts []
 	// queued, so no wake-up names its job: it waits on the watch.
 	wakes := wait && r.cfg.Watcher.wakeUps() != nil && !retryOf(opts)
 	var seen uint64 // the revision the last try's outcome rested on; 0 unknown
-	try := func(trust bool) (Acquisition, time.Time, error) {
+	// ahead is, after a try in turn (see waitTry.inTurn) that found the
+	// job queued behind the jobs that may take the free slots, how many of
+	// them are before its turn; else 0.
+	var ahead int
+	// try tries to take a slot; inTurn keeps the queue's order (see
+	// waitTry.inTurn).
+	try := func(trust, inTurn bool) (Acquisition, time.Time, error) {
 		actx, wt := ctx, (*waitTry)(nil)
 		switch {
 		case wakes && trust:
-			wt = &waitTry{wake: true}
+			wt = &waitTry{wake: true, inTurn: inTurn}
 			actx = withWaitTry(ctx, wt)
-		case sub != nil || trust:
-			wt = &waitTry{trustWatch: trust}
+		case sub != nil || trust || inTurn:
+			wt = &waitTry{trustWatch: trust, inTurn: inTurn}
 			actx = withWaitTry(ctx, wt)
 		}
 		// The coordinator's clock reads later than start: the lease
 		// lasts at least TTL from start.
 		start := time.Now()
 		acq, err := r.jt.Acquire(actx, jobID, payload, opts...)
-		if seen = 0; wt != nil {
-			seen = wt.rev
+		if seen, ahead = 0, 0; wt != nil {
+			seen, ahead = wt.rev, wt.ahead
 		}
 		if err == nil && acq.Kind != KindAcquired && sub != nil {
 			sub.rearm(seen) // wait to be woken by a change that frees a slot
@@ -266,11 +272,11 @@ func (r *Runner) acquire(ctx context.Context, jobID string, payload any, opts []
 		acq, behind = r.queuedBehind(jobID, payload, opts, wakes)
 	}
 	if behind == 0 {
-		acq, deadline, err = try(trusted)
+		acq, deadline, err = try(trusted, wakes)
 		if trusted && err == nil && acq.Kind != KindAcquired && acq.Reason == ReasonNotQueued {
 			// Not queued, which is final, may be the feed lagging behind the
 			// job's admission: only a read tells.
-			acq, deadline, err = try(false)
+			acq, deadline, err = try(false, wakes)
 		}
 		if err != nil || acq.Kind == KindAcquired {
 			return acq, deadline, 0, err
@@ -290,8 +296,29 @@ func (r *Runner) acquire(ctx context.Context, jobID string, payload any, opts []
 	recheck := time.NewTimer(r.cfg.RecheckInterval)
 	defer recheck.Stop()
 	waiting, trust := false, false
+	// Over wake-ups, the Run's first try and its try right after
+	// subscribing keep the queue's order (see waitTry.inTurn): such a
+	// try, on a state read or remembered, must not take a slot a wake-up
+	// is on its way for to a job ahead of it. Its other tries do not: one
+	// a wake-up, its turn, a lease's expiry or a recheck started.
+	inTurn := false
 	var turnAt time.Time // over wake-ups: when a Run queued behind free slots tries anyway; zero: never
+	// inTurnAt is when a try blocked in turn behind the jobs the free
+	// slots are for tries anyway, should no wake-up come first: when its
+	// turn would come by the Watcher's rule (see keyWatch.turn).
+	inTurnAt := func() {
+		if ahead > 0 {
+			turnAt = time.Now().Add(wakeTurn(ahead))
+			if sub != nil && sub.wake != nil {
+				// The jobs ahead may have nobody waiting for them: their
+				// wake-up passes them over to this one.
+				r.jt.coord.wakeAhead(r.jt.Service(), sub.kvKey, sub.wake.entry, seen, jobID, r.policy.MaxActive)
+			}
+		}
+	}
+	inTurnAt()
 	for {
+		inTurn = false
 		if sub == nil && wakes {
 			kvKey := kvKeyFor(r.jt.Service(), r.jt.Name(), acq.KeyHash)
 			if sub, err = r.cfg.Watcher.subscribeWake(r.jt.Service(), kvKey, jobID, r.jt.coord.keys); err != nil {
@@ -306,11 +333,16 @@ func (r *Runner) acquire(ctx context.Context, jobID string, payload any, opts []
 					// this one: it tries when its turn would come by the
 					// Watcher's rule (see keyWatch.turn).
 					if i := sub.wake.entry.queuedIndex(jobID); i >= free {
-						turnAt = time.Now().Add(time.Duration(i-free+1) * waiterGrace)
+						turnAt = time.Now().Add(wakeTurn(i - free + 1))
+						r.jt.coord.wakeAhead(r.jt.Service(), kvKey, sub.wake.entry, behind, jobID, r.policy.MaxActive)
 					}
 				}
 			}
-			behind = 0
+			if behind = 0; ahead > 0 {
+				// Its first try found it queued behind the jobs the free
+				// slots are for (see inTurnAt).
+				r.jt.coord.wakeAhead(r.jt.Service(), kvKey, sub.wake.entry, seen, jobID, r.policy.MaxActive)
+			}
 			// A wake-up sent before the subscription reached the server
 			// is sent again shortly by its writer when nobody took it
 			// (see WithWakeUps), so a state seen just before the server
@@ -320,9 +352,9 @@ func (r *Runner) acquire(ctx context.Context, jobID string, payload any, opts []
 			rev, at := sub.wake.entry.seen()
 			switch {
 			case rev == 0 || time.Since(at) > wakeTrustAge:
-				trust = false
+				trust, inTurn = false, true
 			case rev > seen:
-				trust = true
+				trust, inTurn = true, true
 			default:
 				continue // wait
 			}
@@ -400,10 +432,11 @@ func (r *Runner) acquire(ctx context.Context, jobID string, payload any, opts []
 				}
 			}
 		}
-		acq, deadline, err = try(trust)
+		acq, deadline, err = try(trust, inTurn && wakes)
 		if err != nil || acq.Kind == KindAcquired {
 			return acq, deadline, time.Since(blockedAt), err
 		}
+		inTurnAt()
 		if acq.Reason == ReasonNotQueued {
 			return Acquisition{}, time.Time{}, 0, &BlockedError{JobID: jobID, Acquisition: acq}
 		}

@@ -38,10 +38,30 @@ func wakeStoreOf(store any) wakeStore {
 // place within wakeTrustAge of the state.
 const wakeTrustAge = time.Millisecond
 
+// wakeTurnMin is the least time a Run over wake-ups queued behind jobs
+// that free slots are for waits before it tries anyway (see wakeTurn).
+const wakeTurnMin = time.Second
+
+// wakeTurn is how long a Run over wake-ups that found ahead jobs queued
+// before its turn, with slots free for them, waits before it tries anyway:
+// the write that freed them woke the first of them that wait, and one of
+// theirs wakes it when its turn comes; its own wake-up of the jobs ahead
+// (wakeAhead) wakes it when none of them waits. The try is for what those
+// miss (more jobs ahead nobody waits for than a wake-up passes over, a
+// lost wake-up). It is the Watcher's turn (waiterGrace per job ahead, see
+// keyWatch.turn), but at least wakeTurnMin: over a network a woken job's
+// acquisition takes a wake-up's hop and a write's round trip, more when it
+// loses a race or two, and every job's turn behind it as long again; a
+// try before it would take the slot it was woken for.
+func wakeTurn(ahead int) time.Duration {
+	return max(time.Duration(ahead)*waiterGrace, wakeTurnMin)
+}
+
 // wakeTargetsMax bounds the queued jobs one wake-up may be offered to
 // beyond the free slots (the store moves it on past jobs with no waiter,
 // one "no responders" answer each): a Run with more queued jobs ahead of
-// it that nobody waits for is woken by its recheck.
+// it that nobody waits for is woken by its recheck, or, blocked in turn
+// (see wakeAhead), tries at its turn (wakeTurn).
 const wakeTargetsMax = wakeWalkExtra
 
 // publishWakes sends, after a committed write of key that left it at state
@@ -104,6 +124,63 @@ func (c *KeyCoordinator) publishWakes(key JobKey, prev, st *KeyState, rev uint64
 	if len(targets) > 0 {
 		c.wakes.publishWakes(key.Service, key.KVKey, value, rev, targets, free)
 	}
+}
+
+// wakeAhead sends, for a Run of job jobID blocked in turn (see
+// waitTry.inTurn) on the state its coordinator's entry e holds at
+// revision rev, the wake-up a write leaving that state sends, with jobID
+// as the last target: a job ahead with a waiter is woken for a free slot
+// (again, if the write that freed it woke it already), jobs ahead nobody
+// waits for are passed over ("no responders"), down to jobID, whose Run
+// this store then wakes in memory. So a Run behind jobs nobody waits for
+// does not wait for its turn (wakeTurn) to take a slot left free, and
+// one behind a waiting job does not take it. It sends nothing when e
+// holds another revision now, no slot is free for jobs ahead of jobID, or
+// jobID is past a wake-up's targets (see wakeTargetsMax). limit is the
+// policy's MaxActive. The value sent is this coordinator's encoding of
+// the state (appendState), the stored bytes of a state this package
+// wrote, not necessarily of one another writer (the TS original) wrote.
+func (c *KeyCoordinator) wakeAhead(service, kvKey string, e *keyEntry, rev uint64, jobID string, limit int) {
+	if c.wakes == nil || e == nil {
+		return
+	}
+	now := c.cfg.Now()
+	e.mu.Lock()
+	if !e.known || e.rev != rev {
+		e.mu.Unlock()
+		return
+	}
+	e.materialize()
+	st := e.state
+	if st == nil {
+		e.mu.Unlock()
+		return
+	}
+	live := 0
+	for i := range st.Active {
+		if st.Active[i].LeaseExpiresAt.After(now) {
+			live++
+		}
+	}
+	free := limit - live
+	i := indexQueued(st.Queued, jobID)
+	if free <= 0 || i < free || i >= free+wakeTargetsMax {
+		e.mu.Unlock()
+		return
+	}
+	targets := make([]string, i+1)
+	for k := range targets {
+		targets[k] = st.Queued[k].JobID
+	}
+	value := appendState(nil, st)
+	e.mu.Unlock()
+	if again, ok := c.wakes.(wakeAheadStore); ok {
+		// This store may have sent a wake-up of rev already (its own
+		// write), to the jobs ahead but not this one.
+		again.publishWakesAgain(service, kvKey, value, rev, targets, free)
+		return
+	}
+	c.wakes.publishWakes(service, kvKey, value, rev, targets, free)
 }
 
 // lastValue returns the value of the last state a committed write stored:

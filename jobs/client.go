@@ -55,7 +55,11 @@ type ClientConfig struct {
 	// watches it to wake jobs waiting for a slot when it implements
 	// [jobkeys.WatchableStore] (they fall back to rechecks otherwise), and
 	// lists and reads it to reconcile queue entries against job records.
-	// Required.
+	// Over a NATSStore made with [jobkeys.WithWakeUps], a queued job
+	// waiting for a slot waits for the wake-ups of its own job instead
+	// (see [jobkeys.Watcher.SubscribeJob]): a release wakes as many jobs
+	// as it frees slots, and a heartbeat of a full key none; a write by a
+	// process without wake-ups wakes it at its recheck. Required.
 	KeyStore jobkeys.Store
 
 	// Service is the key-layer service of every kind: the key bucket is
@@ -85,7 +89,8 @@ type ClientConfig struct {
 	PollInterval time.Duration
 
 	// RecheckInterval bounds how long a job waiting for a slot goes without
-	// trying again when no watch event and no lease expiry wakes it.
+	// trying again when no watch event (or wake-up) and no lease expiry
+	// wakes it.
 	// Defaults to RecheckIntervalDefault (5s).
 	RecheckInterval time.Duration
 

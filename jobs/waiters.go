@@ -3,13 +3,17 @@ package jobs
 import (
 	"context"
 	"time"
+
+	"github.com/jobkeys/jobkeys"
 )
 
-// keyWaiters are this client's jobs waiting for a slot on one key. They
-// share one watch subscription, and a change of the key lets one of them
-// try (a read), not all: if it gets a slot it passes the turn on, since
-// more slots may be free; if it is blocked, so would the others be, and
-// they wait for the next change (or their own recheck or lease expiry).
+// keyWaiters are this client's jobs waiting for a slot on one key (over
+// targeted wake-ups only those no wake-up names: retries and jobs not
+// queued yet; see subscribeJob). They share one watch subscription, and a
+// change of the key lets one of them try (a read), not all: if it gets a
+// slot it passes the turn on, since more slots may be free; if it is
+// blocked, so would the others be, and they wait for the next change (or
+// their own recheck or lease expiry).
 type keyWaiters struct {
 	n    int           // jobs waiting; guarded by Client.mu
 	turn chan struct{} // a change not yet tried; capacity 1
@@ -72,6 +76,34 @@ func (c *Client) joinWaiters(ctx context.Context, kvKey string) *keyWaiters {
 		}
 	}()
 	return w
+}
+
+// wakeUps reports whether the client's key store sends targeted wake-ups
+// (a NATSStore made with jobkeys.WithWakeUps): then a queued job blocked
+// on its key waits for the wake-ups of its own job (subscribeJob), not in
+// its key's group.
+func (c *Client) wakeUps() bool {
+	return c.watcher != nil && c.watcher.WakeUps()
+}
+
+// subscribeJob subscribes a job blocked on kvKey to the wake-ups sent to
+// its own key-layer job kid: a write that frees a slot for it sends one to
+// it alone, so no other waiter of the key tries, and a heartbeat of a
+// full key, which frees nothing, sends none. Unlike a group's turn, a wake-up is not
+// passed on after an acquisition: the writer wakes as many jobs as it left
+// slots free. nil when it cannot subscribe (the waiter joins its key's
+// group instead). The caller closes the subscription when it stops
+// waiting.
+func (c *Client) subscribeJob(ctx context.Context, k *kind, kvKey, kid string) *jobkeys.Subscription {
+	// Not for long (subscribing is a round trip): the waiter falls back.
+	sctx, cancel := context.WithTimeout(ctx, max(c.cfg.RecheckInterval, 5*time.Second))
+	defer cancel()
+	sub, err := c.watcher.SubscribeJob(sctx, k.jt, kvKey, kid)
+	if err != nil {
+		c.cfg.Logger.Warn("jobs: subscribe to wake-ups", "key", kvKey, "job", kid, "err", err)
+		return nil
+	}
+	return sub
 }
 
 // leaveWaiters removes a waiter from group w of kvKey; the last one stops

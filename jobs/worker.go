@@ -362,12 +362,23 @@ func (c *Client) acquire(ctx context.Context, k *kind, run *Run, ar *activeRun) 
 	kid := keyJobID(job.ChannelID, job.ID)
 	input := []byte(inputOf(job))
 	retry := job.Failures > 0 || job.Attempts > 1
-	var kvKey string         // the key this job waits on, once it waits
-	var group *keyWaiters    // the client's waiters on that key, if watched
-	var turn <-chan struct{} // its turns to try after a change of the key
+	var kvKey string      // the key this job waits on, once it waits
+	var group *keyWaiters // the client's waiters on that key, if watched
+	// wake is the subscription to the wake-ups of its own job, if it waits
+	// on them (over targeted wake-ups, a queued job): then it is in no
+	// group. ended is wake's Done.
+	var wake *jobkeys.Subscription
+	var ended <-chan struct{}
+	var turn <-chan struct{} // its turns to try: a change of the key, or its wake-up
+	// noGroup and noWake: that way of waiting failed (or ended) once; the
+	// job does not try it again.
+	noGroup, noWake := false, false
 	defer func() {
 		if group != nil {
 			c.leaveWaiters(kvKey, group)
+		}
+		if wake != nil {
+			wake.Close()
 		}
 	}()
 	repaired, waited := false, false
@@ -402,8 +413,10 @@ func (c *Client) acquire(ctx context.Context, k *kind, run *Run, ar *activeRun) 
 		}
 		if acq.Kind == jobkeys.KindAcquired {
 			c.cfg.Logger.Debug("jobs: acquired", "job", job.ID, "generation", run.claim.Generation, "waited", waited)
-			if kvKey != "" {
-				c.passTurn(kvKey) // another slot may be free too
+			if kvKey != "" && wake == nil {
+				// Another slot may be free too. (A wake-up is not passed
+				// on: its writer woke as many jobs as it left slots free.)
+				c.passTurn(kvKey)
 			}
 			select {
 			case <-c.stopCh: // Stop began while it acquired: do not start
@@ -461,15 +474,40 @@ func (c *Client) acquire(ctx context.Context, k *kind, run *Run, ar *activeRun) 
 		if kvKey == "" {
 			if key, err := k.jt.Key(input); err == nil {
 				kvKey = key.KVKey
-				waited = true // starting the watch takes a while too
-				if group = c.joinWaiters(ctx, kvKey); group != nil {
-					turn = group.turn
-					// Try once more now that changes are watched: a
-					// release between the blocked try and the watch
-					// would wake nobody.
-					continue
-				}
 			}
+		}
+		// Over targeted wake-ups a queued job waits for the wake-ups of its
+		// own job; a retry, or a job not queued (yet), which no wake-up
+		// names, waits in its key's group, as every job does without
+		// wake-ups. After subscribing either way it tries once more: a
+		// release between the blocked try and the subscription would wake
+		// nobody (a wake-up that found no subscriber is sent once more
+		// 2 ms later, which may still be too early).
+		byWake := !noWake && !retry && c.wakeUps() &&
+			(acq.Reason == jobkeys.ReasonActiveLimit || acq.Reason == jobkeys.ReasonStaleBlocked)
+		if kvKey != "" && byWake && wake == nil {
+			if group != nil {
+				c.leaveWaiters(kvKey, group)
+				group, turn = nil, nil
+			}
+			waited = true // subscribing takes a while too
+			if wake = c.subscribeJob(ctx, k, kvKey, kid); wake != nil {
+				turn, ended = wake.Changed(), wake.Done()
+				continue
+			}
+			noWake, byWake = true, false
+		}
+		if kvKey != "" && !byWake && group == nil && !noGroup {
+			if wake != nil {
+				wake.Close()
+				wake, turn, ended = nil, nil, nil
+			}
+			waited = true // starting the watch takes a while too
+			if group = c.joinWaiters(ctx, kvKey); group != nil {
+				turn = group.turn
+				continue
+			}
+			noGroup = true
 		}
 		// Wait for a change of the key, a lease expiry, the grace, or the
 		// recheck bound, without a write.
@@ -493,12 +531,18 @@ func (c *Client) acquire(ctx context.Context, k *kind, run *Run, ar *activeRun) 
 			c.handBack(ctx, run.claim, c.cfg.RecheckInterval, "key-full")
 			return jobkeys.Lease{}, false
 		}
-		c.cfg.Logger.Debug("jobs: waiting", "job", job.ID, "for", wait, "watched", turn != nil)
+		c.cfg.Logger.Debug("jobs: waiting", "job", job.ID, "for", wait, "watched", turn != nil, "wakeUps", wake != nil)
 		timer.Reset(wait)
 		stop, gotTurn := false, false
 		select {
 		case <-turn:
-			gotTurn = true
+			gotTurn = group != nil // a group's turn, which it passes on if it leaves
+		case <-ended:
+			// Its wake-ups ended (the Watcher closed): it tries, then
+			// waits in its key's group, or on rechecks.
+			wake.Close()
+			wake, turn, ended = nil, nil, nil
+			noWake = true
 		case <-timer.C:
 		case <-ar.woken:
 		case <-c.stopCh:

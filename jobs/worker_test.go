@@ -198,12 +198,8 @@ func TestClientPerKeyConcurrencyAcrossClients(t *testing.T) {
 	t.Parallel()
 	env := newRuntimeEnv(t)
 	p := jobkeys.Policy{Key: []string{"doc", "/doc"}, MaxActive: 2, MaxQueuedPerKey: 100}
-	type span struct {
-		key        string
-		start, end time.Time
-	}
 	var mu sync.Mutex
-	var spans []span
+	var spans []keySpan
 	runs := map[string]int{}
 	nodes := make([]*node, 3)
 	for i := range nodes {
@@ -213,7 +209,7 @@ func TestClientPerKeyConcurrencyAcrossClients(t *testing.T) {
 		require.NoError(t, jobs.Register(nodes[i].client, jobs.Kind[docIn, docOut]{
 			Type: "work", Policy: p,
 			Work: func(ctx context.Context, run *jobs.Run, in docIn) (docOut, error) {
-				s := span{key: in.Doc, start: time.Now()}
+				s := keySpan{key: in.Doc, start: time.Now()}
 				time.Sleep(time.Duration(5+in.N%4*5) * time.Millisecond)
 				s.end = time.Now()
 				mu.Lock()
@@ -244,32 +240,7 @@ func TestClientPerKeyConcurrencyAcrossClients(t *testing.T) {
 	for _, id := range ids {
 		assert.Equal(t, 1, runs[id], "job %s", id)
 	}
-	peak := map[string]int{}
-	for key := range map[string]bool{"k0": true, "k1": true, "k2": true} {
-		type ev struct {
-			at time.Time
-			d  int
-		}
-		var evs []ev
-		for _, s := range spans {
-			if s.key == key {
-				evs = append(evs, ev{s.start, 1}, ev{s.end, -1})
-			}
-		}
-		sort.Slice(evs, func(i, j int) bool {
-			if evs[i].at.Equal(evs[j].at) {
-				return evs[i].d < evs[j].d
-			}
-			return evs[i].at.Before(evs[j].at)
-		})
-		cur := 0
-		for _, e := range evs {
-			cur += e.d
-			peak[key] = max(peak[key], cur)
-		}
-		assert.LessOrEqual(t, peak[key], p.MaxActive, "key %s", key)
-	}
-	t.Logf("per-key peaks: %v", peak)
+	assertKeyPeaks(t, spans, []string{"k0", "k1", "k2"}, p.MaxActive)
 }
 
 // MaxWorkers bounds the handlers of one client, whatever the keys allow.
@@ -1040,4 +1011,42 @@ func startGatedJob(t *testing.T) *gatedJob {
 		t.Fatal("the slot was never acquired")
 	}
 	return g
+}
+
+// keySpan is when a handler of a job of key ran.
+type keySpan struct {
+	key        string
+	start, end time.Time
+}
+
+// assertKeyPeaks checks that at no instant more than limit of spans of each
+// of keys overlapped (an end and a start at one instant do not).
+func assertKeyPeaks(t *testing.T, spans []keySpan, keys []string, limit int) {
+	t.Helper()
+	peak := map[string]int{}
+	for _, key := range keys {
+		type ev struct {
+			at time.Time
+			d  int
+		}
+		var evs []ev
+		for _, s := range spans {
+			if s.key == key {
+				evs = append(evs, ev{s.start, 1}, ev{s.end, -1})
+			}
+		}
+		sort.Slice(evs, func(i, j int) bool {
+			if evs[i].at.Equal(evs[j].at) {
+				return evs[i].d < evs[j].d
+			}
+			return evs[i].at.Before(evs[j].at)
+		})
+		cur := 0
+		for _, e := range evs {
+			cur += e.d
+			peak[key] = max(peak[key], cur)
+		}
+		assert.LessOrEqual(t, peak[key], limit, "key %s", key)
+	}
+	t.Logf("per-key peaks: %v", peak)
 }

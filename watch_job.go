@@ -1,0 +1,127 @@
+package jobkeys
+
+import (
+	"context"
+	"fmt"
+	"reflect"
+	"strings"
+	"unicode/utf8"
+)
+
+// This file holds the exported side of targeted wake-ups on a Watcher
+// (see WithWakeUps): what a worker runtime of its own (the jobs package's
+// Client) needs to wait as a Runner waits, for the wake-ups sent to its
+// own job rather than a watch of the key.
+
+// WakeUps reports whether w's store sends targeted wake-ups (a
+// [NATSStore] made with [WithWakeUps]): then [Watcher.SubscribeJob] works,
+// and a blocked acquisition of a queued job is better off waiting on it
+// than on [Watcher.Subscribe], which signals every subscriber of the key
+// at every change. It is false for a nil Watcher or the zero value, and safe for
+// concurrent use.
+func (w *Watcher) WakeUps() bool { return w.wakeUps() != nil }
+
+// SubscribeJob subscribes to the targeted wake-ups sent to job jobID on
+// kvKey, a key of jt ([JobType.Key] derives it; jobID is the id the job
+// was admitted under), over w's store, which must be the store jt's
+// coordinator was made with and have wake-ups ([Watcher.WakeUps]).
+//
+// The subscription's Changed channel delivers a value after each wake-up
+// sent to the job (coalesced, as every Subscription's): the write of any
+// process with wake-ups on that left a slot free with the job among the
+// first queued ones, as many as the slots it left free (a release,
+// typically; but any write that leaves a slot free, a heartbeat or an
+// admission too, wakes them again), or behind them when jobs ahead of it
+// have no waiter anywhere (a wake-up moves on past such jobs, up to 64
+// past the free slots). A write that leaves no slot free (a
+// heartbeat of a full key) signals nothing, nor do wake-ups sent to other
+// jobs of the key. The state each wake-up carries is recorded in
+// jt's coordinator as a state seen stored, so that the job's next
+// [JobType.Acquire] starts from it: it writes on it without a read when
+// it has a slot free (a stale one costs a failed write and a read; a
+// coordinator whose Config.StateCacheSize disables its cache reads), and
+// reads, as every Acquire that finds a key busy on a remembered state
+// does, before it reports the key busy.
+//
+// A wake-up is not sent for every change a waiter needs: a writer without
+// wake-ups (a store without WithWakeUps, the TS original) sends none, nor
+// does a lease running out (Acquisition.NextExpiry); a waiter keeps its
+// rechecks for those. A wake-up sent before the subscription reached the
+// server may be lost, though one that found no waiter is sent again a
+// couple of milliseconds later; SubscribeJob returns once the server has
+// confirmed the subscription (or after a millisecond without that), so a
+// waiter that tries once more after SubscribeJob returns misses no
+// release. A job that is not queued (a retry, [WithRetry], or a job not
+// admitted yet) is sent no wake-up: wait for it with [Watcher.Subscribe].
+//
+// Done is closed when the subscription is closed or w is. Close the
+// subscription when the job stops waiting. ctx bounds the call only: a
+// ctx that ends during it makes it return ctx.Err() with nothing
+// subscribed.
+//
+// It fails with an error wrapping [ErrInvalidRequest] for a nil or zero
+// Watcher or JobType, a JobType of another store than w's, a store
+// without wake-ups, a kvKey that is not a key of jt, or a job id that is
+// empty or not valid UTF-8; with one wrapping [ErrWatcherClosed] after
+// [Watcher.Close]. It is safe for concurrent use.
+func (w *Watcher) SubscribeJob(ctx context.Context, jt *JobType, kvKey, jobID string) (*Subscription, error) {
+	if err := ctx.Err(); err != nil {
+		return nil, err
+	}
+	if w == nil || w.store == nil {
+		return nil, fmt.Errorf("%w: subscribe to the wake-ups of job %q: the Watcher was not made by NewWatcher", ErrInvalidRequest, jobID)
+	}
+	if jt == nil || jt.coord == nil {
+		return nil, fmt.Errorf("%w: subscribe to the wake-ups of job %q: the job type is nil or was not made by KeyCoordinator.JobType", ErrInvalidRequest, jobID)
+	}
+	ws := w.wakeUps()
+	if ws == nil {
+		return nil, fmt.Errorf("%w: subscribe to the wake-ups of job %q of %s: the Watcher's store has no wake-ups (WithWakeUps)", ErrInvalidRequest, jobID, kvKey)
+	}
+	if !sameStore(ws, jt.coord.wakes) {
+		return nil, fmt.Errorf("%w: subscribe to the wake-ups of job %q of %s: job type %q of service %q belongs to a coordinator over another store than the Watcher's",
+			ErrInvalidRequest, jobID, kvKey, jt.name, jt.service)
+	}
+	if !isKeyOf(jt, kvKey) {
+		return nil, fmt.Errorf("%w: subscribe to the wake-ups of job %q: %q is not a KV key of job type %q of service %q (%s.%s.<key hash>)",
+			ErrInvalidRequest, jobID, kvKey, jt.name, jt.service, jt.service, jt.name)
+	}
+	if jobID == "" || !utf8.ValidString(jobID) {
+		return nil, fmt.Errorf("%w: subscribe to the wake-ups of %s: job id %q is empty or not valid UTF-8", ErrInvalidRequest, kvKey, jobID)
+	}
+	sub, err := w.subscribeWake(jt.service, kvKey, jobID, jt.coord.keys)
+	if err != nil {
+		return nil, err
+	}
+	if err := ctx.Err(); err != nil {
+		sub.Close()
+		return nil, err
+	}
+	return sub, nil
+}
+
+// isKeyOf reports whether kvKey is a KV key of jt: its service, its name
+// and a key hash (lowercase hex SHA-256).
+func isKeyOf(jt *JobType, kvKey string) bool {
+	hash, ok := strings.CutPrefix(kvKey, jt.service+"."+jt.name+".")
+	if !ok || len(hash) != 64 {
+		return false
+	}
+	for i := range len(hash) {
+		if c := hash[i]; (c < '0' || c > '9') && (c < 'a' || c > 'f') {
+			return false
+		}
+	}
+	return true
+}
+
+// sameStore reports whether a and b are the same store; values == cannot
+// compare (of such a type, or holding such a value in an interface) are
+// never the same.
+func sameStore(a, b wakeStore) bool {
+	if a == nil || b == nil {
+		return false
+	}
+	va, vb := reflect.ValueOf(a), reflect.ValueOf(b)
+	return va.Type() == vb.Type() && va.Comparable() && vb.Comparable() && a == b
+}
