@@ -319,6 +319,11 @@ func (s *NATSStore) wakeUps() bool { return s.wake != nil }
 
 // publishWakes implements wakeStore.
 func (s *NATSStore) publishWakes(service, kvKey string, value []byte, rev uint64, targets []string, free int) {
+	s.publishWake(service, kvKey, value, rev, targets, free, false)
+}
+
+// publishWake is publishWakes, or with again publishWakesAgain.
+func (s *NATSStore) publishWake(service, kvKey string, value []byte, rev uint64, targets []string, free int, again bool) {
 	if s.wake == nil || free <= 0 || len(targets) == 0 {
 		return
 	}
@@ -326,7 +331,7 @@ func (s *NATSStore) publishWakes(service, kvKey string, value []byte, rev uint64
 		s.wake.dropped.Add(1)
 		return
 	}
-	s.wake.publish(s.BucketName(service), kvKey, value, rev, targets, free, false)
+	s.wake.publish(s.BucketName(service), kvKey, value, rev, targets, free, again)
 }
 
 // wakeAheadStore is implemented by wake-up stores that send a wake-up of
@@ -344,14 +349,7 @@ var _ wakeAheadStore = (*NATSStore)(nil)
 
 // publishWakesAgain implements wakeAheadStore.
 func (s *NATSStore) publishWakesAgain(service, kvKey string, value []byte, rev uint64, targets []string, free int) {
-	if s.wake == nil || free <= 0 || len(targets) == 0 {
-		return
-	}
-	if validateService(service) != nil || !validKVKey(kvKey) {
-		s.wake.dropped.Add(1)
-		return
-	}
-	s.wake.publish(s.BucketName(service), kvKey, value, rev, targets, free, true)
+	s.publishWake(service, kvKey, value, rev, targets, free, true)
 }
 
 // subscribeWake implements wakeStore. fn must not call stop, nor modify

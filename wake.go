@@ -77,14 +77,7 @@ func (c *KeyCoordinator) publishWakes(key JobKey, prev, st *KeyState, rev uint64
 	if prev == nil || len(st.Queued) == 0 {
 		return
 	}
-	now := c.cfg.Now()
-	live := 0
-	for i := range st.Active {
-		if st.Active[i].LeaseExpiresAt.After(now) {
-			live++
-		}
-	}
-	free := st.MaxActive - live
+	free := st.MaxActive - liveSlots(st, c.cfg.Now())
 	if free <= 0 {
 		return
 	}
@@ -156,13 +149,7 @@ func (c *KeyCoordinator) wakeAhead(service, kvKey string, e *keyEntry, rev uint6
 		e.mu.Unlock()
 		return
 	}
-	live := 0
-	for i := range st.Active {
-		if st.Active[i].LeaseExpiresAt.After(now) {
-			live++
-		}
-	}
-	free := limit - live
+	free := limit - liveSlots(st, now)
 	i := indexQueued(st.Queued, jobID)
 	if free <= 0 || i < free || i >= free+wakeTargetsMax {
 		e.mu.Unlock()
@@ -181,6 +168,17 @@ func (c *KeyCoordinator) wakeAhead(service, kvKey string, e *keyEntry, rev uint6
 		return
 	}
 	c.wakes.publishWakes(service, kvKey, value, rev, targets, free)
+}
+
+// liveSlots is the number of st's slots whose lease lasts past now.
+func liveSlots(st *KeyState, now time.Time) int {
+	live := 0
+	for i := range st.Active {
+		if st.Active[i].LeaseExpiresAt.After(now) {
+			live++
+		}
+	}
+	return live
 }
 
 // lastValue returns the value of the last state a committed write stored:
