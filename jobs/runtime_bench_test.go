@@ -112,6 +112,19 @@ func benchRuntime(b *testing.B, url string, workers, keys int) {
 	b.ReportAllocs()
 	b.ResetTimer()
 	// As many producers as workers, so that enqueueing keeps up.
+	benchProduce(b, workers, inflight, func(i int) error {
+		id := strconv.Itoa(i)
+		_, err := c.Enqueue(ctx, enqueueReq("bench", id, id, "k"+strconv.Itoa(i%keys)))
+		return err
+	})
+	<-finished
+}
+
+// benchProduce enqueues b.N jobs from workers producers, one at a time
+// each, a slot of inflight taken before each (the handlers free them), and
+// fails b on the first error.
+func benchProduce(b *testing.B, workers int, inflight chan struct{}, enqueue func(i int) error) {
+	b.Helper()
 	var next atomic.Int64
 	errs := make(chan error, workers)
 	for range workers {
@@ -123,8 +136,7 @@ func benchRuntime(b *testing.B, url string, workers, keys int) {
 					return
 				}
 				inflight <- struct{}{}
-				id := strconv.Itoa(i)
-				if _, err := c.Enqueue(ctx, enqueueReq("bench", id, id, "k"+strconv.Itoa(i%keys))); err != nil {
+				if err := enqueue(i); err != nil {
 					errs <- err
 					return
 				}
@@ -136,5 +148,4 @@ func benchRuntime(b *testing.B, url string, workers, keys int) {
 			b.Fatal(err)
 		}
 	}
-	<-finished
 }

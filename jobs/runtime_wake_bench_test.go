@@ -96,30 +96,11 @@ func benchRuntimeWake(b *testing.B, url string, procs, workers, keys int) {
 	b.ReportAllocs()
 	b.ResetTimer()
 	reads.Store(0)
-	var next atomic.Int64
-	errs := make(chan error, workers)
-	for range workers {
-		go func() {
-			for {
-				i := int(next.Add(1) - 1)
-				if i >= b.N {
-					errs <- nil
-					return
-				}
-				inflight <- struct{}{}
-				id := strconv.Itoa(i)
-				if _, err := clients[0].Enqueue(ctx, enqueueReq("bench", id, id, "k"+strconv.Itoa(i%keys))); err != nil {
-					errs <- err
-					return
-				}
-			}
-		}()
-	}
-	for range workers {
-		if err := <-errs; err != nil {
-			b.Fatal(err)
-		}
-	}
+	benchProduce(b, workers, inflight, func(i int) error {
+		id := strconv.Itoa(i)
+		_, err := clients[0].Enqueue(ctx, enqueueReq("bench", id, id, "k"+strconv.Itoa(i%keys)))
+		return err
+	})
 	<-finished
 	b.ReportMetric(float64(reads.Load())/float64(b.N), "key-reads/op")
 }

@@ -4,7 +4,6 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
-	"sync"
 	"testing"
 	"time"
 
@@ -30,9 +29,7 @@ func TestClientPerKeyConcurrencyAcrossClientsWakeUps(t *testing.T) {
 	n := runtimeSeq.Add(1)
 	bucket, service := fmt.Sprintf("JOBS_WX%d", n), fmt.Sprintf("wx%d", n)
 	p := jobkeys.Policy{Key: []string{"doc", "/doc"}, MaxActive: 2, MaxQueuedPerKey: 100}
-	var mu sync.Mutex
-	var spans []keySpan
-	runs := map[string]int{}
+	audit := newKeyAudit()
 	clients := make([]*jobs.Client, 3)
 	for i := range clients {
 		_, js := natstest.Connect(t, srv)
@@ -52,16 +49,7 @@ func TestClientPerKeyConcurrencyAcrossClientsWakeUps(t *testing.T) {
 		})
 		require.NoError(t, jobs.Register(c, jobs.Kind[docIn, docOut]{
 			Type: "work", Policy: p,
-			Work: func(ctx context.Context, run *jobs.Run, in docIn) (docOut, error) {
-				s := keySpan{key: in.Doc, start: time.Now()}
-				time.Sleep(time.Duration(5+in.N%4*5) * time.Millisecond)
-				s.end = time.Now()
-				mu.Lock()
-				spans = append(spans, s)
-				runs[run.Job().ID]++
-				mu.Unlock()
-				return docOut{By: fmt.Sprint(i)}, nil
-			},
+			Work: audit.work(fmt.Sprint(i)),
 		}))
 		clients[i] = c
 	}
@@ -86,10 +74,5 @@ func TestClientPerKeyConcurrencyAcrossClientsWakeUps(t *testing.T) {
 		}
 		return true
 	}, 50*time.Second, 20*time.Millisecond, "every job completes before the first recheck")
-	mu.Lock()
-	defer mu.Unlock()
-	for _, id := range ids {
-		assert.Equal(t, 1, runs[id], "job %s", id)
-	}
-	assertKeyPeaks(t, spans, []string{"k0", "k1", "k2"}, p.MaxActive)
+	audit.check(t, ids, []string{"k0", "k1", "k2"}, p.MaxActive)
 }

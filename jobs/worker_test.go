@@ -198,9 +198,7 @@ func TestClientPerKeyConcurrencyAcrossClients(t *testing.T) {
 	t.Parallel()
 	env := newRuntimeEnv(t)
 	p := jobkeys.Policy{Key: []string{"doc", "/doc"}, MaxActive: 2, MaxQueuedPerKey: 100}
-	var mu sync.Mutex
-	var spans []keySpan
-	runs := map[string]int{}
+	audit := newKeyAudit()
 	nodes := make([]*node, 3)
 	for i := range nodes {
 		cfg := fastConfig
@@ -208,16 +206,7 @@ func TestClientPerKeyConcurrencyAcrossClients(t *testing.T) {
 		nodes[i] = env.newNode(cfg, nil)
 		require.NoError(t, jobs.Register(nodes[i].client, jobs.Kind[docIn, docOut]{
 			Type: "work", Policy: p,
-			Work: func(ctx context.Context, run *jobs.Run, in docIn) (docOut, error) {
-				s := keySpan{key: in.Doc, start: time.Now()}
-				time.Sleep(time.Duration(5+in.N%4*5) * time.Millisecond)
-				s.end = time.Now()
-				mu.Lock()
-				spans = append(spans, s)
-				runs[run.Job().ID]++
-				mu.Unlock()
-				return docOut{By: fmt.Sprint(i)}, nil
-			},
+			Work: audit.work(fmt.Sprint(i)),
 		}))
 	}
 	ctx := context.Background()
@@ -235,12 +224,7 @@ func TestClientPerKeyConcurrencyAcrossClients(t *testing.T) {
 	for _, id := range ids {
 		waitState(t, nodes[0], id, jobs.StateCompleted)
 	}
-	mu.Lock()
-	defer mu.Unlock()
-	for _, id := range ids {
-		assert.Equal(t, 1, runs[id], "job %s", id)
-	}
-	assertKeyPeaks(t, spans, []string{"k0", "k1", "k2"}, p.MaxActive)
+	audit.check(t, ids, []string{"k0", "k1", "k2"}, p.MaxActive)
 }
 
 // MaxWorkers bounds the handlers of one client, whatever the keys allow.
@@ -1017,6 +1001,43 @@ func startGatedJob(t *testing.T) *gatedJob {
 type keySpan struct {
 	key        string
 	start, end time.Time
+}
+
+// keyAudit records the runs of the handlers its work makes: when each ran
+// on which key, and how often each job ran.
+type keyAudit struct {
+	mu    sync.Mutex
+	spans []keySpan
+	runs  map[string]int
+}
+
+func newKeyAudit() *keyAudit { return &keyAudit{runs: map[string]int{}} }
+
+// work is a handler that sleeps 5 to 20 ms and records its run, answering
+// by.
+func (a *keyAudit) work(by string) func(context.Context, *jobs.Run, docIn) (docOut, error) {
+	return func(ctx context.Context, run *jobs.Run, in docIn) (docOut, error) {
+		s := keySpan{key: in.Doc, start: time.Now()}
+		time.Sleep(time.Duration(5+in.N%4*5) * time.Millisecond)
+		s.end = time.Now()
+		a.mu.Lock()
+		a.spans = append(a.spans, s)
+		a.runs[run.Job().ID]++
+		a.mu.Unlock()
+		return docOut{By: by}, nil
+	}
+}
+
+// check checks that every job of ids ran once and that at no instant more
+// than limit handlers ran on any of keys.
+func (a *keyAudit) check(t *testing.T, ids, keys []string, limit int) {
+	t.Helper()
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	for _, id := range ids {
+		assert.Equal(t, 1, a.runs[id], "job %s", id)
+	}
+	assertKeyPeaks(t, a.spans, keys, limit)
 }
 
 // assertKeyPeaks checks that at no instant more than limit of spans of each
