@@ -47,6 +47,9 @@ func benchClientURL(s *server.Server) string {
 	if benchURL != "" {
 		return benchURL
 	}
+	if u := os.Getenv("JOBKEYS_BENCH_NATS_URL"); u != "" {
+		return u
+	}
 	return s.ClientURL()
 }
 
@@ -121,6 +124,7 @@ func BenchmarkCycleDelayed(b *testing.B) {
 		{"16workers-16conns-1key-watcher", hotKeyRow{workers: 16, conns: 16}},
 		{"16workers-16conns-1key-wake", hotKeyRow{workers: 16, conns: 16, wake: true}},
 		{"16workers-16conns-1key-wake-pipelined", hotKeyRow{workers: 16, conns: 16, wake: true, pipelined: true}},
+		{"64workers-16conns-1key-wake", hotKeyRow{workers: 64, conns: 16, wake: true}},
 		{"64workers-64conns-1key-wake", hotKeyRow{workers: 64, conns: 64, wake: true}},
 	} {
 		b.Run(prefix+r.name, func(b *testing.B) { benchHotKeyRow(b, s, r.row) })

@@ -259,6 +259,20 @@ func BenchmarkCycle(b *testing.B) {
 			return benchRawOp(ctx, b, w, benchService(), "k", benchStateBytes(b, 0))
 		})
 	})
+	// The bare KV work of a hot-key row's cycle at its queue's length:
+	// three kv.Update calls (no read: each on the revision the last one
+	// returned) of a state with n jobs queued, on a key a kv.Watch
+	// follows, as the hot-key rows' Watcher does. A cycle writes three
+	// revisions of the key's whole state however it batches them (an
+	// admission, an acquisition and a release), and a state of 64 queued
+	// jobs is 17 KB against the 1-worker row's 662 bytes.
+	for _, n := range []int{0, 16, 64} {
+		b.Run(fmt.Sprintf("NATS/rawKV-3writes-%dqueued-watched", n), func(b *testing.B) {
+			benchParallel(b, s, 1, false, "cycles/s", func(ctx context.Context, w *benchConn, worker int) func(int) error {
+				return benchRawWrites(ctx, b, w, benchService(), "k", benchStateBytes(b, n))
+			})
+		})
+	}
 
 	// Hot keys (issue 11): n workers on ONE key with MaxActive 1, each
 	// looping admit → Runner.Run (waiting on a Watcher while blocked) with
@@ -281,6 +295,12 @@ func BenchmarkCycle(b *testing.B) {
 		b.Run(fmt.Sprintf("NATS/%dworkers-%dconns-1key-wake", n, n), func(b *testing.B) {
 			benchHotKeyRow(b, s, hotKeyRow{workers: n, conns: n, wake: true})
 		})
+		if n == 64 {
+			// 64 workers in 16 processes (4 each), on their own connections.
+			b.Run("NATS/64workers-16conns-1key-wake", func(b *testing.B) {
+				benchHotKeyRow(b, s, hotKeyRow{workers: 64, conns: 16, wake: true})
+			})
+		}
 		// Each worker admits its next job while its handler holds the
 		// slot: no admission of the releasing worker races the woken
 		// head's acquisition.
@@ -718,6 +738,36 @@ func BenchmarkRawKV(b *testing.B) {
 			return benchRawOp(ctx, b, w, service, "k"+strconv.Itoa(worker), value)
 		})
 	})
+}
+
+// benchRawWrites is the op of the rawKV-3writes rows of BenchmarkCycle:
+// three kv.Update calls of value on key, each on the revision the one
+// before it returned, with a kv.Watch of key consuming every update.
+func benchRawWrites(ctx context.Context, b *testing.B, w *benchConn, service, key string, value []byte) func(int) error {
+	kv, err := w.store.KeyValue(ctx, service)
+	require.NoError(b, err)
+	rev, err := kv.Put(ctx, key, value)
+	require.NoError(b, err)
+	watch, err := kv.Watch(ctx, key, jetstream.UpdatesOnly())
+	require.NoError(b, err)
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		for range watch.Updates() {
+		}
+	}()
+	b.Cleanup(func() {
+		assert.NoError(b, watch.Stop())
+		<-done
+	})
+	return func(int) error {
+		for range 3 {
+			if rev, err = kv.Update(ctx, key, value, rev); err != nil {
+				return err
+			}
+		}
+		return nil
+	}
 }
 
 func benchRawOp(ctx context.Context, b *testing.B, w *benchConn, service, key string, value []byte) func(int) error {
