@@ -42,7 +42,10 @@ import (
 // instead of the server's own (a delay line's, see BenchmarkCycleDelayed).
 var benchURL string
 
-// benchClientURL is the URL benchConnect connects to s by.
+// benchClientURL is the URL benchConnect connects to s by: benchURL, or
+// JOBKEYS_BENCH_NATS_URL (a standalone nats-server with JetStream, as in
+// BenchmarkUncontended: the process's CPU and heap are then the clients'
+// alone), or s's own.
 func benchClientURL(s *server.Server) string {
 	if benchURL != "" {
 		return benchURL

@@ -45,7 +45,16 @@ var benchPolicy = Policy{Key: []string{"tenant", "/tenant"}, MaxActive: 1}
 // with different b.N do not see each other's keys.
 var benchSeq atomic.Int64
 
-func benchService() string { return "bench" + strconv.FormatInt(benchSeq.Add(1), 10) }
+func benchService() string { return "bench" + benchRun + strconv.FormatInt(benchSeq.Add(1), 10) }
+
+// benchRun tells this process's buckets from an earlier run's on a
+// standalone server (JOBKEYS_BENCH_NATS_URL), which keeps them.
+var benchRun = func() string {
+	if os.Getenv("JOBKEYS_BENCH_NATS_URL") == "" {
+		return ""
+	}
+	return strconv.FormatInt(time.Now().UnixNano(), 36) + "x"
+}()
 
 func benchPayload(key int) []byte { return []byte(`{"tenant":"t-` + strconv.Itoa(key) + `"}`) }
 

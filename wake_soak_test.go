@@ -24,12 +24,14 @@ import (
 // hot key moves on and its jobs' subjects are never used again.
 
 // wakeSoak runs workers Runners over conns connections with wake-ups on a
-// hot key that moves to a new key every perKey cycles, cycles cycles in
-// all (admit, then Run with a handler that returns at once); sample, when
-// set, is called after every tenth of the cycles.
+// hot key that moves to the next of keys keys every perKey cycles, cycles
+// cycles in all (admit, then Run with a handler that returns at once), each
+// job a new one; sample, when set, is called after every tenth of the
+// cycles. The key set is bounded so that the bucket holds a bounded set
+// of keys (each key a state or a delete marker).
 type wakeSoak struct {
-	workers, conns, cycles, perKey int
-	sample                         func(done int)
+	workers, conns, cycles, perKey, keys int
+	sample                               func(done int)
 }
 
 // wakeSoakConn is one connection's store, coordinator, Watcher and Runner.
@@ -83,7 +85,7 @@ func (ws wakeSoak) run(t *testing.T) []*wakeSoakConn {
 					ws.sample(i)
 					mu.Unlock()
 				}
-				payload := []byte(`{"tenant":"t-` + strconv.Itoa(i/ws.perKey) + `"}`)
+				payload := []byte(`{"tenant":"t-` + strconv.Itoa(i/ws.perKey%ws.keys) + `"}`)
 				jobID := fmt.Sprintf("job-%d", i)
 				adm, err := c.jt.Admit(ctx, jobID, payload)
 				if !assert.NoError(t, err, "admit %s", jobID) || !assert.Equal(t, KindAccepted, adm.Kind, "admit %s: %s", jobID, adm.Reason) {
@@ -120,7 +122,7 @@ func TestWakeUpsLeaveNothingBehind(t *testing.T) {
 	if testing.Short() {
 		t.Skip("a few thousand cycles over NATS")
 	}
-	conns := wakeSoak{workers: 16, conns: 4, cycles: 2000, perKey: 50}.run(t)
+	conns := wakeSoak{workers: 16, conns: 4, cycles: 2000, perKey: 50, keys: 1000}.run(t)
 	var received, published uint64
 	for _, c := range conns {
 		n := c.store.wakeCounters()
@@ -165,9 +167,9 @@ func TestWakeUpsLeaveNothingBehind(t *testing.T) {
 
 // TestWakeUpsMemoryFlat is the wake-up variant of TestCoordinatorMemoryFlat:
 // hot-key cycles over wake-ups across connections, the hot key moving
-// every 100 cycles, heap sampled after GC. It runs only with
+// every 100 cycles over 200 keys, heap sampled after GC. It runs only with
 // JOBKEYS_MEM_SOAK=1 (JOBKEYS_MEM_SOAK_WAKE_CYCLES overrides its 100,000
-// cycles):
+// cycles, JOBKEYS_MEM_SOAK_WAKE_KEYS its 200 keys):
 //
 //	JOBKEYS_MEM_SOAK=1 go test -run TestWakeUpsMemoryFlat -v -timeout 30m
 func TestWakeUpsMemoryFlat(t *testing.T) {
@@ -178,6 +180,7 @@ func TestWakeUpsMemoryFlat(t *testing.T) {
 		t.Skip("set JOBKEYS_MEM_SOAK=1 to run the memory soak")
 	}
 	cycles := benchEnvInt(t, "JOBKEYS_MEM_SOAK_WAKE_CYCLES", 100_000)
+	keys := benchEnvInt(t, "JOBKEYS_MEM_SOAK_WAKE_KEYS", 200)
 	var samples []uint64
 	start := time.Now()
 	var goroutines []int
@@ -189,7 +192,7 @@ func TestWakeUpsMemoryFlat(t *testing.T) {
 		goroutines = append(goroutines, runtime.NumGoroutine())
 		t.Logf("cycle %7d: HeapAlloc %7.2f MiB, %4d goroutines (%v)", done, float64(ms.HeapAlloc)/(1<<20), runtime.NumGoroutine(), time.Since(start).Round(time.Millisecond))
 	}
-	wakeSoak{workers: 16, conns: 4, cycles: cycles, perKey: 100, sample: sample}.run(t)
+	wakeSoak{workers: 16, conns: 4, cycles: cycles, perKey: 100, keys: keys, sample: sample}.run(t)
 	require.GreaterOrEqual(t, len(samples), 3)
 	base, final := samples[1], samples[len(samples)-1]
 	assert.LessOrEqual(t, final, base+4<<20, "heap grew from %d to %d bytes over %d cycles", base, final, cycles)
