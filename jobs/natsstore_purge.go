@@ -226,6 +226,8 @@ func (s *NATSStore) purged(p *natsPurge, outcome natsPurgeOutcome, err error) {
 func (s *NATSStore) Close(ctx context.Context) error {
 	ps := &s.purges
 	var err error
+	// With nothing in flight and ctx ended, select picks either case:
+	// the second then finds no purge to stop, and that is no error.
 	select {
 	case <-ps.wait():
 	case <-ctx.Done():
@@ -238,7 +240,9 @@ func (s *NATSStore) Close(ctx context.Context) error {
 			}
 		}
 		ps.mu.Unlock()
-		err = fmt.Errorf("jobs: close the store of bucket %s: stopped waiting for the answers of %d purges of finished jobs' active-index entries: %w", s.Bucket(), len(stopped), ctx.Err())
+		if len(stopped) > 0 { // else every purge ended, or ends now
+			err = fmt.Errorf("jobs: close the store of bucket %s: stopped waiting for the answers of %d purges of finished jobs' active-index entries: %w", s.Bucket(), len(stopped), ctx.Err())
+		}
 		for _, p := range stopped {
 			s.replies.release(p.queue)
 			s.purged(p, purgeCancelled, nil)

@@ -149,3 +149,19 @@ func TestNATSStorePurgesConcurrent(t *testing.T) {
 	require.NoError(t, err)
 	assert.Empty(t, entries, "every job is finished")
 }
+
+// TestNATSStoreCloseEndedContextNothingInFlight: Close with a ctx that has
+// already ended, on a store with no purge in flight, stopped waiting for
+// nothing and returns no error (it used to fail about half the time,
+// "stopped waiting for the answers of 0 purges", as select picked the
+// ended ctx).
+func TestNATSStoreCloseEndedContextNothingInFlight(t *testing.T) {
+	t.Parallel()
+	s := natstest.Run(t)
+	st, _ := newTestNATSStore(t, s, nil)
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	for i := range 64 {
+		require.NoError(t, st.Close(ctx), "close %d", i)
+	}
+}
