@@ -82,7 +82,8 @@ anew through the application, which admits it to its key too.`,
 	}
 }
 
-// openJobs opens the job store over the session's connection.
+// openJobs opens the job store over the session's connection; the
+// session's close closes the store too.
 func (c *cli) openJobs(ctx context.Context, o *options) (*session, jobs.Store, error) {
 	s, err := c.connect(ctx, o)
 	if err != nil {
@@ -94,8 +95,11 @@ func (c *cli) openJobs(ctx context.Context, o *options) (*session, jobs.Store, e
 	}
 	st, err := open(ctx, s, o)
 	if err != nil {
-		s.close()
+		s.close(ctx)
 		return nil, nil, err
+	}
+	if closer, ok := st.(interface{ Close(context.Context) error }); ok {
+		s.closeJobs = closer.Close // by s.close, on every path
 	}
 	return s, st, nil
 }
@@ -131,7 +135,7 @@ func jobsLs(ctx context.Context, c *cli, o *options, channel string, limit int, 
 	if err != nil {
 		return err
 	}
-	defer s.close()
+	defer s.close(ctx)
 	var list []jobs.Summary
 	var after *jobs.Cursor
 	for {
@@ -198,7 +202,7 @@ func jobsShow(ctx context.Context, c *cli, o *options, args []string) error {
 	if err != nil {
 		return err
 	}
-	defer s.close()
+	defer s.close(ctx)
 	rctx, cancel := withTimeout(ctx, o)
 	defer cancel()
 	d, err := st.Get(rctx, args[0], args[1])
@@ -299,7 +303,7 @@ func jobsCancel(ctx context.Context, c *cli, o *options, channel, id string, all
 	if err != nil {
 		return err
 	}
-	defer s.close()
+	defer s.close(ctx)
 	j, err := current(ctx, o, st, channel, id, 0)
 	if err != nil {
 		return err
@@ -324,7 +328,7 @@ func jobsPause(ctx context.Context, c *cli, o *options, channel, id, reason stri
 	if err != nil {
 		return err
 	}
-	defer s.close()
+	defer s.close(ctx)
 	j, err := current(ctx, o, st, channel, id, rev)
 	if err != nil {
 		return err
@@ -346,7 +350,7 @@ func jobsResume(ctx context.Context, c *cli, o *options, channel, id string, in 
 	if err != nil {
 		return err
 	}
-	defer s.close()
+	defer s.close(ctx)
 	j, err := current(ctx, o, st, channel, id, rev)
 	if err != nil {
 		return err
@@ -369,7 +373,7 @@ func jobsRetry(ctx context.Context, c *cli, o *options, channel, id string, rev 
 	if err != nil {
 		return err
 	}
-	defer s.close()
+	defer s.close(ctx)
 	j, err := current(ctx, o, st, channel, id, rev)
 	if err != nil {
 		return err

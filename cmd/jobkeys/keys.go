@@ -143,7 +143,7 @@ func keysLs(ctx context.Context, c *cli, o *options, args []string) error {
 	if err != nil {
 		return err
 	}
-	defer s.close()
+	defer s.close(ctx)
 	rctx, cancel := withTimeout(ctx, o)
 	defer cancel()
 	infos, err := s.coord.InspectKeys(rctx, service, jobType)
@@ -215,7 +215,7 @@ func keysShow(ctx context.Context, c *cli, o *options, args []string, displayKey
 	if err != nil {
 		return err
 	}
-	defer s.close()
+	defer s.close(ctx)
 	rctx, cancel := withTimeout(ctx, o)
 	defer cancel()
 	var infos []jobkeys.KeyInfo
@@ -344,7 +344,7 @@ func keysWatch(ctx context.Context, c *cli, o *options, args []string) error {
 	if err != nil {
 		return err
 	}
-	defer s.close()
+	defer s.close(ctx)
 	w, err := s.coord.WatchOccupancy(ctx, service, jobType)
 	if err != nil {
 		return err
@@ -416,7 +416,7 @@ func keysHistory(ctx context.Context, c *cli, o *options, kvKey string, last int
 	if err != nil {
 		return err
 	}
-	defer s.close()
+	defer s.close(ctx)
 	rctx, cancel := withTimeout(ctx, o)
 	defer cancel()
 	kv, err := s.keys.KeyValue(rctx, service)
@@ -512,7 +512,7 @@ func keysSweep(ctx context.Context, c *cli, o *options, service, jobType string,
 	if err != nil {
 		return err
 	}
-	defer s.close()
+	defer s.close(ctx)
 	rctx, cancel := withTimeout(ctx, o)
 	defer cancel()
 	infos, err := s.coord.InspectKeys(rctx, service, jobType)
@@ -608,7 +608,7 @@ func keysRemoveQueued(ctx context.Context, c *cli, o *options, args []string) er
 	if err != nil {
 		return err
 	}
-	defer s.close()
+	defer s.close(ctx)
 	rctx, cancel := withTimeout(ctx, o)
 	defer cancel()
 	info, err := s.coord.InspectKey(rctx, service, kvKey)
@@ -682,7 +682,7 @@ func keysRepair(ctx context.Context, c *cli, o *options, kvKey string, revision 
 	if err != nil {
 		return err
 	}
-	defer s.close()
+	defer s.close(ctx)
 	rctx, cancel := withTimeout(ctx, o)
 	defer cancel()
 	in, err := s.coord.Inspect(rctx, service, kvKey)
