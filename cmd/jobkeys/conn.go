@@ -144,7 +144,7 @@ func (c *cli) connect(ctx context.Context, o *options) (*session, error) {
 		nc.Close()
 		return nil, usagef("--bucket-prefix: %v", err)
 	}
-	coord, err := jobkeys.NewCoordinator(keys, &jobkeys.Config{InstanceID: "jobkeys-cli"})
+	coord, err := jobkeys.NewCoordinator(keys, &jobkeys.Config{InstanceID: "jobkeys-cli", Now: c.clock()})
 	if err != nil {
 		nc.Close()
 		return nil, err

@@ -28,6 +28,7 @@ import (
 	"os/signal"
 	"strings"
 	"syscall"
+	"time"
 
 	"github.com/jobkeys/jobkeys/jobs"
 )
@@ -65,6 +66,16 @@ type cli struct {
 	isTerminal     func(io.Reader) bool
 	// jobStore opens the job store; nil: the NATS job store (openNATSJobs).
 	jobStore func(ctx context.Context, s *session, o *options) (jobs.Store, error)
+	// now is the clock; nil: time.Now. Tests skew it.
+	now func() time.Time
+}
+
+// clock returns c.now, time.Now when it is nil.
+func (c *cli) clock() func() time.Time {
+	if c.now == nil {
+		return time.Now
+	}
+	return c.now
 }
 
 // command is a leaf of the command tree.
