@@ -308,6 +308,9 @@ func jobsCancel(ctx context.Context, c *cli, o *options, channel, id string, all
 	if err != nil {
 		return err
 	}
+	if !j.State.Active() {
+		return fmt.Errorf("%w: job %q of channel %q is %s, which is final: nothing to cancel", errConflict, id, channel, j.State)
+	}
 	if !o.json {
 		fmt.Fprintf(c.stdout, "Job %s (%s/v%d, target %s) is %s, %d attempts.\n", j.ID, j.Type, j.Version, j.TargetKey, j.State, j.Attempts)
 	}

@@ -144,6 +144,9 @@ func (c *cli) run(ctx context.Context, args []string) int {
 		c.commandUsage(c.stdout, cmd, cfs)
 		return exitOK
 	}
+	if err := o.validate(); err != nil {
+		return c.usageError(fmt.Errorf("%s: %w", cmd.name, err))
+	}
 	if len(pos) < cmd.min || len(pos) > cmd.max {
 		fmt.Fprintf(c.stderr, "jobkeys %s: wrong number of arguments\n", cmd.name)
 		c.commandUsage(c.stderr, cmd, cfs)

@@ -1,0 +1,63 @@
+package main
+
+import (
+	"strings"
+	"testing"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/jobkeys/jobkeys/jobs"
+)
+
+// TestBadJobsBucketIsUsage is the regression test for a --jobs-bucket that
+// cannot be a bucket name: it connected first, then failed with exit code
+// 4 (conflict, the library's error kind for a bad option). It is a usage
+// error now (exit code 2), found before connecting.
+func TestBadJobsBucketIsUsage(t *testing.T) {
+	t.Parallel()
+	r := newRunner(t, "nats://127.0.0.1:1") // never reached
+	for _, name := range []string{"bad.name", "a b", "", strings.Repeat("x", 65)} {
+		res := r.run("jobs", "ls", "ch", "--jobs-bucket", name)
+		assert.Equal(t, exitUsage, res.code, "%q: %s", name, res.stderr)
+		assert.Contains(t, res.stderr, "--jobs-bucket", "%q", name)
+	}
+}
+
+// TestNonPositiveTimeoutIsUsage is the regression test for --timeout 0 or
+// negative: exit code 1 with an error from the NATS client ("timeout
+// invalid", "invalid jetstream option") after trying to connect. It is a
+// usage error now (exit code 2) naming the flag.
+func TestNonPositiveTimeoutIsUsage(t *testing.T) {
+	t.Parallel()
+	r := newRunner(t, "nats://127.0.0.1:1")
+	for _, d := range []string{"0", "-1s"} {
+		res := r.run("keys", "ls", "svc", "--timeout", d)
+		assert.Equal(t, exitUsage, res.code, "%s: %s", d, res.stderr)
+		assert.Contains(t, res.stderr, "--timeout", d)
+		assert.Contains(t, res.stderr, "not positive", d)
+	}
+}
+
+// TestJobsCancelFinalJobRefusedBeforeAsking is the regression test for
+// "jobs cancel" of a job that is already final: it asked to cancel it
+// (refusing without a terminal, exit code 6, as if the operator had to
+// decide) and, once confirmed, failed with a conflict. It says at once that
+// the job is final (exit code 4), without asking.
+func TestJobsCancelFinalJobRefusedBeforeAsking(t *testing.T) {
+	t.Parallel()
+	st, err := jobs.NewMemoryStore(nil)
+	require.NoError(t, err)
+	jobFixture(t, st)
+	r := jobRunner(t, st)
+	before := jobState(t, st, "j-failed")
+	res := r.run("jobs", "cancel", "ch", "j-failed")
+	assert.Equal(t, exitConflict, res.code, res.stderr)
+	assert.Contains(t, res.stderr, `job "j-failed" of channel "ch" is failed, which is final`)
+	assert.NotContains(t, res.stderr, "[y/N]")
+	assert.Equal(t, before, jobState(t, st, "j-failed"))
+	r.terminal, r.stdin = true, "y\n"
+	res = r.run("jobs", "cancel", "ch", "j-failed")
+	assert.Equal(t, exitConflict, res.code, res.stderr)
+	assert.NotContains(t, res.stderr, "[y/N]", "not asked")
+}
