@@ -346,7 +346,10 @@ func keysWatch(ctx context.Context, c *cli, o *options, args []string) error {
 		return err
 	}
 	defer s.close(ctx)
-	w, err := s.coord.WatchOccupancy(ctx, service, jobType)
+	// The watch ends with the command, whichever way it returns.
+	wctx, stop := context.WithCancel(ctx)
+	defer stop()
+	w, err := s.coord.WatchOccupancy(wctx, service, jobType)
 	if err != nil {
 		return err
 	}
