@@ -109,7 +109,7 @@ func keysSweep(ctx context.Context, c *cli, o *options, service, jobType string,
 				"kept": nonNil(kept), "removed": []sweptJSON{}, "deletedKeys": 0})
 		}
 		if len(expired) == 0 {
-			fmt.Fprintf(c.stdout, "no slots expired --skew-margin %v ago or more in %d keys\n", margin, len(infos))
+			fmt.Fprintf(c.stdout, "no expired slots in %d keys (expired --skew-margin %v ago or more)\n", len(infos), margin)
 			printKept()
 			return nil
 		}
