@@ -312,7 +312,7 @@ func jobsCancel(ctx context.Context, c *cli, o *options, channel, id string, all
 		return fmt.Errorf("%w: job %q of channel %q is %s, which is final: nothing to cancel", errConflict, id, channel, j.State)
 	}
 	if !o.json {
-		fmt.Fprintf(c.stdout, "Job %s (%s/v%d, target %s) is %s, %d attempts.\n", j.ID, j.Type, j.Version, j.TargetKey, j.State, j.Attempts)
+		fmt.Fprintf(c.stdout, "Job %s (%s/v%d, target %s) is %s, %s.\n", j.ID, j.Type, j.Version, j.TargetKey, j.State, plural(j.Attempts, "attempt"))
 	}
 	if err := c.confirm(o, fmt.Sprintf("Cancel job %s of channel %s? This is final.", id, channel)); err != nil {
 		return err

@@ -61,3 +61,19 @@ func TestJobsCancelFinalJobRefusedBeforeAsking(t *testing.T) {
 	assert.Equal(t, exitConflict, res.code, res.stderr)
 	assert.NotContains(t, res.stderr, "[y/N]", "not asked")
 }
+
+// TestJobsCancelCountsAttempts is the regression test for "jobs cancel"
+// describing a job of one attempt as "1 attempts".
+func TestJobsCancelCountsAttempts(t *testing.T) {
+	t.Parallel()
+	st, err := jobs.NewMemoryStore(nil)
+	require.NoError(t, err)
+	jobFixture(t, st)
+	r := jobRunner(t, st)
+	res := r.run("jobs", "cancel", "-f", "ch", "j-running")
+	require.Equal(t, exitOK, res.code, res.stderr)
+	assert.Contains(t, res.stdout, "Job j-running (render/v1, target doc-j-running) is running, 1 attempt.\n")
+	res = r.run("jobs", "cancel", "-f", "ch", "j-pending")
+	require.Equal(t, exitOK, res.code, res.stderr)
+	assert.Contains(t, res.stdout, "is pending, 0 attempts.\n")
+}
