@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"time"
+	"unicode/utf8"
 
 	"github.com/jobkeys/jobkeys/jobs"
 )
@@ -25,7 +26,7 @@ func jobCommands() []*command {
 		resumeIn      *time.Duration
 		retryRev      *uint64
 	)
-	return []*command{
+	cmds := []*command{
 		{name: "jobs ls", args: "CHANNEL", min: 1, max: 1,
 			short: "list a channel's jobs, newest first",
 			flags: func(fs *flagSet) {
@@ -80,6 +81,39 @@ anew through the application, which admits it to its key too.`,
 				return jobsRetry(ctx, c, o, args[0], args[1], *retryRev)
 			}},
 	}
+	for _, cmd := range cmds {
+		cmd.check = checkJobArgs
+	}
+	return cmds
+}
+
+// checkJobArgs checks CHANNEL and JOBID against what the job store holds:
+// non-empty UTF-8 of at most jobs.IdentifierSizeLimit bytes.
+func checkJobArgs(args []string) error {
+	for i, name := range []string{"CHANNEL", "JOBID"} {
+		if i >= len(args) {
+			break
+		}
+		if err := checkText(name, args[i], jobs.IdentifierSizeLimit); err != nil {
+			return err
+		}
+		if args[i] == "" {
+			return fmt.Errorf("%s is empty", name)
+		}
+	}
+	return nil
+}
+
+// checkText says what is wrong with a text argument the job store would
+// refuse: over limit bytes, or not UTF-8.
+func checkText(name, v string, limit int) error {
+	switch {
+	case len(v) > limit:
+		return fmt.Errorf("%s is %d bytes, over the limit of %d", name, len(v), limit)
+	case !utf8.ValidString(v):
+		return fmt.Errorf("%s is not valid UTF-8", name)
+	}
+	return nil
 }
 
 // openJobs opens the job store over the session's connection; the
@@ -327,6 +361,9 @@ func jobsCancel(ctx context.Context, c *cli, o *options, channel, id string, all
 }
 
 func jobsPause(ctx context.Context, c *cli, o *options, channel, id, reason string, rev uint64) error {
+	if err := checkText("--reason", reason, jobs.ReasonSizeLimit); err != nil {
+		return usagef("%v", err)
+	}
 	s, st, err := c.openJobs(ctx, o)
 	if err != nil {
 		return err

@@ -90,6 +90,9 @@ type command struct {
 	run func(ctx context.Context, c *cli, o *options, args []string) error
 	// min and max bound the number of positional arguments.
 	min, max int
+	// check, when set, checks the positional arguments before run (and
+	// before connecting); its error is a usage error.
+	check func(args []string) error
 }
 
 // commands lists every command; see keys.go and jobs.go.
@@ -146,6 +149,11 @@ func (c *cli) run(ctx context.Context, args []string) int {
 	}
 	if err := o.validate(); err != nil {
 		return c.usageError(fmt.Errorf("%s: %w", cmd.name, err))
+	}
+	if cmd.check != nil {
+		if err := cmd.check(pos); err != nil {
+			return c.usageError(fmt.Errorf("%s: %w", cmd.name, err))
+		}
 	}
 	if len(pos) < cmd.min || len(pos) > cmd.max {
 		fmt.Fprintf(c.stderr, "jobkeys %s: wrong number of arguments\n", cmd.name)

@@ -77,3 +77,37 @@ func TestJobsCancelCountsAttempts(t *testing.T) {
 	require.Equal(t, exitOK, res.code, res.stderr)
 	assert.Contains(t, res.stdout, "is pending, 0 attempts.\n")
 }
+
+// TestJobsArgumentsOutOfLimitsAreUsage is the regression test for a
+// CHANNEL, JOBID or --reason the job store cannot hold: an empty one was
+// "not found" (exit code 3), one over the store's limits a "conflict"
+// (exit code 4). They are usage errors now (exit code 2), naming the
+// argument, found before connecting.
+func TestJobsArgumentsOutOfLimitsAreUsage(t *testing.T) {
+	t.Parallel()
+	st, err := jobs.NewMemoryStore(nil)
+	require.NoError(t, err)
+	jobFixture(t, st)
+	r := jobRunner(t, st)
+	long := strings.Repeat("x", jobs.IdentifierSizeLimit+1)
+	for _, tc := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"jobs", "ls", ""}, "CHANNEL is empty"},
+		{[]string{"jobs", "ls", long}, "CHANNEL is 257 bytes, over the limit of 256"},
+		{[]string{"jobs", "show", "", "j-pending"}, "CHANNEL is empty"},
+		{[]string{"jobs", "show", "ch", ""}, "JOBID is empty"},
+		{[]string{"jobs", "show", "ch", long}, "JOBID is 257 bytes"},
+		{[]string{"jobs", "cancel", "-f", "ch", long}, "JOBID is 257 bytes"},
+		{[]string{"jobs", "pause", "ch", "\xff"}, "JOBID is not valid UTF-8"},
+		{[]string{"jobs", "resume", long, "j-paused"}, "CHANNEL is 257 bytes"},
+		{[]string{"jobs", "retry", "ch", ""}, "JOBID is empty"},
+		{[]string{"jobs", "pause", "ch", "j-pending", "--reason", strings.Repeat("r", jobs.ReasonSizeLimit+1)}, "--reason is 2049 bytes, over the limit of 2048"},
+	} {
+		res := r.run(tc.args...)
+		assert.Equal(t, exitUsage, res.code, "%.40q: %s", tc.args, res.stderr)
+		assert.Contains(t, res.stderr, tc.want, "%.40q", tc.args)
+	}
+	assert.Equal(t, jobs.StatePending, jobState(t, st, "j-pending").State, "nothing changed")
+}
