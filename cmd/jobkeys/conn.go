@@ -26,9 +26,37 @@ type session struct {
 	js    jetstream.JetStream
 	keys  *jobkeys.NATSStore
 	coord *jobkeys.KeyCoordinator
+	// closeJobs closes the job store opened over the connection (see
+	// cli.openJobs); nil when none was, or when it needs no closing.
+	closeJobs func(context.Context) error
+	timeout   time.Duration // --timeout
+	stderr    io.Writer     // where close reports what it could not finish
 }
 
-func (s *session) close() { s.nc.Close() }
+// closeGrace is how much longer than --timeout the close of a job store
+// waits for its purges in flight, each of which times out --timeout after
+// it was sent.
+const closeGrace = time.Second
+
+// close closes the job store, if one was opened, then the connection. A
+// job store's Close waits (until ctx ends, or --timeout and closeGrace
+// pass) for the answers of the purges that a write finishing a job sent in
+// the background, so that none is left in flight and a purge the server
+// refused is reported (through the store's logger, on stderr). The
+// command's outcome is decided by then: what Close could not finish is a
+// warning on stderr, not an exit code.
+func (s *session) close(ctx context.Context) {
+	if s.closeJobs != nil {
+		// A purge times out --timeout after it was sent, before this.
+		cctx, cancel := context.WithTimeout(ctx, s.timeout+closeGrace)
+		if err := s.closeJobs(cctx); err != nil {
+			fmt.Fprintf(s.stderr, "jobkeys: warning: %v\n", err)
+		}
+		cancel()
+		s.closeJobs = nil
+	}
+	s.nc.Close()
+}
 
 // loadContext returns the nats CLI context named by --context or
 // NATS_CONTEXT, else the selected one; nil when none is named or selected.
@@ -116,12 +144,12 @@ func (c *cli) connect(ctx context.Context, o *options) (*session, error) {
 		nc.Close()
 		return nil, usagef("--bucket-prefix: %v", err)
 	}
-	coord, err := jobkeys.NewCoordinator(keys, &jobkeys.Config{InstanceID: "jobkeys-cli"})
+	coord, err := jobkeys.NewCoordinator(keys, &jobkeys.Config{InstanceID: "jobkeys-cli", Now: c.clock()})
 	if err != nil {
 		nc.Close()
 		return nil, err
 	}
-	return &session{nc: nc, js: js, keys: keys, coord: coord}, nil
+	return &session{nc: nc, js: js, keys: keys, coord: coord, timeout: o.timeout, stderr: c.stderr}, nil
 }
 
 // The CLI's own error kinds, mapped to exit codes by exitCode.

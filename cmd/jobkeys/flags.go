@@ -4,6 +4,7 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"strings"
 	"time"
 )
 
@@ -18,6 +19,22 @@ type options struct {
 	bucketPrefix string
 	jobsBucket   string
 }
+
+// validate checks the global flags a command needs before it connects:
+// what a NATS client or store would refuse only later, with an error that
+// does not name the flag.
+func (o *options) validate() error {
+	if o.timeout <= 0 {
+		return fmt.Errorf("--timeout %v is not positive", o.timeout)
+	}
+	if n := o.jobsBucket; n == "" || len(n) > 64 || strings.Trim(n, bucketNameChars) != "" {
+		return fmt.Errorf("--jobs-bucket %q is not a KV bucket name: 1 to 64 letters, digits, '-' or '_'", n)
+	}
+	return nil
+}
+
+// bucketNameChars are the characters of a KV bucket name (jobs.WithBucket).
+const bucketNameChars = "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789-_"
 
 // flagSet is a flag.FlagSet that accepts flags among the positional
 // arguments ("keys ls billing --json"), as the nats CLI does. The standard

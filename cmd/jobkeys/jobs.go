@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"time"
+	"unicode/utf8"
 
 	"github.com/jobkeys/jobkeys/jobs"
 )
@@ -25,7 +26,7 @@ func jobCommands() []*command {
 		resumeIn      *time.Duration
 		retryRev      *uint64
 	)
-	return []*command{
+	cmds := []*command{
 		{name: "jobs ls", args: "CHANNEL", min: 1, max: 1,
 			short: "list a channel's jobs, newest first",
 			flags: func(fs *flagSet) {
@@ -80,9 +81,43 @@ anew through the application, which admits it to its key too.`,
 				return jobsRetry(ctx, c, o, args[0], args[1], *retryRev)
 			}},
 	}
+	for _, cmd := range cmds {
+		cmd.check = checkJobArgs
+	}
+	return cmds
 }
 
-// openJobs opens the job store over the session's connection.
+// checkJobArgs checks CHANNEL and JOBID against what the job store holds:
+// non-empty UTF-8 of at most jobs.IdentifierSizeLimit bytes.
+func checkJobArgs(args []string) error {
+	for i, name := range []string{"CHANNEL", "JOBID"} {
+		if i >= len(args) {
+			break
+		}
+		if err := checkText(name, args[i], jobs.IdentifierSizeLimit); err != nil {
+			return err
+		}
+		if args[i] == "" {
+			return fmt.Errorf("%s is empty", name)
+		}
+	}
+	return nil
+}
+
+// checkText says what is wrong with a text argument the job store would
+// refuse: over limit bytes, or not UTF-8.
+func checkText(name, v string, limit int) error {
+	switch {
+	case len(v) > limit:
+		return fmt.Errorf("%s is %d bytes, over the limit of %d", name, len(v), limit)
+	case !utf8.ValidString(v):
+		return fmt.Errorf("%s is not valid UTF-8", name)
+	}
+	return nil
+}
+
+// openJobs opens the job store over the session's connection; the
+// session's close closes the store too.
 func (c *cli) openJobs(ctx context.Context, o *options) (*session, jobs.Store, error) {
 	s, err := c.connect(ctx, o)
 	if err != nil {
@@ -94,8 +129,11 @@ func (c *cli) openJobs(ctx context.Context, o *options) (*session, jobs.Store, e
 	}
 	st, err := open(ctx, s, o)
 	if err != nil {
-		s.close()
+		s.close(ctx)
 		return nil, nil, err
+	}
+	if closer, ok := st.(interface{ Close(context.Context) error }); ok {
+		s.closeJobs = closer.Close // by s.close, on every path
 	}
 	return s, st, nil
 }
@@ -131,7 +169,7 @@ func jobsLs(ctx context.Context, c *cli, o *options, channel string, limit int, 
 	if err != nil {
 		return err
 	}
-	defer s.close()
+	defer s.close(ctx)
 	var list []jobs.Summary
 	var after *jobs.Cursor
 	for {
@@ -198,7 +236,7 @@ func jobsShow(ctx context.Context, c *cli, o *options, args []string) error {
 	if err != nil {
 		return err
 	}
-	defer s.close()
+	defer s.close(ctx)
 	rctx, cancel := withTimeout(ctx, o)
 	defer cancel()
 	d, err := st.Get(rctx, args[0], args[1])
@@ -299,13 +337,16 @@ func jobsCancel(ctx context.Context, c *cli, o *options, channel, id string, all
 	if err != nil {
 		return err
 	}
-	defer s.close()
+	defer s.close(ctx)
 	j, err := current(ctx, o, st, channel, id, 0)
 	if err != nil {
 		return err
 	}
+	if !j.State.Active() {
+		return fmt.Errorf("%w: job %q of channel %q is %s, which is final: nothing to cancel", errConflict, id, channel, j.State)
+	}
 	if !o.json {
-		fmt.Fprintf(c.stdout, "Job %s (%s/v%d, target %s) is %s, %d attempts.\n", j.ID, j.Type, j.Version, j.TargetKey, j.State, j.Attempts)
+		fmt.Fprintf(c.stdout, "Job %s (%s/v%d, target %s) is %s, %s.\n", j.ID, j.Type, j.Version, j.TargetKey, j.State, plural(j.Attempts, "attempt"))
 	}
 	if err := c.confirm(o, fmt.Sprintf("Cancel job %s of channel %s? This is final.", id, channel)); err != nil {
 		return err
@@ -320,11 +361,14 @@ func jobsCancel(ctx context.Context, c *cli, o *options, channel, id string, all
 }
 
 func jobsPause(ctx context.Context, c *cli, o *options, channel, id, reason string, rev uint64) error {
+	if err := checkText("--reason", reason, jobs.ReasonSizeLimit); err != nil {
+		return usagef("%v", err)
+	}
 	s, st, err := c.openJobs(ctx, o)
 	if err != nil {
 		return err
 	}
-	defer s.close()
+	defer s.close(ctx)
 	j, err := current(ctx, o, st, channel, id, rev)
 	if err != nil {
 		return err
@@ -346,7 +390,7 @@ func jobsResume(ctx context.Context, c *cli, o *options, channel, id string, in 
 	if err != nil {
 		return err
 	}
-	defer s.close()
+	defer s.close(ctx)
 	j, err := current(ctx, o, st, channel, id, rev)
 	if err != nil {
 		return err
@@ -369,7 +413,7 @@ func jobsRetry(ctx context.Context, c *cli, o *options, channel, id string, rev 
 	if err != nil {
 		return err
 	}
-	defer s.close()
+	defer s.close(ctx)
 	j, err := current(ctx, o, st, channel, id, rev)
 	if err != nil {
 		return err

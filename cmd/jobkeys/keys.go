@@ -19,6 +19,7 @@ func keyCommands() []*command {
 	var (
 		showKey     *string
 		sweepDry    *bool
+		sweepMargin *time.Duration
 		repairRev   *uint64
 		repairWith  *string
 		historySize *int
@@ -52,13 +53,13 @@ are not shown. With --json, one JSON object per line.`},
 			}},
 		{name: "keys sweep", args: "SERVICE JOBTYPE", min: 2, max: 2,
 			short: "remove expired slots (crashed workers) so that queued jobs can run; asks first",
-			long: `Lists the slots whose lease has expired (the lease expiry is in the
-state: no TTL is needed) and, once confirmed, removes them with a
-compare-and-swap per key, as the library's FailStale sweep does, whatever the
-job type's StalePolicy. Their jobs lost their slots: record them as failed.`,
-			flags: func(fs *flagSet) { sweepDry = fs.Bool("dry-run", false, "only list the expired slots") },
+			long:  sweepHelp,
+			flags: func(fs *flagSet) {
+				sweepDry = fs.Bool("dry-run", false, "only list the expired slots")
+				sweepMargin = fs.Duration("skew-margin", skewMarginDefault, "sweep a slot only once its lease expired this long ago by this host's clock: the clock skew between this host and the workers the sweep tolerates")
+			},
 			run: func(ctx context.Context, c *cli, o *options, args []string) error {
-				return keysSweep(ctx, c, o, args[0], args[1], *sweepDry)
+				return keysSweep(ctx, c, o, args[0], args[1], *sweepDry, *sweepMargin)
 			}},
 		{name: "keys remove-queued", args: "KVKEY JOBID", min: 2, max: 2, run: keysRemoveQueued,
 			short: "remove one queue entry (a job that never arrived); asks first",
@@ -143,7 +144,7 @@ func keysLs(ctx context.Context, c *cli, o *options, args []string) error {
 	if err != nil {
 		return err
 	}
-	defer s.close()
+	defer s.close(ctx)
 	rctx, cancel := withTimeout(ctx, o)
 	defer cancel()
 	infos, err := s.coord.InspectKeys(rctx, service, jobType)
@@ -215,7 +216,7 @@ func keysShow(ctx context.Context, c *cli, o *options, args []string, displayKey
 	if err != nil {
 		return err
 	}
-	defer s.close()
+	defer s.close(ctx)
 	rctx, cancel := withTimeout(ctx, o)
 	defer cancel()
 	var infos []jobkeys.KeyInfo
@@ -344,8 +345,11 @@ func keysWatch(ctx context.Context, c *cli, o *options, args []string) error {
 	if err != nil {
 		return err
 	}
-	defer s.close()
-	w, err := s.coord.WatchOccupancy(ctx, service, jobType)
+	defer s.close(ctx)
+	// The watch ends with the command, whichever way it returns.
+	wctx, stop := context.WithCancel(ctx)
+	defer stop()
+	w, err := s.coord.WatchOccupancy(wctx, service, jobType)
 	if err != nil {
 		return err
 	}
@@ -416,7 +420,7 @@ func keysHistory(ctx context.Context, c *cli, o *options, kvKey string, last int
 	if err != nil {
 		return err
 	}
-	defer s.close()
+	defer s.close(ctx)
 	rctx, cancel := withTimeout(ctx, o)
 	defer cancel()
 	kv, err := s.keys.KeyValue(rctx, service)
@@ -498,92 +502,6 @@ func historyDetail(st *jobkeys.KeyState) string {
 	return strings.Join(parts, ", ")
 }
 
-// sweptJSON is an expired slot in "keys sweep --json".
-type sweptJSON struct {
-	KVKey          string  `json:"kvKey"`
-	Key            string  `json:"key"`
-	JobID          string  `json:"jobId"`
-	InstanceID     string  `json:"instanceId"`
-	LeaseExpiresAt *string `json:"leaseExpiresAt"`
-}
-
-func keysSweep(ctx context.Context, c *cli, o *options, service, jobType string, dryRun bool) error {
-	s, err := c.connect(ctx, o)
-	if err != nil {
-		return err
-	}
-	defer s.close()
-	rctx, cancel := withTimeout(ctx, o)
-	defer cancel()
-	infos, err := s.coord.InspectKeys(rctx, service, jobType)
-	if err != nil {
-		return err
-	}
-	var expired []sweptJSON
-	keys := map[string]bool{}
-	now := time.Now()
-	for _, k := range infos {
-		if k.State == nil {
-			continue
-		}
-		for _, sl := range k.State.Active {
-			if !sl.LeaseExpiresAt.After(k.ReadAt) {
-				expired = append(expired, sweptJSON{KVKey: k.KVKey, Key: k.DisplayKey, JobID: sl.JobID, InstanceID: sl.InstanceID, LeaseExpiresAt: jsonTime(sl.LeaseExpiresAt)})
-				keys[k.KVKey] = true
-			}
-		}
-	}
-	printSlots := func(title string, slots []sweptJSON) {
-		fmt.Fprintln(c.stdout, title)
-		tw := c.table()
-		fmt.Fprintln(tw, "  KEY\tJOB\tINSTANCE\tLEASE EXPIRED\tKV KEY")
-		for _, sl := range slots {
-			exp, _ := time.Parse(time.RFC3339Nano, *sl.LeaseExpiresAt)
-			fmt.Fprintf(tw, "  %s\t%s\t%s\t%s ago\t%s\n", sl.Key, sl.JobID, sl.InstanceID, roundDur(now.Sub(exp)), sl.KVKey)
-		}
-		tw.Flush()
-	}
-	if len(expired) == 0 || dryRun {
-		if o.json {
-			return c.printJSON(map[string]any{"keys": len(infos), "expired": nonNil(expired), "removed": []sweptJSON{}})
-		}
-		if len(expired) == 0 {
-			fmt.Fprintf(c.stdout, "no expired slots in %d keys\n", len(infos))
-			return nil
-		}
-		printSlots(fmt.Sprintf("%s in %d of %d keys (dry run: nothing removed):", plural(len(expired), "expired slot"), len(keys), len(infos)), expired)
-		return nil
-	}
-	if !o.json {
-		printSlots(fmt.Sprintf("%s in %d of %d keys:", plural(len(expired), "expired slot"), len(keys), len(infos)), expired)
-	}
-	if err := c.confirm(o, fmt.Sprintf("Remove %s from %d keys of %s/%s?", plural(len(expired), "expired slot"), len(keys), service, jobType)); err != nil {
-		return err
-	}
-	jt, err := s.coord.JobType(service, jobType, jobkeys.Policy{Key: []string{"operator-sweep"}, StalePolicy: jobkeys.FailStale})
-	if err != nil {
-		return usagef("%v", err)
-	}
-	rctx2, cancel2 := withTimeout(ctx, o)
-	defer cancel2()
-	rep, sweepErr := jt.Sweep(rctx2)
-	removed := make([]sweptJSON, 0, len(rep.Removed))
-	for _, r := range rep.Removed {
-		removed = append(removed, sweptJSON{KVKey: r.KVKey, Key: r.DisplayKey, JobID: r.Slot.JobID, InstanceID: r.Slot.InstanceID, LeaseExpiresAt: jsonTime(r.Slot.LeaseExpiresAt)})
-	}
-	if o.json {
-		if err := c.printJSON(map[string]any{"keys": rep.Keys, "expired": expired, "removed": removed, "deletedKeys": rep.Deleted}); err != nil {
-			return err
-		}
-	} else {
-		fmt.Fprintf(c.stdout, "removed %s; %d keys left empty were deleted; record their jobs as failed:\n", plural(len(removed), "expired slot"), rep.Deleted)
-		for _, r := range removed {
-			fmt.Fprintf(c.stdout, "  %s (instance %s, key %s)\n", r.JobID, r.InstanceID, r.Key)
-		}
-	}
-	return sweepErr
-}
-
 func plural(n int, noun string) string {
 	if n == 1 {
 		return "1 " + noun
@@ -608,7 +526,7 @@ func keysRemoveQueued(ctx context.Context, c *cli, o *options, args []string) er
 	if err != nil {
 		return err
 	}
-	defer s.close()
+	defer s.close(ctx)
 	rctx, cancel := withTimeout(ctx, o)
 	defer cancel()
 	info, err := s.coord.InspectKey(rctx, service, kvKey)
@@ -682,7 +600,7 @@ func keysRepair(ctx context.Context, c *cli, o *options, kvKey string, revision 
 	if err != nil {
 		return err
 	}
-	defer s.close()
+	defer s.close(ctx)
 	rctx, cancel := withTimeout(ctx, o)
 	defer cancel()
 	in, err := s.coord.Inspect(rctx, service, kvKey)

@@ -28,6 +28,7 @@ import (
 	"os/signal"
 	"strings"
 	"syscall"
+	"time"
 
 	"github.com/jobkeys/jobkeys/jobs"
 )
@@ -65,6 +66,16 @@ type cli struct {
 	isTerminal     func(io.Reader) bool
 	// jobStore opens the job store; nil: the NATS job store (openNATSJobs).
 	jobStore func(ctx context.Context, s *session, o *options) (jobs.Store, error)
+	// now is the clock; nil: time.Now. Tests skew it.
+	now func() time.Time
+}
+
+// clock returns c.now, time.Now when it is nil.
+func (c *cli) clock() func() time.Time {
+	if c.now == nil {
+		return time.Now
+	}
+	return c.now
 }
 
 // command is a leaf of the command tree.
@@ -79,6 +90,9 @@ type command struct {
 	run func(ctx context.Context, c *cli, o *options, args []string) error
 	// min and max bound the number of positional arguments.
 	min, max int
+	// check, when set, checks the positional arguments before run (and
+	// before connecting); its error is a usage error.
+	check func(args []string) error
 }
 
 // commands lists every command; see keys.go and jobs.go.
@@ -132,6 +146,14 @@ func (c *cli) run(ctx context.Context, args []string) int {
 	if fs.help || cfs.help {
 		c.commandUsage(c.stdout, cmd, cfs)
 		return exitOK
+	}
+	if err := o.validate(); err != nil {
+		return c.usageError(fmt.Errorf("%s: %w", cmd.name, err))
+	}
+	if cmd.check != nil {
+		if err := cmd.check(pos); err != nil {
+			return c.usageError(fmt.Errorf("%s: %w", cmd.name, err))
+		}
 	}
 	if len(pos) < cmd.min || len(pos) > cmd.max {
 		fmt.Fprintf(c.stderr, "jobkeys %s: wrong number of arguments\n", cmd.name)

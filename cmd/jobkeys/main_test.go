@@ -62,6 +62,8 @@ type runner struct {
 	jobStore func(context.Context, *session, *options) (jobs.Store, error)
 	// defaultArgs go before the arguments of every run.
 	defaultArgs []string
+	// now is the command's clock; nil: time.Now.
+	now func() time.Time
 }
 
 func newRunner(t *testing.T, url string) *runner {
@@ -79,7 +81,7 @@ func (r *runner) run(args ...string) cliRun {
 func (r *runner) runCtx(ctx context.Context, out, errOut *syncBuffer, args ...string) cliRun {
 	c := &cli{stdin: strings.NewReader(r.stdin), stdout: out, stderr: errOut,
 		getenv:     func(k string) string { return r.env[k] },
-		isTerminal: func(io.Reader) bool { return r.terminal }, jobStore: r.jobStore}
+		isTerminal: func(io.Reader) bool { return r.terminal }, jobStore: r.jobStore, now: r.now}
 	code := c.run(ctx, append(append([]string(nil), r.defaultArgs...), args...))
 	return cliRun{code: code, stdout: out.String(), stderr: errOut.String()}
 }

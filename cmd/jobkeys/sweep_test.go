@@ -1,0 +1,109 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/jobkeys/jobkeys"
+)
+
+// shortLeases is a job type's policy whose leases tolerate 15s of skew
+// between hosts, far less than the CLI's default sweep margin.
+var shortLeases = jobkeys.Policy{Key: []string{"/t"}, MaxActive: 1, HeartbeatInterval: 5 * time.Second, HeartbeatTTL: 20 * time.Second}
+
+// liveShortLease acquires a slot of job "short-1" on key "short" under
+// shortLeases (its lease expires in 20s) and returns the key's KV key.
+func liveShortLease(t *testing.T, f *fixture) string {
+	t.Helper()
+	ctx := context.Background()
+	coord, err := jobkeys.NewCoordinator(f.store, &jobkeys.Config{InstanceID: "worker-2"})
+	require.NoError(t, err)
+	jt, err := coord.JobType("svc", "render", shortLeases)
+	require.NoError(t, err)
+	adm, err := jt.Admit(ctx, "short-1", []byte(`{"t":"short"}`))
+	require.NoError(t, err)
+	require.Equal(t, jobkeys.KindAccepted, adm.Kind)
+	acq, err := jt.Acquire(ctx, "short-1", []byte(`{"t":"short"}`))
+	require.NoError(t, err)
+	require.Equal(t, jobkeys.KindAcquired, acq.Kind)
+	return "svc.render." + acq.Lease.KeyHash
+}
+
+// TestKeysSweepSkewedClockSweepsNothingLive is the regression test for the
+// sweep's clock-skew margin: it counted a slot expired as soon as its lease
+// expiry passed by this host's clock, and checked this host's clock against
+// the server's with the default policy's bound (45s) whatever the job
+// type's leases tolerate, so a host 40s ahead removed a live slot of a job
+// type whose leases last 20s. A slot is swept now only once its lease
+// expired --skew-margin ago (90s by default).
+func TestKeysSweepSkewedClockSweepsNothingLive(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t, 1)
+	short := liveShortLease(t, f)
+	shortBefore, _ := f.value(t, short)
+
+	r := newRunner(t, f.srv.ClientURL())
+	r.now = func() time.Time { return time.Now().Add(40 * time.Second) }
+	res := r.run("keys", "sweep", "svc", "render", "-f", "--json")
+	assert.Equal(t, exitCorrupt, res.code, "the corrupt key is reported: %s", res.stderr)
+	var out struct {
+		Removed []sweptJSON `json:"removed"`
+	}
+	require.NoError(t, json.Unmarshal([]byte(res.stdout), &out), res.stdout)
+	var removed []string
+	for _, sl := range out.Removed {
+		removed = append(removed, sl.JobID)
+	}
+	assert.Equal(t, []string{"exp-1"}, removed, "the slot expired 2h ago goes, the live one stays")
+	shortAfter, _ := f.value(t, short)
+	assert.Equal(t, string(shortBefore), string(shortAfter), "the live slot's key is untouched")
+}
+
+// Slots expired within the margin are listed as kept; a host proven half
+// the margin or more ahead of the server sweeps nothing; the margin is a
+// flag.
+func TestKeysSweepMargin(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t, 1)
+	liveShortLease(t, f)
+	before := f.snapshot(t)
+	r := newRunner(t, f.srv.ClientURL())
+
+	r.now = func() time.Time { return time.Now().Add(40 * time.Second) }
+	res := r.run("keys", "sweep", "svc", "render", "--dry-run")
+	require.Equal(t, exitOK, res.code, res.stderr)
+	assert.Regexp(t, `(?m)^1 expired slot in 1 of 6 keys \(dry run: nothing removed\):$`, res.stdout)
+	assert.Regexp(t, `(?m)^1 slot expired less than --skew-margin 1m30s ago \(kept\):$`, res.stdout)
+	assert.Regexp(t, `(?m)^  short +short-1 +worker-2 +\d+s ago +svc\.render\.`, res.stdout)
+
+	// 50s ahead of the server: more than half the default margin.
+	r.now = func() time.Time { return time.Now().Add(50 * time.Second) }
+	res = r.run("keys", "sweep", "svc", "render", "-f")
+	assert.Equal(t, exitError, res.code, res.stdout)
+	assert.Contains(t, res.stderr, "sweep refused, nothing written")
+	assert.Contains(t, res.stderr, "--skew-margin 1m30s needs it less than 45s ahead")
+	assert.Equal(t, before, f.snapshot(t))
+	// A wider margin tolerates it, and keeps the live slot.
+	res = r.run("keys", "sweep", "svc", "render", "-f", "--json", "--skew-margin", "3m")
+	assert.Equal(t, exitCorrupt, res.code, res.stderr)
+	var out struct {
+		Removed []sweptJSON `json:"removed"`
+		Kept    []sweptJSON `json:"kept"`
+		Margin  float64     `json:"skewMarginSeconds"`
+	}
+	require.NoError(t, json.Unmarshal([]byte(res.stdout), &out), res.stdout)
+	require.Len(t, out.Removed, 1)
+	assert.Equal(t, "exp-1", out.Removed[0].JobID)
+	require.Len(t, out.Kept, 1)
+	assert.Equal(t, "short-1", out.Kept[0].JobID)
+	assert.Equal(t, 180.0, out.Margin)
+
+	res = r.run("keys", "sweep", "svc", "render", "--skew-margin", "-1s")
+	assert.Equal(t, exitUsage, res.code)
+	assert.Contains(t, res.stderr, "--skew-margin -1s is negative")
+}
