@@ -313,9 +313,9 @@ func newWakeHub(prefix string, js jetstream.JetStream, guards *permissionGuards)
 		}
 	}
 	return &wakeHub{
-		prefix:  p,
-		nc:      nc,
-		retry:   wakeRetry, retryLate: wakeRetryLate,
+		prefix: p,
+		nc:     nc,
+		retry:  wakeRetry, retryLate: wakeRetryLate,
 		refused: guards.wakes.register(p),
 		subs:    make(map[string]*wakeSubject),
 		chains:  make(map[uint64]*wakeChain),
