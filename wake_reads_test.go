@@ -3,6 +3,7 @@ package jobkeys
 import (
 	"context"
 	"errors"
+	"fmt"
 	"testing"
 	"time"
 
@@ -172,4 +173,55 @@ func TestWakeLostOutcomeFigures(t *testing.T) {
 			}
 		})
 	}
+}
+
+// TestWakeReadsTrustBySendTime: over a link of 1 ms each way, a Run
+// blocked behind a slot another process holds starts from the state its
+// coordinator's admission of its job returned: the state arrived a round
+// trip (2 ms) after the admission was sent, and the server confirmed the
+// Run's wake-up subscription another round trip later, less than
+// wakeTrustSent after the admission was sent. The Run waits for its
+// wake-up without a read, and the holder's release wakes it. (Before, the
+// state had arrived more than wakeTrustAge, 1 ms, before the
+// confirmation, and the Run read the key.) A loaded machine may stretch
+// the Run's start past the bound: of three tries, one must not read.
+func TestWakeReadsTrustBySendTime(t *testing.T) {
+	t.Parallel()
+	s := natstest.Run(t)
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	policy := Policy{Key: benchPolicy.Key, MaxActive: 1, MaxQueuedPerKey: 8}
+	a := newWakeProc(t, s, "wakesent", policy, true, time.Hour)
+	line := startDelayLine(t, benchHostPort(t, s.ClientURL()), time.Millisecond)
+	_, js := natstest.ConnectURL(t, line.URL())
+	c := newWakeProcOn(t, js, "wakesent", policy, true, time.Hour)
+
+	var readless int
+	for i := range 3 {
+		release := a.holdSlot(t, ctx, fmt.Sprintf("hold-%d", i))
+		job := fmt.Sprintf("job-%d", i)
+		adm, err := c.jt.Admit(ctx, job, benchPayload(0))
+		require.NoError(t, err)
+		require.Equal(t, KindAccepted, adm.Kind)
+		readsBefore := c.reads.reads.Load()
+		done := make(chan error, 1)
+		go func() {
+			_, err := c.r.Run(ctx, job, benchPayload(0), func(context.Context, Lease) error { return nil })
+			done <- err
+		}()
+		c.waitBlocked(t, ctx, job)
+		reads := c.reads.reads.Load() - readsBefore
+		release()
+		select {
+		case err := <-done:
+			require.NoError(t, err)
+		case <-ctx.Done():
+			t.Fatal(job + " never got the slot: its wake-up was lost")
+		}
+		assert.Zero(t, c.r.rechecks.Load(), "rechecks: the wake-up started the Run's last try")
+		if reads == 0 {
+			readless++
+		}
+	}
+	assert.Positive(t, readless, "Runs that waited on their admission's state without a read")
 }
