@@ -496,16 +496,17 @@ func (c *KeyCoordinator) run(ctx context.Context, key JobKey, rt retry, reduce f
 	for {
 		if readNext {
 			mark, feed := e.mark(), e.feedMark()
+			sent := time.Now() // the read's request goes out after this
 			st, rev, err := c.read(ctx, key)
 			if err != nil {
 				return err
 			}
 			if next := reduce(st, c.cfg.Now()); writesNothing(next, st) {
-				e.observe(st, rev, feed)
+				e.observeSent(st, rev, feed, sent)
 				wt.decided(rev)
 				return nil
 			}
-			r = &read{state: st, rev: rev, mark: mark, feed: feed}
+			r = &read{state: st, sent: sent, rev: rev, mark: mark, feed: feed}
 		}
 		op.r = r
 		view := e.view()
@@ -525,6 +526,7 @@ func (c *KeyCoordinator) run(ctx context.Context, key JobKey, rt retry, reduce f
 			// A woken waiter's write lost: the write that won wakes it
 			// again if it leaves a slot free (see publishWakes).
 			wt.decided(s.rev)
+			wt.lostOn = s.state
 			return errWakeLost
 		}
 		// A create of this operation's (op.wrote: the batch's holder sets
@@ -619,6 +621,9 @@ type waitTry struct {
 	inTurn bool
 	ahead  int    // with inTurn: jobs before the job's turn when it was blocked so; else 0
 	rev    uint64 // the revision the outcome rested on; 0 unknown
+	// lostOn is, after a woken try's write lost (errWakeLost), the state
+	// it was written on: the latest this coordinator knew stored then.
+	lostOn *KeyState
 }
 
 type waitTryKey struct{}

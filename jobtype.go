@@ -356,12 +356,56 @@ func (c *KeyCoordinator) acquireKey(ctx context.Context, key JobKey, policy Poli
 		// A woken waiter's write lost (see waitTry.wake): it is blocked
 		// until the next wake-up, which the write it lost to sends if it
 		// leaves a slot free.
-		out, err = Acquisition{Kind: KindBlocked, Reason: ReasonActiveLimit, DisplayKey: key.DisplayKey, KeyHash: key.KeyHash, Limit: policy.MaxActive}, nil
+		out, err = c.wakeLost(key, policy, wt), nil
 	}
 	if err != nil {
 		return Acquisition{}, err
 	}
 	return out, nil
+}
+
+// wakeLost returns the blocked outcome of a woken try whose write lost its
+// compare-and-swap (errWakeLost), which read nothing: its figures are
+// those of the state of the key the coordinator holds now (a wake-up of
+// the write it lost to may have brought it), as a blocked outcome on that
+// state would say them (the live slots, the earliest expiry of theirs,
+// the queued jobs), or, holding none (the lost write left the key
+// unknown), of the state the write was made on (wt.lostOn). The write it
+// lost to took that state's free slot, or may have: on that state the
+// live slots are counted as at least the limit, which the outcome's
+// reason says was met.
+func (c *KeyCoordinator) wakeLost(key JobKey, policy Policy, wt *waitTry) Acquisition {
+	out := Acquisition{Kind: KindBlocked, Reason: ReasonActiveLimit, DisplayKey: key.DisplayKey, KeyHash: key.KeyHash, Limit: policy.MaxActive}
+	var st *KeyState
+	if e := c.keys.entry(key.KVKey); e != nil {
+		e.mu.Lock()
+		e.materialize()
+		if e.known {
+			st = e.state
+		}
+		e.mu.Unlock()
+	}
+	held := st != nil
+	if !held && wt != nil {
+		st = wt.lostOn
+	}
+	if st == nil {
+		return out
+	}
+	now := c.cfg.Now()
+	out.Queued = len(st.Queued)
+	for i := range st.Active {
+		if exp := st.Active[i].LeaseExpiresAt; exp.After(now) {
+			out.Active++
+			if out.NextExpiry.IsZero() || exp.Before(out.NextExpiry) {
+				out.NextExpiry = exp
+			}
+		}
+	}
+	if !held {
+		out.Active = max(out.Active, policy.MaxActive)
+	}
+	return out
 }
 
 // waitHere reports whether every one of jobs waits for its wake-ups in

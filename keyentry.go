@@ -99,8 +99,15 @@ type keyEntry struct {
 	valueService string
 	valueKey     string
 	// seenAt is when the state (and rev) was learned, by a read, a
-	// write, a watch feed's delivery or a wake-up.
-	seenAt time.Time
+	// write, a watch feed's delivery or a wake-up. sentAt is, for a
+	// state learned from this coordinator's own read or write, when the
+	// request that returned it was sent (every later write of the key
+	// was committed after that instant); zero for a state learned
+	// otherwise. writeSent is when the write under way (writing) was
+	// sent, for commit.
+	seenAt    time.Time
+	sentAt    time.Time
+	writeSent time.Time
 }
 
 // recentStates is how many of its own writes per key a coordinator keeps
@@ -386,6 +393,7 @@ func (e *keyEntry) writing(value []byte, st *KeyState) {
 	e.mu.Lock()
 	defer e.mu.Unlock()
 	e.writeGen = e.feedGen
+	e.writeSent = time.Now() // the write's request goes out after this
 	if e.watching > 0 {
 		e.inflight, e.inflightState = value, st
 	}
@@ -498,9 +506,10 @@ type start struct {
 // read is the result of a read made without the lane.
 type read struct {
 	state *KeyState
-	rev   uint64 // 0 when the key is absent
-	mark  uint64 // e.commits when the read began
-	feed  uint64 // e.feedGen when the read began
+	sent  time.Time // when the read's request was sent
+	rev   uint64    // 0 when the key is absent
+	mark  uint64    // e.commits when the read began
+	feed  uint64    // e.feedGen when the read began
 }
 
 // mark returns the count of commits, to be passed in a read to begin.
@@ -554,7 +563,7 @@ func (e *keyEntry) begin(r *read, useCache, assumeAbsent, trustWatch bool) (s st
 		return start{state: e.state, rev: e.rev, verified: true}, true
 	}
 	e.state, e.rev, e.known = r.state, r.rev, r.state != nil
-	e.seenAt = time.Now()
+	e.seenAt, e.sentAt = time.Now(), r.sent
 	e.refreshed(r.feed)
 	return start{state: r.state, rev: r.rev, verified: true}, true
 }
@@ -564,6 +573,12 @@ func (e *keyEntry) begin(r *read, useCache, assumeAbsent, trustWatch bool) (s st
 // from it. An absent read is not recorded: it has no revision to order
 // it by.
 func (e *keyEntry) observe(state *KeyState, rev, feed uint64) {
+	e.observeSent(state, rev, feed, time.Time{})
+}
+
+// observeSent is observe for a state this coordinator's own read returned,
+// whose request was sent at sent (see keyEntry.sentAt); zero: not known.
+func (e *keyEntry) observeSent(state *KeyState, rev, feed uint64, sent time.Time) {
 	if state == nil {
 		return
 	}
@@ -571,7 +586,7 @@ func (e *keyEntry) observe(state *KeyState, rev, feed uint64) {
 	defer e.mu.Unlock()
 	if rev > e.rev || !e.known {
 		e.state, e.rev, e.known = state, rev, true
-		e.seenAt = time.Now()
+		e.seenAt, e.sentAt = time.Now(), sent
 		e.refreshed(feed)
 	}
 }
@@ -590,9 +605,13 @@ func (e *keyEntry) commit(state *KeyState, rev uint64, floor time.Duration) {
 	// The watch feed may have delivered this write and later ones already.
 	if state == nil || !e.known || rev >= e.rev {
 		e.state, e.rev, e.known = state, rev, state != nil
-		e.seenAt = time.Now()
+		// A write not made through writing (an operator's) has no send
+		// time: zero, or an earlier write's, which is older and so
+		// trusted less (see sentAt).
+		e.seenAt, e.sentAt = time.Now(), e.writeSent
 		e.refreshed(e.writeGen)
 	}
+	e.writeSent = time.Time{}
 	e.commits++
 	if e.window /= 2; e.window < floor {
 		e.window = 0
@@ -727,12 +746,19 @@ func queuedBehindIn(st *KeyState, key JobKey, jobID string, limit int, now time.
 // seen returns the revision of the state e knows (0 when it knows none)
 // and when it learned it.
 func (e *keyEntry) seen() (uint64, time.Time) {
+	rev, at, _ := e.learned()
+	return rev, at
+}
+
+// learned is seen, with, for a state this coordinator's own read or write
+// returned, when that request was sent (zero otherwise; see sentAt).
+func (e *keyEntry) learned() (rev uint64, seenAt, sentAt time.Time) {
 	e.mu.Lock()
 	defer e.mu.Unlock()
 	if !e.known {
-		return 0, time.Time{}
+		return 0, time.Time{}, time.Time{}
 	}
-	return e.rev, e.seenAt
+	return e.rev, e.seenAt, e.sentAt
 }
 
 // queuedIndex returns the place of job jobID in the queue of the state e

@@ -39,8 +39,17 @@ const (
 	// wakeRetry is how long a wake-up that found no waiter at all (every
 	// target answered "no responders") waits before it is sent once more:
 	// a waiter that had just blocked may not have its subscription at the
-	// server yet.
-	wakeRetry = 2 * time.Millisecond
+	// server yet. wakeRetryLate is how long it waits after that resend,
+	// if it found no waiter either, before its second and last resend:
+	// a blocked Run waits on a state without a read if its request for it
+	// was sent less than their sum before its subscription was confirmed
+	// (see wakeTrustSent), which on a loaded host or over a network takes
+	// longer than wakeRetry alone.
+	wakeRetry     = 2 * time.Millisecond
+	wakeRetryLate = 8 * time.Millisecond
+	// wakeResends is how many times a wake-up that found no waiter at all
+	// is sent again: after wakeRetry, then after wakeRetryLate.
+	wakeResends = 2
 	// wakeChainTTL is how long a wake-up's delivery state is kept: a
 	// "no responders" answer comes within a round trip.
 	wakeChainTTL = time.Second
@@ -58,9 +67,11 @@ const (
 	wakeDispatchBuffer = 1024
 	// wakeSubscribeConfirm bounds how long a new wake-up subscription
 	// waits for the server to confirm it (a PING's PONG): a waiter
-	// confirmed later than wakeTrustAge after it saw the state reads the
-	// key anyway (its read follows the SUB on the connection).
-	wakeSubscribeConfirm = wakeTrustAge
+	// confirmed later than wakeTrustSent after its request for the state
+	// was sent (or wakeTrustAge after it saw one it did not ask for)
+	// reads the key anyway (its read follows the SUB on the connection),
+	// so one not confirmed within it does.
+	wakeSubscribeConfirm = wakeTrustSent
 	// wakeRevLen is the length of the revision in front of a wake-up's
 	// value.
 	wakeRevLen = 8
@@ -100,7 +111,7 @@ type wakeCounts struct {
 	Published    uint64 // wake-ups published to other processes (PUBs sent)
 	Local        uint64 // wake-ups handed to a waiter of the same store in memory
 	NoResponders uint64 // "no responders" answers: a target without a waiter
-	Retried      uint64 // wake-ups that found no waiter, sent once more
+	Retried      uint64 // resends of wake-ups that found no waiter (at most wakeResends each)
 	Dropped      uint64 // wake-ups dropped: a publish failed (connection closed, reconnect buffer full), the reply subscription could not be made, or the service or key was invalid
 	Received     uint64 // wake-ups from other processes handed to waiters
 	Malformed    uint64 // received messages too short to be a wake-up, ignored
@@ -183,8 +194,9 @@ func (r *wakeRefusals) take(v *permissionViolation) bool {
 type wakeHub struct {
 	prefix string // "<prefix>."
 	nc     *nats.Conn
-	// retry is wakeRetry; tests may change it before the store is used.
-	retry time.Duration
+	// retry and retryLate are wakeRetry and wakeRetryLate; tests may
+	// change them before the store is used.
+	retry, retryLate time.Duration
 
 	published, local, noResponders, retried, dropped, received, malformed atomic.Uint64
 	refused                                                               *atomic.Uint64
@@ -263,7 +275,7 @@ type wakeChain struct {
 	sent    int // targets in state wakeSent
 	// delivered counts the targets in state wakeLocal.
 	delivered int
-	retried   bool
+	resends   int  // resends made or scheduled (at most wakeResends)
 	done      bool // over, stale or expired: nothing moves it on
 	born      time.Time
 }
@@ -280,7 +292,9 @@ type wakeActions struct {
 	payload []byte // the chain's, which it drops when it ends
 	local   []*wakeWaiter
 	publish []string // subjects
-	retry   bool
+	// retry schedules the chain's next resend, retryAfter from now.
+	retry      bool
+	retryAfter time.Duration
 }
 
 // newWakeHub returns the wake-up state of a store on nc with prefix; it
@@ -299,9 +313,9 @@ func newWakeHub(prefix string, js jetstream.JetStream, guards *permissionGuards)
 		}
 	}
 	return &wakeHub{
-		prefix:  p,
-		nc:      nc,
-		retry:   wakeRetry,
+		prefix: p,
+		nc:     nc,
+		retry:  wakeRetry, retryLate: wakeRetryLate,
 		refused: guards.wakes.register(p),
 		subs:    make(map[string]*wakeSubject),
 		chains:  make(map[uint64]*wakeChain),
@@ -433,12 +447,13 @@ func (h *wakeHub) startLocked(bucket, kvKey string, value []byte, rev uint64, ta
 	// subscribing): it waits in its stead, and then walks its targets
 	// from the first, so that it does not hand the slot to a job behind
 	// the one the retry would have reached.
-	waitRetry := false
+	waitRetry, resends := false, 0
 	if prev := h.latest[key]; prev != nil {
 		if prev.rev > rev || prev.rev == rev && !again {
 			return nil, acts // a newer state of the key went out already
 		}
-		waitRetry = prev.rev == rev && prev.retried && !prev.done && prev.sent == 0
+		waitRetry = prev.rev == rev && prev.resends > 0 && !prev.done && prev.sent == 0
+		resends = prev.resends
 		h.endLocked(prev) // stale, or sent again: a 503 for it moves nothing on
 	}
 	payload := make([]byte, wakeRevLen+len(value))
@@ -458,8 +473,8 @@ func (h *wakeHub) startLocked(bucket, kvKey string, value []byte, rev uint64, ta
 	h.order = append(h.order, c)
 	h.latest[key] = c
 	if waitRetry {
-		c.retried = true
-		acts.payload, acts.retry = c.payload, true
+		c.resends = resends
+		acts.payload, acts.retry, acts.retryAfter = c.payload, true, h.resendDelay(c.resends)
 		return c, acts
 	}
 	h.walkLocked(c, &acts)
@@ -489,7 +504,8 @@ func (h *wakeHub) replySubjects() (string, bool) {
 // fewer than free are delivered or awaiting an answer, a target with a
 // waiter of this store delivered in memory, any other published. When
 // nothing is left in flight the chain is over, or, if nobody was woken at
-// all and it was not retried yet, it is sent once more after h.retry.
+// all and it was not resent wakeResends times yet, it is sent again after
+// h.retry (the first time) or h.retryLate (the second).
 func (h *wakeHub) walkLocked(c *wakeChain, acts *wakeActions) {
 	acts.payload = c.payload
 	for c.delivered+c.sent < c.free && c.next < len(c.targets) {
@@ -511,9 +527,9 @@ func (h *wakeHub) walkLocked(c *wakeChain, acts *wakeActions) {
 	if c.sent > 0 {
 		return // answers may come
 	}
-	if c.delivered == 0 && !c.retried {
-		c.retried = true
-		acts.retry = true
+	if c.delivered == 0 && c.resends < wakeResends {
+		c.resends++
+		acts.retry, acts.retryAfter = true, h.resendDelay(c.resends)
 		return
 	}
 	h.endLocked(c)
@@ -547,12 +563,21 @@ func (h *wakeHub) act(c *wakeChain, reply string, acts *wakeActions) {
 		}
 	}
 	if acts.retry {
-		time.AfterFunc(h.retry, func() { h.retryChain(c, reply) })
+		time.AfterFunc(acts.retryAfter, func() { h.retryChain(c, reply) })
 	}
 }
 
-// retryChain sends chain c, which found no waiter, once more from its
-// first target, unless a newer state of its key was published meanwhile.
+// resendDelay is how long after a walk that found no waiter a chain's
+// n-th resend (from 1) is sent.
+func (h *wakeHub) resendDelay(n int) time.Duration {
+	if n <= 1 {
+		return h.retry
+	}
+	return h.retryLate
+}
+
+// retryChain sends chain c, which found no waiter, again from its first
+// target, unless a newer state of its key was published meanwhile.
 func (h *wakeHub) retryChain(c *wakeChain, reply string) {
 	h.mu.Lock()
 	if c.done || h.latest[c.key] != c {

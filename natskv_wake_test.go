@@ -261,21 +261,22 @@ func TestWakeUpsRetry(t *testing.T) {
 	assert.Equal(t, uint64(2), c.Published)
 }
 
-// TestWakeUpsRetryOnce: a wake-up whose retry finds nobody either is not
-// sent again.
+// TestWakeUpsRetryOnce: a wake-up whose resends find nobody either is not
+// sent again: it is resent wakeResends (2) times, after wakeRetry and
+// wakeRetryLate, and then no more.
 func TestWakeUpsRetryOnce(t *testing.T) {
 	t.Parallel()
 	f := newNATSWakeFixture(t)
 	a, _ := f.store(t)
 	a.publishWakes(f.service, f.kvKey, []byte("none"), 3, []string{"j1", "j2"}, 1)
-	require.Eventually(t, func() bool { return a.wakeCounters().NoResponders == 4 }, rtWait, time.Millisecond)
-	// A second key's chain, published after the first was over, ends the
-	// same way; by then the first could have been sent a third time.
-	a.publishWakes(f.service, f.kvKey+"x", []byte("none"), 4, []string{"j1"}, 1)
 	require.Eventually(t, func() bool { return a.wakeCounters().NoResponders == 6 }, rtWait, time.Millisecond)
+	// A second key's chain, published after the first was over, ends the
+	// same way; by then the first could have been sent a fourth time.
+	a.publishWakes(f.service, f.kvKey+"x", []byte("none"), 4, []string{"j1"}, 1)
+	require.Eventually(t, func() bool { return a.wakeCounters().NoResponders == 9 }, rtWait, time.Millisecond)
 	c := a.wakeCounters()
-	assert.Equal(t, uint64(2), c.Retried)
-	assert.Equal(t, uint64(6), c.Published)
+	assert.Equal(t, uint64(4), c.Retried)
+	assert.Equal(t, uint64(9), c.Published)
 }
 
 // TestWakeUpsStaleChain: a newer state of the key published before an
@@ -341,15 +342,17 @@ func TestWakeUpsStop(t *testing.T) {
 	stop() // a second stop is harmless
 	require.NoError(t, ncB.Flush())
 	a.publishWakes(f.service, f.kvKey, []byte("x"), 2, []string{"j1"}, 1)
-	require.Eventually(t, func() bool { c := a.wakeCounters(); return c.NoResponders == 2 && c.Retried == 1 }, rtWait, time.Millisecond,
-		"no responders after stop, and after the retry")
+	require.Eventually(t, func() bool {
+		c := a.wakeCounters()
+		return c.NoResponders == 1+wakeResends && c.Retried == wakeResends
+	}, rtWait, time.Millisecond, "no responders after stop, and after the resends")
 
 	// A local waiter that stopped is not called either.
 	ll, lstop := f.wait(t, a, ncA, "j3")
 	lstop()
 	a.publishWakes(f.service, f.kvKey, []byte("x"), 3, []string{"j3"}, 1)
 	assert.Zero(t, a.wakeCounters().Local)
-	require.Eventually(t, func() bool { return a.wakeCounters().NoResponders == 4 }, rtWait, time.Millisecond)
+	require.Eventually(t, func() bool { return a.wakeCounters().NoResponders == 2*(1+wakeResends) }, rtWait, time.Millisecond)
 	assert.False(t, pending(l.ch), "a stopped waiter was called")
 	assert.False(t, pending(ll.ch), "a stopped local waiter was called")
 	assert.Equal(t, uint64(1), b.wakeCounters().Received)
@@ -537,9 +540,9 @@ func TestWakeUpsBounded(t *testing.T) {
 	a.publishWakes(f.service, f.kvKey, []byte("x"), 1, many, 1)
 	require.Eventually(t, func() bool { _, _, chains := kept(); return chains == 0 }, rtWait, time.Millisecond)
 	after := a.wakeCounters()
-	assert.Equal(t, before.Retried+1, after.Retried)
-	assert.Equal(t, before.Published+2*(1+wakeWalkExtra), after.Published)
-	assert.Equal(t, before.NoResponders+2*(1+wakeWalkExtra), after.NoResponders)
+	assert.Equal(t, before.Retried+wakeResends, after.Retried)
+	assert.Equal(t, before.Published+(1+wakeResends)*(1+wakeWalkExtra), after.Published)
+	assert.Equal(t, before.NoResponders+(1+wakeResends)*(1+wakeWalkExtra), after.NoResponders)
 
 	// Large states: the bytes kept are bounded too.
 	big := make([]byte, 600<<10)

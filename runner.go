@@ -345,13 +345,19 @@ func (r *Runner) acquire(ctx context.Context, jobID string, payload any, opts []
 			}
 			// A wake-up sent before the subscription reached the server
 			// is sent again shortly by its writer when nobody took it
-			// (see WithWakeUps), so a state seen just before the server
-			// confirmed the subscription (subscribeWake waits for that)
-			// is a safe place to wait from. One seen longer ago is not: it reads.
-			// A later state the coordinator learned meanwhile is tried.
-			rev, at := sub.wake.entry.seen()
+			// (see WithWakeUps), so a state whose request went out just
+			// before the server confirmed the subscription (subscribeWake
+			// waits for that; see wakeTrustSent), or, learned otherwise,
+			// that arrived just before (wakeTrustAge), is a safe place
+			// to wait from. One older is not: it reads. A later state
+			// the coordinator learned meanwhile is tried.
+			rev, at, sent := sub.wake.entry.learned()
+			fresh := time.Since(at) <= wakeTrustAge
+			if !sent.IsZero() {
+				fresh = time.Since(sent) < wakeTrustSent
+			}
 			switch {
-			case rev == 0 || time.Since(at) > wakeTrustAge:
+			case rev == 0 || !fresh:
 				trust, inTurn = false, true
 			case rev > seen:
 				trust, inTurn = true, true

@@ -28,15 +28,46 @@ func wakeStoreOf(store any) wakeStore {
 }
 
 // wakeTrustAge is how recently a Run's coordinator must have learned the
-// state by which the Run is blocked for the Run to wait on it for a
-// wake-up once subscribed, without a read: a wake-up sent after that
+// state by which the Run is blocked, when it did not learn it from a
+// request of its own (a wake-up's state), for the Run to wait on it for
+// a wake-up once subscribed, without a read: a wake-up sent after that
 // state but before the subscription reached the server finds nobody, and
 // is sent once more wakeRetry (2 ms) later, which must find the
 // subscription in place. subscribeWake returns once the server confirmed
 // the subscription (or gave no answer within wakeSubscribeConfirm, and
 // the Run then reads), so a Run that trusts had its subscription in
-// place within wakeTrustAge of the state.
+// place within wakeTrustAge of the state. A state from the coordinator's
+// own read or write is held to wakeTrustSent instead.
 const wakeTrustAge = time.Millisecond
+
+// wakeTrustSent is how recently the request that returned the state by
+// which a Run is blocked (a read or write of its coordinator's: see
+// keyEntry.sentAt) must have been sent, when the server confirmed the
+// Run's wake-up subscription, for the Run to wait on that state without a
+// read.
+//
+// Why no wake-up is lost: let the request be sent at s (local clock) and
+// the subscription be confirmed at c < s + wakeTrustSent. The server
+// processed the request after s, and it returned the key's latest state:
+// any later write W was committed after s, and W's writer sends W's
+// wake-up after its commit, so that wake-up reaches the server at some t1
+// after s. If it finds nobody at all, its writer sends it again wakeRetry
+// after the last "no responders" answer came back, which is after t1,
+// and, if that finds nobody either, once more wakeRetryLate after that
+// resend's answers: the last resend reaches the server after
+// t1 + wakeRetry + wakeRetryLate > s + wakeRetry + wakeRetryLate > c,
+// when the server had the subscription (it had it before its confirming
+// PONG left), and the waiter's job is its first target the waiter of a
+// job ahead does not take. If a send found a waiter of a job ahead, that
+// job's write wakes the next (as for any state). A resend skipped because
+// its writer published a newer state of the key (W's writer wrote again)
+// is replaced by that write's wake-up, itself sent after s, and resent
+// alike. The margin below the sum is for the rates of two hosts' clocks,
+// not for any latency: every delay only moves the resends later. Unlike a
+// bound measured from when the state arrived (wakeTrustAge), this holds
+// however long the request's round trip took: the round trip is inside
+// it, not on top of it.
+const wakeTrustSent = wakeRetry + wakeRetryLate - 100*time.Microsecond
 
 // wakeTurnMin is the least time a Run over wake-ups queued behind jobs
 // that free slots are for waits before it tries anyway (see wakeTurn).

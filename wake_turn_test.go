@@ -50,7 +50,7 @@ func TestWakeUpsInTurnAcrossProcesses(t *testing.T) {
 	adm, err := c.jt.Admit(ctx, "job-c", payload)
 	require.NoError(t, err)
 	require.Equal(t, KindAccepted, adm.Kind)
-	time.Sleep(2 * wakeTrustAge) // job-c's Run will not trust its admission's state
+	time.Sleep(2 * wakeTrustSent) // job-c's Run will not trust its admission's state
 	releaseA()
 	readsBefore := c.reads.reads.Load()
 	doneC := make(chan error, 1)

@@ -48,8 +48,9 @@ func (w *Watcher) WakeUps() bool { return w.wakeUps() != nil }
 // does a lease running out (Acquisition.NextExpiry); a waiter keeps its
 // rechecks for those. A wake-up sent before the subscription reached the
 // server may be lost, though one that found no waiter is sent again a
-// couple of milliseconds later; SubscribeJob returns once the server has
-// confirmed the subscription (or after a millisecond without that), so a
+// couple of milliseconds later, and once more 8 ms after that; SubscribeJob
+// returns once the server has confirmed the subscription (or after about
+// 10 ms without that), so a
 // waiter that tries once more after SubscribeJob returns misses no
 // release. A job that is not queued (a retry, [WithRetry], or a job not
 // admitted yet) is sent no wake-up: wait for it with [Watcher.Subscribe].

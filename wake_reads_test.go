@@ -1,0 +1,227 @@
+package jobkeys
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"testing"
+	"time"
+
+	"github.com/jobkeys/jobkeys/internal/natstest"
+	"github.com/nats-io/nats-server/v2/server"
+	"github.com/nats-io/nats.go/jetstream"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+)
+
+// wakeReadsCoord returns a coordinator over a wake-up store of its own
+// connection to s, writing through store (nil: the NATSStore itself).
+func wakeReadsCoord(t *testing.T, s *server.Server, wrap func(Store) Store) *KeyCoordinator {
+	t.Helper()
+	_, js := natstest.Connect(t, s)
+	ns, err := NewNATSStore(js, WithCreateBuckets(jetstream.MemoryStorage, 1), WithWakeUps(""))
+	require.NoError(t, err)
+	var st Store = ns
+	if wrap != nil {
+		st = wrap(ns)
+	}
+	c, err := NewCoordinator(st, nil)
+	require.NoError(t, err)
+	return c
+}
+
+// TestWakeReadsSentAtOfOwnRequests: the coordinator records, with a state
+// its own write or read returned, when that request was sent (the
+// post-subscribe try of a Run over wake-ups trusts a state by that time,
+// see wakeTrustSent), and no send time with a state it learned otherwise
+// (a wake-up's), which is held to wakeTrustAge from its arrival.
+func TestWakeReadsSentAtOfOwnRequests(t *testing.T) {
+	t.Parallel()
+	s := natstest.Run(t)
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	c := wakeReadsCoord(t, s, nil)
+	policy := Policy{Key: benchPolicy.Key, MaxActive: 1, MaxQueuedPerKey: 8}
+	jt, err := c.JobType(jkService("wakereads"), benchJobType, policy)
+	require.NoError(t, err)
+	payload := benchPayload(0)
+	key, err := jt.Key(payload)
+	require.NoError(t, err)
+
+	before := time.Now()
+	adm, err := jt.Admit(ctx, "j1", payload)
+	require.NoError(t, err)
+	require.Equal(t, KindAccepted, adm.Kind)
+	after := time.Now()
+	e := c.keys.entry(key.KVKey)
+	require.NotNil(t, e, "the entry is kept: it remembers the state")
+	rev, at, sent := e.learned()
+	require.NotZero(t, rev)
+	assert.False(t, sent.Before(before), "the write's send time is not before the call")
+	assert.False(t, at.Before(sent), "the state arrived after its request was sent")
+	assert.False(t, after.Before(at))
+
+	// A wake-up's state (here: observed as subscribeWake does) has no
+	// send time of this coordinator's.
+	st := e.state
+	e.observe(st, rev+1, e.feedMark())
+	_, _, sent = e.learned()
+	assert.True(t, sent.IsZero(), "a state learned from a wake-up has no send time")
+
+	// The cached revision is past the stored one: the acquisition's
+	// write fails, and the read and write that follow record their send
+	// times.
+	before = time.Now()
+	acq, err := jt.Acquire(ctx, "j1", payload)
+	require.NoError(t, err)
+	require.Equal(t, KindAcquired, acq.Kind)
+	rev2, at, sent := e.learned()
+	assert.Greater(t, rev2, rev)
+	assert.False(t, sent.Before(before), "the request's send time is not before the call")
+	assert.False(t, at.Before(sent))
+}
+
+// raceStore is a Store whose Update, when it loses its compare-and-swap,
+// first lets then run (a wake-up that arrives during the failed write).
+type raceStore struct {
+	Store
+	then func()
+}
+
+func (s raceStore) Update(ctx context.Context, service, key string, value []byte, revision uint64) (uint64, error) {
+	rev, err := s.Store.Update(ctx, service, key, value, revision)
+	if errors.Is(err, ErrRevisionConflict) && s.then != nil {
+		s.then()
+	}
+	return rev, err
+}
+
+// TestWakeLostOutcomeFigures: a woken try whose write lost (errWakeLost)
+// reports the blocked outcome of the state its coordinator holds of the
+// key (a wake-up of the write it lost to brought it): the live slot, its
+// expiry and the queued jobs, not "0 active" with the reason "active
+// limit". Holding none, it reports the queue of the state its write was
+// made on, with the slot counted as taken. (It used to report 0 active,
+// 0 queued, no expiry, whatever the state.)
+func TestWakeLostOutcomeFigures(t *testing.T) {
+	t.Parallel()
+	s := natstest.Run(t)
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	policy := Policy{Key: benchPolicy.Key, MaxActive: 1, MaxQueuedPerKey: 8}
+	service := jkService("wakelost")
+	payload := benchPayload(0)
+
+	for _, held := range []bool{true, false} {
+		name := "nothing-held"
+		if held {
+			name = "held"
+		}
+		t.Run(name, func(t *testing.T) {
+			service := service + name
+			var a *KeyCoordinator
+			var then func()
+			a = wakeReadsCoord(t, s, func(st Store) Store {
+				return raceStore{Store: st, then: func() {
+					if then != nil {
+						then()
+					}
+				}}
+			})
+			b := wakeReadsCoord(t, s, nil)
+			ja, err := a.JobType(service, benchJobType, policy)
+			require.NoError(t, err)
+			jb, err := b.JobType(service, benchJobType, policy)
+			require.NoError(t, err)
+			key, err := ja.Key(payload)
+			require.NoError(t, err)
+
+			for _, id := range []string{"j1", "j2", "j3"} {
+				adm, err := ja.Admit(ctx, id, payload)
+				require.NoError(t, err)
+				require.Equal(t, KindAccepted, adm.Kind)
+			}
+			// a holds the state with the slot free; b takes it for j1.
+			won, err := jb.Acquire(ctx, "j1", payload)
+			require.NoError(t, err)
+			require.Equal(t, KindAcquired, won.Kind)
+			if held {
+				// The wake-up of b's write reaches a while its write
+				// fails.
+				then = func() {
+					value, rev, err := b.store.Get(ctx, service, key.KVKey)
+					require.NoError(t, err)
+					st, err := decodeState(value)
+					require.NoError(t, err)
+					e := a.keys.entry(key.KVKey)
+					e.observe(st, rev, e.feedMark())
+				}
+			}
+			// j2's Run, woken by a's state, tries on it; its write loses.
+			wt := &waitTry{wake: true}
+			got, err := ja.Acquire(withWaitTry(ctx, wt), "j2", payload)
+			require.NoError(t, err)
+			require.Equal(t, KindBlocked, got.Kind)
+			assert.Equal(t, ReasonActiveLimit, got.Reason)
+			assert.Equal(t, 1, got.Active, "the slot j1 holds")
+			assert.Equal(t, 1, got.Limit)
+			if held {
+				assert.Equal(t, 2, got.Queued, "j2 and j3, queued behind j1's slot")
+				assert.WithinDuration(t, won.Lease.LeaseExpiresAt, got.NextExpiry, time.Millisecond, "the expiry of j1's lease")
+			} else {
+				assert.Equal(t, 3, got.Queued, "the queue of the state the write was made on")
+			}
+		})
+	}
+}
+
+// TestWakeReadsTrustBySendTime: over a link of 500 µs each way, a Run
+// blocked behind a slot another process holds starts from the state its
+// coordinator's admission of its job returned: the state arrived a round
+// trip (1 ms) after the admission was sent, and the server confirmed the
+// Run's wake-up subscription another round trip later, less than
+// wakeTrustSent after the admission was sent. The Run waits for its
+// wake-up without a read, and the holder's release wakes it. (Before, the
+// state had arrived more than wakeTrustAge, 1 ms, before the
+// confirmation, and the Run read the key.) A loaded machine may stretch
+// the Run's start past the bound: of up to ten tries, one must not read.
+// Not parallel: the other tests of the package would load the machine.
+func TestWakeReadsTrustBySendTime(t *testing.T) {
+	s := natstest.Run(t)
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	policy := Policy{Key: benchPolicy.Key, MaxActive: 1, MaxQueuedPerKey: 8}
+	a := newWakeProc(t, s, "wakesent", policy, true, time.Hour)
+	line := startDelayLine(t, benchHostPort(t, s.ClientURL()), 500*time.Microsecond)
+	_, js := natstest.ConnectURL(t, line.URL())
+	c := newWakeProcOn(t, js, "wakesent", policy, true, time.Hour)
+
+	var readless int
+	for i := 0; i < 10 && readless == 0; i++ {
+		release := a.holdSlot(t, ctx, fmt.Sprintf("hold-%d", i))
+		job := fmt.Sprintf("job-%d", i)
+		adm, err := c.jt.Admit(ctx, job, benchPayload(0))
+		require.NoError(t, err)
+		require.Equal(t, KindAccepted, adm.Kind)
+		readsBefore := c.reads.reads.Load()
+		done := make(chan error, 1)
+		go func() {
+			_, err := c.r.Run(ctx, job, benchPayload(0), func(context.Context, Lease) error { return nil })
+			done <- err
+		}()
+		c.waitBlocked(t, ctx, job)
+		reads := c.reads.reads.Load() - readsBefore
+		release()
+		select {
+		case err := <-done:
+			require.NoError(t, err)
+		case <-ctx.Done():
+			t.Fatal(job + " never got the slot: its wake-up was lost")
+		}
+		assert.Zero(t, c.r.rechecks.Load(), "rechecks: the wake-up started the Run's last try")
+		if reads == 0 {
+			readless++
+		}
+	}
+	assert.Positive(t, readless, "Runs that waited on their admission's state without a read")
+}
