@@ -261,10 +261,10 @@ func TestWakeUpsRetry(t *testing.T) {
 	assert.Equal(t, uint64(2), c.Published)
 }
 
-// TestWakeUpsRetryOnce: a wake-up whose resends find nobody either is not
+// TestWakeUpsResentTwiceThenNoMore: a wake-up whose resends find nobody either is not
 // sent again: it is resent wakeResends (2) times, after wakeRetry and
 // wakeRetryLate, and then no more.
-func TestWakeUpsRetryOnce(t *testing.T) {
+func TestWakeUpsResentTwiceThenNoMore(t *testing.T) {
 	t.Parallel()
 	f := newNATSWakeFixture(t)
 	a, _ := f.store(t)
