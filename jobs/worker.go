@@ -373,12 +373,16 @@ func (c *Client) acquire(ctx context.Context, k *kind, run *Run, ar *activeRun) 
 	// noGroup and noWake: that way of waiting failed (or ended) once; the
 	// job does not try it again.
 	noGroup, noWake := false, false
+	acquired := false
 	defer func() {
 		if group != nil {
 			c.leaveWaiters(kvKey, group)
 		}
 		if wake != nil {
 			wake.Close()
+			if !acquired {
+				c.passWakeUp(ctx, k, kid, input)
+			}
 		}
 	}()
 	repaired, waited := false, false
@@ -412,6 +416,7 @@ func (c *Client) acquire(ctx context.Context, k *kind, run *Run, ar *activeRun) 
 			return jobkeys.Lease{}, false
 		}
 		if acq.Kind == jobkeys.KindAcquired {
+			acquired = true // if it leaves now, its release wakes the next job
 			c.cfg.Logger.Debug("jobs: acquired", "job", job.ID, "generation", run.claim.Generation, "waited", waited)
 			if kvKey != "" && wake == nil {
 				// Another slot may be free too. (A wake-up is not passed
@@ -569,6 +574,28 @@ func (c *Client) acquire(ctx context.Context, k *kind, run *Run, ar *activeRun) 
 			}
 			return jobkeys.Lease{}, false
 		}
+	}
+}
+
+// passWakeUpTimeout bounds the read of a hand-on (passWakeUp).
+const passWakeUpTimeout = 5 * time.Second
+
+// passWakeUp hands on the wake-up of key-layer job kid (input its
+// payload), which waited for its wake-ups and leaves without a slot
+// (paused, superseded or cancelled here, the client stopping, no worker
+// token, MaxWaiting full, the key layer failing): the write that freed a
+// slot may have woken it, and it alone, and its queue entry may stay
+// (a pause keeps it; a hand-back leaves it for the next claim). A woken
+// job that left without a word would keep the next queued job, in any
+// process, waiting for its recheck. One read, and a wake-up of the other
+// queued jobs when a slot is free for it (see jobkeys.JobType.PassWakeUp).
+// Called with its subscription closed, so that a later wake-up passes it
+// over.
+func (c *Client) passWakeUp(ctx context.Context, k *kind, kid string, input []byte) {
+	ctx, cancel := context.WithTimeout(ctx, passWakeUpTimeout)
+	defer cancel()
+	if err := k.jt.PassWakeUp(ctx, kid, input); err != nil {
+		c.cfg.Logger.Warn("jobs: pass a wake-up on", "job", kid, "err", err)
 	}
 }
 
