@@ -318,3 +318,47 @@ func TestPassWakeUpWithoutWakeUpsDoesNothing(t *testing.T) {
 	assert.NoError(t, jt.PassWakeUp(ctx, "job-1", jobWakePayload))
 	assert.Equal(t, gets, st.gets.Load(), "reads of PassWakeUp without wake-ups")
 }
+
+// TestWithQueueTurnKeepsTheQueueOrder: with WithQueueTurn, an acquisition
+// of job-3, queued behind job-2, which waits for its wake-ups in another
+// process, finds the only slot free and writes nothing: it is blocked
+// (the slot is free, for job-2) and sends job-2 the wake-up of that
+// state; without the option it takes the slot. A retry is not held back.
+func TestWithQueueTurnKeepsTheQueueOrder(t *testing.T) {
+	t.Parallel()
+	f := newJobWakeFixture(t)
+	ctx := context.Background()
+	for _, id := range []string{"job-2", "job-3"} {
+		_, err := f.jta.Admit(ctx, id, jobWakePayload)
+		require.NoError(t, err)
+	}
+	wa, err := NewWatcher(f.a)
+	require.NoError(t, err)
+	t.Cleanup(wa.Close)
+	sub2, err := wa.SubscribeJob(ctx, f.jta, f.kvKey, "job-2")
+	require.NoError(t, err)
+	defer sub2.Close()
+	_, rev, err := f.b.Get(ctx, f.service, f.kvKey)
+	require.NoError(t, err)
+
+	acq, err := f.jtb.Acquire(ctx, "job-3", jobWakePayload, WithQueueTurn())
+	require.NoError(t, err)
+	assert.Equal(t, KindBlocked, acq.Kind)
+	assert.Equal(t, ReasonActiveLimit, acq.Reason)
+	assert.Less(t, acq.Active, acq.Limit, "blocked with the slot free, for the job ahead")
+	_, now, err := f.b.Get(ctx, f.service, f.kvKey)
+	require.NoError(t, err)
+	assert.Equal(t, rev, now, "a try blocked in turn writes nothing")
+	recv(t, sub2.Changed(), "job-2's wake-up, sent by job-3's try")
+
+	// A retry is not queued: it takes the slot.
+	acq, err = f.jtb.Acquire(ctx, "job-9", jobWakePayload, WithRetry(), WithQueueTurn())
+	require.NoError(t, err)
+	require.Equal(t, KindAcquired, acq.Kind, "a retry with WithQueueTurn")
+	_, err = f.jtb.Release(ctx, acq.Lease)
+	require.NoError(t, err)
+
+	acq, err = f.jtb.Acquire(ctx, "job-3", jobWakePayload)
+	require.NoError(t, err)
+	assert.Equal(t, KindAcquired, acq.Kind, "without WithQueueTurn the reducer lets job-3 take the slot")
+}

@@ -183,3 +183,50 @@ func TestClientWokenJobThatLeavesHandsItsWakeUpOn(t *testing.T) {
 		})
 	}
 }
+
+// TestClientFirstTryKeepsTheQueueOrder is the regression test for the
+// jobs runtime's tries, which did not keep the queue's order over
+// wake-ups: a job claimed while a slot was free took it, although a job
+// queued ahead of it in another process had been woken for it. Job a
+// waits in client 1 for key d, held by h in client 2; client 1's only
+// worker token is busy with x, so that a, woken by h's release, waits for
+// a token; n, enqueued in client 2 then, is queued behind a and finds the
+// slot free: its first try is blocked in turn (jobkeys.WithQueueTurn),
+// and it starts after a, woken by a's release.
+func TestClientFirstTryKeepsTheQueueOrder(t *testing.T) {
+	t.Parallel()
+	srv := natstest.Run(t)
+	service := fmt.Sprintf("ho%d", natsBucketSeq.Add(1))
+	c1 := newHandOnClient(t, srv, service, 1)
+	c2 := newHandOnClient(t, srv, service, 4)
+	ctx := context.Background()
+
+	c2.enqueue(t, "h", "h", "d", true)
+	require.NoError(t, c2.c.Start(ctx))
+	require.Equal(t, "h", c2.next(t, 30*time.Second, "h"))
+	c1.enqueue(t, "a", "a", "d", true)
+	require.NoError(t, c1.c.Start(ctx))
+	c1.waitingIs(t, 1, "a waits for d in client 1")
+	c1.enqueue(t, "x", "x", "other", true)
+	require.Equal(t, "x", c1.next(t, 30*time.Second, "x takes client 1's only worker token"))
+	c2.open("h")
+	c1.waitingIs(t, 0, "a, woken by h's release, waits for a worker token")
+
+	c2.enqueue(t, "n", "n", "d", true)
+	require.Eventually(t, func() bool {
+		c2.c.mu.Lock()
+		defer c2.c.mu.Unlock()
+		return c2.c.waiting == 1 || len(c2.started) > 0
+	}, 30*time.Second, time.Millisecond, "n waits, or starts")
+	select {
+	case id := <-c2.started:
+		t.Fatalf("%s took the slot freed for a, queued ahead of it", id)
+	default:
+	}
+	// n tries anyway a second after it was blocked in turn: a gets its
+	// token at once.
+	c1.open("x")
+	require.Equal(t, "a", c1.next(t, 30*time.Second, "a takes the slot h's release freed for it"))
+	c1.open("a")
+	assert.Equal(t, "n", c2.next(t, 30*time.Second, "n, woken by a's release"))
+}

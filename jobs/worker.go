@@ -393,12 +393,25 @@ func (c *Client) acquire(ctx context.Context, k *kind, run *Run, ar *activeRun) 
 	graceFrom := job.CreatedAt
 	timer := time.NewTimer(time.Hour)
 	defer timer.Stop()
+	// Over wake-ups a queued job's first try and its try right after
+	// subscribing keep the queue's order (jobkeys.WithQueueTurn): they do
+	// not take a slot a wake-up is on its way for to a job queued ahead
+	// of it, in any process. Its other tries (a wake-up's, a recheck's)
+	// are its turn. inTurn says the next try is one of those two;
+	// turnBlocked that the last try was blocked so.
+	inTurn, turnBlocked := c.wakeUps(), false
 	for {
 		opts := []jobkeys.AcquireOption{jobkeys.WithTries(job.Attempts), jobkeys.WithInstanceID(c.cfg.Owner)}
 		if retry {
 			opts = append(opts, jobkeys.WithRetry())
+		} else if inTurn {
+			opts = append(opts, jobkeys.WithQueueTurn())
 		}
 		acq, err := k.jt.Acquire(ctx, kid, input, opts...)
+		// Blocked in turn: slots are free, for the jobs ahead.
+		turnBlocked = inTurn && !retry && err == nil && acq.Kind == jobkeys.KindBlocked &&
+			acq.Reason == jobkeys.ReasonActiveLimit && acq.Active < acq.Limit
+		inTurn = false
 		if errors.Is(err, jobkeys.ErrInvalidKey) {
 			// Its input derives no key under the kind's policy: it can
 			// never run (the record was written past Client.Enqueue).
@@ -498,6 +511,7 @@ func (c *Client) acquire(ctx context.Context, k *kind, run *Run, ar *activeRun) 
 			waited = true // subscribing takes a while too
 			if wake = c.subscribeJob(ctx, k, kvKey, kid); wake != nil {
 				turn, ended = wake.Changed(), wake.Done()
+				inTurn = true
 				continue
 			}
 			noWake, byWake = true, false
@@ -522,6 +536,12 @@ func (c *Client) acquire(ctx context.Context, k *kind, run *Run, ar *activeRun) 
 		}
 		if !until.IsZero() {
 			wait = min(wait, until.Sub(now)+time.Millisecond)
+		}
+		if turnBlocked {
+			// The jobs ahead were woken (by the write that freed the
+			// slots, and by the try itself); should none of them act on
+			// it, it tries anyway.
+			wait = min(wait, queueTurnWait)
 		}
 		renewAt := run.job.ClaimExpiresAt.Add(-c.claimTTL / 2)
 		wait = max(min(wait, renewAt.Sub(now)), time.Millisecond)
@@ -576,6 +596,13 @@ func (c *Client) acquire(ctx context.Context, k *kind, run *Run, ar *activeRun) 
 		}
 	}
 }
+
+// queueTurnWait is how long a job blocked in turn (see
+// jobkeys.WithQueueTurn: slots free, for jobs queued ahead of it) waits
+// for its wake-up before it tries anyway: the woken jobs ahead take a
+// wake-up's hop and a write's round trip, more over a network or on a
+// loaded machine (the Runner's wakeTurn, at its least).
+const queueTurnWait = time.Second
 
 // passWakeUpTimeout bounds the read of a hand-on (passWakeUp).
 const passWakeUpTimeout = 5 * time.Second
