@@ -22,8 +22,10 @@ import "context"
 // lease's expiry starts (those are its turn); and, blocked so, try again
 // within a second or so if no wake-up comes (the jobs ahead may be slow
 // to act on theirs, or lost them). It does nothing for a retry
-// ([WithRetry], not queued), over a store without wake-ups, or in a
-// [Runner], which keeps the order itself.
+// ([WithRetry], not queued) or over a store without wake-ups. A [Runner]
+// over wake-ups keeps the order without it: passed to [Runner.Run] or
+// [Runner.TryRun], it changes only the tries the Runner does not already
+// make in turn or on a wake-up (TryRun's, for one).
 func WithQueueTurn() AcquireOption { return queueTurnOption{} }
 
 type queueTurnOption struct{}
