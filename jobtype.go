@@ -97,7 +97,8 @@ func (jt *JobType) Admit(ctx context.Context, jobID string, payload any, opts ..
 // with [ReasonNotQueued]. Most workers call [Runner.Run] instead, which
 // also renews and releases.
 //
-// Options: [WithRetry], [WithTries], [WithInstanceID], [WithTraceContext].
+// Options: [WithRetry], [WithTries], [WithInstanceID], [WithTraceContext],
+// [WithQueueTurn].
 func (jt *JobType) Acquire(ctx context.Context, jobID string, payload any, opts ...AcquireOption) (Acquisition, error) {
 	key, err := jt.key(jobID, payload)
 	if err != nil {
@@ -110,7 +111,9 @@ func (jt *JobType) Acquire(ctx context.Context, jobID string, payload any, opts 
 		}
 		req = o.applyAcquire(req)
 	}
+	ctx, wt := jt.queueTurn(ctx, opts, req) // see WithQueueTurn
 	acq, err := jt.coord.acquireKey(ctx, key, jt.policy, req)
+	jt.afterQueueTurn(wt, key.KVKey, jobID, err)
 	if acq.Kind == KindAcquired {
 		// The lease is the caller's: it must not share the handle's template.
 		acq.Lease.Policy = jt.Policy()

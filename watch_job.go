@@ -2,16 +2,19 @@ package jobkeys
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"reflect"
 	"strings"
+	"time"
 	"unicode/utf8"
 )
 
 // This file holds the exported side of targeted wake-ups on a Watcher
 // (see WithWakeUps): what a worker runtime of its own (the jobs package's
 // Client) needs to wait as a Runner waits, for the wake-ups sent to its
-// own job rather than a watch of the key.
+// own job rather than a watch of the key, and to hand a wake-up on when
+// it leaves without acting on it (JobType.PassWakeUp).
 
 // WakeUps reports whether w's store sends targeted wake-ups (a
 // [NATSStore] made with [WithWakeUps]): then [Watcher.SubscribeJob] works,
@@ -99,6 +102,89 @@ func (w *Watcher) SubscribeJob(ctx context.Context, jt *JobType, kvKey, jobID st
 		return nil, err
 	}
 	return sub, nil
+}
+
+// PassWakeUp hands on the targeted wake-up of job jobID (admitted with
+// payload) for a waiter of [Watcher.SubscribeJob] that stops waiting
+// without acquiring a slot: paused, or its process stopping, while its
+// queue entry stays. A write that frees slots wakes as many queued jobs
+// as it freed; one that was woken and leaves would keep the next queued
+// job waiting for its recheck. PassWakeUp reads the key (one read; it
+// writes nothing) and, if its state leaves a slot free with jobID queued
+// where a wake-up may reach it (among the first jobs the free slots are
+// for, or up to 64 past them), sends that state's wake-up to the other
+// queued jobs, as the write taking jobID out of the queue would: to as
+// many as slots are free, passing over those with no waiter. It sends
+// nothing when jobID is not queued (its removal woke the next job) or no
+// slot is free, and does nothing over a store without wake-ups. Call it
+// after closing the job's subscription.
+//
+// A job id that is empty or not valid UTF-8 is an error wrapping
+// [ErrInvalidRequest], a payload the key template cannot resolve one
+// wrapping [ErrInvalidKey]; a failed read is returned wrapped, with the
+// KV key. It is safe for concurrent use.
+func (jt *JobType) PassWakeUp(ctx context.Context, jobID string, payload any) error {
+	if jt == nil || jt.coord == nil {
+		return fmt.Errorf("%w: pass on the wake-up of job %q: the job type is nil or was not made by KeyCoordinator.JobType", ErrInvalidRequest, jobID)
+	}
+	key, err := jt.key(jobID, payload)
+	if err != nil {
+		return err
+	}
+	c := jt.coord
+	if c.wakes == nil {
+		return nil
+	}
+	value, rev, err := c.store.Get(ctx, key.Service, key.KVKey)
+	if errors.Is(err, ErrKeyNotFound) {
+		return nil
+	}
+	if err != nil {
+		if ctx.Err() != nil {
+			return ctx.Err()
+		}
+		return fmt.Errorf("jobkeys: pass on the wake-up of job %q of %s: %w", jobID, key.KVKey, err)
+	}
+	st, err := decodeFor(key, value, rev)
+	if err != nil {
+		return fmt.Errorf("jobkeys: pass on the wake-up of job %q of %s: %w", jobID, key.KVKey, err)
+	}
+	targets, free := passTargets(st, jobID, jt.policy.MaxActive, c.cfg.Now())
+	if len(targets) == 0 {
+		return nil
+	}
+	if again, ok := c.wakes.(wakeAheadStore); ok {
+		// This store may have sent a wake-up of rev already (its own
+		// write), to jobID among others.
+		again.publishWakesAgain(key.Service, key.KVKey, value, rev, targets, free)
+		return nil
+	}
+	c.wakes.publishWakes(key.Service, key.KVKey, value, rev, targets, free)
+	return nil
+}
+
+// passTargets returns the targets of the wake-up PassWakeUp hands on for
+// job jobID from state st, and the slots free for them: the queued jobs
+// but jobID, in order, up to the targets' bound; none when no slot is
+// free or no wake-up of st can reach jobID. limit is the policy's
+// MaxActive.
+func passTargets(st *KeyState, jobID string, limit int, now time.Time) ([]string, int) {
+	free := limit - liveSlots(st, now)
+	i := indexQueued(st.Queued, jobID)
+	if free <= 0 || i < 0 || i >= free+wakeTargetsMax || len(st.Queued) < 2 {
+		return nil, 0
+	}
+	targets := make([]string, 0, min(len(st.Queued)-1, free+wakeTargetsMax))
+	for k := range st.Queued {
+		if k == i {
+			continue
+		}
+		targets = append(targets, st.Queued[k].JobID)
+		if len(targets) == free+wakeTargetsMax {
+			break
+		}
+	}
+	return targets, free
 }
 
 // isKeyOf reports whether kvKey is a KV key of jt: its service, its name

@@ -265,7 +265,8 @@ func (s *settleCounter) Settle(ctx context.Context, req jobs.SettleRequest) (job
 // workers in two clients on connections of their own, over key stores
 // with wake-ups, reporting per job the key stores' reads and their
 // wake-ups: published to the other process, answered "no responders"
-// (503: nobody subscribed to the job's subject) and received. Run with
+// (503: nobody subscribed to the job's subject) and received, and the
+// acquisitions out of queue order (see queueOrder). Run with
 //
 //	go test -run '^$' -bench JobsClientWakeUps -benchtime 2000x .
 func BenchmarkJobsClientWakeUps(b *testing.B) {
@@ -303,6 +304,12 @@ func BenchmarkJobsClientWakeUps(b *testing.B) {
 		require.NoError(b, c.Start(ctx))
 		b.Cleanup(func() { require.NoError(b, c.Stop(ctx)) })
 		clients[i] = c
+	}
+	// The order watch costs the server a delivery per write: turn it off
+	// (JOBKEYS_BENCH_ORDER=off) to compare with a build without it.
+	var order *queueOrder
+	if os.Getenv("JOBKEYS_BENCH_ORDER") != "off" {
+		order = watchQueueOrder(b, srv, service)
 	}
 	type counts struct{ reads, published, noResponders, received uint64 }
 	sum := func() (s counts) {
@@ -352,6 +359,110 @@ func BenchmarkJobsClientWakeUps(b *testing.B) {
 	b.ReportMetric(per(got.published, base.published), "wakes-published/op")
 	b.ReportMetric(per(got.noResponders, base.noResponders), "wakes-503/op")
 	b.ReportMetric(per(got.received, base.received), "wakes-received/op")
+	if order != nil {
+		ooo, pairs := order.counts(b)
+		b.ReportMetric(float64(ooo)/float64(b.N), "out-of-order/op")
+		b.ReportMetric(float64(pairs)/float64(b.N), "order-checked/op")
+	}
+}
+
+// queueOrder counts, from a watch of a service's key bucket on a
+// connection of its own, the acquisitions that came out of queue order:
+// a write that gave a slot to a queued job while another was queued ahead
+// of it in the state it wrote over. Only consecutive revisions are
+// compared (the bucket keeps a key's latest revision only: a watch may
+// miss one); with one key in the bucket every write is one revision.
+type queueOrder struct {
+	mu         sync.Mutex
+	prev       *jobkeys.KeyState
+	prevRev    uint64
+	pairs      int // consecutive revisions compared
+	outOfOrder int
+	stream     jetstream.Stream
+	cancel     context.CancelFunc
+	done       chan struct{}
+}
+
+func watchQueueOrder(b *testing.B, srv *server.Server, service string) *queueOrder {
+	b.Helper()
+	_, js := natstest.Connect(b, srv)
+	ks, err := jobkeys.NewNATSStore(js, jobkeys.WithCreateBuckets(jetstream.MemoryStorage, 1))
+	require.NoError(b, err)
+	ctx, cancel := context.WithCancel(context.Background())
+	kv, err := ks.KeyValue(ctx, service)
+	require.NoError(b, err)
+	w, err := kv.WatchAll(ctx, jetstream.UpdatesOnly())
+	require.NoError(b, err)
+	stream, err := js.Stream(ctx, "KV_"+ks.BucketName(service))
+	require.NoError(b, err)
+	o := &queueOrder{stream: stream, cancel: cancel, done: make(chan struct{})}
+	go func() {
+		defer close(o.done)
+		defer func() { _ = w.Stop() }()
+		for {
+			select {
+			case <-ctx.Done():
+				return
+			case e, ok := <-w.Updates():
+				if !ok {
+					return
+				}
+				if e != nil {
+					o.observe(e)
+				}
+			}
+		}
+	}()
+	b.Cleanup(func() {
+		cancel()
+		<-o.done
+	})
+	return o
+}
+
+func (o *queueOrder) observe(e jetstream.KeyValueEntry) {
+	st, err := jobkeys.ParseState(e.Value())
+	if err != nil {
+		st = nil
+	}
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	if o.prev != nil && st != nil && e.Revision() == o.prevRev+1 {
+		o.pairs++
+		held := make(map[string]bool, len(o.prev.Active))
+		for _, a := range o.prev.Active {
+			held[a.JobID] = true
+		}
+		for _, a := range st.Active {
+			if held[a.JobID] || len(o.prev.Queued) == 0 || o.prev.Queued[0].JobID == a.JobID {
+				continue
+			}
+			for _, q := range o.prev.Queued[1:] {
+				if q.JobID == a.JobID {
+					o.outOfOrder++ // queued behind another job that was not given the slot
+					break
+				}
+			}
+		}
+	}
+	o.prev, o.prevRev = st, e.Revision()
+}
+
+// counts waits until the watch has seen the bucket's last revision, and
+// returns the out-of-order acquisitions and the pairs compared.
+func (o *queueOrder) counts(b *testing.B) (outOfOrder, pairs int) {
+	b.Helper()
+	info, err := o.stream.Info(context.Background())
+	require.NoError(b, err)
+	last := info.State.LastSeq
+	require.Eventually(b, func() bool {
+		o.mu.Lock()
+		defer o.mu.Unlock()
+		return o.prevRev >= last
+	}, 30*time.Second, time.Millisecond, "the order watch sees revision %d", last)
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	return o.outOfOrder, o.pairs
 }
 
 // A worker runtime of its own waits for a slot as a Runner does over

@@ -2,6 +2,7 @@ package jobkeys
 
 import (
 	"context"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -215,4 +216,149 @@ func TestSubscribeJobUncomparableStoreNoPanic(t *testing.T) {
 	assert.ErrorContains(t, err, "another store")
 	assert.Nil(t, sub)
 	assert.Zero(t, w.wakeSubscriptions())
+}
+
+// TestPassWakeUpWakesTheJobsAfterALeavingWaiter: job-2, woken by the
+// release that freed the only slot, leaves without acquiring it (its
+// queue entry stays: paused, its process stopping) and hands its wake-up
+// on with PassWakeUp: job-3, queued behind it, is woken with the state at
+// the release's revision. PassWakeUp sends nothing while no slot is free,
+// nor for a job that is not queued, and refuses bad input.
+func TestPassWakeUpWakesTheJobsAfterALeavingWaiter(t *testing.T) {
+	t.Parallel()
+	f := newJobWakeFixture(t)
+	ctx := context.Background()
+	_, err := f.jta.Admit(ctx, "job-1", jobWakePayload)
+	require.NoError(t, err)
+	acq, err := f.jta.Acquire(ctx, "job-1", jobWakePayload)
+	require.NoError(t, err)
+	require.Equal(t, KindAcquired, acq.Kind)
+	for _, id := range []string{"job-2", "job-3"} {
+		_, err := f.jta.Admit(ctx, id, jobWakePayload)
+		require.NoError(t, err)
+	}
+	sub2, err := f.wb.SubscribeJob(ctx, f.jtb, f.kvKey, "job-2")
+	require.NoError(t, err)
+	defer sub2.Close()
+	sub3, err := f.wb.SubscribeJob(ctx, f.jtb, f.kvKey, "job-3")
+	require.NoError(t, err)
+	defer sub3.Close()
+
+	// The key is full: nothing to hand on.
+	require.NoError(t, f.jtb.PassWakeUp(ctx, "job-2", jobWakePayload))
+	published, local, _, _ := WakeCountsOf(f.b)
+	assert.Zero(t, published+local, "wake-ups handed on while the key is full")
+
+	rel, err := f.jta.Release(ctx, acq.Lease)
+	require.NoError(t, err)
+	require.Equal(t, KindReleased, rel.Kind)
+	recv(t, sub2.Changed(), "job-2's wake-up")
+	select {
+	case <-sub3.Changed():
+		t.Fatal("job-3 was woken by the release of the only slot, which is job-2's")
+	default:
+	}
+	_, rev, err := f.b.Get(ctx, f.service, f.kvKey)
+	require.NoError(t, err)
+
+	// Not queued: its removal would have woken the next job.
+	require.NoError(t, f.jtb.PassWakeUp(ctx, "job-9", jobWakePayload))
+	published, local, _, _ = WakeCountsOf(f.b)
+	assert.Zero(t, published+local, "wake-ups handed on for a job that is not queued")
+
+	sub2.Close()
+	require.NoError(t, f.jtb.PassWakeUp(ctx, "job-2", jobWakePayload))
+	recv(t, sub3.Changed(), "job-3's wake-up, handed on by job-2")
+	got, _ := sub3.wake.entry.seen()
+	assert.Equal(t, rev, got, "the state handed on is the release's")
+	acq3, err := f.jtb.Acquire(ctx, "job-3", jobWakePayload)
+	require.NoError(t, err)
+	assert.Equal(t, KindAcquired, acq3.Kind, "job-3 takes the slot job-2 left")
+
+	for _, tc := range []struct {
+		name string
+		jt   *JobType
+		job  string
+		want error
+	}{
+		{"nil job type", nil, "job-2", ErrInvalidRequest},
+		{"zero job type", &JobType{}, "job-2", ErrInvalidRequest},
+		{"empty job id", f.jtb, "", ErrInvalidRequest},
+		{"invalid UTF-8 job id", f.jtb, "\xff", ErrInvalidRequest},
+	} {
+		assert.ErrorIs(t, tc.jt.PassWakeUp(ctx, tc.job, jobWakePayload), tc.want, tc.name)
+	}
+	assert.ErrorIs(t, f.jtb.PassWakeUp(ctx, "job-2", []byte(`{}`)), ErrInvalidKey, "a payload without the key's field")
+}
+
+// getCountingStore counts its store's Gets.
+type getCountingStore struct {
+	Store
+	gets atomic.Int64
+}
+
+func (s *getCountingStore) Get(ctx context.Context, service, key string) ([]byte, uint64, error) {
+	s.gets.Add(1)
+	return s.Store.Get(ctx, service, key)
+}
+
+// TestPassWakeUpWithoutWakeUpsDoesNothing: over a store without wake-ups
+// PassWakeUp reads nothing (and has nothing to send).
+func TestPassWakeUpWithoutWakeUpsDoesNothing(t *testing.T) {
+	t.Parallel()
+	st := &getCountingStore{Store: NewMemoryStore()}
+	c, err := NewCoordinator(st, nil)
+	require.NoError(t, err)
+	jt, err := c.JobType("svc", "render", Policy{Key: []string{"/t"}})
+	require.NoError(t, err)
+	ctx := context.Background()
+	_, err = jt.Admit(ctx, "job-1", jobWakePayload)
+	require.NoError(t, err)
+	gets := st.gets.Load()
+	assert.NoError(t, jt.PassWakeUp(ctx, "job-1", jobWakePayload))
+	assert.Equal(t, gets, st.gets.Load(), "reads of PassWakeUp without wake-ups")
+}
+
+// TestWithQueueTurnKeepsTheQueueOrder: with WithQueueTurn, an acquisition
+// of job-3, queued behind job-2, which waits for its wake-ups in another
+// process, finds the only slot free and writes nothing: it is blocked
+// (the slot is free, for job-2) and sends job-2 the wake-up of that
+// state; without the option it takes the slot. A retry is not held back.
+func TestWithQueueTurnKeepsTheQueueOrder(t *testing.T) {
+	t.Parallel()
+	f := newJobWakeFixture(t)
+	ctx := context.Background()
+	for _, id := range []string{"job-2", "job-3"} {
+		_, err := f.jta.Admit(ctx, id, jobWakePayload)
+		require.NoError(t, err)
+	}
+	wa, err := NewWatcher(f.a)
+	require.NoError(t, err)
+	t.Cleanup(wa.Close)
+	sub2, err := wa.SubscribeJob(ctx, f.jta, f.kvKey, "job-2")
+	require.NoError(t, err)
+	defer sub2.Close()
+	_, rev, err := f.b.Get(ctx, f.service, f.kvKey)
+	require.NoError(t, err)
+
+	acq, err := f.jtb.Acquire(ctx, "job-3", jobWakePayload, WithQueueTurn())
+	require.NoError(t, err)
+	assert.Equal(t, KindBlocked, acq.Kind)
+	assert.Equal(t, ReasonActiveLimit, acq.Reason)
+	assert.Less(t, acq.Active, acq.Limit, "blocked with the slot free, for the job ahead")
+	_, now, err := f.b.Get(ctx, f.service, f.kvKey)
+	require.NoError(t, err)
+	assert.Equal(t, rev, now, "a try blocked in turn writes nothing")
+	recv(t, sub2.Changed(), "job-2's wake-up, sent by job-3's try")
+
+	// A retry is not queued: it takes the slot.
+	acq, err = f.jtb.Acquire(ctx, "job-9", jobWakePayload, WithRetry(), WithQueueTurn())
+	require.NoError(t, err)
+	require.Equal(t, KindAcquired, acq.Kind, "a retry with WithQueueTurn")
+	_, err = f.jtb.Release(ctx, acq.Lease)
+	require.NoError(t, err)
+
+	acq, err = f.jtb.Acquire(ctx, "job-3", jobWakePayload)
+	require.NoError(t, err)
+	assert.Equal(t, KindAcquired, acq.Kind, "without WithQueueTurn the reducer lets job-3 take the slot")
 }

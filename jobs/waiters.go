@@ -91,7 +91,8 @@ func (c *Client) wakeUps() bool {
 // it alone, so no other waiter of the key tries, and a heartbeat of a
 // full key, which frees nothing, sends none. Unlike a group's turn, a wake-up is not
 // passed on after an acquisition: the writer wakes as many jobs as it left
-// slots free. nil when it cannot subscribe (the waiter joins its key's
+// slots free; a job that leaves without a slot hands its wake-up on
+// (passWakeUp). nil when it cannot subscribe (the waiter joins its key's
 // group instead). The caller closes the subscription when it stops
 // waiting.
 func (c *Client) subscribeJob(ctx context.Context, k *kind, kvKey, kid string) *jobkeys.Subscription {

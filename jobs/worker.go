@@ -373,12 +373,16 @@ func (c *Client) acquire(ctx context.Context, k *kind, run *Run, ar *activeRun) 
 	// noGroup and noWake: that way of waiting failed (or ended) once; the
 	// job does not try it again.
 	noGroup, noWake := false, false
+	acquired := false
 	defer func() {
 		if group != nil {
 			c.leaveWaiters(kvKey, group)
 		}
 		if wake != nil {
 			wake.Close()
+			if !acquired {
+				c.passWakeUp(ctx, k, kid, input)
+			}
 		}
 	}()
 	repaired, waited := false, false
@@ -389,12 +393,25 @@ func (c *Client) acquire(ctx context.Context, k *kind, run *Run, ar *activeRun) 
 	graceFrom := job.CreatedAt
 	timer := time.NewTimer(time.Hour)
 	defer timer.Stop()
+	// Over wake-ups a queued job's first try and its try right after
+	// subscribing keep the queue's order (jobkeys.WithQueueTurn): they do
+	// not take a slot a wake-up is on its way for to a job queued ahead
+	// of it, in any process. Its other tries (a wake-up's, a recheck's)
+	// are its turn. inTurn says the next try is one of those two;
+	// turnBlocked that the last try was blocked so.
+	inTurn, turnBlocked := c.wakeUps(), false
 	for {
 		opts := []jobkeys.AcquireOption{jobkeys.WithTries(job.Attempts), jobkeys.WithInstanceID(c.cfg.Owner)}
 		if retry {
 			opts = append(opts, jobkeys.WithRetry())
+		} else if inTurn {
+			opts = append(opts, jobkeys.WithQueueTurn())
 		}
 		acq, err := k.jt.Acquire(ctx, kid, input, opts...)
+		// Blocked in turn: slots are free, for the jobs ahead.
+		turnBlocked = inTurn && !retry && err == nil && acq.Kind == jobkeys.KindBlocked &&
+			acq.Reason == jobkeys.ReasonActiveLimit && acq.Active < acq.Limit
+		inTurn = false
 		if errors.Is(err, jobkeys.ErrInvalidKey) {
 			// Its input derives no key under the kind's policy: it can
 			// never run (the record was written past Client.Enqueue).
@@ -412,6 +429,7 @@ func (c *Client) acquire(ctx context.Context, k *kind, run *Run, ar *activeRun) 
 			return jobkeys.Lease{}, false
 		}
 		if acq.Kind == jobkeys.KindAcquired {
+			acquired = true // if it leaves now, its release wakes the next job
 			c.cfg.Logger.Debug("jobs: acquired", "job", job.ID, "generation", run.claim.Generation, "waited", waited)
 			if kvKey != "" && wake == nil {
 				// Another slot may be free too. (A wake-up is not passed
@@ -493,6 +511,7 @@ func (c *Client) acquire(ctx context.Context, k *kind, run *Run, ar *activeRun) 
 			waited = true // subscribing takes a while too
 			if wake = c.subscribeJob(ctx, k, kvKey, kid); wake != nil {
 				turn, ended = wake.Changed(), wake.Done()
+				inTurn = true
 				continue
 			}
 			noWake, byWake = true, false
@@ -517,6 +536,12 @@ func (c *Client) acquire(ctx context.Context, k *kind, run *Run, ar *activeRun) 
 		}
 		if !until.IsZero() {
 			wait = min(wait, until.Sub(now)+time.Millisecond)
+		}
+		if turnBlocked {
+			// The jobs ahead were woken (by the write that freed the
+			// slots, and by the try itself); should none of them act on
+			// it, it tries anyway.
+			wait = min(wait, queueTurnWait)
 		}
 		renewAt := run.job.ClaimExpiresAt.Add(-c.claimTTL / 2)
 		wait = max(min(wait, renewAt.Sub(now)), time.Millisecond)
@@ -569,6 +594,35 @@ func (c *Client) acquire(ctx context.Context, k *kind, run *Run, ar *activeRun) 
 			}
 			return jobkeys.Lease{}, false
 		}
+	}
+}
+
+// queueTurnWait is how long a job blocked in turn (see
+// jobkeys.WithQueueTurn: slots free, for jobs queued ahead of it) waits
+// for its wake-up before it tries anyway: the woken jobs ahead take a
+// wake-up's hop and a write's round trip, more over a network or on a
+// loaded machine (the Runner's wakeTurn, at its least).
+const queueTurnWait = time.Second
+
+// passWakeUpTimeout bounds the read of a hand-on (passWakeUp).
+const passWakeUpTimeout = 5 * time.Second
+
+// passWakeUp hands on the wake-up of key-layer job kid (input its
+// payload), which waited for its wake-ups and leaves without a slot
+// (paused, superseded or cancelled here, the client stopping, no worker
+// token, MaxWaiting full, the key layer failing): the write that freed a
+// slot may have woken it, and it alone, and its queue entry may stay
+// (a pause keeps it; a hand-back leaves it for the next claim). A woken
+// job that left without a word would keep the next queued job, in any
+// process, waiting for its recheck. One read, and a wake-up of the other
+// queued jobs when a slot is free for it (see jobkeys.JobType.PassWakeUp).
+// Called with its subscription closed, so that a later wake-up passes it
+// over.
+func (c *Client) passWakeUp(ctx context.Context, k *kind, kid string, input []byte) {
+	ctx, cancel := context.WithTimeout(ctx, passWakeUpTimeout)
+	defer cancel()
+	if err := k.jt.PassWakeUp(ctx, kid, input); err != nil {
+		c.cfg.Logger.Warn("jobs: pass a wake-up on", "job", kid, "err", err)
 	}
 }
 
