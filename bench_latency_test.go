@@ -129,6 +129,7 @@ func BenchmarkCycleDelayed(b *testing.B) {
 		{"16workers-16conns-1key-wake-pipelined", hotKeyRow{workers: 16, conns: 16, wake: true, pipelined: true}},
 		{"64workers-16conns-1key-wake", hotKeyRow{workers: 64, conns: 16, wake: true}},
 		{"64workers-64conns-1key-wake", hotKeyRow{workers: 64, conns: 64, wake: true}},
+		{"64workers-64conns-1key-wake-pipelined", hotKeyRow{workers: 64, conns: 64, wake: true, pipelined: true}},
 	} {
 		b.Run(prefix+r.name, func(b *testing.B) { benchHotKeyRow(b, s, r.row) })
 	}
