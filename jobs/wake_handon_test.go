@@ -280,9 +280,9 @@ func TestClientStoppingHandsItsWakeUpOnWhileItHandsTheJobBack(t *testing.T) {
 	stall := &stallingStore{handingBack: make(chan struct{}), release: make(chan struct{})}
 	var releaseOnce sync.Once
 	release := func() { releaseOnce.Do(func() { close(stall.release) }) }
-	t.Cleanup(release) // before the clients' Stop (cleanups run last first)
 	c1 := newHandOnClientWith(t, srv, service, 1, func(st Store) Store { stall.Store = st; return stall })
 	c2 := newHandOnClient(t, srv, service, 4)
+	t.Cleanup(release) // before the clients' Stop (cleanups run last first)
 	ctx := context.Background()
 
 	c2.enqueue(t, "h", "h", "d", true)
