@@ -33,9 +33,20 @@ type handOnClient struct {
 
 func newHandOnClient(t *testing.T, srv *server.Server, service string, workers int) *handOnClient {
 	t.Helper()
+	return newHandOnClientWith(t, srv, service, workers, nil)
+}
+
+// newHandOnClientWith is newHandOnClient over the job store wrap returns
+// for its NATS job store (nil: that store itself).
+func newHandOnClientWith(t *testing.T, srv *server.Server, service string, workers int, wrap func(Store) Store) *handOnClient {
+	t.Helper()
 	_, js := natstest.Connect(t, srv)
-	st, err := NewNATSStore(js, nil, WithBucket(fmt.Sprintf("JOBS_HO%d", natsBucketSeq.Add(1))), WithCreateBucket(jetstream.MemoryStorage, 1))
+	nst, err := NewNATSStore(js, nil, WithBucket(fmt.Sprintf("JOBS_HO%d", natsBucketSeq.Add(1))), WithCreateBucket(jetstream.MemoryStorage, 1))
 	require.NoError(t, err)
+	var st Store = nst
+	if wrap != nil {
+		st = wrap(nst)
+	}
 	keys, err := jobkeys.NewNATSStore(js, jobkeys.WithCreateBuckets(jetstream.MemoryStorage, 1), jobkeys.WithWakeUps(""))
 	require.NoError(t, err)
 	coord, err := jobkeys.NewCoordinator(keys, nil)
@@ -229,4 +240,78 @@ func TestClientFirstTryKeepsTheQueueOrder(t *testing.T) {
 	require.Equal(t, "a", c1.next(t, 30*time.Second, "a takes the slot h's release freed for it"))
 	c1.open("a")
 	assert.Equal(t, "n", c2.next(t, 30*time.Second, "n, woken by a's release"))
+}
+
+// stallingStore is a job store whose hand-backs of a stopping client
+// ("client-stopping") wait until release is closed (or their ctx ends),
+// as over a connection that is down; handingBack is closed at the first.
+type stallingStore struct {
+	Store
+	once        sync.Once
+	handingBack chan struct{}
+	release     chan struct{}
+}
+
+func (s *stallingStore) Requeue(ctx context.Context, req RequeueRequest) (Job, error) {
+	if req.Reason == "client-stopping" {
+		s.once.Do(func() { close(s.handingBack) })
+		select {
+		case <-s.release:
+		case <-ctx.Done():
+			return Job{}, ctx.Err()
+		}
+	}
+	return s.Store.Requeue(ctx, req)
+}
+
+// TestClientStoppingHandsItsWakeUpOnWhileItHandsTheJobBack is the
+// regression test for a stopping client's hand-on of a wake-up, which
+// waited for the job's hand-back: over a connection that is down, each
+// waits for its timeout (5s), and Stop took both, one after the other
+// (10s, against 5s before the hand-on). Job a waits in client 1 for key d,
+// held by h in client 2, with b queued behind it in client 2; a, woken by
+// h's release, waits for client 1's only worker token (held by x) when
+// client 1 stops. a's hand-back hangs until the test ends it: b must start
+// meanwhile, woken by a's hand-on.
+func TestClientStoppingHandsItsWakeUpOnWhileItHandsTheJobBack(t *testing.T) {
+	t.Parallel()
+	srv := natstest.Run(t)
+	service := fmt.Sprintf("ho%d", natsBucketSeq.Add(1))
+	stall := &stallingStore{handingBack: make(chan struct{}), release: make(chan struct{})}
+	var releaseOnce sync.Once
+	release := func() { releaseOnce.Do(func() { close(stall.release) }) }
+	c1 := newHandOnClientWith(t, srv, service, 1, func(st Store) Store { stall.Store = st; return stall })
+	c2 := newHandOnClient(t, srv, service, 4)
+	t.Cleanup(release) // before the clients' Stop (cleanups run last first)
+	ctx := context.Background()
+
+	c2.enqueue(t, "h", "h", "d", true)
+	require.NoError(t, c2.c.Start(ctx))
+	require.Equal(t, "h", c2.next(t, 30*time.Second, "h"))
+	c1.enqueue(t, "a", "a", "d", false)
+	require.NoError(t, c1.c.Start(ctx))
+	c1.waitingIs(t, 1, "a waits for d in client 1")
+	c1.enqueue(t, "x", "x", "other", true)
+	require.Equal(t, "x", c1.next(t, 30*time.Second, "x takes client 1's only worker token"))
+	c2.enqueue(t, "b", "b", "d", false)
+	c2.waitingIs(t, 1, "b waits for d in client 2, queued behind a")
+	c2.open("h")
+	c1.waitingIs(t, 0, "a, woken by h's release, waits for a worker token")
+
+	stopped := make(chan error, 1)
+	go func() {
+		sctx, cancel := context.WithTimeout(ctx, time.Minute)
+		defer cancel()
+		stopped <- c1.c.Stop(sctx)
+	}()
+	select {
+	case <-stall.handingBack:
+	case <-time.After(30 * time.Second):
+		t.Fatal("client 1 did not hand a back")
+	}
+	// Long before b's recheck (a minute), while a's hand-back hangs.
+	assert.Equal(t, "b", c2.next(t, 20*time.Second, "b woken by a's hand-on while a's hand-back hangs"))
+	release()
+	c1.open("x")
+	require.NoError(t, <-stopped)
 }

@@ -374,15 +374,35 @@ func (c *Client) acquire(ctx context.Context, k *kind, run *Run, ar *activeRun) 
 	// job does not try it again.
 	noGroup, noWake := false, false
 	acquired := false
+	// leaveWake closes wake, if open, and, unless the job acquired, hands
+	// its wake-up on (passWakeUp) in the background, so that a hand-back
+	// of the job does not wait for it (over a connection that is down,
+	// each waits for its timeout); passed is closed when that ends. Called
+	// before a hand-back, and when acquire returns, which waits for it.
+	var passed chan struct{}
+	leaveWake := func() {
+		if wake == nil {
+			return
+		}
+		wake.Close()
+		wake = nil
+		if acquired {
+			return
+		}
+		done := make(chan struct{})
+		passed = done
+		go func() {
+			defer close(done)
+			c.passWakeUp(ctx, k, kid, input)
+		}()
+	}
 	defer func() {
 		if group != nil {
 			c.leaveWaiters(kvKey, group)
 		}
-		if wake != nil {
-			wake.Close()
-			if !acquired {
-				c.passWakeUp(ctx, k, kid, input)
-			}
+		leaveWake()
+		if passed != nil {
+			<-passed
 		}
 	}()
 	repaired, waited := false, false
@@ -425,6 +445,7 @@ func (c *Client) acquire(ctx context.Context, k *kind, run *Run, ar *activeRun) 
 		if err != nil {
 			c.cfg.Logger.Warn("jobs: acquire slot", "job", job.ID, "err", err)
 			c.releaseToken()
+			leaveWake()
 			c.handBack(ctx, run.claim, c.cfg.RecheckInterval, "key-unavailable")
 			return jobkeys.Lease{}, false
 		}
@@ -478,6 +499,7 @@ func (c *Client) acquire(ctx context.Context, k *kind, run *Run, ar *activeRun) 
 				c.releaseToken()
 				if err != nil && !errors.Is(err, ErrRejected) {
 					c.cfg.Logger.Warn("jobs: repair admission", "job", job.ID, "err", err)
+					leaveWake()
 					c.handBack(ctx, run.claim, c.cfg.RecheckInterval, "key-unavailable")
 				}
 				return jobkeys.Lease{}, false
@@ -553,6 +575,7 @@ func (c *Client) acquire(ctx context.Context, k *kind, run *Run, ar *activeRun) 
 		}
 		c.mu.Unlock()
 		if full {
+			leaveWake()
 			c.handBack(ctx, run.claim, c.cfg.RecheckInterval, "key-full")
 			return jobkeys.Lease{}, false
 		}
@@ -585,10 +608,11 @@ func (c *Client) acquire(ctx context.Context, k *kind, run *Run, ar *activeRun) 
 			return jobkeys.Lease{}, false // paused, cancelled or superseded here: nothing to write
 		}
 		if stop {
+			leaveWake()
 			c.handBack(ctx, run.claim, 0, "client-stopping")
 			return jobkeys.Lease{}, false
 		}
-		if !c.takeToken(ctx, run, ar, timer) {
+		if !c.takeToken(ctx, run, ar, timer, leaveWake) {
 			if gotTurn {
 				c.passTurn(kvKey)
 			}
@@ -631,9 +655,9 @@ func (c *Client) passWakeUp(ctx context.Context, k *kind, kid string, input []by
 // busy for longer than a claim lasts. It returns false, holding no token,
 // when the job is no longer this client's to try: stopped here, its claim
 // lost or not renewed (it runs out and is claimed again), or the client
-// stopping (then it is handed back). timer is stopped on entry and on
-// return.
-func (c *Client) takeToken(ctx context.Context, run *Run, ar *activeRun, timer *time.Timer) bool {
+// stopping (then it is handed back, after a call of leaving, which starts
+// the hand-on of a wake-up). timer is stopped on entry and on return.
+func (c *Client) takeToken(ctx context.Context, run *Run, ar *activeRun, timer *time.Timer, leaving func()) bool {
 	defer stopTimer(timer)
 	for {
 		renewAt := run.job.ClaimExpiresAt.Add(-c.claimTTL / 2)
@@ -655,6 +679,7 @@ func (c *Client) takeToken(ctx context.Context, run *Run, ar *activeRun, timer *
 				return false // paused, cancelled or superseded here: nothing to write
 			}
 		case <-c.stopCh:
+			leaving()
 			c.handBack(ctx, run.claim, 0, "client-stopping")
 			return false
 		}

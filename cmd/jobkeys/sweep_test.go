@@ -107,3 +107,48 @@ func TestKeysSweepMargin(t *testing.T) {
 	assert.Equal(t, exitUsage, res.code)
 	assert.Contains(t, res.stderr, "--skew-margin -1s is negative")
 }
+
+// sweepKey writes only on the revision it read: a slot renewed after the
+// inspection the sweep started from is read again and kept, and a key the
+// sweep empties is deleted (its expired slot was all it held).
+func TestSweepKeyKeepsASlotRenewedSinceItsRead(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t, 1)
+	ctx := context.Background()
+	coord, err := jobkeys.NewCoordinator(f.store, &jobkeys.Config{InstanceID: "jobkeys-cli"})
+	require.NoError(t, err)
+	kvKey := f.kv["expired"]
+	read, err := coord.Inspect(ctx, "svc", kvKey)
+	require.NoError(t, err)
+	require.NotNil(t, read.State)
+	require.Len(t, read.State.Active, 1)
+
+	// Its holder renews it after the read (as a heartbeat would).
+	renewed := *read.State
+	renewed.Active = append([]jobkeys.ActiveSlot(nil), read.State.Active...)
+	now := time.Now().UTC().Truncate(time.Millisecond)
+	renewed.Active[0].HeartbeatAt, renewed.Active[0].LeaseExpiresAt = now, now.Add(time.Minute)
+	renewed.UpdatedAt = now
+	_, err = coord.Repair(ctx, jobkeys.RepairRequest{Service: "svc", KVKey: kvKey, Revision: read.Revision, Replacement: &renewed})
+	require.NoError(t, err)
+	after, _ := f.value(t, kvKey)
+
+	removed, deleted, err := sweepKey(ctx, coord, "svc", kvKey, read, 0, time.Now)
+	require.NoError(t, err)
+	assert.Empty(t, removed, "the renewed slot is live")
+	assert.False(t, deleted)
+	now2, _ := f.value(t, kvKey)
+	assert.Equal(t, string(after), string(now2), "the renewed state is untouched")
+
+	// Expired again (a minute on, by the sweep's clock): it goes, and the
+	// key, left empty, with it.
+	again, err := coord.Inspect(ctx, "svc", kvKey)
+	require.NoError(t, err)
+	removed, deleted, err = sweepKey(ctx, coord, "svc", kvKey, again, 0, func() time.Time { return time.Now().Add(2 * time.Minute) })
+	require.NoError(t, err)
+	require.Len(t, removed, 1)
+	assert.Equal(t, "exp-1", removed[0].JobID)
+	assert.True(t, deleted)
+	_, rev := f.value(t, kvKey)
+	assert.Zero(t, rev, "the emptied key is deleted")
+}
