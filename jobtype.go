@@ -343,8 +343,13 @@ func (c *KeyCoordinator) acquireKey(ctx context.Context, key JobKey, policy Poli
 					// the key's lane may take a slot, in the batch of the
 					// write that freed it. (With none free, the reducer
 					// blocks it.)
+					// A job queued past every wake-up's reach
+					// (wakeTargetsMax past the free slots) is not held
+					// back: no wake-up of the jobs ahead could come to it
+					// (see wakeAhead), and the slot would stay free until
+					// its turn's timer.
 					free := limit - behind.Active
-					if !c.waitHere(key, st.Queued[:free]) {
+					if i < free+wakeTargetsMax && !c.waitHere(key, st.Queued[:free]) {
 						behind.Active, behind.Limit = behind.Active+policy.MaxActive-limit, policy.MaxActive
 						out, wt.ahead = behind, i-free+1
 						return nil // writes nothing
