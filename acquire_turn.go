@@ -56,5 +56,5 @@ func (jt *JobType) afterQueueTurn(wt *waitTry, kvKey, jobID string, err error) {
 	if wt == nil || err != nil || wt.ahead == 0 {
 		return
 	}
-	jt.coord.wakeAhead(jt.service, kvKey, jt.coord.keys.entry(kvKey), wt.rev, jobID, jt.policy.MaxActive)
+	jt.coord.wakeAhead(jt.service, kvKey, jt.coord.keys.entry(kvKey), wt.rev, jobID, jt.policy)
 }

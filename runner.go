@@ -312,7 +312,7 @@ func (r *Runner) acquire(ctx context.Context, jobID string, payload any, opts []
 			if sub != nil && sub.wake != nil {
 				// The jobs ahead may have nobody waiting for them: their
 				// wake-up passes them over to this one.
-				r.jt.coord.wakeAhead(r.jt.Service(), sub.kvKey, sub.wake.entry, seen, jobID, r.policy.MaxActive)
+				r.jt.coord.wakeAhead(r.jt.Service(), sub.kvKey, sub.wake.entry, seen, jobID, r.policy)
 			}
 		}
 	}
@@ -334,14 +334,14 @@ func (r *Runner) acquire(ctx context.Context, jobID string, payload any, opts []
 					// Watcher's rule (see keyWatch.turn).
 					if i := sub.wake.entry.queuedIndex(jobID); i >= free {
 						turnAt = time.Now().Add(wakeTurn(i - free + 1))
-						r.jt.coord.wakeAhead(r.jt.Service(), kvKey, sub.wake.entry, behind, jobID, r.policy.MaxActive)
+						r.jt.coord.wakeAhead(r.jt.Service(), kvKey, sub.wake.entry, behind, jobID, r.policy)
 					}
 				}
 			}
 			if behind = 0; ahead > 0 {
 				// Its first try found it queued behind the jobs the free
 				// slots are for (see inTurnAt).
-				r.jt.coord.wakeAhead(r.jt.Service(), kvKey, sub.wake.entry, seen, jobID, r.policy.MaxActive)
+				r.jt.coord.wakeAhead(r.jt.Service(), kvKey, sub.wake.entry, seen, jobID, r.policy)
 			}
 			// A wake-up sent before the subscription reached the server
 			// is sent again shortly by its writer when nobody took it
