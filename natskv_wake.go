@@ -710,8 +710,16 @@ func (h *wakeHub) subscribe(subject string, fn func([]byte, uint64)) (func(), er
 	// still in the client's buffer or on the wire. The caller measures
 	// how long ago it saw the state after this returns, so a slow or
 	// failed confirmation makes it read the key instead (the read's
-	// request follows the SUB on the connection).
-	_ = h.nc.FlushTimeout(wakeSubscribeConfirm)
+	// request follows the SUB on the connection). A confirmation that
+	// fails early (the connection dropped or closed while the PING was
+	// out: nats.go ends the flush at once) is not one: it waits out the
+	// bound as an unanswered one does, so that the caller reads.
+	begun := time.Now()
+	if err := h.nc.FlushTimeout(wakeSubscribeConfirm); err != nil {
+		if rest := wakeSubscribeConfirm - time.Since(begun); rest > 0 {
+			time.Sleep(rest)
+		}
+	}
 	return h.stopper(e, w), nil
 }
 
