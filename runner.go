@@ -232,16 +232,21 @@ func (r *Runner) acquire(ctx context.Context, jobID string, payload any, opts []
 	var ahead int
 	// try tries to take a slot; inTurn keeps the queue's order (see
 	// waitTry.inTurn).
+	// tried says a try was made: a later one without a try of its own
+	// (a recheck of a Run without a Watcher) carries a try out of turn,
+	// which WithQueueTurn leaves out of turn (see JobType.queueTurn).
+	tried := false
 	try := func(trust, inTurn bool) (Acquisition, time.Time, error) {
 		actx, wt := ctx, (*waitTry)(nil)
 		switch {
 		case wakes && trust:
 			wt = &waitTry{wake: true, inTurn: inTurn}
 			actx = withWaitTry(ctx, wt)
-		case sub != nil || trust || inTurn:
+		case sub != nil || trust || inTurn || tried:
 			wt = &waitTry{trustWatch: trust, inTurn: inTurn}
 			actx = withWaitTry(ctx, wt)
 		}
+		tried = true
 		// The coordinator's clock reads later than start: the lease
 		// lasts at least TTL from start.
 		start := time.Now()
