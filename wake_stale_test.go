@@ -5,8 +5,11 @@ import (
 	"testing"
 	"time"
 
+	"github.com/nats-io/nats.go/jetstream"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+
+	"github.com/jobkeys/jobkeys/internal/natstest"
 )
 
 // staleWakeFixture is a jobWakeFixture whose job types have policy p, and
@@ -116,4 +119,70 @@ func TestWithQueueTurnStaleBlockWakesTheJobAhead(t *testing.T) {
 	assert.Equal(t, ReasonActiveLimit, got.Reason)
 	assert.Less(t, got.Active, got.Limit, "blocked with a slot free, for the job ahead")
 	recv(t, sub2.Changed(), "job-2's wake-up, sent by job-3's try")
+}
+
+// TestWakeLostOutcomeFiguresStaleBlock: under StalePolicy Block the
+// blocked outcome of a woken try whose write lost counts the expired
+// slots as taken, as ReduceAcquire's does (Block keeps them): with both
+// slots held by leases expired by its clock, Active is the limit, not 0
+// ("0 active, limit 2": as if both slots were free).
+func TestWakeLostOutcomeFiguresStaleBlock(t *testing.T) {
+	t.Parallel()
+	s := natstest.Run(t)
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	policy := Policy{Key: benchPolicy.Key, MaxActive: 2, MaxQueuedPerKey: 8, StalePolicy: Block}
+	service := jkService("wakelostblock")
+	payload := benchPayload(0)
+
+	var then func()
+	_, jsA := natstest.Connect(t, s)
+	nsA, err := NewNATSStore(jsA, WithCreateBuckets(jetstream.MemoryStorage, 1), WithWakeUps(""))
+	require.NoError(t, err)
+	// a's clock runs an hour ahead: every lease b grants has expired by it.
+	a, err := NewCoordinator(raceStore{Store: nsA, then: func() {
+		if then != nil {
+			then()
+		}
+	}}, &Config{Now: func() time.Time { return time.Now().Add(time.Hour) }, IgnoreClockSkew: true})
+	require.NoError(t, err)
+	b := wakeReadsCoord(t, s, nil)
+	ja, err := a.JobType(service, benchJobType, policy)
+	require.NoError(t, err)
+	jb, err := b.JobType(service, benchJobType, policy)
+	require.NoError(t, err)
+	key, err := ja.Key(payload)
+	require.NoError(t, err)
+	for _, id := range []string{"j0", "j1", "j2"} {
+		adm, err := jb.Admit(ctx, id, payload)
+		require.NoError(t, err)
+		require.Equal(t, KindAccepted, adm.Kind)
+	}
+	acq, err := jb.Acquire(ctx, "j0", payload)
+	require.NoError(t, err)
+	require.Equal(t, KindAcquired, acq.Kind)
+	// a learns the state with j0's slot (expired by its clock, taken under
+	// Block) and one slot free.
+	_, err = ja.Admit(ctx, "j3", payload)
+	require.NoError(t, err)
+	// b takes the free slot for j1; its state reaches a while a's write
+	// on the older state fails.
+	acq, err = jb.Acquire(ctx, "j1", payload)
+	require.NoError(t, err)
+	require.Equal(t, KindAcquired, acq.Kind)
+	then = func() {
+		value, rev, err := b.store.Get(ctx, service, key.KVKey)
+		require.NoError(t, err)
+		st, err := decodeState(value)
+		require.NoError(t, err)
+		e := a.keys.entry(key.KVKey)
+		e.observe(st, rev, e.feedMark())
+	}
+	wt := &waitTry{wake: true}
+	got, err := ja.Acquire(withWaitTry(ctx, wt), "j2", payload)
+	require.NoError(t, err)
+	require.Equal(t, KindBlocked, got.Kind)
+	assert.Equal(t, 2, got.Limit)
+	assert.Equal(t, 2, got.Active, "both slots, expired but kept under Block")
+	assert.Equal(t, 2, got.Queued, "j2 and j3")
 }
