@@ -40,3 +40,43 @@ func TestWakeSubscribeUnconfirmedWaitsOutTheBound(t *testing.T) {
 	defer stop()
 	assert.GreaterOrEqual(t, took, wakeSubscribeConfirm, "an unconfirmed subscription returned inside the trust bound")
 }
+
+// TestWakeSubscribeSecondWaiterWaitsForTheFirstsConfirmation: a second
+// waiter of a job's subject in the same store shares the first's
+// subscription; while the first is still being confirmed (here: never,
+// over a slow line), the second does not return before the first's
+// confirmation or its bound, so that it too measures its trust bound
+// from a subscription the server has (or reads). (It returned at once,
+// before the SUB had even been sent.)
+func TestWakeSubscribeSecondWaiterWaitsForTheFirstsConfirmation(t *testing.T) {
+	t.Parallel()
+	s := natstest.Run(t)
+	line := startDelayLine(t, benchHostPort(t, s.ClientURL()), 100*time.Millisecond)
+	_, js := natstest.ConnectURL(t, line.URL())
+	ns, err := NewNATSStore(js, WithWakeUps(""))
+	require.NoError(t, err)
+	svc := jkService("wakeconfirm2")
+	key, err := DeriveKey(svc, "render", []byte(`{"t":"acme"}`), []string{"/t"})
+	require.NoError(t, err)
+	subject := ns.wake.subject(ns.BucketName(svc), key.KVKey, "job-1")
+
+	start := time.Now()
+	first := make(chan func(), 1)
+	go func() {
+		stop, err := ns.subscribeWake(svc, key.KVKey, "job-1", func([]byte, uint64) {})
+		assert.NoError(t, err)
+		first <- stop
+	}()
+	require.Eventually(t, func() bool {
+		ns.wake.mu.Lock()
+		defer ns.wake.mu.Unlock()
+		return ns.wake.subs[subject] != nil
+	}, 10*time.Second, 50*time.Microsecond, "the first waiter subscribes")
+	stop, err := ns.subscribeWake(svc, key.KVKey, "job-1", func([]byte, uint64) {})
+	require.NoError(t, err)
+	defer stop()
+	assert.GreaterOrEqual(t, time.Since(start), wakeSubscribeConfirm, "the second waiter returned before the first's subscription was confirmed or its bound passed")
+	if stop := <-first; stop != nil {
+		stop()
+	}
+}
