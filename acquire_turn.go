@@ -25,7 +25,8 @@ import "context"
 // ([WithRetry], not queued) or over a store without wake-ups. A [Runner]
 // over wake-ups keeps the order without it: passed to [Runner.Run] or
 // [Runner.TryRun], it changes only the tries the Runner does not already
-// make in turn or on a wake-up (TryRun's, for one).
+// make in turn or on a wake-up: TryRun's, and the first try of a Run
+// without a [Watcher] (not its rechecks, which take a slot left free).
 func WithQueueTurn() AcquireOption { return queueTurnOption{} }
 
 type queueTurnOption struct{}
@@ -56,5 +57,5 @@ func (jt *JobType) afterQueueTurn(wt *waitTry, kvKey, jobID string, err error) {
 	if wt == nil || err != nil || wt.ahead == 0 {
 		return
 	}
-	jt.coord.wakeAhead(jt.service, kvKey, jt.coord.keys.entry(kvKey), wt.rev, jobID, jt.policy.MaxActive)
+	jt.coord.wakeAhead(jt.service, kvKey, jt.coord.keys.entry(kvKey), wt.rev, jobID, jt.policy)
 }

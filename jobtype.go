@@ -378,7 +378,8 @@ func (c *KeyCoordinator) acquireKey(ctx context.Context, key JobKey, policy Poli
 // the write it lost to may have brought it), as a blocked outcome on that
 // state would say them (the live slots, the earliest expiry of theirs,
 // the queued jobs), or, holding none (the lost write left the key
-// unknown), of the state the write was made on (wt.lostOn). The write it
+// unknown), of the state the write was made on (wt.lostOn); under
+// StalePolicy Block an expired slot counts as live. The write it
 // lost to took that state's free slot, or may have: on that state the
 // live slots are counted as at least the limit, which the outcome's
 // reason says was met.
@@ -408,6 +409,8 @@ func (c *KeyCoordinator) wakeLost(key JobKey, policy Policy, wt *waitTry) Acquis
 			if out.NextExpiry.IsZero() || exp.Before(out.NextExpiry) {
 				out.NextExpiry = exp
 			}
+		} else if policy.StalePolicy == Block {
+			out.Active++ // an expired slot Block keeps (see ReduceAcquire)
 		}
 	}
 	if !held {

@@ -102,9 +102,10 @@ type keyEntry struct {
 	// write, a watch feed's delivery or a wake-up. sentAt is, for a
 	// state learned from this coordinator's own read or write, when the
 	// request that returned it was sent (every later write of the key
-	// was committed after that instant); zero for a state learned
-	// otherwise. writeSent is when the write under way (writing) was
-	// sent, for commit.
+	// was committed after that instant); for a later state a watch feed
+	// delivered over a known one, that one's (older, so trusted less:
+	// see keepSentOver); zero for a state learned otherwise. writeSent
+	// is when the write under way (writing) was sent, for commit.
 	seenAt    time.Time
 	sentAt    time.Time
 	writeSent time.Time
@@ -301,6 +302,7 @@ func (t *keyTable) watched(k string, st *KeyState, rev uint64, ok bool) {
 	case !ok:
 		e.state, e.rev, e.known, e.fresh = nil, 0, false, false
 	case rev > e.rev: // e.rev is 0 or, when not known, a revision the key is past
+		e.keepSentOver()
 		e.state, e.rev, e.known, e.fresh = st, rev, st != nil, true
 		e.seenAt = time.Now()
 		if st == nil {
@@ -330,6 +332,7 @@ func (t *keyTable) watchedValue(k, service string, value []byte, rev uint64) {
 	}
 	e.watchRev = rev
 	if rev > e.rev { // e.rev is 0 or, when not known, a revision the key is past
+		e.keepSentOver()
 		e.state, e.rev, e.known, e.fresh = nil, rev, true, true
 		e.seenAt = time.Now()
 		e.value, e.valueService, e.valueKey = value, service, k
@@ -339,6 +342,18 @@ func (t *keyTable) watchedValue(k, service string, value []byte, rev uint64) {
 	if e.changed != nil {
 		close(e.changed)
 		e.changed = nil
+	}
+}
+
+// keepSentOver is called before a feed's delivery replaces e's state with
+// one of a later revision than e.rev: the send time of the state e knows
+// bounds the writes after that later one too (see sentAt), but when e
+// knows none, the delivery may be older than the state the send time came
+// with (e.rev was reset, or is a revision the key is past), and it has
+// none. Called with e.mu held.
+func (e *keyEntry) keepSentOver() {
+	if !e.known {
+		e.sentAt = time.Time{}
 	}
 }
 

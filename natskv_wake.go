@@ -224,6 +224,10 @@ type wakeSubject struct {
 	disp    *wakeDispatcher
 	sub     *nats.Subscription // nil while it is being made
 	closed  bool               // unsubscribed, or the connection closed
+	// confirmed is closed once the subject's first waiter is done
+	// subscribing: the server confirmed the subscription, or
+	// wakeSubscribeConfirm passed without that, or it failed.
+	confirmed chan struct{}
 }
 
 // wakeWaiter is one subscribeWake.
@@ -674,10 +678,20 @@ func (h *wakeHub) subscribe(subject string, fn func([]byte, uint64)) (func(), er
 	e := h.subs[subject]
 	if e != nil {
 		e.waiters = append(e.waiters, w)
+		confirmed := e.confirmed
 		h.mu.Unlock()
+		// The first waiter may still be subscribing (its SUB not sent,
+		// or not confirmed yet): this one returns no sooner, as if it
+		// had subscribed itself (see below).
+		t := time.NewTimer(wakeSubscribeConfirm)
+		select {
+		case <-confirmed:
+		case <-t.C:
+		}
+		t.Stop()
 		return h.stopper(e, w), nil
 	}
-	e = &wakeSubject{subject: subject, waiters: []*wakeWaiter{w}}
+	e = &wakeSubject{subject: subject, waiters: []*wakeWaiter{w}, confirmed: make(chan struct{})}
 	h.subs[subject] = e
 	if h.disp == nil {
 		h.disp = &wakeDispatcher{ch: make(chan *nats.Msg, wakeDispatchBuffer), quit: make(chan struct{})}
@@ -687,6 +701,7 @@ func (h *wakeHub) subscribe(subject string, fn func([]byte, uint64)) (func(), er
 	e.disp = h.disp
 	h.mu.Unlock()
 
+	defer close(e.confirmed)
 	sub, err := h.nc.ChanSubscribe(subject, e.disp.ch)
 	if err != nil {
 		h.subClosed(e)
@@ -710,8 +725,16 @@ func (h *wakeHub) subscribe(subject string, fn func([]byte, uint64)) (func(), er
 	// still in the client's buffer or on the wire. The caller measures
 	// how long ago it saw the state after this returns, so a slow or
 	// failed confirmation makes it read the key instead (the read's
-	// request follows the SUB on the connection).
-	_ = h.nc.FlushTimeout(wakeSubscribeConfirm)
+	// request follows the SUB on the connection). A confirmation that
+	// fails early (the connection dropped or closed while the PING was
+	// out: nats.go ends the flush at once) is not one: it waits out the
+	// bound as an unanswered one does, so that the caller reads.
+	begun := time.Now()
+	if err := h.nc.FlushTimeout(wakeSubscribeConfirm); err != nil {
+		if rest := wakeSubscribeConfirm - time.Since(begun); rest > 0 {
+			time.Sleep(rest)
+		}
+	}
 	return h.stopper(e, w), nil
 }
 

@@ -232,16 +232,21 @@ func (r *Runner) acquire(ctx context.Context, jobID string, payload any, opts []
 	var ahead int
 	// try tries to take a slot; inTurn keeps the queue's order (see
 	// waitTry.inTurn).
+	// tried says a try was made: a later one without a try of its own
+	// (a recheck of a Run without a Watcher) carries a try out of turn,
+	// which WithQueueTurn leaves out of turn (see JobType.queueTurn).
+	tried := false
 	try := func(trust, inTurn bool) (Acquisition, time.Time, error) {
 		actx, wt := ctx, (*waitTry)(nil)
 		switch {
 		case wakes && trust:
 			wt = &waitTry{wake: true, inTurn: inTurn}
 			actx = withWaitTry(ctx, wt)
-		case sub != nil || trust || inTurn:
+		case sub != nil || trust || inTurn || tried:
 			wt = &waitTry{trustWatch: trust, inTurn: inTurn}
 			actx = withWaitTry(ctx, wt)
 		}
+		tried = true
 		// The coordinator's clock reads later than start: the lease
 		// lasts at least TTL from start.
 		start := time.Now()
@@ -312,7 +317,7 @@ func (r *Runner) acquire(ctx context.Context, jobID string, payload any, opts []
 			if sub != nil && sub.wake != nil {
 				// The jobs ahead may have nobody waiting for them: their
 				// wake-up passes them over to this one.
-				r.jt.coord.wakeAhead(r.jt.Service(), sub.kvKey, sub.wake.entry, seen, jobID, r.policy.MaxActive)
+				r.jt.coord.wakeAhead(r.jt.Service(), sub.kvKey, sub.wake.entry, seen, jobID, r.policy)
 			}
 		}
 	}
@@ -334,14 +339,14 @@ func (r *Runner) acquire(ctx context.Context, jobID string, payload any, opts []
 					// Watcher's rule (see keyWatch.turn).
 					if i := sub.wake.entry.queuedIndex(jobID); i >= free {
 						turnAt = time.Now().Add(wakeTurn(i - free + 1))
-						r.jt.coord.wakeAhead(r.jt.Service(), kvKey, sub.wake.entry, behind, jobID, r.policy.MaxActive)
+						r.jt.coord.wakeAhead(r.jt.Service(), kvKey, sub.wake.entry, behind, jobID, r.policy)
 					}
 				}
 			}
 			if behind = 0; ahead > 0 {
 				// Its first try found it queued behind the jobs the free
 				// slots are for (see inTurnAt).
-				r.jt.coord.wakeAhead(r.jt.Service(), kvKey, sub.wake.entry, seen, jobID, r.policy.MaxActive)
+				r.jt.coord.wakeAhead(r.jt.Service(), kvKey, sub.wake.entry, seen, jobID, r.policy)
 			}
 			// A wake-up sent before the subscription reached the server
 			// is sent again shortly by its writer when nobody took it

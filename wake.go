@@ -160,11 +160,12 @@ func (c *KeyCoordinator) publishWakes(key JobKey, prev, st *KeyState, rev uint64
 // does not wait for its turn (wakeTurn) to take a slot left free, and
 // one behind a waiting job does not take it. It sends nothing when e
 // holds another revision now, no slot is free for jobs ahead of jobID, or
-// jobID is past a wake-up's targets (see wakeTargetsMax). limit is the
-// policy's MaxActive. The value sent is this coordinator's encoding of
+// jobID is past a wake-up's targets (see wakeTargetsMax). policy is the
+// job type's: its MaxActive and StalePolicy say which slots are free (see
+// freeSlots). The value sent is this coordinator's encoding of
 // the state (appendState), the stored bytes of a state this package
 // wrote, not necessarily of one another writer (the TS original) wrote.
-func (c *KeyCoordinator) wakeAhead(service, kvKey string, e *keyEntry, rev uint64, jobID string, limit int) {
+func (c *KeyCoordinator) wakeAhead(service, kvKey string, e *keyEntry, rev uint64, jobID string, policy Policy) {
 	if c.wakes == nil || e == nil {
 		return
 	}
@@ -180,7 +181,7 @@ func (c *KeyCoordinator) wakeAhead(service, kvKey string, e *keyEntry, rev uint6
 		e.mu.Unlock()
 		return
 	}
-	free := limit - liveSlots(st, now)
+	free := freeSlots(st, policy, now)
 	i := indexQueued(st.Queued, jobID)
 	if free <= 0 || i < free || i >= free+wakeTargetsMax {
 		e.mu.Unlock()
@@ -199,6 +200,16 @@ func (c *KeyCoordinator) wakeAhead(service, kvKey string, e *keyEntry, rev uint6
 		return
 	}
 	c.wakes.publishWakes(service, kvKey, value, rev, targets, free)
+}
+
+// freeSlots is the number of st's slots free for a queued job under
+// policy at now, as ReduceAcquire counts them: under FailStale a slot
+// whose lease expired is free, under Block it stays taken.
+func freeSlots(st *KeyState, policy Policy, now time.Time) int {
+	if policy.StalePolicy == Block {
+		return policy.MaxActive - len(st.Active)
+	}
+	return policy.MaxActive - liveSlots(st, now)
 }
 
 // liveSlots is the number of st's slots whose lease lasts past now.

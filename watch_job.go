@@ -149,7 +149,7 @@ func (jt *JobType) PassWakeUp(ctx context.Context, jobID string, payload any) er
 	if err != nil {
 		return fmt.Errorf("jobkeys: pass on the wake-up of job %q of %s: %w", jobID, key.KVKey, err)
 	}
-	targets, free := passTargets(st, jobID, jt.policy.MaxActive, c.cfg.Now())
+	targets, free := passTargets(st, jobID, jt.policy, c.cfg.Now())
 	if len(targets) == 0 {
 		return nil
 	}
@@ -166,10 +166,10 @@ func (jt *JobType) PassWakeUp(ctx context.Context, jobID string, payload any) er
 // passTargets returns the targets of the wake-up PassWakeUp hands on for
 // job jobID from state st, and the slots free for them: the queued jobs
 // but jobID, in order, up to the targets' bound; none when no slot is
-// free or no wake-up of st can reach jobID. limit is the policy's
-// MaxActive.
-func passTargets(st *KeyState, jobID string, limit int, now time.Time) ([]string, int) {
-	free := limit - liveSlots(st, now)
+// free or no wake-up of st can reach jobID. policy is the job type's (see
+// freeSlots).
+func passTargets(st *KeyState, jobID string, policy Policy, now time.Time) ([]string, int) {
+	free := freeSlots(st, policy, now)
 	i := indexQueued(st.Queued, jobID)
 	if free <= 0 || i < 0 || i >= free+wakeTargetsMax || len(st.Queued) < 2 {
 		return nil, 0

@@ -1,0 +1,188 @@
+package jobkeys
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/jobkeys/jobkeys/internal/natstest"
+)
+
+// staleWakeFixture is a jobWakeFixture whose job types have policy p, and
+// whose coordinator over store b runs an hour ahead: by its clock the
+// leases store a's coordinator grants have expired.
+func newStaleWakeFixture(t *testing.T, p Policy) *jobWakeFixture {
+	t.Helper()
+	f := &jobWakeFixture{natsWakeFixture: newNATSWakeFixture(t)}
+	f.a, _ = f.store(t, WithCreateBuckets(0, 1))
+	f.b, _ = f.store(t)
+	ahead := func() time.Time { return time.Now().Add(time.Hour) }
+	ca, err := NewCoordinator(f.a, nil)
+	require.NoError(t, err)
+	f.jta, err = ca.JobType(f.service, "render", p)
+	require.NoError(t, err)
+	cb, err := NewCoordinator(f.b, &Config{Now: ahead, IgnoreClockSkew: true})
+	require.NoError(t, err)
+	f.jtb, err = cb.JobType(f.service, "render", p)
+	require.NoError(t, err)
+	w, err := NewWatcher(f.b)
+	require.NoError(t, err)
+	t.Cleanup(w.Close)
+	f.wb = w
+	return f
+}
+
+// TestPassWakeUpStaleBlockFreesNoSlot: under StalePolicy Block an expired
+// slot stays taken (ReduceAcquire blocks with ReasonStaleBlocked), so a
+// job leaving with PassWakeUp has no slot to hand on: the job behind it is
+// sent no wake-up. Under FailStale the same expired slot is free, and the
+// job behind is woken (the control). (PassWakeUp counted only live slots
+// as taken, and woke the job behind for a slot that was not free.)
+func TestPassWakeUpStaleBlockFreesNoSlot(t *testing.T) {
+	t.Parallel()
+	for _, stale := range []StalePolicy{Block, FailStale} {
+		t.Run(string(stale), func(t *testing.T) {
+			t.Parallel()
+			f := newStaleWakeFixture(t, Policy{Key: []string{"/t"}, MaxActive: 1, MaxQueuedPerKey: 5, StalePolicy: stale})
+			ctx := context.Background()
+			for _, id := range []string{"job-1", "job-2", "job-3"} {
+				_, err := f.jta.Admit(ctx, id, jobWakePayload)
+				require.NoError(t, err)
+			}
+			acq, err := f.jta.Acquire(ctx, "job-1", jobWakePayload)
+			require.NoError(t, err)
+			require.Equal(t, KindAcquired, acq.Kind)
+			sub3, err := f.wb.SubscribeJob(ctx, f.jtb, f.kvKey, "job-3")
+			require.NoError(t, err)
+			defer sub3.Close()
+
+			require.NoError(t, f.jtb.PassWakeUp(ctx, "job-2", jobWakePayload))
+			if stale == FailStale {
+				recv(t, sub3.Changed(), "job-3's wake-up: job-1's expired slot is free under FailStale")
+				return
+			}
+			published, local, _, _ := WakeCountsOf(f.b)
+			assert.Zero(t, published+local, "wake-ups handed on for an expired slot Block keeps taken")
+			// The slot is indeed not free: job-2, first in the queue, is
+			// blocked by the expired slot.
+			got, err := f.jtb.Acquire(ctx, "job-2", jobWakePayload)
+			require.NoError(t, err)
+			assert.Equal(t, KindBlocked, got.Kind)
+			assert.Equal(t, ReasonStaleBlocked, got.Reason)
+			select {
+			case <-sub3.Changed():
+				t.Fatal("job-3 was woken for a slot Block keeps taken")
+			default:
+			}
+		})
+	}
+}
+
+// TestWithQueueTurnStaleBlockWakesTheJobAhead: under StalePolicy Block,
+// with two slots, one taken by an expired lease (taken still) and one
+// free, an acquisition of job-3 with WithQueueTurn, queued behind job-2,
+// which waits in another process, is blocked in turn and sends job-2 the
+// wake-up of the free slot. (wakeAhead counted the expired slot as free,
+// found job-3 among the jobs two free slots were for, and sent nothing:
+// job-2 waited for its recheck.)
+func TestWithQueueTurnStaleBlockWakesTheJobAhead(t *testing.T) {
+	t.Parallel()
+	f := newStaleWakeFixture(t, Policy{Key: []string{"/t"}, MaxActive: 2, MaxQueuedPerKey: 5, StalePolicy: Block})
+	ctx := context.Background()
+	for _, id := range []string{"job-1", "job-2", "job-3"} {
+		_, err := f.jta.Admit(ctx, id, jobWakePayload)
+		require.NoError(t, err)
+	}
+	acq, err := f.jta.Acquire(ctx, "job-1", jobWakePayload)
+	require.NoError(t, err)
+	require.Equal(t, KindAcquired, acq.Kind)
+	// The admissions and job-1's acquisition left slots free: their
+	// wake-ups find nobody, nor do their resends. Let them end first.
+	require.Eventually(t, func() bool {
+		_, _, chains := wakeHubSize(f.a)
+		return chains == 0
+	}, 30*time.Second, time.Millisecond, "the wake-ups of store a end")
+	wa, err := NewWatcher(f.a)
+	require.NoError(t, err)
+	t.Cleanup(wa.Close)
+	sub2, err := wa.SubscribeJob(ctx, f.jta, f.kvKey, "job-2")
+	require.NoError(t, err)
+	defer sub2.Close()
+
+	got, err := f.jtb.Acquire(ctx, "job-3", jobWakePayload, WithQueueTurn())
+	require.NoError(t, err)
+	require.Equal(t, KindBlocked, got.Kind)
+	assert.Equal(t, ReasonActiveLimit, got.Reason)
+	assert.Less(t, got.Active, got.Limit, "blocked with a slot free, for the job ahead")
+	recv(t, sub2.Changed(), "job-2's wake-up, sent by job-3's try")
+}
+
+// TestWakeLostOutcomeFiguresStaleBlock: under StalePolicy Block the
+// blocked outcome of a woken try whose write lost counts the expired
+// slots as taken, as ReduceAcquire's does (Block keeps them): with both
+// slots held by leases expired by its clock, Active is the limit, not 0
+// ("0 active, limit 2": as if both slots were free).
+func TestWakeLostOutcomeFiguresStaleBlock(t *testing.T) {
+	t.Parallel()
+	s := natstest.Run(t)
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	policy := Policy{Key: benchPolicy.Key, MaxActive: 2, MaxQueuedPerKey: 8, StalePolicy: Block}
+	service := jkService("wakelostblock")
+	payload := benchPayload(0)
+
+	var then func()
+	_, jsA := natstest.Connect(t, s)
+	nsA, err := NewNATSStore(jsA, WithCreateBuckets(jetstream.MemoryStorage, 1), WithWakeUps(""))
+	require.NoError(t, err)
+	// a's clock runs an hour ahead: every lease b grants has expired by it.
+	a, err := NewCoordinator(raceStore{Store: nsA, then: func() {
+		if then != nil {
+			then()
+		}
+	}}, &Config{Now: func() time.Time { return time.Now().Add(time.Hour) }, IgnoreClockSkew: true})
+	require.NoError(t, err)
+	b := wakeReadsCoord(t, s, nil)
+	ja, err := a.JobType(service, benchJobType, policy)
+	require.NoError(t, err)
+	jb, err := b.JobType(service, benchJobType, policy)
+	require.NoError(t, err)
+	key, err := ja.Key(payload)
+	require.NoError(t, err)
+	for _, id := range []string{"j0", "j1", "j2"} {
+		adm, err := jb.Admit(ctx, id, payload)
+		require.NoError(t, err)
+		require.Equal(t, KindAccepted, adm.Kind)
+	}
+	acq, err := jb.Acquire(ctx, "j0", payload)
+	require.NoError(t, err)
+	require.Equal(t, KindAcquired, acq.Kind)
+	// a learns the state with j0's slot (expired by its clock, taken under
+	// Block) and one slot free.
+	_, err = ja.Admit(ctx, "j3", payload)
+	require.NoError(t, err)
+	// b takes the free slot for j1; its state reaches a while a's write
+	// on the older state fails.
+	acq, err = jb.Acquire(ctx, "j1", payload)
+	require.NoError(t, err)
+	require.Equal(t, KindAcquired, acq.Kind)
+	then = func() {
+		value, rev, err := b.store.Get(ctx, service, key.KVKey)
+		require.NoError(t, err)
+		st, err := decodeState(value)
+		require.NoError(t, err)
+		e := a.keys.entry(key.KVKey)
+		e.observe(st, rev, e.feedMark())
+	}
+	wt := &waitTry{wake: true}
+	got, err := ja.Acquire(withWaitTry(ctx, wt), "j2", payload)
+	require.NoError(t, err)
+	require.Equal(t, KindBlocked, got.Kind)
+	assert.Equal(t, 2, got.Limit)
+	assert.Equal(t, 2, got.Active, "both slots, expired but kept under Block")
+	assert.Equal(t, 2, got.Queued, "j2 and j3")
+}
