@@ -696,8 +696,12 @@ func TestLinearizableBatched(t *testing.T) {
 	auditAll(t, js, bucket, log, linPolicyOf(keys), true)
 
 	// Batches were written, each at consecutive sequences with the
-	// condition on its first message only.
-	_, hdrs := bcNATSHistory(t, ctx, nc, js, "KV_"+bucket, 1)
+	// condition on its first message only. The history is read with a
+	// context of its own: under JOBKEYS_LONG the run and porcupine's
+	// timeout together outlast the run's.
+	hctx, hcancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer hcancel()
+	_, hdrs := bcNATSHistory(t, hctx, nc, js, "KV_"+bucket, 1)
 	batched, batches := 0, 0
 	for i, h := range hdrs {
 		id := h.Get("Nats-Batch-Id")
