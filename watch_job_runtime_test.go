@@ -468,8 +468,9 @@ func (o *queueOrder) counts(b *testing.B) (outOfOrder, pairs int) {
 // A worker runtime of its own waits for a slot as a Runner does over
 // targeted wake-ups: its blocked job subscribes to its own job's
 // wake-ups, tries once more (a release may have come before the
-// subscription), and tries again at each wake-up, keeping a recheck for
-// writers without wake-ups.
+// subscription) in the queue's order (WithQueueTurn), and tries again at
+// each wake-up, keeping a recheck for writers without wake-ups; leaving
+// without the slot, it hands its wake-up on (JobType.PassWakeUp).
 func ExampleWatcher_SubscribeJob() {
 	dir, err := os.MkdirTemp("", "jobkeys-example")
 	if err != nil {
@@ -556,8 +557,12 @@ func ExampleWatcher_SubscribeJob() {
 	}()
 	recheck := time.NewTimer(5 * time.Second)
 	defer recheck.Stop()
+	// The try right after subscribing keeps the queue's order
+	// (WithQueueTurn): it takes no slot freed for a job queued ahead of
+	// it; the tries a wake-up or the recheck starts are its turn.
+	opts := []jobkeys.AcquireOption{jobkeys.WithQueueTurn()}
 	for {
-		acq, err := jt.Acquire(ctx, "sync-2", payload) // once more after subscribing, then at each wake-up
+		acq, err := jt.Acquire(ctx, "sync-2", payload, opts...) // once more after subscribing, then at each wake-up
 		if err != nil {
 			fmt.Println(err)
 			return
@@ -566,10 +571,20 @@ func ExampleWatcher_SubscribeJob() {
 			fmt.Println("sync-2:", acq.Kind)
 			break
 		}
+		opts = nil
 		select {
 		case <-sub.Changed():
 		case <-recheck.C: // a writer without wake-ups, or an expired lease
 			recheck.Reset(5 * time.Second)
+		case <-ctx.Done():
+			// Leaving without the slot (here: cancelled): close the
+			// subscription and hand a wake-up it may have had on to
+			// the jobs after it.
+			sub.Close()
+			if err := jt.PassWakeUp(context.Background(), "sync-2", payload); err != nil {
+				fmt.Println(err)
+			}
+			return
 		}
 	}
 	if err := <-released; err != nil {
