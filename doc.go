@@ -64,6 +64,13 @@
 // [Sweeper] runs [JobType.Sweep] now and then, removing the expired slots of
 // crashed workers from keys nobody asks for. See examples/worker.
 //
+// Where many processes wait on the same keys, targeted wake-ups
+// ([WithWakeUps], opt-in, in every process's store) replace the watch for
+// a Run's queued job: a write that frees slots wakes only the next queued
+// jobs, on core NATS subjects of their own, and a Run's first tries keep
+// the queue's order. A worker runtime of its own waits the same way with
+// [Watcher.SubscribeJob], [WithQueueTurn] and [JobType.PassWakeUp].
+//
 // # Retries
 //
 // [WithRetry] lets a job that is not queued take a slot, for a job that ran
