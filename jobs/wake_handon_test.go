@@ -131,6 +131,30 @@ func (h *handOnClient) waitingIs(t *testing.T, n int, what string) {
 	}, 30*time.Second, 5*time.Millisecond, what)
 }
 
+// wokenWaitingForToken sets the scene of the hand-on tests: h (gated)
+// holds key d in c2; a waits for d in c1; x, on another key, takes c1's
+// only worker token; with behind, b waits for d in c2, queued behind a;
+// then h ends, and a, woken by its release, waits for a worker token.
+// gateA gates a's handler too.
+func wokenWaitingForToken(t *testing.T, c1, c2 *handOnClient, gateA, behind bool) {
+	t.Helper()
+	ctx := context.Background()
+	c2.enqueue(t, "h", "h", "d", true)
+	require.NoError(t, c2.c.Start(ctx))
+	require.Equal(t, "h", c2.next(t, 30*time.Second, "h"))
+	c1.enqueue(t, "a", "a", "d", gateA)
+	require.NoError(t, c1.c.Start(ctx))
+	c1.waitingIs(t, 1, "a waits for d in client 1")
+	c1.enqueue(t, "x", "x", "other", true)
+	require.Equal(t, "x", c1.next(t, 30*time.Second, "x takes client 1's only worker token"))
+	if behind {
+		c2.enqueue(t, "b", "b", "d", false)
+		c2.waitingIs(t, 1, "b waits for d in client 2, queued behind a")
+	}
+	c2.open("h")
+	c1.waitingIs(t, 0, "a, woken by h's release, waits for a worker token")
+}
+
 // TestClientWokenJobThatLeavesHandsItsWakeUpOn is the regression test for
 // a jobs-runtime job that, woken for a freed slot, left without acquiring
 // it: the writer woke as many jobs as it freed slots, the woken job took
@@ -154,19 +178,7 @@ func TestClientWokenJobThatLeavesHandsItsWakeUpOn(t *testing.T) {
 			c2 := newHandOnClient(t, srv, service, 4)
 			ctx := context.Background()
 
-			c2.enqueue(t, "h", "h", "d", true)
-			require.NoError(t, c2.c.Start(ctx))
-			require.Equal(t, "h", c2.next(t, 30*time.Second, "h"))
-			c1.enqueue(t, "a", "a", "d", false)
-			require.NoError(t, c1.c.Start(ctx))
-			c1.waitingIs(t, 1, "a waits for d in client 1")
-			c1.enqueue(t, "x", "x", "other", true)
-			require.Equal(t, "x", c1.next(t, 30*time.Second, "x takes client 1's only worker token"))
-			c2.enqueue(t, "b", "b", "d", false)
-			c2.waitingIs(t, 1, "b waits for d in client 2, queued behind a")
-
-			c2.open("h")
-			c1.waitingIs(t, 0, "a, woken by h's release, waits for a worker token")
+			wokenWaitingForToken(t, c1, c2, false, true)
 			switch leave {
 			case "pause":
 				d, err := c1.c.Get(ctx, "ch", "a")
@@ -210,18 +222,8 @@ func TestClientFirstTryKeepsTheQueueOrder(t *testing.T) {
 	service := fmt.Sprintf("ho%d", natsBucketSeq.Add(1))
 	c1 := newHandOnClient(t, srv, service, 1)
 	c2 := newHandOnClient(t, srv, service, 4)
-	ctx := context.Background()
 
-	c2.enqueue(t, "h", "h", "d", true)
-	require.NoError(t, c2.c.Start(ctx))
-	require.Equal(t, "h", c2.next(t, 30*time.Second, "h"))
-	c1.enqueue(t, "a", "a", "d", true)
-	require.NoError(t, c1.c.Start(ctx))
-	c1.waitingIs(t, 1, "a waits for d in client 1")
-	c1.enqueue(t, "x", "x", "other", true)
-	require.Equal(t, "x", c1.next(t, 30*time.Second, "x takes client 1's only worker token"))
-	c2.open("h")
-	c1.waitingIs(t, 0, "a, woken by h's release, waits for a worker token")
+	wokenWaitingForToken(t, c1, c2, true, false)
 
 	c2.enqueue(t, "n", "n", "d", true)
 	require.Eventually(t, func() bool {
@@ -285,18 +287,7 @@ func TestClientStoppingHandsItsWakeUpOnWhileItHandsTheJobBack(t *testing.T) {
 	t.Cleanup(release) // before the clients' Stop (cleanups run last first)
 	ctx := context.Background()
 
-	c2.enqueue(t, "h", "h", "d", true)
-	require.NoError(t, c2.c.Start(ctx))
-	require.Equal(t, "h", c2.next(t, 30*time.Second, "h"))
-	c1.enqueue(t, "a", "a", "d", false)
-	require.NoError(t, c1.c.Start(ctx))
-	c1.waitingIs(t, 1, "a waits for d in client 1")
-	c1.enqueue(t, "x", "x", "other", true)
-	require.Equal(t, "x", c1.next(t, 30*time.Second, "x takes client 1's only worker token"))
-	c2.enqueue(t, "b", "b", "d", false)
-	c2.waitingIs(t, 1, "b waits for d in client 2, queued behind a")
-	c2.open("h")
-	c1.waitingIs(t, 0, "a, woken by h's release, waits for a worker token")
+	wokenWaitingForToken(t, c1, c2, false, true)
 
 	stopped := make(chan error, 1)
 	go func() {
