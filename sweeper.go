@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"strings"
 	"time"
 )
@@ -97,14 +98,23 @@ type SweepReport struct {
 // does not sweep: it returns an error wrapping [ErrClockSkew] and touches
 // no key. Its clock may take live leases for expired ones (see
 // [ErrClockSkew]).
-func (jt *JobType) Sweep(ctx context.Context) (rep SweepReport, err error) {
+//
+// By default a slot goes as soon as its lease expired by the coordinator's
+// clock; [WithSweepMargin] keeps it until its lease expired a margin ago.
+// An option that is not valid (a negative margin) is an error wrapping
+// [ErrInvalidRequest], and nothing is read or written.
+func (jt *JobType) Sweep(ctx context.Context, opts ...SweepOption) (rep SweepReport, err error) {
 	defer jt.coord.obs.swept(ctx, jt, jt.coord.obs.begin(), &rep, &err)
+	cfg, err := newSweepConfig(opts)
+	if err != nil {
+		return rep, err
+	}
 	lister, err := jt.lister()
 	if err != nil {
 		return rep, err
 	}
-	if refuse := jt.coord.clockSkew(ctx, jt.service, jt.policy); refuse != nil {
-		return rep, refuse(fmt.Sprintf("sweep of job type %q of service %q", jt.name, jt.service))
+	if err := jt.sweepClockSkew(ctx, cfg.margin); err != nil {
+		return rep, err
 	}
 	keys, err := lister.ListKeys(ctx, jt.service, jt.name)
 	if err != nil {
@@ -126,7 +136,11 @@ func (jt *JobType) Sweep(ctx context.Context) (rep SweepReport, err error) {
 		}
 		var out SweepOutcome
 		err = jt.coord.update(ctx, key, false, func(st *KeyState, now time.Time) *KeyState {
-			out = ReduceSweep(st, jt.policy, now)
+			out = ReduceSweep(st, jt.policy, now.Add(-cfg.margin))
+			if out.State != nil && cfg.margin != 0 {
+				// The state was changed now, not at the cutoff.
+				out.State.UpdatedAt = jsNow(now)
+			}
 			if out.State != nil {
 				key.DisplayKey = out.State.DisplayKey
 			} else if st != nil {
@@ -158,6 +172,81 @@ func (jt *JobType) Sweep(ctx context.Context) (rep SweepReport, err error) {
 	return rep, errors.Join(errs...)
 }
 
+// SweepOption changes how [JobType.Sweep] (and a [Sweeper]) sweeps.
+type SweepOption interface {
+	applySweep(c sweepConfig) sweepConfig // as AdmitOption's applyAdmit
+}
+
+// sweepConfig is what the options of one sweep set.
+type sweepConfig struct {
+	margin time.Duration // WithSweepMargin; 0: none
+}
+
+type sweepMarginOption time.Duration
+
+func (o sweepMarginOption) applySweep(c sweepConfig) sweepConfig {
+	c.margin = time.Duration(o)
+	return c
+}
+
+// WithSweepMargin makes a sweep keep every slot whose lease expired less
+// than margin ago by the coordinator's clock (Config.Now): it removes
+// (FailStale) or reports as expired (Block) only the slots whose lease
+// expired margin ago or more. A margin tolerates clock skew: a sweeping
+// host whose clock runs up to margin ahead of a worker's takes none of
+// that worker's live leases for expired ones, beyond what the policy's
+// leases already tolerate (see [ErrClockSkew]); so a sweep with a margin
+// refuses only while the coordinator's clock is proven
+// (HeartbeatTTL − HeartbeatInterval)/2 + margin or more from the NATS
+// server's. The keys are written as by a sweep without one (updatedAt is
+// the time of the sweep). margin must not be negative; 0 is the default,
+// a sweep of every expired slot.
+func WithSweepMargin(margin time.Duration) SweepOption { return sweepMarginOption(margin) }
+
+// newSweepConfig applies opts, and checks what they set.
+func newSweepConfig(opts []SweepOption) (sweepConfig, error) {
+	var c sweepConfig
+	for _, o := range opts {
+		if o == nil {
+			return c, fmt.Errorf("%w: sweep option is nil", ErrInvalidRequest)
+		}
+		c = o.applySweep(c)
+	}
+	if c.margin < 0 {
+		return c, fmt.Errorf("%w: sweep margin %v is negative (WithSweepMargin)", ErrInvalidRequest, c.margin)
+	}
+	return c, nil
+}
+
+// sweepClockSkew returns the error that refuses a sweep with margin while
+// the coordinator's clock is proven clockSkewLimit + margin or more from
+// the server's (see WithSweepMargin), else nil. Without a margin it is the
+// check of every acquisition (clockSkew).
+func (jt *JobType) sweepClockSkew(ctx context.Context, margin time.Duration) error {
+	what := fmt.Sprintf("sweep of job type %q of service %q", jt.name, jt.service)
+	if margin == 0 {
+		if refuse := jt.coord.clockSkew(ctx, jt.service, jt.policy); refuse != nil {
+			return refuse(what)
+		}
+		return nil
+	}
+	if jt.coord.cfg.IgnoreClockSkew {
+		return nil
+	}
+	b := jt.coord.clockBounds(ctx, jt.service)
+	limit := clockSkewLimit(jt.policy) + margin
+	got := b.minAbs()
+	if got == 0 || got < limit {
+		return nil
+	}
+	dir := "behind"
+	if b.hasHi && b.hi < 0 {
+		dir = "ahead of"
+	}
+	return fmt.Errorf("%w: %s refused, nothing written: this host's clock (Config.Now) is at least %v %s the clock of the NATS server of service %q's bucket (offset server − local %s); a sweep with margin %v of leases of HeartbeatTTL %v and HeartbeatInterval %v is refused from %v off the server's clock (fix the host's time sync, or set Config.IgnoreClockSkew if the server's clock is the one that is wrong)",
+		ErrClockSkew, what, got, dir, jt.service, b, margin, jt.policy.HeartbeatTTL, jt.policy.HeartbeatInterval, limit)
+}
+
 // lister returns the coordinator's store as a ListableStore, or an error saying
 // it cannot list keys.
 func (jt *JobType) lister() (ListableStore, error) {
@@ -179,14 +268,16 @@ type Sweeper struct {
 	jt       *JobType
 	interval time.Duration
 	report   func(SweepReport, error)
+	opts     []SweepOption
 }
 
 // NewSweeper returns a sweeper of jt's keys every interval, which reports
 // the outcome of every sweep to report. report must not be nil, since it is
 // the only way to learn which jobs lost their slots; it is called from
 // Run's goroutine. jt's coordinator's store must list keys (implement
-// [ListableStore]).
-func NewSweeper(jt *JobType, interval time.Duration, report func(SweepReport, error)) (*Sweeper, error) {
+// [ListableStore]). Every sweep takes opts (see [JobType.Sweep]); an
+// option that is not valid is an error wrapping [ErrInvalidRequest] here.
+func NewSweeper(jt *JobType, interval time.Duration, report func(SweepReport, error), opts ...SweepOption) (*Sweeper, error) {
 	switch {
 	case jt == nil:
 		return nil, fmt.Errorf("%w: job type is nil", ErrInvalidRequest)
@@ -195,10 +286,13 @@ func NewSweeper(jt *JobType, interval time.Duration, report func(SweepReport, er
 	case report == nil:
 		return nil, fmt.Errorf("%w: sweep report function is nil", ErrInvalidRequest)
 	}
+	if _, err := newSweepConfig(opts); err != nil {
+		return nil, err
+	}
 	if _, err := jt.lister(); err != nil {
 		return nil, err
 	}
-	return &Sweeper{jt: jt, interval: interval, report: report}, nil
+	return &Sweeper{jt: jt, interval: interval, report: report, opts: slices.Clone(opts)}, nil
 }
 
 // Run sweeps now and then every interval until ctx ends, and returns
@@ -209,7 +303,7 @@ func (s *Sweeper) Run(ctx context.Context) error {
 	t := time.NewTicker(s.interval)
 	defer t.Stop()
 	for {
-		s.report(s.jt.Sweep(ctx))
+		s.report(s.jt.Sweep(ctx, s.opts...))
 		if ctx.Err() != nil {
 			return ctx.Err()
 		}

@@ -18,6 +18,8 @@ import (
 func keyCommands() []*command {
 	var (
 		showKey     *string
+		lsMargin    *time.Duration
+		showMargin  *time.Duration
 		sweepDry    *bool
 		sweepMargin *time.Duration
 		repairRev   *uint64
@@ -25,19 +27,31 @@ func keyCommands() []*command {
 		historySize *int
 	)
 	return []*command{
-		{name: "keys ls", args: "SERVICE [JOBTYPE]", min: 1, max: 2, run: keysLs,
+		{name: "keys ls", args: "SERVICE [JOBTYPE]", min: 1, max: 2,
 			short: "list keys with occupancy: active/max, queued/limit, oldest queued, next lease expiry, expired slots",
 			long: `Lists the keys of one job type (or of every job type of the service) in
 the bucket <bucket-prefix>_<SERVICE>. A key whose value is corrupt is listed
-with its problem; the exit code is then 5 (after the whole listing).`},
+with its problem; the exit code is then 5 (after the whole listing).
+EXPIRED counts the slots whose lease expired by this host's clock; those
+expired less than --skew-margin ago, which "keys sweep" with that margin
+keeps, are counted again as "(N kept)".`,
+			flags: func(fs *flagSet) { lsMargin = marginFlag(fs) },
+			run: func(ctx context.Context, c *cli, o *options, args []string) error {
+				return keysLs(ctx, c, o, args, *lsMargin)
+			}},
 		{name: "keys show", args: "KVKEY | SERVICE JOBTYPE --key DISPLAYKEY", min: 1, max: 2,
 			short: "show one key: its slots, its queue, or why its value is corrupt",
 			long: `KVKEY is "<service>.<jobType>.<keyHash>" as "keys ls" prints it. With
 --key, the keys of SERVICE JOBTYPE whose display key is DISPLAYKEY are shown.
+An expired slot is shown as sweepable, or as kept by --skew-margin when its
+lease expired less than that ago ("keys sweep" with that margin keeps it).
 Exit code 5 when the value is corrupt.`,
-			flags: func(fs *flagSet) { showKey = fs.String("key", "", "display key to look up (with SERVICE JOBTYPE)") },
+			flags: func(fs *flagSet) {
+				showKey = fs.String("key", "", "display key to look up (with SERVICE JOBTYPE)")
+				showMargin = marginFlag(fs)
+			},
 			run: func(ctx context.Context, c *cli, o *options, args []string) error {
-				return keysShow(ctx, c, o, args, *showKey)
+				return keysShow(ctx, c, o, args, *showKey, *showMargin)
 			}},
 		{name: "keys watch", args: "SERVICE [JOBTYPE]", min: 1, max: 2, run: keysWatch,
 			short: "follow occupancy changes live (renewals are not shown); Ctrl-C ends",
@@ -56,7 +70,7 @@ are not shown. With --json, one JSON object per line.`},
 			long:  sweepHelp,
 			flags: func(fs *flagSet) {
 				sweepDry = fs.Bool("dry-run", false, "only list the expired slots")
-				sweepMargin = fs.Duration("skew-margin", skewMarginDefault, "sweep a slot only once its lease expired this long ago by this host's clock: the clock skew between this host and the workers the sweep tolerates")
+				sweepMargin = fs.Duration("skew-margin", skewMarginDefault, sweepMarginUsage)
 			},
 			run: func(ctx context.Context, c *cli, o *options, args []string) error {
 				return keysSweep(ctx, c, o, args[0], args[1], *sweepDry, *sweepMargin)
@@ -83,6 +97,33 @@ their key run more jobs than MaxActive until those jobs finish.`,
 	}
 }
 
+// sweepMarginUsage is the usage of "keys sweep --skew-margin".
+const sweepMarginUsage = "sweep a slot only once its lease expired this long ago by this host's clock: the clock skew between this host and the workers the sweep tolerates"
+
+// marginFlag adds --skew-margin to the flags of a command that says what
+// "keys sweep" would do.
+func marginFlag(fs *flagSet) *time.Duration {
+	return fs.Duration("skew-margin", skewMarginDefault, `count an expired slot sweepable only once its lease expired this long ago, as "keys sweep --skew-margin" does`)
+}
+
+// marginCounts returns how many of k's slots a sweep with margin would
+// remove (sweepable) and keep although their lease expired (kept), at
+// k.ReadAt.
+func marginCounts(k jobkeys.KeyInfo, margin time.Duration) (sweepableSlots, kept int) {
+	if k.State == nil {
+		return 0, 0
+	}
+	for _, sl := range k.State.Active {
+		switch {
+		case sweepable(sl, k.ReadAt, margin):
+			sweepableSlots++
+		case !sl.LeaseExpiresAt.After(k.ReadAt):
+			kept++
+		}
+	}
+	return sweepableSlots, kept
+}
+
 // keyJSON is a key in JSON output.
 type keyJSON struct {
 	KVKey              string          `json:"kvKey"`
@@ -99,6 +140,9 @@ type keyJSON struct {
 	OldestQueuedAgeSec float64         `json:"oldestQueuedAgeSeconds"`
 	NextLeaseExpiry    *string         `json:"nextLeaseExpiry"`
 	ExpiredSlots       int             `json:"expiredSlots"`
+	SweepableSlots     int             `json:"sweepableSlots"`    // expired skewMarginSeconds ago or more
+	KeptSlots          int             `json:"keptSlots"`         // expired less than skewMarginSeconds ago
+	SkewMarginSeconds  float64         `json:"skewMarginSeconds"` // the sweep's margin the two counts are for
 	StaleTakeoverCount int             `json:"staleTakeoverCount"`
 	UpdatedAt          *string         `json:"updatedAt"`
 	ReadAt             *string         `json:"readAt"`
@@ -106,12 +150,16 @@ type keyJSON struct {
 	Value              *string         `json:"value,omitempty"` // show: the stored bytes when corrupt
 }
 
-func toKeyJSON(k jobkeys.KeyInfo, withValue bool) keyJSON {
+// toKeyJSON returns k in JSON output, its expired slots counted for a
+// sweep with margin.
+func toKeyJSON(k jobkeys.KeyInfo, withValue bool, margin time.Duration) keyJSON {
 	j := keyJSON{KVKey: k.KVKey, Revision: k.Revision, Key: k.DisplayKey, Corrupt: k.Corrupt(),
 		Active: k.Active, MaxActive: k.MaxActive, Queued: k.Queued, MaxQueuedPerKey: k.MaxQueued, QueueLimit: k.QueueLimit,
 		OldestQueuedAt: jsonTime(k.OldestQueuedAt), OldestQueuedAgeSec: k.OldestQueuedAge().Seconds(),
 		NextLeaseExpiry: jsonTime(k.NextLeaseExpiry), ExpiredSlots: k.ExpiredSlots, StaleTakeoverCount: k.StaleCount,
 		UpdatedAt: jsonTime(k.UpdatedAt), ReadAt: jsonTime(k.ReadAt)}
+	j.SweepableSlots, j.KeptSlots = marginCounts(k, margin)
+	j.SkewMarginSeconds = margin.Seconds()
 	if k.Problem != nil {
 		j.Problem = k.Problem.Error()
 	}
@@ -135,7 +183,10 @@ func serviceOf(kvKey string) (string, error) {
 	return service, nil
 }
 
-func keysLs(ctx context.Context, c *cli, o *options, args []string) error {
+func keysLs(ctx context.Context, c *cli, o *options, args []string, margin time.Duration) error {
+	if margin < 0 {
+		return usagef("--skew-margin %v is negative", margin)
+	}
 	service, jobType := args[0], ""
 	if len(args) > 1 {
 		jobType = args[1]
@@ -160,13 +211,13 @@ func keysLs(ctx context.Context, c *cli, o *options, args []string) error {
 	if o.json {
 		out := make([]keyJSON, 0, len(infos))
 		for _, k := range infos {
-			out = append(out, toKeyJSON(k, false))
+			out = append(out, toKeyJSON(k, false, margin))
 		}
 		if err := c.printJSON(out); err != nil {
 			return err
 		}
 	} else {
-		printKeyTable(c, infos)
+		printKeyTable(c, infos, margin)
 	}
 	if len(corrupt) > 0 {
 		return fmt.Errorf("%w: %d of %d keys hold a value that is not usable key state (see PROBLEM; 'jobkeys keys repair KVKEY' deletes one)",
@@ -175,11 +226,12 @@ func keysLs(ctx context.Context, c *cli, o *options, args []string) error {
 	return nil
 }
 
-func printKeyTable(c *cli, infos []jobkeys.KeyInfo) {
+func printKeyTable(c *cli, infos []jobkeys.KeyInfo, margin time.Duration) {
 	if len(infos) == 0 {
 		fmt.Fprintln(c.stdout, "no keys")
 		return
 	}
+	kept := 0
 	tw := c.table()
 	fmt.Fprintln(tw, "KEY\tACTIVE\tQUEUED\tOLDEST QUEUED\tNEXT EXPIRY\tEXPIRED\tSTALE\tKV KEY\tPROBLEM")
 	for _, k := range infos {
@@ -191,17 +243,28 @@ func printKeyTable(c *cli, infos []jobkeys.KeyInfo) {
 		if k.Queued > 0 {
 			oldest = ago(k.ReadAt, k.OldestQueuedAt)
 		}
-		fmt.Fprintf(tw, "%s\t%d/%d\t%d/%d\t%s\t%s\t%d\t%d\t%s\t\n", k.DisplayKey, k.Active, k.MaxActive, k.Queued, k.QueueLimit,
-			oldest, until(k.ReadAt, k.NextLeaseExpiry), k.ExpiredSlots, k.StaleCount, k.KVKey)
+		expired := fmt.Sprint(k.ExpiredSlots)
+		if _, n := marginCounts(k, margin); n > 0 {
+			expired = fmt.Sprintf("%d (%d kept)", k.ExpiredSlots, n)
+			kept += n
+		}
+		fmt.Fprintf(tw, "%s\t%d/%d\t%d/%d\t%s\t%s\t%s\t%d\t%s\t\n", k.DisplayKey, k.Active, k.MaxActive, k.Queued, k.QueueLimit,
+			oldest, until(k.ReadAt, k.NextLeaseExpiry), expired, k.StaleCount, k.KVKey)
 	}
 	tw.Flush()
+	if kept > 0 {
+		fmt.Fprintf(c.stdout, "(%s kept: expired less than --skew-margin %v ago by this host's clock, which 'keys sweep' with that margin keeps)\n",
+			plural(kept, "slot"), margin)
+	}
 }
 
 func oneLine(s string) string { return strings.Join(strings.Fields(s), " ") }
 
-func keysShow(ctx context.Context, c *cli, o *options, args []string, displayKey string) error {
+func keysShow(ctx context.Context, c *cli, o *options, args []string, displayKey string, margin time.Duration) error {
 	var service string
 	switch {
+	case margin < 0:
+		return usagef("--skew-margin %v is negative", margin)
 	case displayKey != "" && len(args) != 2:
 		return usagef("--key needs SERVICE JOBTYPE")
 	case displayKey == "" && len(args) != 1:
@@ -243,7 +306,7 @@ func keysShow(ctx context.Context, c *cli, o *options, args []string, displayKey
 	if o.json {
 		out := make([]keyJSON, 0, len(infos))
 		for _, k := range infos {
-			out = append(out, toKeyJSON(k, true))
+			out = append(out, toKeyJSON(k, true, margin))
 		}
 		if displayKey == "" {
 			err = c.printJSON(out[0])
@@ -258,7 +321,7 @@ func keysShow(ctx context.Context, c *cli, o *options, args []string, displayKey
 			if i > 0 {
 				fmt.Fprintln(c.stdout)
 			}
-			printKey(c, k)
+			printKey(c, k, margin)
 		}
 	}
 	for _, k := range infos {
@@ -269,7 +332,7 @@ func keysShow(ctx context.Context, c *cli, o *options, args []string, displayKey
 	return nil
 }
 
-func printKey(c *cli, k jobkeys.KeyInfo) {
+func printKey(c *cli, k jobkeys.KeyInfo, margin time.Duration) {
 	tw := c.table()
 	fmt.Fprintf(tw, "KV key:\t%s\n", k.KVKey)
 	fmt.Fprintf(tw, "Revision:\t%d\n", k.Revision)
@@ -281,7 +344,7 @@ func printKey(c *cli, k jobkeys.KeyInfo) {
 		return
 	}
 	fmt.Fprintf(tw, "Key:\t%s\n", k.DisplayKey)
-	fmt.Fprintf(tw, "Active:\t%d/%d (%d expired)\n", k.Active, k.MaxActive, k.ExpiredSlots)
+	fmt.Fprintf(tw, "Active:\t%d/%d (%s)\n", k.Active, k.MaxActive, expiredText(k, margin))
 	fmt.Fprintf(tw, "Queued:\t%d/%d (MaxQueuedPerKey %d)\n", k.Queued, k.QueueLimit, k.MaxQueued)
 	fmt.Fprintf(tw, "Stale takeovers:\t%d\n", k.StaleCount)
 	fmt.Fprintf(tw, "Updated:\t%s (%s ago)\n", stamp(k.UpdatedAt), ago(k.ReadAt, k.UpdatedAt))
@@ -293,7 +356,7 @@ func printKey(c *cli, k jobkeys.KeyInfo) {
 		fmt.Fprintln(tw, "  JOB\tINSTANCE\tSTARTED\tHEARTBEAT\tLEASE\tTRIES\tSLOT TOKEN")
 		for _, sl := range st.Active {
 			fmt.Fprintf(tw, "  %s\t%s\t%s ago\t%s ago\t%s\t%d\t%s\n", sl.JobID, sl.InstanceID, ago(k.ReadAt, sl.StartedAt),
-				ago(k.ReadAt, sl.HeartbeatAt), leaseText(k.ReadAt, sl.LeaseExpiresAt), sl.Tries, sl.SlotToken)
+				ago(k.ReadAt, sl.HeartbeatAt), leaseText(k.ReadAt, sl, margin), sl.Tries, sl.SlotToken)
 		}
 		tw.Flush()
 	}
@@ -308,11 +371,32 @@ func printKey(c *cli, k jobkeys.KeyInfo) {
 	}
 }
 
-func leaseText(now, exp time.Time) string {
-	if !exp.After(now) {
-		return "EXPIRED " + roundDur(now.Sub(exp)).String() + " ago"
+// leaseText says when sl's lease expires, or when it expired and what a
+// sweep with margin would do with the slot.
+func leaseText(now time.Time, sl jobkeys.ActiveSlot, margin time.Duration) string {
+	exp := sl.LeaseExpiresAt
+	switch {
+	case sweepable(sl, now, margin):
+		return "EXPIRED " + roundDur(now.Sub(exp)).String() + " ago, sweepable"
+	case !exp.After(now):
+		return fmt.Sprintf("EXPIRED %v ago, kept by --skew-margin %v", roundDur(now.Sub(exp)), margin)
 	}
 	return "expires in " + roundDur(exp.Sub(now)).String()
+}
+
+// expiredText counts k's expired slots, and says which a sweep with margin
+// would remove and keep.
+func expiredText(k jobkeys.KeyInfo, margin time.Duration) string {
+	n, kept := marginCounts(k, margin)
+	switch {
+	case n+kept == 0:
+		return fmt.Sprintf("%d expired", k.ExpiredSlots)
+	case kept == 0:
+		return fmt.Sprintf("%d expired, sweepable", n)
+	case n == 0:
+		return fmt.Sprintf("%d expired, kept by --skew-margin %v", kept, margin)
+	}
+	return fmt.Sprintf("%d expired: %d sweepable, %d kept by --skew-margin %v", n+kept, n, kept, margin)
 }
 
 // printable returns value as text when it is valid UTF-8 without control
@@ -365,7 +449,7 @@ func keysWatch(ctx context.Context, c *cli, o *options, args []string) error {
 			event = "error"
 		}
 		if o.json {
-			line := watchJSON{Event: event, keyJSON: toKeyJSON(ch.Info, false)}
+			line := watchJSON{Event: event, keyJSON: toKeyJSON(ch.Info, false, skewMarginDefault)}
 			line.KVKey = ch.KVKey
 			if ch.Err != nil {
 				line.Error = ch.Err.Error()
@@ -642,7 +726,7 @@ func keysRepair(ctx context.Context, c *cli, o *options, kvKey string, revision 
 		return err
 	}
 	if o.json {
-		j := toKeyJSON(info, true)
+		j := toKeyJSON(info, true, skewMarginDefault)
 		return c.printJSON(map[string]any{"kvKey": kvKey, "repairedRevision": revision, "deleted": out.Deleted, "revision": out.Revision, "previous": j})
 	}
 	if out.Deleted {

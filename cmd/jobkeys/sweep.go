@@ -2,7 +2,6 @@ package main
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"time"
 
@@ -14,16 +13,16 @@ import (
 // jobkeys.HeartbeatTTLDefault − jobkeys.HeartbeatIntervalDefault (90s).
 const skewMarginDefault = jobkeys.HeartbeatTTLDefault - jobkeys.HeartbeatIntervalDefault
 
-// sweepAttempts bounds the compare-and-swaps of one key's sweep: a key
-// that changes under every one of them is reported, not swept.
-const sweepAttempts = 5
-
 const sweepHelp = `Lists the slots whose lease expired at least --skew-margin ago by this
 host's clock (the lease expiry is in the state: no TTL is needed) and, once
-confirmed, removes them with a compare-and-swap per key on the revision
-read, whatever the job type's StalePolicy (as the library's FailStale sweep
-does). Their jobs lost their slots: record them as failed. A corrupt key is
-left as it is and reported (exit code 5) once the others are swept.
+confirmed, sweeps the job type's keys as the library's FailStale sweep with
+that margin does (JobType.Sweep with WithSweepMargin), whatever the job
+type's StalePolicy: each key is read again and the slots then expired at
+least --skew-margin ago are removed with a compare-and-swap on the revision
+read. Their jobs lost their slots: record them as failed (the removed slots
+are listed; a slot that expired after the listing may be among them). A
+corrupt key is left as it is and reported (exit code 5) once the others are
+swept.
 
 Clock skew: a lease expiry is a time of the worker that wrote it, compared
 here with this host's clock. The sweep removes no live slot while this
@@ -125,34 +124,13 @@ func keysSweep(ctx context.Context, c *cli, o *options, service, jobType string,
 		return err
 	}
 	removed := []sweptJSON{}
-	deleted := 0
-	var errs []error
-	for _, k := range infos {
-		if k.Corrupt() {
-			errs = append(errs, k.Problem) // names the KV key; exit code 5
-			continue
-		}
-		if !keys[k.KVKey] {
-			continue
-		}
-		wctx, cancel := withTimeout(ctx, o)
-		slots, gone, err := sweepKey(wctx, s.coord, service, k.KVKey, k.Inspection, margin, c.clock())
-		cancel()
-		if err != nil {
-			if ctx.Err() != nil {
-				errs = append(errs, ctx.Err())
-				break
-			}
-			errs = append(errs, err)
-			continue
-		}
-		for _, sl := range slots {
-			removed = append(removed, toSweptJSON(k.KVKey, k.DisplayKey, sl))
-		}
-		if gone {
-			deleted++
-		}
+	// sweepErr joins an error per key not swept; a corrupt key's names it
+	// (exit code 5).
+	rep, sweepErr := sweepMargin(ctx, s, service, jobType, margin, c.clock())
+	for _, sl := range rep.Removed {
+		removed = append(removed, toSweptJSON(sl.KVKey, sl.DisplayKey, sl.Slot))
 	}
+	deleted := rep.Deleted
 	if o.json {
 		if err := c.printJSON(map[string]any{"keys": len(infos), "skewMarginSeconds": margin.Seconds(), "expired": expired,
 			"kept": nonNil(kept), "removed": removed, "deletedKeys": deleted}); err != nil {
@@ -164,7 +142,7 @@ func keysSweep(ctx context.Context, c *cli, o *options, service, jobType string,
 			fmt.Fprintf(c.stdout, "  %s (instance %s, key %s)\n", r.JobID, r.InstanceID, r.Key)
 		}
 	}
-	return errors.Join(errs...)
+	return sweepErr
 }
 
 // sweepable reports whether the sweep removes sl at now: its lease expired
@@ -189,36 +167,34 @@ func sweepClockCheck(ctx context.Context, coord *jobkeys.KeyCoordinator, service
 		jobkeys.ErrClockSkew, -off.Max, service, margin, margin/2)
 }
 
-// sweepKey removes the slots of the key at kvKey whose lease expired margin
-// ago or more, starting from the inspection in, with a compare-and-swap
-// (Repair) on the revision read; the key is deleted when nothing is left in
-// it. A key that changed is read again, up to sweepAttempts times. It
-// returns the slots removed and whether the key was deleted.
-func sweepKey(ctx context.Context, coord *jobkeys.KeyCoordinator, service, kvKey string, in jobkeys.Inspection, margin time.Duration,
-	now func() time.Time) ([]jobkeys.ActiveSlot, bool, error) {
-	for attempt := 1; ; attempt++ {
-		switch {
-		case in.Revision == 0:
-			return nil, false, nil // deleted meanwhile
-		case in.State == nil:
-			return nil, false, in.Problem
-		}
-		at := now()
-		out := jobkeys.ReduceSweep(in.State, jobkeys.Policy{StalePolicy: jobkeys.FailStale}, at.Add(-margin))
-		if len(out.Removed) == 0 {
-			return nil, false, nil // renewed or released meanwhile
-		}
-		next := out.State
-		next.UpdatedAt = at.UTC().Truncate(time.Millisecond) // not the shifted time ReduceSweep wrote
-		rep, err := coord.Repair(ctx, jobkeys.RepairRequest{Service: service, KVKey: kvKey, Revision: in.Revision, Replacement: next})
-		if err == nil {
-			return out.Removed, rep.Deleted, nil
-		}
-		if !errors.Is(err, jobkeys.ErrRevisionConflict) || attempt == sweepAttempts {
-			return nil, false, fmt.Errorf("sweep KV key %q (attempt %d of %d): %w", kvKey, attempt, sweepAttempts, err)
-		}
-		if in, err = coord.Inspect(ctx, service, kvKey); err != nil {
-			return nil, false, fmt.Errorf("sweep KV key %q: read it again: %w", kvKey, err)
-		}
+// sweepMargin sweeps the keys of service's jobType with the library's
+// sweep (jobkeys.JobType.Sweep) under margin: it removes the slots whose
+// lease expired margin ago or more by now, whatever the job type's
+// StalePolicy, with a compare-and-swap per key (attempts bounded, a key
+// whose state changed is read again), and deletes the keys it leaves
+// empty. A corrupt key is left as it is and reported in the error (with
+// one error per other key it could not sweep). It checks this host's
+// clock first (sweepClockCheck, again: the listing's check may be a
+// confirmation old), and the library's own check, which knows only the
+// default policy, is off: the CLI does not know the job type's policy.
+func sweepMargin(ctx context.Context, s *session, service, jobType string, margin time.Duration, now func() time.Time) (jobkeys.SweepReport, error) {
+	rctx, cancel := context.WithTimeout(ctx, s.timeout)
+	err := sweepClockCheck(rctx, s.coord, service, margin)
+	cancel()
+	if err != nil {
+		return jobkeys.SweepReport{}, err
 	}
+	coord, err := jobkeys.NewCoordinator(s.keys, &jobkeys.Config{InstanceID: "jobkeys-cli", Now: now, IgnoreClockSkew: true})
+	if err != nil {
+		return jobkeys.SweepReport{}, err
+	}
+	// The sweep reads only the policy's StalePolicy; the key template
+	// derives nothing here.
+	jt, err := coord.JobType(service, jobType, jobkeys.Policy{Key: []string{"sweep"}, StalePolicy: jobkeys.FailStale})
+	if err != nil {
+		return jobkeys.SweepReport{}, err
+	}
+	// Each request is bounded by --timeout (the JetStream context's
+	// default), not the whole sweep.
+	return jt.Sweep(ctx, jobkeys.WithSweepMargin(margin))
 }

@@ -108,22 +108,23 @@ func TestKeysSweepMargin(t *testing.T) {
 	assert.Contains(t, res.stderr, "--skew-margin -1s is negative")
 }
 
-// sweepKey writes only on the revision it read: a slot renewed after the
-// inspection the sweep started from is read again and kept, and a key the
-// sweep empties is deleted (its expired slot was all it held).
-func TestSweepKeyKeepsASlotRenewedSinceItsRead(t *testing.T) {
+// The sweep writes only on the revision it read: a slot renewed after
+// the listing the sweep started from is read again and kept, and a key
+// the sweep empties is deleted (its expired slot was all it held).
+func TestSweepMarginKeepsASlotRenewedSinceItsListing(t *testing.T) {
 	t.Parallel()
 	f := newFixture(t, 1)
 	ctx := context.Background()
 	coord, err := jobkeys.NewCoordinator(f.store, &jobkeys.Config{InstanceID: "jobkeys-cli"})
 	require.NoError(t, err)
+	s := &session{keys: f.store, coord: coord, timeout: 10 * time.Second}
 	kvKey := f.kv["expired"]
 	read, err := coord.Inspect(ctx, "svc", kvKey)
 	require.NoError(t, err)
 	require.NotNil(t, read.State)
 	require.Len(t, read.State.Active, 1)
 
-	// Its holder renews it after the read (as a heartbeat would).
+	// Its holder renews it after the listing (as a heartbeat would).
 	renewed := *read.State
 	renewed.Active = append([]jobkeys.ActiveSlot(nil), read.State.Active...)
 	now := time.Now().UTC().Truncate(time.Millisecond)
@@ -133,22 +134,23 @@ func TestSweepKeyKeepsASlotRenewedSinceItsRead(t *testing.T) {
 	require.NoError(t, err)
 	after, _ := f.value(t, kvKey)
 
-	removed, deleted, err := sweepKey(ctx, coord, "svc", kvKey, read, 0, time.Now)
-	require.NoError(t, err)
-	assert.Empty(t, removed, "the renewed slot is live")
-	assert.False(t, deleted)
+	rep, err := sweepMargin(ctx, s, "svc", "render", 0, time.Now)
+	require.ErrorIs(t, err, jobkeys.ErrCorruptState, "the fixture's corrupt key is reported")
+	assert.Empty(t, rep.Removed, "the renewed slot is live")
+	assert.Zero(t, rep.Deleted)
 	now2, _ := f.value(t, kvKey)
 	assert.Equal(t, string(after), string(now2), "the renewed state is untouched")
 
-	// Expired again (a minute on, by the sweep's clock): it goes, and the
-	// key, left empty, with it.
-	again, err := coord.Inspect(ctx, "svc", kvKey)
-	require.NoError(t, err)
-	removed, deleted, err = sweepKey(ctx, coord, "svc", kvKey, again, 0, func() time.Time { return time.Now().Add(2 * time.Minute) })
-	require.NoError(t, err)
-	require.Len(t, removed, 1)
-	assert.Equal(t, "exp-1", removed[0].JobID)
-	assert.True(t, deleted)
+	// Expired again (two minutes on, by the sweep's clock): it goes, and
+	// the key, left empty, with it; a margin of a minute still sweeps it.
+	rep, err = sweepMargin(ctx, s, "svc", "render", time.Minute, func() time.Time { return time.Now().Add(2*time.Minute + time.Second) })
+	require.ErrorIs(t, err, jobkeys.ErrCorruptState)
+	var removed []string
+	for _, sl := range rep.Removed {
+		removed = append(removed, sl.Slot.JobID)
+	}
+	assert.ElementsMatch(t, []string{"exp-1", "full-1"}, removed, "full-1's lease (a minute) expired too")
+	assert.Equal(t, 1, rep.Deleted, "full-2 is still queued on full")
 	_, rev := f.value(t, kvKey)
 	assert.Zero(t, rev, "the emptied key is deleted")
 }
