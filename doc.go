@@ -61,7 +61,10 @@
 // into the job payload. [DeriveKey] (or [JobType.Key]) turns it into a
 // display key ("tenant:acme"), a key hash (SHA-256 of the segments) and the
 // KV key <service>.<jobType>.<keyHash> in the bucket JOBS_KEYS_<service>.
-// Pointers must resolve to a string, a finite number or a boolean.
+// Pointers must resolve to a string, a finite number or a boolean. A
+// payload is JSON text as a []byte (or [encoding/json.RawMessage]), or a
+// value encoding/json marshals: a Go string is marshaled as a JSON string,
+// so pass JSON text as []byte.
 //
 // # Outcomes and errors
 //
