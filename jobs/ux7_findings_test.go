@@ -48,3 +48,21 @@ func TestUX7FindingEnqueueRefusesInputTheKindCannotDecode(t *testing.T) {
 	_, err = client.Get(ctx, "c", "sync-1")
 	assert.ErrorIs(t, err, jobs.ErrNotFound, "no record should be left behind")
 }
+
+// ClientConfig.KeyStore must be "the key store the coordinator was made
+// with", and a newcomer passes it twice (NewCoordinator's store, then
+// KeyStore). NewClient does not check that they are the same: with
+// another store the client watches and reconciles keys the coordinator
+// never writes (jobs waiting for a slot are woken only by rechecks, stale
+// queue entries are never removed), and nothing says so.
+func TestUX7FindingNewClientRefusesAnotherKeyStore(t *testing.T) {
+	t.Skip("ux7: NewClient accepts a ClientConfig.KeyStore other than the store its coordinator was made with")
+	store, err := jobs.NewMemoryStore(nil)
+	require.NoError(t, err)
+	coord, err := jobkeys.NewCoordinator(jobkeys.NewMemoryStore(), nil)
+	require.NoError(t, err)
+
+	_, err = jobs.NewClient(store, coord, &jobs.ClientConfig{KeyStore: jobkeys.NewMemoryStore()})
+	require.Error(t, err, "a KeyStore that is not the coordinator's store should be refused")
+	assert.Contains(t, err.Error(), "KeyStore", "the error should name the field")
+}
