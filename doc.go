@@ -95,7 +95,7 @@
 //     buckets it uses (and allow atomic publish on them); without it a
 //     bucket must exist, and a call on a missing one fails with
 //     [ErrBucketNotFound] naming it. [WithBucketPrefix] to name buckets
-//     <prefix><service> instead of JOBS_KEYS_<service> (the TypeScript
+//     <prefix>_<service> instead of JOBS_KEYS_<service> (the TypeScript
 //     original's names: keep them to share buckets with it).
 //   - [WithWakeUps] when many processes wait on the same keys: a write
 //     that frees slots then wakes only the next queued jobs, on core NATS
