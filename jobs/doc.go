@@ -44,7 +44,8 @@
 // [Client.Pause], [Client.Resume] and [Client.Supersede] are the control
 // calls (a running job of the same client stops at once, of another at its
 // next heartbeat). [Client.Reconcile] runs every ReconcileInterval in every
-// client and removes what crashed processes left behind. [Client.Stop]
+// started client (negative: never) and removes what crashed processes left
+// behind: expired slots, and queue entries of finished or missing jobs. [Client.Stop]
 // drains: no new claims, StopGrace for handlers, the rest handed back
 // without a failure.
 //
