@@ -49,6 +49,8 @@
 // drains: no new claims, StopGrace for handlers, the rest handed back
 // without a failure.
 //
+// A kind's keys are those of job type Kind.Type in the key-layer service
+// ClientConfig.Service ("jobs" by default, so bucket JOBS_KEYS_jobs).
 // ClientConfig.MaxWorkers bounds the handlers of one process and
 // MaxWaiting the jobs waiting in it for a slot. Over a key store made with
 // [jobkeys.WithWakeUps] (in every process) the queued jobs waiting for a
