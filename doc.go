@@ -8,6 +8,27 @@
 // processes on any number of machines coordinate through the NATS server or
 // cluster they already run: no extra service, no leader.
 //
+// # Where to start
+//
+// Most programs start from package [github.com/jobkeys/jobkeys/jobs]: its
+// Client keeps a durable record of every job, enqueues it under its key's
+// policy, runs registered kinds within the keys' limits, retries with
+// backoff and cleans up after crashed processes (go run ./examples/quickstart).
+//
+// Use this package alone when the jobs already live somewhere of your own
+// (a JetStream stream, a database, a TypeScript service sharing the keys)
+// and only their per-key limits are wanted:
+//
+//   - [KeyCoordinator.JobType] binds a service, a job type and a [Policy]
+//     once; its [JobType] admits, acquires, renews and releases jobs.
+//   - [Runner] is the worker loop around a JobType (acquire, heartbeat,
+//     release on every exit), with a [Watcher] to wait for a busy key
+//     without polling it; [Sweeper] clears the slots of crashed workers
+//     (go run ./examples/worker).
+//   - [JobType.InspectKeys], [KeyCoordinator.WatchOccupancy],
+//     [KeyCoordinator.Repair] and [KeyCoordinator.RemoveQueuedEntry] are the
+//     operator's calls, and the cmd/jobkeys CLI's.
+//
 // # Quick start
 //
 // A [Policy] says how a job type is keyed and limited. A [KeyCoordinator]
@@ -40,7 +61,10 @@
 // into the job payload. [DeriveKey] (or [JobType.Key]) turns it into a
 // display key ("tenant:acme"), a key hash (SHA-256 of the segments) and the
 // KV key <service>.<jobType>.<keyHash> in the bucket JOBS_KEYS_<service>.
-// Pointers must resolve to a string, a finite number or a boolean.
+// Pointers must resolve to a string, a finite number or a boolean. A
+// payload is JSON text as a []byte (or [encoding/json.RawMessage]), or a
+// value encoding/json marshals: a Go string is marshaled as a JSON string,
+// so pass JSON text as []byte.
 //
 // # Outcomes and errors
 //
@@ -55,8 +79,9 @@
 // # Workers
 //
 // A [Runner] is the worker loop most users want: [Runner.Run] acquires a
-// slot (waiting without polling through a [Watcher], which holds one KV
-// watch per service and fans changes out in memory), runs the handler with a
+// slot (waiting without polling when [RunnerConfig].Watcher is set: a
+// [Watcher] holds one KV watch per service and fans changes out in memory;
+// without one it re-checks every RecheckInterval), runs the handler with a
 // context that is cancelled with [ErrLeaseLost] when the lease is lost,
 // renews the lease every HeartbeatInterval, and releases the slot on every
 // exit, panics included. [Runner.TryRun] hands a blocked job back as a
@@ -64,12 +89,35 @@
 // [Sweeper] runs [JobType.Sweep] now and then, removing the expired slots of
 // crashed workers from keys nobody asks for. See examples/worker.
 //
-// Where many processes wait on the same keys, targeted wake-ups
-// ([WithWakeUps], opt-in, in every process's store) replace the watch for
-// a Run's queued job: a write that frees slots wakes only the next queued
-// jobs, on core NATS subjects of their own, and a Run's first tries keep
-// the queue's order. A worker runtime of its own waits the same way with
-// [Watcher.SubscribeJob], [WithQueueTurn] and [JobType.PassWakeUp].
+// # Options: which to use when
+//
+//   - [WithCreateBuckets] on [NewNATSStore] when the program may create the
+//     buckets it uses (and allow atomic publish on them); without it a
+//     bucket must exist, and a call on a missing one fails with
+//     [ErrBucketNotFound] naming it. [WithBucketPrefix] to name buckets
+//     <prefix>_<service> instead of JOBS_KEYS_<service> (the TypeScript
+//     original's names: keep them to share buckets with it).
+//   - [WithWakeUps] when many processes wait on the same keys: a write
+//     that frees slots then wakes only the next queued jobs, on core NATS
+//     subjects of their own, instead of every process's watch seeing every
+//     change. Turn it on in every process's store (a writer without it
+//     sends no wake-ups, and waiters fall back to their recheck). Within
+//     one process the watch does about as well: it pays where processes
+//     share keys.
+//   - [WithQueueTurn], [Watcher.SubscribeJob] and [JobType.PassWakeUp] only
+//     for a worker runtime of one's own over wake-ups: a [Runner] and the
+//     jobs Client already wait that way.
+//   - [WithStrictCreate] (never coalesce or replace), [WithRetry] (see
+//     Retries), [WithTries], [WithInstanceID] and [WithTraceContext] per
+//     call; [Config] and [RunnerConfig] for the rest, each field with its
+//     default.
+//
+// Group commit needs no option: a coordinator's operations queued on one
+// key are written together (a blocked acquisition completes on the write
+// ahead of it without a read), and where the bucket allows atomic publish
+// (see [NATSStore], "Atomic batches") the states of several go to the
+// server in one round trip, each still a revision of its own. The
+// outcomes and the wire are those of one operation at a time.
 //
 // # Retries
 //
@@ -94,8 +142,8 @@
 //     count) while its job is queued: the job never runs, and its queue entry
 //     keeps a place until it is removed.
 //
-// Until the jobs runtime of this module decides these for you: record how
-// each job ended (done, failed, replaced, removed, stale) in a store you own,
+// The jobs Client decides these from its job records. With this package
+// alone, decide them as it does: record how each job ended (done, failed, replaced, removed, stale) in a store you own,
 // keyed by job id, before you ack or terminate its message, and look it up
 // before you acquire a redelivered message: a job with an end is acked
 // without running, and only a job without one is run [WithRetry]. Keep a live
@@ -141,7 +189,7 @@
 // # Metrics and logs
 //
 // [Config.MeterProvider] takes an OpenTelemetry MeterProvider: the
-// coordinator, its job types' sweeps and its [Runner]s then report
+// coordinator, its job types' sweeps and the Runners of its job types then report
 // operations by kind and outcome, their latency, compare-and-swap
 // conflicts and exhausted retries, and running and waiting jobs, with no
 // per-key or per-job attribute (meter [MeterName]; the README lists every

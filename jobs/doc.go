@@ -11,6 +11,9 @@
 //
 // # Quick start: the runtime
 //
+//	store, err := jobs.NewNATSStore(js, nil, jobs.WithCreateBucket(jetstream.FileStorage, 1))
+//	keys, err := jobkeys.NewNATSStore(js, jobkeys.WithCreateBuckets(jetstream.FileStorage, 1))
+//	coord, err := jobkeys.NewCoordinator(keys, nil)
 //	client, err := jobs.NewClient(store, coord, &jobs.ClientConfig{KeyStore: keys, MaxWorkers: 8})
 //	err = jobs.Register(client, jobs.Kind[In, Out]{Type: "render", Version: 1,
 //		Policy: jobkeys.Policy{Key: []string{"doc", "/docId"}, MaxActive: 1},
@@ -18,6 +21,41 @@
 //	res, err := client.Enqueue(ctx, jobs.EnqueueRequest{...}) // accepted, coalesced, replaced, or a *RejectedError
 //	err = client.Start(ctx)
 //	defer client.Stop(ctx)
+//
+// # The runtime
+//
+// [Client.Enqueue] writes the record and admits it on its key under the
+// kind's [jobkeys.Policy]: the [EnqueueResult]'s Outcome is
+// [OutcomeAccepted], [OutcomeCoalesced] (Job is the job already there) or
+// [OutcomeReplaced] (Replaced, the job it pushed out of the queue, is
+// superseded with reason "replaced"); a full key under jobkeys.Reject is a
+// [*RejectedError] ([ErrRejected]) and leaves no pending record.
+//
+// After [Client.Start] the client claims due jobs, takes each one's key
+// slot before its handler runs (a job whose key is full waits in the
+// client, holding its claim, writing nothing), and renews claim and slot
+// together every HeartbeatInterval. The handler's context ends with a
+// cause ([ErrClaimLost], [ErrSlotLost], [ErrPaused], [ErrCancelled],
+// [ErrSuperseded], [ErrTimeout], [ErrStopping]): read it with
+// context.Cause. A nil error settles the job with the handler's result;
+// an error (or the timeout) requeues it with ClientConfig.Backoff
+// ([DefaultBackoff]: 1 s·2^(failures−1), at most 5 min) and fails it for
+// good when its failures reach [Kind].MaxFailures. [Client.Cancel],
+// [Client.Pause], [Client.Resume] and [Client.Supersede] are the control
+// calls (a running job of the same client stops at once, of another at its
+// next heartbeat). [Client.Reconcile] runs every ReconcileInterval in every
+// started client (negative: never) and removes what crashed processes left
+// behind: expired slots, and queue entries of finished or missing jobs. [Client.Stop]
+// drains: no new claims, StopGrace for handlers, the rest handed back
+// without a failure.
+//
+// A kind's keys are those of job type Kind.Type in the key-layer service
+// ClientConfig.Service ("jobs" by default, so bucket JOBS_KEYS_jobs).
+// ClientConfig.MaxWorkers bounds the handlers of one process and
+// MaxWaiting the jobs waiting in it for a slot. Over a key store made with
+// [jobkeys.WithWakeUps] (in every process) the queued jobs waiting for a
+// slot are woken by targeted wake-ups instead of the key watch; see the
+// jobkeys package docs, "Options".
 //
 // # Quick start: the store alone
 //

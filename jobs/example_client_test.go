@@ -14,9 +14,17 @@ import (
 // enqueue per outcome, and the workers that run what was accepted.
 func ExampleClient() {
 	ctx := context.Background()
-	store, _ := jobs.NewMemoryStore(nil)
+	store, err := jobs.NewMemoryStore(nil)
+	if err != nil {
+		fmt.Println(err)
+		return
+	}
 	keys := jobkeys.NewMemoryStore()
-	coord, _ := jobkeys.NewCoordinator(keys, nil)
+	coord, err := jobkeys.NewCoordinator(keys, nil)
+	if err != nil {
+		fmt.Println(err)
+		return
+	}
 	client, err := jobs.NewClient(store, coord, &jobs.ClientConfig{KeyStore: keys, PollInterval: 10 * time.Millisecond})
 	if err != nil {
 		fmt.Println(err)

@@ -15,7 +15,8 @@ func ExampleMemoryStore() {
 	ctx := context.Background()
 	store, err := jobs.NewMemoryStore(nil)
 	if err != nil {
-		panic(err)
+		fmt.Println(err)
+		return
 	}
 	out, err := store.Enqueue(ctx, jobs.EnqueueRequest{
 		ID: "render-1", ChannelID: "acme", Type: "render", Version: 1,
@@ -23,13 +24,15 @@ func ExampleMemoryStore() {
 		Input: json.RawMessage(`{"doc": 42}`),
 	})
 	if err != nil {
-		panic(err)
+		fmt.Println(err)
+		return
 	}
 	fmt.Println("enqueued:", out.Job.ID, out.Job.State, "generation", out.Job.TargetGeneration)
 
 	claimed, err := store.Claim(ctx, jobs.ClaimRequest{ChannelID: "acme", Owner: "worker-1", Count: 10, TTL: time.Minute})
 	if err != nil {
-		panic(err)
+		fmt.Println(err)
+		return
 	}
 	job := claimed[0]
 	fmt.Println("claimed:", job.ID, job.State, "attempt", job.Attempts, "by", job.ClaimOwner)
@@ -38,11 +41,13 @@ func ExampleMemoryStore() {
 	if _, err := store.AppendProgress(ctx, jobs.ProgressRequest{
 		Claim: claim, Stage: "render", Label: "Rendering 3 pages", State: jobs.ProgressStarted,
 	}); err != nil {
-		panic(err)
+		fmt.Println(err)
+		return
 	}
 	done, err := store.Settle(ctx, jobs.SettleRequest{Claim: claim, Artifact: json.RawMessage(`{"pages": 3}`)})
 	if err != nil {
-		panic(err)
+		fmt.Println(err)
+		return
 	}
 	fmt.Println("settled:", done.Job.State, string(done.Artifact.Value), "progress entries", len(done.Job.Progress))
 
@@ -60,24 +65,44 @@ func ExampleMemoryStore() {
 // the same target supersedes the older one.
 func ExampleMemoryStore_Enqueue() {
 	ctx := context.Background()
-	store, _ := jobs.NewMemoryStore(nil)
+	store, err := jobs.NewMemoryStore(nil)
+	if err != nil {
+		fmt.Println(err)
+		return
+	}
 	req := jobs.EnqueueRequest{
 		ID: "r1", ChannelID: "acme", Type: "render", Version: 1,
 		TargetKey: "doc-42", IdempotencyKey: "doc-42@v7", Fingerprint: "sha256:aa",
 	}
-	first, _ := store.Enqueue(ctx, req)
-	again, _ := store.Enqueue(ctx, req)
+	first, err := store.Enqueue(ctx, req)
+	if err != nil {
+		fmt.Println(err)
+		return
+	}
+	again, err := store.Enqueue(ctx, req)
+	if err != nil {
+		fmt.Println(err)
+		return
+	}
 	fmt.Println("replay:", again.Repeated, again.Job.ID == first.Job.ID)
 
 	other := req
 	other.Fingerprint = "sha256:bb"
-	_, err := store.Enqueue(ctx, other)
+	_, err = store.Enqueue(ctx, other)
 	fmt.Println("same key, other fingerprint is a conflict:", errors.Is(err, jobs.ErrConflict))
 
 	newer := req
 	newer.ID, newer.IdempotencyKey, newer.Fingerprint = "r2", "doc-42@v8", "sha256:cc"
-	second, _ := store.Enqueue(ctx, newer)
-	old, _ := store.Get(ctx, "acme", "r1")
+	second, err := store.Enqueue(ctx, newer)
+	if err != nil {
+		fmt.Println(err)
+		return
+	}
+	old, err := store.Get(ctx, "acme", "r1")
+	if err != nil {
+		fmt.Println(err)
+		return
+	}
 	fmt.Println("r2 generation:", second.Job.TargetGeneration, "r1 now:", old.Job.State)
 	// Output:
 	// replay: true true
@@ -90,18 +115,33 @@ func ExampleMemoryStore_Enqueue() {
 func ExampleMemoryStore_Claim_reclaim() {
 	ctx := context.Background()
 	now := time.Date(2026, 1, 1, 12, 0, 0, 0, time.UTC)
-	store, _ := jobs.NewMemoryStore(&jobs.Config{Now: func() time.Time { return now }})
-	_, _ = store.Enqueue(ctx, jobs.EnqueueRequest{
+	store, err := jobs.NewMemoryStore(&jobs.Config{Now: func() time.Time { return now }})
+	if err != nil {
+		fmt.Println(err)
+		return
+	}
+	if _, err := store.Enqueue(ctx, jobs.EnqueueRequest{
 		ID: "r1", ChannelID: "acme", Type: "render", Version: 1,
 		TargetKey: "doc-42", IdempotencyKey: "k1", Fingerprint: "f1",
-	})
-	crashed, _ := store.Claim(ctx, jobs.ClaimRequest{Owner: "worker-1", Count: 1, TTL: 30 * time.Second})
+	}); err != nil {
+		fmt.Println(err)
+		return
+	}
+	crashed, err := store.Claim(ctx, jobs.ClaimRequest{Owner: "worker-1", Count: 1, TTL: 30 * time.Second})
+	if err != nil {
+		fmt.Println(err)
+		return
+	}
 
 	now = now.Add(31 * time.Second) // the claim expired
-	taken, _ := store.Claim(ctx, jobs.ClaimRequest{Owner: "worker-2", Count: 1, TTL: 30 * time.Second})
+	taken, err := store.Claim(ctx, jobs.ClaimRequest{Owner: "worker-2", Count: 1, TTL: 30 * time.Second})
+	if err != nil {
+		fmt.Println(err)
+		return
+	}
 	fmt.Println("reclaimed by", taken[0].ClaimOwner, "attempt", taken[0].Attempts, "claim generation", taken[0].ClaimGeneration)
 
-	_, err := store.Settle(ctx, jobs.SettleRequest{Claim: jobs.ClaimOf(crashed[0])})
+	_, err = store.Settle(ctx, jobs.SettleRequest{Claim: jobs.ClaimOf(crashed[0])})
 	fmt.Println("the old claim is fenced:", errors.Is(err, jobs.ErrConflict))
 	// Output:
 	// reclaimed by worker-2 attempt 2 claim generation 2
@@ -112,7 +152,7 @@ func ExampleMemoryStore_Claim_reclaim() {
 func ExampleMemoryStore_List() {
 	ctx := context.Background()
 	now := time.Date(2026, 1, 1, 12, 0, 0, 0, time.UTC)
-	store, _ := jobs.NewMemoryStore(&jobs.Config{
+	store, err := jobs.NewMemoryStore(&jobs.Config{
 		Now: func() time.Time { return now },
 		Subject: func(jobType string, input json.RawMessage) string {
 			var in struct{ Title string }
@@ -120,19 +160,27 @@ func ExampleMemoryStore_List() {
 			return in.Title
 		},
 	})
+	if err != nil {
+		fmt.Println(err)
+		return
+	}
 	for i, title := range []string{"Q1 report", "Q2 report", "Q3 report"} {
 		now = now.Add(time.Minute)
-		_, _ = store.Enqueue(ctx, jobs.EnqueueRequest{
+		if _, err := store.Enqueue(ctx, jobs.EnqueueRequest{
 			ID: fmt.Sprintf("r%d", i+1), ChannelID: "acme", Type: "render", Version: 1,
 			TargetKey: title, IdempotencyKey: title, Fingerprint: "f",
 			Input: json.RawMessage(`{"Title":"` + title + `"}`),
-		})
+		}); err != nil {
+			fmt.Println(err)
+			return
+		}
 	}
 	req := jobs.ListRequest{ChannelID: "acme", Limit: 2}
 	for {
 		page, err := store.List(ctx, req)
 		if err != nil {
-			panic(err)
+			fmt.Println(err)
+			return
 		}
 		for _, s := range page.Jobs {
 			fmt.Println(s.ID, s.State, s.Subject)

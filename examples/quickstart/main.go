@@ -7,8 +7,10 @@
 // connection as separate processes would have, run them. Some jobs fail
 // once and are retried with backoff; one worker crashes in the middle of a
 // job, which another worker takes over once the crashed claim runs out.
-// At the end every job is accounted for: completed, or replaced (and never
-// run), with the highest number of jobs that ran at once per tenant.
+// Between the enqueues and the workers it shows the keys as the key layer
+// keeps them (jobkeys.JobType.InspectKeys). At the end every job is
+// accounted for: completed, or replaced (and never run), with the highest
+// number of jobs that ran at once per tenant.
 //
 //	go run ./examples/quickstart
 package main
@@ -105,6 +107,15 @@ func run() error {
 		}
 	}
 
+	// The key layer underneath: each tenant is one key of the job type,
+	// and the enqueues above were admissions on it. Nothing runs yet, so
+	// each key holds its queued jobs only.
+	fmt.Println("\nthe keys, as the key layer (jobkeys.JobType.InspectKeys) sees them before any worker starts")
+	fmt.Println("(a queue holds MaxQueuedPerKey jobs plus one for each free slot: 2 + 2 while none runs):")
+	if err := producer.printKeys(ctx); err != nil {
+		return err
+	}
+
 	fmt.Println("\nrunning three workers (each its own connection); w3 crashes mid-job:")
 	var workers []*node
 	for _, name := range []string{"w1", "w2", "w3"} {
@@ -142,7 +153,8 @@ func run() error {
 		}
 	}
 
-	fmt.Println("\nwhat happened to every job:")
+	fmt.Println("\nwhat happened to every job (attempts count claims, so a job the crashed w3 had")
+	fmt.Println("claimed counts an attempt even if it never ran there):")
 	lost := 0
 	for _, id := range ids {
 		d, err := producer.client.Get(ctx, "reports", id)
@@ -150,7 +162,7 @@ func run() error {
 			return err
 		}
 		j := d.Job
-		line := fmt.Sprintf("  %-12s %-10s attempts %d, failures %d", id, j.State, j.Attempts, j.Failures)
+		line := fmt.Sprintf("  %-12s %-10s ran %d, attempts %d, failures %d", id, j.State, aud.runCount(id), j.Attempts, j.Failures)
 		switch {
 		case j.State == jobs.StateCompleted:
 			line += ", done by " + string(d.Artifact.Value)
@@ -182,6 +194,12 @@ func run() error {
 		return fmt.Errorf("%d jobs were not accounted for", lost)
 	}
 	fmt.Println("\nevery job is accounted for; none ran after it was replaced.")
+	fmt.Println("\nthe keys afterwards (a key whose state is empty is deleted):")
+	if err := producer.printKeys(ctx); err != nil {
+		return err
+	}
+	fmt.Println("\nnext: examples/worker uses the key layer alone (JobType, Runner, Watcher, Sweeper)")
+	fmt.Println("for jobs that live in a stream of your own; examples/jobstore the job store alone.")
 	return nil
 }
 
@@ -190,7 +208,25 @@ type node struct {
 	name   string
 	nc     *nats.Conn
 	store  *jobs.NATSStore
+	keys   *jobkeys.JobType // the key layer's handle of the job type, for inspection
 	client *jobs.Client
+}
+
+// printKeys lists the job type's keys: who runs, who waits, against the
+// policy's limits.
+func (n *node) printKeys(ctx context.Context) error {
+	infos, err := n.keys.InspectKeys(ctx)
+	if err != nil {
+		return err
+	}
+	if len(infos) == 0 {
+		fmt.Println("  (no keys)")
+	}
+	sort.Slice(infos, func(i, j int) bool { return infos[i].DisplayKey < infos[j].DisplayKey })
+	for _, k := range infos {
+		fmt.Printf("  %-16s running %d of %d, waiting %d of %d\n", k.DisplayKey, k.Active, k.MaxActive, k.Queued, k.QueueLimit)
+	}
+	return nil
 }
 
 func newNode(url, name string, aud *audit) (*node, error) {
@@ -221,6 +257,13 @@ func (n *node) setup(aud *audit) error {
 		return err
 	}
 	coord, err := jobkeys.NewCoordinator(keys, &jobkeys.Config{InstanceID: n.name})
+	if err != nil {
+		return err
+	}
+	// The key layer's handle for the same service, job type and policy as
+	// the kind registered below: the client makes its own; this one is
+	// only for looking at the keys.
+	n.keys, err = coord.JobType("quickstart", "report", policy)
 	if err != nil {
 		return err
 	}
@@ -255,6 +298,10 @@ func (n *node) setup(aud *audit) error {
 				return result{}, context.Cause(ctx)
 			}
 			if in.N%3 == 0 && job.Failures == 0 {
+				// An error is a failed attempt: the client requeues the
+				// job with backoff and counts a failure (it fails the job
+				// for good at MaxFailures).
+				fmt.Printf("  %s fails %-11s (simulated error): requeued with backoff\n", n.name, job.ID)
 				return result{}, fmt.Errorf("the report service timed out for %s", job.ID)
 			}
 			if err := run.Progress("render", "rendering the report", jobs.ProgressStarted); err != nil {
@@ -318,9 +365,14 @@ func (a *audit) crashed() bool {
 }
 
 func (a *audit) ran(id string) bool {
+	return a.runCount(id) > 0
+}
+
+// runCount is how many times a handler started on the job.
+func (a *audit) runCount(id string) int {
 	a.mu.Lock()
 	defer a.mu.Unlock()
-	return a.runs[id] > 0
+	return a.runs[id]
 }
 
 func (a *audit) peaks() map[string]int {
