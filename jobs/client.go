@@ -348,6 +348,10 @@ func (e *RejectedError) Unwrap() error { return ErrRejected }
 // job is never coalesced into one that is over (whose slot is not released
 // yet): such an enqueue is admitted strictly, accepted or rejected.
 //
+// An Input that does not decode into the kind's input type (as its Work
+// would decode it, when req.Version is the kind's) is an error wrapping
+// [ErrConflict], and nothing is written.
+//
 // The record is written first, then the admission. A crash between them
 // leaves a pending job without an admission, which the first worker that
 // claims it after AdmitGrace admits (the same decision as here); any
@@ -360,6 +364,14 @@ func (c *Client) Enqueue(ctx context.Context, req EnqueueRequest) (EnqueueResult
 	}
 	if req.Version == 0 {
 		req.Version = k.version
+	}
+	if req.Version == k.version {
+		// An input the kind's Work cannot decode would fail every attempt.
+		// (An input that derives no key goes on: its record is superseded
+		// as a bad key, below.)
+		if err := k.decode(req.Input); err != nil && k.derives(req.Input) {
+			return EnqueueResult{}, conflictf("enqueue job %q of type %q: its Input does not decode into the kind's input type, as every attempt would decode it: %v", req.ID, req.Type, err)
+		}
 	}
 	enq, err := c.store.Enqueue(ctx, req)
 	if err != nil {

@@ -52,6 +52,9 @@ type kind struct {
 	maxFailures int
 	timeout     time.Duration
 	work        func(ctx context.Context, run *Run, input json.RawMessage) (json.RawMessage, error)
+	// decode checks that input decodes into the kind's In, as work
+	// decodes it; Client.Enqueue refuses an input it cannot.
+	decode func(input json.RawMessage) error
 }
 
 // Register adds kind k to client c. It must be called before
@@ -86,6 +89,13 @@ func Register[In, Out any](c *Client, k Kind[In, Out]) error {
 	work := k.Work
 	rk := &kind{
 		typ: k.Type, version: k.Version, jt: jt, maxFailures: k.MaxFailures, timeout: k.Timeout,
+		decode: func(input json.RawMessage) error {
+			var in In
+			if len(input) == 0 {
+				return nil
+			}
+			return json.Unmarshal(input, &in)
+		},
 		work: func(ctx context.Context, run *Run, input json.RawMessage) (json.RawMessage, error) {
 			var in In
 			if len(input) > 0 {
@@ -114,6 +124,12 @@ func Register[In, Out any](c *Client, k Kind[In, Out]) error {
 	}
 	c.kinds[k.Type] = rk
 	return nil
+}
+
+// derives reports whether input derives a key under k's policy.
+func (k *kind) derives(input json.RawMessage) bool {
+	_, err := k.jt.Key([]byte(inputOf(Job{Input: input})))
+	return err == nil
 }
 
 // kindOf returns the kind registered for typ.
