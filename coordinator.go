@@ -378,11 +378,23 @@ func (c *KeyCoordinator) prepare(service, jobType, jobID string, payload any, p 
 	return policy, key, nil
 }
 
+// zeroLease returns the error of a lease that is the zero Lease (most often
+// the Lease of an acquisition that did not acquire), else nil.
+func zeroLease(l Lease) error {
+	if l.Service == "" && l.JobType == "" && l.JobID == "" && l.SlotToken == "" {
+		return fmt.Errorf("%w: the lease is empty (the zero Lease): use the Lease of an acquisition whose Kind is KindAcquired", ErrInvalidRequest)
+	}
+	return nil
+}
+
 // leaseKey validates l and returns it with its policy normalized, and the
 // key it holds a slot of. A lease's policy is checked as Acquire checks
 // one, so a lease cannot claim what no policy may (a HeartbeatTTL past
 // HeartbeatTTLLimit would push the expiry out by centuries).
 func leaseKey(l Lease) (Lease, JobKey, error) {
+	if err := zeroLease(l); err != nil {
+		return Lease{}, JobKey{}, err
+	}
 	if err := validateService(l.Service); err != nil {
 		return Lease{}, JobKey{}, err
 	}

@@ -126,6 +126,11 @@ func deriveKey(service, jobType string, payload any, template []string) (JobKey,
 		}
 		pos, ok := resolveText(text, seg)
 		if !ok {
+			if s, isString := payload.(string); isString {
+				// The commonest mistake: JSON text in a Go string.
+				return JobKey{}, fmt.Errorf("%w: key pointer %q resolved to nothing: the payload is a Go string, which is the JSON string %s, not an object (pass JSON text as []byte or json.RawMessage)",
+					ErrInvalidKey, seg, abbrev(strconv.Quote(s), 64))
+			}
 			return JobKey{}, keySegmentError(seg, "nothing")
 		}
 		switch c := text[pos]; {
@@ -185,6 +190,14 @@ func deriveKey(service, jobType string, payload any, template []string) (JobKey,
 func keySegmentError(pointer, got string) error {
 	return fmt.Errorf("%w: key pointer %q did not resolve to a string, finite number or boolean (it resolved to %s)",
 		ErrInvalidKey, pointer, got)
+}
+
+// abbrev returns s, or its first n bytes and "…" when it is longer.
+func abbrev(s string, n int) string {
+	if len(s) <= n {
+		return s
+	}
+	return s[:n] + "…"
 }
 
 // payloadText returns the JSON text of a DeriveKey payload.

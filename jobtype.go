@@ -183,6 +183,9 @@ func (jt *JobType) key(jobID string, payload any) (JobKey, error) {
 // own returns lease with the handle's policy, or an error if lease belongs
 // to another job type.
 func (jt *JobType) own(lease Lease) (Lease, error) {
+	if err := zeroLease(lease); err != nil {
+		return Lease{}, err
+	}
 	if lease.Service != jt.service || lease.JobType != jt.name {
 		return Lease{}, fmt.Errorf("%w: lease of job %q is of job type %q of service %q, not %q of %q",
 			ErrInvalidRequest, lease.JobID, lease.JobType, lease.Service, jt.name, jt.service)
