@@ -154,6 +154,7 @@ func (jt *JobType) InspectKey(ctx context.Context, payload any) (KeyInfo, error)
 // KeyChange is one event of an [OccupancyWatch]: a key whose occupancy
 // changed, or, with Initial set, a key as it was when the watch started.
 type KeyChange struct {
+	// KVKey is the key that changed (or was listed).
 	KVKey string
 	// Initial marks the keys listed when the watch started, before any
 	// change.

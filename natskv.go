@@ -212,8 +212,9 @@ type NATSStoreOption func(*NATSStore) error
 
 var bucketTokenRe = regexp.MustCompile(`^[A-Za-z0-9_-]+$`)
 
-// WithBucketPrefix sets the bucket name prefix (default BucketPrefixDefault).
-// It must consist of letters, digits, '_' and '-'.
+// WithBucketPrefix sets the bucket name prefix (default BucketPrefixDefault):
+// a service's bucket is <prefix>_<service>. It must consist of letters,
+// digits, '_' and '-'.
 func WithBucketPrefix(prefix string) NATSStoreOption {
 	return func(s *NATSStore) error {
 		if !bucketTokenRe.MatchString(prefix) {

@@ -128,7 +128,7 @@ type Renewal struct {
 	State          *KeyState // the new key state (KindRenewed), else nil
 }
 
-// ReleaseOutcome is the outcome of ReleaseOutcome.
+// ReleaseOutcome is the outcome of a release (ReduceRelease, Release).
 type ReleaseOutcome struct {
 	Kind  Kind      // released or stale-completion
 	State *KeyState // the new key state when it changed, else nil
