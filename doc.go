@@ -87,7 +87,9 @@
 // exit, panics included. [Runner.TryRun] hands a blocked job back as a
 // [*BlockedError] instead, for consumers that would rather NakWithDelay. A
 // [Sweeper] runs [JobType.Sweep] now and then, removing the expired slots of
-// crashed workers from keys nobody asks for. See examples/worker.
+// crashed workers from keys nobody asks for; [WithSweepMargin] makes it keep
+// slots expired less than a margin ago, for hosts whose clocks may run ahead
+// of the workers'. See examples/worker.
 //
 // # Options: which to use when
 //
