@@ -313,7 +313,7 @@ func (c *KeyCoordinator) Renew(ctx context.Context, req RenewRequest) (Renewal, 
 	}
 	var out Renewal
 	defer c.obs.end(ctx, metricOpRenew, &key, c.obs.begin(), &out.Kind, &err)
-	err = c.run(ctx, key, retry{lease: &lease}, func(st *KeyState, now time.Time) *KeyState {
+	err = c.run(ctx, key, retry{lease: &lease, stale: lease.Policy.StalePolicy}, func(st *KeyState, now time.Time) *KeyState {
 		out = ReduceRenew(st, lease, now)
 		return out.State
 	})
@@ -333,7 +333,7 @@ func (c *KeyCoordinator) Release(ctx context.Context, req ReleaseRequest) (Relea
 	}
 	var out ReleaseOutcome
 	defer c.obs.end(ctx, metricOpRelease, &key, c.obs.begin(), &out.Kind, &err)
-	err = c.run(ctx, key, retry{lease: &lease}, func(st *KeyState, now time.Time) *KeyState {
+	err = c.run(ctx, key, retry{lease: &lease, stale: lease.Policy.StalePolicy}, func(st *KeyState, now time.Time) *KeyState {
 		out = ReduceRelease(st, lease, now)
 		return out.State
 	})
@@ -438,6 +438,10 @@ type retry struct {
 	// expiry instead of Config.MaxAttempts: the holder keeps trying while
 	// its slot is still its own.
 	lease *Lease
+	// stale is the StalePolicy of the operation's policy, "" when it has
+	// none at hand: the key's entry remembers it for the wake-ups of its
+	// writes (see keyEntry.blocksStale).
+	stale StalePolicy
 }
 
 // run is the read-reduce-compare-and-swap loop of one operation on key.
@@ -469,6 +473,7 @@ type retry struct {
 func (c *KeyCoordinator) run(ctx context.Context, key JobKey, rt retry, reduce func(*KeyState, time.Time) *KeyState) error {
 	e := c.keys.pin(key.KVKey)
 	defer c.keys.unpin(key.KVKey, e)
+	e.stalePolicy(rt.stale)
 	wt, _ := ctx.Value(waitTryKey{}).(*waitTry)
 	// A waiter on a key its watch feeds tries at once: its Watcher spaces
 	// the tries.

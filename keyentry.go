@@ -56,6 +56,9 @@ type keyTable struct {
 type keyEntry struct {
 	lane  lane // one operation writes at a time; see groupcommit.go
 	users int  // operations that pinned the entry
+	// blockStale is set while the StalePolicy of the last operation on
+	// the key that knew its policy is Block (see blocksStale).
+	blockStale atomic.Bool
 
 	mu      sync.Mutex
 	state   *KeyState // last state read or written; immutable once stored
@@ -787,3 +790,19 @@ func (e *keyEntry) queuedIndex(jobID string) int {
 	}
 	return indexQueued(e.state.Queued, jobID)
 }
+
+// stalePolicy records p, the StalePolicy of an operation on the key ("":
+// unknown, nothing recorded), for blocksStale.
+func (e *keyEntry) stalePolicy(p StalePolicy) {
+	if p == "" {
+		return
+	}
+	if block := p == Block; e.blockStale.Load() != block {
+		e.blockStale.Store(block)
+	}
+}
+
+// blocksStale reports whether the last operation on the key that knew its
+// policy had StalePolicy Block, under which an expired slot stays taken
+// (every producer and worker of a job type shares its policy).
+func (e *keyEntry) blocksStale() bool { return e.blockStale.Load() }

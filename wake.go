@@ -109,6 +109,13 @@ func (c *KeyCoordinator) publishWakes(key JobKey, prev, st *KeyState, rev uint64
 		return
 	}
 	free := st.MaxActive - liveSlots(st, c.cfg.Now())
+	if free > st.MaxActive-len(st.Active) {
+		// An expired slot counts free, as under FailStale; under Block it
+		// stays taken (see freeSlots), which the key's entry says.
+		if e := c.keys.entry(key.KVKey); e != nil && e.blocksStale() {
+			free = st.MaxActive - len(st.Active)
+		}
+	}
 	if free <= 0 {
 		return
 	}

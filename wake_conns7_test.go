@@ -1,0 +1,143 @@
+package jobkeys
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/jobkeys/jobkeys/internal/natstest"
+)
+
+// TestPublishWakesStaleBlockFreesNoSlot: under StalePolicy Block an expired
+// slot stays taken (ReduceAcquire blocks with ReasonStaleBlocked), so a
+// write that leaves the key with that slot and jobs queued has no slot to
+// wake them for: it sends no wake-up. Under FailStale the same expired
+// slot is free, and the write wakes the queue's head (the control).
+// (publishWakes counted only live slots as taken, and woke the head for a
+// slot that was not free.)
+func TestPublishWakesStaleBlockFreesNoSlot(t *testing.T) {
+	t.Parallel()
+	for _, stale := range []StalePolicy{Block, FailStale} {
+		t.Run(string(stale), func(t *testing.T) {
+			t.Parallel()
+			f := newStaleWakeFixture(t, Policy{Key: []string{"/t"}, MaxActive: 1, MaxQueuedPerKey: 5, StalePolicy: stale})
+			ctx := context.Background()
+			for _, id := range []string{"job-1", "job-2", "job-3"} {
+				_, err := f.jta.Admit(ctx, id, jobWakePayload)
+				require.NoError(t, err)
+			}
+			acq, err := f.jta.Acquire(ctx, "job-1", jobWakePayload)
+			require.NoError(t, err)
+			require.Equal(t, KindAcquired, acq.Kind)
+			// The admissions left a slot free: their wake-ups find nobody,
+			// nor do their resends. Let them end first.
+			require.Eventually(t, func() bool {
+				_, _, chains := wakeHubSize(f.a)
+				return chains == 0
+			}, 30*time.Second, time.Millisecond, "the wake-ups of store a end")
+			sub2, err := f.wb.SubscribeJob(ctx, f.jtb, f.kvKey, "job-2")
+			require.NoError(t, err)
+			defer sub2.Close()
+
+			// b (an hour ahead: job-1's lease expired by its clock) admits
+			// job-4: its write leaves job-1's slot and job-2 first queued.
+			adm, err := f.jtb.Admit(ctx, "job-4", jobWakePayload)
+			require.NoError(t, err)
+			require.Equal(t, KindAccepted, adm.Kind)
+			if stale == FailStale {
+				recv(t, sub2.Changed(), "job-2's wake-up: job-1's expired slot is free under FailStale")
+				return
+			}
+			published, local, _, _ := WakeCountsOf(f.b)
+			assert.Zero(t, published+local, "wake-ups sent for an expired slot Block keeps taken")
+			select {
+			case <-sub2.Changed():
+				t.Fatal("job-2 was woken (before) for a slot Block keeps taken")
+			default:
+			}
+			got, err := f.jtb.Acquire(ctx, "job-2", jobWakePayload)
+			require.NoError(t, err)
+			assert.Equal(t, KindBlocked, got.Kind)
+			assert.Equal(t, ReasonStaleBlocked, got.Reason)
+			select {
+			case <-sub2.Changed():
+				t.Fatal("job-2 was woken for a slot Block keeps taken")
+			default:
+			}
+		})
+	}
+}
+
+// TestWakeLostOutcomeAgreesWithReducerStaleBlock: the blocked outcome of a
+// woken try whose write lost says what ReduceAcquire says on the state the
+// coordinator holds: under StalePolicy Block, with every slot held and one
+// of them expired, the reason is ReasonStaleBlocked, not
+// ReasonActiveLimit, and the figures are the reducer's.
+func TestWakeLostOutcomeAgreesWithReducerStaleBlock(t *testing.T) {
+	t.Parallel()
+	s := natstest.Run(t)
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	policy := Policy{Key: benchPolicy.Key, MaxActive: 2, MaxQueuedPerKey: 8, StalePolicy: Block}
+	service := jkService("wakelostreason")
+	payload := benchPayload(0)
+
+	var then func()
+	_, jsA := natstest.Connect(t, s)
+	nsA, err := NewNATSStore(jsA, WithCreateBuckets(jetstream.MemoryStorage, 1), WithWakeUps(""))
+	require.NoError(t, err)
+	ahead := func() time.Time { return time.Now().Add(time.Hour) }
+	a, err := NewCoordinator(raceStore{Store: nsA, then: func() {
+		if then != nil {
+			then()
+		}
+	}}, &Config{Now: ahead, IgnoreClockSkew: true})
+	require.NoError(t, err)
+	b := wakeReadsCoord(t, s, nil)
+	ja, err := a.JobType(service, benchJobType, policy)
+	require.NoError(t, err)
+	jb, err := b.JobType(service, benchJobType, policy)
+	require.NoError(t, err)
+	key, err := ja.Key(payload)
+	require.NoError(t, err)
+	for _, id := range []string{"j0", "j1", "j2"} {
+		adm, err := jb.Admit(ctx, id, payload)
+		require.NoError(t, err)
+		require.Equal(t, KindAccepted, adm.Kind)
+	}
+	acq, err := jb.Acquire(ctx, "j0", payload)
+	require.NoError(t, err)
+	require.Equal(t, KindAcquired, acq.Kind)
+	_, err = ja.Admit(ctx, "j3", payload)
+	require.NoError(t, err)
+	acq, err = jb.Acquire(ctx, "j1", payload)
+	require.NoError(t, err)
+	require.Equal(t, KindAcquired, acq.Kind)
+	var held *KeyState
+	then = func() {
+		value, rev, err := b.store.Get(ctx, service, key.KVKey)
+		require.NoError(t, err)
+		st, err := decodeState(value)
+		require.NoError(t, err)
+		held = st
+		e := a.keys.entry(key.KVKey)
+		e.observe(st, rev, e.feedMark())
+	}
+	wt := &waitTry{wake: true}
+	got, err := ja.Acquire(withWaitTry(ctx, wt), "j2", payload)
+	require.NoError(t, err)
+	require.NotNil(t, held)
+	want := ReduceAcquire(held, key, AcquireRequest{Service: service, JobType: benchJobType, JobID: "j2"}, policy, ahead(), "t")
+	require.Equal(t, KindBlocked, want.Kind)
+	assert.Equal(t, KindBlocked, got.Kind)
+	assert.Equal(t, ReasonStaleBlocked, want.Reason)
+	assert.Equal(t, want.Reason, got.Reason)
+	assert.Equal(t, want.Active, got.Active)
+	assert.Equal(t, want.Queued, got.Queued)
+	assert.Equal(t, want.Limit, got.Limit)
+	assert.Equal(t, want.NextExpiry, got.NextExpiry)
+}
