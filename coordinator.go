@@ -216,6 +216,10 @@ type KeyCoordinator struct {
 	// it has none: each committed write that leaves slots free with jobs
 	// queued wakes their waiters (see publishWakes).
 	wakes wakeStore
+	// wakeHold is how long the wake-up of a write that freed a slot is
+	// held for a write that may follow (see the constant wakeHold; tests
+	// may change it before the coordinator is used).
+	wakeHold time.Duration
 }
 
 // NewCoordinator returns a coordinator over store. cfg may be nil for the
@@ -273,7 +277,7 @@ func NewCoordinator(store Store, cfg *Config) (*KeyCoordinator, error) {
 		return nil, err
 	}
 	return &KeyCoordinator{store: store, cfg: c, keys: newKeyTable(c.StateCacheSize), slotRoom: slotRoom(c.InstanceID), obs: obs, groupWriters: groupWritersDefault,
-		wakes: wakeStoreOf(store)}, nil
+		wakes: wakeStoreOf(store), wakeHold: wakeHold}, nil
 }
 
 // InstanceID returns the instance id the coordinator writes into slots.
@@ -515,7 +519,14 @@ func (c *KeyCoordinator) run(ctx context.Context, key JobKey, rt retry, reduce f
 		}
 		op.r = r
 		view := e.view()
+		var unhold func()
+		if c.wakes != nil {
+			unhold = e.holdWakeFor() // see wakeHold
+		}
 		res, err := c.turn(e, key, op, buf)
+		if unhold != nil {
+			unhold()
+		}
 		if err != nil {
 			return err
 		}
