@@ -216,6 +216,10 @@ type KeyCoordinator struct {
 	// it has none: each committed write that leaves slots free with jobs
 	// queued wakes their waiters (see publishWakes).
 	wakes wakeStore
+	// wakeHold is how long the wake-up of a write that freed a slot is
+	// held for a write that may follow (see the constant wakeHold; tests
+	// may change it before the coordinator is used).
+	wakeHold time.Duration
 }
 
 // NewCoordinator returns a coordinator over store. cfg may be nil for the
@@ -273,7 +277,7 @@ func NewCoordinator(store Store, cfg *Config) (*KeyCoordinator, error) {
 		return nil, err
 	}
 	return &KeyCoordinator{store: store, cfg: c, keys: newKeyTable(c.StateCacheSize), slotRoom: slotRoom(c.InstanceID), obs: obs, groupWriters: groupWritersDefault,
-		wakes: wakeStoreOf(store)}, nil
+		wakes: wakeStoreOf(store), wakeHold: wakeHold}, nil
 }
 
 // InstanceID returns the instance id the coordinator writes into slots.
@@ -313,7 +317,7 @@ func (c *KeyCoordinator) Renew(ctx context.Context, req RenewRequest) (Renewal, 
 	}
 	var out Renewal
 	defer c.obs.end(ctx, metricOpRenew, &key, c.obs.begin(), &out.Kind, &err)
-	err = c.run(ctx, key, retry{lease: &lease}, func(st *KeyState, now time.Time) *KeyState {
+	err = c.run(ctx, key, retry{lease: &lease, stale: lease.Policy.StalePolicy}, func(st *KeyState, now time.Time) *KeyState {
 		out = ReduceRenew(st, lease, now)
 		return out.State
 	})
@@ -333,7 +337,7 @@ func (c *KeyCoordinator) Release(ctx context.Context, req ReleaseRequest) (Relea
 	}
 	var out ReleaseOutcome
 	defer c.obs.end(ctx, metricOpRelease, &key, c.obs.begin(), &out.Kind, &err)
-	err = c.run(ctx, key, retry{lease: &lease}, func(st *KeyState, now time.Time) *KeyState {
+	err = c.run(ctx, key, retry{lease: &lease, stale: lease.Policy.StalePolicy}, func(st *KeyState, now time.Time) *KeyState {
 		out = ReduceRelease(st, lease, now)
 		return out.State
 	})
@@ -450,6 +454,10 @@ type retry struct {
 	// expiry instead of Config.MaxAttempts: the holder keeps trying while
 	// its slot is still its own.
 	lease *Lease
+	// stale is the StalePolicy of the operation's policy, "" when it has
+	// none at hand: the key's entry remembers it for the wake-ups of its
+	// writes (see keyEntry.blocksStale).
+	stale StalePolicy
 }
 
 // run is the read-reduce-compare-and-swap loop of one operation on key.
@@ -481,6 +489,7 @@ type retry struct {
 func (c *KeyCoordinator) run(ctx context.Context, key JobKey, rt retry, reduce func(*KeyState, time.Time) *KeyState) error {
 	e := c.keys.pin(key.KVKey)
 	defer c.keys.unpin(key.KVKey, e)
+	e.stalePolicy(rt.stale)
 	wt, _ := ctx.Value(waitTryKey{}).(*waitTry)
 	// A waiter on a key its watch feeds tries at once: its Watcher spaces
 	// the tries.
@@ -522,7 +531,14 @@ func (c *KeyCoordinator) run(ctx context.Context, key JobKey, rt retry, reduce f
 		}
 		op.r = r
 		view := e.view()
+		var unhold func()
+		if c.wakes != nil {
+			unhold = e.holdWakeFor() // see wakeHold
+		}
 		res, err := c.turn(e, key, op, buf)
+		if unhold != nil {
+			unhold()
+		}
 		if err != nil {
 			return err
 		}

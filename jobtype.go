@@ -289,7 +289,7 @@ func (c *KeyCoordinator) admitKey(ctx context.Context, key JobKey, policy Policy
 	var out Admission
 	var err error
 	defer c.obs.end(ctx, metricOpAdmit, &key, c.obs.begin(), &out.Kind, &err)
-	err = c.update(ctx, key, true, func(st *KeyState, now time.Time) *KeyState {
+	err = c.run(ctx, key, retry{assumeAbsent: true, stale: policy.StalePolicy}, func(st *KeyState, now time.Time) *KeyState {
 		out = ReduceAdmission(st, key, req, policy, now)
 		return out.State
 	})
@@ -323,7 +323,7 @@ func (c *KeyCoordinator) acquireKey(ctx context.Context, key JobKey, policy Poli
 	}
 	wt, _ := ctx.Value(waitTryKey{}).(*waitTry)
 	inTurn := wt != nil && wt.inTurn && !req.Retry
-	err = c.update(ctx, key, false, func(st *KeyState, now time.Time) *KeyState {
+	err = c.run(ctx, key, retry{stale: policy.StalePolicy}, func(st *KeyState, now time.Time) *KeyState {
 		if inTurn {
 			wt.ahead = 0
 			if st != nil {
@@ -367,7 +367,7 @@ func (c *KeyCoordinator) acquireKey(ctx context.Context, key JobKey, policy Poli
 		// A woken waiter's write lost (see waitTry.wake): it is blocked
 		// until the next wake-up, which the write it lost to sends if it
 		// leaves a slot free.
-		out, err = c.wakeLost(key, policy, wt), nil
+		out, err = c.wakeLost(key, policy, req, wt), nil
 	}
 	if err != nil {
 		return Acquisition{}, err
@@ -375,18 +375,22 @@ func (c *KeyCoordinator) acquireKey(ctx context.Context, key JobKey, policy Poli
 	return out, nil
 }
 
-// wakeLost returns the blocked outcome of a woken try whose write lost its
-// compare-and-swap (errWakeLost), which read nothing: its figures are
-// those of the state of the key the coordinator holds now (a wake-up of
-// the write it lost to may have brought it), as a blocked outcome on that
-// state would say them (the live slots, the earliest expiry of theirs,
-// the queued jobs), or, holding none (the lost write left the key
-// unknown), of the state the write was made on (wt.lostOn); under
-// StalePolicy Block an expired slot counts as live. The write it
-// lost to took that state's free slot, or may have: on that state the
-// live slots are counted as at least the limit, which the outcome's
-// reason says was met.
-func (c *KeyCoordinator) wakeLost(key JobKey, policy Policy, wt *waitTry) Acquisition {
+// wakeLost returns the blocked outcome of a woken try of req whose write
+// lost its compare-and-swap (errWakeLost), which read nothing. Holding a
+// state of the key now (a wake-up of the write it lost to may have brought
+// it), it says what ReduceAcquire says on that state when that blocks the
+// job for its slots (ReasonActiveLimit, or under StalePolicy Block
+// ReasonStaleBlocked): the same reason and figures. Otherwise (that state
+// would let it in, or blocks it for another reason a read should confirm,
+// or the lost write left the key unknown) its figures are those of the
+// live slots, the earliest expiry of theirs and the queued jobs, of the
+// state held or, holding none, of the state the write was made on
+// (wt.lostOn); under StalePolicy Block an expired slot counts as live. The
+// write it lost to took that state's free slot, or may have: on that state
+// the live slots are counted as at least the limit, which the outcome's
+// reason says was met (ReasonStaleBlocked when Block keeps an expired slot
+// of another job there, as ReduceAcquire would say at the limit).
+func (c *KeyCoordinator) wakeLost(key JobKey, policy Policy, req AcquireRequest, wt *waitTry) Acquisition {
 	out := Acquisition{Kind: KindBlocked, Reason: ReasonActiveLimit, DisplayKey: key.DisplayKey, KeyHash: key.KeyHash, Limit: policy.MaxActive}
 	var st *KeyState
 	if e := c.keys.entry(key.KVKey); e != nil {
@@ -405,7 +409,14 @@ func (c *KeyCoordinator) wakeLost(key JobKey, policy Policy, wt *waitTry) Acquis
 		return out
 	}
 	now := c.cfg.Now()
+	if held {
+		// A blocked outcome builds no state: the token is never used.
+		if b := ReduceAcquire(st, key, req, policy, now, "-"); b.Kind == KindBlocked && (b.Reason == ReasonActiveLimit || b.Reason == ReasonStaleBlocked) {
+			return b
+		}
+	}
 	out.Queued = len(st.Queued)
+	staleOthers := false
 	for i := range st.Active {
 		if exp := st.Active[i].LeaseExpiresAt; exp.After(now) {
 			out.Active++
@@ -414,10 +425,14 @@ func (c *KeyCoordinator) wakeLost(key JobKey, policy Policy, wt *waitTry) Acquis
 			}
 		} else if policy.StalePolicy == Block {
 			out.Active++ // an expired slot Block keeps (see ReduceAcquire)
+			staleOthers = staleOthers || st.Active[i].JobID != req.JobID
 		}
 	}
 	if !held {
 		out.Active = max(out.Active, policy.MaxActive)
+		if staleOthers {
+			out.Reason = ReasonStaleBlocked
+		}
 	}
 	return out
 }
@@ -461,7 +476,7 @@ func (c *KeyCoordinator) restoreKey(ctx context.Context, key JobKey, policy Poli
 	var out Restoration
 	var err error
 	defer c.obs.restored(ctx, &key, c.obs.begin(), &out, &err)
-	err = c.update(ctx, key, false, func(st *KeyState, now time.Time) *KeyState {
+	err = c.run(ctx, key, retry{stale: policy.StalePolicy}, func(st *KeyState, now time.Time) *KeyState {
 		out = ReduceRestoreReplaced(st, key, req, policy, now)
 		return out.State
 	})

@@ -56,6 +56,17 @@ type keyTable struct {
 type keyEntry struct {
 	lane  lane // one operation writes at a time; see groupcommit.go
 	users int  // operations that pinned the entry
+	// wakeMu guards held, the wake-up held for a write that may follow
+	// (see wakeHold), and its fields.
+	wakeMu sync.Mutex
+	held   *heldWake
+	// holdMisses counts the held wake-ups in a row that no write
+	// followed (sent when wakeHold passed), holdSkips the wake-ups not
+	// held since: see holdWake.
+	holdMisses, holdSkips int
+	// blockStale is set while the StalePolicy of the last operation on
+	// the key that knew its policy is Block (see blocksStale).
+	blockStale atomic.Bool
 
 	mu      sync.Mutex
 	state   *KeyState // last state read or written; immutable once stored
@@ -786,4 +797,106 @@ func (e *keyEntry) queuedIndex(jobID string) int {
 		return -1
 	}
 	return indexQueued(e.state.Queued, jobID)
+}
+
+// stalePolicy records p, the StalePolicy of an operation on the key ("":
+// unknown, nothing recorded), for blocksStale.
+func (e *keyEntry) stalePolicy(p StalePolicy) {
+	if p == "" {
+		return
+	}
+	if block := p == Block; e.blockStale.Load() != block {
+		e.blockStale.Store(block)
+	}
+}
+
+// blocksStale reports whether the last operation on the key that knew its
+// policy had StalePolicy Block, under which an expired slot stays taken
+// (every producer and worker of a job type shares its policy).
+func (e *keyEntry) blocksStale() bool { return e.blockStale.Load() }
+
+// holdWake holds h, the wake-up of a write of the key just committed,
+// for wakeHold, dropping any held wake-up of an older revision (the
+// write supersedes it; see wakeHold); it sends h then unless a write that
+// began meanwhile is still under way.
+//
+// A key on which no write followed the last wakeHoldMisses held wake-ups
+// (its workers admit their next jobs ahead, or none) has only one in
+// wakeHoldProbe held, to learn when that changes; it reports whether it
+// held h (false: the caller sends it now).
+func (e *keyEntry) holdWake(h *heldWake) bool {
+	e.wakeMu.Lock()
+	e.dropHeldLocked(h.rev)
+	if e.holdMisses >= wakeHoldMisses {
+		if e.holdSkips++; e.holdSkips%wakeHoldProbe != 0 {
+			e.wakeMu.Unlock()
+			return false
+		}
+	}
+	e.held = h
+	e.wakeMu.Unlock()
+	time.AfterFunc(h.c.wakeHold, func() {
+		e.wakeMu.Lock()
+		send := !h.done && h.holders == 0
+		h.expired = true
+		if send {
+			h.done = true
+			if e.held == h {
+				e.held = nil
+			}
+			e.holdMisses++
+		}
+		e.wakeMu.Unlock()
+		if send {
+			h.send()
+		}
+	})
+	return true
+}
+
+// dropHeldWake drops the held wake-up of a revision older than rev: a
+// write of the key at rev was committed (see wakeHold).
+func (e *keyEntry) dropHeldWake(rev uint64) {
+	e.wakeMu.Lock()
+	e.dropHeldLocked(rev)
+	e.wakeMu.Unlock()
+}
+
+func (e *keyEntry) dropHeldLocked(rev uint64) {
+	if h := e.held; h != nil && h.rev < rev {
+		h.done = true
+		e.held = nil
+		e.holdMisses, e.holdSkips = 0, 0 // a write followed it
+	}
+}
+
+// holdWakeFor keeps the held wake-up, if any, held while a write of the
+// key that begins now is under way; the returned function ends that
+// (call it once the write committed or failed): the wake-up is sent then
+// if wakeHold has passed and the write did not supersede it.
+func (e *keyEntry) holdWakeFor() func() {
+	e.wakeMu.Lock()
+	h := e.held
+	if h == nil || h.done {
+		e.wakeMu.Unlock()
+		return nil
+	}
+	h.holders++
+	e.wakeMu.Unlock()
+	return func() {
+		e.wakeMu.Lock()
+		h.holders--
+		send := !h.done && h.holders == 0 && h.expired
+		if send {
+			h.done = true
+			if e.held == h {
+				e.held = nil
+			}
+			e.holdMisses++ // the write superseded nothing
+		}
+		e.wakeMu.Unlock()
+		if send {
+			h.send()
+		}
+	}
 }

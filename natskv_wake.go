@@ -456,6 +456,17 @@ func (h *wakeHub) startLocked(bucket, kvKey string, value []byte, rev uint64, ta
 		if prev.rev > rev || prev.rev == rev && !again {
 			return nil, acts // a newer state of the key went out already
 		}
+		if again && prev.rev == rev && h.coveredLocked(prev, targets, free) {
+			// Sent again while this store's wake-up of that revision is
+			// still out to the jobs ahead (in flight, or handed over):
+			// they are not woken a second time for it. The chain goes on
+			// with the targets sent again past those it walked, so that
+			// a "no responders" answer of a job ahead moves it on to
+			// them, down to the job that sent it again, as the wake-up
+			// sent again would have.
+			h.walkLocked(prev, &acts)
+			return prev, acts
+		}
 		waitRetry = prev.rev == rev && prev.resends > 0 && !prev.done && prev.sent == 0
 		resends = prev.resends
 		h.endLocked(prev) // stale, or sent again: a 503 for it moves nothing on
@@ -483,6 +494,41 @@ func (h *wakeHub) startLocked(bucket, kvKey string, value []byte, rev uint64, ta
 	}
 	h.walkLocked(c, &acts)
 	return c, acts
+}
+
+// coveredLocked reports whether chain c, of the revision of a wake-up
+// sent again to targets (see wakeAheadStore), has every target it walked
+// so far in targets' order at their head, and one of them still awaiting
+// an answer or handed to a waiter of this store: the wake-up sent again
+// would send the same state to the same first jobs, the ones the free
+// slots are for, a second time. It then makes targets past those walked
+// c's remaining targets, for c's walk to go on with. Called with h.mu
+// held.
+//
+// Why no wake-up is lost: the wake-up sent again walks targets from the
+// first, delivering to each job in order while fewer than free are
+// delivered or awaiting an answer, and moving on at each "no responders".
+// c has walked targets[:c.next] exactly so (the same state, the same free
+// slots: a state of one revision is one state), and goes on from there,
+// over the same remaining targets, as answers come in; a target c
+// delivered to is one the wake-up sent again would have delivered to
+// first. Only the second copy of a delivery is not made.
+func (h *wakeHub) coveredLocked(c *wakeChain, targets []string, free int) bool {
+	if c.done || c.sent+c.delivered == 0 || c.next > len(targets) {
+		return false
+	}
+	for k := range c.targets[:c.next] {
+		if c.targets[k].job != targets[k] {
+			return false
+		}
+	}
+	rest := targets[c.next:]
+	c.targets = append(c.targets[:c.next:c.next], make([]wakeTarget, len(rest))...)
+	for k, job := range rest {
+		c.targets[c.next+k].job = job
+	}
+	c.free = min(max(c.free, free), len(c.targets))
+	return true
 }
 
 // replySubjects returns the prefix of the reply subjects of this store's

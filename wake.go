@@ -103,12 +103,25 @@ const wakeTargetsMax = wakeWalkExtra
 // waiter's acquisition in flight loses to it, and waits for the wake-up
 // of the write it lost to (see errWakeLost). A state with no slot free, or
 // no job queued before the write, sends nothing: a heartbeat of a full key
-// wakes nobody. Called holding the key's lane, with no lock held.
+// wakes nobody. A write that freed a slot for a job waiting in another
+// process has its wake-up held briefly for a write of this coordinator's
+// that may follow, whose wake-up replaces it (see wakeHold); any write
+// drops the held wake-up of an older revision. Called holding the key's
+// lane, with no lock held.
 func (c *KeyCoordinator) publishWakes(key JobKey, prev, st *KeyState, rev uint64, value []byte) {
+	e := c.keys.entry(key.KVKey) // pinned by the write's operation
+	if e != nil {
+		e.dropHeldWake(rev) // this write's wake-up replaces it (see wakeHold)
+	}
 	if prev == nil || len(st.Queued) == 0 {
 		return
 	}
 	free := st.MaxActive - liveSlots(st, c.cfg.Now())
+	if free > st.MaxActive-len(st.Active) && e != nil && e.blocksStale() {
+		// An expired slot counts free, as under FailStale; under Block it
+		// stays taken (see freeSlots), which the key's entry says.
+		free = st.MaxActive - len(st.Active)
+	}
 	if free <= 0 {
 		return
 	}
@@ -145,9 +158,74 @@ func (c *KeyCoordinator) publishWakes(key JobKey, prev, st *KeyState, rev uint64
 			break
 		}
 	}
-	if len(targets) > 0 {
-		c.wakes.publishWakes(key.Service, key.KVKey, value, rev, targets, free)
+	if len(targets) == 0 {
+		return
 	}
+	if e != nil && freeSlots(prev, Policy{MaxActive: st.MaxActive}, c.cfg.Now()) < free && !c.waitHere(key, st.Queued[:min(free, len(st.Queued))]) {
+		// It freed a slot (a release, typically) for a job waiting in
+		// another process: hold the wake-up briefly for a write of this
+		// coordinator's that may follow on the key (see wakeHold).
+		if e.holdWake(&heldWake{c: c, key: key, rev: rev, value: append([]byte(nil), value...), targets: targets, free: free}) {
+			return
+		}
+	}
+	c.wakes.publishWakes(key.Service, key.KVKey, value, rev, targets, free)
+}
+
+// wakeHold is how long the wake-up of a write that freed a slot for a job
+// waiting in another process is held, for a write of the same coordinator
+// on the key that may follow it: the worker that released the slot
+// admits its next job, typically. Were the wake-up sent at once, the job
+// woken would write on the state it carries, and lose its
+// compare-and-swap to that admission, made on the same state one hop
+// sooner: a wasted write and its round trip, and a second wake-up (the
+// admission's). Held, the wake-up of the write that follows, made on the
+// state that follows, is sent instead, and the woken job's write wins.
+// A write that begins while the wake-up is held keeps it held until it
+// ends (see keyEntry.holdWakeFor); nothing else does.
+//
+// Why no wake-up is lost: a held wake-up of revision r is sent when
+// wakeHold has passed and no write of this coordinator on the key that
+// began meanwhile is under way, unless this coordinator committed a
+// write of the key past r first (dropHeldWake). That write w was made
+// on a revision r' >= r, and its own wake-up (held or sent: the same
+// rule applies to it) is of w's state. Any waiter the wake-up of r would
+// have woken tries on a state no newer than r, so its write would have
+// lost to w, and it would have waited for w's wake-up (errWakeLost),
+// which w's writer sends if w leaves a slot free: the same wake-up it
+// gets. A job queued at r is queued still at w unless w took it out
+// (its acquisition, a removal), and w's wake-up goes to every job
+// queued before w that w's free slots are for. The proof of
+// wakeTrustSent holds: a held wake-up is sent later, never earlier, and
+// every delay only moves the resends later; one dropped is replaced by
+// the wake-up of a write committed after it.
+const wakeHold = 200 * time.Microsecond
+
+// wakeHoldMisses is how many held wake-ups in a row no write followed
+// before a key's wake-ups are held only once in wakeHoldProbe (see
+// keyEntry.holdWake).
+const (
+	wakeHoldMisses = 2
+	wakeHoldProbe  = 16
+)
+
+// heldWake is a wake-up publishWakes holds (see wakeHold).
+type heldWake struct {
+	c       *KeyCoordinator
+	key     JobKey
+	rev     uint64
+	value   []byte
+	targets []string
+	free    int
+	// Guarded by the key entry's wakeMu.
+	holders int  // writes under way that began while it was held
+	expired bool // wakeHold has passed
+	done    bool // sent or dropped
+}
+
+// send publishes h.
+func (h *heldWake) send() {
+	h.c.wakes.publishWakes(h.key.Service, h.key.KVKey, h.value, h.rev, h.targets, h.free)
 }
 
 // wakeAhead sends, for a Run of job jobID blocked in turn (see
