@@ -192,10 +192,14 @@ func keySegmentError(pointer, got string) error {
 		ErrInvalidKey, pointer, got)
 }
 
-// abbrev returns s, or its first n bytes and "…" when it is longer.
+// abbrev returns s, or its first n bytes (fewer, to end on a character
+// boundary) and "…" when it is longer.
 func abbrev(s string, n int) string {
 	if len(s) <= n {
 		return s
+	}
+	for n > 0 && !utf8.RuneStart(s[n]) {
+		n--
 	}
 	return s[:n] + "…"
 }

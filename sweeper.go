@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math"
 	"slices"
 	"strings"
 	"time"
@@ -234,7 +235,12 @@ func (jt *JobType) sweepClockSkew(ctx context.Context, margin time.Duration) err
 		return nil
 	}
 	b := jt.coord.clockBounds(ctx, jt.service)
-	limit := clockSkewLimit(jt.policy) + margin
+	limit := clockSkewLimit(jt.policy)
+	if margin > math.MaxInt64-limit {
+		limit = math.MaxInt64 // a margin of centuries: no bound is reached
+	} else {
+		limit += margin
+	}
 	got := b.minAbs()
 	if got == 0 || got < limit {
 		return nil

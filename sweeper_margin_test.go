@@ -2,6 +2,7 @@ package jobkeys
 
 import (
 	"context"
+	"math"
 	"testing"
 	"time"
 
@@ -180,4 +181,29 @@ func TestSweepMarginClockSkew(t *testing.T) {
 	_, rev3, err := store.Get(ctx, e.svc, e.kvKey(t, "acme"))
 	require.NoError(t, err)
 	assert.Equal(t, rev, rev3, "the live slot is untouched")
+}
+
+// A margin so large that the skew bound it adds overflows (the largest
+// Duration) still tolerates a clock 40s ahead, and keeps every slot: it
+// was refused with ErrClockSkew, its bound wrapped round to a negative one.
+func TestSweepHugeMarginClockSkew(t *testing.T) {
+	t.Parallel()
+	store, _ := rtNATS(t)
+	e := newSweepEnv(t, store, FailStale)
+	e.crash(t, "acme", "crashed-acme")
+	ctx := context.Background()
+	ahead := rtJobType(t, cCoordinator(t, store, &Config{Now: func() time.Time { return time.Now().Add(40 * time.Second) }}),
+		e.svc, e.workers.Policy())
+	_, err := ahead.Sweep(ctx)
+	require.ErrorIs(t, err, ErrClockSkew, "the clock is proven 40s ahead")
+	_, rev, err := store.Get(ctx, e.svc, e.kvKey(t, "acme"))
+	require.NoError(t, err)
+
+	rep, err := ahead.Sweep(ctx, WithSweepMargin(time.Duration(math.MaxInt64)))
+	require.NoError(t, err, "a margin of centuries tolerates 40s")
+	assert.Equal(t, 1, rep.Keys)
+	assert.Empty(t, rep.Removed)
+	_, rev2, err := store.Get(ctx, e.svc, e.kvKey(t, "acme"))
+	require.NoError(t, err)
+	assert.Equal(t, rev, rev2, "nothing written")
 }

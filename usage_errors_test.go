@@ -5,7 +5,9 @@ package jobkeys_test
 
 import (
 	"context"
+	"strings"
 	"testing"
+	"unicode/utf8"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
@@ -27,6 +29,22 @@ func TestStringPayloadErrorNamesTheString(t *testing.T) {
 	_, err = jt.Admit(ctx, "sync-1", `{"tenant":"acme"}`)
 	require.ErrorIs(t, err, jobkeys.ErrInvalidKey)
 	assert.Regexp(t, `payload[^:]* string`, err.Error(), "the error should say the payload is a JSON string (a Go string is marshaled, not read as JSON text)")
+}
+
+// The Go string the error quotes is cut short on a character boundary: a
+// long string of non-ASCII text was cut inside a character, which left
+// the error message invalid UTF-8.
+func TestStringPayloadErrorIsValidUTF8(t *testing.T) {
+	ctx := context.Background()
+	coord, err := jobkeys.NewCoordinator(jobkeys.NewMemoryStore(), nil)
+	require.NoError(t, err)
+	jt, err := coord.JobType("billing", "sync", jobkeys.Policy{Key: []string{"tenant", "/tenant"}})
+	require.NoError(t, err)
+
+	_, err = jt.Admit(ctx, "sync-1", `{"tenant":"`+strings.Repeat("é", 40)+`"}`)
+	require.ErrorIs(t, err, jobkeys.ErrInvalidKey)
+	assert.True(t, utf8.ValidString(err.Error()), "the error message should be valid UTF-8: %q", err.Error())
+	assert.Contains(t, err.Error(), `"{\"tenant\":\"éé`, "the error should quote the string's start")
 }
 
 // Release (and Renew) of a zero Lease, the usual result of using the

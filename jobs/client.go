@@ -350,7 +350,10 @@ func (e *RejectedError) Unwrap() error { return ErrRejected }
 //
 // An Input that does not decode into the kind's input type (as its Work
 // would decode it, when req.Version is the kind's) is an error wrapping
-// [ErrConflict], and nothing is written.
+// [ErrConflict], and nothing is written; except a JSON Input that derives
+// no key under the kind's policy either, which is refused as an Input
+// that derives no key is (an error wrapping [jobkeys.ErrInvalidKey], its
+// record superseded with ReasonBadKey).
 //
 // The record is written first, then the admission. A crash between them
 // leaves a pending job without an admission, which the first worker that
