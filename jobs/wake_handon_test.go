@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"log/slog"
 	"sync"
 	"testing"
 	"time"
@@ -33,29 +34,37 @@ type handOnClient struct {
 
 func newHandOnClient(t *testing.T, srv *server.Server, service string, workers int) *handOnClient {
 	t.Helper()
-	return newHandOnClientWith(t, srv, service, workers, nil)
+	return newHandOnClientConf(t, srv, service, handOnConfig{workers: workers})
 }
 
-// newHandOnClientWith is newHandOnClient over the job store wrap returns
-// for its NATS job store (nil: that store itself).
-func newHandOnClientWith(t *testing.T, srv *server.Server, service string, workers int, wrap func(Store) Store) *handOnClient {
+// handOnConfig is what newHandOnClientConf sets beyond newHandOnClient's
+// kind, policy and intervals.
+type handOnConfig struct {
+	workers, maxWaiting int               // MaxWorkers, MaxWaiting (0: the default)
+	wrap                func(Store) Store // the job store the client uses, over the NATS one; nil: that one
+	logger              *slog.Logger      // nil: none
+	keyNow              func() time.Time  // the key coordinator's clock; nil: time.Now
+}
+
+// newHandOnClientConf is newHandOnClient with cfg.
+func newHandOnClientConf(t *testing.T, srv *server.Server, service string, cfg handOnConfig) *handOnClient {
 	t.Helper()
 	_, js := natstest.Connect(t, srv)
 	nst, err := NewNATSStore(js, nil, WithBucket(fmt.Sprintf("JOBS_HO%d", natsBucketSeq.Add(1))), WithCreateBucket(jetstream.MemoryStorage, 1))
 	require.NoError(t, err)
 	var st Store = nst
-	if wrap != nil {
-		st = wrap(nst)
+	if cfg.wrap != nil {
+		st = cfg.wrap(nst)
 	}
 	keys, err := jobkeys.NewNATSStore(js, jobkeys.WithCreateBuckets(jetstream.MemoryStorage, 1), jobkeys.WithWakeUps(""))
 	require.NoError(t, err)
-	coord, err := jobkeys.NewCoordinator(keys, nil)
+	coord, err := jobkeys.NewCoordinator(keys, &jobkeys.Config{Now: cfg.keyNow})
 	require.NoError(t, err)
 	h := &handOnClient{gates: map[string]chan struct{}{}, started: make(chan string, 8)}
 	// The recheck is a minute away: only a wake-up starts a waiting job
 	// in time.
-	h.c, err = NewClient(st, coord, &ClientConfig{KeyStore: keys, Service: service, MaxWorkers: workers,
-		PollInterval: 20 * time.Millisecond, RecheckInterval: time.Minute, ReconcileInterval: -1, StopGrace: 2 * time.Second})
+	h.c, err = NewClient(st, coord, &ClientConfig{KeyStore: keys, Service: service, MaxWorkers: cfg.workers, MaxWaiting: cfg.maxWaiting,
+		Logger: cfg.logger, PollInterval: 20 * time.Millisecond, RecheckInterval: time.Minute, ReconcileInterval: -1, StopGrace: 2 * time.Second})
 	require.NoError(t, err)
 	t.Cleanup(func() {
 		h.mu.Lock()
@@ -282,7 +291,7 @@ func TestClientStoppingHandsItsWakeUpOnWhileItHandsTheJobBack(t *testing.T) {
 	stall := &stallingStore{handingBack: make(chan struct{}), release: make(chan struct{})}
 	var releaseOnce sync.Once
 	release := func() { releaseOnce.Do(func() { close(stall.release) }) }
-	c1 := newHandOnClientWith(t, srv, service, 1, func(st Store) Store { stall.Store = st; return stall })
+	c1 := newHandOnClientConf(t, srv, service, handOnConfig{workers: 1, wrap: func(st Store) Store { stall.Store = st; return stall }})
 	c2 := newHandOnClient(t, srv, service, 4)
 	t.Cleanup(release) // before the clients' Stop (cleanups run last first)
 	ctx := context.Background()

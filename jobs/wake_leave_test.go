@@ -2,7 +2,6 @@ package jobs
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -11,66 +10,12 @@ import (
 	"testing"
 	"time"
 
-	"github.com/nats-io/nats-server/v2/server"
-	"github.com/nats-io/nats.go/jetstream"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
 	"github.com/jobkeys/jobkeys"
 	"github.com/jobkeys/jobkeys/internal/natstest"
 )
-
-// leaveConfig is what newLeaveClient sets beyond newHandOnClient.
-type leaveConfig struct {
-	workers, maxWaiting int
-	logger              *slog.Logger     // nil: none
-	keyNow              func() time.Time // the key coordinator's clock; nil: time.Now
-}
-
-// newLeaveClient is newHandOnClient (the same kind, policy and intervals)
-// with MaxWaiting, a logger and the key coordinator's clock of cfg.
-func newLeaveClient(t *testing.T, srv *server.Server, service string, cfg leaveConfig) *handOnClient {
-	t.Helper()
-	_, js := natstest.Connect(t, srv)
-	st, err := NewNATSStore(js, nil, WithBucket(fmt.Sprintf("JOBS_HL%d", natsBucketSeq.Add(1))), WithCreateBucket(jetstream.MemoryStorage, 1))
-	require.NoError(t, err)
-	keys, err := jobkeys.NewNATSStore(js, jobkeys.WithCreateBuckets(jetstream.MemoryStorage, 1), jobkeys.WithWakeUps(""))
-	require.NoError(t, err)
-	coord, err := jobkeys.NewCoordinator(keys, &jobkeys.Config{Now: cfg.keyNow})
-	require.NoError(t, err)
-	h := &handOnClient{gates: map[string]chan struct{}{}, started: make(chan string, 8)}
-	h.c, err = NewClient(st, coord, &ClientConfig{KeyStore: keys, Service: service, MaxWorkers: cfg.workers, MaxWaiting: cfg.maxWaiting,
-		Logger: cfg.logger, PollInterval: 20 * time.Millisecond, RecheckInterval: time.Minute, ReconcileInterval: -1, StopGrace: 2 * time.Second})
-	require.NoError(t, err)
-	t.Cleanup(func() {
-		h.mu.Lock()
-		for id, g := range h.gates {
-			close(g)
-			delete(h.gates, id)
-		}
-		h.mu.Unlock()
-		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-		defer cancel()
-		assert.NoError(t, h.c.Stop(ctx))
-	})
-	p := jobkeys.Policy{Key: []string{"/doc"}, MaxActive: 1, MaxQueuedPerKey: 5,
-		HeartbeatInterval: 50 * time.Millisecond, HeartbeatTTL: 2 * time.Minute}
-	require.NoError(t, Register(h.c, Kind[json.RawMessage, string]{Type: "w", Policy: p,
-		Work: func(ctx context.Context, run *Run, in json.RawMessage) (string, error) {
-			h.started <- run.Job().ID
-			h.mu.Lock()
-			g := h.gates[run.Job().ID]
-			h.mu.Unlock()
-			if g != nil {
-				select {
-				case <-g:
-				case <-ctx.Done():
-				}
-			}
-			return "", nil
-		}}))
-	return h
-}
 
 // logHook is a slog handler that records every record's message and
 // "job" and "err" attributes, and holds the goroutine that logs the
@@ -173,7 +118,7 @@ func TestClientJobLeavingAFullWaitingListHandsItsWakeUpOn(t *testing.T) {
 	srv := natstest.Run(t)
 	service := fmt.Sprintf("hl%d", natsBucketSeq.Add(1))
 	hook := newLogHook("a", 2)
-	c1 := newLeaveClient(t, srv, service, leaveConfig{workers: 2, maxWaiting: 1, logger: slog.New(hook)})
+	c1 := newHandOnClientConf(t, srv, service, handOnConfig{workers: 2, maxWaiting: 1, logger: slog.New(hook)})
 	c2 := newHandOnClient(t, srv, service, 4)
 	t.Cleanup(hook.release) // before the clients' Stop (cleanups run last first)
 	ctx := context.Background()
@@ -236,7 +181,7 @@ func TestClientWokenJobLeavingOnAKeyLayerErrorHandsItsWakeUpOn(t *testing.T) {
 		return time.Now()
 	}
 	hook := newLogHook("", 0)
-	c1 := newLeaveClient(t, srv, service, leaveConfig{workers: 1, logger: slog.New(hook), keyNow: keyNow})
+	c1 := newHandOnClientConf(t, srv, service, handOnConfig{workers: 1, logger: slog.New(hook), keyNow: keyNow})
 	c2 := newHandOnClient(t, srv, service, 4)
 
 	wokenWaitingForToken(t, c1, c2, false, true)
