@@ -646,6 +646,23 @@ func (h *wakeHub) retryChain(c *wakeChain, reply string) {
 	h.act(c, reply, &acts)
 }
 
+// answerNoWaiter answers wake-up m, which the server delivered to this
+// store's subscription but no waiter took (each stopped: its Run's wait
+// ended while its UNSUB was not at the server yet), as the server answers
+// one that finds no subscription: "no responders" (status 503, header
+// Nats-Subject naming m's subject), which moves its chain on to the next
+// target (see onReply). The server answers nothing for a message it
+// delivered, so without this the chain waited for an answer until its
+// delivery state expired, and a wake-up sent again for that revision was
+// taken for one still out to the job (see coveredLocked). An error means
+// the connection is closed: the publisher's chain then expires.
+func (h *wakeHub) answerNoWaiter(m *nats.Msg) {
+	a := nats.NewMsg(m.Reply)
+	a.Header.Set("Status", "503")
+	a.Header.Set("Nats-Subject", m.Subject)
+	_ = h.nc.PublishMsg(a)
+}
+
 // onReply handles an answer to a published wake-up: "no responders" (status
 // 503, header Nats-Subject naming the target) moves its chain on to the
 // next target.
@@ -866,6 +883,8 @@ func (h *wakeHub) dispatch(d *wakeDispatcher) {
 			}
 			if handed {
 				h.received.Add(1)
+			} else if m.Reply != "" {
+				h.answerNoWaiter(m)
 			}
 			clear(waiters)
 			waiters = waiters[:0]

@@ -77,3 +77,76 @@ func TestHeldWakeUpFlushedBeforeConnectionCloses(t *testing.T) {
 	pub, _, _, _ := WakeCountsOf(f.a)
 	assert.NotZero(t, pub, "the release's wake-up was published")
 }
+
+// stopWaiterOnly marks the waiters of job's wake-up subject on store s
+// stopped without unsubscribing: the state of a Run whose wait ends (its
+// context, or a try its recheck started) while its UNSUB is not at the
+// server yet. A wake-up the server delivers to the subscription then is
+// handed to nobody.
+func (f *natsWakeFixture) stopWaiterOnly(t *testing.T, s *NATSStore, job string) {
+	t.Helper()
+	h := s.wake
+	h.mu.Lock()
+	e := h.subs[h.subject(s.BucketName(f.service), f.kvKey, job)]
+	require.NotNil(t, e, "job %s waits on the store", job)
+	ws := append([]*wakeWaiter(nil), e.waiters...)
+	h.mu.Unlock()
+	for _, w := range ws {
+		w.mu.Lock()
+		w.stopped = true
+		w.mu.Unlock()
+	}
+}
+
+// TestWakeUpHandedToNobodyMovesOn: a wake-up the server delivers to a
+// subscription whose waiters all stopped (their UNSUB not at the server
+// yet) is answered as "no responders" by the store that has it, so that
+// it moves on to the next job, which waits: the server answers nothing
+// for a subscription it still has, and the wake-up stayed with a job
+// nobody waits for until its delivery state expired.
+func TestWakeUpHandedToNobodyMovesOn(t *testing.T) {
+	t.Parallel()
+	f := newNATSWakeFixture(t)
+	a, _ := f.store(t)
+	b, ncB := f.store(t)
+	f.wait(t, b, ncB, "j1")
+	l2, _ := f.wait(t, b, ncB, "j2")
+	f.stopWaiterOnly(t, b, "j1")
+	a.publishWakes(f.service, f.kvKey, []byte("s"), 1, []string{"j1", "j2"}, 1)
+	got := l2.next(t, "j2's wake-up, past j1, whose waiter stopped")
+	assert.Equal(t, uint64(1), got.rev)
+}
+
+// TestWakeUpsAgainAfterCopyHandedToNobody: a wake-up sent again (a Run
+// blocked in turn behind j1, see KeyCoordinator.wakeAhead) after the
+// first copy of that revision was handed to nobody at j1 (its waiter
+// stopped before its UNSUB reached the server; it is gone now) reaches
+// the job that sent it again. It was taken for a copy still out to j1
+// (coveredLocked), and not sent at all.
+func TestWakeUpsAgainAfterCopyHandedToNobody(t *testing.T) {
+	t.Parallel()
+	f := newNATSWakeFixture(t)
+	a, _ := f.store(t)
+	b, ncB := f.store(t)
+	_, stop1 := f.wait(t, b, ncB, "j1")
+	l2, _ := f.wait(t, b, ncB, "j2")
+	f.stopWaiterOnly(t, b, "j1")
+	// A marker on another key: once its waiter on b has it, b had the
+	// copy to j1 first (one connection's messages reach b in order, and
+	// b's dispatcher hands them over in order).
+	other, err := DeriveKey(f.service, "render", []byte(`{"t":"other"}`), []string{"/t"})
+	require.NoError(t, err)
+	lm := newNATSWakeLog()
+	stopM, err := b.subscribeWake(f.service, other.KVKey, "m", lm.fn)
+	require.NoError(t, err)
+	defer stopM()
+	require.NoError(t, ncB.Flush())
+	a.publishWakes(f.service, f.kvKey, []byte("s"), 1, []string{"j1"}, 1)
+	a.publishWakes(f.service, other.KVKey, []byte("m"), 1, []string{"m"}, 1)
+	lm.next(t, "the marker")
+	stop1()
+	require.NoError(t, ncB.Flush())
+	a.publishWakesAgain(f.service, f.kvKey, []byte("s"), 1, []string{"j1", "j2"}, 1)
+	got := l2.next(t, "j2's wake-up, sent again past j1")
+	assert.Equal(t, uint64(1), got.rev)
+}
