@@ -150,3 +150,21 @@ func TestWakeUpsAgainAfterCopyHandedToNobody(t *testing.T) {
 	got := l2.next(t, "j2's wake-up, sent again past j1")
 	assert.Equal(t, uint64(1), got.rev)
 }
+
+// TestLocalWakeUpHandedToNobodyMovesOn: a wake-up handed in memory to a
+// job whose waiters of this store all stopped between the walk that chose
+// them and the hand-over moves on to the next job, which waits, as a "no
+// responders" answer would move it: it counted as delivered, and stayed
+// with a job nobody waits for.
+func TestLocalWakeUpHandedToNobodyMovesOn(t *testing.T) {
+	t.Parallel()
+	f := newNATSWakeFixture(t)
+	a, ncA := f.store(t)
+	f.wait(t, a, ncA, "j1")
+	l2, _ := f.wait(t, a, ncA, "j2")
+	f.stopWaiterOnly(t, a, "j1")
+	a.publishWakes(f.service, f.kvKey, []byte("s"), 1, []string{"j1", "j2"}, 1)
+	got := l2.next(t, "j2's wake-up, past j1, whose waiter stopped")
+	assert.Equal(t, uint64(1), got.rev)
+	assert.Equal(t, uint64(1), a.wakeCounters().Local, "wake-ups handed over in memory")
+}
