@@ -521,7 +521,10 @@ func (h *wakeHub) startKeyLocked(key string, value []byte, rev uint64, targets [
 // slots: a state of one revision is one state), and goes on from there,
 // over the same remaining targets, as answers come in; a target c
 // delivered to is one the wake-up sent again would have delivered to
-// first. Only the second copy of a delivery is not made.
+// first. Only the second copy of a delivery is not made. A copy that
+// reached a subscription of a job none of whose waiters took it is not
+// left awaiting an answer: it is answered "no responders" (see
+// answerNoWaiter; in memory, moveOnLocal), and c moves on past it.
 func (h *wakeHub) coveredLocked(c *wakeChain, targets []string, free int) bool {
 	if c.done || c.sent+c.delivered == 0 || c.next > len(targets) {
 		return false

@@ -198,7 +198,10 @@ func (c *KeyCoordinator) publishWakes(key JobKey, prev, st *KeyState, rev uint64
 // queued before w that w's free slots are for. The proof of
 // wakeTrustSent holds: a held wake-up is sent later, never earlier, and
 // every delay only moves the resends later; one dropped is replaced by
-// the wake-up of a write committed after it.
+// the wake-up of a write committed after it. A connection closed while a
+// wake-up is held would lose it (nats.Conn.Close sends nothing more, but
+// flushes what was sent before): a worker that shuts down sends held
+// wake-ups first (KeyCoordinator.FlushWakeUps; jobs.Client.Stop does).
 const wakeHold = 200 * time.Microsecond
 
 // wakeHoldMisses is how many held wake-ups in a row no write followed
