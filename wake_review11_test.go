@@ -2,6 +2,7 @@ package jobkeys
 
 import (
 	"context"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -167,4 +168,98 @@ func TestLocalWakeUpHandedToNobodyMovesOn(t *testing.T) {
 	got := l2.next(t, "j2's wake-up, past j1, whose waiter stopped")
 	assert.Equal(t, uint64(1), got.rev)
 	assert.Equal(t, uint64(1), a.wakeCounters().Local, "wake-ups handed over in memory")
+}
+
+// gateStore is a NATSStore (its wake-ups too) whose next Update, once
+// armed, waits for its context to end and fails with its error, writing
+// nothing.
+type gateStore struct {
+	*NATSStore
+	armed   *atomic.Bool
+	entered chan struct{}
+}
+
+func (s gateStore) Update(ctx context.Context, service, key string, value []byte, revision uint64) (uint64, error) {
+	if s.armed.CompareAndSwap(true, false) {
+		close(s.entered)
+		<-ctx.Done()
+		return 0, ctx.Err()
+	}
+	return s.NATSStore.Update(ctx, service, key, value, revision)
+}
+
+// TestHeldWakeUpSentWhenFollowingWriteFails: a release's wake-up held
+// while a write of the same coordinator that began meanwhile is under way
+// (see wakeHold) is sent once that write fails, writing nothing, after
+// the hold passed: the job waiting in another process for the slot gets
+// it, and not from its recheck.
+func TestHeldWakeUpSentWhenFollowingWriteFails(t *testing.T) {
+	t.Parallel()
+	f := &jobWakeFixture{natsWakeFixture: newNATSWakeFixture(t)}
+	f.a, _ = f.store(t, WithCreateBuckets(0, 1))
+	f.b, _ = f.store(t)
+	p := Policy{Key: []string{"/t"}, MaxActive: 1, MaxQueuedPerKey: 5}
+	gate := gateStore{NATSStore: f.a, armed: new(atomic.Bool), entered: make(chan struct{})}
+	ca, err := NewCoordinator(gate, nil)
+	require.NoError(t, err)
+	require.NotNil(t, ca.wakes, "the coordinator has the store's wake-ups")
+	ca.wakeHold = 5 * time.Millisecond
+	f.jta, err = ca.JobType(f.service, "render", p)
+	require.NoError(t, err)
+	cb, err := NewCoordinator(f.b, nil)
+	require.NoError(t, err)
+	f.jtb, err = cb.JobType(f.service, "render", p)
+	require.NoError(t, err)
+	f.wb, err = NewWatcher(f.b)
+	require.NoError(t, err)
+	t.Cleanup(f.wb.Close)
+
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	_, err = f.jta.Admit(ctx, "h", jobWakePayload)
+	require.NoError(t, err)
+	acq, err := f.jta.Acquire(ctx, "h", jobWakePayload)
+	require.NoError(t, err)
+	require.Equal(t, KindAcquired, acq.Kind)
+	_, err = f.jtb.Admit(ctx, "x", jobWakePayload)
+	require.NoError(t, err)
+	r, err := NewRunner(f.jtb, &RunnerConfig{Watcher: f.wb, RecheckInterval: time.Hour})
+	require.NoError(t, err)
+	done := make(chan error, 1)
+	go func() {
+		_, err := r.Run(ctx, "x", jobWakePayload, func(context.Context, Lease) error { return nil })
+		done <- err
+	}()
+	require.Eventually(t, func() bool { return f.wb.wakeSubscriptions() == 1 }, rtWait, time.Millisecond, "x waits")
+	time.Sleep(20 * time.Millisecond) // x's try after subscribing
+	// The coordinator knows the key: the release writes without a read,
+	// and so does the admission that follows (an Update each).
+	rel, err := f.jta.Release(ctx, acq.Lease)
+	require.NoError(t, err)
+	require.Equal(t, KindReleased, rel.Kind)
+	e := ca.keys.entry(f.kvKey)
+	require.NotNil(t, e)
+	gate.armed.Store(true)
+	actx, acancel := context.WithCancel(ctx)
+	admitted := make(chan error, 1)
+	go func() {
+		_, err := f.jta.Admit(actx, "y", jobWakePayload)
+		admitted <- err
+	}()
+	recv(t, gate.entered, "the admission's write")
+	select {
+	case err := <-done:
+		t.Fatalf("x's Run ended (%v) while the release's wake-up was held", err)
+	default:
+	}
+	// Past the hold: the write under way keeps it held.
+	require.Eventually(t, func() bool {
+		e.wakeMu.Lock()
+		defer e.wakeMu.Unlock()
+		return e.held != nil && e.held.expired
+	}, rtWait, time.Millisecond, "the hold passes during the admission's write")
+	acancel()
+	require.ErrorIs(t, recv(t, admitted, "the admission"), context.Canceled)
+	require.NoError(t, recv(t, done, "x's Run, woken by the held wake-up once the write failed"))
+	assert.Zero(t, r.rechecks.Load(), "x was not woken by a wake-up")
 }
