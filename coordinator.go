@@ -220,6 +220,10 @@ type KeyCoordinator struct {
 	// held for a write that may follow (see the constant wakeHold; tests
 	// may change it before the coordinator is used).
 	wakeHold time.Duration
+	// heldMu guards held, the wake-ups its keys' entries hold now (see
+	// wakeHold), for FlushWakeUps. Taken after a key entry's wakeMu.
+	heldMu sync.Mutex
+	held   map[*heldWake]struct{}
 }
 
 // NewCoordinator returns a coordinator over store. cfg may be nil for the

@@ -833,17 +833,20 @@ func (e *keyEntry) holdWake(h *heldWake) bool {
 			return false
 		}
 	}
-	e.held = h
+	e.held, h.e = h, e
+	h.c.heldMu.Lock()
+	if h.c.held == nil {
+		h.c.held = make(map[*heldWake]struct{})
+	}
+	h.c.held[h] = struct{}{}
+	h.c.heldMu.Unlock()
 	e.wakeMu.Unlock()
 	time.AfterFunc(h.c.wakeHold, func() {
 		e.wakeMu.Lock()
 		send := !h.done && h.holders == 0
 		h.expired = true
 		if send {
-			h.done = true
-			if e.held == h {
-				e.held = nil
-			}
+			e.endHeldLocked(h)
 			e.holdMisses++
 		}
 		e.wakeMu.Unlock()
@@ -864,10 +867,24 @@ func (e *keyEntry) dropHeldWake(rev uint64) {
 
 func (e *keyEntry) dropHeldLocked(rev uint64) {
 	if h := e.held; h != nil && h.rev < rev {
-		h.done = true
-		e.held = nil
+		e.endHeldLocked(h)
 		e.holdMisses, e.holdSkips = 0, 0 // a write followed it
 	}
+}
+
+// endHeldLocked ends h, a wake-up e holds or held: it is sent by the
+// caller, or dropped. Called with e.wakeMu held.
+func (e *keyEntry) endHeldLocked(h *heldWake) {
+	if h.done {
+		return
+	}
+	h.done = true
+	if e.held == h {
+		e.held = nil
+	}
+	h.c.heldMu.Lock()
+	delete(h.c.held, h)
+	h.c.heldMu.Unlock()
 }
 
 // holdWakeFor keeps the held wake-up, if any, held while a write of the
@@ -888,10 +905,7 @@ func (e *keyEntry) holdWakeFor() func() {
 		h.holders--
 		send := !h.done && h.holders == 0 && h.expired
 		if send {
-			h.done = true
-			if e.held == h {
-				e.held = nil
-			}
+			e.endHeldLocked(h)
 			e.holdMisses++ // the write superseded nothing
 		}
 		e.wakeMu.Unlock()

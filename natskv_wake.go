@@ -295,6 +295,11 @@ type wakeTarget struct {
 type wakeActions struct {
 	payload []byte // the chain's, which it drops when it ends
 	local   []*wakeWaiter
+	localTo []int // the target of each of local (an index in the chain's targets)
+	// rest, when the walk ended the chain (every target it took handed
+	// over in memory), is its targets it did not take, for a hand-over
+	// no waiter took to move on to (see moveOnLocal).
+	rest    []wakeTarget
 	publish []string // subjects
 	// retry schedules the chain's next resend, retryAfter from now.
 	retry      bool
@@ -443,9 +448,13 @@ func (h *wakeHub) publish(bucket, kvKey string, value []byte, rev uint64, target
 // startLocked makes the chain of a wake-up and walks it (see publish); nil
 // when a state of the key at rev or newer was published already.
 func (h *wakeHub) startLocked(bucket, kvKey string, value []byte, rev uint64, targets []string, free int, now time.Time, again bool) (*wakeChain, wakeActions) {
+	return h.startKeyLocked(h.prefix+bucket+"."+kvKey+".", value, rev, targets, free, now, again)
+}
+
+// startKeyLocked is startLocked for the chain key key (see wakeChain.key).
+func (h *wakeHub) startKeyLocked(key string, value []byte, rev uint64, targets []string, free int, now time.Time, again bool) (*wakeChain, wakeActions) {
 	var acts wakeActions
 	h.expireLocked(now)
-	key := h.prefix + bucket + "." + kvKey + "."
 	// waitRetry: sent again while the wake-up it ends, of the same
 	// revision, waits for its retry (it found no waiter; one may be
 	// subscribing): it waits in its stead, and then walks its targets
@@ -512,7 +521,10 @@ func (h *wakeHub) startLocked(bucket, kvKey string, value []byte, rev uint64, ta
 // slots: a state of one revision is one state), and goes on from there,
 // over the same remaining targets, as answers come in; a target c
 // delivered to is one the wake-up sent again would have delivered to
-// first. Only the second copy of a delivery is not made.
+// first. Only the second copy of a delivery is not made. A copy that
+// reached a subscription of a job none of whose waiters took it is not
+// left awaiting an answer: it is answered "no responders" (see
+// answerNoWaiter; in memory, moveOnLocal), and c moves on past it.
 func (h *wakeHub) coveredLocked(c *wakeChain, targets []string, free int) bool {
 	if c.done || c.sent+c.delivered == 0 || c.next > len(targets) {
 		return false
@@ -568,6 +580,9 @@ func (h *wakeHub) walkLocked(c *wakeChain, acts *wakeActions) {
 			tg.state = wakeLocal
 			c.delivered++
 			acts.local = append(acts.local, e.waiters...)
+			for range e.waiters {
+				acts.localTo = append(acts.localTo, c.next-1)
+			}
 			continue
 		}
 		tg.state = wakeSent
@@ -582,18 +597,35 @@ func (h *wakeHub) walkLocked(c *wakeChain, acts *wakeActions) {
 		acts.retry, acts.retryAfter = true, h.resendDelay(c.resends)
 		return
 	}
+	if len(acts.local) > 0 {
+		acts.rest = c.targets[c.next:] // endLocked drops c.targets, not the array
+	}
 	h.endLocked(c)
 }
 
 // act does what a walk of c decided, outside the hub's lock.
 func (h *wakeHub) act(c *wakeChain, reply string, acts *wakeActions) {
+	var missed []int // targets none of whose waiters took it
 	if len(acts.local) > 0 {
 		value, rev := acts.payload[wakeRevLen:], c.rev
-		for _, w := range acts.local {
-			if w.deliver(value, rev) {
-				h.local.Add(1)
+		for i := 0; i < len(acts.local); {
+			tg, took := acts.localTo[i], false
+			for ; i < len(acts.local) && acts.localTo[i] == tg; i++ {
+				if acts.local[i].deliver(value, rev) {
+					h.local.Add(1)
+					took = true
+				}
+			}
+			if !took {
+				missed = append(missed, tg)
 			}
 		}
+	}
+	if len(missed) > 0 {
+		// Its waiters stopped since the walk chose it: move on, as a
+		// "no responders" answer does (see answerNoWaiter), once this
+		// walk's other actions are done.
+		defer h.moveOnLocal(c, reply, missed, acts)
 	}
 	if len(acts.publish) > 0 {
 		replyTo := reply + strconv.FormatUint(c.id, 10)
@@ -614,6 +646,51 @@ func (h *wakeHub) act(c *wakeChain, reply string, acts *wakeActions) {
 	}
 	if acts.retry {
 		time.AfterFunc(acts.retryAfter, func() { h.retryChain(c, reply) })
+	}
+}
+
+// moveOnLocal moves chain c on past its targets missed, handed in memory
+// (by the walk whose actions were done) to waiters that had all stopped
+// (see act), as onReply moves it on past a target that answered "no
+// responders". A chain that walk ended (it handed every target it took
+// over in memory) goes on as a wake-up of the same state sent again to
+// the targets it did not take, one for each missed, unless a newer state
+// of its key went out meanwhile (see startLocked).
+func (h *wakeHub) moveOnLocal(c *wakeChain, reply string, missed []int, done *wakeActions) {
+	var acts wakeActions
+	h.mu.Lock()
+	if c.done {
+		if len(done.rest) == 0 || h.latest[c.key] != c {
+			h.mu.Unlock()
+			return
+		}
+		targets := make([]string, len(done.rest))
+		for k := range done.rest {
+			targets[k] = done.rest[k].job
+		}
+		next, nextActs := h.startKeyLocked(c.key, done.payload[wakeRevLen:], c.rev, targets, len(missed), time.Now(), true)
+		h.mu.Unlock()
+		if next != nil {
+			h.act(next, reply, &nextActs)
+		}
+		return
+	}
+	moved := false
+	for _, i := range missed {
+		// Still handed over: a chain that walks its targets again
+		// (retryChain) has none so.
+		if i < len(c.targets) && c.targets[i].state == wakeLocal {
+			c.targets[i].state = wakeNoWaiter
+			c.delivered--
+			moved = true
+		}
+	}
+	if moved {
+		h.walkLocked(c, &acts)
+	}
+	h.mu.Unlock()
+	if moved {
+		h.act(c, reply, &acts)
 	}
 }
 
@@ -644,6 +721,23 @@ func (h *wakeHub) retryChain(c *wakeChain, reply string) {
 	h.walkLocked(c, &acts)
 	h.mu.Unlock()
 	h.act(c, reply, &acts)
+}
+
+// answerNoWaiter answers wake-up m, which the server delivered to this
+// store's subscription but no waiter took (each stopped: its Run's wait
+// ended while its UNSUB was not at the server yet), as the server answers
+// one that finds no subscription: "no responders" (status 503, header
+// Nats-Subject naming m's subject), which moves its chain on to the next
+// target (see onReply). The server answers nothing for a message it
+// delivered, so without this the chain waited for an answer until its
+// delivery state expired, and a wake-up sent again for that revision was
+// taken for one still out to the job (see coveredLocked). An error means
+// the connection is closed: the publisher's chain then expires.
+func (h *wakeHub) answerNoWaiter(m *nats.Msg) {
+	a := nats.NewMsg(m.Reply)
+	a.Header.Set("Status", "503")
+	a.Header.Set("Nats-Subject", m.Subject)
+	_ = h.nc.PublishMsg(a)
 }
 
 // onReply handles an answer to a published wake-up: "no responders" (status
@@ -866,6 +960,8 @@ func (h *wakeHub) dispatch(d *wakeDispatcher) {
 			}
 			if handed {
 				h.received.Add(1)
+			} else if m.Reply != "" {
+				h.answerNoWaiter(m)
 			}
 			clear(waiters)
 			waiters = waiters[:0]

@@ -198,7 +198,10 @@ func (c *KeyCoordinator) publishWakes(key JobKey, prev, st *KeyState, rev uint64
 // queued before w that w's free slots are for. The proof of
 // wakeTrustSent holds: a held wake-up is sent later, never earlier, and
 // every delay only moves the resends later; one dropped is replaced by
-// the wake-up of a write committed after it.
+// the wake-up of a write committed after it. A connection closed while a
+// wake-up is held would lose it (nats.Conn.Close sends nothing more, but
+// flushes what was sent before): a worker that shuts down sends held
+// wake-ups first (KeyCoordinator.FlushWakeUps; jobs.Client.Stop does).
 const wakeHold = 200 * time.Microsecond
 
 // wakeHoldMisses is how many held wake-ups in a row no write followed
@@ -212,6 +215,7 @@ const (
 // heldWake is a wake-up publishWakes holds (see wakeHold).
 type heldWake struct {
 	c       *KeyCoordinator
+	e       *keyEntry // the entry that holds it, set by holdWake
 	key     JobKey
 	rev     uint64
 	value   []byte
@@ -226,6 +230,35 @@ type heldWake struct {
 // send publishes h.
 func (h *heldWake) send() {
 	h.c.wakes.publishWakes(h.key.Service, h.key.KVKey, h.value, h.rev, h.targets, h.free)
+}
+
+// FlushWakeUps sends at once the wake-ups the coordinator holds back. Over
+// a store with targeted wake-ups (see [WithWakeUps]), the wake-up of a
+// write that freed a slot for a job waiting in another process (a
+// release, typically) is held for a fraction of a millisecond, for a
+// write of this coordinator's on the key that may follow (the releasing
+// worker's next admission), whose wake-up then replaces it. Closing the
+// store's connection meanwhile (nats.Conn.Close publishes nothing more)
+// loses it: the job waits for its Runner's recheck (RecheckInterval). So
+// a worker that shuts down calls FlushWakeUps after its last release,
+// before it closes the connection. A coordinator without wake-ups holds
+// none. Safe for concurrent use, also with the coordinator's operations.
+func (c *KeyCoordinator) FlushWakeUps() {
+	c.heldMu.Lock()
+	held := make([]*heldWake, 0, len(c.held))
+	for h := range c.held {
+		held = append(held, h)
+	}
+	c.heldMu.Unlock()
+	for _, h := range held {
+		h.e.wakeMu.Lock()
+		send := !h.done
+		h.e.endHeldLocked(h)
+		h.e.wakeMu.Unlock()
+		if send {
+			h.send()
+		}
+	}
 }
 
 // wakeAhead sends, for a Run of job jobID blocked in turn (see

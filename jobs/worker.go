@@ -104,6 +104,9 @@ func (c *Client) Stop(ctx context.Context) error {
 		err = ctx.Err()
 	}
 	cleanup := func() {
+		// Every slot is released: their wake-ups go out before the
+		// caller closes the connection (see KeyCoordinator.FlushWakeUps).
+		c.coord.FlushWakeUps()
 		if c.watcher != nil {
 			c.watcher.Close()
 		}
