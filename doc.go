@@ -105,7 +105,10 @@
 //     change. Turn it on in every process's store (a writer without it
 //     sends no wake-ups, and waiters fall back to their recheck). Within
 //     one process the watch does about as well: it pays where processes
-//     share keys.
+//     share keys. A worker shutting down calls
+//     [KeyCoordinator.FlushWakeUps] after its last release, before it
+//     closes the connection (a release's wake-up may be held back a
+//     fraction of a millisecond; the jobs Client's Stop does this).
 //   - [WithQueueTurn], [Watcher.SubscribeJob] and [JobType.PassWakeUp] only
 //     for a worker runtime of one's own over wake-ups: a [Runner] and the
 //     jobs Client already wait that way.

@@ -511,6 +511,8 @@ func ExampleWatcher_SubscribeJob() {
 		fmt.Println(err)
 		return
 	}
+	// Before the connection closes, send the wake-ups a release holds back.
+	defer coord.FlushWakeUps()
 	jt, err := coord.JobType("billing", "sync", jobkeys.Policy{Key: []string{"/tenant"}, MaxActive: 1, MaxQueuedPerKey: 1})
 	if err != nil {
 		fmt.Println(err)
