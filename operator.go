@@ -113,7 +113,9 @@ type RepairOutcome struct {
 // the key is no longer at req.Revision nothing is written and the error
 // wraps [ErrRevisionConflict]: inspect it again. Deleting state that holds
 // live slots lets their jobs' keys run more jobs than MaxActive until
-// those jobs finish; the operator decides.
+// those jobs finish; the operator decides. A replacement that leaves
+// slots free wakes the queued jobs they are for, as any write does
+// (targeted wake-ups included, see [WithWakeUps]).
 func (c *KeyCoordinator) Repair(ctx context.Context, req RepairRequest) (_ RepairOutcome, err error) {
 	defer c.obs.repaired(ctx, req.Service, req.KVKey, c.obs.begin(), req.Replacement == nil || req.Replacement.Empty(), &err)
 	key, err := operatorKey(req.Service, req.KVKey)
@@ -172,7 +174,20 @@ func (c *KeyCoordinator) Repair(ctx context.Context, req RepairRequest) (_ Repai
 		out.Deleted = true
 		e.commit(nil, 0, c.cfg.RetryBackoff)
 	} else {
-		e.commit(snapshot(req.Replacement), out.Revision, c.cfg.RetryBackoff)
+		st := snapshot(req.Replacement)
+		e.commit(st, out.Revision, c.cfg.RetryBackoff)
+		// Slots the replacement frees wake the jobs they are for, as any
+		// write's do: this process's waiters now, others by their wake-ups.
+		c.keys.handoff(key.KVKey, st, out.Revision)
+		if c.wakes != nil {
+			// The jobs queued before are those of the value replaced; all
+			// of the replacement's when that did not decode (corrupt).
+			before, err := decodeState(prev)
+			if err != nil {
+				before = st
+			}
+			c.publishWakes(key, before, st, out.Revision, value)
+		}
 	}
 	return out, nil
 }
