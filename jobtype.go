@@ -104,6 +104,11 @@ func (jt *JobType) Acquire(ctx context.Context, jobID string, payload any, opts 
 	if err != nil {
 		return Acquisition{}, err
 	}
+	return jt.acquire(ctx, key, jobID, opts)
+}
+
+// acquire is Acquire of job jobID, whose key (jt.key) is key.
+func (jt *JobType) acquire(ctx context.Context, key JobKey, jobID string, opts []AcquireOption) (Acquisition, error) {
 	req := AcquireRequest{Service: jt.service, JobType: jt.name, JobID: jobID}
 	for i, o := range opts {
 		if o == nil {

@@ -210,6 +210,8 @@ func (r *Runner) run(ctx context.Context, jobID string, payload any, handler Han
 // acquire gets a slot, waiting while blocked if wait is set, and says until
 // when (local clock) the lease lasts at least and how long it waited.
 func (r *Runner) acquire(ctx context.Context, jobID string, payload any, opts []AcquireOption, wait bool) (Acquisition, time.Time, time.Duration, error) {
+	// The job's key, derived once for every try (its error is each try's).
+	key, keyErr := r.jt.key(jobID, payload)
 	var sub *Subscription
 	defer func() {
 		if sub != nil {
@@ -250,7 +252,10 @@ func (r *Runner) acquire(ctx context.Context, jobID string, payload any, opts []
 		// The coordinator's clock reads later than start: the lease
 		// lasts at least TTL from start.
 		start := time.Now()
-		acq, err := r.jt.Acquire(actx, jobID, payload, opts...)
+		acq, err := Acquisition{}, keyErr
+		if err == nil {
+			acq, err = r.jt.acquire(actx, key, jobID, opts)
+		}
 		if seen, ahead = 0, 0; wt != nil {
 			seen, ahead = wt.rev, wt.ahead
 		}
@@ -274,7 +279,7 @@ func (r *Runner) acquire(ctx context.Context, jobID string, payload any, opts []
 		behind uint64
 	)
 	if trusted {
-		acq, behind = r.queuedBehind(jobID, payload, opts, wakes)
+		acq, behind = r.queuedBehind(key, keyErr, jobID, opts, wakes)
 	}
 	if behind == 0 {
 		acq, deadline, err = try(trusted, wakes)
@@ -385,7 +390,7 @@ func (r *Runner) acquire(ctx context.Context, jobID string, payload any, opts []
 				// turn first: it waits as if it had found the key busy
 				// just before that state.
 				var ahead Acquisition
-				if ahead, behind = r.queuedBehind(jobID, payload, opts, false); behind != 0 {
+				if ahead, behind = r.queuedBehind(key, keyErr, jobID, opts, false); behind != 0 {
 					acq = ahead
 					sub.rearm(behind - 1)
 				}
@@ -469,7 +474,7 @@ func (r *Runner) acquire(ctx context.Context, jobID string, payload any, opts []
 // the try reads), the job is among the first free queued ones or holds a
 // slot, or it is a retry (WithRetry), which the reducer lets take a slot
 // whether queued or not.
-func (r *Runner) queuedBehind(jobID string, payload any, opts []AcquireOption, cached bool) (Acquisition, uint64) {
+func (r *Runner) queuedBehind(key JobKey, keyErr error, jobID string, opts []AcquireOption, cached bool) (Acquisition, uint64) {
 	t := r.jt.coord.keys
 	if t.feeds.Load() == nil && !cached {
 		return Acquisition{}, 0 // no Runner of the coordinator waited through a Watcher: nothing fed
@@ -484,8 +489,7 @@ func (r *Runner) queuedBehind(jobID string, payload any, opts []AcquireOption, c
 	if req.Retry {
 		return Acquisition{}, 0
 	}
-	key, err := r.jt.key(jobID, payload)
-	if err != nil {
+	if keyErr != nil {
 		return Acquisition{}, 0 // the try reports it
 	}
 	return t.queuedBehind(key, jobID, r.policy.MaxActive, time.Now(), cached)
