@@ -204,23 +204,7 @@ func TestReleaseWakeUpHeldForFollowingAdmission(t *testing.T) {
 			}
 			ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 			defer cancel()
-			_, err := f.jta.Admit(ctx, "h", jobWakePayload)
-			require.NoError(t, err)
-			acq, err := f.jta.Acquire(ctx, "h", jobWakePayload)
-			require.NoError(t, err)
-			require.Equal(t, KindAcquired, acq.Kind)
-			_, err = f.jtb.Admit(ctx, "x", jobWakePayload)
-			require.NoError(t, err)
-			r, err := NewRunner(f.jtb, &RunnerConfig{Watcher: f.wb, RecheckInterval: time.Minute})
-			require.NoError(t, err)
-			done := make(chan error, 1)
-			go func() {
-				_, err := r.Run(ctx, "x", jobWakePayload, func(context.Context, Lease) error { return nil })
-				done <- err
-			}()
-			require.Eventually(t, func() bool { return f.wb.wakeSubscriptions() == 1 }, rtWait, time.Millisecond, "x waits")
-			// Let x's wait settle (its try after subscribing).
-			time.Sleep(20 * time.Millisecond)
+			acq, r, done := f.holdAndWaitBehind(t, ctx, time.Minute)
 			pubBefore, _, _, _ := WakeCountsOf(f.a)
 			_, _, _, recvBefore := WakeCountsOf(f.b)
 			rel, err := f.jta.Release(ctx, acq.Lease)
@@ -239,4 +223,29 @@ func TestReleaseWakeUpHeldForFollowingAdmission(t *testing.T) {
 			assert.Zero(t, r.rechecks.Load(), "x was not woken by a wake-up")
 		})
 	}
+}
+
+// holdAndWaitBehind has a hold job "h"'s slot and b run job "x", queued
+// behind it, in a Run with recheck, until x waits for its wake-ups. It
+// returns h's acquisition, x's Runner and the channel of the Run's error.
+func (f *jobWakeFixture) holdAndWaitBehind(t *testing.T, ctx context.Context, recheck time.Duration) (Acquisition, *Runner, chan error) {
+	t.Helper()
+	_, err := f.jta.Admit(ctx, "h", jobWakePayload)
+	require.NoError(t, err)
+	acq, err := f.jta.Acquire(ctx, "h", jobWakePayload)
+	require.NoError(t, err)
+	require.Equal(t, KindAcquired, acq.Kind)
+	_, err = f.jtb.Admit(ctx, "x", jobWakePayload)
+	require.NoError(t, err)
+	r, err := NewRunner(f.jtb, &RunnerConfig{Watcher: f.wb, RecheckInterval: recheck})
+	require.NoError(t, err)
+	done := make(chan error, 1)
+	go func() {
+		_, err := r.Run(ctx, "x", jobWakePayload, func(context.Context, Lease) error { return nil })
+		done <- err
+	}()
+	require.Eventually(t, func() bool { return f.wb.wakeSubscriptions() == 1 }, rtWait, time.Millisecond, "x waits")
+	// Let x's wait settle (its try after subscribing).
+	time.Sleep(20 * time.Millisecond)
+	return acq, r, done
 }

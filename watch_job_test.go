@@ -2,6 +2,7 @@ package jobkeys
 
 import (
 	"context"
+	"github.com/nats-io/nats.go"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -26,6 +27,7 @@ func WakeCountsOf(s *NATSStore) (published, local, noResponders, received uint64
 type jobWakeFixture struct {
 	*natsWakeFixture
 	a, b     *NATSStore
+	ncA      *nats.Conn // a's connection
 	jta, jtb *JobType
 	wb       *Watcher // over b
 }
@@ -35,7 +37,7 @@ var jobWakePayload = []byte(`{"t":"acme"}`)
 func newJobWakeFixture(t *testing.T) *jobWakeFixture {
 	t.Helper()
 	f := &jobWakeFixture{natsWakeFixture: newNATSWakeFixture(t)}
-	f.a, _ = f.store(t, WithCreateBuckets(0, 1))
+	f.a, f.ncA = f.store(t, WithCreateBuckets(0, 1))
 	f.b, _ = f.store(t)
 	p := Policy{Key: []string{"/t"}, MaxActive: 1, MaxQueuedPerKey: 5}
 	for _, x := range []struct {
