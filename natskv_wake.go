@@ -856,7 +856,7 @@ func (h *wakeHub) subscribe(subject string, fn func([]byte, uint64)) (func(), er
 		h.subClosed(e) // closed before its handler was set
 	}
 	if orphan {
-		_ = sub.Unsubscribe() // an error means it is closed already
+		_ = sub.Drain() // see stopper; an error means it is closed already
 		return h.stopper(e, w), nil
 	}
 	// Wait (briefly) for the server to have the subscription: a waiter
@@ -878,7 +878,14 @@ func (h *wakeHub) subscribe(subject string, fn func([]byte, uint64)) (func(), er
 	return h.stopper(e, w), nil
 }
 
-// stopper returns the stop function of waiter w on e.
+// stopper returns the stop function of waiter w on e. The last waiter's
+// stop drains the subscription rather than unsubscribing at once: a
+// wake-up the server delivers to it before the UNSUB reaches the server
+// must still come to the dispatcher, to be answered "no responders" (see
+// answerNoWaiter); nats.go drops a message for a subscription it has
+// removed, and the wake-up then waited for an answer until its delivery
+// state expired. The drain ends once the server answered a PING sent
+// after the UNSUB (every message it delivered before is in by then).
 func (h *wakeHub) stopper(e *wakeSubject, w *wakeWaiter) func() {
 	var once sync.Once
 	return func() {
@@ -899,7 +906,7 @@ func (h *wakeHub) stopper(e *wakeSubject, w *wakeWaiter) func() {
 			}
 			h.mu.Unlock()
 			if sub != nil {
-				_ = sub.Unsubscribe() // an error means it is closed already
+				_ = sub.Drain() // an error means it is closed already
 			}
 		})
 	}
