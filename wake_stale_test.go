@@ -128,30 +128,49 @@ func TestWithQueueTurnStaleBlockWakesTheJobAhead(t *testing.T) {
 // ("0 active, limit 2": as if both slots were free).
 func TestWakeLostOutcomeFiguresStaleBlock(t *testing.T) {
 	t.Parallel()
+	got, _, _ := wakeLostStaleBlock(t, "wakelostblock")
+	require.Equal(t, KindBlocked, got.Kind)
+	assert.Equal(t, 2, got.Limit)
+	assert.Equal(t, 2, got.Active, "both slots, expired but kept under Block")
+	assert.Equal(t, 2, got.Queued, "j2 and j3")
+}
+
+// wakeLostStaleBlockPolicy is the policy of wakeLostStaleBlock's key.
+var wakeLostStaleBlockPolicy = Policy{Key: benchPolicy.Key, MaxActive: 2, MaxQueuedPerKey: 8, StalePolicy: Block}
+
+// wakeLostStaleBlock sets the scene of a woken try that loses under
+// StalePolicy Block and returns its outcome, the state it lost to and the
+// key.
+// Coordinator b (on time) admits j0–j2 and gives j0 a slot; a, whose clock
+// runs an hour ahead (every lease b grants has expired by it), learns that
+// state (j0's slot expired but taken under Block, one slot free) by
+// admitting j3; b takes the free slot for j1, and that state reaches a
+// while a's woken try for j2, on the older state, fails.
+func wakeLostStaleBlock(t *testing.T, service string) (got Acquisition, lostTo *KeyState, key JobKey) {
+	t.Helper()
 	s := natstest.Run(t)
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
-	policy := Policy{Key: benchPolicy.Key, MaxActive: 2, MaxQueuedPerKey: 8, StalePolicy: Block}
-	service := jkService("wakelostblock")
+	policy := wakeLostStaleBlockPolicy
+	service = jkService(service)
 	payload := benchPayload(0)
 
 	var then func()
 	_, jsA := natstest.Connect(t, s)
 	nsA, err := NewNATSStore(jsA, WithCreateBuckets(jetstream.MemoryStorage, 1), WithWakeUps(""))
 	require.NoError(t, err)
-	// a's clock runs an hour ahead: every lease b grants has expired by it.
 	a, err := NewCoordinator(raceStore{Store: nsA, then: func() {
 		if then != nil {
 			then()
 		}
-	}}, &Config{Now: func() time.Time { return time.Now().Add(time.Hour) }, IgnoreClockSkew: true})
+	}}, &Config{Now: wakeLostStaleBlockNow, IgnoreClockSkew: true})
 	require.NoError(t, err)
 	b := wakeReadsCoord(t, s, nil)
 	ja, err := a.JobType(service, benchJobType, policy)
 	require.NoError(t, err)
 	jb, err := b.JobType(service, benchJobType, policy)
 	require.NoError(t, err)
-	key, err := ja.Key(payload)
+	key, err = ja.Key(payload)
 	require.NoError(t, err)
 	for _, id := range []string{"j0", "j1", "j2"} {
 		adm, err := jb.Admit(ctx, id, payload)
@@ -161,12 +180,8 @@ func TestWakeLostOutcomeFiguresStaleBlock(t *testing.T) {
 	acq, err := jb.Acquire(ctx, "j0", payload)
 	require.NoError(t, err)
 	require.Equal(t, KindAcquired, acq.Kind)
-	// a learns the state with j0's slot (expired by its clock, taken under
-	// Block) and one slot free.
 	_, err = ja.Admit(ctx, "j3", payload)
 	require.NoError(t, err)
-	// b takes the free slot for j1; its state reaches a while a's write
-	// on the older state fails.
 	acq, err = jb.Acquire(ctx, "j1", payload)
 	require.NoError(t, err)
 	require.Equal(t, KindAcquired, acq.Kind)
@@ -175,14 +190,17 @@ func TestWakeLostOutcomeFiguresStaleBlock(t *testing.T) {
 		require.NoError(t, err)
 		st, err := decodeState(value)
 		require.NoError(t, err)
+		lostTo = st
 		e := a.keys.entry(key.KVKey)
 		e.observe(st, rev, e.feedMark())
 	}
 	wt := &waitTry{wake: true}
-	got, err := ja.Acquire(withWaitTry(ctx, wt), "j2", payload)
+	got, err = ja.Acquire(withWaitTry(ctx, wt), "j2", payload)
 	require.NoError(t, err)
-	require.Equal(t, KindBlocked, got.Kind)
-	assert.Equal(t, 2, got.Limit)
-	assert.Equal(t, 2, got.Active, "both slots, expired but kept under Block")
-	assert.Equal(t, 2, got.Queued, "j2 and j3")
+	require.NotNil(t, lostTo, "the try's write lost")
+	return got, lostTo, key
 }
+
+// wakeLostStaleBlockNow is the clock of wakeLostStaleBlock's coordinator a:
+// an hour ahead.
+func wakeLostStaleBlockNow() time.Time { return time.Now().Add(time.Hour) }

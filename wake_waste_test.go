@@ -6,11 +6,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/nats-io/nats.go/jetstream"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
-
-	"github.com/jobkeys/jobkeys/internal/natstest"
 )
 
 // TestPublishWakesStaleBlockFreesNoSlot: under StalePolicy Block an expired
@@ -80,59 +77,8 @@ func TestPublishWakesStaleBlockFreesNoSlot(t *testing.T) {
 // ReasonActiveLimit, and the figures are the reducer's.
 func TestWakeLostOutcomeAgreesWithReducerStaleBlock(t *testing.T) {
 	t.Parallel()
-	s := natstest.Run(t)
-	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
-	defer cancel()
-	policy := Policy{Key: benchPolicy.Key, MaxActive: 2, MaxQueuedPerKey: 8, StalePolicy: Block}
-	service := jkService("wakelostreason")
-	payload := benchPayload(0)
-
-	var then func()
-	_, jsA := natstest.Connect(t, s)
-	nsA, err := NewNATSStore(jsA, WithCreateBuckets(jetstream.MemoryStorage, 1), WithWakeUps(""))
-	require.NoError(t, err)
-	ahead := func() time.Time { return time.Now().Add(time.Hour) }
-	a, err := NewCoordinator(raceStore{Store: nsA, then: func() {
-		if then != nil {
-			then()
-		}
-	}}, &Config{Now: ahead, IgnoreClockSkew: true})
-	require.NoError(t, err)
-	b := wakeReadsCoord(t, s, nil)
-	ja, err := a.JobType(service, benchJobType, policy)
-	require.NoError(t, err)
-	jb, err := b.JobType(service, benchJobType, policy)
-	require.NoError(t, err)
-	key, err := ja.Key(payload)
-	require.NoError(t, err)
-	for _, id := range []string{"j0", "j1", "j2"} {
-		adm, err := jb.Admit(ctx, id, payload)
-		require.NoError(t, err)
-		require.Equal(t, KindAccepted, adm.Kind)
-	}
-	acq, err := jb.Acquire(ctx, "j0", payload)
-	require.NoError(t, err)
-	require.Equal(t, KindAcquired, acq.Kind)
-	_, err = ja.Admit(ctx, "j3", payload)
-	require.NoError(t, err)
-	acq, err = jb.Acquire(ctx, "j1", payload)
-	require.NoError(t, err)
-	require.Equal(t, KindAcquired, acq.Kind)
-	var held *KeyState
-	then = func() {
-		value, rev, err := b.store.Get(ctx, service, key.KVKey)
-		require.NoError(t, err)
-		st, err := decodeState(value)
-		require.NoError(t, err)
-		held = st
-		e := a.keys.entry(key.KVKey)
-		e.observe(st, rev, e.feedMark())
-	}
-	wt := &waitTry{wake: true}
-	got, err := ja.Acquire(withWaitTry(ctx, wt), "j2", payload)
-	require.NoError(t, err)
-	require.NotNil(t, held)
-	want := ReduceAcquire(held, key, AcquireRequest{Service: service, JobType: benchJobType, JobID: "j2"}, policy, ahead(), "t")
+	got, held, key := wakeLostStaleBlock(t, "wakelostreason")
+	want := ReduceAcquire(held, key, AcquireRequest{Service: key.Service, JobType: key.JobType, JobID: "j2"}, wakeLostStaleBlockPolicy, wakeLostStaleBlockNow(), "t")
 	require.Equal(t, KindBlocked, want.Kind)
 	assert.Equal(t, KindBlocked, got.Kind)
 	assert.Equal(t, ReasonStaleBlocked, want.Reason)
