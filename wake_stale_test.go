@@ -65,19 +65,7 @@ func TestPassWakeUpStaleBlockFreesNoSlot(t *testing.T) {
 				recv(t, sub3.Changed(), "job-3's wake-up: job-1's expired slot is free under FailStale")
 				return
 			}
-			published, local, _, _ := WakeCountsOf(f.b)
-			assert.Zero(t, published+local, "wake-ups handed on for an expired slot Block keeps taken")
-			// The slot is indeed not free: job-2, first in the queue, is
-			// blocked by the expired slot.
-			got, err := f.jtb.Acquire(ctx, "job-2", jobWakePayload)
-			require.NoError(t, err)
-			assert.Equal(t, KindBlocked, got.Kind)
-			assert.Equal(t, ReasonStaleBlocked, got.Reason)
-			select {
-			case <-sub3.Changed():
-				t.Fatal("job-3 was woken for a slot Block keeps taken")
-			default:
-			}
+			f.assertBlockKeptTheSlot(t, ctx, sub3, "job-3")
 		})
 	}
 }
@@ -204,3 +192,27 @@ func wakeLostStaleBlock(t *testing.T, service string) (got Acquisition, lostTo *
 // wakeLostStaleBlockNow is the clock of wakeLostStaleBlock's coordinator a:
 // an hour ahead.
 func wakeLostStaleBlockNow() time.Time { return time.Now().Add(time.Hour) }
+
+// assertBlockKeptTheSlot checks, under StalePolicy Block with one slot
+// taken by an expired lease, that store b sent no wake-up, that sub (job's
+// wake-ups) was not signalled, and that job-2, first queued, is blocked by
+// the expired slot Block keeps (the slot is indeed not free).
+func (f *jobWakeFixture) assertBlockKeptTheSlot(t *testing.T, ctx context.Context, sub *Subscription, job string) {
+	t.Helper()
+	published, local, _, _ := WakeCountsOf(f.b)
+	assert.Zero(t, published+local, "wake-ups sent for an expired slot Block keeps taken")
+	select {
+	case <-sub.Changed():
+		t.Fatalf("%s was woken (before) for a slot Block keeps taken", job)
+	default:
+	}
+	got, err := f.jtb.Acquire(ctx, "job-2", jobWakePayload)
+	require.NoError(t, err)
+	assert.Equal(t, KindBlocked, got.Kind)
+	assert.Equal(t, ReasonStaleBlocked, got.Reason)
+	select {
+	case <-sub.Changed():
+		t.Fatalf("%s was woken for a slot Block keeps taken", job)
+	default:
+	}
+}

@@ -50,22 +50,7 @@ func TestPublishWakesStaleBlockFreesNoSlot(t *testing.T) {
 				recv(t, sub2.Changed(), "job-2's wake-up: job-1's expired slot is free under FailStale")
 				return
 			}
-			published, local, _, _ := WakeCountsOf(f.b)
-			assert.Zero(t, published+local, "wake-ups sent for an expired slot Block keeps taken")
-			select {
-			case <-sub2.Changed():
-				t.Fatal("job-2 was woken (before) for a slot Block keeps taken")
-			default:
-			}
-			got, err := f.jtb.Acquire(ctx, "job-2", jobWakePayload)
-			require.NoError(t, err)
-			assert.Equal(t, KindBlocked, got.Kind)
-			assert.Equal(t, ReasonStaleBlocked, got.Reason)
-			select {
-			case <-sub2.Changed():
-				t.Fatal("job-2 was woken for a slot Block keeps taken")
-			default:
-			}
+			f.assertBlockKeptTheSlot(t, ctx, sub2, "job-2")
 		})
 	}
 }
