@@ -1,0 +1,283 @@
+package jobs
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+)
+
+// The dispatch stream of a NATSStore's bucket B (see dispatcher):
+//
+//	stream     B_DISPATCH, work-queue retention, message schedules allowed
+//	subjects   jobkeys.dispatch.B.<service>.ready.<type>              "this job may start"
+//	           jobkeys.dispatch.B.<service>.due.<channel>.<job>       its schedule, when not due yet
+//	consumer   <service>, durable, pull, filter ...B.<service>.ready.>
+//
+// Every client of a service pulls from the service's one consumer, so a
+// message goes to one worker of any process; a worker takes one message per
+// free worker (one pull request each), so no message waits in a busy
+// process while another has a free worker. A message stays unacknowledged
+// while its job runs (the worker marks it in progress at every heartbeat):
+// a worker that dies leaves it to be redelivered once AckWait passes, and
+// the next worker finds the job's expired claim and takes it over. A due
+// time is a message schedule (one per job: a newer one replaces it) that
+// the server turns into the ready message at that time. <channel> and <job>
+// are escapeToken's tokens.
+const (
+	dispatchSubjectPrefix = "jobkeys.dispatch."
+	// dispatchAckWait is how long a delivered message waits for its end
+	// (or a mark of progress) before the server delivers it again.
+	dispatchAckWaitMin = 30 * time.Second
+	// dispatchFetchWait is how long one pull request waits on the server
+	// for a message; the next one follows at once. (It bounds how long a
+	// cancelled wait may leave a message in flight to nobody: that message
+	// comes back after AckWait.)
+	dispatchFetchWait = 5 * time.Second
+	// dispatchScheduleMin is the shortest delay given to the server as a
+	// message schedule: the server fires schedules on a one-second wheel
+	// and at least 250 ms after a change. A shorter delay is a timer in
+	// the announcing process, which then publishes the ready message (a
+	// process that dies first leaves the job to reconciliation).
+	dispatchScheduleMin = 2 * time.Second
+	// dispatchDuplicates is the stream's de-duplication window.
+	dispatchDuplicates = 2 * time.Minute
+)
+
+// natsDispatcher is a dispatcher over a NATSStore's dispatch stream, for
+// one key-layer service.
+type natsDispatcher struct {
+	js      jetstream.JetStream
+	stream  string
+	service string
+	prefix  string // jobkeys.dispatch.<bucket>.<service>.
+	cons    jetstream.Consumer
+
+	mu     sync.Mutex
+	timers map[*time.Timer]struct{}
+	closed chan struct{}
+	once   sync.Once
+}
+
+// dispatchStreamName is the dispatch stream of the job bucket.
+func dispatchStreamName(bucket string) string { return bucket + "_DISPATCH" }
+
+// newNATSDispatcher opens (creating when missing, with storage and
+// replicas of the job bucket) the dispatch stream of store's bucket and,
+// when consume is set, the consumer of service. ackWait is the longest
+// claim TTL of the client's kinds.
+func newNATSDispatcher(ctx context.Context, s *NATSStore, service string, ackWait time.Duration, consume bool) (*natsDispatcher, error) {
+	bucket := strings.TrimSuffix(strings.TrimPrefix(s.keys.prefix, "$KV."), ".")
+	name := dispatchStreamName(bucket)
+	base := dispatchSubjectPrefix + bucket + "."
+	info := s.stream.CachedInfo()
+	cfg := jetstream.StreamConfig{
+		Name:              name,
+		Description:       "jobkeys dispatch: jobs that may start",
+		Subjects:          []string{base + ">"},
+		Retention:         jetstream.WorkQueuePolicy,
+		Storage:           info.Config.Storage,
+		Replicas:          info.Config.Replicas,
+		Duplicates:        dispatchDuplicates,
+		AllowMsgSchedules: true,
+		AllowRollup:       true,
+	}
+	stream, err := s.js.Stream(ctx, name)
+	if errors.Is(err, jetstream.ErrStreamNotFound) {
+		stream, err = s.js.CreateStream(ctx, cfg)
+		if errors.Is(err, jetstream.ErrStreamNameAlreadyInUse) {
+			stream, err = s.js.Stream(ctx, name)
+		}
+	}
+	if err != nil {
+		return nil, fmt.Errorf("%w: dispatch stream %q of bucket %q: %w", ErrUnavailable, name, bucket, err)
+	}
+	if got := stream.CachedInfo().Config; got.Retention != jetstream.WorkQueuePolicy || !got.AllowMsgSchedules {
+		return nil, fmt.Errorf("%w: dispatch stream %q is not a work-queue stream with message schedules allowed", ErrConflict, name)
+	}
+	d := &natsDispatcher{
+		js:      s.js,
+		stream:  name,
+		service: service,
+		prefix:  base + service + ".",
+		timers:  make(map[*time.Timer]struct{}),
+		closed:  make(chan struct{}),
+	}
+	if !consume {
+		return d, nil
+	}
+	ackWait = max(ackWait, dispatchAckWaitMin)
+	cons, err := stream.CreateOrUpdateConsumer(ctx, jetstream.ConsumerConfig{
+		Durable:       service,
+		Description:   "jobkeys workers of service " + service,
+		FilterSubject: d.prefix + "ready.>",
+		AckPolicy:     jetstream.AckExplicitPolicy,
+		AckWait:       ackWait,
+		MaxAckPending: -1,
+		MaxWaiting:    4096,
+	})
+	if err != nil {
+		return nil, fmt.Errorf("%w: dispatch consumer %q on stream %q: %w", ErrUnavailable, service, name, err)
+	}
+	d.cons = cons
+	return d, nil
+}
+
+func (d *natsDispatcher) readySubject(typ string) string { return d.prefix + "ready." + typ }
+
+func (d *natsDispatcher) announce(ctx context.Context, typ string, ref jobRef, at time.Time, id string) error {
+	delay := time.Until(at)
+	if delay >= dispatchScheduleMin {
+		// One schedule per job: a newer announcement of the job replaces
+		// it (a requeue after a resume, say).
+		msg := nats.NewMsg(d.prefix + "due." + escapeToken(ref.channel) + "." + escapeToken(ref.id))
+		msg.Data = encodeAnnouncement(ref)
+		_, err := d.js.PublishMsg(ctx, msg, jetstream.WithScheduleAt(at.UTC().Truncate(time.Second).Add(time.Second)), jetstream.WithScheduleTarget(d.readySubject(typ)))
+		return err
+	}
+	if delay > 0 {
+		d.mu.Lock()
+		select {
+		case <-d.closed:
+			d.mu.Unlock()
+			return nil
+		default:
+		}
+		var t *time.Timer
+		t = time.AfterFunc(delay, func() {
+			d.mu.Lock()
+			_, live := d.timers[t]
+			delete(d.timers, t)
+			d.mu.Unlock()
+			if !live {
+				return
+			}
+			pctx, cancel := context.WithTimeout(context.Background(), d.js.Options().DefaultTimeout)
+			defer cancel()
+			_ = d.publishReady(pctx, typ, ref, id) // lost: reconciliation finds the due job
+		})
+		d.timers[t] = struct{}{}
+		d.mu.Unlock()
+		return nil
+	}
+	return d.publishReady(ctx, typ, ref, id)
+}
+
+func (d *natsDispatcher) publishReady(ctx context.Context, typ string, ref jobRef, id string) error {
+	msg := nats.NewMsg(d.readySubject(typ))
+	msg.Data = encodeAnnouncement(ref)
+	var opts []jetstream.PublishOpt
+	if id != "" {
+		opts = append(opts, jetstream.WithMsgID(id))
+	}
+	_, err := d.js.PublishMsg(ctx, msg, opts...)
+	return err
+}
+
+func (d *natsDispatcher) next(ctx context.Context) (delivery, error) {
+	if d.cons == nil {
+		return nil, errors.New("jobs: dispatcher opened without a consumer")
+	}
+	for {
+		select {
+		case <-d.closed:
+			return nil, errDispatchClosed
+		default:
+		}
+		if err := ctx.Err(); err != nil {
+			return nil, err
+		}
+		fctx, cancel := context.WithTimeout(ctx, dispatchFetchWait)
+		m, err := d.fetchOne(fctx)
+		cancel()
+		if m != nil {
+			return m, nil
+		}
+		if err != nil {
+			if ctx.Err() != nil {
+				return nil, ctx.Err()
+			}
+			// The server or the connection is away: pull again shortly.
+			if !sleepCtx(ctx, d.closed, 100*time.Millisecond) {
+				return nil, errors.Join(ctx.Err(), errDispatchClosed)
+			}
+		}
+	}
+}
+
+// fetchOne makes one pull request for one message, which ends when ctx
+// does. It returns nil and no error when the request ended empty, or its
+// message was no announcement (which it terminates: nobody can use it).
+func (d *natsDispatcher) fetchOne(ctx context.Context) (delivery, error) {
+	batch, err := d.cons.Fetch(1, jetstream.FetchContext(ctx))
+	if err != nil {
+		return nil, err
+	}
+	for m := range batch.Messages() {
+		typ, ok := strings.CutPrefix(m.Subject(), d.prefix+"ready.")
+		ref, err := decodeAnnouncement(m.Data())
+		if !ok || err != nil || typ == "" || strings.Contains(typ, ".") {
+			_ = m.Term()
+			return nil, nil
+		}
+		return &natsDelivery{m: m, typ: typ, ref: ref}, nil
+	}
+	if err := batch.Error(); err != nil && ctx.Err() == nil && !errors.Is(err, nats.ErrTimeout) && !errors.Is(err, context.DeadlineExceeded) {
+		return nil, err
+	}
+	return nil, nil
+}
+
+// sleepCtx waits d unless ctx ends or closed closes first, and reports
+// whether it waited all of d.
+func sleepCtx(ctx context.Context, closed <-chan struct{}, d time.Duration) bool {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-t.C:
+		return true
+	case <-ctx.Done():
+	case <-closed:
+	}
+	return false
+}
+
+func (d *natsDispatcher) close() {
+	d.once.Do(func() {
+		d.mu.Lock()
+		close(d.closed)
+		for t := range d.timers {
+			t.Stop()
+		}
+		clear(d.timers)
+		d.mu.Unlock()
+	})
+}
+
+type natsDelivery struct {
+	m   jetstream.Msg
+	typ string
+	ref jobRef
+}
+
+func (n *natsDelivery) jobType() string { return n.typ }
+func (n *natsDelivery) job() jobRef     { return n.ref }
+
+// done acknowledges the message. A lost acknowledgement redelivers it
+// after AckWait, which costs its worker a read.
+func (n *natsDelivery) done() { _ = n.m.Ack() }
+
+func (n *natsDelivery) later(delay time.Duration) {
+	if delay <= 0 {
+		_ = n.m.Nak()
+		return
+	}
+	_ = n.m.NakWithDelay(delay)
+}
+
+func (n *natsDelivery) running() { _ = n.m.InProgress() }
