@@ -296,6 +296,16 @@ type ClaimRequest struct {
 	TTL time.Duration
 }
 
+// ClaimJobRequest asks for one named job (see [Store.ClaimJob]).
+type ClaimJobRequest struct {
+	// ChannelID and JobID name the job. Required.
+	ChannelID, JobID string
+	// Owner names the claiming worker. Required.
+	Owner string
+	// TTL is how long the claim lasts; positive.
+	TTL time.Duration
+}
+
 // RenewRequest extends a claim.
 type RenewRequest struct {
 	// Claim is the claim the worker holds ([ClaimOf]).
@@ -425,6 +435,14 @@ type Store interface {
 	// overwritten; when nothing else was claimed the call returns an error
 	// wrapping ErrCorrupt naming every record it skipped.
 	Claim(ctx context.Context, req ClaimRequest) ([]Job, error)
+	// ClaimJob claims the job req names if Claim could claim it now (of its
+	// target's current generation, pending and due, or running with an
+	// expired claim), as Claim claims it: one compare-and-swap on the job,
+	// whatever the number of other jobs. A job not in the channel is
+	// ErrNotFound; a job that is not claimable now, an empty Owner, JobID or
+	// ChannelID, or a TTL below 1 is ErrConflict. It is how a worker takes a
+	// job it was told of (the runtime's dispatch) instead of searching.
+	ClaimJob(ctx context.Context, req ClaimJobRequest) (Job, error)
 	// Renew extends a claim and sets its binding. A job not in the channel
 	// is ErrNotFound; a lost claim (see [Claim]), another revision than
 	// ExpectedRevision or an expiry not later than the current one is

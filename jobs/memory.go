@@ -191,6 +191,22 @@ func (s *MemoryStore) claim(ctx context.Context, req ClaimRequest) ([]Job, error
 	return out, nil
 }
 
+// ClaimJob implements [Store.ClaimJob].
+func (s *MemoryStore) ClaimJob(ctx context.Context, req ClaimJobRequest) (Job, error) {
+	return observe(ctx, s.cfg.obs, trClaim, s.claimJob, req)
+}
+
+// claimJob is ClaimJob without its metrics.
+func (s *MemoryStore) claimJob(ctx context.Context, req ClaimJobRequest) (Job, error) {
+	req, err := prepareClaimJob(req)
+	if err != nil {
+		return Job{}, err
+	}
+	return s.change(ctx, "claim job", req.ChannelID, req.JobID, func(j *Job, gen uint64, now time.Time, rev uint64) (Job, error) {
+		return claimNamedJob(j, req, gen, now, rev)
+	})
+}
+
 // change runs the guard, then [MemoryStore.apply].
 func (s *MemoryStore) change(ctx context.Context, op, channelID, jobID string,
 	rule func(j *Job, generation uint64, now time.Time, rev uint64) (Job, error)) (Job, error) {

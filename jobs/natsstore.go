@@ -604,6 +604,27 @@ func (s *NATSStore) claim(ctx context.Context, req ClaimRequest) ([]Job, error) 
 	return out, nil
 }
 
+// ClaimJob implements [Store.ClaimJob]: one compare-and-swap on the job's
+// key (after its read).
+func (s *NATSStore) ClaimJob(ctx context.Context, req ClaimJobRequest) (Job, error) {
+	return observe(ctx, s.cfg.obs, trClaim, s.claimJob, req)
+}
+
+// claimJob is ClaimJob without its metrics.
+func (s *NATSStore) claimJob(ctx context.Context, req ClaimJobRequest) (Job, error) {
+	req, err := prepareClaimJob(req)
+	if err != nil {
+		return Job{}, err
+	}
+	j, _, err := s.change(ctx, "claim job", req.ChannelID, req.JobID, single(func(j *Job, gen uint64, now time.Time, rev uint64) (Job, error) {
+		return claimNamedJob(j, req, gen, now, rev)
+	}))
+	if err == nil {
+		s.pending.remove(s.keys.job(req.ChannelID, req.JobID))
+	}
+	return j, err
+}
+
 // claimedOr is what a Claim returns when it stops early with err: the jobs
 // it claimed, if any, with no error; else err.
 func claimedOr(out []Job, err error) ([]Job, error) {
