@@ -137,6 +137,23 @@
 // proves nothing. The coordinator's jobkeys.Config.IgnoreClockSkew turns the
 // check off for its clients too.
 //
+// Every time a store writes on a record is its own clock reading
+// ([Config].Now) at that write, as in the seed: a transition neither
+// refuses a clock that is behind the record's times nor moves its reading
+// forward to meet them. So UpdatedAt can be before CreatedAt or before the
+// UpdatedAt it replaced, and a progress entry can be older than the one
+// before it; both stores write, read, list and claim such records (the
+// validators check no order between times). Only [Store.Renew] and
+// [Store.AppendProgress] refuse (ErrConflict) a clock before the job's
+// UpdatedAt, the seed's rule. Times are not clamped to the latest one on
+// the record because one writer whose clock was ahead, or one jump
+// forward, would then block every later renewal and progress of the job
+// until every clock had passed it; stamping the reading lets the next
+// claim start afresh. TestClockOrderProperty drives every transition under
+// random clocks (behind, ahead, jumps of years) against both stores and
+// checks that every record stays readable and valid; the conformance
+// suite's ClocksBehindTheRecord holds the seed's outcomes at fixed times.
+//
 // # Progress and artifacts
 //
 // Progress entries name a stage (^[a-z][a-z0-9-]{0,63}$), a label of 1 to

@@ -104,7 +104,9 @@ type Job struct {
 	Progress []Progress `json:"progress,omitempty"`
 	// CreatedAt is when the job was enqueued.
 	CreatedAt time.Time `json:"createdAt"`
-	// UpdatedAt is when the job last changed.
+	// UpdatedAt is when the job last changed, by the clock of the store
+	// that changed it: before CreatedAt (or an earlier UpdatedAt) when
+	// that clock was behind (see Clocks in the package doc).
 	UpdatedAt time.Time `json:"updatedAt"`
 }
 

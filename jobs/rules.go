@@ -20,7 +20,11 @@ package jobs
 //   - generation is the current Generation of the job's target (0 when the
 //     target record is missing, which makes every job of it stale).
 //   - now is the store's clock reading ([config.now]): UTC, no monotonic
-//     reading.
+//     reading. A rule stamps it as it is, even when it is before the
+//     times already on the record (a writer whose clock is behind): as in
+//     the seed, only renew and progress refuse a now before UpdatedAt, and
+//     no rule moves now forward to meet a record's times (see Clocks in
+//     the package doc).
 //   - rev is the revision to stamp on every record the rule changes; the
 //     store guarantees it is greater than any revision the channel has
 //     handed out.

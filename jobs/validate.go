@@ -19,6 +19,11 @@ import (
 // expiry, valid JSON input and binding, set times, and a progress log of at
 // most ProgressLimit entries that each follow the progress rules. The
 // error wraps ErrCorrupt and names the job and what is wrong.
+//
+// It checks no order between the times: each is the clock reading of the
+// store that wrote it, and a writer whose clock is behind (or jumped back)
+// writes an UpdatedAt before CreatedAt, or a progress entry older than the
+// one before it; the rules write those (see Clocks in the package doc).
 func validateJob(j *Job) error {
 	if err := checkJob(j); err != "" {
 		return corruptf("job %q in channel %q: %s", j.ID, j.ChannelID, err)
@@ -68,8 +73,6 @@ func checkJob(j *Job) string {
 		return "updatedAt is missing"
 	case j.AvailableAt.IsZero():
 		return "availableAt is missing"
-	case j.UpdatedAt.Before(j.CreatedAt):
-		return "updatedAt is before createdAt"
 	}
 	if j.State == StateRunning {
 		switch {
