@@ -158,8 +158,12 @@
 //
 // Progress entries name a stage (^[a-z][a-z0-9-]{0,63}$), a label of 1 to
 // LabelLimit characters and a [ProgressState]; an interrupted stage has a
-// reason. A job keeps its last ProgressLimit entries. Settle stores the
-// job's artifact once; it never changes after.
+// reason. As in the seed, a label is trimmed as JavaScript's trim does and
+// its characters are UTF-16 code units (an emoji counts two; see
+// [ProgressRequest].Label), and the entry is checked after the job is found
+// and its claim fenced: a progress entry for a missing job is ErrNotFound,
+// whatever the entry. A job keeps its last ProgressLimit entries. Settle
+// stores the job's artifact once; it never changes after.
 //
 // # Revisions
 //

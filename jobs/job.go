@@ -136,7 +136,8 @@ type Progress struct {
 	Attempt int `json:"attempt"`
 	// Stage names the stage; it matches ^[a-z][a-z0-9-]{0,63}$.
 	Stage string `json:"stage"`
-	// Label is a human-readable description, 1–160 characters, trimmed.
+	// Label is a human-readable description, trimmed, of 1 to LabelLimit
+	// UTF-16 code units (see ProgressRequest.Label).
 	Label string `json:"label"`
 	// State is the stage's state.
 	State ProgressState `json:"state"`
@@ -329,7 +330,11 @@ type ProgressRequest struct {
 	Claim Claim
 	// Stage matches ^[a-z][a-z0-9-]{0,63}$.
 	Stage string
-	// Label is 1–LabelLimit characters after trimming spaces.
+	// Label is 1–LabelLimit UTF-16 code units (JavaScript's String length:
+	// a character outside the Basic Multilingual Plane counts two) after
+	// trimming what JavaScript's String.prototype.trim trims (Unicode
+	// space separators, TAB, VT, FF, LF, CR, U+2028, U+2029 and U+FEFF;
+	// not U+0085), as in the seed. It is stored trimmed.
 	Label string
 	// State of the stage.
 	State ProgressState

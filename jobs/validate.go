@@ -113,14 +113,18 @@ func checkJob(j *Job) string {
 	return ""
 }
 
-// checkProgress checks one stored progress entry.
+// checkProgress checks one stored progress entry. It accepts a label
+// trimmed and counted as the rules do (JavaScript's trim, 1..LabelLimit
+// UTF-16 code units, the seed's rule) or as they did before they matched
+// the seed (Go's unicode.IsSpace, 1..LabelLimit runes), so that records
+// written then stay readable: trimmed by either, 1..LabelLimit runes.
 func checkProgress(p *Progress, attempts int) string {
 	switch {
 	case !isToken(p.Stage):
 		return "stage " + quote(p.Stage) + " breaks ^[a-z][a-z0-9-]{0,63}$"
-	case !utf8.ValidString(p.Label) || strings.TrimSpace(p.Label) != p.Label:
+	case !utf8.ValidString(p.Label) || trimLabel(p.Label) != p.Label && strings.TrimSpace(p.Label) != p.Label:
 		return "label is not trimmed UTF-8"
-	case utf8.RuneCountInString(p.Label) < 1 || utf8.RuneCountInString(p.Label) > LabelLimit:
+	case p.Label == "" || utf8.RuneCountInString(p.Label) > LabelLimit:
 		return "label is " + itoa(utf8.RuneCountInString(p.Label)) + " characters, outside 1.." + itoa(LabelLimit)
 	case !p.State.Valid():
 		return "unknown progress state " + quote(string(p.State))
