@@ -187,6 +187,39 @@
 // channel; it reports the skipped records (ErrCorrupt) only when it
 // claimed nothing, so an error from Claim never comes with claimed jobs.
 //
+// # Differences from the seed
+//
+// The stores follow the job store seed's rules (its MemoryBackgroundJobStore
+// and progress rule), in its order of checks, except for these deliberate
+// differences; each names the test that holds it (the conformance suite's
+// tests run as TestMemoryStoreConformance/… and TestNATSStoreConformance/…):
+//
+//   - Job ids are unique per channel; the seed's memory store checks them
+//     across channels. (EnqueueIDsPerChannel)
+//   - Revisions only grow; in a NATSStore they are stream sequences, not
+//     contiguous, and jobs claimed by one call may carry different ones.
+//     (RevisionsIncrease)
+//   - JSON null given as an enqueue's Input, a renewal's Binding or a
+//     settle's Artifact is no value: stored and handed back as nil, as an
+//     empty one is. The seed keeps null as a value (only an undefined
+//     binding is none); a json.RawMessage has no undefined to tell them
+//     apart. (JSONNullIsNoValue)
+//   - [Config].Guard runs before [Store.DeleteChannel] too: a store whose
+//     writer lease is lost deletes nothing (ErrConflict). The seed's
+//     deleteChannel asserts no lease. (GuardRefusesEveryWrite)
+//   - Limits the seed does not have (identifier, reason, input, binding and
+//     artifact sizes, UTF-8, times within years 1..9999) are checked
+//     before anything else, so an oversized request for a missing job is
+//     ErrConflict where the seed would say not found. (LimitsCheckedFirst)
+//
+// Where Go's own functions would differ from the seed's JavaScript, the
+// stores match the seed: labels are trimmed by JavaScript's trim and
+// counted in UTF-16 code units (ProgressLabelAsTheSeed,
+// TestProgressLabelAsTheSeed); a progress entry is checked after its job is
+// found and its claim fenced (ProgressFindsTheJobFirst); a transition
+// stamps the store's clock even when it is behind the record's times
+// (ClocksBehindTheRecord, TestClockOrderProperty).
+//
 // # Copies and concurrency
 //
 // Stores are safe for concurrent use; a NATSStore is safe across any

@@ -472,7 +472,9 @@ type Store interface {
 	Get(ctx context.Context, channelID, jobID string) (Detail, error)
 	// DeleteChannel removes the channel's jobs, targets, idempotency keys,
 	// artifacts and revision: an identical enqueue afterwards makes a new
-	// job. Deleting a channel without jobs is no error.
+	// job. Deleting a channel without jobs is no error. It runs
+	// Config.Guard first, as every write does (the seed's does not assert
+	// the writer lease).
 	DeleteChannel(ctx context.Context, channelID string) error
 }
 
@@ -485,8 +487,9 @@ type Config struct {
 	// Channels says which channels exist and which are active. Defaults to
 	// nil: every channel exists and is active.
 	Channels ChannelRegistry
-	// Guard runs before every write; an error it returns fails the write as
-	// ErrConflict (wrapping the error too). Use it to assert a writer lease.
+	// Guard runs before every write, DeleteChannel included; an error it
+	// returns fails the write as ErrConflict (wrapping the error too). Use
+	// it to assert a writer lease.
 	// Defaults to nil: no guard.
 	Guard func(ctx context.Context) error
 	// Subject gives a listed job its Summary.Subject. Defaults to nil: no
