@@ -137,12 +137,33 @@
 // proves nothing. The coordinator's jobkeys.Config.IgnoreClockSkew turns the
 // check off for its clients too.
 //
+// Every time a store writes on a record is its own clock reading
+// ([Config].Now) at that write, as in the seed: a transition neither
+// refuses a clock that is behind the record's times nor moves its reading
+// forward to meet them. So UpdatedAt can be before CreatedAt or before the
+// UpdatedAt it replaced, and a progress entry can be older than the one
+// before it; both stores write, read, list and claim such records (the
+// validators check no order between times). Only [Store.Renew] and
+// [Store.AppendProgress] refuse (ErrConflict) a clock before the job's
+// UpdatedAt, the seed's rule. Times are not clamped to the latest one on
+// the record because one writer whose clock was ahead, or one jump
+// forward, would then block every later renewal and progress of the job
+// until every clock had passed it; stamping the reading lets the next
+// claim start afresh. TestClockOrderProperty drives every transition under
+// random clocks (behind, ahead, jumps of years) against both stores and
+// checks that every record stays readable and valid; the conformance
+// suite's ClocksBehindTheRecord holds the seed's outcomes at fixed times.
+//
 // # Progress and artifacts
 //
 // Progress entries name a stage (^[a-z][a-z0-9-]{0,63}$), a label of 1 to
 // LabelLimit characters and a [ProgressState]; an interrupted stage has a
-// reason. A job keeps its last ProgressLimit entries. Settle stores the
-// job's artifact once; it never changes after.
+// reason. As in the seed, a label is trimmed as JavaScript's trim does and
+// its characters are UTF-16 code units (an emoji counts two; see
+// [ProgressRequest].Label), and the entry is checked after the job is found
+// and its claim fenced: a progress entry for a missing job is ErrNotFound,
+// whatever the entry. A job keeps its last ProgressLimit entries. Settle
+// stores the job's artifact once; it never changes after.
 //
 // # Revisions
 //
@@ -165,6 +186,39 @@
 // never overwritten. Claim skips such a record and claims the rest of the
 // channel; it reports the skipped records (ErrCorrupt) only when it
 // claimed nothing, so an error from Claim never comes with claimed jobs.
+//
+// # Differences from the seed
+//
+// The stores follow the job store seed's rules (its MemoryBackgroundJobStore
+// and progress rule), in its order of checks, except for these deliberate
+// differences; each names the test that holds it (the conformance suite's
+// tests run as TestMemoryStoreConformance/… and TestNATSStoreConformance/…):
+//
+//   - Job ids are unique per channel; the seed's memory store checks them
+//     across channels. (EnqueueIDsPerChannel)
+//   - Revisions only grow; in a NATSStore they are stream sequences, not
+//     contiguous, and jobs claimed by one call may carry different ones.
+//     (RevisionsIncrease)
+//   - JSON null given as an enqueue's Input, a renewal's Binding or a
+//     settle's Artifact is no value: stored and handed back as nil, as an
+//     empty one is. The seed keeps null as a value (only an undefined
+//     binding is none); a json.RawMessage has no undefined to tell them
+//     apart. (JSONNullIsNoValue)
+//   - [Config].Guard runs before [Store.DeleteChannel] too: a store whose
+//     writer lease is lost deletes nothing (ErrConflict). The seed's
+//     deleteChannel asserts no lease. (GuardRefusesEveryWrite)
+//   - Limits the seed does not have (identifier, reason, input, binding and
+//     artifact sizes, UTF-8, times within years 1..9999) are checked
+//     before anything else, so an oversized request for a missing job is
+//     ErrConflict where the seed would say not found. (LimitsCheckedFirst)
+//
+// Where Go's own functions would differ from the seed's JavaScript, the
+// stores match the seed: labels are trimmed by JavaScript's trim and
+// counted in UTF-16 code units (ProgressLabelAsTheSeed,
+// TestProgressLabelAsTheSeed); a progress entry is checked after its job is
+// found and its claim fenced (ProgressFindsTheJobFirst); a transition
+// stamps the store's clock even when it is behind the record's times
+// (ClocksBehindTheRecord, TestClockOrderProperty).
 //
 // # Copies and concurrency
 //

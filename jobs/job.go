@@ -104,7 +104,9 @@ type Job struct {
 	Progress []Progress `json:"progress,omitempty"`
 	// CreatedAt is when the job was enqueued.
 	CreatedAt time.Time `json:"createdAt"`
-	// UpdatedAt is when the job last changed.
+	// UpdatedAt is when the job last changed, by the clock of the store
+	// that changed it: before CreatedAt (or an earlier UpdatedAt) when
+	// that clock was behind (see Clocks in the package doc).
 	UpdatedAt time.Time `json:"updatedAt"`
 }
 
@@ -134,7 +136,8 @@ type Progress struct {
 	Attempt int `json:"attempt"`
 	// Stage names the stage; it matches ^[a-z][a-z0-9-]{0,63}$.
 	Stage string `json:"stage"`
-	// Label is a human-readable description, 1–160 characters, trimmed.
+	// Label is a human-readable description, trimmed, of 1 to LabelLimit
+	// UTF-16 code units (see ProgressRequest.Label).
 	Label string `json:"label"`
 	// State is the stage's state.
 	State ProgressState `json:"state"`
@@ -337,7 +340,11 @@ type ProgressRequest struct {
 	Claim Claim
 	// Stage matches ^[a-z][a-z0-9-]{0,63}$.
 	Stage string
-	// Label is 1–LabelLimit characters after trimming spaces.
+	// Label is 1–LabelLimit UTF-16 code units (JavaScript's String length:
+	// a character outside the Basic Multilingual Plane counts two) after
+	// trimming what JavaScript's String.prototype.trim trims (Unicode
+	// space separators, TAB, VT, FF, LF, CR, U+2028, U+2029 and U+FEFF;
+	// not U+0085), as in the seed. It is stored trimmed.
 	Label string
 	// State of the stage.
 	State ProgressState
@@ -483,7 +490,9 @@ type Store interface {
 	Get(ctx context.Context, channelID, jobID string) (Detail, error)
 	// DeleteChannel removes the channel's jobs, targets, idempotency keys,
 	// artifacts and revision: an identical enqueue afterwards makes a new
-	// job. Deleting a channel without jobs is no error.
+	// job. Deleting a channel without jobs is no error. It runs
+	// Config.Guard first, as every write does (the seed's does not assert
+	// the writer lease).
 	DeleteChannel(ctx context.Context, channelID string) error
 }
 
@@ -496,8 +505,9 @@ type Config struct {
 	// Channels says which channels exist and which are active. Defaults to
 	// nil: every channel exists and is active.
 	Channels ChannelRegistry
-	// Guard runs before every write; an error it returns fails the write as
-	// ErrConflict (wrapping the error too). Use it to assert a writer lease.
+	// Guard runs before every write, DeleteChannel included; an error it
+	// returns fails the write as ErrConflict (wrapping the error too). Use
+	// it to assert a writer lease.
 	// Defaults to nil: no guard.
 	Guard func(ctx context.Context) error
 	// Subject gives a listed job its Summary.Subject. Defaults to nil: no

@@ -9,7 +9,9 @@ const (
 	ClaimCountLimit = 100
 	// ListLimit caps ListRequest.Limit.
 	ListLimit = 100
-	// LabelLimit is the most characters (runes) of a trimmed progress label.
+	// LabelLimit is the most UTF-16 code units (JavaScript's String length,
+	// as the seed counts) of a trimmed progress label: 160 characters of the
+	// Basic Multilingual Plane, 80 emoji.
 	LabelLimit = 160
 	// InputSizeLimit is the most bytes of EnqueueRequest.Input.
 	InputSizeLimit = 256 << 10

@@ -11,7 +11,9 @@ package jobs
 //     and before any read or write; it validates every field that does not
 //     depend on stored state (sizes, encodings, JSON, time ranges) and
 //     returns the normalised request (compact JSON, UTC times, capped
-//     counts) that the later rules expect.
+//     counts) that the later rules expect. The exception is progress:
+//     as in the seed, its stage, label, state and reason are checked after
+//     the job is found and its claim fenced ([progressJob]).
 //   - A *Job argument is the stored job, or nil when the store found none.
 //     It is never modified. A returned Job may share Input, ClaimBinding and
 //     Progress memory with the argument (rules never mutate those slices;
@@ -20,7 +22,11 @@ package jobs
 //   - generation is the current Generation of the job's target (0 when the
 //     target record is missing, which makes every job of it stale).
 //   - now is the store's clock reading ([config.now]): UTC, no monotonic
-//     reading.
+//     reading. A rule stamps it as it is, even when it is before the
+//     times already on the record (a writer whose clock is behind): as in
+//     the seed, only renew and progress refuse a now before UpdatedAt, and
+//     no rule moves now forward to meet a record's times (see Clocks in
+//     the package doc).
 //   - rev is the revision to stamp on every record the rule changes; the
 //     store guarantees it is greater than any revision the channel has
 //     handed out.
@@ -32,6 +38,8 @@ import (
 	"slices"
 	"strings"
 	"time"
+	"unicode"
+	"unicode/utf16"
 	"unicode/utf8"
 )
 
@@ -434,44 +442,79 @@ func finish(j *Job, state State, reason string, now time.Time, rev uint64) Job {
 	return c
 }
 
-// prepareProgress validates a progress request: Stage matches
-// ^[a-z][a-z0-9-]{0,63}$, the label trimmed of spaces is 1..LabelLimit
-// characters of valid UTF-8, State is known, Reason is required (and a
-// token) for ProgressInterrupted and empty otherwise. The label comes back
-// trimmed.
+// prepareProgress validates a progress request's encodings: the claim
+// fields and a Label of valid UTF-8. What the seed checks (stage, label,
+// state and reason) [checkProgressRequest] checks after the job is found,
+// in the seed's order.
 func prepareProgress(req ProgressRequest) (ProgressRequest, error) {
 	const op = "progress"
 	if err := checkClaimFields(op, req.Claim); err != nil {
 		return req, err
 	}
-	if !isToken(req.Stage) {
-		return req, conflictf("%s: Stage %.80q must match ^[a-z][a-z0-9-]{0,63}$", op, req.Stage)
-	}
 	if !utf8.ValidString(req.Label) {
 		return req, conflictf("%s: Label is not valid UTF-8", op)
 	}
-	label := strings.TrimSpace(req.Label)
-	if n := utf8.RuneCountInString(label); n < 1 || n > LabelLimit {
-		return req, conflictf("%s: Label is %d characters after trimming, must be 1..%d", op, n, LabelLimit)
-	}
-	if !req.State.Valid() {
-		return req, conflictf("%s: State %.80q must be started, completed or interrupted", op, req.State)
-	}
-	if req.State == ProgressInterrupted {
-		if !isToken(req.Reason) {
-			return req, conflictf("%s: Reason %.80q must match ^[a-z][a-z0-9-]{0,63}$ for an interrupted stage", op, req.Reason)
-		}
-	} else if req.Reason != "" {
-		return req, conflictf("%s: Reason must be empty unless State is interrupted", op)
-	}
-	req.Label = label
 	return req, nil
 }
 
-// progressJob appends a progress entry to a claimed job ([checkClaimed]
-// first; now must not be before UpdatedAt). The entry carries rev, the
-// job's Attempts and now; the list keeps the last ProgressLimit entries in
-// a fresh slice. The claim stays.
+// checkProgressRequest is the seed's check of a progress entry: Stage
+// matches ^[a-z][a-z0-9-]{0,63}$, the label trimmed as JavaScript trims
+// ([trimLabel]) is 1..LabelLimit UTF-16 code units ([labelLength]), State
+// is known, Reason is required (and a token) for ProgressInterrupted and
+// empty otherwise. It returns the label trimmed.
+func checkProgressRequest(req ProgressRequest) (string, error) {
+	const op = "progress"
+	if !isToken(req.Stage) {
+		return "", conflictf("%s: Stage %.80q must match ^[a-z][a-z0-9-]{0,63}$", op, req.Stage)
+	}
+	label := trimLabel(req.Label)
+	if n := labelLength(label); n < 1 || n > LabelLimit {
+		return "", conflictf("%s: Label is %d UTF-16 code units after trimming, must be 1..%d", op, n, LabelLimit)
+	}
+	if !req.State.Valid() {
+		return "", conflictf("%s: State %.80q must be started, completed or interrupted", op, req.State)
+	}
+	if req.State == ProgressInterrupted {
+		if !isToken(req.Reason) {
+			return "", conflictf("%s: Reason %.80q must match ^[a-z][a-z0-9-]{0,63}$ for an interrupted stage", op, req.Reason)
+		}
+	} else if req.Reason != "" {
+		return "", conflictf("%s: Reason must be empty unless State is interrupted", op)
+	}
+	return label, nil
+}
+
+// isJSSpace reports whether JavaScript's String.prototype.trim removes r:
+// ECMAScript's WhiteSpace (TAB, VT, FF, SP, NBSP, ZWNBSP U+FEFF and every
+// space separator, category Zs) and LineTerminator (LF, CR, U+2028,
+// U+2029). Unlike [unicode.IsSpace] it removes U+FEFF and keeps U+0085.
+func isJSSpace(r rune) bool {
+	switch r {
+	case '\t', '\n', '\v', '\f', '\r', ' ', 0x00A0, 0xFEFF, 0x2028, 0x2029:
+		return true
+	}
+	return unicode.Is(unicode.Zs, r)
+}
+
+// trimLabel trims a progress label as the seed does (JavaScript's trim).
+func trimLabel(s string) string { return strings.TrimFunc(s, isJSSpace) }
+
+// labelLength is a label's length as the seed counts it: UTF-16 code units
+// (JavaScript's String length), so a character outside the Basic
+// Multilingual Plane, such as most emoji, counts two. s is valid UTF-8.
+func labelLength(s string) int {
+	n := 0
+	for _, r := range s {
+		n += utf16.RuneLen(r)
+	}
+	return n
+}
+
+// progressJob appends a progress entry to a claimed job, in the seed's
+// order: [checkClaimed] (so a missing job is ErrNotFound whatever the
+// entry), now not before UpdatedAt, then [checkProgressRequest]. The entry
+// carries rev, the job's Attempts, the trimmed label and now; the list
+// keeps the last ProgressLimit entries in a fresh slice. The claim stays.
 func progressJob(j *Job, req ProgressRequest, generation uint64, now time.Time, rev uint64) (Job, error) {
 	const op = "progress"
 	if err := checkClaimed(op, j, req.Claim, generation, now); err != nil {
@@ -480,6 +523,10 @@ func progressJob(j *Job, req ProgressRequest, generation uint64, now time.Time, 
 	if now.Before(j.UpdatedAt) {
 		return Job{}, conflictf("%s: job %q: the store's time %s is before the job's UpdatedAt %s", op, j.ID, now.Format(time.RFC3339Nano), j.UpdatedAt.Format(time.RFC3339Nano))
 	}
+	label, err := checkProgressRequest(req)
+	if err != nil {
+		return Job{}, err
+	}
 	keep := j.Progress
 	if len(keep) >= ProgressLimit {
 		keep = keep[len(keep)-ProgressLimit+1:]
@@ -487,7 +534,7 @@ func progressJob(j *Job, req ProgressRequest, generation uint64, now time.Time, 
 	p := make([]Progress, 0, len(keep)+1)
 	p = append(p, keep...)
 	p = append(p, Progress{
-		Revision: rev, Attempt: j.Attempts, Stage: req.Stage, Label: req.Label,
+		Revision: rev, Attempt: j.Attempts, Stage: req.Stage, Label: label,
 		State: req.State, Reason: req.Reason, CreatedAt: now,
 	})
 	c := *j

@@ -40,9 +40,9 @@ func TestPrepareNormalises(t *testing.T) {
 		assert.Equal(t, want, l.Limit, "Limit %d", limit)
 	}
 
-	p, err := prepareProgress(ProgressRequest{Stage: "s", Label: "\t label \n", State: ProgressStarted})
+	label, err := checkProgressRequest(ProgressRequest{Stage: "s", Label: "\t label \n", State: ProgressStarted})
 	require.NoError(t, err)
-	assert.Equal(t, "label", p.Label)
+	assert.Equal(t, "label", label)
 }
 
 func TestClaimable(t *testing.T) {

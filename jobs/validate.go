@@ -19,6 +19,11 @@ import (
 // expiry, valid JSON input and binding, set times, and a progress log of at
 // most ProgressLimit entries that each follow the progress rules. The
 // error wraps ErrCorrupt and names the job and what is wrong.
+//
+// It checks no order between the times: each is the clock reading of the
+// store that wrote it, and a writer whose clock is behind (or jumped back)
+// writes an UpdatedAt before CreatedAt, or a progress entry older than the
+// one before it; the rules write those (see Clocks in the package doc).
 func validateJob(j *Job) error {
 	if err := checkJob(j); err != "" {
 		return corruptf("job %q in channel %q: %s", j.ID, j.ChannelID, err)
@@ -68,8 +73,6 @@ func checkJob(j *Job) string {
 		return "updatedAt is missing"
 	case j.AvailableAt.IsZero():
 		return "availableAt is missing"
-	case j.UpdatedAt.Before(j.CreatedAt):
-		return "updatedAt is before createdAt"
 	}
 	if j.State == StateRunning {
 		switch {
@@ -110,14 +113,18 @@ func checkJob(j *Job) string {
 	return ""
 }
 
-// checkProgress checks one stored progress entry.
+// checkProgress checks one stored progress entry. It accepts a label
+// trimmed and counted as the rules do (JavaScript's trim, 1..LabelLimit
+// UTF-16 code units, the seed's rule) or as they did before they matched
+// the seed (Go's unicode.IsSpace, 1..LabelLimit runes), so that records
+// written then stay readable: trimmed by either, 1..LabelLimit runes.
 func checkProgress(p *Progress, attempts int) string {
 	switch {
 	case !isToken(p.Stage):
 		return "stage " + quote(p.Stage) + " breaks ^[a-z][a-z0-9-]{0,63}$"
-	case !utf8.ValidString(p.Label) || strings.TrimSpace(p.Label) != p.Label:
+	case !utf8.ValidString(p.Label) || trimLabel(p.Label) != p.Label && strings.TrimSpace(p.Label) != p.Label:
 		return "label is not trimmed UTF-8"
-	case utf8.RuneCountInString(p.Label) < 1 || utf8.RuneCountInString(p.Label) > LabelLimit:
+	case p.Label == "" || utf8.RuneCountInString(p.Label) > LabelLimit:
 		return "label is " + itoa(utf8.RuneCountInString(p.Label)) + " characters, outside 1.." + itoa(LabelLimit)
 	case !p.State.Valid():
 		return "unknown progress state " + quote(string(p.State))
