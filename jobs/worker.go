@@ -836,7 +836,7 @@ func (c *Client) execute(ctx context.Context, k *kind, run *Run, ar *activeRun, 
 			// The claim holds, so the store refused the result itself (a
 			// record over the server's max_payload): the attempt failed.
 			// Else the job would run again, for ever, at every claim.
-			c.failed(ctx, k, run, job, fmt.Errorf("jobs: the store refused the result of job %q: %w", job.ID, err))
+			c.failed(ctx, k, run, job, fmt.Errorf("jobs: the store refused the result of job %q: %w", job.ID, err), false)
 		case errors.Is(err, ErrClaimLost):
 		case err != nil:
 			c.cfg.Logger.Warn("jobs: settle", "job", job.ID, "err", err)
@@ -844,10 +844,15 @@ func (c *Client) execute(ctx context.Context, k *kind, run *Run, ar *activeRun, 
 	case errors.Is(cause, ErrStopping), errors.Is(cause, ErrSlotLost):
 		c.handBackBy(ctx, run, true, 0, reasonOf(cause))
 	default:
-		if errors.Is(cause, ErrTimeout) {
-			werr = fmt.Errorf("%w after %v: %w", ErrTimeout, k.timeout, werr)
+		switch permanent, delay, snoozed := outcomeOf(werr); {
+		case snoozed:
+			c.handBackBy(ctx, run, true, delay, "snoozed for "+delay.String())
+		default:
+			if errors.Is(cause, ErrTimeout) {
+				werr = fmt.Errorf("%w after %v: %w", ErrTimeout, k.timeout, werr)
+			}
+			c.failed(ctx, k, run, job, werr, permanent)
 		}
-		c.failed(ctx, k, run, job, werr)
 	}
 	c.release(ctx, k, lease)
 	c.poke()
@@ -867,15 +872,19 @@ func (c *Client) release(ctx context.Context, k *kind, lease jobkeys.Lease) {
 }
 
 // failed counts a failure: the job is requeued with backoff, or failed
-// when the failures reach the kind's budget (job is the record as this
-// attempt last wrote it).
-func (c *Client) failed(ctx context.Context, k *kind, run *Run, job Job, werr error) {
+// when the failures reach the kind's budget or the error is permanent
+// (job is the record as this attempt last wrote it).
+func (c *Client) failed(ctx context.Context, k *kind, run *Run, job Job, werr error, permanent bool) {
 	claim := run.claim
-	reason := truncate(werr.Error(), ReasonSizeLimit)
+	msg := werr.Error()
+	if permanent {
+		msg = "permanent: " + msg
+	}
+	reason := truncate(msg, ReasonSizeLimit)
 	failures := job.Failures + 1
 	err := c.writeOutcome(ctx, run, true, func(ctx context.Context) error {
 		var err error
-		if failures >= k.maxFailures {
+		if permanent || failures >= k.maxFailures {
 			_, err = c.store.Fail(ctx, FailRequest{Claim: claim, Reason: reason})
 		} else {
 			_, err = c.store.Requeue(ctx, RequeueRequest{
