@@ -50,14 +50,21 @@ type Run struct {
 
 // Job returns the job record as it was claimed (Attempts counts this
 // attempt; Failures the attempts that failed before it), with the revision
-// of the last write of this run.
+// of the last write of this run. Its ClaimGeneration is the fencing token
+// of this attempt: every claim of the job has a higher one than the
+// claims before it, so a system the handler writes to can refuse a write
+// that carries a lower token than one it has seen (the write of a
+// handler whose claim was lost without its knowing).
 func (r *Run) Job() Job {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	return r.job
 }
 
-// Context returns the handler's context (the one Work was given).
+// Context returns the handler's context (the one Work was given). It ends
+// at the latest at the claim's local deadline (see Claims and fencing in
+// the package doc), which its Done, Err and Value methods check
+// themselves: a process that wakes past it finds it ended.
 func (r *Run) Context() context.Context { return r.ctx }
 
 // Progress records a progress entry (stage and state; a trimmed label of 1
