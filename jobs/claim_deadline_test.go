@@ -4,13 +4,16 @@ import (
 	"context"
 	"errors"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
+	"github.com/nats-io/nats.go/jetstream"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
 	"github.com/jobkeys/jobkeys"
+	"github.com/jobkeys/jobkeys/internal/natstest"
 	"github.com/jobkeys/jobkeys/jobs"
 )
 
@@ -119,4 +122,77 @@ func TestClaimDeadlineEndsHandlerWhileRenewalHangs(t *testing.T) {
 			assert.JSONEq(t, `{"by":"later"}`, string(d.Artifact.Value))
 		})
 	}
+}
+
+// hangingKeys is a key store whose updates, once armed, do not return,
+// whatever their context, until release closes: the slot's renewal hangs.
+type hangingKeys struct {
+	*jobkeys.NATSStore
+	armed   atomic.Bool
+	release chan struct{}
+}
+
+func (k *hangingKeys) Update(ctx context.Context, service, key string, value []byte, rev uint64) (uint64, error) {
+	if k.armed.Load() {
+		<-k.release
+	}
+	return k.NATSStore.Update(ctx, service, key, value, rev)
+}
+
+// A handler's context ends at its slot's local deadline, with
+// ErrSlotLost, when that comes before the claim's: here the slot's
+// renewal hangs while the claim was renewed just before it. The job is
+// handed back without a failure.
+func TestSlotDeadlineEndsHandlerWhileSlotRenewalHangs(t *testing.T) {
+	t.Parallel()
+	env := newRuntimeEnv(t)
+	_, js := natstest.Connect(t, env.srv)
+	st, err := jobs.NewNATSStore(js, nil, jobs.WithBucket(env.bucket), jobs.WithCreateBucket(jetstream.MemoryStorage, 1))
+	require.NoError(t, err)
+	ks, err := jobkeys.NewNATSStore(js, jobkeys.WithCreateBuckets(jetstream.MemoryStorage, 1))
+	require.NoError(t, err)
+	keys := &hangingKeys{NATSStore: ks, release: make(chan struct{})}
+	coord, err := jobkeys.NewCoordinator(keys, nil)
+	require.NoError(t, err)
+	cfg := fastConfig
+	cfg.KeyStore, cfg.Service = keys, env.service
+	client, err := jobs.NewClient(st, coord, &cfg)
+	require.NoError(t, err)
+	causes := make(chan error, 1)
+	require.NoError(t, jobs.Register(client, jobs.Kind[docIn, docOut]{
+		Type: "slot", Policy: deadlinePolicy, MaxFailures: 1,
+		Work: func(ctx context.Context, run *jobs.Run, in docIn) (docOut, error) {
+			if run.Job().Attempts > 1 {
+				return docOut{By: "later"}, nil
+			}
+			keys.armed.Store(true)
+			<-ctx.Done()
+			causes <- context.Cause(ctx)
+			return docOut{}, context.Cause(ctx)
+		},
+	}))
+	ctx := context.Background()
+	_, err = client.Enqueue(ctx, enqueueReq("slot", "j1", "t", "d"))
+	require.NoError(t, err)
+	require.NoError(t, client.Start(ctx))
+	select {
+	case cause := <-causes:
+		require.ErrorIs(t, cause, jobs.ErrSlotLost)
+	case <-time.After(15 * time.Second): // 15 lease TTLs
+		close(keys.release)
+		require.NoError(t, client.Stop(ctx))
+		t.Fatal("the handler's context did not end while its slot's renewal hung")
+	}
+	keys.armed.Store(false)
+	close(keys.release)
+	require.Eventually(t, func() bool {
+		d, err := client.Get(ctx, "ch", "j1")
+		require.NoError(t, err)
+		return d.Job.State == jobs.StateCompleted
+	}, time.Minute, 20*time.Millisecond, "the job never completed")
+	require.NoError(t, client.Stop(ctx))
+	d, err := client.Get(ctx, "ch", "j1")
+	require.NoError(t, err)
+	assert.Equal(t, 0, d.Job.Failures, "the lost slot counted a failure")
+	assert.Equal(t, 2, d.Job.Attempts)
 }
