@@ -909,10 +909,12 @@ func safeWork(ctx context.Context, k *kind, run *Run, input []byte) (out []byte,
 }
 
 // heartbeat renews the claim and the slot together every
-// HeartbeatInterval until stop closes or the handler's context ends, and
-// ends that context with the cause when either is lost or when the
-// client's grace ends. The local deadlines (see deadline.go) end it
-// without the heartbeat: a renewal that hangs cannot hold it up.
+// HeartbeatInterval until stop closes (the handler returned; after a
+// timeout the claim is kept for the failure to be written) or a local
+// deadline passes, and ends the handler's context with the cause when
+// either is lost or when the client's grace ends. The local deadlines
+// (see deadline.go) end the context without the heartbeat too: a renewal
+// that hangs cannot hold it up.
 func (c *Client) heartbeat(ctx context.Context, k *kind, run *Run, lease jobkeys.Lease, hctx *runContext, stop <-chan struct{}) {
 	t := time.NewTicker(k.jt.Policy().HeartbeatInterval)
 	defer t.Stop()
@@ -923,13 +925,12 @@ func (c *Client) heartbeat(ctx context.Context, k *kind, run *Run, lease jobkeys
 		case <-c.killCh:
 			hctx.cancel(ErrStopping)
 			return
-		case <-hctx.Done():
-			return
 		case <-t.C:
 		}
 		start := time.Now()
-		if hctx.Err() != nil {
-			return // a local deadline passed before this goroutine ran: nothing is renewed
+		if cause := run.clock.lost(start); cause != nil {
+			hctx.cancel(cause) // it passed before this goroutine ran: nothing is renewed
+			return
 		}
 		// A slow renewal may take until the local deadline, no longer.
 		rctx, rcancel := context.WithDeadline(ctx, run.clock.deadline())
@@ -953,7 +954,8 @@ func (c *Client) heartbeat(ctx context.Context, k *kind, run *Run, lease jobkeys
 			c.cfg.Logger.Warn("jobs: renew claim", "job", run.claim.JobID, "err", err)
 		}
 		start = time.Now()
-		if hctx.Err() != nil {
+		if cause := run.clock.lost(start); cause != nil {
+			hctx.cancel(cause)
 			return
 		}
 		rctx, rcancel = context.WithDeadline(ctx, run.clock.deadline())
