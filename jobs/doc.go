@@ -37,10 +37,16 @@
 // together every HeartbeatInterval. The handler's context ends with a
 // cause ([ErrClaimLost], [ErrSlotLost], [ErrPaused], [ErrCancelled],
 // [ErrSuperseded], [ErrTimeout], [ErrStopping]): read it with
-// context.Cause. A nil error settles the job with the handler's result;
+// context.Cause. It ends with ErrClaimLost at the claim's local deadline
+// (see Claims and fencing) even when nothing could renew or end it: it
+// checks that deadline itself whenever it is asked, so a process that
+// wakes past it (stopped, paused) finds it ended before its handler can
+// act. A nil error settles the job with the handler's result;
 // an error (or the timeout) requeues it with ClientConfig.Backoff
 // ([DefaultBackoff]: 1 s·2^(failures−1), at most 5 min) and fails it for
-// good when its failures reach [Kind].MaxFailures. [Client.Cancel],
+// good when its failures reach [Kind].MaxFailures. An error marked
+// [Permanent] fails it at once; [Snooze] hands it back for a while
+// without counting a failure. [Client.Cancel],
 // [Client.Pause], [Client.Resume] and [Client.Supersede] are the control
 // calls (a running job of the same client stops at once, of another at its
 // next heartbeat). [Client.Reconcile] runs every ReconcileInterval in every
@@ -118,6 +124,20 @@
 // was taken over cannot write. [Store.Renew] also takes the revision the
 // worker last saw and must move the expiry later; it can bind a small
 // value (such as a key-layer lease) to the claim.
+//
+// A [Client] counts each claim (and each key slot) on its own monotonic
+// clock: a claim made or renewed by a request that started at s is good
+// until s + TTL − a margin (half the HeartbeatInterval, or half the gap
+// between it and the TTL if less), its local deadline; the start, not the
+// reply, since the store may have written it at any time in between. At
+// that deadline the handler's context ends with [ErrClaimLost] (with
+// [ErrSlotLost] at the slot's, if earlier) and the client writes nothing
+// more for the claim: no progress, settle, failure or hand-back. The
+// claim generation ([Run.Job]().ClaimGeneration) is the fencing token to
+// hand to the systems a handler writes to: every claim of a job has a
+// higher one than the claims before it, so a target that keeps the highest
+// token it has seen can refuse the write of a handler whose claim was lost
+// without its knowing (see the example of [Run.Job]).
 //
 // # Clocks
 //

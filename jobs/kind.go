@@ -38,9 +38,14 @@ type Kind[In, Out any] struct {
 	// Work runs one attempt. Its error requeues the job with backoff,
 	// counting a failure; a nil error settles the job with out as its
 	// artifact (a result the store refuses — over ArtifactSizeLimit, or
-	// a record over the server's max_payload — is a failure too). ctx
-	// ends, with a cause saying why (see [ErrClaimLost] and the errors
-	// beside it), when the attempt must stop. Required.
+	// a record over the server's max_payload — is a failure too). An
+	// error marked [Permanent] fails the job at once; a [Snooze] hands
+	// it back for a while without counting a failure. ctx ends, with a
+	// cause saying why (see [ErrClaimLost] and the errors beside it),
+	// when the attempt must stop, at the latest at the claim's local
+	// deadline: check ctx.Err() right before an external effect, and
+	// hand the systems written to run.Job().ClaimGeneration as a fencing
+	// token (see [Run.Job]). Required.
 	Work func(ctx context.Context, run *Run, in In) (out Out, err error)
 }
 

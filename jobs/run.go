@@ -35,23 +35,36 @@ var (
 // methods are safe for concurrent use by the handler's goroutines while
 // Work runs; they must not be called after Work returns.
 type Run struct {
-	c     *Client
-	ctx   context.Context
-	mu    sync.Mutex // guards job: renewals and progress both change its revision
-	job   Job
-	claim Claim
+	c   *Client
+	ctx context.Context
+	// writing serializes the claimed writes of the attempt (renewals,
+	// progress): each changes the job's revision, which the next expects.
+	// It is held through their I/O; mu, which guards job, is not, so
+	// that Job does not wait for a renewal in flight.
+	writing sync.Mutex
+	mu      sync.Mutex
+	job     Job
+	claim   Claim
+	clock   *leaseClock // the local deadlines of claim and slot
 }
 
 // Job returns the job record as it was claimed (Attempts counts this
 // attempt; Failures the attempts that failed before it), with the revision
-// of the last write of this run.
+// of the last write of this run. Its ClaimGeneration is the fencing token
+// of this attempt: every claim of the job has a higher one than the
+// claims before it, so a system the handler writes to can refuse a write
+// that carries a lower token than one it has seen (the write of a
+// handler whose claim was lost without its knowing).
 func (r *Run) Job() Job {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	return r.job
 }
 
-// Context returns the handler's context (the one Work was given).
+// Context returns the handler's context (the one Work was given). It ends
+// at the latest at the claim's local deadline (see Claims and fencing in
+// the package doc), which its Done, Err and Value methods check
+// themselves: a process that wakes past it finds it ended.
 func (r *Run) Context() context.Context { return r.ctx }
 
 // Progress records a progress entry (stage and state; a trimmed label of 1
@@ -70,15 +83,19 @@ func (r *Run) Interrupted(stage, label, reason string) error {
 }
 
 func (r *Run) progress(stage, label string, state ProgressState, reason string) error {
+	r.writing.Lock()
+	defer r.writing.Unlock()
+	// Err checks the local deadlines: nothing is written for a claim past
+	// its own (after the wait for the lock, which a renewal may hold).
 	if r.ctx.Err() != nil {
 		return fmt.Errorf("jobs: progress of job %q: %w", r.claim.JobID, context.Cause(r.ctx))
 	}
-	r.mu.Lock()
-	defer r.mu.Unlock()
 	j, err := r.c.store.AppendProgress(r.ctx, ProgressRequest{Claim: r.claim, Stage: stage, Label: label, State: state, Reason: reason})
 	if err != nil {
 		return err
 	}
+	r.mu.Lock()
 	r.job = j
+	r.mu.Unlock()
 	return nil
 }

@@ -165,6 +165,7 @@ func (c *Client) claimLoop(ctx context.Context, ttl time.Duration) {
 		}
 		var claimed []Job
 		var err error
+		start := time.Now() // the claims' local deadlines count from here
 		select {
 		case <-c.stopCh:
 		default:
@@ -175,7 +176,7 @@ func (c *Client) claimLoop(ctx context.Context, ttl time.Duration) {
 		}
 		for _, j := range claimed {
 			c.wg.Add(1)
-			go c.handle(ctx, j)
+			go c.handle(ctx, j, start)
 		}
 		for range n - len(claimed) {
 			<-c.tokens
@@ -310,9 +311,9 @@ func (r *activeRun) stopped() error {
 	return r.cause
 }
 
-// handle takes a claimed job (holding a worker token) through its slot,
-// its handler and its outcome.
-func (c *Client) handle(ctx context.Context, job Job) {
+// handle takes a job claimed by a request that started at start (holding
+// a worker token) through its slot, its handler and its outcome.
+func (c *Client) handle(ctx context.Context, job Job, start time.Time) {
 	defer c.wg.Done()
 	ref := jobRef{job.ChannelID, job.ID}
 	target := jobRef{job.ChannelID, job.TargetKey}
@@ -334,20 +335,23 @@ func (c *Client) handle(ctx context.Context, job Job) {
 		}
 		c.mu.Unlock()
 	}()
-	claim := ClaimOf(job)
+	run := &Run{c: c, job: job, claim: ClaimOf(job), clock: newLeaseClock(start, c.claimTTL, 0, 0)}
+	if k != nil {
+		p := k.jt.Policy()
+		run.clock = newLeaseClock(start, c.claimTTL, p.HeartbeatTTL, deadlineMargin(p.HeartbeatInterval, p.HeartbeatTTL))
+	}
 	select {
 	case <-c.stopCh: // claimed as Stop began: not ours to start
 		c.releaseToken()
-		c.handBack(ctx, claim, 0, "client-stopping")
+		c.handBack(ctx, run, 0, "client-stopping")
 		return
 	default:
 	}
 	if k == nil || k.version != job.Version {
 		c.releaseToken()
-		c.handBack(ctx, claim, c.cfg.UnknownKindDelay, "unknown-kind")
+		c.handBack(ctx, run, c.cfg.UnknownKindDelay, "unknown-kind")
 		return
 	}
-	run := &Run{c: c, job: job, claim: claim}
 	lease, ok := c.acquire(ctx, k, run, ar)
 	if !ok {
 		return
@@ -430,6 +434,7 @@ func (c *Client) acquire(ctx context.Context, k *kind, run *Run, ar *activeRun) 
 		} else if inTurn {
 			opts = append(opts, jobkeys.WithQueueTurn())
 		}
+		acqStart := time.Now()
 		acq, err := k.jt.Acquire(ctx, kid, input, opts...)
 		// Blocked in turn: slots are free, for the jobs ahead.
 		turnBlocked = inTurn && !retry && err == nil && acq.Kind == jobkeys.KindBlocked &&
@@ -449,11 +454,12 @@ func (c *Client) acquire(ctx context.Context, k *kind, run *Run, ar *activeRun) 
 			c.cfg.Logger.Warn("jobs: acquire slot", "job", job.ID, "err", err)
 			c.releaseToken()
 			leaveWake()
-			c.handBack(ctx, run.claim, c.cfg.RecheckInterval, "key-unavailable")
+			c.handBack(ctx, run, c.cfg.RecheckInterval, "key-unavailable")
 			return jobkeys.Lease{}, false
 		}
 		if acq.Kind == jobkeys.KindAcquired {
 			acquired = true // if it leaves now, its release wakes the next job
+			run.clock.acquiredSlot(acqStart)
 			c.cfg.Logger.Debug("jobs: acquired", "job", job.ID, "generation", run.claim.Generation, "waited", waited)
 			if kvKey != "" && wake == nil {
 				// Another slot may be free too. (A wake-up is not passed
@@ -464,7 +470,7 @@ func (c *Client) acquire(ctx context.Context, k *kind, run *Run, ar *activeRun) 
 			case <-c.stopCh: // Stop began while it acquired: do not start
 				c.release(ctx, k, acq.Lease)
 				c.releaseToken()
-				c.handBack(ctx, run.claim, 0, "client-stopping")
+				c.handBack(ctx, run, 0, "client-stopping")
 				return jobkeys.Lease{}, false
 			default:
 			}
@@ -503,7 +509,7 @@ func (c *Client) acquire(ctx context.Context, k *kind, run *Run, ar *activeRun) 
 				if err != nil && !errors.Is(err, ErrRejected) {
 					c.cfg.Logger.Warn("jobs: repair admission", "job", job.ID, "err", err)
 					leaveWake()
-					c.handBack(ctx, run.claim, c.cfg.RecheckInterval, "key-unavailable")
+					c.handBack(ctx, run, c.cfg.RecheckInterval, "key-unavailable")
 				}
 				return jobkeys.Lease{}, false
 			}
@@ -568,8 +574,7 @@ func (c *Client) acquire(ctx context.Context, k *kind, run *Run, ar *activeRun) 
 			// it, it tries anyway.
 			wait = min(wait, queueTurnWait)
 		}
-		renewAt := run.job.ClaimExpiresAt.Add(-c.claimTTL / 2)
-		wait = max(min(wait, renewAt.Sub(now)), time.Millisecond)
+		wait = max(min(wait, time.Until(run.clock.renewClaimAt())), time.Millisecond)
 		c.releaseToken()
 		c.mu.Lock()
 		full := c.waiting >= c.cfg.MaxWaiting
@@ -579,7 +584,7 @@ func (c *Client) acquire(ctx context.Context, k *kind, run *Run, ar *activeRun) 
 		c.mu.Unlock()
 		if full {
 			leaveWake()
-			c.handBack(ctx, run.claim, c.cfg.RecheckInterval, "key-full")
+			c.handBack(ctx, run, c.cfg.RecheckInterval, "key-full")
 			return jobkeys.Lease{}, false
 		}
 		c.cfg.Logger.Debug("jobs: waiting", "job", job.ID, "for", wait, "watched", turn != nil, "wakeUps", wake != nil)
@@ -612,7 +617,7 @@ func (c *Client) acquire(ctx context.Context, k *kind, run *Run, ar *activeRun) 
 		}
 		if stop {
 			leaveWake()
-			c.handBack(ctx, run.claim, 0, "client-stopping")
+			c.handBack(ctx, run, 0, "client-stopping")
 			return jobkeys.Lease{}, false
 		}
 		if !c.takeToken(ctx, run, ar, timer, leaveWake) {
@@ -663,16 +668,20 @@ func (c *Client) passWakeUp(ctx context.Context, k *kind, kid string, input []by
 func (c *Client) takeToken(ctx context.Context, run *Run, ar *activeRun, timer *time.Timer, leaving func()) bool {
 	defer stopTimer(timer)
 	for {
-		renewAt := run.job.ClaimExpiresAt.Add(-c.claimTTL / 2)
-		if !c.cfg.Now().Before(renewAt) {
+		renewAt := run.clock.renewClaimAt()
+		if start := time.Now(); !start.Before(renewAt) {
+			if run.clock.claimPast() {
+				return false // not renewed in time (a stopped process): it runs out
+			}
 			j, err := c.store.Renew(ctx, RenewRequest{Claim: run.claim, ExpectedRevision: run.job.Revision, TTL: c.claimTTL})
 			if err != nil {
 				return false
 			}
 			run.job = j
+			run.clock.renewedClaim(start)
 			continue
 		}
-		timer.Reset(max(renewAt.Sub(c.cfg.Now()), time.Millisecond))
+		timer.Reset(max(time.Until(renewAt), time.Millisecond))
 		select {
 		case c.tokens <- struct{}{}:
 			return true
@@ -683,7 +692,7 @@ func (c *Client) takeToken(ctx context.Context, run *Run, ar *activeRun, timer *
 			}
 		case <-c.stopCh:
 			leaving()
-			c.handBack(ctx, run.claim, 0, "client-stopping")
+			c.handBack(ctx, run, 0, "client-stopping")
 			return false
 		}
 		stopTimer(timer)
@@ -708,24 +717,25 @@ func stopTimer(t *time.Timer) {
 func (c *Client) stillOurs(ctx context.Context, run *Run) bool {
 	d, err := c.store.Get(ctx, run.claim.ChannelID, run.claim.JobID)
 	return err == nil && d.Job.State == StateRunning && d.Job.ClaimOwner == run.claim.Owner &&
-		d.Job.ClaimGeneration == run.claim.Generation && d.Job.ClaimExpiresAt.After(c.cfg.Now())
+		d.Job.ClaimGeneration == run.claim.Generation && d.Job.ClaimExpiresAt.After(c.cfg.Now()) &&
+		!run.clock.claimPast()
 }
 
 // handBack requeues a claimed job for after delay without counting a
-// failure. An error leaves the claim to run out.
-func (c *Client) handBack(ctx context.Context, claim Claim, delay time.Duration, reason string) {
-	c.handBackBy(ctx, claim, time.Time{}, delay, reason)
+// failure, in one try. An error leaves the claim to run out.
+func (c *Client) handBack(ctx context.Context, run *Run, delay time.Duration, reason string) {
+	c.handBackBy(ctx, run, false, delay, reason)
 }
 
-// handBackBy is handBack trying again while the store is unavailable and
-// the claim holds (until claimExpires; zero: one try), as writeOutcome.
-func (c *Client) handBackBy(ctx context.Context, claim Claim, claimExpires time.Time, delay time.Duration, reason string) {
-	err := c.writeOutcome(ctx, claimExpires, func(ctx context.Context) error {
-		_, err := c.store.Requeue(ctx, RequeueRequest{Claim: claim, AvailableAt: c.cfg.Now().Add(delay), Reason: reason})
+// handBackBy is handBack, trying again while the store is unavailable and
+// the claim holds when retry is set, as writeOutcome.
+func (c *Client) handBackBy(ctx context.Context, run *Run, retry bool, delay time.Duration, reason string) {
+	err := c.writeOutcome(ctx, run, retry, func(ctx context.Context) error {
+		_, err := c.store.Requeue(ctx, RequeueRequest{Claim: run.claim, AvailableAt: c.cfg.Now().Add(delay), Reason: reason})
 		return err
 	})
-	if err != nil && !errors.Is(err, ErrConflict) {
-		c.cfg.Logger.Warn("jobs: hand job back", "job", claim.JobID, "err", err)
+	if err != nil && !errors.Is(err, ErrConflict) && !errors.Is(err, ErrClaimLost) {
+		c.cfg.Logger.Warn("jobs: hand job back", "job", run.claim.JobID, "err", err)
 	}
 }
 
@@ -733,21 +743,26 @@ func (c *Client) handBackBy(ctx context.Context, claim Claim, claimExpires time.
 const outcomeRetryMax = time.Second
 
 // writeOutcome makes an attempt's last write (settle, requeue, fail, hand
-// back), trying again while the store is unavailable ([ErrUnavailable])
-// and the claim still holds: a write lost to a store briefly out of reach
-// (a leader election, a reconnect) would otherwise leave the job to run
-// again from the start once its claim ran out. It gives up, returning the
-// last error, before claimExpires (the claim's expiry: nothing renews it
-// after the handler returns), when the client's grace ends, or when ctx
-// ends. Any other error is returned at once.
-func (c *Client) writeOutcome(ctx context.Context, claimExpires time.Time, write func(context.Context) error) error {
+// back) for run's claim, unless the claim's local deadline has passed: then
+// it writes nothing and returns an error wrapping ErrClaimLost. With retry
+// it tries again while the store is unavailable ([ErrUnavailable]) and
+// the claim still holds: a write lost to a store briefly out of reach (a
+// leader election, a reconnect) would otherwise leave the job to run again
+// from the start once its claim ran out. It gives up, returning the last
+// error, before the claim's local deadline (nothing renews the claim after
+// the handler returns), when the client's grace ends, or when ctx ends.
+// Any other error is returned at once.
+func (c *Client) writeOutcome(ctx context.Context, run *Run, retry bool, write func(context.Context) error) error {
 	pause := 50 * time.Millisecond
 	for {
+		if run.clock.claimPast() {
+			return fmt.Errorf("%w: job %q: past the claim's local deadline, nothing written", ErrClaimLost, run.claim.JobID)
+		}
 		err := write(ctx)
-		if err == nil || !errors.Is(err, ErrUnavailable) || ctx.Err() != nil {
+		if err == nil || !retry || !errors.Is(err, ErrUnavailable) || ctx.Err() != nil {
 			return err
 		}
-		if !c.cfg.Now().Add(pause).Before(claimExpires) {
+		if !time.Now().Add(pause).Before(run.clock.claimDeadline()) {
 			return err
 		}
 		t := time.NewTimer(pause)
@@ -767,16 +782,11 @@ func (c *Client) writeOutcome(ctx context.Context, claimExpires time.Time, write
 // execute runs the handler under the slot with heartbeats, then writes
 // the outcome and releases the slot.
 func (c *Client) execute(ctx context.Context, k *kind, run *Run, ar *activeRun, lease jobkeys.Lease) {
-	hctx, cancel := context.WithCancelCause(context.WithoutCancel(ctx))
-	defer cancel(nil)
-	var tcancel context.CancelFunc = func() {}
-	if k.timeout > 0 {
-		hctx, tcancel = context.WithTimeoutCause(hctx, k.timeout, ErrTimeout)
-	}
-	defer tcancel()
+	hctx := newRunContext(context.WithoutCancel(ctx), run.clock, k.timeout)
+	defer hctx.stop()
 	run.ctx = hctx
 	ar.mu.Lock()
-	ar.cancel = func(err error) { cancel(err) }
+	ar.cancel = func(err error) { hctx.cancel(err) }
 	early := ar.cause
 	ar.mu.Unlock()
 	if early != nil {
@@ -793,15 +803,17 @@ func (c *Client) execute(ctx context.Context, k *kind, run *Run, ar *activeRun, 
 	hbDone := make(chan struct{})
 	go func() {
 		defer close(hbDone)
-		c.heartbeat(ctx, k, run, lease, cancel, hbStop)
+		c.heartbeat(ctx, k, run, lease, hctx, hbStop)
 	}()
 	out, werr := safeWork(hctx, k, run, input)
 	close(hbStop)
 	<-hbDone
 
-	cause := context.Cause(hctx)
-	if hctx.Err() == nil {
-		cause = nil
+	// Err checks the local deadlines: a claim past its own is not
+	// written, whatever the handler returned.
+	var cause error
+	if hctx.Err() != nil {
+		cause = context.Cause(hctx)
 	}
 	run.mu.Lock()
 	job := run.job
@@ -815,7 +827,7 @@ func (c *Client) execute(ctx context.Context, k *kind, run *Run, ar *activeRun, 
 		errors.Is(cause, ErrCancelled), errors.Is(cause, ErrSuperseded):
 		// Not ours to write any more.
 	case werr == nil:
-		err := c.writeOutcome(ctx, job.ClaimExpiresAt, func(ctx context.Context) error {
+		err := c.writeOutcome(ctx, run, true, func(ctx context.Context) error {
 			_, err := c.store.Settle(ctx, SettleRequest{Claim: run.claim, Artifact: out})
 			return err
 		})
@@ -824,17 +836,23 @@ func (c *Client) execute(ctx context.Context, k *kind, run *Run, ar *activeRun, 
 			// The claim holds, so the store refused the result itself (a
 			// record over the server's max_payload): the attempt failed.
 			// Else the job would run again, for ever, at every claim.
-			c.failed(ctx, k, run.claim, job, fmt.Errorf("jobs: the store refused the result of job %q: %w", job.ID, err))
+			c.failed(ctx, k, run, job, fmt.Errorf("jobs: the store refused the result of job %q: %w", job.ID, err), false)
+		case errors.Is(err, ErrClaimLost):
 		case err != nil:
 			c.cfg.Logger.Warn("jobs: settle", "job", job.ID, "err", err)
 		}
 	case errors.Is(cause, ErrStopping), errors.Is(cause, ErrSlotLost):
-		c.handBackBy(ctx, run.claim, job.ClaimExpiresAt, 0, reasonOf(cause))
+		c.handBackBy(ctx, run, true, 0, reasonOf(cause))
 	default:
-		if errors.Is(cause, ErrTimeout) {
-			werr = fmt.Errorf("%w after %v: %w", ErrTimeout, k.timeout, werr)
+		switch permanent, delay, snoozed := outcomeOf(werr); {
+		case snoozed:
+			c.handBackBy(ctx, run, true, delay, "snoozed for "+delay.String())
+		default:
+			if errors.Is(cause, ErrTimeout) {
+				werr = fmt.Errorf("%w after %v: %w", ErrTimeout, k.timeout, werr)
+			}
+			c.failed(ctx, k, run, job, werr, permanent)
 		}
-		c.failed(ctx, k, run.claim, job, werr)
 	}
 	c.release(ctx, k, lease)
 	c.poke()
@@ -854,14 +872,19 @@ func (c *Client) release(ctx context.Context, k *kind, lease jobkeys.Lease) {
 }
 
 // failed counts a failure: the job is requeued with backoff, or failed
-// when the failures reach the kind's budget (job is the record as this
-// attempt last wrote it).
-func (c *Client) failed(ctx context.Context, k *kind, claim Claim, job Job, werr error) {
-	reason := truncate(werr.Error(), ReasonSizeLimit)
+// when the failures reach the kind's budget or the error is permanent
+// (job is the record as this attempt last wrote it).
+func (c *Client) failed(ctx context.Context, k *kind, run *Run, job Job, werr error, permanent bool) {
+	claim := run.claim
+	msg := werr.Error()
+	if permanent {
+		msg = "permanent: " + msg
+	}
+	reason := truncate(msg, ReasonSizeLimit)
 	failures := job.Failures + 1
-	err := c.writeOutcome(ctx, job.ClaimExpiresAt, func(ctx context.Context) error {
+	err := c.writeOutcome(ctx, run, true, func(ctx context.Context) error {
 		var err error
-		if failures >= k.maxFailures {
+		if permanent || failures >= k.maxFailures {
 			_, err = c.store.Fail(ctx, FailRequest{Claim: claim, Reason: reason})
 		} else {
 			_, err = c.store.Requeue(ctx, RequeueRequest{
@@ -870,7 +893,7 @@ func (c *Client) failed(ctx context.Context, k *kind, claim Claim, job Job, werr
 		}
 		return err
 	})
-	if err != nil {
+	if err != nil && !errors.Is(err, ErrClaimLost) {
 		c.cfg.Logger.Warn("jobs: record failure", "job", job.ID, "err", err)
 	}
 }
@@ -886,80 +909,68 @@ func safeWork(ctx context.Context, k *kind, run *Run, input []byte) (out []byte,
 }
 
 // heartbeat renews the claim and the slot together every
-// HeartbeatInterval until stop closes, and ends the handler's context
-// with the cause when either is lost, when either would lapse before it
-// could be renewed (the local deadline: a margin before the earlier
-// expiry, so that the handler has stopped before another worker can take
-// over), or when the client's grace ends.
-func (c *Client) heartbeat(ctx context.Context, k *kind, run *Run, lease jobkeys.Lease, cancel context.CancelCauseFunc, stop <-chan struct{}) {
-	policy := k.jt.Policy()
-	t := time.NewTicker(policy.HeartbeatInterval)
+// HeartbeatInterval until stop closes (the handler returned; after a
+// timeout the claim is kept for the failure to be written) or a local
+// deadline passes, and ends the handler's context with the cause when
+// either is lost or when the client's grace ends. The local deadlines
+// (see deadline.go) end the context without the heartbeat too: a renewal
+// that hangs cannot hold it up.
+func (c *Client) heartbeat(ctx context.Context, k *kind, run *Run, lease jobkeys.Lease, hctx *runContext, stop <-chan struct{}) {
+	t := time.NewTicker(k.jt.Policy().HeartbeatInterval)
 	defer t.Stop()
-	margin := min(policy.HeartbeatInterval/2, (policy.HeartbeatTTL-policy.HeartbeatInterval)/2)
-	run.mu.Lock()
-	claimExpires := run.job.ClaimExpiresAt
-	run.mu.Unlock()
-	deadline := time.NewTimer(time.Hour)
-	defer deadline.Stop()
-	arm := func() {
-		until := min(claimExpires.Sub(c.cfg.Now()), time.Until(lease.LeaseExpiresAt)) - margin
-		deadline.Reset(max(until, 0))
-	}
-	arm()
 	for {
 		select {
 		case <-stop:
 			return
 		case <-c.killCh:
-			cancel(ErrStopping)
-			return
-		case <-deadline.C:
-			if claimExpires.Sub(c.cfg.Now()) <= margin {
-				cancel(ErrClaimLost) // nothing may be written: it wins over a lost slot
-			} else {
-				cancel(ErrSlotLost)
-			}
+			hctx.cancel(ErrStopping)
 			return
 		case <-t.C:
 		}
-		// A slow renewal may take until the local deadline, no longer.
-		left := min(claimExpires.Sub(c.cfg.Now()), time.Until(lease.LeaseExpiresAt)) - margin
-		rctx, rcancel := context.WithTimeout(ctx, left)
-		run.mu.Lock()
-		j, err := c.store.Renew(rctx, RenewRequest{Claim: run.claim, ExpectedRevision: run.job.Revision, TTL: c.claimTTL})
-		if err == nil {
-			run.job = j
-			claimExpires = j.ClaimExpiresAt
+		start := time.Now()
+		if cause := run.clock.lost(start); cause != nil {
+			hctx.cancel(cause) // it passed before this goroutine ran: nothing is renewed
+			return
 		}
-		run.mu.Unlock()
+		// A slow renewal may take until the local deadline, no longer.
+		rctx, rcancel := context.WithDeadline(ctx, run.clock.deadline())
+		run.writing.Lock()
+		j, err := c.store.Renew(rctx, RenewRequest{Claim: run.claim, ExpectedRevision: run.Job().Revision, TTL: c.claimTTL})
+		if err == nil {
+			run.mu.Lock()
+			run.job = j
+			run.mu.Unlock()
+			run.clock.renewedClaim(start)
+		}
+		run.writing.Unlock()
+		rcancel()
 		if err != nil {
 			if errors.Is(err, ErrConflict) || errors.Is(err, ErrNotFound) {
-				rcancel()
 				cctx, ccancel := context.WithTimeout(ctx, 5*time.Second)
-				cancel(c.lostCause(cctx, run.claim))
+				hctx.cancel(c.lostCause(cctx, run.claim))
 				ccancel()
 				return
 			}
 			c.cfg.Logger.Warn("jobs: renew claim", "job", run.claim.JobID, "err", err)
 		}
+		start = time.Now()
+		if cause := run.clock.lost(start); cause != nil {
+			hctx.cancel(cause)
+			return
+		}
+		rctx, rcancel = context.WithDeadline(ctx, run.clock.deadline())
 		ren, err := k.jt.Renew(rctx, lease)
 		rcancel()
 		switch {
 		case err != nil:
 			c.cfg.Logger.Warn("jobs: renew slot", "job", run.claim.JobID, "err", err)
 		case ren.Kind == jobkeys.KindLost:
-			cancel(ErrSlotLost)
+			hctx.cancel(ErrSlotLost)
 			return
 		default:
 			lease.LeaseExpiresAt = ren.LeaseExpiresAt
+			run.clock.acquiredSlot(start)
 		}
-		if !deadline.Stop() {
-			select {
-			case <-deadline.C:
-			default:
-			}
-		}
-		arm()
 	}
 }
 

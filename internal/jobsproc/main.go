@@ -7,6 +7,16 @@
 //	start <job> <key> <pid> <unix ns>
 //	end <job> <key> <pid> <unix ns> <cause or ok>
 //
+// A worker with -hold runs each job's handler in two steps, for the
+// frozen-worker test (jobs/claim_deadline_process_test.go): it waits
+// -hold (or until its context ends), then checks its context right before
+// its external effect; with -log-writes it logs every claimed write it
+// attempts. Its lines are
+//
+//	hold <job> <claim generation> <pid> <unix ns>
+//	effect <job> <claim generation> <pid> <unix ns> <context cause or ok>
+//	write <op> <job> <claim generation> <pid> <unix ns>
+//
 // A worker runs until SIGTERM (then drains) or SIGKILL (a crash). A
 // producer enqueues jobs -from to -to (retrying through outages) and
 // exits; with -orphan it writes one job record without its admission and
@@ -61,6 +71,9 @@ func main() {
 		store   = flag.String("store", "", "server: JetStream storage directory")
 		port    = flag.Int("port", 0, "server: client port")
 		pace    = flag.Duration("pace", 0, "producer: pause between enqueues")
+		hold    = flag.Duration("hold", 0, "worker: hold each job this long, then check the context before the effect")
+		timeout = flag.Duration("timeout", 0, "worker: the kind's Timeout")
+		logW    = flag.Bool("log-writes", false, "worker: log every claimed write attempted")
 	)
 	flag.Parse()
 	if *mode == "server" {
@@ -70,7 +83,8 @@ func main() {
 		}
 		return
 	}
-	if err := run(*url, *mode, *ledger, *bucket, *service, *keys, *from, *to, *orphan, *pace); err != nil {
+	w := workerFlags{hold: *hold, timeout: *timeout, logWrites: *logW}
+	if err := run(*url, *mode, *ledger, *bucket, *service, *keys, *from, *to, *orphan, *pace, w); err != nil {
 		fmt.Fprintln(os.Stderr, "jobsproc:", err)
 		os.Exit(1)
 	}
@@ -87,7 +101,48 @@ func (l *ledgerFile) line(format string, args ...any) {
 	_, _ = fmt.Fprintf(l.f, format+"\n", args...)
 }
 
-func run(url, mode, ledgerPath, bucket, service string, keys, from, to int, orphan bool, pace time.Duration) error {
+// workerFlags are the frozen-worker test's flags.
+type workerFlags struct {
+	hold, timeout time.Duration
+	logWrites     bool
+}
+
+// writeLog is a job store that logs every claimed write attempted.
+type writeLog struct {
+	jobs.Store
+	led *ledgerFile
+}
+
+func (s *writeLog) log(op string, c jobs.Claim) {
+	s.led.line("write %s %s %d %d %d", op, c.JobID, c.Generation, os.Getpid(), time.Now().UnixNano())
+}
+
+func (s *writeLog) Renew(ctx context.Context, req jobs.RenewRequest) (jobs.Job, error) {
+	s.log("renew", req.Claim)
+	return s.Store.Renew(ctx, req)
+}
+
+func (s *writeLog) AppendProgress(ctx context.Context, req jobs.ProgressRequest) (jobs.Job, error) {
+	s.log("progress", req.Claim)
+	return s.Store.AppendProgress(ctx, req)
+}
+
+func (s *writeLog) Settle(ctx context.Context, req jobs.SettleRequest) (jobs.Detail, error) {
+	s.log("settle", req.Claim)
+	return s.Store.Settle(ctx, req)
+}
+
+func (s *writeLog) Fail(ctx context.Context, req jobs.FailRequest) (jobs.Job, error) {
+	s.log("fail", req.Claim)
+	return s.Store.Fail(ctx, req)
+}
+
+func (s *writeLog) Requeue(ctx context.Context, req jobs.RequeueRequest) (jobs.Job, error) {
+	s.log("requeue", req.Claim)
+	return s.Store.Requeue(ctx, req)
+}
+
+func run(url, mode, ledgerPath, bucket, service string, keys, from, to int, orphan bool, pace time.Duration, w workerFlags) error {
 	f, err := os.OpenFile(ledgerPath, os.O_APPEND|os.O_CREATE|os.O_WRONLY, 0o644)
 	if err != nil {
 		return err
@@ -115,7 +170,11 @@ func run(url, mode, ledgerPath, bucket, service string, keys, from, to int, orph
 	if err != nil {
 		return err
 	}
-	client, err := jobs.NewClient(store, coord, &jobs.ClientConfig{
+	var st jobs.Store = store
+	if w.logWrites {
+		st = &writeLog{Store: store, led: led}
+	}
+	client, err := jobs.NewClient(st, coord, &jobs.ClientConfig{
 		KeyStore: ks, Service: service, MaxWorkers: 4,
 		PollInterval: 100 * time.Millisecond, RecheckInterval: 500 * time.Millisecond,
 		AdmitGrace: time.Second, ReconcileInterval: 500 * time.Millisecond, StopGrace: time.Second,
@@ -126,9 +185,25 @@ func run(url, mode, ledgerPath, bucket, service string, keys, from, to int, orph
 	}
 	pid := os.Getpid()
 	err = jobs.Register(client, jobs.Kind[input, struct{}]{
-		Type: "proc", Policy: policy, MaxFailures: 1000,
+		Type: "proc", Policy: policy, MaxFailures: 1000, Timeout: w.timeout,
 		Work: func(ctx context.Context, run *jobs.Run, in input) (struct{}, error) {
 			id := run.Job().ID
+			if w.hold > 0 {
+				gen := run.Job().ClaimGeneration
+				led.line("hold %s %d %d %d", id, gen, pid, time.Now().UnixNano())
+				select {
+				case <-time.After(w.hold):
+				case <-ctx.Done():
+				}
+				// Right before the effect: a handler that sees its context
+				// ended does nothing.
+				effect := "ok"
+				if ctx.Err() != nil {
+					effect = context.Cause(ctx).Error()
+				}
+				led.line("effect %s %d %d %d %q", id, gen, pid, time.Now().UnixNano(), effect)
+				return struct{}{}, context.Cause(ctx)
+			}
 			led.line("start %s %s %d %d", id, in.K, pid, time.Now().UnixNano())
 			cause := "ok"
 			select {
