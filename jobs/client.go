@@ -641,7 +641,12 @@ func (c *Client) List(ctx context.Context, req ListRequest) (Page, error) {
 
 // Cancel cancels a job (the store's Cancel). A job running in this client
 // sees its context end at once with [ErrCancelled]; in another client, at
-// its next heartbeat. Its queue entry, if any, is removed.
+// its next heartbeat. Its queue entry, if any, is removed at once, so its
+// key has room for another job: through the kind's key, or, in a client
+// without a kind for the job's type (an operator's tool), by reading the
+// keys of that type until one holds the entry. A failure to remove it is
+// logged (ClientConfig.Logger), and reconciliation removes the entry
+// later.
 func (c *Client) Cancel(ctx context.Context, req CancelRequest) (Job, error) {
 	j, err := c.store.Cancel(ctx, req)
 	if err != nil {
@@ -690,16 +695,20 @@ func (c *Client) Resume(ctx context.Context, req ResumeRequest) (Job, error) {
 }
 
 // dropQueued removes a finished job's queue entry, best effort:
-// reconciliation removes what this misses.
+// reconciliation removes what this misses. Without a kind for the job's
+// type it finds the entry by reading the type's keys (dropQueuedByScan).
 func (c *Client) dropQueued(ctx context.Context, j Job) {
 	c.mu.Lock()
 	k := c.kinds[j.Type]
 	c.mu.Unlock()
-	if k == nil {
-		return
+	var err error
+	if k != nil {
+		_, err = k.jt.RemoveQueued(ctx, keyJobID(j.ChannelID, j.ID), []byte(inputOf(j)))
+	} else {
+		err = c.dropQueuedByScan(ctx, j)
 	}
-	if _, err := k.jt.RemoveQueued(ctx, keyJobID(j.ChannelID, j.ID), []byte(inputOf(j))); err != nil {
-		c.cfg.Logger.Warn("jobs: remove queue entry", "job", j.ID, "err", err)
+	if err != nil {
+		c.cfg.Logger.Warn("jobs: remove queue entry", "job", j.ID, "channel", j.ChannelID, "type", j.Type, "err", err)
 	}
 }
 
