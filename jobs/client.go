@@ -297,13 +297,15 @@ type EnqueueResult struct {
 	Job Job
 	// Replaced is the replaced job's record (OutcomeReplaced), else nil.
 	Replaced *Job
-	// Repeated reports a replay of an idempotency key: no record was
-	// written, and Outcome is the first enqueue's as the record tells it
+	// Repeated reports a replay of an idempotency key: the store wrote no
+	// new job, and Outcome is the first enqueue's as the record tells it
 	// (OutcomeAccepted or OutcomeCoalesced: OutcomeReplaced is reported as
 	// OutcomeAccepted, and a rejected or bad-key job replays its error).
 	// A replay of a job whose record was written and never admitted on its
 	// key (its first enqueue failed or crashed in between) makes that
-	// admission, and reports its outcome as a first enqueue would.
+	// admission, with the writes it takes (the queue entry; a replaced,
+	// coalesced or rejected record superseded), and reports its outcome as
+	// a first enqueue would.
 	Repeated bool
 	// Key is the display key the job was admitted under (empty when
 	// Repeated and the record alone told the outcome).
