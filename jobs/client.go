@@ -293,17 +293,22 @@ type EnqueueResult struct {
 	// Job is the new job (accepted, replaced) or the existing job the new
 	// one folded into (coalesced); with Repeated, the job enqueued before
 	// under the same idempotency key, as it is now (for a coalesced one,
-	// its own superseded record).
+	// its own superseded record, unless the replay made the admission).
 	Job Job
 	// Replaced is the replaced job's record (OutcomeReplaced), else nil.
 	Replaced *Job
-	// Repeated reports a replay of an idempotency key: nothing was written,
-	// and Outcome is the first enqueue's as the record tells it
+	// Repeated reports a replay of an idempotency key: the store wrote no
+	// new job, and Outcome is the first enqueue's as the record tells it
 	// (OutcomeAccepted or OutcomeCoalesced: OutcomeReplaced is reported as
 	// OutcomeAccepted, and a rejected or bad-key job replays its error).
+	// A replay of a job whose record was written and never admitted on its
+	// key (its first enqueue failed or crashed in between) makes that
+	// admission, with the writes it takes (the queue entry; a replaced,
+	// coalesced or rejected record superseded), and reports its outcome as
+	// a first enqueue would.
 	Repeated bool
 	// Key is the display key the job was admitted under (empty when
-	// Repeated).
+	// Repeated and the record alone told the outcome).
 	Key string
 }
 
@@ -315,7 +320,8 @@ var ErrRejected = errors.New("jobs: rejected by key policy")
 // new job's record is left superseded with reason "rejected": no pending
 // record remains. A replay of the enqueue (its idempotency key again) is
 // the same error with Repeated set: the record keeps the outcome, not the
-// key, the reason or the counts, which are then zero.
+// key, the reason or the counts, which are then zero (unless the replay
+// made the admission its first enqueue had not made, and saw them).
 type RejectedError struct {
 	Job      Job            // the rejected job's record
 	Key      string         // the display key
@@ -323,12 +329,12 @@ type RejectedError struct {
 	Active   int            // active slots seen
 	Queued   int            // queued jobs seen
 	Limit    int            // the limit
-	Repeated bool           // a replay: the record says it was rejected
+	Repeated bool           // a replay of the enqueue
 }
 
 // Error says which job was rejected on which key, and by which limit.
 func (e *RejectedError) Error() string {
-	if e.Repeated {
+	if e.Repeated && e.Key == "" {
 		return fmt.Sprintf("jobs: job %q of type %q was rejected by its key policy (a replay of its enqueue)", e.Job.ID, e.Job.Type)
 	}
 	return fmt.Sprintf("jobs: job %q of type %q rejected on key %q: %s (limit %d, %d active, %d queued)",
@@ -356,10 +362,26 @@ func (e *RejectedError) Unwrap() error { return ErrRejected }
 // record superseded with ReasonBadKey).
 //
 // The record is written first, then the admission. A crash between them
-// leaves a pending job without an admission, which the first worker that
-// claims it after AdmitGrace admits (the same decision as here); any
-// other error after the record was written leaves the same, and is
-// returned.
+// leaves a pending job without an admission, which a replay of the
+// enqueue makes (see below), and otherwise the first worker that claims
+// it after AdmitGrace (the same decision as here).
+//
+// An error that matches [ErrOutcomeUnknown] is an enqueue that may have
+// written, or did write, more than it says: the record's write had no
+// answer (a timeout, a lost connection), or the record was written and a
+// later step failed (the admission, or the supersede of the replaced,
+// coalesced or rejected record). The error says what stands and names
+// the job and its idempotency key. Replay the request (the same
+// idempotency key and fingerprint): a replay returns the job with the
+// outcome that stands, and makes an admission the record never got. Any
+// other error (an unknown kind, an invalid or conflicting request, a
+// write the store refused, a read that failed before the write) wrote
+// nothing, except a rejection or a bad key, which leave the record
+// superseded as they say.
+//
+// A replay costs a read of the job's key (no write) when the job's
+// record is pending or paused and never claimed: that is how it learns
+// whether the admission was made.
 func (c *Client) Enqueue(ctx context.Context, req EnqueueRequest) (EnqueueResult, error) {
 	k, err := c.kindOf(req.Type)
 	if err != nil {
@@ -377,16 +399,49 @@ func (c *Client) Enqueue(ctx context.Context, req EnqueueRequest) (EnqueueResult
 		}
 	}
 	enq, err := c.store.Enqueue(ctx, req)
+	if errors.Is(err, ErrOutcomeUnknown) {
+		// The store's error names the job and its idempotency key.
+		return EnqueueResult{}, fmt.Errorf("jobs: enqueue job %q of type %q: not admitted on its key, which a replay does: %w", req.ID, req.Type, err)
+	}
 	if err != nil {
 		return EnqueueResult{}, err
 	}
 	if enq.Repeated {
-		return replayed(enq.Job)
+		return c.replay(ctx, enq.Job)
 	}
 	c.notifyTarget(enq.Job)
 	res, err := c.admit(ctx, k, enq.Job)
 	if err == nil {
 		c.poke()
+	}
+	return res, err
+}
+
+// replay is the outcome of an enqueue whose idempotency key enqueued j
+// before. A record the runtime may never have admitted on its key
+// (pending or paused, never claimed: once a worker claimed it, the
+// worker's repair admits it) is admitted now, which changes nothing when
+// the admission was made (the key layer keeps one entry per job id), and
+// otherwise makes the first enqueue's decision; any other record tells
+// the outcome (replayed).
+//
+// A job whose queue entry another job's admission just replaced, and
+// whose record that admission's producer has not superseded yet, looks
+// like one never admitted: a replay in that moment admits it again, as a
+// worker's repair does once AdmitGrace passed since the job's creation.
+func (c *Client) replay(ctx context.Context, j Job) (EnqueueResult, error) {
+	k, err := c.kindOf(j.Type)
+	if err != nil || j.Attempts > 0 || (j.State != StatePending && j.State != StatePaused) {
+		return replayed(j)
+	}
+	res, err := c.admit(ctx, k, j)
+	var rej *RejectedError
+	switch {
+	case err == nil:
+		res.Repeated = true
+		c.poke()
+	case errors.As(err, &rej):
+		rej.Repeated = true
 	}
 	return res, err
 }
@@ -413,8 +468,10 @@ func replayed(j Job) (EnqueueResult, error) {
 }
 
 // admit admits job (pending, of kind k) on its key and applies the
-// outcome to the records: the decision Enqueue makes, and the repair of a
-// job whose producer died before making it.
+// outcome to the records: the decision Enqueue makes, the repair of a job
+// whose producer died before making it, and a replay's. Its errors, but
+// a rejection ([*RejectedError]) and a bad key whose record it superseded,
+// wrap ErrOutcomeUnknown and say what stands (unfinished).
 func (c *Client) admit(ctx context.Context, k *kind, job Job) (EnqueueResult, error) {
 	kid := keyJobID(job.ChannelID, job.ID)
 	var opts []jobkeys.AdmitOption
@@ -423,12 +480,12 @@ func (c *Client) admit(ctx context.Context, k *kind, job Job) (EnqueueResult, er
 		if errors.Is(err, jobkeys.ErrInvalidKey) {
 			// The input can never be admitted: do not leave it pending.
 			if _, serr := c.supersede(ctx, job.ChannelID, job.ID, ReasonBadKey); serr != nil {
-				err = errors.Join(err, serr)
+				return EnqueueResult{}, unfinished(job, "its input derives no key ("+err.Error()+") and its record could not be superseded as "+ReasonBadKey, serr)
 			}
 			return EnqueueResult{}, fmt.Errorf("jobs: enqueue job %q of type %q: %w", job.ID, job.Type, err)
 		}
 		if err != nil {
-			return EnqueueResult{}, fmt.Errorf("jobs: admit job %q of type %q: %w", job.ID, job.Type, err)
+			return EnqueueResult{}, unfinished(job, "its admission on its key failed (it may have been made)", err)
 		}
 		switch adm.Kind {
 		case jobkeys.KindAccepted:
@@ -438,7 +495,7 @@ func (c *Client) admit(ctx context.Context, k *kind, job Job) (EnqueueResult, er
 			if ch, id, ok := parseKeyJobID(adm.Replaced.ID); ok {
 				r, err := c.supersede(ctx, ch, id, ReasonReplaced)
 				if err != nil && !errors.Is(err, ErrNotFound) {
-					return res, fmt.Errorf("jobs: supersede job %q replaced by %q: %w", id, job.ID, err)
+					return EnqueueResult{}, c.undoReplace(ctx, k, job, *adm.Replaced, id, adm.DisplayKey, err)
 				}
 				if err == nil {
 					res.Replaced = &r
@@ -448,12 +505,12 @@ func (c *Client) admit(ctx context.Context, k *kind, job Job) (EnqueueResult, er
 		case jobkeys.KindCoalesced:
 			existing, live, err := c.liveJob(ctx, adm.Existing.ID)
 			if err != nil {
-				return EnqueueResult{}, err
+				return EnqueueResult{}, unfinished(job, fmt.Sprintf("its key %q is full and coalesces it into job %q, whose record could not be read", adm.DisplayKey, adm.Existing.ID), err)
 			}
 			if !live && !pruned {
 				// Folded into an entry whose job is over: prune and retry.
 				if _, err := c.pruneKey(ctx, k, job); err != nil {
-					return EnqueueResult{}, err
+					return EnqueueResult{}, unfinished(job, fmt.Sprintf("its key %q is full and the finished jobs' entries could not be pruned from it", adm.DisplayKey), err)
 				}
 				continue
 			}
@@ -466,14 +523,14 @@ func (c *Client) admit(ctx context.Context, k *kind, job Job) (EnqueueResult, er
 				continue
 			}
 			if _, err := c.supersede(ctx, job.ChannelID, job.ID, ReasonCoalesced); err != nil {
-				return EnqueueResult{}, fmt.Errorf("jobs: supersede job %q coalesced into %q: %w", job.ID, adm.Existing.ID, err)
+				return EnqueueResult{}, unfinished(job, fmt.Sprintf("its key %q coalesces it into job %q and its record could not be superseded as %s", adm.DisplayKey, adm.Existing.ID, ReasonCoalesced), err)
 			}
 			return EnqueueResult{Outcome: OutcomeCoalesced, Job: existing, Key: adm.DisplayKey}, nil
 		default: // rejected
 			if !pruned {
 				n, err := c.pruneKey(ctx, k, job)
 				if err != nil {
-					return EnqueueResult{}, err
+					return EnqueueResult{}, unfinished(job, fmt.Sprintf("its key %q is full and the finished jobs' entries could not be pruned from it", adm.DisplayKey), err)
 				}
 				if n > 0 {
 					continue
@@ -481,11 +538,46 @@ func (c *Client) admit(ctx context.Context, k *kind, job Job) (EnqueueResult, er
 			}
 			r, err := c.supersede(ctx, job.ChannelID, job.ID, ReasonRejected)
 			if err != nil {
-				return EnqueueResult{}, fmt.Errorf("jobs: supersede rejected job %q: %w", job.ID, err)
+				return EnqueueResult{}, unfinished(job, fmt.Sprintf("its key %q rejects it (%s) and its record could not be superseded as %s", adm.DisplayKey, adm.Reason, ReasonRejected), err)
 			}
 			return EnqueueResult{}, &RejectedError{Job: r, Key: adm.DisplayKey, Reason: adm.Reason, Active: adm.Active, Queued: adm.Queued, Limit: adm.Limit}
 		}
 	}
+}
+
+// unfinished is the error of an admission of job that stopped before its
+// outcome was applied: the record stands pending (or paused), without a
+// queue entry (or with one, if the failed step was the admission itself),
+// and a replay of the enqueue, or a worker's repair after AdmitGrace,
+// finishes it. step says what happened; err is the failure.
+func unfinished(job Job, step string, err error) error {
+	return fmt.Errorf("%w: jobs: enqueue job %q of type %q in channel %q (idempotency key %q): its record is written and %s, but %s; "+
+		"a replay of the request (the same idempotency key and fingerprint) completes it, as does a worker that claims it after AdmitGrace: %w",
+		ErrOutcomeUnknown, job.ID, job.Type, job.ChannelID, job.IdempotencyKey, job.State, step, err)
+}
+
+// undoReplaceTimeout bounds undoReplace's write, which runs even when the
+// caller's ctx has ended.
+const undoReplaceTimeout = 10 * time.Second
+
+// undoReplace undoes the admission of job that replaced the queue entry
+// of job replacedID (replaced), whose record could not be superseded
+// (serr): it puts replaced back at the head of the queue and takes job
+// out, so that the record of neither is left pending without an entry.
+// job is then pending and not admitted, which a replay of its enqueue
+// admits again. It returns the error Enqueue returns: unfinished, or, if
+// the undo failed too, what stands then.
+func (c *Client) undoReplace(ctx context.Context, k *kind, job Job, replaced jobkeys.ReplacedJob, replacedID, key string, serr error) error {
+	uctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), undoReplaceTimeout)
+	defer cancel()
+	_, rerr := k.jt.RestoreReplaced(uctx, keyJobID(job.ChannelID, job.ID), []byte(inputOf(job)), replaced)
+	if rerr == nil {
+		return unfinished(job, fmt.Sprintf("its admission replaced job %q on key %q, whose record could not be superseded, and was undone (job %q is queued again, and this one's entry is removed)", replacedID, key, replacedID), serr)
+	}
+	return fmt.Errorf("%w: jobs: enqueue job %q of type %q in channel %q (idempotency key %q): the job is queued on key %q, replacing job %q, "+
+		"whose record could not be superseded (%w) nor the replacement undone (%w): job %q stays pending without a queue entry, and a replay of this enqueue does not change that; "+
+		"supersede it (Client.Supersede, reason %q), or a worker that claims it after AdmitGrace admits it again",
+		ErrOutcomeUnknown, job.ID, job.Type, job.ChannelID, job.IdempotencyKey, key, replacedID, serr, rerr, replacedID, ReasonReplaced)
 }
 
 // liveJob returns the job a key-layer job id names and whether it is
@@ -551,7 +643,12 @@ func (c *Client) List(ctx context.Context, req ListRequest) (Page, error) {
 
 // Cancel cancels a job (the store's Cancel). A job running in this client
 // sees its context end at once with [ErrCancelled]; in another client, at
-// its next heartbeat. Its queue entry, if any, is removed.
+// its next heartbeat. Its queue entry, if any, is removed at once, so its
+// key has room for another job: through the kind's key, or, in a client
+// without a kind for the job's type (an operator's tool), by reading the
+// keys of that type until one holds the entry. A failure to remove it is
+// logged (ClientConfig.Logger), and reconciliation removes the entry
+// later.
 func (c *Client) Cancel(ctx context.Context, req CancelRequest) (Job, error) {
 	j, err := c.store.Cancel(ctx, req)
 	if err != nil {
@@ -600,16 +697,20 @@ func (c *Client) Resume(ctx context.Context, req ResumeRequest) (Job, error) {
 }
 
 // dropQueued removes a finished job's queue entry, best effort:
-// reconciliation removes what this misses.
+// reconciliation removes what this misses. Without a kind for the job's
+// type it finds the entry by reading the type's keys (dropQueuedByScan).
 func (c *Client) dropQueued(ctx context.Context, j Job) {
 	c.mu.Lock()
 	k := c.kinds[j.Type]
 	c.mu.Unlock()
-	if k == nil {
-		return
+	var err error
+	if k != nil {
+		_, err = k.jt.RemoveQueued(ctx, keyJobID(j.ChannelID, j.ID), []byte(inputOf(j)))
+	} else {
+		err = c.dropQueuedByScan(ctx, j)
 	}
-	if _, err := k.jt.RemoveQueued(ctx, keyJobID(j.ChannelID, j.ID), []byte(inputOf(j))); err != nil {
-		c.cfg.Logger.Warn("jobs: remove queue entry", "job", j.ID, "err", err)
+	if err != nil {
+		c.cfg.Logger.Warn("jobs: remove queue entry", "job", j.ID, "channel", j.ChannelID, "type", j.Type, "err", err)
 	}
 }
 

@@ -197,7 +197,11 @@
 //
 // Errors wrap one of [ErrConflict], [ErrNotFound], [ErrCorrupt] and
 // [ErrUnavailable] and say which field or job was wrong; a cancelled
-// context's error is returned unchanged. Requests are checked before
+// context's error is returned unchanged. A write whose answer did not
+// come (a timeout, a lost connection, the caller's context ending after
+// it was sent) may have been applied: its error wraps [ErrOutcomeUnknown]
+// too (beside ErrUnavailable or the context's error); replay an enqueue
+// so failed, and read the job after any other call. Requests are checked before
 // anything is written: empty identifiers, bad JSON, and inputs, artifacts,
 // bindings, identifiers and reasons over InputSizeLimit,
 // ArtifactSizeLimit, BindingSizeLimit, IdentifierSizeLimit and

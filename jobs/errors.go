@@ -42,3 +42,17 @@ func notFoundf(format string, args ...any) error {
 func corruptf(format string, args ...any) error {
 	return fmt.Errorf("%w: %s", ErrCorrupt, fmt.Sprintf(format, args...))
 }
+
+// ErrOutcomeUnknown reports a write whose outcome the caller cannot know:
+// its request may have been applied (a timeout or a lost connection after
+// it was sent), or a call that writes more than once stopped after its
+// first write. The error says what stands and what is unknown, naming the
+// job (and, for an enqueue, its idempotency key). A [Client.Enqueue] or
+// [Store.Enqueue] that fails so is completed by a replay: the same request
+// again (the same idempotency key and fingerprint), which returns the job
+// with the outcome that stands and makes any step still missing. An error
+// that does not match it (a conflict, an invalid request, a write the
+// server refused) means that the call changed nothing. It is matched
+// beside the error's cause ([ErrUnavailable], or the caller's ctx's
+// error).
+var ErrOutcomeUnknown = errors.New("jobs: outcome unknown")

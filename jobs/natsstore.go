@@ -17,6 +17,24 @@ import (
 // names another.
 const NATSBucketDefault = "JOBKEYS_JOBS"
 
+// NATSTimeoutDefault bounds each request of a [NATSStore] call whose ctx
+// has no deadline, unless [WithTimeout] (or js's own default timeout: see
+// WithTimeout) says otherwise.
+//
+// It bounds a request whose answer is never coming (a lost reply, a
+// connection that died under it), not the latency a caller is willing to
+// wait, which its ctx states. It is long because a healthy server answers
+// late under load: a stream applies its writes one after another, so a
+// request waits behind every request sent before it. On an
+// oversubscribed machine (load 19 on 2 cores) 121 of 200 concurrent
+// enqueues overran JetStream's default of 5 s and were reported as
+// failures, and every one of them had been written. Too short a bound
+// turns a slow success into an error whose outcome is unknown
+// ([ErrOutcomeUnknown]); too long a bound only makes a caller without a
+// deadline wait longer on a dead server, which is rare and which its ctx
+// can bound. 30 s is six times the bound most of those writes overran.
+const NATSTimeoutDefault = 30 * time.Second
+
 // natsCASAttempts bounds the read–apply–write rounds of one call that lose
 // a compare-and-swap to a concurrent writer before it gives up with
 // ErrConflict.
@@ -99,6 +117,8 @@ type NATSStore struct {
 	// stream leader, since a direct get may be answered by a replica that
 	// has not applied the latest writes.
 	leaderReads bool
+	// timeout is WithTimeout's bound; 0: see requestTimeout.
+	timeout time.Duration
 	// batchPublish replaces the atomic batch publish in fault tests; nil:
 	// jetstreamext.PublishMsgBatch.
 	batchPublish func(ctx context.Context, msgs []*nats.Msg) (uint64, error)
@@ -114,6 +134,50 @@ type natsStoreOptions struct {
 	create   bool
 	storage  jetstream.StorageType
 	replicas int
+	timeout  time.Duration
+}
+
+// WithTimeout bounds each request of a call whose ctx has no deadline (a
+// call with a deadline is bounded by it alone): a request unanswered by
+// then fails the call with [ErrUnavailable], and a write so unanswered
+// with [ErrOutcomeUnknown] too, since it may have been applied. d must be
+// positive. Without it the bound is js's default timeout when js was made
+// with one other than JetStream's default of 5 s
+// (jetstream.WithDefaultTimeout), and [NATSTimeoutDefault] (30 s)
+// otherwise.
+func WithTimeout(d time.Duration) NATSStoreOption {
+	return func(o *natsStoreOptions) error {
+		if d <= 0 {
+			return fmt.Errorf("%w: WithTimeout: timeout %v is not positive", ErrConflict, d)
+		}
+		o.timeout = d
+		return nil
+	}
+}
+
+// natsJetStreamDefaultTimeout is the default timeout of a jetstream.JetStream
+// made without jetstream.WithDefaultTimeout.
+const natsJetStreamDefaultTimeout = 5 * time.Second
+
+// requestTimeout is the bound of each request of a call whose ctx has no
+// deadline: WithTimeout's, else js's default timeout when it was set to
+// another than JetStream's own default, else NATSTimeoutDefault. It is
+// read from s.js at each call (tests swap s.js for one with a short
+// timeout).
+func (s *NATSStore) requestTimeout() time.Duration {
+	return natsRequestTimeout(s.js, s.timeout)
+}
+
+// natsRequestTimeout is requestTimeout for js and WithTimeout's bound
+// (0: none).
+func natsRequestTimeout(js jetstream.JetStream, timeout time.Duration) time.Duration {
+	if timeout > 0 {
+		return timeout
+	}
+	if d := js.Options().DefaultTimeout; d > 0 && d != natsJetStreamDefaultTimeout {
+		return d
+	}
+	return NATSTimeoutDefault
 }
 
 // WithBucket names the KV bucket (default [NATSBucketDefault]): letters,
@@ -153,7 +217,8 @@ func WithCreateBucket(storage jetstream.StorageType, replicas int) NATSStoreOpti
 // missing, and with ErrConflict when the bucket's stream does not allow
 // atomic batch publish (enable it with
 // `nats stream edit KV_<bucket> --allow-batch`, or create the bucket
-// through WithCreateBucket). It waits at most js's default timeout.
+// through WithCreateBucket). It waits at most the store's request timeout
+// (see [WithTimeout]).
 func NewNATSStore(js jetstream.JetStream, cfg *Config, opts ...NATSStoreOption) (*NATSStore, error) {
 	if js == nil {
 		return nil, fmt.Errorf("%w: NewNATSStore: jetstream.JetStream is nil", ErrConflict)
@@ -171,7 +236,7 @@ func NewNATSStore(js jetstream.JetStream, cfg *Config, opts ...NATSStoreOption) 
 			return nil, err
 		}
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), js.Options().DefaultTimeout)
+	ctx, cancel := context.WithTimeout(context.Background(), natsRequestTimeout(js, o.timeout))
 	defer cancel()
 	kv, err := js.KeyValue(ctx, o.bucket)
 	if errors.Is(err, jetstream.ErrBucketNotFound) && o.create {
@@ -223,6 +288,7 @@ func NewNATSStore(js jetstream.JetStream, cfg *Config, opts ...NATSStoreOption) 
 		plainWrites: true,
 		writePrefix: jscas.WritePrefix(js.Options(), o.bucket),
 		leaderReads: info.Config.Replicas > 1,
+		timeout:     o.timeout,
 	}, nil
 }
 
@@ -301,7 +367,11 @@ func (s *NATSStore) readJobMeta(ctx context.Context, op, channelID, jobID string
 // target, its list and active entries and the job it supersedes are written
 // in one atomic batch, each key with the revision it was read at: a
 // concurrent enqueue for the same key, id or target makes the batch fail
-// whole, and the enqueue reads again.
+// whole, and the enqueue reads again. A batch whose answer does not come
+// (a timeout, a lost connection, the caller's ctx ending after it was
+// sent) may have been written: the error wraps [ErrOutcomeUnknown] and
+// names the job and its idempotency key, and a replay of the request
+// returns the job if it was written (Repeated) or writes it.
 func (s *NATSStore) Enqueue(ctx context.Context, req EnqueueRequest) (Enqueued, error) {
 	return observe(ctx, s.cfg.obs, trEnqueue, s.enqueue, req)
 }
@@ -371,6 +441,10 @@ func (s *NATSStore) enqueue(ctx context.Context, req EnqueueRequest) (Enqueued, 
 			return Enqueued{}, err
 		}
 		rev, conflict, err := s.publishBatch(ctx, op, msgs)
+		if errors.Is(err, ErrOutcomeUnknown) {
+			return Enqueued{}, fmt.Errorf("%s: job %q in channel %q (idempotency key %q) may have been written; replay the request (the same idempotency key and fingerprint): it returns the job if it was, and writes it if not: %w",
+				op, req.ID, req.ChannelID, req.IdempotencyKey, err)
+		}
 		if err != nil {
 			return Enqueued{}, err
 		}

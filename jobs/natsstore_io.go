@@ -44,13 +44,13 @@ func natsUnavailable(ctx context.Context, op, what string, err error) error {
 	return fmt.Errorf("%w: %s: %s: %w", ErrUnavailable, op, what, err)
 }
 
-// natsDeadline is ctx with the JetStream default timeout of js when ctx
-// has no deadline of its own.
-func natsDeadline(ctx context.Context, js jetstream.JetStream) (context.Context, context.CancelFunc) {
+// natsDeadline is ctx bounded by the store's request timeout
+// (requestTimeout) when ctx has no deadline of its own.
+func (s *NATSStore) natsDeadline(ctx context.Context) (context.Context, context.CancelFunc) {
 	if _, ok := ctx.Deadline(); ok {
 		return ctx, func() {}
 	}
-	return context.WithTimeout(ctx, js.Options().DefaultTimeout)
+	return context.WithTimeout(ctx, s.requestTimeout())
 }
 
 // isNATSDeleted reports a KV delete or purge marker.
@@ -66,7 +66,9 @@ func (s *NATSStore) getOne(ctx context.Context, op, key string) (natsMsg, bool, 
 	if s.leaderReads {
 		return s.getFromLeader(ctx, op, s.keys.subject(key))
 	}
-	m, err := s.stream.GetLastMsgForSubject(ctx, s.keys.subject(key))
+	rctx, cancel := s.natsDeadline(ctx)
+	defer cancel()
+	m, err := s.stream.GetLastMsgForSubject(rctx, s.keys.subject(key))
 	if errors.Is(err, jetstream.ErrMsgNotFound) {
 		return natsMsg{}, false, nil
 	}
@@ -97,7 +99,7 @@ type natsMsgGetResponse struct {
 // getFromLeader reads the last message of subject (wildcards allowed)
 // through STREAM.MSG.GET, which the stream leader answers.
 func (s *NATSStore) getFromLeader(ctx context.Context, op, subject string) (natsMsg, bool, error) {
-	rctx, cancel := natsDeadline(ctx, s.js)
+	rctx, cancel := s.natsDeadline(ctx)
 	defer cancel()
 	req, err := natsLastBySubjectBody(subject)
 	if err != nil {
@@ -213,7 +215,7 @@ func (s *NATSStore) lastMatching(ctx context.Context, op, filter string) (map[st
 // a subscription per request would cost a SUB, an UNSUB and a large
 // buffer every time.
 func (s *NATSStore) batchGet(ctx context.Context, op string, subjects []string, most int, out map[string]natsMsg) error {
-	rctx, cancel := natsDeadline(ctx, s.js)
+	rctx, cancel := s.natsDeadline(ctx)
 	defer cancel()
 	replies, err := s.replies.open(s.js.Conn())
 	if err != nil {
@@ -417,7 +419,9 @@ func (r *natsReplies) release(q *natsReplyQueue) {
 // subjects lists the KV keys matching filter (key names only, no values)
 // and the stream's last sequence at the time of the listing.
 func (s *NATSStore) subjects(ctx context.Context, op, filter string) ([]string, uint64, error) {
-	info, err := s.stream.Info(ctx, jetstream.WithSubjectFilter(filter))
+	rctx, cancel := s.natsDeadline(ctx)
+	defer cancel()
+	info, err := s.stream.Info(rctx, jetstream.WithSubjectFilter(filter))
 	if err != nil {
 		return nil, 0, s.unavailable(ctx, op, "list "+filter, err, natsAPIPrefix(s.js.Options())+"STREAM.INFO."+s.streamName)
 	}
@@ -449,7 +453,9 @@ func (s *NATSStore) update(ctx context.Context, op, key string, value []byte, re
 	if s.plainWrites {
 		newRev, err = s.casWrite(ctx, key, value, rev)
 	} else {
-		newRev, err = s.kv.Update(ctx, key, value, rev)
+		wctx, cancel := s.natsDeadline(ctx)
+		newRev, err = s.kv.Update(wctx, key, value, rev)
+		cancel()
 	}
 	if err == nil {
 		return newRev, false, nil
@@ -457,7 +463,7 @@ func (s *NATSStore) update(ctx context.Context, op, key string, value []byte, re
 	if jscas.IsConflict(err) {
 		return 0, true, nil
 	}
-	return 0, false, s.unavailable(ctx, op, "write KV key "+strconv.Quote(key), err, s.keys.subject(key))
+	return 0, false, s.writeFailed(ctx, op, "write KV key "+strconv.Quote(key), err, s.keys.subject(key))
 }
 
 // casWrite is kv.Update(ctx, key, value, rev) without its per-call options
@@ -465,7 +471,7 @@ func (s *NATSStore) update(ctx context.Context, op, key string, value []byte, re
 // jscas.Writer, which reads the acknowledgement by hand and retries "no
 // responders" (no stream leader, for a moment) as kv.Update does.
 func (s *NATSStore) casWrite(ctx context.Context, key string, value []byte, rev uint64) (uint64, error) {
-	w := jscas.Writer{Conn: s.js.Conn(), Stream: s.streamName, Timeout: s.js.Options().DefaultTimeout}
+	w := jscas.Writer{Conn: s.js.Conn(), Stream: s.streamName, Timeout: s.requestTimeout()}
 	return w.Write(ctx, s.writePrefix+key, value, rev, false)
 }
 
@@ -508,25 +514,63 @@ func (s *NATSStore) publishBatch(ctx context.Context, op string, msgs []natsBatc
 		}
 		out[i] = nm
 	}
+	timeout := s.requestTimeout()
 	publish := s.batchPublish
 	if publish == nil {
 		publish = func(ctx context.Context, msgs []*nats.Msg) (uint64, error) {
 			ack, err := jetstreamext.PublishMsgBatch(ctx, s.js, msgs,
-				jetstreamext.BatchFlowControl{AckFirst: false, AckTimeout: s.js.Options().DefaultTimeout})
+				jetstreamext.BatchFlowControl{AckFirst: false, AckTimeout: timeout})
 			if err != nil {
 				return 0, err
 			}
 			return ack.Sequence, nil
 		}
 	}
-	lastRev, err = publish(ctx, out)
+	pctx, cancel := s.natsDeadline(ctx)
+	defer cancel()
+	lastRev, err = publish(pctx, out)
 	if err == nil {
 		return lastRev, false, nil
 	}
 	if jscas.IsConflict(err) {
 		return 0, true, nil
 	}
-	return 0, false, s.unavailable(ctx, op, fmt.Sprintf("atomic batch of %d writes", len(msgs)), err, s.keys.prefix)
+	return 0, false, s.writeFailed(ctx, op, fmt.Sprintf("atomic batch of %d writes", len(msgs)), err, s.keys.prefix)
+}
+
+// writeFailed is unavailable for a write that failed without the server's
+// refusal: a write that may have been applied (its answer did not come:
+// a timeout, the caller's ctx ending, a connection lost after the
+// request was sent) wraps ErrOutcomeUnknown beside the cause. A write the
+// server answered with an error (jetstream.APIError), found no stream for
+// (no responders) or refused for the user's permissions (its own subject,
+// not the reply's inbox) changed nothing, and its error does not wrap
+// ErrOutcomeUnknown. used are the write's subjects, as for unavailable.
+func (s *NATSStore) writeFailed(ctx context.Context, op, what string, err error, used ...string) error {
+	failed := s.unavailable(ctx, op, what, err, used...)
+	if natsWriteRefused(s.js.Conn(), err, used) {
+		return failed
+	}
+	return fmt.Errorf("%w (the write may have been applied): %w", ErrOutcomeUnknown, failed)
+}
+
+// natsWriteRefused reports a write error that shows the write was not
+// applied: the server's error answer, no stream to take it, or a
+// permission refusal of the write's own subject.
+func natsWriteRefused(nc *nats.Conn, err error, used []string) bool {
+	var apiErr *jetstream.APIError
+	if errors.As(err, &apiErr) || errors.Is(err, jetstream.ErrNoStreamResponse) || errors.Is(err, nats.ErrNoResponders) {
+		return true
+	}
+	_, subject, ok := natsRefusal(nc, err, used)
+	if !ok {
+		return false
+	}
+	inbox := nats.InboxPrefix
+	if nc.Opts.InboxPrefix != "" {
+		inbox = nc.Opts.InboxPrefix + "."
+	}
+	return !strings.HasPrefix(subject, inbox) // a refused inbox loses the answer, not the write
 }
 
 // The bodies of the API requests the store sends, written by hand: the

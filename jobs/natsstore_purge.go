@@ -91,7 +91,7 @@ func (s *NATSStore) dropActive(ctx context.Context, key string, before uint64) {
 	s.purges.live++
 	var inbox string
 	inbox, p.queue = replies.awaitFunc(func(m *nats.Msg) { s.purgeAnswered(p, m) })
-	p.timer = time.AfterFunc(s.js.Options().DefaultTimeout, func() { s.purgeTimedOut(p) })
+	p.timer = time.AfterFunc(s.requestTimeout(), func() { s.purgeTimedOut(p) })
 	s.purges.mu.Unlock()
 	if err := nc.PublishRequest(s.purge, inbox, body); err != nil {
 		if s.purges.resolve(p) {
@@ -179,7 +179,7 @@ func (s *NATSStore) purgeTimedOut(p *natsPurge) {
 		return
 	}
 	s.replies.release(p.queue)
-	err := fmt.Errorf("no answer in %v: %w", s.js.Options().DefaultTimeout, nats.ErrTimeout)
+	err := fmt.Errorf("no answer in %v: %w", s.requestTimeout(), nats.ErrTimeout)
 	if refused, subject, ok := natsRefusal(s.js.Conn(), err, []string{s.purge}); ok {
 		s.purged(p, purgeRefused, fmt.Errorf("the NATS server refused %s %q for this connection's user", refused, subject))
 		return

@@ -144,3 +144,47 @@ func (c *Client) pruneKVKey(ctx context.Context, kvKey string) (int, error) {
 	}
 	return removed, nil
 }
+
+// dropQueuedByScan removes job j's queue entry for a client without a kind
+// for j.Type, which cannot derive j's key: it reads the keys of the type
+// in the client's service until one queues j, and removes the entry there
+// (KeyCoordinator.RemoveQueuedEntry, a compare-and-swap). Its cost grows
+// with the type's keys; a missing bucket or a job queued nowhere is no
+// error. The key store must list keys ([jobkeys.ListableStore]).
+func (c *Client) dropQueuedByScan(ctx context.Context, j Job) error {
+	lister, ok := c.cfg.KeyStore.(jobkeys.ListableStore)
+	if !ok {
+		return fmt.Errorf("jobs: remove the queue entry of job %q of type %q: no kind for the type, and key store %T cannot list keys to find it", j.ID, j.Type, c.cfg.KeyStore)
+	}
+	keys, err := lister.ListKeys(ctx, c.cfg.Service, j.Type)
+	if errors.Is(err, jobkeys.ErrBucketNotFound) {
+		return nil
+	}
+	if err != nil {
+		return fmt.Errorf("jobs: remove the queue entry of job %q: list the keys of type %q: %w", j.ID, j.Type, err)
+	}
+	kid := keyJobID(j.ChannelID, j.ID)
+	for _, kvKey := range keys {
+		val, _, err := c.cfg.KeyStore.Get(ctx, c.cfg.Service, kvKey)
+		if errors.Is(err, jobkeys.ErrKeyNotFound) {
+			continue
+		}
+		if err != nil {
+			return fmt.Errorf("jobs: remove the queue entry of job %q: read KV key %q: %w", j.ID, kvKey, err)
+		}
+		st, err := jobkeys.ParseState(val)
+		if err != nil {
+			continue // not this job's to judge: reconciliation reports it
+		}
+		for _, q := range st.Queued {
+			if q.JobID != kid {
+				continue
+			}
+			if _, err := c.coord.RemoveQueuedEntry(ctx, jobkeys.QueueEntryRef{Service: c.cfg.Service, KVKey: kvKey, JobID: kid}); err != nil {
+				return fmt.Errorf("jobs: remove the queue entry of job %q from KV key %q: %w", j.ID, kvKey, err)
+			}
+			return nil
+		}
+	}
+	return nil
+}

@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"log/slog"
 	"time"
 	"unicode/utf8"
 
@@ -20,6 +21,7 @@ func jobCommands() []*command {
 		lsAll         *bool
 		lsState       *string
 		cancelArchive *bool
+		cancelService *string
 		pauseReason   *string
 		pauseRev      *uint64
 		resumeRev     *uint64
@@ -40,12 +42,19 @@ func jobCommands() []*command {
 		{name: "jobs show", args: "CHANNEL JOBID", min: 2, max: 2, run: jobsShow,
 			short: "show one job: its state, claim, progress, target and artifact"},
 		{name: "jobs cancel", args: "CHANNEL JOBID", min: 2, max: 2,
-			short: "cancel a pending, paused or running job (final); asks first",
+			short: "cancel a pending, paused or running job (final) and remove its queue entry; asks first",
+			long: `cancel cancels the job in the job store and removes its queue entry from
+its key at once (as the runtime's Client.Cancel does), so that the key has
+room for another job without waiting for reconciliation. The entry is found
+by reading the keys of the job's type in the key-layer service --service
+(the runtime's ClientConfig.Service); a failure to remove it is a warning on
+stderr, and reconciliation removes the entry later.`,
 			flags: func(fs *flagSet) {
 				cancelArchive = fs.Bool("allow-archived", false, "cancel a job of an archived channel")
+				cancelService = fs.String("service", jobs.ServiceDefault, "key-layer service of the runtime (ClientConfig.Service), whose keys hold the job's queue entry")
 			},
 			run: func(ctx context.Context, c *cli, o *options, args []string) error {
-				return jobsCancel(ctx, c, o, args[0], args[1], *cancelArchive)
+				return jobsCancel(ctx, c, o, args[0], args[1], *cancelArchive, *cancelService)
 			}},
 		{name: "jobs pause", args: "CHANNEL JOBID", min: 2, max: 2,
 			short: "pause a pending or running job (a running one loses its claim)",
@@ -332,12 +341,29 @@ func current(ctx context.Context, o *options, st jobs.Store, channel, id string,
 	return d.Job, nil
 }
 
-func jobsCancel(ctx context.Context, c *cli, o *options, channel, id string, allowArchived bool) error {
+// runtimeClient is a runtime client over the session's job store and key
+// layer, with no kinds: its control calls end a job's run in its worker at
+// the worker's next heartbeat and remove its queue entry, found by reading
+// the keys of the job's type in service. What it cannot do is a warning on
+// stderr.
+func runtimeClient(s *session, st jobs.Store, service string) (*jobs.Client, error) {
+	logger := slog.New(slog.NewTextHandler(s.stderr, &slog.HandlerOptions{Level: slog.LevelWarn, ReplaceAttr: dropTime}))
+	return jobs.NewClient(st, s.coord, &jobs.ClientConfig{KeyStore: s.keys, Service: service, Logger: logger})
+}
+
+func jobsCancel(ctx context.Context, c *cli, o *options, channel, id string, allowArchived bool, service string) error {
+	if service == "" {
+		return usagef("--service is empty")
+	}
 	s, st, err := c.openJobs(ctx, o)
 	if err != nil {
 		return err
 	}
 	defer s.close(ctx)
+	client, err := runtimeClient(s, st, service)
+	if err != nil {
+		return err
+	}
 	j, err := current(ctx, o, st, channel, id, 0)
 	if err != nil {
 		return err
@@ -353,7 +379,7 @@ func jobsCancel(ctx context.Context, c *cli, o *options, channel, id string, all
 	}
 	rctx, cancel := withTimeout(ctx, o)
 	defer cancel()
-	j, err = st.Cancel(rctx, jobs.CancelRequest{ChannelID: channel, JobID: id, AllowArchived: allowArchived})
+	j, err = client.Cancel(rctx, jobs.CancelRequest{ChannelID: channel, JobID: id, AllowArchived: allowArchived})
 	if err != nil {
 		return err
 	}
