@@ -3,6 +3,7 @@ package jobkeys
 import (
 	"context"
 	"fmt"
+	"math"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -69,25 +70,77 @@ const (
 
 // clockBounds is what is known of offset = server clock − local clock:
 // lo ≤ offset when hasLo, offset ≤ hi when hasHi.
+//
+// An offset may lie beyond what a Duration holds (about 292 years either
+// way): time.Time.Sub saturates, and so does every sum here (satAdd).
+// A saturated lower bound (durationMax) is still a lower bound, and a
+// saturated upper bound (durationMin) still an upper one; a lower bound
+// at durationMin or an upper one at durationMax says nothing and is not
+// kept (see lowerBound, upperBound).
 type clockBounds struct {
 	lo, hi       time.Duration
 	hasLo, hasHi bool
 }
 
+// The range of a Duration, at whose ends the arithmetic of clock bounds
+// saturates.
+const (
+	durationMin = time.Duration(math.MinInt64)
+	durationMax = time.Duration(math.MaxInt64)
+)
+
+// satAdd returns a + b, saturated at durationMin and durationMax.
+func satAdd(a, b time.Duration) time.Duration {
+	s := a + b
+	switch {
+	case a > 0 && b > 0 && s < 0:
+		return durationMax
+	case a < 0 && b < 0 && s >= 0:
+		return durationMin
+	}
+	return s
+}
+
+// lowerBound reports whether off, a saturated difference or sum, bounds
+// the offset from below: durationMin may stand for anything smaller.
+func lowerBound(off time.Duration) bool { return off != durationMin }
+
+// upperBound reports whether off, a saturated difference or sum, bounds
+// the offset from above: durationMax may stand for anything larger.
+func upperBound(off time.Duration) bool { return off != durationMax }
+
 // shift returns b for a local clock that reads d behind this one (offset
-// grows by d).
+// grows by d). d is a saturated difference (time.Time.Sub): at
+// durationMax the true shift may be larger, which leaves no upper bound,
+// at durationMin smaller, which leaves no lower bound.
 func (b clockBounds) shift(d time.Duration) clockBounds {
-	b.lo += d
-	b.hi += d
+	if b.hasLo {
+		b.lo = satAdd(b.lo, d)
+		b.hasLo = lowerBound(b.lo) && d != durationMin
+	}
+	if b.hasHi {
+		b.hi = satAdd(b.hi, d)
+		b.hasHi = upperBound(b.hi) && d != durationMax
+	}
+	if !b.hasLo {
+		b.lo = 0
+	}
+	if !b.hasHi {
+		b.hi = 0
+	}
 	return b
 }
 
-// minAbs returns the least |offset| the bounds allow.
+// minAbs returns the least |offset| the bounds allow, durationMax when
+// that is durationMax or more.
 func (b clockBounds) minAbs() time.Duration {
 	switch {
 	case b.hasLo && b.lo > 0:
 		return b.lo
 	case b.hasHi && b.hi < 0:
+		if b.hi == durationMin {
+			return durationMax // −durationMin does not fit
+		}
 		return -b.hi
 	}
 	return 0
@@ -158,9 +211,15 @@ func (e *clockEstimate) observeRoundTrip(ts, sent, replied time.Time) {
 	}
 	e.mu.Lock()
 	// The freshest two-sided measurement: it replaces both bounds, even
-	// looser ones (they may predate a step of either clock).
-	e.lo = clockBound{off: ts.Sub(replied), at: replied}
-	e.hi = clockBound{off: ts.Sub(sent), at: replied}
+	// looser ones (they may predate a step of either clock). A side
+	// beyond a Duration's range is not known (see clockBounds).
+	e.lo, e.hi = clockBound{}, clockBound{}
+	if lo := ts.Sub(replied); lowerBound(lo) {
+		e.lo = clockBound{off: lo, at: replied}
+	}
+	if hi := ts.Sub(sent); upperBound(hi) {
+		e.hi = clockBound{off: hi, at: replied}
+	}
 	e.mu.Unlock()
 }
 
@@ -171,6 +230,9 @@ func (e *clockEstimate) observeRoundTrip(ts, sent, replied time.Time) {
 // stream leader stamping with its own clock): the upper bound, the older,
 // goes, and the next check probes for a new one.
 func (e *clockEstimate) lower(off time.Duration, at time.Time) {
+	if !lowerBound(off) {
+		return // below a Duration's range: no bound (see clockBounds)
+	}
 	if cur := e.lo; !cur.valid(at) || off >= cur.off || at.Sub(cur.at) >= clockBoundAge/2 {
 		e.lo = clockBound{off: off, at: at}
 	}
@@ -229,6 +291,12 @@ type clockSource interface {
 // coordinator clock ≤ Max, as far as MinKnown and MaxKnown say. Positive
 // offsets mean the coordinator's clock is behind the server's. The zero
 // value knows nothing.
+//
+// A bound beyond the range of a Duration (clocks some 292 years apart)
+// saturates: a lower bound past the largest Duration reads as that
+// Duration (math.MaxInt64), an upper bound past the smallest as the
+// smallest, and each still holds; a bound that would be past the other
+// end is not known.
 type ClockOffset struct {
 	Min      time.Duration // a lower bound on the offset, when MinKnown
 	Max      time.Duration // an upper bound on the offset, when MaxKnown

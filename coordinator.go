@@ -520,12 +520,13 @@ func (c *KeyCoordinator) run(ctx context.Context, key JobKey, rt retry, reduce f
 	)
 	for {
 		if readNext {
-			mark, feed := e.mark(), e.feedMark()
+			mark, feed, hints := e.mark(), e.feedMark(), e.hintMark()
 			sent := time.Now() // the read's request goes out after this
 			st, rev, err := c.read(ctx, key)
 			if err != nil {
 				return err
 			}
+			e.settleHint(rev, hints)
 			if next := reduce(st, c.cfg.Now()); writesNothing(next, st) {
 				e.observeSent(st, rev, feed, sent)
 				wt.decided(rev)
@@ -636,11 +637,13 @@ type waitTry struct {
 	// watch feed vouches for, without a read (see keyEntry.begin).
 	trustWatch bool
 	// wake marks a waiter's try over a store with targeted wake-ups: it
-	// may find the key busy on any state its coordinator saw stored (the
-	// wake-up's, typically) without a read, is not paced, and a write of
-	// its that loses its compare-and-swap ends the try with errWakeLost
-	// instead of a read (the write that won wakes it if it leaves a slot
-	// free).
+	// may find the key busy on any state its coordinator saw stored (its
+	// own write's, a wake-up's handed over in memory by a write of this
+	// process, or a read's) without a read, unless a wake-up from another
+	// process named a later revision (a hint: then it reads, see
+	// keyEntry.hinted); it is not paced, and a write of its that loses
+	// its compare-and-swap ends the try with errWakeLost instead of a
+	// read (the write that won wakes it if it leaves a slot free).
 	wake bool
 	// inTurn keeps the queue's order: a queued job behind at least as
 	// many queued jobs as there are free slots is blocked (ReasonActiveLimit,

@@ -382,8 +382,8 @@ func (c *KeyCoordinator) acquireKey(ctx context.Context, key JobKey, policy Poli
 
 // wakeLost returns the blocked outcome of a woken try of req whose write
 // lost its compare-and-swap (errWakeLost), which read nothing. Holding a
-// state of the key now (a wake-up of the write it lost to may have brought
-// it), it says what ReduceAcquire says on that state when that blocks the
+// state of the key now (the watch, or a wake-up in memory of a write of
+// this process it lost to, may have brought it), it says what ReduceAcquire says on that state when that blocks the
 // job for its slots (ReasonActiveLimit, or under StalePolicy Block
 // ReasonStaleBlocked): the same reason and figures. Otherwise (that state
 // would let it in, or blocks it for another reason a read should confirm,

@@ -120,6 +120,15 @@ type keyEntry struct {
 	seenAt    time.Time
 	sentAt    time.Time
 	writeSent time.Time
+	// hint is the latest revision a wake-up from another process named
+	// (hinted) above the revision e holds, 0 once a read or a later state
+	// settled it; hints counts the hints recorded. A wake-up is a hint:
+	// nothing vouches for its revision or its state (anyone allowed to
+	// publish on its subject can send one), so neither is ever a state
+	// to write on. While a hint stands, an operation reads before it
+	// writes instead of starting from what e holds (see begin).
+	hint  uint64
+	hints uint64
 }
 
 // recentStates is how many of its own writes per key a coordinator keeps
@@ -389,6 +398,45 @@ func (e *keyEntry) materialize() {
 	e.state = st
 }
 
+// hinted records that a wake-up from another process named revision rev
+// of e's key: until a read settles it (settleHint) or e holds a state of
+// rev or later, the next operation on the key reads before it writes. A
+// hint of a revision e holds, or older, changes nothing. So a forged
+// wake-up costs at most one read per message, and never a write on a
+// state its sender chose.
+func (e *keyEntry) hinted(rev uint64) {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	if rev <= e.rev && e.known || rev <= e.hint {
+		return
+	}
+	e.hint = rev
+	e.hints++
+}
+
+// hintMark returns the count of hints, to be passed to settleHint after a
+// read.
+func (e *keyEntry) hintMark() uint64 {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	return e.hints
+}
+
+// settleHint drops the standing hint after a read that returned revision
+// rev (0: absent) and whose request was sent after hintMark returned
+// mark: the read saw the hint's revision, or, when it returned an older
+// one though no hint came since mark, the hint named a revision the key
+// had not reached when the read was served (a legitimate wake-up's
+// revision was committed before it was sent): a forgery, or a revision
+// the next wake-up will name again.
+func (e *keyEntry) settleHint(rev, mark uint64) {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	if e.hint != 0 && (rev >= e.hint || e.hints == mark) {
+		e.hint = 0
+	}
+}
+
 // held returns the state k's entry holds at rev, or of its write under way
 // when that wrote value, or nil.
 func (t *keyTable) held(k string, rev uint64, value []byte) *KeyState {
@@ -565,6 +613,11 @@ func (e *keyEntry) begin(r *read, useCache, assumeAbsent, trustWatch bool) (s st
 	defer e.mu.Unlock()
 	e.materialize()
 	if r == nil {
+		if e.hint > e.rev || e.hint != 0 && !e.known {
+			// A wake-up named a later revision than e holds: read it
+			// (see hinted).
+			return start{}, false
+		}
 		switch {
 		case useCache && e.known:
 			w := e.trusted()

@@ -250,10 +250,14 @@ func WithCreateBuckets(storage jetstream.StorageType, replicas int) NATSStoreOpt
 // the state it wrote, on core NATS, to the first jobs of the key's queue,
 // as many as there are free slots, whose blocked [Runner]s subscribe to a
 // subject of their own job (no KV watch), so that a release wakes as many
-// waiters as it frees slots and they acquire without reading the key.
-// Each process (each store) delivers to its own waiters in memory. See
-// the README's "Targeted wake-ups" for what is left to a Runner's
-// RecheckInterval.
+// waiters as it frees slots. Each process (each store) delivers to its
+// own waiters in memory, with the state, on which they acquire without
+// reading the key. A wake-up from another process is a hint: anyone
+// allowed to publish on its subject can send any revision and state, so
+// its waiter keeps only the revision and reads the key before it writes,
+// unless its coordinator holds that revision already (the Watcher's
+// watch, its own write). See the README's "Targeted wake-ups" for what is
+// left to a Runner's RecheckInterval.
 //
 // The subject of job J of KV key K in bucket B (see
 // [NATSStore.BucketName]) is "<prefix>.B.K.T", T the unpadded base64url
@@ -273,7 +277,10 @@ func WithCreateBuckets(storage jetstream.StorageType, replicas int) NATSStoreOpt
 // "<prefix>.<bucket>.>" for each bucket it uses, and to subscribe to the
 // connection's inbox prefix (as requests already need). A refused wake-up
 // subject fails no store call: the wake-up is lost, and the waiter learns
-// of the change by its Runner's RecheckInterval.
+// of the change by its Runner's RecheckInterval. Publishing there allows
+// no write to the bucket: at most a read per wake-up by the waiter it
+// reaches, and that job trying at once; subscribing there allows reading
+// the states wake-ups carry (see the README's permissions).
 //
 // Every process sharing the buckets should turn it on: a writer without
 // it (and the TypeScript original) sends no wake-ups, and waiters woken

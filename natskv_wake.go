@@ -27,6 +27,14 @@ import (
 // revision (8 bytes, big-endian) followed by the state's value exactly as
 // stored in KV (a wake-up a blocked Run sends again, see
 // KeyCoordinator.wakeAhead, carries this package's encoding of it).
+//
+// A wake-up received from the network is a hint, never a state to write
+// on: the server does not vouch for it, and anyone allowed to publish on
+// the wake-up subjects can send any revision and any state. Its receiver
+// keeps only the revision, and its next try reads the key unless its
+// coordinator holds that revision already (its own write, the Watcher's
+// watch, an earlier read); see keyEntry.hinted. The state is still sent,
+// for processes of earlier versions, which write on it.
 
 // WakePrefixDefault is the subject prefix of targeted wake-ups when
 // [WithWakeUps] is given "".
@@ -88,9 +96,13 @@ type wakeStore interface {
 	// the network and copies value if it keeps it.
 	publishWakes(service, kvKey string, value []byte, rev uint64, targets []string, free int)
 	// subscribeWake calls fn with every wake-up sent to job jobID of kvKey
-	// until stop is called. fn must not block. It returns once the server
-	// has confirmed the subscription, or after wakeSubscribeConfirm
-	// without that.
+	// until stop is called: with its state's value for one this store
+	// hands over in memory (a write of this process, stored as it says),
+	// with value nil for one from the network, which anyone allowed to
+	// publish on the subject may have sent: its revision is a hint,
+	// nothing a write may start from. fn must not block. It returns once
+	// the server has confirmed the subscription, or after
+	// wakeSubscribeConfirm without that.
 	subscribeWake(service, kvKey, jobID string, fn func(value []byte, rev uint64)) (stop func(), err error)
 }
 
@@ -954,8 +966,10 @@ func (h *wakeHub) dispatch(d *wakeDispatcher) {
 				h.malformed.Add(1)
 				continue
 			}
+			// From the network: anyone allowed to publish on the subject
+			// may have sent it. Only its revision is handed on, as a hint
+			// (see wakeStore.subscribeWake); its state is not.
 			rev := binary.BigEndian.Uint64(m.Data)
-			value := m.Data[wakeRevLen:]
 			h.mu.Lock()
 			if e := h.subs[m.Subject]; e != nil {
 				waiters = append(waiters[:0], e.waiters...)
@@ -963,7 +977,7 @@ func (h *wakeHub) dispatch(d *wakeDispatcher) {
 			h.mu.Unlock()
 			handed := false
 			for _, w := range waiters {
-				handed = w.deliver(value, rev) || handed
+				handed = w.deliver(nil, rev) || handed
 			}
 			if handed {
 				h.received.Add(1)

@@ -170,8 +170,13 @@ type RunResult struct {
 // Over targeted wake-ups (a NATSStore made with [WithWakeUps]), a blocked
 // Run of a queued job waits for wake-ups sent to its own job, not the
 // watch: the write that leaves a slot free for it (in any process with
-// wake-ups on) sends the key's new state, and the Run tries on that state
-// at once, without a read. A try whose compare-and-swap loses waits for
+// wake-ups on) sends it a wake-up, and the Run tries at once. A wake-up
+// from another process is a hint, which anyone allowed to publish on its
+// subject may have sent: the Run reads the key first, unless its
+// coordinator holds the revision the wake-up names already (the
+// Watcher's watch, its own write); one a write in its own process hands
+// over in memory carries the state, and the Run writes on it without a
+// read. A try whose compare-and-swap loses waits for
 // the next wake-up, which the write it lost to sends if that write leaves
 // a slot free. A first try whose coordinator just saw the job queued
 // behind as many jobs as there are free slots waits for its wake-up
@@ -222,8 +227,9 @@ func (r *Runner) acquire(ctx context.Context, jobID string, payload any, opts []
 	// delivered, without a read; the safety-net recheck reads.
 	// Over targeted wake-ups (see WithWakeUps), a waiting Run waits for
 	// the wake-ups of its own job, not the Watcher's watch, and a try
-	// that trusts starts from the state its coordinator last saw stored
-	// (the wake-up's), without a read; one whose write loses waits for
+	// that trusts starts from the state its coordinator last saw stored,
+	// without a read unless a wake-up from another process named a later
+	// revision (see keyEntry.hinted); one whose write loses waits for
 	// the next wake-up (see waitTry.wake). A retry (WithRetry) is not
 	// queued, so no wake-up names its job: it waits on the watch.
 	wakes := wait && r.cfg.Watcher.wakeUps() != nil && !retryOf(opts)
@@ -249,6 +255,7 @@ func (r *Runner) acquire(ctx context.Context, jobID string, payload any, opts []
 			actx = withWaitTry(ctx, wt)
 		}
 		tried = true
+		sub.beginTry()
 		// The coordinator's clock reads later than start: the lease
 		// lasts at least TTL from start.
 		start := time.Now()

@@ -29,7 +29,8 @@ func wakeStoreOf(store any) wakeStore {
 
 // wakeTrustAge is how recently a Run's coordinator must have learned the
 // state by which the Run is blocked, when it did not learn it from a
-// request of its own (a wake-up's state), for the Run to wait on it for
+// request of its own (the watch's, or a wake-up's handed over in memory),
+// for the Run to wait on it for
 // a wake-up once subscribed, without a read: a wake-up sent after that
 // state but before the subscription reached the server finds nobody, and
 // is sent once more wakeRetry (2 ms) later, which must find the
@@ -359,11 +360,16 @@ func (w *Watcher) wakeUps() wakeStore {
 }
 
 // subscribeWake is subscribeWaiter over targeted wake-ups: the
-// subscription is signalled by the wake-ups sent to job jobID of kvKey,
-// whose states it hands to t, the key table of the waiter's coordinator,
-// as states seen stored (keyEntry.observe: the next try starts from it,
-// without a read). It does not start the Watcher's watch. t's entry of
-// the key is kept while the subscription lasts.
+// subscription is signalled by the wake-ups sent to job jobID of kvKey.
+// A wake-up handed over in memory by this store (a write of this process,
+// whose state the server stored as it says) is handed to t, the key table
+// of the waiter's coordinator, as a state seen stored (keyEntry.observe:
+// the next try starts from it, without a read). One from another process
+// is a hint: anyone allowed to publish on its subject could have sent it,
+// so only its revision is kept (keyEntry.hinted), and the next try reads
+// the key unless t's entry holds that revision or a later one already
+// (its own write, the watch, a read). It does not start the Watcher's
+// watch. t's entry of the key is kept while the subscription lasts.
 func (w *Watcher) subscribeWake(service, kvKey, jobID string, t *keyTable) (*Subscription, error) {
 	ws := w.wakeUps()
 	if ws == nil {
@@ -388,14 +394,19 @@ func (w *Watcher) subscribeWake(service, kvKey, jobID string, t *keyTable) (*Sub
 
 	e := t.pin(kvKey)
 	stop, err := ws.subscribeWake(service, kvKey, jobID, func(value []byte, rev uint64) {
-		st := t.held(kvKey, rev, value)
-		if st == nil {
-			var err error
-			if st, err = decodeState(value); err != nil || st.Service != service || kvKeyFor(st.Service, st.JobType, st.KeyHash) != kvKey {
-				return // not this key's state: the Runner's recheck reads it
+		if value == nil {
+			// From another process: a hint (see wakeStore.subscribeWake).
+			e.hinted(rev)
+		} else {
+			st := t.held(kvKey, rev, value)
+			if st == nil {
+				var err error
+				if st, err = decodeState(value); err != nil || st.Service != service || kvKeyFor(st.Service, st.JobType, st.KeyHash) != kvKey {
+					return // not this key's state: the Runner's recheck reads it
+				}
 			}
+			e.observe(st, rev, e.feedMark())
 		}
-		e.observe(st, rev, e.feedMark())
 		for old := sub.wake.rev.Load(); old < rev && !sub.wake.rev.CompareAndSwap(old, rev); old = sub.wake.rev.Load() {
 		}
 		sub.wakeSignal() // after the revision is stored: see rearmWake
@@ -431,7 +442,9 @@ type wakeWait struct {
 	// Watcher.mu.
 	entry *keyEntry
 	stop  func()
-	rev   atomic.Uint64
+	// rev is the latest revision the wake-ups delivered since the Run's
+	// current try began (see beginTry) named; 0: none.
+	rev atomic.Uint64
 	// closed is set once Close ran; guarded by Watcher.mu.
 	closed bool
 }
@@ -445,11 +458,23 @@ func (s *Subscription) wakeSignal() {
 	}
 }
 
+// beginTry is called before each try of the Run waiting on wake-up
+// subscription s (nil: none): the revisions wake-ups named before it are
+// the try's to act on (a hint above what the coordinator holds makes it
+// read), so rearmWake weighs only those delivered after. Without this, a
+// wake-up naming a revision the key never reaches (a forgery) would
+// signal the Run again after each of its tries, for ever.
+func (s *Subscription) beginTry() {
+	if s != nil && s.wake != nil {
+		s.wake.rev.Store(0)
+	}
+}
+
 // rearmWake is rearm for a wake-up subscription: a signal pending from
 // before the try is dropped, unless a wake-up of a later revision than the
-// try's came meanwhile. The drain comes first: a wake-up whose revision
-// is stored after the check below signals after the drain (see
-// subscribeWake), so none is lost between them.
+// try's came meanwhile (since beginTry). The drain comes first: a wake-up
+// whose revision is stored after the check below signals after the drain
+// (see subscribeWake), so none is lost between them.
 func (s *Subscription) rearmWake(seen uint64) {
 	select {
 	case <-s.changed:

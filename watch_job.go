@@ -38,13 +38,17 @@ func (w *Watcher) WakeUps() bool { return w.wakeUps() != nil }
 // have no waiter anywhere (a wake-up moves on past such jobs, up to 64
 // past the free slots). A write that leaves no slot free (a
 // heartbeat of a full key) signals nothing, nor do wake-ups sent to other
-// jobs of the key. The state each wake-up carries is recorded in
-// jt's coordinator as a state seen stored, so that the job's next
-// [JobType.Acquire] starts from it: it writes on it without a read when
-// it has a slot free (a stale one costs a failed write and a read; a
-// coordinator whose Config.StateCacheSize disables its cache reads), and
-// reads, as every Acquire that finds a key busy on a remembered state
-// does, before it reports the key busy.
+// jobs of the key. A wake-up is a hint, never a state to write on:
+// anyone allowed to publish on the wake-up subjects may have sent it. A
+// wake-up from another process leaves jt's coordinator only its revision,
+// so that the job's next [JobType.Acquire] reads the key first unless the
+// coordinator holds that revision already (its own write, the Watcher's
+// watch); one handed over in memory by a write of this store's process
+// is recorded as the state seen stored, and the next Acquire writes on it
+// without a read when it has a slot free (a stale one costs a failed
+// write and a read; a coordinator whose Config.StateCacheSize disables
+// its cache reads). Every Acquire that finds a key busy on a remembered
+// state reads before it reports the key busy.
 //
 // A wake-up is not sent for every change a waiter needs: a writer without
 // wake-ups (a store without WithWakeUps, the TS original) sends none, nor
