@@ -54,10 +54,10 @@ import (
 
 type options struct {
 	url, bucket, service, storage, stream, subject string
-	workers, maxActive, maxQueued, keys           int
-	from, to, conc                                int
-	rate                                          float64
-	handler                                       time.Duration
+	workers, maxActive, maxQueued, keys            int
+	from, to, conc                                 int
+	rate                                           float64
+	handler                                        time.Duration
 }
 
 func main() {
