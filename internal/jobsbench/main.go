@@ -265,8 +265,14 @@ func paced(o options, send func(i int) error) int64 {
 }
 
 // awaitGo prints ready, waits for a line on stdin, runs work, prints
-// done and waits for stdin to close.
+// done and waits for stdin to close or SIGTERM.
 func awaitGo(o options, send func(i int) error) error {
+	sig := make(chan os.Signal, 1)
+	signal.Notify(sig, syscall.SIGTERM, os.Interrupt)
+	go func() {
+		<-sig
+		os.Exit(0) // told to stop: the same as stdin closing
+	}()
 	line("ready")
 	in := bufio.NewScanner(os.Stdin)
 	if !in.Scan() {
