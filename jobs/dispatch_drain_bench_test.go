@@ -37,9 +37,10 @@ import (
 // (ratio-to-empty; target ≥ 0.8), and CPU and messages per drained job.
 // The seeding is outside the measured part. JOBKEYS_BENCH_DRAIN_N sets N
 // for every row, JOBKEYS_BENCH_BACKLOG_N for the two backlog rows only
-// (their drain may be slow). Run with
+// (the claim loop before issue 23 drains them at 15–20 jobs/s, so
+// its figures were taken with 200). Run with
 //
-//	go test -run '^$' -bench 'DispatchDrain' -benchtime 1x -count 2 ./jobs/
+//	go test -run '^$' -bench 'DispatchDrain' -benchtime 1x ./jobs/
 //	JOBKEYS_BENCH_LARGE=1 go test -run '^$' -bench 'DispatchDrain' -benchtime 1x -timeout 60m ./jobs/
 func BenchmarkDispatchDrain(b *testing.B) {
 	s := startBenchServer(b)

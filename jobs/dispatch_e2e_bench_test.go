@@ -33,7 +33,7 @@ import (
 // ratio-to-jetstream (end to end, same storage, same run), CPU and
 // messages per job. Run with
 //
-//	go test -run '^$' -bench 'DispatchEndToEnd' -benchtime 1x -count 2 ./jobs/
+//	go test -run '^$' -bench 'DispatchEndToEnd' -benchtime 1x ./jobs/
 func BenchmarkDispatchEndToEnd(b *testing.B) {
 	s := startBenchServer(b)
 	var base benchBaseline

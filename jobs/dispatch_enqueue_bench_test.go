@@ -22,7 +22,7 @@ import (
 // ratio-to-memory (memory/jobs of the same run), CPU and messages per job.
 // Run with
 //
-//	go test -run '^$' -bench 'DispatchEnqueue' -benchtime 1x -count 2 ./jobs/
+//	go test -run '^$' -bench 'DispatchEnqueue' -benchtime 1x ./jobs/
 func BenchmarkDispatchEnqueue(b *testing.B) {
 	s := startBenchServer(b)
 	var base benchBaseline

@@ -31,7 +31,7 @@ import (
 //
 // and CPU and messages per job started. Run with
 //
-//	go test -run '^$' -bench 'DispatchFlood' -benchtime 1x -count 2 ./jobs/
+//	go test -run '^$' -bench 'DispatchFlood' -benchtime 1x ./jobs/
 func BenchmarkDispatchFlood(b *testing.B) {
 	s := startBenchServer(b)
 	var base benchBaseline

@@ -15,7 +15,16 @@ package jobs_test
 //	server-cpu-ms/job  CPU of the server process over the same part
 //	msgs/job           the server's in_msgs + out_msgs (/varz) over it
 //
-// CPU is read from /proc (Linux; elsewhere those two figures are left out).
+// CPU is read from /proc (Linux; elsewhere those two figures are left out)
+// in clock ticks (10 ms): a row of a fraction of a second reports it
+// coarsely. Each top-level benchmark starts its own server and runs its
+// baseline row first; a row's ratio is to the baseline of the same run.
+// Run each command with -benchtime 1x, and repeat the command to
+// interleave rows with their baselines: -count n runs each row n times
+// back to back instead. The commands are in each benchmark's doc; all of
+// them (about 6 minutes on 2 cores; the 100,000-completed row is extra):
+//
+//	JOBKEYS_BENCH_BACKLOG_N=200 go test -run '^$' -bench 'Dispatch' -benchtime 1x -timeout 30m ./jobs/
 
 import (
 	"bufio"

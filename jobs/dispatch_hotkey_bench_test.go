@@ -29,7 +29,7 @@ import (
 // same run), CPU (the test process and the worker processes) and messages
 // per job. Run with
 //
-//	go test -run '^$' -bench 'DispatchHotKey' -benchtime 1x -count 2 ./jobs/
+//	go test -run '^$' -bench 'DispatchHotKey' -benchtime 1x ./jobs/
 func BenchmarkDispatchHotKey(b *testing.B) {
 	s := startBenchServer(b)
 	const n = 1000

@@ -26,7 +26,7 @@ import (
 // jobs/s achieved (first send to last start), CPU (producer and worker
 // processes) and messages per job. Run with
 //
-//	go test -run '^$' -bench 'DispatchLatency' -benchtime 1x -count 2 ./jobs/
+//	go test -run '^$' -bench 'DispatchLatency' -benchtime 1x ./jobs/
 func BenchmarkDispatchLatency(b *testing.B) {
 	s := startBenchServer(b)
 	var base benchBaseline
