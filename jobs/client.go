@@ -13,6 +13,8 @@ import (
 	"time"
 	"unicode/utf8"
 
+	"github.com/nats-io/nats.go/jetstream"
+
 	"github.com/jobkeys/jobkeys"
 )
 
@@ -52,14 +54,9 @@ func ExponentialBackoff(base, limit time.Duration) func(failures int) time.Durat
 // ClientConfig configures a [Client]. Only KeyStore is required.
 type ClientConfig struct {
 	// KeyStore is the key store the coordinator was made with. The client
-	// watches it to wake jobs waiting for a slot when it implements
-	// [jobkeys.WatchableStore] (they fall back to rechecks otherwise), and
-	// lists and reads it to reconcile queue entries against job records.
-	// Over a NATSStore made with [jobkeys.WithWakeUps], a queued job
-	// waiting for a slot waits for the wake-ups of its own job instead
-	// (see [jobkeys.Watcher.SubscribeJob]): a release wakes as many jobs
-	// as it frees slots, and a heartbeat of a full key none; a write by a
-	// process without wake-ups wakes it at its recheck. Required.
+	// reads it to hand a slot's room on (see Dispatch in the package doc)
+	// and lists and reads it to reconcile queue entries against job
+	// records. Required.
 	KeyStore jobkeys.Store
 
 	// Service is the key-layer service of every kind: the key bucket is
@@ -76,22 +73,14 @@ type ClientConfig struct {
 	// MaxWorkersDefault (10).
 	MaxWorkers int
 
-	// MaxWaiting bounds how many claimed jobs wait in this client for a
-	// slot on a full key. A waiting job costs no writes but a claim
-	// renewal every half claim TTL; a job blocked beyond the bound is
-	// handed back (without a failure) for RecheckInterval, which costs a
-	// requeue and a claim each time. Defaults to 16 × MaxWorkers.
-	MaxWaiting int
-
-	// PollInterval is how long a client that found no due job waits before
-	// claiming again (a local enqueue or a finished job wakes it earlier).
-	// Defaults to PollIntervalDefault (1s).
+	// PollInterval is how often a client whose clock is too far from the
+	// NATS server's (see Clock skew in the package doc) looks again
+	// whether it may take jobs. Defaults to PollIntervalDefault (1s).
 	PollInterval time.Duration
 
-	// RecheckInterval bounds how long a job waiting for a slot goes without
-	// trying again when no watch event (or wake-up) and no lease expiry
-	// wakes it.
-	// Defaults to RecheckIntervalDefault (5s).
+	// RecheckInterval is how long an announced job that could not be
+	// looked at (the store or the key layer failed) is left before a
+	// worker looks at it again. Defaults to RecheckIntervalDefault (5s).
 	RecheckInterval time.Duration
 
 	// AdmitGrace is how long after its creation a pending job without a
@@ -125,6 +114,16 @@ type ClientConfig struct {
 	// It should be the store's clock. Defaults to time.Now.
 	Now func() time.Time
 
+	// JetStream is the connection the client's dispatch runs over: the
+	// service's dispatch stream, JOBS_DISPATCH_<Service>, created when
+	// missing (with the job bucket's storage and replicas, or file storage
+	// and one replica when the job store is not a [NATSStore]). Defaults to
+	// the job store's connection when it is a NATSStore and KeyStore is not
+	// a [jobkeys.MemoryStore]. Without either, jobs are dispatched within
+	// this process only: the clients of one [MemoryStore] share its queue,
+	// a client of another store has its own.
+	JetStream jetstream.JetStream
+
 	// Logger receives what the client cannot return to a caller (a failed
 	// heartbeat, a reconciliation error). Defaults to none.
 	Logger *slog.Logger
@@ -146,14 +145,9 @@ type Client struct {
 	state    clientState
 	runs     map[jobRef]*activeRun   // jobs this client holds a claim on
 	byTarget map[jobRef][]*activeRun // the same, by channel and target key
-	stopCh   chan struct{}           // closed by Stop: no new claims
+	stopCh   chan struct{}           // closed by Stop: no new jobs taken
 	killCh   chan struct{}           // closed when StopGrace passed: cancel handlers
-	wake     chan struct{}           // wakes the claim loop
-	wg       sync.WaitGroup          // the loops and every job goroutine
-	watcher  *jobkeys.Watcher
-	waiting  int           // jobs waiting for a slot
-	slotFree chan struct{} // signalled when a worker token frees
-	tokens   chan struct{} // one per handler slot of MaxWorkers; made by Start
+	wg       sync.WaitGroup          // the workers and the reconciliation loop
 	bgCancel context.CancelFunc
 	// reconcileCancel ends the reconciliation pass in flight; set by Start
 	// when it reconciles.
@@ -165,8 +159,12 @@ type Client struct {
 	// alone.
 	skewLimit time.Duration
 	skewed    bool
+	skewMu    sync.Mutex // serializes the takers' clock checks
 
-	keyWaiters map[string]*keyWaiters // by KV key; guarded by mu
+	// disp carries the announcements that jobs may start (see
+	// dispatcher); dispOwned says whether Stop closes it.
+	disp      dispatcher
+	dispOwned bool
 }
 
 type clientState int
@@ -230,12 +228,6 @@ func NewClient(store Store, coord *jobkeys.KeyCoordinator, cfg *ClientConfig) (*
 	case c.MaxWorkers < 0:
 		return nil, fmt.Errorf("jobs: NewClient: ClientConfig.MaxWorkers %d is negative", c.MaxWorkers)
 	}
-	switch {
-	case c.MaxWaiting == 0:
-		c.MaxWaiting = 16 * c.MaxWorkers
-	case c.MaxWaiting < 0:
-		return nil, fmt.Errorf("jobs: NewClient: ClientConfig.MaxWaiting %d is negative", c.MaxWaiting)
-	}
 	if c.Backoff == nil {
 		c.Backoff = DefaultBackoff
 	}
@@ -245,17 +237,20 @@ func NewClient(store Store, coord *jobkeys.KeyCoordinator, cfg *ClientConfig) (*
 	if c.Logger == nil {
 		c.Logger = slog.New(slog.DiscardHandler)
 	}
-	return &Client{
-		store: store, coord: coord, cfg: c,
-		kinds:      make(map[string]*kind),
-		runs:       make(map[jobRef]*activeRun),
-		byTarget:   make(map[jobRef][]*activeRun),
-		keyWaiters: make(map[string]*keyWaiters),
-		stopCh:     make(chan struct{}),
-		killCh:     make(chan struct{}),
-		wake:       make(chan struct{}, 1),
-		slotFree:   make(chan struct{}, 1),
-	}, nil
+	disp, owned, err := openDispatch(store, &c)
+	if err != nil {
+		return nil, fmt.Errorf("jobs: NewClient: %w", err)
+	}
+	cl := &Client{
+		coord: coord, cfg: c, disp: disp, dispOwned: owned,
+		kinds:    make(map[string]*kind),
+		runs:     make(map[jobRef]*activeRun),
+		byTarget: make(map[jobRef][]*activeRun),
+		stopCh:   make(chan struct{}),
+		killCh:   make(chan struct{}),
+	}
+	cl.store = announcingStore{Store: store, c: cl}
+	return cl, nil
 }
 
 // Owner returns the name this client claims jobs under.
@@ -398,6 +393,15 @@ func (c *Client) Enqueue(ctx context.Context, req EnqueueRequest) (EnqueueResult
 			return EnqueueResult{}, conflictf("enqueue job %q of type %q: its Input does not decode into the kind's input type, as every attempt would decode it: %v", req.ID, req.Type, err)
 		}
 	}
+	// Should the producer die before the admission, this check brings a
+	// client's checker to make its decision after AdmitGrace (see
+	// Client.check). Nothing is written without it.
+	if req.ID != "" && req.ChannelID != "" {
+		at := c.cfg.Now().Add(c.cfg.AdmitGrace)
+		if err := c.disp.announce(ctx, laneCheck, req.Type, jobRef{req.ChannelID, req.ID}, at, ""); err != nil {
+			return EnqueueResult{}, fmt.Errorf("jobs: enqueue job %q of type %q: nothing written: %w: %w", req.ID, req.Type, ErrUnavailable, err)
+		}
+	}
 	enq, err := c.store.Enqueue(ctx, req)
 	if errors.Is(err, ErrOutcomeUnknown) {
 		// The store's error names the job and its idempotency key.
@@ -410,11 +414,7 @@ func (c *Client) Enqueue(ctx context.Context, req EnqueueRequest) (EnqueueResult
 		return c.replay(ctx, enq.Job)
 	}
 	c.notifyTarget(enq.Job)
-	res, err := c.admit(ctx, k, enq.Job)
-	if err == nil {
-		c.poke()
-	}
-	return res, err
+	return c.admit(ctx, k, enq.Job)
 }
 
 // replay is the outcome of an enqueue whose idempotency key enqueued j
@@ -439,7 +439,6 @@ func (c *Client) replay(ctx context.Context, j Job) (EnqueueResult, error) {
 	switch {
 	case err == nil:
 		res.Repeated = true
-		c.poke()
 	case errors.As(err, &rej):
 		rej.Repeated = true
 	}
@@ -489,8 +488,10 @@ func (c *Client) admit(ctx context.Context, k *kind, job Job) (EnqueueResult, er
 		}
 		switch adm.Kind {
 		case jobkeys.KindAccepted:
+			c.announceAdmitted(ctx, k, job, adm.State)
 			return EnqueueResult{Outcome: OutcomeAccepted, Job: job, Key: adm.DisplayKey}, nil
 		case jobkeys.KindReplaced:
+			c.announceAdmitted(ctx, k, job, adm.State)
 			res := EnqueueResult{Outcome: OutcomeReplaced, Job: job, Key: adm.DisplayKey}
 			if ch, id, ok := parseKeyJobID(adm.Replaced.ID); ok {
 				r, err := c.supersede(ctx, ch, id, ReasonReplaced)
@@ -623,14 +624,6 @@ func (c *Client) supersede(ctx context.Context, channel, id, reason string) (Job
 	return Job{}, err
 }
 
-// poke wakes the claim loop.
-func (c *Client) poke() {
-	select {
-	case c.wake <- struct{}{}:
-	default:
-	}
-}
-
 // Get returns a job with its target and artifact (the store's Get).
 func (c *Client) Get(ctx context.Context, channelID, jobID string) (Detail, error) {
 	return c.store.Get(ctx, channelID, jobID)
@@ -687,13 +680,10 @@ func (c *Client) Pause(ctx context.Context, req PauseRequest) (Job, error) {
 	return j, nil
 }
 
-// Resume resumes a paused job (the store's Resume).
+// Resume resumes a paused job (the store's Resume); it is announced to
+// the workers at its AvailableAt.
 func (c *Client) Resume(ctx context.Context, req ResumeRequest) (Job, error) {
-	j, err := c.store.Resume(ctx, req)
-	if err == nil {
-		c.poke()
-	}
-	return j, err
+	return c.store.Resume(ctx, req)
 }
 
 // dropQueued removes a finished job's queue entry, best effort:
@@ -703,15 +693,18 @@ func (c *Client) dropQueued(ctx context.Context, j Job) {
 	c.mu.Lock()
 	k := c.kinds[j.Type]
 	c.mu.Unlock()
-	var err error
-	if k != nil {
-		_, err = k.jt.RemoveQueued(ctx, keyJobID(j.ChannelID, j.ID), []byte(inputOf(j)))
-	} else {
-		err = c.dropQueuedByScan(ctx, j)
+	if k == nil {
+		if err := c.dropQueuedByScan(ctx, j); err != nil {
+			c.cfg.Logger.Warn("jobs: remove queue entry", "job", j.ID, "channel", j.ChannelID, "type", j.Type, "err", err)
+		}
+		return
 	}
+	rem, err := k.jt.RemoveQueued(ctx, keyJobID(j.ChannelID, j.ID), []byte(inputOf(j)))
 	if err != nil {
 		c.cfg.Logger.Warn("jobs: remove queue entry", "job", j.ID, "channel", j.ChannelID, "type", j.Type, "err", err)
+		return
 	}
+	c.announceRoom(ctx, k, rem.State, 0)
 }
 
 // notifyTarget ends, with ErrSuperseded, the runs in this client of the

@@ -2,6 +2,7 @@ package jobs_test
 
 import (
 	"context"
+	"errors"
 	"log/slog"
 	"strings"
 	"sync"
@@ -212,7 +213,9 @@ func TestClientIgnoreClockSkewClaims(t *testing.T) {
 	require.NoError(t, b.client.Start(ctx))
 	select {
 	case cause := <-causeA:
-		require.ErrorIs(t, cause, jobs.ErrClaimLost)
+		// b sees a's slot (and claim) expired: its reconciliation sweeps
+		// the slot, or its workers take the claim over.
+		require.True(t, errors.Is(cause, jobs.ErrClaimLost) || errors.Is(cause, jobs.ErrSlotLost), "cause %v", cause)
 	case <-time.After(60 * time.Second):
 		t.Fatal("the skewed client never took the claim over")
 	}

@@ -83,6 +83,7 @@ func (e *runtimeEnv) newNode(cfg jobs.ClientConfig, wrap func(jobs.Store) jobs.S
 	}
 	cfg.KeyStore = keys
 	cfg.Service = e.service
+	cfg.JetStream = js
 	c, err := jobs.NewClient(store, coord, &cfg)
 	require.NoError(e.t, err)
 	e.t.Cleanup(func() {

@@ -76,12 +76,6 @@ func (lc *leaseClock) claimDeadline() time.Time {
 	return lc.base.Add(time.Duration(lc.claimFrom.Load()) + lc.claimTTL - lc.margin)
 }
 
-// renewClaimAt returns when a claim that waits (for its slot, for a
-// worker) is renewed: half its TTL after it was last made or renewed.
-func (lc *leaseClock) renewClaimAt() time.Time {
-	return lc.base.Add(time.Duration(lc.claimFrom.Load()) + lc.claimTTL/2)
-}
-
 // deadline returns the earlier of the claim's and the slot's local
 // deadlines.
 func (lc *leaseClock) deadline() time.Time {

@@ -21,16 +21,16 @@ import (
 // work-queue stream between processes (natsDispatcher), or a queue in
 // memory within one (memDispatcher).
 type dispatcher interface {
-	// announce queues the announcement that job ref of type typ may start
-	// at at (zero or past: now). id, when not empty, names the
+	// announce queues in lane the announcement that job ref of type typ
+	// may start at at (zero or past: now). id, when not empty, names the
 	// announcement: a second announcement with the same id within the
-	// dispatcher's de-duplication window is dropped.
-	announce(ctx context.Context, typ string, ref jobRef, at time.Time, id string) error
-	// next waits for an announcement of one of the types this dispatcher
-	// takes and hands it to the caller, who must end it (done or later).
-	// It returns ctx's error when ctx ends first, and errDispatchClosed
-	// once the dispatcher is closed.
-	next(ctx context.Context) (delivery, error)
+	// dispatcher's de-duplication window is dropped. A check is kept by
+	// the server whatever its delay: it is what a crash leaves behind.
+	announce(ctx context.Context, ln lane, typ string, ref jobRef, at time.Time, id string) error
+	// next waits for an announcement of lane and hands it to the caller,
+	// who must end it (done or later). It returns ctx's error when ctx
+	// ends first, and errDispatchClosed once the dispatcher is closed.
+	next(ctx context.Context, ln lane) (delivery, error)
 	// close ends every next call; announcements queued stay queued (for
 	// another process, over NATS).
 	close()
@@ -49,6 +49,17 @@ type delivery interface {
 	// and dies is covered by its redelivery, which running pushes back.
 	running()
 }
+
+// lane is a dispatcher's queue: the workers take ready announcements; one
+// checker per client takes checks, the announcements an Enqueue makes
+// before the record in case its producer dies before the admission, which
+// must not wait behind, nor delay, the jobs that may start.
+type lane string
+
+const (
+	laneReady lane = "ready"
+	laneCheck lane = "check"
+)
 
 // errDispatchClosed is next's error once the dispatcher is closed.
 var errDispatchClosed = errors.New("jobs: dispatcher closed")

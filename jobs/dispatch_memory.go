@@ -13,8 +13,7 @@ import (
 // MemoryStore's records do too.
 type memDispatcher struct {
 	mu      sync.Mutex
-	queue   []*memDelivery
-	avail   chan struct{} // closed when queue gains an entry (then replaced)
+	lanes   map[lane]*memLane
 	seen    map[string]time.Time
 	pending map[*time.Timer]struct{} // announcements and hand-backs not yet due
 	closed  bool
@@ -25,9 +24,18 @@ type memDispatcher struct {
 // memDedupeWindow is how long a memDispatcher remembers an announcement id.
 const memDedupeWindow = 2 * time.Minute
 
+// memLane is one lane's FIFO.
+type memLane struct {
+	queue []*memDelivery
+	avail chan struct{} // closed when queue gains an entry (then replaced)
+}
+
 func newMemDispatcher() *memDispatcher {
 	return &memDispatcher{
-		avail:   make(chan struct{}),
+		lanes: map[lane]*memLane{
+			laneReady: {avail: make(chan struct{})},
+			laneCheck: {avail: make(chan struct{})},
+		},
 		seen:    make(map[string]time.Time),
 		pending: make(map[*time.Timer]struct{}),
 		window:  memDedupeWindow,
@@ -37,6 +45,7 @@ func newMemDispatcher() *memDispatcher {
 
 type memDelivery struct {
 	d   *memDispatcher
+	ln  lane
 	typ string
 	ref jobRef
 }
@@ -46,10 +55,10 @@ func (m *memDelivery) job() jobRef     { return m.ref }
 func (m *memDelivery) done()           {}
 func (m *memDelivery) running()        {}
 func (m *memDelivery) later(delay time.Duration) {
-	m.d.push(&memDelivery{d: m.d, typ: m.typ, ref: m.ref}, delay)
+	m.d.push(&memDelivery{d: m.d, ln: m.ln, typ: m.typ, ref: m.ref}, delay)
 }
 
-func (d *memDispatcher) announce(ctx context.Context, typ string, ref jobRef, at time.Time, id string) error {
+func (d *memDispatcher) announce(ctx context.Context, ln lane, typ string, ref jobRef, at time.Time, id string) error {
 	if err := ctx.Err(); err != nil {
 		return err
 	}
@@ -70,7 +79,7 @@ func (d *memDispatcher) announce(ctx context.Context, typ string, ref jobRef, at
 		d.seen[id] = now
 		d.mu.Unlock()
 	}
-	d.push(&memDelivery{d: d, typ: typ, ref: ref}, at.Sub(now))
+	d.push(&memDelivery{d: d, ln: ln, typ: typ, ref: ref}, at.Sub(now))
 	return nil
 }
 
@@ -95,26 +104,28 @@ func (d *memDispatcher) push(m *memDelivery, delay time.Duration) {
 		d.pending[t] = struct{}{}
 		return
 	}
-	d.queue = append(d.queue, m)
-	close(d.avail)
-	d.avail = make(chan struct{})
+	l := d.lanes[m.ln]
+	l.queue = append(l.queue, m)
+	close(l.avail)
+	l.avail = make(chan struct{})
 }
 
-func (d *memDispatcher) next(ctx context.Context) (delivery, error) {
+func (d *memDispatcher) next(ctx context.Context, ln lane) (delivery, error) {
 	for {
 		d.mu.Lock()
 		if d.closed {
 			d.mu.Unlock()
 			return nil, errDispatchClosed
 		}
-		if len(d.queue) > 0 {
-			m := d.queue[0]
-			d.queue[0] = nil
-			d.queue = d.queue[1:]
+		l := d.lanes[ln]
+		if len(l.queue) > 0 {
+			m := l.queue[0]
+			l.queue[0] = nil
+			l.queue = l.queue[1:]
 			d.mu.Unlock()
 			return m, nil
 		}
-		avail := d.avail
+		avail := l.avail
 		d.mu.Unlock()
 		select {
 		case <-avail:
@@ -137,5 +148,7 @@ func (d *memDispatcher) close() {
 		t.Stop()
 	}
 	clear(d.pending)
-	close(d.avail)
+	for _, l := range d.lanes {
+		close(l.avail)
+	}
 }

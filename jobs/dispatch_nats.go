@@ -12,28 +12,32 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 )
 
-// The dispatch stream of a NATSStore's bucket B (see dispatcher):
+// The dispatch stream of key-layer service S (see dispatcher):
 //
-//	stream     B_DISPATCH, work-queue retention, message schedules allowed
-//	subjects   jobkeys.dispatch.B.<service>.ready.<type>              "this job may start"
-//	           jobkeys.dispatch.B.<service>.due.<channel>.<job>       its schedule, when not due yet
-//	consumer   <service>, durable, pull, filter ...B.<service>.ready.>
+//	stream     JOBS_DISPATCH_S, work-queue retention, message schedules allowed
+//	subjects   jobkeys.dispatch.S.ready.<type>              "this job may start"
+//	           jobkeys.dispatch.S.check.<type>              "see that this job was admitted"
+//	           jobkeys.dispatch.S.due.<channel>.<job>       its schedule, when not due yet
+//	consumers  workers, durable, pull, filter jobkeys.dispatch.S.ready.>
+//	           checkers, durable, pull, filter jobkeys.dispatch.S.check.>
 //
 // Every client of a service pulls from the service's one consumer, so a
 // message goes to one worker of any process; a worker takes one message per
 // free worker (one pull request each), so no message waits in a busy
 // process while another has a free worker. A message stays unacknowledged
-// while its job runs (the worker marks it in progress at every heartbeat):
-// a worker that dies leaves it to be redelivered once AckWait passes, and
-// the next worker finds the job's expired claim and takes it over. A due
-// time is a message schedule (one per job: a newer one replaces it) that
-// the server turns into the ready message at that time. <channel> and <job>
-// are escapeToken's tokens.
+// while its job runs (the worker marks it in progress meanwhile): a worker
+// that dies leaves it to be redelivered once AckWait passes, and the next
+// worker finds the job's expired claim and takes it over. A due time is a
+// message schedule (one per job: a newer one replaces it) that the server
+// turns into the ready message at that time. <channel> and <job> are
+// escapeToken's tokens. The stream sits beside the service's key bucket
+// (JOBS_KEYS_S), as one per service.
 const (
 	dispatchSubjectPrefix = "jobkeys.dispatch."
-	// dispatchAckWait is how long a delivered message waits for its end
-	// (or a mark of progress) before the server delivers it again.
-	dispatchAckWaitMin = 30 * time.Second
+	// dispatchAckWaitMin bounds below how long a delivered message waits
+	// for its end (or a mark of progress) before the server delivers it
+	// again: the claim's TTL and a second (see consume).
+	dispatchAckWaitMin = 2 * time.Second
 	// dispatchFetchWait is how long one pull request waits on the server
 	// for a message; the next one follows at once. (It bounds how long a
 	// cancelled wait may leave a message in flight to nobody: that message
@@ -53,10 +57,10 @@ const (
 // one key-layer service.
 type natsDispatcher struct {
 	js      jetstream.JetStream
-	stream  string
+	stream  jetstream.Stream
 	service string
-	prefix  string // jobkeys.dispatch.<bucket>.<service>.
-	cons    jetstream.Consumer
+	prefix  string // jobkeys.dispatch.<service>.
+	cons    map[lane]jetstream.Consumer
 
 	mu     sync.Mutex
 	timers map[*time.Timer]struct{}
@@ -64,80 +68,87 @@ type natsDispatcher struct {
 	once   sync.Once
 }
 
-// dispatchStreamName is the dispatch stream of the job bucket.
-func dispatchStreamName(bucket string) string { return bucket + "_DISPATCH" }
+// dispatchStreamName is the dispatch stream of a key-layer service.
+func dispatchStreamName(service string) string { return "JOBS_DISPATCH_" + service }
 
-// newNATSDispatcher opens (creating when missing, with storage and
-// replicas of the job bucket) the dispatch stream of store's bucket and,
-// when consume is set, the consumer of service. ackWait is the longest
-// claim TTL of the client's kinds.
-func newNATSDispatcher(ctx context.Context, s *NATSStore, service string, ackWait time.Duration, consume bool) (*natsDispatcher, error) {
-	bucket := strings.TrimSuffix(strings.TrimPrefix(s.keys.prefix, "$KV."), ".")
-	name := dispatchStreamName(bucket)
-	base := dispatchSubjectPrefix + bucket + "."
-	info := s.stream.CachedInfo()
-	cfg := jetstream.StreamConfig{
-		Name:              name,
-		Description:       "jobkeys dispatch: jobs that may start",
-		Subjects:          []string{base + ">"},
-		Retention:         jetstream.WorkQueuePolicy,
-		Storage:           info.Config.Storage,
-		Replicas:          info.Config.Replicas,
-		Duplicates:        dispatchDuplicates,
-		AllowMsgSchedules: true,
-		AllowRollup:       true,
-	}
-	stream, err := s.js.Stream(ctx, name)
+// newNATSDispatcher opens the dispatch stream of service over js,
+// creating it when missing with storage and replicas. It announces; it
+// takes announcements once consume made its consumer.
+func newNATSDispatcher(ctx context.Context, js jetstream.JetStream, service string, storage jetstream.StorageType, replicas int) (*natsDispatcher, error) {
+	name := dispatchStreamName(service)
+	base := dispatchSubjectPrefix + service + "."
+	stream, err := js.Stream(ctx, name)
 	if errors.Is(err, jetstream.ErrStreamNotFound) {
-		stream, err = s.js.CreateStream(ctx, cfg)
+		stream, err = js.CreateStream(ctx, jetstream.StreamConfig{
+			Name:              name,
+			Description:       "jobkeys dispatch: jobs that may start",
+			Subjects:          []string{base + ">"},
+			Retention:         jetstream.WorkQueuePolicy,
+			Storage:           storage,
+			Replicas:          replicas,
+			Duplicates:        dispatchDuplicates,
+			AllowMsgSchedules: true,
+			AllowRollup:       true,
+		})
 		if errors.Is(err, jetstream.ErrStreamNameAlreadyInUse) {
-			stream, err = s.js.Stream(ctx, name)
+			stream, err = js.Stream(ctx, name)
 		}
 	}
 	if err != nil {
-		return nil, fmt.Errorf("%w: dispatch stream %q of bucket %q: %w", ErrUnavailable, name, bucket, err)
+		return nil, fmt.Errorf("%w: dispatch stream %q of service %q: %w", ErrUnavailable, name, service, err)
 	}
 	if got := stream.CachedInfo().Config; got.Retention != jetstream.WorkQueuePolicy || !got.AllowMsgSchedules {
 		return nil, fmt.Errorf("%w: dispatch stream %q is not a work-queue stream with message schedules allowed", ErrConflict, name)
 	}
-	d := &natsDispatcher{
-		js:      s.js,
-		stream:  name,
+	return &natsDispatcher{
+		js:      js,
+		stream:  stream,
 		service: service,
-		prefix:  base + service + ".",
+		prefix:  base,
 		timers:  make(map[*time.Timer]struct{}),
 		closed:  make(chan struct{}),
-	}
-	if !consume {
-		return d, nil
-	}
-	ackWait = max(ackWait, dispatchAckWaitMin)
-	cons, err := stream.CreateOrUpdateConsumer(ctx, jetstream.ConsumerConfig{
-		Durable:       service,
-		Description:   "jobkeys workers of service " + service,
-		FilterSubject: d.prefix + "ready.>",
-		AckPolicy:     jetstream.AckExplicitPolicy,
-		AckWait:       ackWait,
-		MaxAckPending: -1,
-		MaxWaiting:    4096,
-	})
-	if err != nil {
-		return nil, fmt.Errorf("%w: dispatch consumer %q on stream %q: %w", ErrUnavailable, service, name, err)
-	}
-	d.cons = cons
-	return d, nil
+	}, nil
 }
 
-func (d *natsDispatcher) readySubject(typ string) string { return d.prefix + "ready." + typ }
+// consume makes (or updates) the service's consumers: a delivered
+// message comes back after claimTTL and a second (at least
+// dispatchAckWaitMin) unless it is ended or marked running. A worker that
+// dies holding one is thus replaced once its claim could have expired;
+// the clients of a service should share their kinds' policies (the last
+// client to start sets the consumers' AckWait).
+func (d *natsDispatcher) consume(ctx context.Context, claimTTL time.Duration) error {
+	cons := make(map[lane]jetstream.Consumer, 2)
+	for ln, name := range map[lane]string{laneReady: "workers", laneCheck: "checkers"} {
+		c, err := d.stream.CreateOrUpdateConsumer(ctx, jetstream.ConsumerConfig{
+			Durable:       name,
+			Description:   "jobkeys " + name + " of service " + d.service,
+			FilterSubject: d.prefix + string(ln) + ".>",
+			AckPolicy:     jetstream.AckExplicitPolicy,
+			AckWait:       max(claimTTL+time.Second, dispatchAckWaitMin),
+			MaxAckPending: -1,
+			MaxWaiting:    4096,
+		})
+		if err != nil {
+			return fmt.Errorf("%w: dispatch consumer %q on stream %q: %w", ErrUnavailable, name, d.stream.CachedInfo().Config.Name, err)
+		}
+		cons[ln] = c
+	}
+	d.cons = cons
+	return nil
+}
 
-func (d *natsDispatcher) announce(ctx context.Context, typ string, ref jobRef, at time.Time, id string) error {
+func (d *natsDispatcher) subject(ln lane, typ string) string {
+	return d.prefix + string(ln) + "." + typ
+}
+
+func (d *natsDispatcher) announce(ctx context.Context, ln lane, typ string, ref jobRef, at time.Time, id string) error {
 	delay := time.Until(at)
-	if delay >= dispatchScheduleMin {
+	if delay >= dispatchScheduleMin || (ln == laneCheck && delay > 0) {
 		// One schedule per job: a newer announcement of the job replaces
 		// it (a requeue after a resume, say).
 		msg := nats.NewMsg(d.prefix + "due." + escapeToken(ref.channel) + "." + escapeToken(ref.id))
 		msg.Data = encodeAnnouncement(ref)
-		_, err := d.js.PublishMsg(ctx, msg, jetstream.WithScheduleAt(at.UTC().Truncate(time.Second).Add(time.Second)), jetstream.WithScheduleTarget(d.readySubject(typ)))
+		_, err := d.js.PublishMsg(ctx, msg, jetstream.WithScheduleAt(at.UTC().Truncate(time.Second).Add(time.Second)), jetstream.WithScheduleTarget(d.subject(ln, typ)))
 		return err
 	}
 	if delay > 0 {
@@ -159,17 +170,17 @@ func (d *natsDispatcher) announce(ctx context.Context, typ string, ref jobRef, a
 			}
 			pctx, cancel := context.WithTimeout(context.Background(), d.js.Options().DefaultTimeout)
 			defer cancel()
-			_ = d.publishReady(pctx, typ, ref, id) // lost: reconciliation finds the due job
+			_ = d.publish(pctx, ln, typ, ref, id) // lost: reconciliation finds the due job
 		})
 		d.timers[t] = struct{}{}
 		d.mu.Unlock()
 		return nil
 	}
-	return d.publishReady(ctx, typ, ref, id)
+	return d.publish(ctx, ln, typ, ref, id)
 }
 
-func (d *natsDispatcher) publishReady(ctx context.Context, typ string, ref jobRef, id string) error {
-	msg := nats.NewMsg(d.readySubject(typ))
+func (d *natsDispatcher) publish(ctx context.Context, ln lane, typ string, ref jobRef, id string) error {
+	msg := nats.NewMsg(d.subject(ln, typ))
 	msg.Data = encodeAnnouncement(ref)
 	var opts []jetstream.PublishOpt
 	if id != "" {
@@ -179,8 +190,9 @@ func (d *natsDispatcher) publishReady(ctx context.Context, typ string, ref jobRe
 	return err
 }
 
-func (d *natsDispatcher) next(ctx context.Context) (delivery, error) {
-	if d.cons == nil {
+func (d *natsDispatcher) next(ctx context.Context, ln lane) (delivery, error) {
+	cons := d.cons[ln]
+	if cons == nil {
 		return nil, errors.New("jobs: dispatcher opened without a consumer")
 	}
 	for {
@@ -193,7 +205,7 @@ func (d *natsDispatcher) next(ctx context.Context) (delivery, error) {
 			return nil, err
 		}
 		fctx, cancel := context.WithTimeout(ctx, dispatchFetchWait)
-		m, err := d.fetchOne(fctx)
+		m, err := d.fetchOne(fctx, cons, ln)
 		cancel()
 		if m != nil {
 			return m, nil
@@ -213,13 +225,13 @@ func (d *natsDispatcher) next(ctx context.Context) (delivery, error) {
 // fetchOne makes one pull request for one message, which ends when ctx
 // does. It returns nil and no error when the request ended empty, or its
 // message was no announcement (which it terminates: nobody can use it).
-func (d *natsDispatcher) fetchOne(ctx context.Context) (delivery, error) {
-	batch, err := d.cons.Fetch(1, jetstream.FetchContext(ctx))
+func (d *natsDispatcher) fetchOne(ctx context.Context, cons jetstream.Consumer, ln lane) (delivery, error) {
+	batch, err := cons.Fetch(1, jetstream.FetchContext(ctx))
 	if err != nil {
 		return nil, err
 	}
-	for m := range batch.Messages() {
-		typ, ok := strings.CutPrefix(m.Subject(), d.prefix+"ready.")
+	if m, ok := <-batch.Messages(); ok {
+		typ, ok := strings.CutPrefix(m.Subject(), d.prefix+string(ln)+".")
 		ref, err := decodeAnnouncement(m.Data())
 		if !ok || err != nil || typ == "" || strings.Contains(typ, ".") {
 			_ = m.Term()

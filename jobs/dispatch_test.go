@@ -27,10 +27,9 @@ func dispatchers(t *testing.T) map[string]func(t *testing.T) dispatcher {
 		"nats": func(t *testing.T) dispatcher {
 			s := natstest.Run(t)
 			_, js := natstest.Connect(t, s)
-			st, err := NewNATSStore(js, nil, WithBucket(fmt.Sprintf("JOBS_D%d", natsBucketSeq.Add(1))), WithCreateBucket(jetstream.MemoryStorage, 1))
+			d, err := newNATSDispatcher(context.Background(), js, fmt.Sprintf("d%d", natsBucketSeq.Add(1)), jetstream.MemoryStorage, 1)
 			require.NoError(t, err)
-			d, err := newNATSDispatcher(context.Background(), st, "svc", time.Minute, true)
-			require.NoError(t, err)
+			require.NoError(t, d.consume(context.Background(), time.Minute))
 			t.Cleanup(d.close)
 			return d
 		},
@@ -43,7 +42,7 @@ func nextWithin(t *testing.T, d dispatcher) delivery {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	defer cancel()
-	m, err := d.next(ctx)
+	m, err := d.next(ctx, laneReady)
 	require.NoError(t, err)
 	return m
 }
@@ -54,7 +53,7 @@ func nextWithin(t *testing.T, d dispatcher) delivery {
 func requireEmpty(t *testing.T, d dispatcher, typ string) {
 	t.Helper()
 	marker := jobRef{"marker", fmt.Sprint(time.Now().UnixNano())}
-	require.NoError(t, d.announce(context.Background(), typ, marker, time.Time{}, ""))
+	require.NoError(t, d.announce(context.Background(), laneReady, typ, marker, time.Time{}, ""))
 	m := nextWithin(t, d)
 	assert.Equal(t, marker, m.job(), "a delivery came before the marker")
 	m.done()
@@ -68,7 +67,7 @@ func TestDispatcherDeliversInOrderOnce(t *testing.T) {
 			d := mk(t)
 			ctx := context.Background()
 			for i := range 5 {
-				require.NoError(t, d.announce(ctx, "render", jobRef{"c", fmt.Sprint(i)}, time.Time{}, ""))
+				require.NoError(t, d.announce(ctx, laneReady, "render", jobRef{"c", fmt.Sprint(i)}, time.Time{}, ""))
 			}
 			for i := range 5 {
 				m := nextWithin(t, d)
@@ -88,9 +87,9 @@ func TestDispatcherDropsRepeatedID(t *testing.T) {
 			t.Parallel()
 			d := mk(t)
 			ctx := context.Background()
-			require.NoError(t, d.announce(ctx, "render", jobRef{"c", "a"}, time.Time{}, "a@1"))
-			require.NoError(t, d.announce(ctx, "render", jobRef{"c", "a"}, time.Time{}, "a@1"))
-			require.NoError(t, d.announce(ctx, "render", jobRef{"c", "a"}, time.Time{}, "a@2"))
+			require.NoError(t, d.announce(ctx, laneReady, "render", jobRef{"c", "a"}, time.Time{}, "a@1"))
+			require.NoError(t, d.announce(ctx, laneReady, "render", jobRef{"c", "a"}, time.Time{}, "a@1"))
+			require.NoError(t, d.announce(ctx, laneReady, "render", jobRef{"c", "a"}, time.Time{}, "a@2"))
 			for range 2 {
 				m := nextWithin(t, d)
 				assert.Equal(t, jobRef{"c", "a"}, m.job())
@@ -107,7 +106,7 @@ func TestDispatcherHandsBackLater(t *testing.T) {
 		t.Run(name, func(t *testing.T) {
 			t.Parallel()
 			d := mk(t)
-			require.NoError(t, d.announce(context.Background(), "render", jobRef{"c", "a"}, time.Time{}, ""))
+			require.NoError(t, d.announce(context.Background(), laneReady, "render", jobRef{"c", "a"}, time.Time{}, ""))
 			m := nextWithin(t, d)
 			m.later(0)
 			again := nextWithin(t, d)
@@ -132,9 +131,9 @@ func TestDispatcherDueTimes(t *testing.T) {
 			d := mk(t)
 			ctx := context.Background()
 			start := time.Now()
-			require.NoError(t, d.announce(ctx, "render", jobRef{"c", "long"}, start.Add(dispatchScheduleMin+500*time.Millisecond), ""))
-			require.NoError(t, d.announce(ctx, "render", jobRef{"c", "short"}, start.Add(200*time.Millisecond), ""))
-			require.NoError(t, d.announce(ctx, "render", jobRef{"c", "now"}, time.Time{}, ""))
+			require.NoError(t, d.announce(ctx, laneReady, "render", jobRef{"c", "long"}, start.Add(dispatchScheduleMin+500*time.Millisecond), ""))
+			require.NoError(t, d.announce(ctx, laneReady, "render", jobRef{"c", "short"}, start.Add(200*time.Millisecond), ""))
+			require.NoError(t, d.announce(ctx, laneReady, "render", jobRef{"c", "now"}, time.Time{}, ""))
 			for _, want := range []string{"now", "short", "long"} {
 				m := nextWithin(t, d)
 				assert.Equal(t, want, m.job().id)
@@ -152,17 +151,42 @@ func TestNATSDispatcherDropsWhatIsNoAnnouncement(t *testing.T) {
 	t.Parallel()
 	s := natstest.Run(t)
 	nc, js := natstest.Connect(t, s)
-	st, err := NewNATSStore(js, nil, WithBucket(fmt.Sprintf("JOBS_D%d", natsBucketSeq.Add(1))), WithCreateBucket(jetstream.MemoryStorage, 1))
+	d, err := newNATSDispatcher(context.Background(), js, fmt.Sprintf("d%d", natsBucketSeq.Add(1)), jetstream.MemoryStorage, 1)
 	require.NoError(t, err)
-	d, err := newNATSDispatcher(context.Background(), st, "svc", time.Minute, true)
-	require.NoError(t, err)
+	require.NoError(t, d.consume(context.Background(), time.Minute))
 	t.Cleanup(d.close)
 	for _, body := range []string{"", "{", `{"c":"x"}`, `{"c":"","j":"a"}`, `[1,2]`} {
-		_, err := js.PublishMsg(context.Background(), &nats.Msg{Subject: d.readySubject("render"), Data: []byte(body)})
+		_, err := js.PublishMsg(context.Background(), &nats.Msg{Subject: d.subject(laneReady, "render"), Data: []byte(body)})
 		require.NoError(t, err)
 	}
 	_, err = js.Publish(context.Background(), d.prefix+"ready.render.extra", []byte(`{"c":"c","j":"a"}`))
 	require.NoError(t, err)
 	_ = nc
 	requireEmpty(t, d, "render")
+}
+
+// A check goes to the checkers' lane, never to the workers', and is kept
+// by the server however short its delay: the process that announced it
+// may be gone when it is due (that is what checks are for).
+func TestNATSDispatcherChecksOutliveTheirAnnouncer(t *testing.T) {
+	t.Parallel()
+	s := natstest.Run(t)
+	_, js := natstest.Connect(t, s)
+	service := fmt.Sprintf("d%d", natsBucketSeq.Add(1))
+	announcer, err := newNATSDispatcher(context.Background(), js, service, jetstream.MemoryStorage, 1)
+	require.NoError(t, err)
+	require.NoError(t, announcer.announce(context.Background(), laneCheck, "render", jobRef{"c", "orphan"}, time.Now().Add(300*time.Millisecond), ""))
+	announcer.close() // the producer dies
+	_, js2 := natstest.Connect(t, s)
+	d, err := newNATSDispatcher(context.Background(), js2, service, jetstream.MemoryStorage, 1)
+	require.NoError(t, err)
+	require.NoError(t, d.consume(context.Background(), time.Minute))
+	t.Cleanup(d.close)
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	m, err := d.next(ctx, laneCheck)
+	require.NoError(t, err)
+	assert.Equal(t, jobRef{"c", "orphan"}, m.job())
+	m.done()
+	requireEmpty(t, d, "render") // nothing reached the workers' lane
 }

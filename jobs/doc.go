@@ -51,17 +51,46 @@
 // calls (a running job of the same client stops at once, of another at its
 // next heartbeat). [Client.Reconcile] runs every ReconcileInterval in every
 // started client (negative: never) and removes what crashed processes left
-// behind: expired slots, and queue entries of finished or missing jobs. [Client.Stop]
-// drains: no new claims, StopGrace for handlers, the rest handed back
+// behind: expired slots, and queue entries of finished or missing jobs,
+// and announces again what a crash kept from being announced. [Client.Stop]
+// drains: no new jobs taken, StopGrace for handlers, the rest handed back
 // without a failure.
 //
 // A kind's keys are those of job type Kind.Type in the key-layer service
 // ClientConfig.Service ("jobs" by default, so bucket JOBS_KEYS_jobs).
-// ClientConfig.MaxWorkers bounds the handlers of one process and
-// MaxWaiting the jobs waiting in it for a slot. Over a key store made with
-// [jobkeys.WithWakeUps] (in every process) the queued jobs waiting for a
-// slot are woken by targeted wake-ups instead of the key watch; see the
-// jobkeys package docs, "Options".
+// ClientConfig.MaxWorkers bounds the handlers of one process.
+//
+// # Dispatch
+//
+// A job reaches a worker when it is due and its key has a free slot, and
+// not before: jobs of a full key wait in the key's queue (the key layer's
+// order), unclaimed, costing nothing. What moves them is an announcement,
+// "job J may start", on the service's dispatch stream JOBS_DISPATCH_<Service>
+// (a JetStream work-queue stream; in memory within one process for a
+// MemoryStore): Enqueue announces a job admitted with a free slot for it;
+// a release announces the next queued job (one per freed slot, to a
+// worker of any process); a retry's announcement comes back at its due
+// time; a resume announces the job. Every client of a service pulls from
+// one consumer, one message per free worker, so an announcement goes to
+// an idle worker of any process at once, and a process with no free
+// worker holds none. Keys are served in the order their jobs became
+// startable: a key with a thousand jobs queued has one announcement out
+// at a time (MaxActive), so it delays another key's job by about one job.
+//
+// An announcement is a hint: the worker that takes it reads the job and
+// takes the key's slot (a compare-and-swap) and then the job's claim
+// ([Store.ClaimJob], a compare-and-swap fenced by claim generation); a
+// duplicated, stale or forged announcement costs a read. A job that cannot
+// start (paused, not due, its key full) is left to the announcement that
+// will come when it can, and a room it cannot use is handed to the next
+// queued job. A job never admitted (its producer died between the record
+// and the admission) is admitted strictly after AdmitGrace, on an
+// announcement its Enqueue made before writing the record; a retry whose
+// key is full goes back to the head of the key's queue. While a job runs
+// its announcement stays unacknowledged: a worker that dies leaves it to
+// come back after the claim's TTL, and the next worker takes the expired
+// claim over. Publishing on the dispatch subjects allows wasted reads, no
+// write. docs/design/dispatch.md has the whole protocol.
 //
 // # Quick start: the store alone
 //
@@ -150,9 +179,10 @@
 // HeartbeatInterval, and claims nothing while its coordinator
 // ([jobkeys.KeyCoordinator.ClockOffset]) proves the host's clock half of
 // that margin or more from the NATS server's: (TTL − max(TTL/2, the
-// longest HeartbeatInterval)) / 2, 30s with the default policy. It logs
-// the refusal (a warning) and its end once each, looks again every
-// PollInterval, and keeps renewing and settling the jobs it holds. A
+// longest HeartbeatInterval)) / 2, 30s with the default policy: its
+// workers take no announcement. It logs the refusal (a warning) and its
+// end once each, looks again every PollInterval, and keeps renewing and
+// settling the jobs it holds. A
 // store that does not see the server's time (a [jobkeys.MemoryStore])
 // proves nothing. The coordinator's jobkeys.Config.IgnoreClockSkew turns the
 // check off for its clients too.

@@ -16,6 +16,24 @@ type MemoryStore struct {
 	cfg      config
 	mu       sync.Mutex
 	channels map[string]*memChannel
+	// dispatchers are the clients' dispatch queues, by key-layer service:
+	// the clients of one MemoryStore in a process share them.
+	dispatchers map[string]*memDispatcher
+}
+
+// dispatcher returns the dispatch queue of service's clients.
+func (s *MemoryStore) dispatcher(service string) *memDispatcher {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	d := s.dispatchers[service]
+	if d == nil {
+		if s.dispatchers == nil {
+			s.dispatchers = make(map[string]*memDispatcher)
+		}
+		d = newMemDispatcher()
+		s.dispatchers[service] = d
+	}
+	return d
 }
 
 var _ Store = (*MemoryStore)(nil)

@@ -67,11 +67,15 @@ func (c *Client) Reconcile(ctx context.Context) (ReconcileReport, error) {
 	return rep, errors.Join(errs...)
 }
 
-// reconcileLoop reconciles now and then every ReconcileInterval (±10 %)
-// until the client stops; ctx ends when Stop begins.
+// reconcileLoop reconciles every ReconcileInterval (±10 %) until the
+// client stops; ctx ends when Stop begins. The first pass comes after an
+// interval too: a pass reads every key of the kinds and every queued
+// job's record, cleanup that should not compete with the jobs a client
+// starts on.
 func (c *Client) reconcileLoop(ctx context.Context) {
 	defer c.wg.Done()
-	t := time.NewTimer(0)
+	d := c.cfg.ReconcileInterval
+	t := time.NewTimer(d - d/10 + rand.N(d/5+1))
 	defer t.Stop()
 	for {
 		select {
@@ -82,7 +86,6 @@ func (c *Client) reconcileLoop(ctx context.Context) {
 		if _, err := c.Reconcile(ctx); err != nil && ctx.Err() == nil {
 			c.cfg.Logger.Warn("jobs: reconcile", "err", err)
 		}
-		d := c.cfg.ReconcileInterval
 		t.Reset(d - d/10 + rand.N(d/5+1))
 	}
 }
@@ -140,7 +143,19 @@ func (c *Client) pruneKVKey(ctx context.Context, kvKey string) (int, error) {
 		}
 		if out.Kind == jobkeys.KindRemoved {
 			removed++
+			if out.State != nil {
+				st = out.State
+			}
 		}
+	}
+	// Room with jobs queued: their announcements were lost (a crash
+	// between a write and its announcement) or are on their way; announce
+	// them again (a duplicate costs a read).
+	c.mu.Lock()
+	k := c.kinds[st.JobType]
+	c.mu.Unlock()
+	if k != nil && len(st.Queued) > 0 {
+		c.announceRoom(ctx, k, st, 0)
 	}
 	return removed, nil
 }

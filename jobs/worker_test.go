@@ -131,8 +131,8 @@ func TestClientReplacedJobNeverRuns(t *testing.T) {
 	res, err := producer.client.Enqueue(ctx, enqueueReq("repl", "r1", "t1", "d"))
 	require.NoError(t, err)
 	require.Equal(t, jobs.OutcomeAccepted, res.Outcome)
-	// Let the worker claim r1 and wait for the slot, then replace it.
-	require.Eventually(t, func() bool { return getJob(t, producer, "r1").State == jobs.StateRunning }, 30*time.Second, 10*time.Millisecond)
+	// r1 waits in the key's queue (unclaimed); r2 replaces it.
+	assert.Equal(t, jobs.StatePending, getJob(t, producer, "r1").State)
 	res, err = producer.client.Enqueue(ctx, enqueueReq("repl", "r2", "t2", "d"))
 	require.NoError(t, err)
 	require.Equal(t, jobs.OutcomeReplaced, res.Outcome)
@@ -149,30 +149,35 @@ func TestClientReplacedJobNeverRuns(t *testing.T) {
 	assert.Equal(t, jobs.StateSuperseded, getJob(t, producer, "r1").State, "the stopping worker did not hand r1 back")
 }
 
-// A producer killed between the job record and its admission leaves a
-// pending job without a queue entry: a worker admits it after AdmitGrace
-// and runs it. A queue entry whose job never arrived is removed by
+// A producer killed between the job record and its admission (here: its
+// key-layer connection closed, so the admission fails after the record is
+// written) leaves a pending job without a queue entry: a worker admits it
+// after AdmitGrace, on the announcement the producer made before the
+// record, and runs it. A queue entry whose job never arrived is removed by
 // reconciliation.
 func TestClientRepairsProducerKilledBetweenRecordAndAdmission(t *testing.T) {
 	t.Parallel()
 	env := newRuntimeEnv(t)
+	producer, keysConn := env.newSplitNode(fastConfig)
 	n := env.newNode(fastConfig, nil)
 	var l ledger
 	p := quickPolicy
 	p.MaxQueuedPerKey, p.WhenFull = 1, jobkeys.Reject
-	require.NoError(t, jobs.Register(n.client, jobs.Kind[docIn, docOut]{
-		Type: "orphan", Policy: p,
-		Work: func(ctx context.Context, run *jobs.Run, in docIn) (docOut, error) {
-			l.start(run)
-			return docOut{}, nil
-		},
-	}))
+	for _, c := range []*jobs.Client{producer.client, n.client} {
+		require.NoError(t, jobs.Register(c, jobs.Kind[docIn, docOut]{
+			Type: "orphan", Policy: p,
+			Work: func(ctx context.Context, run *jobs.Run, in docIn) (docOut, error) {
+				l.start(run)
+				return docOut{}, nil
+			},
+		}))
+	}
 	ctx := context.Background()
 	// The record of o1, then the crash: no admission.
-	req := enqueueReq("orphan", "o1", "t1", "a")
-	req.Version = 1
-	_, err := n.store.Enqueue(ctx, req)
-	require.NoError(t, err)
+	keysConn.Close()
+	_, err := producer.client.Enqueue(ctx, enqueueReq("orphan", "o1", "t1", "a"))
+	require.ErrorIs(t, err, jobs.ErrOutcomeUnknown)
+	require.Equal(t, jobs.StatePending, getJob(t, n, "o1").State, "the record was written")
 	// An admission whose record never came (the key layer's own user, or
 	// a record deleted since), on another key.
 	jt, err := n.coord.JobType(env.service, "orphan", p)
@@ -293,8 +298,8 @@ func (s *countingStore) Settle(ctx context.Context, req jobs.SettleRequest) (job
 }
 
 // A key at capacity costs no writes, to the job store or the key bucket,
-// while its jobs wait; the release wakes them through the key watch (the
-// recheck is a minute away).
+// while its jobs wait, unclaimed, in its queue; the release announces the
+// next (the recheck is a minute away).
 func TestClientFullKeyWaitsWithoutWrites(t *testing.T) {
 	t.Parallel()
 	env := newRuntimeEnv(t)
@@ -327,10 +332,7 @@ func TestClientFullKeyWaitsWithoutWrites(t *testing.T) {
 		_, err := n.client.Enqueue(ctx, enqueueReq("full", id, id, "d"))
 		require.NoError(t, err)
 	}
-	require.Eventually(t, func() bool {
-		return getJob(t, n, "b").State == jobs.StateRunning && getJob(t, n, "c").State == jobs.StateRunning
-	}, 30*time.Second, 10*time.Millisecond)
-	time.Sleep(100 * time.Millisecond) // b and c block on the key and wait
+	time.Sleep(100 * time.Millisecond) // b and c wait in the key's queue
 	jobWrites, keyWrites := cs.writes.Load(), n.keys.writes.Load()
 	time.Sleep(500 * time.Millisecond)
 	assert.Equal(t, jobWrites, cs.writes.Load(), "job store writes while the key is full")
@@ -340,18 +342,15 @@ func TestClientFullKeyWaitsWithoutWrites(t *testing.T) {
 	waitState(t, n, "b", jobs.StateCompleted)
 	waitState(t, n, "c", jobs.StateCompleted)
 	j := getJob(t, n, "b")
-	assert.Equal(t, 1, j.Attempts, "waiting is not handing back")
+	assert.Equal(t, 1, j.Attempts, "b was claimed once, when its turn came")
 }
 
-// A job paused in another process while it waits for its key's slot does
+// A job paused in another process while it waits in its key's queue does
 // not start when the slot frees; it runs after it is resumed.
 func TestClientWaitingJobPausedElsewhereDoesNotStart(t *testing.T) {
 	t.Parallel()
 	env := newRuntimeEnv(t)
-	wc := fastConfig
-	waiting := &waitSignal{job: "b", seen: make(chan struct{})}
-	wc.Logger = slog.New(waiting)
-	worker := env.newNode(wc, nil)
+	worker := env.newNode(fastConfig, nil)
 	control := env.newNode(fastConfig, nil)
 	gate := make(chan struct{})
 	var l ledger
@@ -377,11 +376,6 @@ func TestClientWaitingJobPausedElsewhereDoesNotStart(t *testing.T) {
 	require.Eventually(t, func() bool { return l.count("a") == 1 }, 30*time.Second, 10*time.Millisecond)
 	_, err = control.client.Enqueue(ctx, enqueueReq("pw", "b", "b", "d"))
 	require.NoError(t, err)
-	select { // b is claimed and waits for the slot
-	case <-waiting.seen:
-	case <-time.After(30 * time.Second):
-		t.Fatal("b never waited for the slot")
-	}
 	b := getJob(t, control, "b")
 	_, err = control.client.Pause(ctx, jobs.PauseRequest{ChannelID: "ch", JobID: "b", ExpectedRevision: b.Revision, Reason: "operator"})
 	require.NoError(t, err)
@@ -397,50 +391,54 @@ func TestClientWaitingJobPausedElsewhereDoesNotStart(t *testing.T) {
 	assert.Equal(t, 1, l.count("b"))
 }
 
-// A job of a type the client has no kind for is handed back without a
-// failure; a handler that panics fails its attempt like an error.
+// A job of a type the client has no kind for is left to the clients that
+// run it: the client does not claim it (no write); a handler that panics
+// fails its attempt like an error.
 func TestClientUnknownKindAndPanic(t *testing.T) {
 	t.Parallel()
 	env := newRuntimeEnv(t)
 	n := env.newNode(fastConfig, nil)
+	producer := env.newNode(fastConfig, nil)
 	require.NoError(t, jobs.Register(n.client, jobs.Kind[docIn, docOut]{
 		Type: "panics", Policy: docPolicy, MaxFailures: 1,
 		Work: func(ctx context.Context, run *jobs.Run, in docIn) (docOut, error) { panic("handler bug") },
 	}))
+	for _, typ := range []string{"panics", "other"} {
+		require.NoError(t, jobs.Register(producer.client, jobs.Kind[docIn, docOut]{Type: typ, Policy: docPolicy, Work: noWork}))
+	}
 	ctx := context.Background()
-	other := enqueueReq("other", "u1", "u", "d")
-	other.Version = 1
-	_, err := n.store.Enqueue(ctx, other)
+	_, err := producer.client.Enqueue(ctx, enqueueReq("other", "u1", "u", "d"))
 	require.NoError(t, err)
-	_, err = n.client.Enqueue(ctx, enqueueReq("panics", "p1", "p", "d"))
+	_, err = producer.client.Enqueue(ctx, enqueueReq("panics", "p1", "p", "d"))
 	require.NoError(t, err)
 	require.NoError(t, n.client.Start(ctx))
 	p := waitState(t, n, "p1", jobs.StateFailed)
 	assert.Contains(t, p.Reason, "panicked: handler bug")
-	require.Eventually(t, func() bool { return getJob(t, n, "u1").Attempts == 1 }, 30*time.Second, 10*time.Millisecond)
-	u := waitState(t, n, "u1", jobs.StatePending)
-	assert.Equal(t, 0, u.Failures)
-	assert.Equal(t, "unknown-kind", u.Reason)
-	assert.True(t, u.AvailableAt.After(u.UpdatedAt), "handed back for UnknownKindDelay")
+	// u1 was announced before p1, and p1 ran: n saw u1 first and left it.
+	u := getJob(t, n, "u1")
+	assert.Equal(t, jobs.StatePending, u.State)
+	assert.Equal(t, 0, u.Attempts, "a client without the kind claimed it")
 }
 
-// A record written past Client.Enqueue whose input derives no key is
-// superseded with reason "bad-key" by the worker that claims it, not
-// handed back forever.
+// A job whose input derives no key under the worker's policy (a producer
+// with another policy admitted it) is superseded with reason "bad-key" by
+// the worker it is announced to, not left to come back forever.
 func TestClientBadKeyRecordIsSuperseded(t *testing.T) {
 	t.Parallel()
 	env := newRuntimeEnv(t)
+	producer := env.newNode(fastConfig, nil)
 	n := env.newNode(fastConfig, nil)
-	require.NoError(t, jobs.Register(n.client, jobs.Kind[docIn, docOut]{Type: "bk", Policy: docPolicy, Work: noWork}))
+	require.NoError(t, jobs.Register(producer.client, jobs.Kind[docIn, docOut]{Type: "bk", Policy: docPolicy, Work: noWork}))
+	other := docPolicy
+	other.Key = []string{"/missing"}
+	require.NoError(t, jobs.Register(n.client, jobs.Kind[docIn, docOut]{Type: "bk", Policy: other, Work: noWork}))
 	ctx := context.Background()
-	req := enqueueReq("bk", "b1", "b", "d")
-	req.Version, req.Input = 1, []byte(`{"doc":[1]}`)
-	_, err := n.store.Enqueue(ctx, req)
+	_, err := producer.client.Enqueue(ctx, enqueueReq("bk", "b1", "b", "d"))
 	require.NoError(t, err)
 	require.NoError(t, n.client.Start(ctx))
 	j := waitState(t, n, "b1", jobs.StateSuperseded)
 	assert.Equal(t, jobs.ReasonBadKey, j.Reason)
-	assert.Equal(t, 1, j.Attempts)
+	assert.Equal(t, 0, j.Attempts)
 }
 
 // The one window Enqueue leaves: a producer killed after its admission
@@ -479,32 +477,6 @@ func TestClientProducerKilledBeforeSupersedingReplaced(t *testing.T) {
 	waitState(t, n, "old", jobs.StateCompleted)
 	assert.Equal(t, 1, l.count("new"))
 	assert.Equal(t, 1, l.count("old"))
-}
-
-// waitSignal is a log handler that closes seen when the client logs that
-// job waits for its key's slot.
-type waitSignal struct {
-	job  string
-	once sync.Once
-	seen chan struct{}
-}
-
-func (w *waitSignal) Enabled(context.Context, slog.Level) bool { return true }
-func (w *waitSignal) WithAttrs([]slog.Attr) slog.Handler       { return w }
-func (w *waitSignal) WithGroup(string) slog.Handler            { return w }
-
-func (w *waitSignal) Handle(_ context.Context, r slog.Record) error {
-	if r.Message != "jobs: waiting" {
-		return nil
-	}
-	r.Attrs(func(a slog.Attr) bool {
-		if a.Key == "job" && a.Value.String() == w.job {
-			w.once.Do(func() { close(w.seen) })
-			return false
-		}
-		return true
-	})
-	return nil
 }
 
 // debugConfig logs the client's debug lines to stderr when JOBS_DEBUG is
@@ -584,17 +556,16 @@ func TestClientRenewalBoundedByLocalDeadline(t *testing.T) {
 }
 
 // A waiting job whose queue entry a producer's admission just replaced is
-// not admitted again while that producer supersedes it: the repair of a
-// missing admission waits AdmitGrace from when the job was last seen
-// queued, not from its creation. Re-admitting it at once replaced the new
-// job, and with the producer's supersede of the old one both were lost.
+// not admitted again in a way that replaces the new job while that
+// producer supersedes it: the repair of a missing admission admits
+// strictly (never replacing), and a full queue leaves it to try again.
+// Re-admitting it under the policy replaced the new job, and with the
+// producer's supersede of the old one both were lost.
 func TestClientWaitingReplacedJobNotReadmittedDuringSupersede(t *testing.T) {
 	t.Parallel()
 	env := newRuntimeEnv(t)
-	sig := &waitSignal{job: "old", seen: make(chan struct{})}
 	cfg := fastConfig
 	cfg.AdmitGrace = time.Second
-	cfg.Logger = slog.New(sig)
 	n := env.newNode(cfg, nil)
 	p := jobkeys.Policy{
 		Key: []string{"doc", "/doc"}, MaxActive: 1, MaxQueuedPerKey: 1, WhenFull: jobkeys.ReplaceOldest,
@@ -618,11 +589,6 @@ func TestClientWaitingReplacedJobNotReadmittedDuringSupersede(t *testing.T) {
 	require.NoError(t, err)
 	time.Sleep(cfg.AdmitGrace) // "old" is older than the grace
 	require.NoError(t, n.client.Start(ctx))
-	select {
-	case <-sig.seen:
-	case <-time.After(30 * time.Second):
-		t.Fatal("old never waited for the slot")
-	}
 
 	// A producer enqueues "new": the record, the admission replacing
 	// "old" (which wakes old's worker), then, a moment later, the
@@ -754,85 +720,6 @@ func TestClientStopDuringSlotAcquisitionDoesNotStart(t *testing.T) {
 	assert.Equal(t, 0, d.Job.Failures)
 }
 
-// TestClientJobWaitingForWorkerKeepsClaim is the regression test for a job
-// whose key freed while every worker of its client was busy: it waited for
-// a worker without renewing its claim, which ran out, so the job was
-// claimed again (an attempt more, and a second goroutine of this client
-// on it) or started on a lapsed claim and stopped at once. Its claim is
-// now renewed while it waits for a worker, and it runs on its first
-// attempt.
-func TestClientJobWaitingForWorkerKeepsClaim(t *testing.T) {
-	t.Parallel()
-	env := newRuntimeEnv(t)
-	cfg := fastConfig
-	cfg.MaxWorkers = 1
-	cfg.ReconcileInterval = -1
-	n := env.newNode(cfg, nil)
-	// Claims last 4 s and are renewed 2 s before they run out: a margin a
-	// loaded machine keeps.
-	p := jobkeys.Policy{Key: []string{"/doc"}, MaxActive: 1, MaxQueuedPerKey: 5,
-		HeartbeatInterval: 100 * time.Millisecond, HeartbeatTTL: 4 * time.Second}
-	gate := make(chan struct{})
-	var l ledger
-	require.NoError(t, jobs.Register(n.client, jobs.Kind[docIn, docOut]{
-		Type: "busy", Policy: p,
-		Work: func(ctx context.Context, run *jobs.Run, in docIn) (docOut, error) {
-			l.start(run)
-			if run.Job().ID == "a" {
-				select {
-				case <-gate:
-				case <-ctx.Done():
-				}
-			}
-			return docOut{}, nil
-		},
-	}))
-	jt, err := n.coord.JobType(env.service, "busy", p)
-	require.NoError(t, err)
-	ctx := context.Background()
-	// Another process holds b's key, renewing its slot until released.
-	acq, err := jt.Acquire(ctx, "foreign", []byte(`{"doc":"kb"}`), jobkeys.WithRetry())
-	require.NoError(t, err)
-	require.Equal(t, jobkeys.KindAcquired, acq.Kind)
-	release := make(chan struct{})
-	released := make(chan struct{})
-	go func() {
-		defer close(released)
-		lease := acq.Lease
-		tick := time.NewTicker(100 * time.Millisecond)
-		defer tick.Stop()
-		for {
-			select {
-			case <-release:
-				_, err := jt.Release(ctx, lease)
-				assert.NoError(t, err)
-				return
-			case <-tick.C:
-				ren, err := jt.Renew(ctx, lease)
-				if assert.NoError(t, err) {
-					lease.LeaseExpiresAt = ren.LeaseExpiresAt
-				}
-			}
-		}
-	}()
-	_, err = n.client.Enqueue(ctx, enqueueReq("busy", "b", "b", "kb"))
-	require.NoError(t, err)
-	require.NoError(t, n.client.Start(ctx))
-	require.Eventually(t, func() bool { return getJob(t, n, "b").State == jobs.StateRunning }, 30*time.Second, 10*time.Millisecond)
-	_, err = n.client.Enqueue(ctx, enqueueReq("busy", "a", "a", "ka"))
-	require.NoError(t, err)
-	require.Eventually(t, func() bool { return l.count("a") == 1 }, 30*time.Second, 10*time.Millisecond)
-	// b's key frees while a holds the only worker, for two claim TTLs.
-	close(release)
-	<-released
-	time.Sleep(2 * p.HeartbeatTTL)
-	assert.Equal(t, 0, l.count("b"), "b ran without a worker")
-	close(gate)
-	b := waitState(t, n, "b", jobs.StateCompleted)
-	assert.Equal(t, 1, b.Attempts, "b's claim ran out while it waited for a worker")
-	assert.Equal(t, 1, l.count("b"))
-}
-
 // flakySettleStore is a job store whose first settles fail as a store
 // briefly out of reach does (a leader election, a reconnect).
 type flakySettleStore struct {
@@ -878,20 +765,28 @@ func TestClientSettleRetriesWhileClaimHolds(t *testing.T) {
 // for a job this client paused while its slot acquisition was in flight:
 // the handler was started anyway, with its context already ended, so a
 // handler that does not look at its context first did the work of a
-// paused job. It is not started now; the slot is given back and the job
-// stays paused.
+// paused job. It is not started now: the slot is taken before the claim,
+// the claim of a paused job is refused, the slot is given back and the
+// job stays paused.
 func TestClientPausedDuringSlotAcquisitionDoesNotStart(t *testing.T) {
 	t.Parallel()
 	g := startGatedJob(t)
-	defer func() { assert.NoError(t, g.c.Stop(context.Background())) }()
 	c, keys, runs, ctx := g.c, g.keys, &g.runs, context.Background()
+	released := false
+	defer func() {
+		if !released {
+			close(keys.release)
+		}
+		assert.NoError(t, g.c.Stop(context.Background()))
+	}()
 	env, ks, coord := g.env, g.ks, g.coord
 	d, err := c.Get(ctx, "ch", "j1")
 	require.NoError(t, err)
-	require.Equal(t, jobs.StateRunning, d.Job.State)
+	require.Equal(t, jobs.StatePending, d.Job.State, "claimed before its slot")
 	_, err = c.Pause(ctx, jobs.PauseRequest{ChannelID: "ch", JobID: "j1", ExpectedRevision: d.Job.Revision, Reason: "hold"})
 	require.NoError(t, err)
 	close(keys.release)
+	released = true
 	jt, err := coord.JobType(env.service, "gate", quickPolicy)
 	require.NoError(t, err)
 	require.Eventually(t, func() bool { // the slot is given back

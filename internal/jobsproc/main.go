@@ -166,7 +166,11 @@ func run(url, mode, ledgerPath, bucket, service string, keys, from, to int, orph
 	if err != nil {
 		return err
 	}
-	coord, err := jobkeys.NewCoordinator(ks, nil)
+	var keyStore jobkeys.Store = ks
+	if orphan {
+		keyStore = refusingKeys{ks} // the admission fails: the crash after the record
+	}
+	coord, err := jobkeys.NewCoordinator(keyStore, nil)
 	if err != nil {
 		return err
 	}
@@ -175,7 +179,7 @@ func run(url, mode, ledgerPath, bucket, service string, keys, from, to int, orph
 		st = &writeLog{Store: store, led: led}
 	}
 	client, err := jobs.NewClient(st, coord, &jobs.ClientConfig{
-		KeyStore: ks, Service: service, MaxWorkers: 4,
+		KeyStore: keyStore, Service: service, MaxWorkers: 4,
 		PollInterval: 100 * time.Millisecond, RecheckInterval: 500 * time.Millisecond,
 		AdmitGrace: time.Second, ReconcileInterval: 500 * time.Millisecond, StopGrace: time.Second,
 		Backoff: jobs.ExponentialBackoff(50*time.Millisecond, time.Second),
@@ -227,8 +231,10 @@ func run(url, mode, ledgerPath, bucket, service string, keys, from, to int, orph
 	}
 	switch {
 	case mode == "producer" && orphan:
-		if _, err := store.Enqueue(ctx, req(from)); err != nil {
-			return err
+		// Enqueue writes the record and fails at the admission; the
+		// process dies there.
+		if _, err := client.Enqueue(ctx, req(from)); !errors.Is(err, jobs.ErrOutcomeUnknown) {
+			return fmt.Errorf("orphan enqueue: want an outcome-unknown error, got %v", err)
 		}
 		led.line("enqueued %s orphan", req(from).ID)
 		os.Exit(3) // the crash between the record and the admission
@@ -280,4 +286,16 @@ func serve(dir string, port int) error {
 	srv.Shutdown()
 	srv.WaitForShutdown()
 	return nil
+}
+
+// refusingKeys is a key store whose writes fail: a producer that dies
+// between a job's record and its admission.
+type refusingKeys struct{ *jobkeys.NATSStore }
+
+func (refusingKeys) Create(context.Context, string, string, []byte) (uint64, error) {
+	return 0, errors.New("jobsproc: the producer died before the admission")
+}
+
+func (refusingKeys) Update(context.Context, string, string, []byte, uint64) (uint64, error) {
+	return 0, errors.New("jobsproc: the producer died before the admission")
 }
