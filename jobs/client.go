@@ -165,6 +165,7 @@ type Client struct {
 	// dispatcher); dispOwned says whether Stop closes it.
 	disp      dispatcher
 	dispOwned bool
+	peeker    jobPeeker // the store, when it reads a record alone; else nil
 }
 
 type clientState int
@@ -250,6 +251,7 @@ func NewClient(store Store, coord *jobkeys.KeyCoordinator, cfg *ClientConfig) (*
 		killCh:   make(chan struct{}),
 	}
 	cl.store = announcingStore{Store: store, c: cl}
+	cl.peeker, _ = store.(jobPeeker)
 	return cl, nil
 }
 
@@ -588,14 +590,14 @@ func (c *Client) liveJob(ctx context.Context, kid string) (Job, bool, error) {
 	if !ok {
 		return Job{}, false, nil
 	}
-	d, err := c.store.Get(ctx, ch, id)
+	j, err := c.peek(ctx, jobRef{ch, id})
 	if errors.Is(err, ErrNotFound) {
 		return Job{}, false, nil
 	}
 	if err != nil {
 		return Job{}, false, err
 	}
-	return d.Job, d.Job.State.Active(), nil
+	return j, j.State.Active(), nil
 }
 
 // supersede makes job id of channel superseded with reason, unless it is
@@ -603,16 +605,16 @@ func (c *Client) liveJob(ctx context.Context, kid string) (Job, bool, error) {
 func (c *Client) supersede(ctx context.Context, channel, id, reason string) (Job, error) {
 	var err error
 	for range 5 {
-		var d Detail
-		d, err = c.store.Get(ctx, channel, id)
+		var cur Job
+		cur, err = c.peek(ctx, jobRef{channel, id})
 		if err != nil {
 			return Job{}, err
 		}
-		if !d.Job.State.Active() {
-			return d.Job, nil
+		if !cur.State.Active() {
+			return cur, nil
 		}
 		var j Job
-		j, err = c.store.Supersede(ctx, SupersedeRequest{ChannelID: channel, JobID: id, ExpectedRevision: d.Job.Revision, Reason: reason})
+		j, err = c.store.Supersede(ctx, SupersedeRequest{ChannelID: channel, JobID: id, ExpectedRevision: cur.Revision, Reason: reason})
 		if err == nil {
 			c.notify(j, ErrSuperseded)
 			return j, nil

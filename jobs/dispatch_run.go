@@ -132,6 +132,23 @@ func (s announcingStore) Resume(ctx context.Context, req ResumeRequest) (Job, er
 	return j, err
 }
 
+// jobPeeker is a store that reads a job record alone, cheaper than Get
+// (NATSStore.peekJob); the runtime's workers and checkers read the jobs
+// they are told of so.
+type jobPeeker interface {
+	peekJob(ctx context.Context, channelID, jobID string) (Job, error)
+}
+
+// peek reads the job ref names: the record alone when the store can, else
+// through Get.
+func (c *Client) peek(ctx context.Context, ref jobRef) (Job, error) {
+	if c.peeker != nil {
+		return c.peeker.peekJob(ctx, ref.channel, ref.id)
+	}
+	d, err := c.store.Get(ctx, ref.channel, ref.id)
+	return d.Job, err
+}
+
 // announce announces job j at at (zero or past: now). A failure is
 // logged: reconciliation announces what was lost.
 func (c *Client) announce(ctx context.Context, j Job, at time.Time) {
@@ -278,7 +295,7 @@ func (c *Client) check(ctx context.Context, d delivery) {
 		d.later(c.cfg.UnknownKindDelay) // a client with the kind checks it
 		return
 	}
-	det, err := c.store.Get(ctx, ref.channel, ref.id)
+	job, err := c.peek(ctx, ref)
 	switch {
 	case errors.Is(err, ErrNotFound):
 		d.done() // its record was never written
@@ -288,7 +305,6 @@ func (c *Client) check(ctx context.Context, d delivery) {
 		d.later(c.cfg.RecheckInterval)
 		return
 	}
-	job := det.Job
 	if job.Type != k.typ || job.State != StatePending || job.Attempts > 0 {
 		d.done()
 		return
@@ -376,7 +392,7 @@ func (c *Client) take(ctx context.Context, d delivery) {
 		d.later(c.cfg.UnknownKindDelay) // another client's kind
 		return
 	}
-	det, err := c.store.Get(ctx, ref.channel, ref.id)
+	job, err := c.peek(ctx, ref)
 	switch {
 	case errors.Is(err, ErrNotFound):
 		d.done()
@@ -386,7 +402,6 @@ func (c *Client) take(ctx context.Context, d delivery) {
 		d.later(c.cfg.RecheckInterval)
 		return
 	}
-	job := det.Job
 	if job.Type != k.typ {
 		d.done() // not what was announced
 		return

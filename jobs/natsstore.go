@@ -1133,6 +1133,26 @@ func (s *NATSStore) Get(ctx context.Context, channelID, jobID string) (Detail, e
 	}, nil
 }
 
+// peekJob reads job jobID of channel channelID alone: one read of its
+// record, not Get's reads of its target and of the channel's revision
+// (the last message of every key of the channel, which costs the server
+// in proportion to the channel's keys). It is what a worker reads of a
+// job it was told of (see jobPeeker).
+func (s *NATSStore) peekJob(ctx context.Context, channelID, jobID string) (Job, error) {
+	const op = "get"
+	if err := prepareGet(channelID, jobID); err != nil {
+		return Job{}, err
+	}
+	j, _, _, found, err := s.readJob(ctx, op, channelID, jobID)
+	if err != nil {
+		return Job{}, err
+	}
+	if !found {
+		return Job{}, notFoundf("%s: job %q does not exist in channel %q", op, jobID, channelID)
+	}
+	return j, nil
+}
+
 // DeleteChannel implements [Store.DeleteChannel]: one purge of every key of
 // the channel, in every record family.
 func (s *NATSStore) DeleteChannel(ctx context.Context, channelID string) error {

@@ -123,7 +123,7 @@ func (c *Client) pruneKVKey(ctx context.Context, kvKey string) (int, error) {
 		if !ok {
 			continue
 		}
-		d, err := c.store.Get(ctx, ch, id)
+		j, err := c.peek(ctx, jobRef{ch, id})
 		switch {
 		case errors.Is(err, ErrNotFound):
 			if !now.Before(q.CreatedAt.Add(c.cfg.AdmitGrace)) {
@@ -131,7 +131,7 @@ func (c *Client) pruneKVKey(ctx context.Context, kvKey string) (int, error) {
 			}
 		case err != nil:
 			return 0, fmt.Errorf("jobs: reconcile KV key %q: job %q: %w", kvKey, id, err)
-		case !d.Job.State.Active():
+		case !j.State.Active():
 			drop = append(drop, q.JobID)
 		}
 	}

@@ -237,9 +237,9 @@ func (r *activeRun) stopWith(cause error) {
 // record; a claim that ran out is not ours either, even while nobody has
 // claimed the job again.
 func (c *Client) stillOurs(ctx context.Context, run *Run) bool {
-	d, err := c.store.Get(ctx, run.claim.ChannelID, run.claim.JobID)
-	return err == nil && d.Job.State == StateRunning && d.Job.ClaimOwner == run.claim.Owner &&
-		d.Job.ClaimGeneration == run.claim.Generation && d.Job.ClaimExpiresAt.After(c.cfg.Now()) &&
+	j, err := c.peek(ctx, jobRef{run.claim.ChannelID, run.claim.JobID})
+	return err == nil && j.State == StateRunning && j.ClaimOwner == run.claim.Owner &&
+		j.ClaimGeneration == run.claim.Generation && j.ClaimExpiresAt.After(c.cfg.Now()) &&
 		!run.clock.claimPast()
 }
 
@@ -497,11 +497,11 @@ func (c *Client) heartbeat(ctx context.Context, k *kind, run *Run, lease jobkeys
 
 // lostCause says why a claim can no longer be renewed.
 func (c *Client) lostCause(ctx context.Context, claim Claim) error {
-	d, err := c.store.Get(ctx, claim.ChannelID, claim.JobID)
+	j, err := c.peek(ctx, jobRef{claim.ChannelID, claim.JobID})
 	if err != nil {
 		return ErrClaimLost
 	}
-	switch d.Job.State {
+	switch j.State {
 	case StatePaused:
 		return ErrPaused
 	case StateCancelled:
