@@ -136,14 +136,19 @@ func (s announcingStore) Resume(ctx context.Context, req ResumeRequest) (Job, er
 // (NATSStore.peekJob); the runtime's workers and checkers read the jobs
 // they are told of so.
 type jobPeeker interface {
-	peekJob(ctx context.Context, channelID, jobID string) (Job, error)
+	peekJob(ctx context.Context, channelID, jobID string, forClaim bool) (Job, error)
 }
 
 // peek reads the job ref names: the record alone when the store can, else
 // through Get.
 func (c *Client) peek(ctx context.Context, ref jobRef) (Job, error) {
+	return c.peekFor(ctx, ref, false)
+}
+
+// peekFor is peek, telling the store whether a claim of the job follows.
+func (c *Client) peekFor(ctx context.Context, ref jobRef, forClaim bool) (Job, error) {
 	if c.peeker != nil {
-		return c.peeker.peekJob(ctx, ref.channel, ref.id)
+		return c.peeker.peekJob(ctx, ref.channel, ref.id, forClaim)
 	}
 	d, err := c.store.Get(ctx, ref.channel, ref.id)
 	return d.Job, err
@@ -392,7 +397,7 @@ func (c *Client) take(ctx context.Context, d delivery) {
 		d.later(c.cfg.UnknownKindDelay) // another client's kind
 		return
 	}
-	job, err := c.peek(ctx, ref)
+	job, err := c.peekFor(ctx, ref, true)
 	switch {
 	case errors.Is(err, ErrNotFound):
 		d.done()

@@ -1137,18 +1137,23 @@ func (s *NATSStore) Get(ctx context.Context, channelID, jobID string) (Detail, e
 // record, not Get's reads of its target and of the channel's revision
 // (the last message of every key of the channel, which costs the server
 // in proportion to the channel's keys). It is what a worker reads of a
-// job it was told of (see jobPeeker).
-func (s *NATSStore) peekJob(ctx context.Context, channelID, jobID string) (Job, error) {
+// job it was told of (see jobPeeker). With forClaim, a pending job is
+// remembered (see natsJobCache), so that the ClaimJob that follows writes
+// without reading it again.
+func (s *NATSStore) peekJob(ctx context.Context, channelID, jobID string, forClaim bool) (Job, error) {
 	const op = "get"
 	if err := prepareGet(channelID, jobID); err != nil {
 		return Job{}, err
 	}
-	j, _, _, found, err := s.readJob(ctx, op, channelID, jobID)
+	j, _, entryRev, activeSeq, found, err := s.readJobMeta(ctx, op, channelID, jobID)
 	if err != nil {
 		return Job{}, err
 	}
 	if !found {
 		return Job{}, notFoundf("%s: job %q does not exist in channel %q", op, jobID, channelID)
+	}
+	if forClaim && j.State == StatePending {
+		s.cache.put(s.keys.job(channelID, jobID), j, entryRev, activeSeq)
 	}
 	return j, nil
 }

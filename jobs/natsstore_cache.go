@@ -9,9 +9,9 @@ import (
 const natsJobCacheMax = 4096
 
 // natsJobCache remembers the running jobs this store wrote last (claimed,
-// renewed, progressed) with their entry revisions, so that the next
-// claimed call on one of them can apply its rule and write without reading
-// first. An entry is only a guess: the write presents the remembered
+// renewed, progressed), and the pending jobs a worker read to claim
+// (peekJob), with their entry revisions, so that the next call on one of
+// them can apply its rule and write without reading first. An entry is only a guess: the write presents the remembered
 // revision, so a job that changed since fails the compare-and-swap and the
 // call reads it and goes on as without the cache; a rule that refuses the
 // remembered job is tried again on the stored one. It is safe for
