@@ -85,11 +85,10 @@ type ClientConfig struct {
 
 	// AdmitGrace is how long after its creation a pending job without a
 	// key admission is left to its producer (which writes the record, then
-	// the admission) before a worker repairs it (after it was last seen
-	// queued, for a job whose entry another admission replaced: left to
-	// that producer to supersede), and how long a queue
-	// entry whose job record is missing is kept before reconciliation
-	// removes it. Defaults to AdmitGraceDefault (30s).
+	// the admission) before a client's checker admits it, strictly (see
+	// Dispatch in the package doc), and how long a queue entry whose job
+	// record is missing is kept before reconciliation removes it. Defaults
+	// to AdmitGraceDefault (30s).
 	AdmitGrace time.Duration
 
 	// ReconcileInterval is how often the client reconciles (sweeps expired
@@ -154,9 +153,8 @@ type Client struct {
 	reconcileCancel context.CancelFunc
 	claimTTL        time.Duration // the longest HeartbeatTTL of the kinds; set by Start
 	// skewLimit is the least proven clock offset from the NATS server at
-	// which the claim loop claims nothing (see claimSkewLimit); set by
-	// Start. skewed is whether the last check found it: the claim loop's
-	// alone.
+	// which the workers take nothing (see claimSkewLimit); set by Start.
+	// skewed is whether the last check found it, guarded by skewMu.
 	skewLimit time.Duration
 	skewed    bool
 	skewMu    sync.Mutex // serializes the takers' clock checks
@@ -360,8 +358,9 @@ func (e *RejectedError) Unwrap() error { return ErrRejected }
 //
 // The record is written first, then the admission. A crash between them
 // leaves a pending job without an admission, which a replay of the
-// enqueue makes (see below), and otherwise the first worker that claims
-// it after AdmitGrace (the same decision as here).
+// enqueue makes (see below), and otherwise a client's checker after
+// AdmitGrace, strictly (never replacing or coalescing another job), on a
+// check this call scheduled before writing the record.
 //
 // An error that matches [ErrOutcomeUnknown] is an enqueue that may have
 // written, or did write, more than it says: the record's write had no
@@ -555,7 +554,7 @@ func (c *Client) admit(ctx context.Context, k *kind, job Job) (EnqueueResult, er
 // finishes it. step says what happened; err is the failure.
 func unfinished(job Job, step string, err error) error {
 	return fmt.Errorf("%w: jobs: enqueue job %q of type %q in channel %q (idempotency key %q): its record is written and %s, but %s; "+
-		"a replay of the request (the same idempotency key and fingerprint) completes it, as does a worker that claims it after AdmitGrace: %w",
+		"a replay of the request (the same idempotency key and fingerprint) completes it, as does, strictly, a client's checker after AdmitGrace: %w",
 		ErrOutcomeUnknown, job.ID, job.Type, job.ChannelID, job.IdempotencyKey, job.State, step, err)
 }
 
@@ -579,7 +578,7 @@ func (c *Client) undoReplace(ctx context.Context, k *kind, job Job, replaced job
 	}
 	return fmt.Errorf("%w: jobs: enqueue job %q of type %q in channel %q (idempotency key %q): the job is queued on key %q, replacing job %q, "+
 		"whose record could not be superseded (%w) nor the replacement undone (%w): job %q stays pending without a queue entry, and a replay of this enqueue does not change that; "+
-		"supersede it (Client.Supersede, reason %q), or a worker that claims it after AdmitGrace admits it again",
+		"supersede it (Client.Supersede, reason %q), or a client's checker admits it again, strictly, after AdmitGrace",
 		ErrOutcomeUnknown, job.ID, job.Type, job.ChannelID, job.IdempotencyKey, key, replacedID, serr, rerr, replacedID, ReasonReplaced)
 }
 

@@ -31,10 +31,11 @@
 // superseded with reason "replaced"); a full key under jobkeys.Reject is a
 // [*RejectedError] ([ErrRejected]) and leaves no pending record.
 //
-// After [Client.Start] the client claims due jobs, takes each one's key
-// slot before its handler runs (a job whose key is full waits in the
-// client, holding its claim, writing nothing), and renews claim and slot
-// together every HeartbeatInterval. The handler's context ends with a
+// After [Client.Start] the client's workers take the jobs dispatched to
+// them (see Dispatch below: a job whose key is full waits in the key's
+// queue, unclaimed, writing nothing), take each one's key slot and then
+// its claim before its handler runs, and renew claim and slot together
+// every HeartbeatInterval. The handler's context ends with a
 // cause ([ErrClaimLost], [ErrSlotLost], [ErrPaused], [ErrCancelled],
 // [ErrSuperseded], [ErrTimeout], [ErrStopping]): read it with
 // context.Cause. It ends with ErrClaimLost at the claim's local deadline

@@ -134,7 +134,8 @@ func (c *Client) Stop(ctx context.Context) error {
 // bounds its clock's offset from the NATS server's (from server times its
 // store sees anyway, and a rare probe: [jobkeys.KeyCoordinator.ClockOffset]
 // does no I/O but one stream info request per ten seconds at most), and
-// the claim loop asks it once per pass, not per claim.
+// the workers ask it before they take a job (a cached answer but for the
+// rare probe).
 //
 // Only claims are refused. Renewals and settles of claims already held go
 // on: they extend or end a claim this host holds, and refusing them would
@@ -165,7 +166,7 @@ func claimSkewLimit(ttl time.Duration, kinds map[string]*kind) time.Duration {
 
 // clockSkewed reports whether the coordinator proves its clock at least
 // skewLimit away from the server's, and logs when that changes. Called by
-// the claim loop before each pass.
+// the workers (skewedNow) before they take a job.
 func (c *Client) clockSkewed(ctx context.Context) bool {
 	if c.coord.IgnoresClockSkew() {
 		return false
