@@ -550,7 +550,7 @@ func (c *Client) admit(ctx context.Context, k *kind, job Job) (EnqueueResult, er
 // unfinished is the error of an admission of job that stopped before its
 // outcome was applied: the record stands pending (or paused), without a
 // queue entry (or with one, if the failed step was the admission itself),
-// and a replay of the enqueue, or a worker's repair after AdmitGrace,
+// and a replay of the enqueue, or a client's checker after AdmitGrace,
 // finishes it. step says what happened; err is the failure.
 func unfinished(job Job, step string, err error) error {
 	return fmt.Errorf("%w: jobs: enqueue job %q of type %q in channel %q (idempotency key %q): its record is written and %s, but %s; "+
@@ -578,7 +578,7 @@ func (c *Client) undoReplace(ctx context.Context, k *kind, job Job, replaced job
 	}
 	return fmt.Errorf("%w: jobs: enqueue job %q of type %q in channel %q (idempotency key %q): the job is queued on key %q, replacing job %q, "+
 		"whose record could not be superseded (%w) nor the replacement undone (%w): job %q stays pending without a queue entry, and a replay of this enqueue does not change that; "+
-		"supersede it (Client.Supersede, reason %q), or a client's checker admits it again, strictly, after AdmitGrace",
+		"supersede it (Client.Supersede, reason %q): no worker takes it up",
 		ErrOutcomeUnknown, job.ID, job.Type, job.ChannelID, job.IdempotencyKey, key, replacedID, serr, rerr, replacedID, ReasonReplaced)
 }
 
