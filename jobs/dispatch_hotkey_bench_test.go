@@ -16,7 +16,7 @@ import (
 	"github.com/jobkeys/jobkeys/jobs"
 )
 
-// BenchmarkDispatchHotKey streams 1,000 jobs (no-op handler) through one
+// BenchmarkDispatchHotKey streams N jobs (no-op handler) through one
 // key against the same jobs on 1,000 keys (issue 23, row 3), 16 workers
 // in all: in one process (procs=1: the test's client, MaxWorkers 16, also
 // enqueues) or in four worker processes of internal/jobsbench
@@ -27,12 +27,14 @@ import (
 // keys=1000 (MaxActive 1: the baseline), keys=1/max-active=1,
 // keys=1/max-active=4. Reported: jobs/s, ratio-to-1000-keys (same procs,
 // same run), CPU (the test process and the worker processes) and messages
-// per job. Run with
+// per job. JOBKEYS_BENCH_HOT_N sets the number of jobs (1,000): on one key
+// it is also the depth its queue reaches, and every write of a key
+// carries its whole queue (the key layer's state document). Run with
 //
 //	go test -run '^$' -bench 'DispatchHotKey' -benchtime 1x ./jobs/
 func BenchmarkDispatchHotKey(b *testing.B) {
 	s := startBenchServer(b)
-	const n = 1000
+	n := envInt(b, "JOBKEYS_BENCH_HOT_N", 1000)
 	var base benchBaseline
 	for _, procs := range []int{1, 4} {
 		for _, row := range []struct{ keys, maxActive int }{{1000, 1}, {1, 1}, {1, 4}} {
