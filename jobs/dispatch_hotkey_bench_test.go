@@ -137,3 +137,67 @@ func countEnds(ps []*benchProc, n int) {
 		<-ends
 	}
 }
+
+// BenchmarkDispatchHotKeyQueueDepth is the bound of the hot-key rows: the
+// key layer alone (no job store, no dispatch) cycling one key — acquire
+// the job at the head of its queue, release it, admit a new one at the
+// tail — with the queue held at depth jobs, on the bench server, memory
+// storage. Every write of a key carries its whole state, queue included
+// (the TypeScript original's wire format), so a cycle's cost grows with
+// the depth. Reported: cycles/s, bytes of the key's state, and
+// ratio-to-depth-1 (same run). Run with
+//
+//	go test -run '^$' -bench 'DispatchHotKeyQueueDepth' -benchtime 1x ./jobs/
+func BenchmarkDispatchHotKeyQueueDepth(b *testing.B) {
+	s := startBenchServer(b)
+	const cycles = 500
+	var base benchBaseline
+	for _, depth := range []int{1, 100, 1000} {
+		b.Run(fmt.Sprintf("depth=%d", depth), func(b *testing.B) {
+			ctx := context.Background()
+			_, js := s.connect(b)
+			_, svc := benchBuckets()
+			ks, err := jobkeys.NewNATSStore(js, jobkeys.WithCreateBuckets(jetstream.MemoryStorage, 1))
+			require.NoError(b, err)
+			coord, err := jobkeys.NewCoordinator(ks, nil)
+			require.NoError(b, err)
+			jt, err := coord.JobType(svc, "bench", jobkeys.Policy{Key: []string{"k", "/k"}, MaxActive: 1, MaxQueuedPerKey: depth + 1})
+			require.NoError(b, err)
+			in := benchBody(0, 1, time.Now())
+			id := func(i int) string { return "bench/j" + strconv.Itoa(i) }
+			for i := range depth {
+				_, err := jt.Admit(ctx, id(i), in)
+				require.NoError(b, err)
+			}
+			var size int
+			start := time.Now()
+			for range b.N {
+				for i := range cycles {
+					acq, err := jt.Acquire(ctx, id(i), in)
+					require.NoError(b, err)
+					require.Equal(b, jobkeys.KindAcquired, acq.Kind)
+					_, err = jt.Release(ctx, acq.Lease)
+					require.NoError(b, err)
+					_, err = jt.Admit(ctx, id(depth+i), in)
+					require.NoError(b, err)
+				}
+			}
+			rate := float64(cycles*b.N) / time.Since(start).Seconds()
+			key, err := jt.Key(in)
+			require.NoError(b, err)
+			val, _, err := ks.Get(ctx, svc, key.KVKey)
+			require.NoError(b, err)
+			size = len(val)
+			b.ReportMetric(rate, "cycles/s")
+			b.ReportMetric(float64(size), "state-bytes")
+			if depth == 1 {
+				base.set("1", rate)
+			} else {
+				base.ratio(b, "1", rate, "ratio-to-depth-1")
+			}
+			if err := js.DeleteKeyValue(ctx, "JOBS_KEYS_"+svc); err != nil {
+				b.Logf("delete bucket: %v", err)
+			}
+		})
+	}
+}
