@@ -26,7 +26,9 @@ func jobCommands() []*command {
 		pauseRev      *uint64
 		resumeRev     *uint64
 		resumeIn      *time.Duration
+		resumeService *string
 		retryRev      *uint64
+		retryService  *string
 	)
 	cmds := []*command{
 		{name: "jobs ls", args: "CHANNEL", min: 1, max: 1,
@@ -66,13 +68,17 @@ stderr, and reconciliation removes the entry later.`,
 				return jobsPause(ctx, c, o, args[0], args[1], *pauseReason, *pauseRev)
 			}},
 		{name: "jobs resume", args: "CHANNEL JOBID", min: 2, max: 2,
-			short: "make a paused job pending again",
+			short: "make a paused job pending again, and tell the workers",
+			long: `resume makes a paused job pending again through the runtime's client, which
+announces it to the workers of the key-layer service --service (the runtime's
+ClientConfig.Service) at its due time.`,
 			flags: func(fs *flagSet) {
 				resumeIn = fs.Duration("in", 0, "due this long from now (default: now)")
 				resumeRev = fs.Uint64("revision", 0, "the job revision you saw (default: the one read now)")
+				resumeService = fs.String("service", jobs.ServiceDefault, "key-layer service of the runtime (ClientConfig.Service), whose workers are told")
 			},
 			run: func(ctx context.Context, c *cli, o *options, args []string) error {
-				return jobsResume(ctx, c, o, args[0], args[1], *resumeIn, *resumeRev)
+				return jobsResume(ctx, c, o, args[0], args[1], *resumeIn, *resumeRev, *resumeService)
 			}},
 		{name: "jobs retry", args: "CHANNEL JOBID", min: 2, max: 2,
 			short: "make a paused job, or a pending one waiting out its backoff, due now",
@@ -82,12 +88,15 @@ paused and resumed at once, which makes it due now and keeps its attempts
 and failures. A pending job already due, or a running one, has nothing to
 retry (exit code 4). A failed, cancelled, completed or superseded job is
 final in the job store: retry refuses it (exit code 4); enqueue the work
-anew through the application, which admits it to its key too.`,
+anew through the application, which admits it to its key too. The job is
+resumed through the runtime's client, which announces it to the workers of
+the key-layer service --service (the runtime's ClientConfig.Service).`,
 			flags: func(fs *flagSet) {
 				retryRev = fs.Uint64("revision", 0, "the job revision you saw (default: the one read now)")
+				retryService = fs.String("service", jobs.ServiceDefault, "key-layer service of the runtime (ClientConfig.Service), whose workers are told")
 			},
 			run: func(ctx context.Context, c *cli, o *options, args []string) error {
-				return jobsRetry(ctx, c, o, args[0], args[1], *retryRev)
+				return jobsRetry(ctx, c, o, args[0], args[1], *retryRev, *retryService)
 			}},
 	}
 	for _, cmd := range cmds {
@@ -408,15 +417,22 @@ func jobsPause(ctx context.Context, c *cli, o *options, channel, id, reason stri
 	return c.changed(o, "paused", j)
 }
 
-func jobsResume(ctx context.Context, c *cli, o *options, channel, id string, in time.Duration, rev uint64) error {
+func jobsResume(ctx context.Context, c *cli, o *options, channel, id string, in time.Duration, rev uint64, service string) error {
 	if in < 0 {
 		return usagef("--in %v is negative", in)
+	}
+	if service == "" {
+		return usagef("--service is empty")
 	}
 	s, st, err := c.openJobs(ctx, o)
 	if err != nil {
 		return err
 	}
 	defer s.close(ctx)
+	client, err := runtimeClient(s, st, service)
+	if err != nil {
+		return err
+	}
 	j, err := current(ctx, o, st, channel, id, rev)
 	if err != nil {
 		return err
@@ -427,19 +443,26 @@ func jobsResume(ctx context.Context, c *cli, o *options, channel, id string, in 
 	}
 	rctx, cancel := withTimeout(ctx, o)
 	defer cancel()
-	j, err = st.Resume(rctx, jobs.ResumeRequest{ChannelID: channel, JobID: id, ExpectedRevision: j.Revision, AvailableAt: at})
+	j, err = client.Resume(rctx, jobs.ResumeRequest{ChannelID: channel, JobID: id, ExpectedRevision: j.Revision, AvailableAt: at})
 	if err != nil {
 		return err
 	}
 	return c.changed(o, "resumed", j)
 }
 
-func jobsRetry(ctx context.Context, c *cli, o *options, channel, id string, rev uint64) error {
+func jobsRetry(ctx context.Context, c *cli, o *options, channel, id string, rev uint64, service string) error {
+	if service == "" {
+		return usagef("--service is empty")
+	}
 	s, st, err := c.openJobs(ctx, o)
 	if err != nil {
 		return err
 	}
 	defer s.close(ctx)
+	client, err := runtimeClient(s, st, service)
+	if err != nil {
+		return err
+	}
 	j, err := current(ctx, o, st, channel, id, rev)
 	if err != nil {
 		return err
@@ -465,7 +488,7 @@ func jobsRetry(ctx context.Context, c *cli, o *options, channel, id string, rev 
 		return fmt.Errorf("%w: job %q is %s, which is final in the job store: retry does not revive it; enqueue the work anew through the application (which admits it to its key)",
 			errConflict, id, j.State)
 	}
-	resumed, err := st.Resume(rctx, jobs.ResumeRequest{ChannelID: channel, JobID: id, ExpectedRevision: j.Revision})
+	resumed, err := client.Resume(rctx, jobs.ResumeRequest{ChannelID: channel, JobID: id, ExpectedRevision: j.Revision})
 	if err != nil {
 		if !pausedHere {
 			return err
