@@ -17,7 +17,8 @@ import (
 //	stream     JOBS_DISPATCH_S, work-queue retention, message schedules allowed
 //	subjects   jobkeys.dispatch.S.ready.<type>              "this job may start"
 //	           jobkeys.dispatch.S.check.<type>              "see that this job was admitted"
-//	           jobkeys.dispatch.S.due.<channel>.<job>       its schedule, when not due yet
+//	           jobkeys.dispatch.S.due.<channel>.<job>       its ready schedule, when not due yet
+//	           jobkeys.dispatch.S.due-check.<channel>.<job> its check's schedule
 //	consumers  workers, durable, pull, filter jobkeys.dispatch.S.ready.>
 //	           checkers, durable, pull, filter jobkeys.dispatch.S.check.>
 //
@@ -29,7 +30,9 @@ import (
 // that dies leaves it to be redelivered once AckWait passes, and the next
 // worker finds the job's expired claim and takes it over. A due time is a
 // message schedule (one per job: a newer one replaces it) that the server
-// turns into the ready message at that time. <channel> and <job> are
+// turns into the ready message at that time; a message handed back for a
+// second or more (later) becomes such a schedule too, so that no worker
+// holds a message for a job that is not due. <channel> and <job> are
 // escapeToken's tokens. The stream sits beside the service's key bucket
 // (JOBS_KEYS_S), as one per service.
 const (
@@ -144,12 +147,7 @@ func (d *natsDispatcher) subject(ln lane, typ string) string {
 func (d *natsDispatcher) announce(ctx context.Context, ln lane, typ string, ref jobRef, at time.Time, id string) error {
 	delay := time.Until(at)
 	if delay >= dispatchScheduleMin || (ln == laneCheck && delay > 0) {
-		// One schedule per job: a newer announcement of the job replaces
-		// it (a requeue after a resume, say).
-		msg := nats.NewMsg(d.prefix + "due." + escapeToken(ref.channel) + "." + escapeToken(ref.id))
-		msg.Data = encodeAnnouncement(ref)
-		_, err := d.js.PublishMsg(ctx, msg, jetstream.WithScheduleAt(at.UTC().Truncate(time.Second).Add(time.Second)), jetstream.WithScheduleTarget(d.subject(ln, typ)))
-		return err
+		return d.schedule(ctx, ln, typ, ref, at)
 	}
 	if delay > 0 {
 		d.mu.Lock()
@@ -177,6 +175,20 @@ func (d *natsDispatcher) announce(ctx context.Context, ln lane, typ string, ref 
 		return nil
 	}
 	return d.publish(ctx, ln, typ, ref, id)
+}
+
+// schedule publishes the schedule of ref's announcement in lane at at:
+// one schedule per job and lane, which a newer one replaces (a requeue
+// after a resume, say).
+func (d *natsDispatcher) schedule(ctx context.Context, ln lane, typ string, ref jobRef, at time.Time) error {
+	due := "due."
+	if ln == laneCheck {
+		due = "due-check."
+	}
+	msg := nats.NewMsg(d.prefix + due + escapeToken(ref.channel) + "." + escapeToken(ref.id))
+	msg.Data = encodeAnnouncement(ref)
+	_, err := d.js.PublishMsg(ctx, msg, jetstream.WithScheduleAt(at.UTC().Truncate(time.Second).Add(time.Second)), jetstream.WithScheduleTarget(d.subject(ln, typ)))
+	return err
 }
 
 func (d *natsDispatcher) publish(ctx context.Context, ln lane, typ string, ref jobRef, id string) error {
@@ -237,7 +249,7 @@ func (d *natsDispatcher) fetchOne(ctx context.Context, cons jetstream.Consumer, 
 			_ = m.Term()
 			return nil, nil
 		}
-		return &natsDelivery{m: m, typ: typ, ref: ref}, nil
+		return &natsDelivery{d: d, ln: ln, m: m, typ: typ, ref: ref}, nil
 	}
 	if err := batch.Error(); err != nil && ctx.Err() == nil && !errors.Is(err, nats.ErrTimeout) && !errors.Is(err, context.DeadlineExceeded) {
 		return nil, err
@@ -272,6 +284,8 @@ func (d *natsDispatcher) close() {
 }
 
 type natsDelivery struct {
+	d   *natsDispatcher
+	ln  lane
 	m   jetstream.Msg
 	typ string
 	ref jobRef
@@ -284,10 +298,23 @@ func (n *natsDelivery) job() jobRef     { return n.ref }
 // after AckWait, which costs its worker a read.
 func (n *natsDelivery) done() { _ = n.m.Ack() }
 
+// later hands the message back for delay: at once, or within the server's
+// redelivery for a short delay; from dispatchScheduleMin on it becomes the
+// job's schedule in its lane (replacing the one there) and the message is
+// acknowledged, so that no worker holds it meanwhile (a worker holds an
+// unacknowledged message, and the stream keeps it, until it ends).
 func (n *natsDelivery) later(delay time.Duration) {
-	if delay <= 0 {
+	switch {
+	case delay <= 0:
 		_ = n.m.Nak()
 		return
+	case delay >= dispatchScheduleMin:
+		ctx, cancel := context.WithTimeout(context.Background(), n.d.js.Options().DefaultTimeout)
+		defer cancel()
+		if n.d.schedule(ctx, n.ln, n.typ, n.ref, time.Now().Add(delay)) == nil {
+			_ = n.m.Ack()
+			return
+		}
 	}
 	_ = n.m.NakWithDelay(delay)
 }

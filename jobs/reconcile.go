@@ -118,6 +118,7 @@ func (c *Client) pruneKVKey(ctx context.Context, kvKey string) (int, error) {
 	}
 	now := c.cfg.Now()
 	var drop []string
+	due := make(map[string]bool, len(st.Queued)) // queued jobs that may start now
 	for _, q := range st.Queued {
 		ch, id, ok := parseKeyJobID(q.JobID)
 		if !ok {
@@ -133,6 +134,8 @@ func (c *Client) pruneKVKey(ctx context.Context, kvKey string) (int, error) {
 			return 0, fmt.Errorf("jobs: reconcile KV key %q: job %q: %w", kvKey, id, err)
 		case !j.State.Active():
 			drop = append(drop, q.JobID)
+		case j.State == StatePending && !j.AvailableAt.After(now):
+			due[q.JobID] = true
 		}
 	}
 	removed := 0
@@ -148,14 +151,25 @@ func (c *Client) pruneKVKey(ctx context.Context, kvKey string) (int, error) {
 			}
 		}
 	}
-	// Room with jobs queued: their announcements were lost (a crash
+	// Room with due jobs queued: their announcements were lost (a crash
 	// between a write and its announcement) or are on their way; announce
-	// them again (a duplicate costs a read).
+	// them again (a duplicate costs a read). A job not due yet has its
+	// schedule; a paused one is announced by its resume.
 	c.mu.Lock()
 	k := c.kinds[st.JobType]
 	c.mu.Unlock()
-	if k != nil && len(st.Queued) > 0 {
-		c.announceRoom(ctx, k, st, 0)
+	if k == nil {
+		return removed, nil
+	}
+	free := freeSlots(k, st, now)
+	for _, q := range st.Queued {
+		if free == 0 {
+			break
+		}
+		if ch, id, ok := parseKeyJobID(q.JobID); ok && due[q.JobID] {
+			c.announceRef(ctx, k.typ, jobRef{ch, id}, time.Time{})
+			free--
+		}
 	}
 	return removed, nil
 }
