@@ -116,6 +116,10 @@ func (c *Client) pruneKVKey(ctx context.Context, kvKey string) (int, error) {
 	if err != nil {
 		return 0, fmt.Errorf("jobs: reconcile KV key %q: %w: %w", kvKey, jobkeys.ErrCorruptState, err)
 	}
+	read, err := c.peekQueued(ctx, st.Queued)
+	if err != nil {
+		return 0, fmt.Errorf("jobs: reconcile KV key %q: %w", kvKey, err)
+	}
 	now := c.cfg.Now()
 	var drop []string
 	due := make(map[string]bool, len(st.Queued)) // queued jobs that may start now
@@ -124,7 +128,7 @@ func (c *Client) pruneKVKey(ctx context.Context, kvKey string) (int, error) {
 		if !ok {
 			continue
 		}
-		j, err := c.peek(ctx, jobRef{ch, id})
+		j, err := read(jobRef{ch, id})
 		switch {
 		case errors.Is(err, ErrNotFound):
 			if !now.Before(q.CreatedAt.Add(c.cfg.AdmitGrace)) {
@@ -172,6 +176,38 @@ func (c *Client) pruneKVKey(ctx context.Context, kvKey string) (int, error) {
 		}
 	}
 	return removed, nil
+}
+
+// jobsPeeker is a store that reads job records alone in batches
+// (NATSStore.peekJobs); reconciliation reads a key's queued jobs so.
+type jobsPeeker interface {
+	peekJobs(ctx context.Context, refs []jobRef) (map[jobRef]Job, error)
+}
+
+// peekQueued reads the jobs of queued (the runtime's entries): in one
+// batch when the store can, else one by one as they are asked for. The
+// function it returns gives a job, or ErrNotFound.
+func (c *Client) peekQueued(ctx context.Context, queued []jobkeys.QueuedJob) (func(jobRef) (Job, error), error) {
+	bp, ok := c.peeker.(jobsPeeker) // the store itself, when it reads records alone
+	if !ok {
+		return func(r jobRef) (Job, error) { return c.peek(ctx, r) }, nil
+	}
+	refs := make([]jobRef, 0, len(queued))
+	for _, q := range queued {
+		if ch, id, ok := parseKeyJobID(q.JobID); ok {
+			refs = append(refs, jobRef{ch, id})
+		}
+	}
+	got, err := bp.peekJobs(ctx, refs)
+	if err != nil {
+		return nil, err
+	}
+	return func(r jobRef) (Job, error) {
+		if j, ok := got[r]; ok {
+			return j, nil
+		}
+		return Job{}, notFoundf("reconcile: job %q does not exist in channel %q", r.id, r.channel)
+	}, nil
 }
 
 // dropQueuedByScan removes job j's queue entry for a client without a kind
