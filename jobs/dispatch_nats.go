@@ -10,6 +10,8 @@ import (
 
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/jobkeys/jobkeys"
 )
 
 // The dispatch stream of key-layer service S (see dispatcher):
@@ -98,7 +100,8 @@ func newNATSDispatcher(ctx context.Context, js jetstream.JetStream, service stri
 		}
 	}
 	if err != nil {
-		return nil, fmt.Errorf("%w: dispatch stream %q of service %q: %w", ErrUnavailable, name, service, err)
+		return nil, fmt.Errorf("%w: dispatch stream %q of service %q: %w", ErrUnavailable, name, service,
+			dispatchRefusedOr(js.Conn(), err, "STREAM.INFO."+name, "STREAM.CREATE."+name))
 	}
 	if got := stream.CachedInfo().Config; got.Retention != jetstream.WorkQueuePolicy || !got.AllowMsgSchedules {
 		return nil, fmt.Errorf("%w: dispatch stream %q is not a work-queue stream with message schedules allowed", ErrConflict, name)
@@ -132,7 +135,9 @@ func (d *natsDispatcher) consume(ctx context.Context, claimTTL time.Duration) er
 			MaxWaiting:    4096,
 		})
 		if err != nil {
-			return fmt.Errorf("%w: dispatch consumer %q on stream %q: %w", ErrUnavailable, name, d.stream.CachedInfo().Config.Name, err)
+			stream := d.stream.CachedInfo().Config.Name
+			return fmt.Errorf("%w: dispatch consumer %q on stream %q: %w", ErrUnavailable, name, stream,
+				dispatchRefusedOr(d.js.Conn(), err, "CONSUMER.CREATE."+stream+"."+name))
 		}
 		cons[ln] = c
 	}
@@ -188,7 +193,7 @@ func (d *natsDispatcher) schedule(ctx context.Context, ln lane, typ string, ref 
 	msg := nats.NewMsg(d.prefix + due + escapeToken(ref.channel) + "." + escapeToken(ref.id))
 	msg.Data = encodeAnnouncement(ref)
 	_, err := d.js.PublishMsg(ctx, msg, jetstream.WithScheduleAt(at.UTC().Truncate(time.Second).Add(time.Second)), jetstream.WithScheduleTarget(d.subject(ln, typ)))
-	return err
+	return dispatchRefusedOr(d.js.Conn(), err, d.prefix)
 }
 
 func (d *natsDispatcher) publish(ctx context.Context, ln lane, typ string, ref jobRef, id string) error {
@@ -199,7 +204,7 @@ func (d *natsDispatcher) publish(ctx context.Context, ln lane, typ string, ref j
 		opts = append(opts, jetstream.WithMsgID(id))
 	}
 	_, err := d.js.PublishMsg(ctx, msg, opts...)
-	return err
+	return dispatchRefusedOr(d.js.Conn(), err, d.prefix)
 }
 
 func (d *natsDispatcher) next(ctx context.Context, ln lane) (delivery, error) {
@@ -226,6 +231,9 @@ func (d *natsDispatcher) next(ctx context.Context, ln lane) (delivery, error) {
 			if ctx.Err() != nil {
 				return nil, ctx.Err()
 			}
+			if errors.Is(err, jobkeys.ErrPermission) {
+				return nil, err // for the caller to log: pulling again waits as long
+			}
 			// The server or the connection is away: pull again shortly.
 			if !sleepCtx(ctx, d.closed, 100*time.Millisecond) {
 				return nil, errors.Join(ctx.Err(), errDispatchClosed)
@@ -236,7 +244,9 @@ func (d *natsDispatcher) next(ctx context.Context, ln lane) (delivery, error) {
 
 // fetchOne makes one pull request for one message, which ends when ctx
 // does. It returns nil and no error when the request ended empty, or its
-// message was no announcement (which it terminates: nobody can use it).
+// message was no announcement (which it terminates: nobody can use it);
+// an error wrapping jobkeys.ErrPermission when it ended empty while the
+// connection reports that the server refused the pull request.
 func (d *natsDispatcher) fetchOne(ctx context.Context, cons jetstream.Consumer, ln lane) (delivery, error) {
 	batch, err := cons.Fetch(1, jetstream.FetchContext(ctx))
 	if err != nil {
@@ -254,7 +264,29 @@ func (d *natsDispatcher) fetchOne(ctx context.Context, cons jetstream.Consumer, 
 	if err := batch.Error(); err != nil && ctx.Err() == nil && !errors.Is(err, nats.ErrTimeout) && !errors.Is(err, context.DeadlineExceeded) {
 		return nil, err
 	}
+	if errors.Is(ctx.Err(), context.DeadlineExceeded) {
+		// The request waited all its time: a refused one does too.
+		ci := cons.CachedInfo()
+		if err := dispatchRefusedOr(d.js.Conn(), ctx.Err(), "CONSUMER.MSG.NEXT."+ci.Stream+"."+ci.Name); errors.Is(err, jobkeys.ErrPermission) {
+			return nil, fmt.Errorf("jobs: pull from dispatch consumer %q on stream %q: %w", ci.Name, ci.Stream, err)
+		}
+	}
 	return nil, nil
+}
+
+// dispatchRefusedOr returns err of a dispatch request that timed out, or
+// (when the connection nc last reported that the server refused one of
+// the subjects used, or the connection's inbox) an error wrapping it and
+// jobkeys.ErrPermission that names the refused subject: a refusal shows
+// only on the connection's async error handler, and the refused request
+// itself times out. Any other err is returned unchanged.
+func dispatchRefusedOr(nc *nats.Conn, err error, used ...string) error {
+	refused, subject, ok := natsRefusal(nc, err, used)
+	if !ok {
+		return err
+	}
+	return fmt.Errorf("%w: the NATS server refused %s %q for this connection's user (grant it, or see the connection's async errors): %w",
+		jobkeys.ErrPermission, strings.ToLower(refused), subject, err)
 }
 
 // sleepCtx waits d unless ctx ends or closed closes first, and reports
