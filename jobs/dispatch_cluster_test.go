@@ -92,7 +92,7 @@ type clusterJob struct {
 // clusterJobs lists the test's jobs, keys interleaved so that a key's jobs
 // are queued behind each other while others run: kind "one" (MaxActive 1)
 // on 30 keys of 5 jobs and 60 keys of one, kind "two" (MaxActive 2) on 15
-// keys of 6 jobs.
+// keys of 6 jobs, enqueued two by two.
 func clusterJobs() []clusterJob {
 	var out []clusterJob
 	for round := range 6 {
@@ -100,8 +100,12 @@ func clusterJobs() []clusterJob {
 			if round < 5 {
 				out = append(out, clusterJob{fmt.Sprintf("one-hot%02d-%d", k, round), "one", fmt.Sprintf("hot%02d", k)})
 			}
-			if k < 15 {
-				out = append(out, clusterJob{fmt.Sprintf("two-pair%02d-%d", k, round), "two", fmt.Sprintf("pair%02d", k)})
+			if k < 15 && round < 3 {
+				// Two at a time, so that both of the key's slots are
+				// announced at once.
+				for n := range 2 {
+					out = append(out, clusterJob{fmt.Sprintf("two-pair%02d-%d", k, 2*round+n), "two", fmt.Sprintf("pair%02d", k)})
+				}
 			}
 			if round < 2 {
 				n := round*30 + k
@@ -148,14 +152,17 @@ func stepDown(ctx context.Context, t *testing.T, nc *nats.Conn, stream, consumer
 // TestDispatchClusterLeaderMovesAndNodeLoss runs the runtime on a 3-node
 // cluster: the job bucket, the key bucket and the dispatch stream all R3
 // file (the dispatch stream takes the job bucket's replicas, which the
-// test checks), three clients each connected to a node of its own. They
-// drain 300 jobs of two kinds: 30 keys of MaxActive 1 with 5 jobs each (a
-// release hands the slot to the next job, in any client), 60 keys of one
-// job, 15 keys of MaxActive 2 with 6 jobs each. 200 jobs are enqueued
-// before the clients start, the other 100 while the cluster is disturbed:
-// after 50 jobs have started, the leaders of the three streams and of the
-// two dispatch consumers are stepped down; after 150 have started, the
-// node leading the dispatch stream is shut down (it stays down).
+// test checks), three clients each connected to a node of its own
+// (MaxWorkers 8, reconciliation at its default). They drain 300 jobs of
+// two kinds: 30 keys of MaxActive 1 with 5 jobs each (a release hands the
+// slot to the next job, in any client), 60 keys of one job, 15 keys of
+// MaxActive 2 with 6 jobs each. 200 jobs are enqueued before the clients
+// start, the other 100 while the cluster is disturbed (each Enqueue
+// replayed until it stands): after 50 jobs have started, the leaders of
+// the three streams and of the two dispatch consumers are stepped down;
+// after 150 have started, the node leading the dispatch stream is shut
+// down (it stays down). It logs how many jobs ran more than once, how many
+// MaxActive 2 keys ran two at once, and the longest time no job started.
 //
 // What it asserts:
 //   - none lost: every job's record ends completed;
@@ -199,7 +206,10 @@ func TestDispatchClusterLeaderMovesAndNodeLoss(t *testing.T) {
 	}
 	clients := make([]client, c.Size())
 	for i := range clients {
-		_, js := natstest.ConnectURL(t, c.URLs(i))
+		// Node i first, not shuffled: each client starts on a node of
+		// its own.
+		nc, js := natstest.ConnectURL(t, c.URLs(i), nats.DontRandomize())
+		require.Equal(t, c.URL(i), nc.ConnectedUrl(), "client %d's node", i)
 		var st *jobs.NATSStore
 		var keys *jobkeys.NATSStore
 		for {
@@ -217,9 +227,9 @@ func TestDispatchClusterLeaderMovesAndNodeLoss(t *testing.T) {
 		coord, err := jobkeys.NewCoordinator(keys, nil)
 		require.NoError(t, err)
 		cl, err := jobs.NewClient(st, coord, &jobs.ClientConfig{
-			KeyStore: keys, Service: service, MaxWorkers: 8,
-			// What a failed announcement leaves is found by the next pass.
-			ReconcileInterval: 2 * time.Second, StopGrace: 5 * time.Second,
+			// Reconciliation at its default (30s): the drain is
+			// dispatch's, not the passes'.
+			KeyStore: keys, Service: service, MaxWorkers: 8, StopGrace: 5 * time.Second,
 			Logger: slog.New(&countingHandler{t: t, n: &warnings, client: i}),
 		})
 		require.NoError(t, err)
