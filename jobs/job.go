@@ -285,6 +285,10 @@ type Enqueued struct {
 	// Repeated reports an enqueue whose idempotency key was already used
 	// with the same fingerprint: nothing was changed.
 	Repeated bool
+	// Superseded are the jobs of the target this enqueue superseded (its
+	// active jobs of older generations), as they are stored after it;
+	// nil when Repeated or when none was active.
+	Superseded []Job
 }
 
 // ClaimRequest asks for due jobs.
@@ -429,7 +433,8 @@ type Store interface {
 	// ErrConflict). A missing channel is ErrNotFound; an empty identifier,
 	// Version < 1, an id used in the channel or an oversize field is
 	// ErrConflict. The new job supersedes the active jobs of older
-	// generations of its target in the same change.
+	// generations of its target in the same change, and returns them in
+	// Enqueued.Superseded.
 	Enqueue(ctx context.Context, req EnqueueRequest) (Enqueued, error)
 	// Claim claims up to req.Count due jobs (at most ClaimCountLimit) of
 	// req.ChannelID, or of every channel when it is empty, ordered by due
