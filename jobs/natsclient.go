@@ -38,8 +38,8 @@ type Buckets struct {
 // NewNATSClient returns a client over the job store and the key layer of
 // one NATS JetStream context: a [NATSStore] on cfg.Buckets.Job, a
 // [jobkeys.NATSStore] whose bucket is JOBS_KEYS_<Service>, and the key
-// coordinator over it, made inside; missing buckets are created (see
-// [Buckets]). It is [NewClient] in one call, for the common case;
+// coordinator over it, made inside; missing buckets are created, the job
+// bucket at once and the key bucket at its first use (see [Buckets]). It is [NewClient] in one call, for the common case;
 // NewClient stays for stores of your own. cfg may be nil (every default);
 // its KeyStore must be nil (the client makes it), its Now and Logger are
 // the stores' and the coordinator's too, and a bad field is an error
