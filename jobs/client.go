@@ -51,12 +51,14 @@ func ExponentialBackoff(base, limit time.Duration) func(failures int) time.Durat
 	}
 }
 
-// ClientConfig configures a [Client]. Only KeyStore is required.
+// ClientConfig configures a [Client]. Only KeyStore is required, by
+// [NewClient]; [NewNATSClient] makes the key store, and needs nothing.
 type ClientConfig struct {
 	// KeyStore is the key store the coordinator was made with. The client
 	// reads it to hand a slot's room on (see Dispatch in the package doc)
 	// and lists and reads it to reconcile queue entries against job
-	// records. Required.
+	// records. Required by NewClient; NewNATSClient refuses one (it makes
+	// its own).
 	KeyStore jobkeys.Store
 
 	// Service is the key-layer service of every kind: the key bucket is

@@ -253,24 +253,32 @@ func ClaimOf(j Job) Claim {
 	return Claim{ChannelID: j.ChannelID, JobID: j.ID, Owner: j.ClaimOwner, Generation: j.ClaimGeneration}
 }
 
-// EnqueueRequest asks for a new job.
+// EnqueueRequest asks for a new job. A [Store] requires every field
+// marked so; [Client.Enqueue] and [Client.EnqueueMany] need only Type and
+// Input, and give the others their defaults (see Client.Enqueue).
 type EnqueueRequest struct {
-	// ID of the new job; unique within the channel. Required.
+	// ID of the new job; unique within the channel. Required (the
+	// client's default: [NewID]).
 	ID string
-	// ChannelID is the channel; it must exist ([Config.Channels]).
+	// ChannelID is the channel; it must exist ([Config.Channels]). Required
+	// (the client's default: [ChannelDefault]).
 	ChannelID string
 	// Type of work. Required.
 	Type string
-	// Version of the input format; at least 1.
+	// Version of the input format; at least 1 (the client's default: its
+	// kind's version).
 	Version int
 	// Origin says who enqueues; optional.
 	Origin string
-	// TargetKey is the resource the job updates. Required.
+	// TargetKey is the resource the job updates: a newer job for it
+	// supersedes the older active ones. Required (the client's default:
+	// the ID, which supersedes nothing).
 	TargetKey string
 	// IdempotencyKey makes the enqueue idempotent within the channel.
-	// Required.
+	// Required (the client's default: the ID).
 	IdempotencyKey string
-	// Fingerprint identifies the request content. Required.
+	// Fingerprint identifies the request content. Required (the client's
+	// default: [Fingerprint] of Type, Version and Input).
 	Fingerprint string
 	// Input is JSON of at most InputSizeLimit bytes; empty or null for none.
 	Input json.RawMessage
