@@ -37,9 +37,10 @@ type BatchResult struct {
 // requests of the slice. The results of the batch are then those of a
 // loop over the slice, with one exception: two unrelated requests may
 // both touch a job enqueued before the batch — one supersedes it by
-// target, the other replaces it on its key — and it ends superseded
-// either way, with the reason, and in the result, of the request that
-// came first, as with two concurrent Enqueue calls. Related requests
+// target, the other replaces it on its key or coalesces into it — and
+// then act on it in either order, as two concurrent Enqueue calls do
+// (a replaced job ends superseded either way, with the reason, and in the
+// result, of the request that came first). Related requests
 // gain nothing from the batch: a batch whose requests all fall on one key
 // (or one target) goes at the pace of a loop; requests spread over many
 // keys go in parallel.
