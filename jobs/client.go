@@ -51,12 +51,14 @@ func ExponentialBackoff(base, limit time.Duration) func(failures int) time.Durat
 	}
 }
 
-// ClientConfig configures a [Client]. Only KeyStore is required.
+// ClientConfig configures a [Client]. Only KeyStore is required, by
+// [NewClient]; [NewNATSClient] makes the key store, and needs nothing.
 type ClientConfig struct {
 	// KeyStore is the key store the coordinator was made with. The client
 	// reads it to hand a slot's room on (see Dispatch in the package doc)
 	// and lists and reads it to reconcile queue entries against job
-	// records. Required.
+	// records. Required by NewClient; NewNATSClient refuses one (it makes
+	// its own).
 	KeyStore jobkeys.Store
 
 	// Service is the key-layer service of every kind: the key bucket is
@@ -126,11 +128,18 @@ type ClientConfig struct {
 	// Logger receives what the client cannot return to a caller (a failed
 	// heartbeat, a reconciliation error). Defaults to none.
 	Logger *slog.Logger
+
+	// Buckets is how [NewNATSClient] opens and creates the job bucket and
+	// the key bucket; [NewClient], whose stores the caller made, refuses
+	// a non-zero one. Defaults to the zero [Buckets]: the default job
+	// bucket, missing buckets created with file storage and one replica.
+	Buckets Buckets
 }
 
 // Client is the job runtime: it enqueues jobs through the job store and
 // the key layer as one outcome, and runs the registered kinds' jobs under
-// their keys' limits. Make it with [NewClient], register kinds with
+// their keys' limits. Make it with [NewNATSClient] (or [NewClient] for
+// stores of your own), register kinds with
 // [Register], then [Client.Start] it; [Client.Stop] drains it. A Client is
 // safe for concurrent use; any number of clients, in any number of
 // processes, may share a store and a key bucket.
@@ -164,6 +173,10 @@ type Client struct {
 	disp      dispatcher
 	dispOwned bool
 	peeker    jobPeeker // the store, when it reads a record alone; else nil
+
+	// made is the job store NewNATSClient made, which Stop closes; nil
+	// for a client of NewClient.
+	made *NATSStore
 }
 
 type clientState int
@@ -184,6 +197,9 @@ func NewClient(store Store, coord *jobkeys.KeyCoordinator, cfg *ClientConfig) (*
 	}
 	if cfg == nil || cfg.KeyStore == nil {
 		return nil, errors.New("jobs: NewClient: ClientConfig.KeyStore is required")
+	}
+	if cfg.Buckets != (Buckets{}) {
+		return nil, errors.New("jobs: NewClient: ClientConfig.Buckets is set, which only NewNATSClient reads: NewClient uses the stores it is given")
 	}
 	c := *cfg
 	if c.Service == "" {
@@ -305,6 +321,13 @@ type EnqueueResult struct {
 	// Key is the display key the job was admitted under (empty when
 	// Repeated and the record alone told the outcome).
 	Key string
+	// Superseded are the jobs of the new job's target that this enqueue
+	// superseded (the target's older active jobs; see
+	// EnqueueRequest.TargetKey), as stored after it: their State is
+	// StateSuperseded with an empty Reason. nil when Repeated, and
+	// when the target had no active job — always so for a request whose
+	// TargetKey defaulted to its (new) ID.
+	Superseded []Job
 }
 
 // ErrRejected reports an enqueue its key's policy rejected; the error is
@@ -340,8 +363,22 @@ func (e *RejectedError) Error() string {
 func (e *RejectedError) Unwrap() error { return ErrRejected }
 
 // Enqueue writes the job record and admits it on its key under its kind's
-// policy, as one outcome. req.Type must be a registered kind; a zero
-// req.Version is the kind's version. The store's rules apply first:
+// policy, as one outcome. req.Type must be a registered kind; only Type
+// and Input are needed, and the fields left empty default (here, in the
+// client: a [Store]'s Enqueue keeps its contract and refuses them):
+//
+//   - Version: the kind's version;
+//   - ID: a new id of [NewID] (unique, ordered by time);
+//   - ChannelID: [ChannelDefault] ("default");
+//   - TargetKey: the ID, so that the job supersedes no other job; give
+//     the resource the job updates to have a newer job for it supersede
+//     the older ones (reported in EnqueueResult.Superseded);
+//   - IdempotencyKey: the ID, so that a request with neither ID nor
+//     IdempotencyKey is never a replay (set either to make replays, as
+//     after an [ErrOutcomeUnknown], return the first enqueue's job);
+//   - Fingerprint: [Fingerprint] of the type, version and input.
+//
+// The store's rules apply first:
 // idempotency (a replay returns the job as it is, Repeated, with the first
 // enqueue's outcome: a rejection again, for one) and target supersede (an
 // older job of the target running in this client sees its context end at
@@ -383,9 +420,35 @@ func (c *Client) Enqueue(ctx context.Context, req EnqueueRequest) (EnqueueResult
 	if err != nil {
 		return EnqueueResult{}, err
 	}
+	return c.enqueue(ctx, k, withDefaults(req, k))
+}
+
+// withDefaults fills the empty fields of req, of kind k, as Enqueue
+// documents.
+func withDefaults(req EnqueueRequest, k *kind) EnqueueRequest {
 	if req.Version == 0 {
 		req.Version = k.version
 	}
+	if req.ID == "" {
+		req.ID = NewID()
+	}
+	if req.ChannelID == "" {
+		req.ChannelID = ChannelDefault
+	}
+	if req.TargetKey == "" {
+		req.TargetKey = req.ID
+	}
+	if req.IdempotencyKey == "" {
+		req.IdempotencyKey = req.ID
+	}
+	if req.Fingerprint == "" {
+		req.Fingerprint = Fingerprint(req.Type, req.Version, req.Input)
+	}
+	return req
+}
+
+// enqueue is Enqueue of a request of kind k with its defaults applied.
+func (c *Client) enqueue(ctx context.Context, k *kind, req EnqueueRequest) (EnqueueResult, error) {
 	if req.Version == k.version {
 		// An input the kind's Work cannot decode would fail every attempt.
 		// (An input that derives no key goes on: its record is superseded
@@ -394,16 +457,7 @@ func (c *Client) Enqueue(ctx context.Context, req EnqueueRequest) (EnqueueResult
 			return EnqueueResult{}, conflictf("enqueue job %q of type %q: its Input does not decode into the kind's input type, as every attempt would decode it: %v", req.ID, req.Type, err)
 		}
 	}
-	// Should the producer die before the admission, this check brings a
-	// client's checker to make its decision after AdmitGrace (see
-	// Client.check). Nothing is written without it.
-	if req.ID != "" && req.ChannelID != "" {
-		at := c.cfg.Now().Add(c.cfg.AdmitGrace)
-		if err := c.disp.announce(ctx, laneCheck, req.Type, jobRef{req.ChannelID, req.ID}, at, ""); err != nil {
-			return EnqueueResult{}, fmt.Errorf("jobs: enqueue job %q of type %q: nothing written: %w: %w", req.ID, req.Type, ErrUnavailable, err)
-		}
-	}
-	enq, err := c.store.Enqueue(ctx, req)
+	enq, err := c.write(ctx, req)
 	if errors.Is(err, ErrOutcomeUnknown) {
 		// The store's error names the job and its idempotency key.
 		return EnqueueResult{}, fmt.Errorf("jobs: enqueue job %q of type %q: not admitted on its key, which a replay does: %w", req.ID, req.Type, err)
@@ -415,7 +469,25 @@ func (c *Client) Enqueue(ctx context.Context, req EnqueueRequest) (EnqueueResult
 		return c.replay(ctx, enq.Job)
 	}
 	c.notifyTarget(enq.Job)
-	return c.admit(ctx, k, enq.Job)
+	res, err := c.admit(ctx, k, enq.Job)
+	if err == nil {
+		res.Superseded = enq.Superseded
+	}
+	return res, err
+}
+
+// write writes the record of req after announcing the check that admits
+// it should its producer die before the admission (see Client.check):
+// a client's checker makes the decision after AdmitGrace. Nothing is
+// written without that check.
+func (c *Client) write(ctx context.Context, req EnqueueRequest) (Enqueued, error) {
+	if req.ID != "" && req.ChannelID != "" {
+		at := c.cfg.Now().Add(c.cfg.AdmitGrace)
+		if err := c.disp.announce(ctx, laneCheck, req.Type, jobRef{req.ChannelID, req.ID}, at, ""); err != nil {
+			return Enqueued{}, fmt.Errorf("jobs: enqueue job %q of type %q: nothing written: %w: %w", req.ID, req.Type, ErrUnavailable, err)
+		}
+	}
+	return c.store.Enqueue(ctx, req)
 }
 
 // replay is the outcome of an enqueue whose idempotency key enqueued j

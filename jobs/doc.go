@@ -7,20 +7,23 @@
 // limits, renews claim and slot together, settles or retries with backoff
 // up to a failure budget, reconciles what crashed processes left behind and
 // drains on [Client.Stop]. Most programs use the Client; the Store is the
-// layer beneath it. See ExampleClient and examples/quickstart.
+// layer beneath it. See ExampleNewNATSClient, ExampleClient and
+// examples/quickstart.
 //
 // # Quick start: the runtime
 //
-//	store, err := jobs.NewNATSStore(js, nil, jobs.WithCreateBucket(jetstream.FileStorage, 1))
-//	keys, err := jobkeys.NewNATSStore(js, jobkeys.WithCreateBuckets(jetstream.FileStorage, 1))
-//	coord, err := jobkeys.NewCoordinator(keys, nil)
-//	client, err := jobs.NewClient(store, coord, &jobs.ClientConfig{KeyStore: keys, MaxWorkers: 8})
-//	err = jobs.Register(client, jobs.Kind[In, Out]{Type: "render", Version: 1,
+//	client, err := jobs.NewNATSClient(js, &jobs.ClientConfig{MaxWorkers: 8}) // both buckets, the coordinator inside
+//	err = jobs.Register(client, jobs.Kind[In, Out]{Type: "render",
 //		Policy: jobkeys.Policy{Key: []string{"doc", "/docId"}, MaxActive: 1},
-//		MaxFailures: 5, Timeout: time.Minute, Work: render})
-//	res, err := client.Enqueue(ctx, jobs.EnqueueRequest{...}) // accepted, coalesced, replaced, or a *RejectedError
+//		MaxFailures: 5, Timeout: time.Minute, Work: render}) // a producer leaves Work nil
+//	res, err := client.Enqueue(ctx, jobs.EnqueueRequest{Type: "render", Input: in}) // accepted, coalesced, replaced, or a *RejectedError
+//	results := client.EnqueueMany(ctx, reqs) // one BatchResult per request
+//	job, err := client.Retry(ctx, jobs.ChannelDefault, failedID) // a failed job runs again as a new job
 //	err = client.Start(ctx)
 //	defer client.Stop(ctx)
+//
+// [NewClient] takes stores of your own ([MemoryStore], a [NATSStore] made
+// with options, a key store) and a coordinator instead.
 //
 // # The runtime
 //

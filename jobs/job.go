@@ -253,24 +253,32 @@ func ClaimOf(j Job) Claim {
 	return Claim{ChannelID: j.ChannelID, JobID: j.ID, Owner: j.ClaimOwner, Generation: j.ClaimGeneration}
 }
 
-// EnqueueRequest asks for a new job.
+// EnqueueRequest asks for a new job. A [Store] requires every field
+// marked so; [Client.Enqueue] and [Client.EnqueueMany] need only Type and
+// Input, and give the others their defaults (see Client.Enqueue).
 type EnqueueRequest struct {
-	// ID of the new job; unique within the channel. Required.
+	// ID of the new job; unique within the channel. Required (the
+	// client's default: [NewID]).
 	ID string
-	// ChannelID is the channel; it must exist ([Config.Channels]).
+	// ChannelID is the channel; it must exist ([Config.Channels]). Required
+	// (the client's default: [ChannelDefault]).
 	ChannelID string
 	// Type of work. Required.
 	Type string
-	// Version of the input format; at least 1.
+	// Version of the input format; at least 1 (the client's default: its
+	// kind's version).
 	Version int
 	// Origin says who enqueues; optional.
 	Origin string
-	// TargetKey is the resource the job updates. Required.
+	// TargetKey is the resource the job updates: a newer job for it
+	// supersedes the older active ones. Required (the client's default:
+	// the ID, which supersedes nothing).
 	TargetKey string
 	// IdempotencyKey makes the enqueue idempotent within the channel.
-	// Required.
+	// Required (the client's default: the ID).
 	IdempotencyKey string
-	// Fingerprint identifies the request content. Required.
+	// Fingerprint identifies the request content. Required (the client's
+	// default: [Fingerprint] of Type, Version and Input).
 	Fingerprint string
 	// Input is JSON of at most InputSizeLimit bytes; empty or null for none.
 	Input json.RawMessage
@@ -285,6 +293,10 @@ type Enqueued struct {
 	// Repeated reports an enqueue whose idempotency key was already used
 	// with the same fingerprint: nothing was changed.
 	Repeated bool
+	// Superseded are the jobs of the target this enqueue superseded (its
+	// active jobs of older generations), as they are stored after it;
+	// nil when Repeated or when none was active.
+	Superseded []Job
 }
 
 // ClaimRequest asks for due jobs.
@@ -429,7 +441,8 @@ type Store interface {
 	// ErrConflict). A missing channel is ErrNotFound; an empty identifier,
 	// Version < 1, an id used in the channel or an oversize field is
 	// ErrConflict. The new job supersedes the active jobs of older
-	// generations of its target in the same change.
+	// generations of its target in the same change, and returns them in
+	// Enqueued.Superseded.
 	Enqueue(ctx context.Context, req EnqueueRequest) (Enqueued, error)
 	// Claim claims up to req.Count due jobs (at most ClaimCountLimit) of
 	// req.ChannelID, or of every channel when it is empty, ordered by due

@@ -5,6 +5,9 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"slices"
+	"strconv"
+	"strings"
 	"time"
 
 	"github.com/jobkeys/jobkeys"
@@ -45,7 +48,9 @@ type Kind[In, Out any] struct {
 	// when the attempt must stop, at the latest at the claim's local
 	// deadline: check ctx.Err() right before an external effect, and
 	// hand the systems written to run.Job().ClaimGeneration as a fencing
-	// token (see [Run.Job]). Required.
+	// token (see [Run.Job]). Nil registers the kind to enqueue only: a
+	// producer enqueues its jobs (under its policy) and never runs them,
+	// and [Client.Start] refuses a client with such a kind.
 	Work func(ctx context.Context, run *Run, in In) (out Out, err error)
 }
 
@@ -56,21 +61,20 @@ type kind struct {
 	jt          *jobkeys.JobType
 	maxFailures int
 	timeout     time.Duration
-	work        func(ctx context.Context, run *Run, input json.RawMessage) (json.RawMessage, error)
+	// work runs an attempt; nil for a kind registered to enqueue only.
+	work func(ctx context.Context, run *Run, input json.RawMessage) (json.RawMessage, error)
 	// decode checks that input decodes into the kind's In, as work
 	// decodes it; Client.Enqueue refuses an input it cannot.
 	decode func(input json.RawMessage) error
 }
 
 // Register adds kind k to client c. It must be called before
-// [Client.Start]; a type registered twice, a bad policy or name, or a
-// missing Work is an error.
+// [Client.Start]; a type registered twice or a bad policy or name is an
+// error. A kind without Work can be registered by a producer, which
+// enqueues its jobs and runs none (see [Kind.Work]).
 func Register[In, Out any](c *Client, k Kind[In, Out]) error {
 	if c == nil || c.coord == nil {
 		return fmt.Errorf("jobs: register kind %q: the client is nil or was not made by NewClient", k.Type)
-	}
-	if k.Work == nil {
-		return fmt.Errorf("jobs: register kind %q: Work is nil", k.Type)
 	}
 	if k.Version == 0 {
 		k.Version = 1
@@ -91,7 +95,6 @@ func Register[In, Out any](c *Client, k Kind[In, Out]) error {
 	if err != nil {
 		return fmt.Errorf("jobs: register kind %q: %w", k.Type, err)
 	}
-	work := k.Work
 	rk := &kind{
 		typ: k.Type, version: k.Version, jt: jt, maxFailures: k.MaxFailures, timeout: k.Timeout,
 		decode: func(input json.RawMessage) error {
@@ -101,7 +104,9 @@ func Register[In, Out any](c *Client, k Kind[In, Out]) error {
 			}
 			return json.Unmarshal(input, &in)
 		},
-		work: func(ctx context.Context, run *Run, input json.RawMessage) (json.RawMessage, error) {
+	}
+	if work := k.Work; work != nil {
+		rk.work = func(ctx context.Context, run *Run, input json.RawMessage) (json.RawMessage, error) {
 			var in In
 			if len(input) > 0 {
 				if err := json.Unmarshal(input, &in); err != nil {
@@ -117,7 +122,7 @@ func Register[In, Out any](c *Client, k Kind[In, Out]) error {
 				return nil, fmt.Errorf("jobs: encode result of job %q: %w", run.claim.JobID, err)
 			}
 			return b, nil
-		},
+		}
 	}
 	c.mu.Lock()
 	defer c.mu.Unlock()
@@ -146,4 +151,21 @@ func (c *Client) kindOf(typ string) (*kind, error) {
 		return nil, fmt.Errorf("%w: %q", ErrUnknownKind, typ)
 	}
 	return k, nil
+}
+
+// producerOnly is the error of Start for a client with kinds registered
+// without Work (to enqueue only), naming them; nil when there is none.
+// c.mu must be held.
+func (c *Client) producerOnly() error {
+	var types []string
+	for typ, k := range c.kinds {
+		if k.work == nil {
+			types = append(types, strconv.Quote(typ))
+		}
+	}
+	if len(types) == 0 {
+		return nil
+	}
+	slices.Sort(types)
+	return fmt.Errorf("jobs: Start: kind %s has no Work (registered to enqueue only): a client that runs jobs needs a Work for every kind it registers; enqueue from a client that is not started", strings.Join(types, ", "))
 }

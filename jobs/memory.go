@@ -152,7 +152,11 @@ func (s *MemoryStore) enqueue(ctx context.Context, req EnqueueRequest) (Enqueued
 	ch.put(j)
 	ch.targets[t.TargetKey] = t.Generation
 	ch.idempotency[j.IdempotencyKey] = j.ID
-	return Enqueued{Job: cloneJob(j)}, nil
+	out := Enqueued{Job: cloneJob(j)}
+	for _, p := range superseded {
+		out.Superseded = append(out.Superseded, cloneJob(p))
+	}
+	return out, nil
 }
 
 // Claim implements [Store.Claim].

@@ -454,10 +454,13 @@ func (s *NATSStore) enqueue(ctx context.Context, req EnqueueRequest) (Enqueued, 
 		s.targets.add(targetKey)
 		s.pending.add(jobKey)
 		j.Revision = rev // the superseded job's too, by its RevisionOffset
+		out := Enqueued{Job: cloneJob(j)}
 		for _, p := range superseded {
 			s.dropActive(ctx, s.keys.active(p.ChannelID, p.ID), activeBound(prevActive, rev))
+			p.Revision = rev
+			out.Superseded = append(out.Superseded, cloneJob(p))
 		}
-		return Enqueued{Job: cloneJob(j)}, nil
+		return out, nil
 	}
 	return Enqueued{}, conflictf("%s: job %q in channel %q: its keys changed concurrently %d times in a row", op, req.ID, req.ChannelID, natsCASAttempts)
 }

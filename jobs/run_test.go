@@ -150,13 +150,14 @@ func TestRunContextCauses(t *testing.T) {
 	})
 }
 
-// Registration refuses what cannot work, and Start needs a kind.
+// Registration refuses what cannot work, and Start needs a kind, each
+// with a Work.
 func TestClientRegisterAndStartErrors(t *testing.T) {
 	t.Parallel()
 	env := newRuntimeEnv(t)
 	n := env.newNode(fastConfig, nil)
 	require.Error(t, n.client.Start(context.Background()), "no kind")
-	require.Error(t, jobs.Register(n.client, jobs.Kind[docIn, docOut]{Type: "x", Policy: docPolicy}), "no Work")
+	require.NoError(t, jobs.Register(n.client, jobs.Kind[docIn, docOut]{Type: "p", Policy: docPolicy}), "no Work: a producer's kind")
 	require.Error(t, jobs.Register(n.client, jobs.Kind[docIn, docOut]{Type: "a.b", Policy: docPolicy, Work: noWork}), "bad type")
 	require.NoError(t, jobs.Register(n.client, jobs.Kind[docIn, docOut]{Type: "x", Policy: docPolicy, Work: noWork}))
 	err := jobs.Register(n.client, jobs.Kind[docIn, docOut]{Type: "x", Policy: docPolicy, Work: noWork})
@@ -165,6 +166,7 @@ func TestClientRegisterAndStartErrors(t *testing.T) {
 	require.Error(t, err, "no KeyStore")
 	_, err = jobs.NewClient(n.store, n.coord, &jobs.ClientConfig{KeyStore: n.keys, MaxWorkers: -1})
 	require.True(t, err != nil && !errors.Is(err, jobs.ErrConflict), fmt.Sprint(err))
+	require.ErrorContains(t, n.client.Start(context.Background()), `kind "p" has no Work`)
 }
 
 // A kind whose HeartbeatTTL is shorter than another kind's keeps its claim

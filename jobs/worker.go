@@ -30,6 +30,9 @@ func (c *Client) Start(ctx context.Context) error {
 	if len(c.kinds) == 0 {
 		return errors.New("jobs: Start: no kind is registered")
 	}
+	if err := c.producerOnly(); err != nil {
+		return err
+	}
 	c.state = clientStarted
 	var ttl time.Duration
 	for _, k := range c.kinds {
@@ -68,9 +71,15 @@ func (c *Client) Start(ctx context.Context) error {
 // reconciliation pass in flight is ended (it is cleanup). It returns
 // once every job is handed back or finished, or with ctx.Err() when ctx
 // ends first (handlers are then cancelled at once, and what is left runs
-// down in the background). Stop of a client never started, or stopped
-// before, returns nil.
-func (c *Client) Stop(ctx context.Context) error {
+// down in the background). A client of [NewNATSClient] then closes the
+// job store it made (see [NATSStore.Close]), unless ctx ended first. Stop
+// of a client never started, or stopped before, does nothing else.
+func (c *Client) Stop(ctx context.Context) (err error) {
+	defer func() {
+		if err == nil {
+			err = c.closeMade(ctx)
+		}
+	}()
 	c.mu.Lock()
 	if c.state != clientStarted {
 		c.state = clientStopped
@@ -91,7 +100,6 @@ func (c *Client) Stop(ctx context.Context) error {
 	}()
 	grace := time.NewTimer(c.cfg.StopGrace)
 	defer grace.Stop()
-	var err error
 	select {
 	case <-done:
 	case <-grace.C:

@@ -81,19 +81,27 @@ ClientConfig.Service) at its due time.`,
 				return jobsResume(ctx, c, o, args[0], args[1], *resumeIn, *resumeRev, *resumeService)
 			}},
 		{name: "jobs retry", args: "CHANNEL JOBID", min: 2, max: 2,
-			short: "make a paused job, or a pending one waiting out its backoff, due now",
-			long: `retry makes a job due now: a paused job is resumed (due now); a pending
-job whose AvailableAt is in the future (waiting out a retry backoff) is
-paused and resumed at once, which makes it due now and keeps its attempts
-and failures. A pending job already due, or a running one, has nothing to
-retry (exit code 4). A failed, cancelled, completed or superseded job is
-final in the job store: retry refuses it (exit code 4); enqueue the work
-anew through the application, which admits it to its key too. The job is
-resumed through the runtime's client, which announces it to the workers of
-the key-layer service --service (the runtime's ClientConfig.Service).`,
+			short: "run a failed, cancelled or superseded job again as a new job; make a paused or backing-off job due now",
+			long: `retry runs a job again or makes it due now.
+
+A failed, cancelled or superseded job runs again as a new job of the same
+type, input and target (the runtime's Client.Retry): the old job stays as
+it is, and the new one's origin is "retry:" and the old job's id. Being its
+target's newest job, the new job supersedes an active job of the target. A
+second retry of the same job makes nothing and shows the job the first
+made. The new job is admitted to its key by a worker of its type (the
+runtime's checker) AdmitGrace (30s by default) after it is written; --service
+is the key-layer service of those workers (ClientConfig.Service).
+
+A paused job is resumed (due now); a pending job whose AvailableAt is in
+the future (waiting out a retry backoff) is paused and resumed at once,
+which makes it due now and keeps its attempts and failures, and is resumed
+through the runtime's client, which announces it to the workers of
+--service. A pending job already due, a running one or a completed one has
+nothing to retry (exit code 4).`,
 			flags: func(fs *flagSet) {
 				retryRev = fs.Uint64("revision", 0, "the job revision you saw (default: the one read now)")
-				retryService = fs.String("service", jobs.ServiceDefault, "key-layer service of the runtime (ClientConfig.Service), whose workers are told")
+				retryService = fs.String("service", jobs.ServiceDefault, "key-layer service of the runtime (ClientConfig.Service) whose workers admit a job run again, or are told of a job made due")
 			},
 			run: func(ctx context.Context, c *cli, o *options, args []string) error {
 				return jobsRetry(ctx, c, o, args[0], args[1], *retryRev, *retryService)
@@ -484,8 +492,19 @@ func jobsRetry(ctx context.Context, c *cli, o *options, channel, id string, rev 
 	case jobs.StateRunning:
 		return fmt.Errorf("%w: job %q is running (claimed by %s until %s): nothing to retry; pause it first to stop it",
 			errConflict, id, j.ClaimOwner, stamp(j.ClaimExpiresAt))
+	case jobs.StateFailed, jobs.StateCancelled, jobs.StateSuperseded:
+		again, err := client.Retry(rctx, channel, id)
+		if err != nil {
+			return err
+		}
+		if o.json {
+			return c.changed(o, "", again)
+		}
+		fmt.Fprintf(c.stdout, "job %s of channel %s (%s) runs again as job %s: now %s at revision %d\n",
+			id, channel, j.State, again.ID, again.State, again.Revision)
+		return nil
 	default:
-		return fmt.Errorf("%w: job %q is %s, which is final in the job store: retry does not revive it; enqueue the work anew through the application (which admits it to its key)",
+		return fmt.Errorf("%w: job %q is %s: it did its work, there is nothing to retry; enqueue the work anew through the application to run it once more",
 			errConflict, id, j.State)
 	}
 	resumed, err := client.Resume(rctx, jobs.ResumeRequest{ChannelID: channel, JobID: id, ExpectedRevision: j.Revision})

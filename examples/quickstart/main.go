@@ -1,10 +1,13 @@
 // Command quickstart shows the jobkeys job system at work on an embedded
 // NATS server: no setup, no ports to configure, done in seconds.
 //
-// A producer enqueues a burst of report jobs for a handful of tenants under
-// a key policy (at most 2 run per tenant, 2 more may wait, and a newer job
-// replaces the oldest waiting one). Three workers, each with its own NATS
-// connection as separate processes would have, run them. Some jobs fail
+// Each process sets up in one call (jobs.NewNATSClient: the job bucket,
+// the key bucket and the key coordinator over one JetStream context). A
+// producer, whose kind has no Work (it runs nothing), enqueues a burst of
+// report jobs, each with a Type and an Input only, for a handful of
+// tenants under a key policy (at most 2 run per tenant, 2 more may wait,
+// and a newer job replaces the oldest waiting one). Three workers, each
+// with its own NATS connection as separate processes would have, run them. Some jobs fail
 // once and are retried with backoff; one worker crashes in the middle of a
 // job, which another worker takes over once the crashed claim runs out.
 // Between the enqueues and the workers it shows the keys as the key layer
@@ -83,27 +86,31 @@ func run() error {
 	defer producer.close()
 
 	fmt.Println("\nenqueueing (key tenant:<tenant>, 2 running + 2 waiting per tenant, replace the oldest):")
-	var ids []string
+	var ids []string // the jobs' ids, made by Enqueue (jobs.NewID), in order
 	for _, t := range tenants {
 		for i := 1; i <= t.jobs; i++ {
-			id := fmt.Sprintf("%s-%02d", t.name, i)
+			// Type and Input are all a job needs: its id, channel
+			// (jobs.ChannelDefault), target, idempotency key and
+			// fingerprint default.
 			res, err := producer.client.Enqueue(ctx, jobs.EnqueueRequest{
-				ID: id, ChannelID: "reports", Type: "report", Origin: "quickstart",
-				TargetKey: id, IdempotencyKey: id, Fingerprint: id,
-				Input: fmt.Appendf(nil, `{"tenant":%q,"n":%d}`, t.name, i),
+				Type: "report", Input: fmt.Appendf(nil, `{"tenant":%q,"n":%d}`, t.name, i),
 			})
+			label := fmt.Sprintf("%s-%02d", t.name, i)
 			var rej *jobs.RejectedError
 			switch {
 			case errors.As(err, &rej):
-				fmt.Printf("  %-12s rejected: %s (limit %d)\n", id, rej.Reason, rej.Limit)
+				fmt.Printf("  %-12s rejected: %s (limit %d)\n", label, rej.Reason, rej.Limit)
 			case err != nil:
 				return err
 			case res.Outcome == jobs.OutcomeReplaced:
-				fmt.Printf("  %-12s accepted, replacing %s (its record is superseded: it will not run)\n", id, res.Replaced.ID)
+				fmt.Printf("  %-12s accepted, replacing %s (its record is superseded: it will not run)\n", label, aud.labelOf(res.Replaced.ID))
 			default:
-				fmt.Printf("  %-12s %s\n", id, res.Outcome)
+				fmt.Printf("  %-12s %s\n", label, res.Outcome)
 			}
-			ids = append(ids, id)
+			if err == nil {
+				aud.label(res.Job.ID, label)
+				ids = append(ids, res.Job.ID)
+			}
 		}
 	}
 
@@ -133,7 +140,7 @@ func run() error {
 	// Wait until every job is over: completed, failed or superseded.
 	for _, id := range ids {
 		for {
-			d, err := producer.client.Get(ctx, "reports", id)
+			d, err := producer.client.Get(ctx, jobs.ChannelDefault, id)
 			if err != nil {
 				return err
 			}
@@ -142,7 +149,7 @@ func run() error {
 			}
 			select {
 			case <-ctx.Done():
-				return fmt.Errorf("job %s still %s: %w", id, d.Job.State, ctx.Err())
+				return fmt.Errorf("job %s still %s: %w", aud.labelOf(id), d.Job.State, ctx.Err())
 			case <-time.After(50 * time.Millisecond):
 			}
 		}
@@ -157,12 +164,12 @@ func run() error {
 	fmt.Println("claimed counts an attempt even if it never ran there):")
 	lost := 0
 	for _, id := range ids {
-		d, err := producer.client.Get(ctx, "reports", id)
+		d, err := producer.client.Get(ctx, jobs.ChannelDefault, id)
 		if err != nil {
 			return err
 		}
 		j := d.Job
-		line := fmt.Sprintf("  %-12s %-10s ran %d, attempts %d, failures %d", id, j.State, aud.runCount(id), j.Attempts, j.Failures)
+		line := fmt.Sprintf("  %-12s %-10s ran %d, attempts %d, failures %d", aud.labelOf(id), j.State, aud.runCount(id), j.Attempts, j.Failures)
 		switch {
 		case j.State == jobs.StateCompleted:
 			line += ", done by " + string(d.Artifact.Value)
@@ -203,11 +210,10 @@ func run() error {
 	return nil
 }
 
-// node is one process: its connection, stores, coordinator and client.
+// node is one process: its connection and its client.
 type node struct {
 	name   string
 	nc     *nats.Conn
-	store  *jobs.NATSStore
 	keys   *jobkeys.JobType // the key layer's handle of the job type, for inspection
 	client *jobs.Client
 }
@@ -247,28 +253,10 @@ func (n *node) setup(aud *audit) error {
 	if err != nil {
 		return err
 	}
-	store, err := jobs.NewNATSStore(js, nil, jobs.WithCreateBucket(jetstream.MemoryStorage, 1))
-	if err != nil {
-		return err
-	}
-	n.store = store
-	keys, err := jobkeys.NewNATSStore(js, jobkeys.WithCreateBuckets(jetstream.MemoryStorage, 1))
-	if err != nil {
-		return err
-	}
-	coord, err := jobkeys.NewCoordinator(keys, &jobkeys.Config{InstanceID: n.name})
-	if err != nil {
-		return err
-	}
-	// The key layer's handle for the same service, job type and policy as
-	// the kind registered below: the client makes its own; this one is
-	// only for looking at the keys.
-	n.keys, err = coord.JobType("quickstart", "report", policy)
-	if err != nil {
-		return err
-	}
-	n.client, err = jobs.NewClient(store, coord, &jobs.ClientConfig{
-		KeyStore:   keys,
+	// The whole setup: the job bucket and the key bucket (created when
+	// missing; memory storage for the demonstration, file storage by
+	// default) and the key coordinator, over one JetStream context.
+	n.client, err = jobs.NewNATSClient(js, &jobs.ClientConfig{
 		Service:    "quickstart",
 		Owner:      n.name,
 		MaxWorkers: 2,
@@ -277,22 +265,32 @@ func (n *node) setup(aud *audit) error {
 		Backoff:      jobs.ExponentialBackoff(200*time.Millisecond, 5*time.Second),
 		PollInterval: 100 * time.Millisecond,
 		StopGrace:    2 * time.Second,
+		Buckets:      jobs.Buckets{Storage: jetstream.MemoryStorage},
+		// A periodic job (ClientConfig.Periodic) would be declared here.
 	})
 	if err != nil {
 		return err
+	}
+	if n.name == "producer" {
+		if err := n.inspector(js); err != nil {
+			return err
+		}
+		// The producer enqueues and runs nothing: its kind has no Work.
+		return jobs.Register(n.client, jobs.Kind[report, result]{Type: "report", Policy: policy})
 	}
 	return jobs.Register(n.client, jobs.Kind[report, result]{
 		Type: "report", Version: 1, Policy: policy, MaxFailures: 3, Timeout: 10 * time.Second,
 		Work: func(ctx context.Context, run *jobs.Run, in report) (result, error) {
 			job := run.Job()
+			label := aud.labelOf(job.ID)
 			end := aud.start(in.Tenant, job.ID)
 			defer end()
-			fmt.Printf("  %s runs %-12s (attempt %d)\n", n.name, job.ID, job.Attempts)
+			fmt.Printf("  %s runs %-12s (attempt %d)\n", n.name, label, job.Attempts)
 			if n.name == "w3" && job.Attempts == 1 && !aud.crashed() {
 				// The crash: the connection drops mid-job, nothing is
 				// written. Another worker claims the job once its claim
 				// runs out.
-				fmt.Printf("  %s crashes while running %s\n", n.name, job.ID)
+				fmt.Printf("  %s crashes while running %s\n", n.name, label)
 				n.nc.Close()
 				<-ctx.Done()
 				return result{}, context.Cause(ctx)
@@ -301,8 +299,8 @@ func (n *node) setup(aud *audit) error {
 				// An error is a failed attempt: the client requeues the
 				// job with backoff and counts a failure (it fails the job
 				// for good at MaxFailures).
-				fmt.Printf("  %s fails %-11s (simulated error): requeued with backoff\n", n.name, job.ID)
-				return result{}, fmt.Errorf("the report service timed out for %s", job.ID)
+				fmt.Printf("  %s fails %-11s (simulated error): requeued with backoff\n", n.name, label)
+				return result{}, fmt.Errorf("the report service timed out for %s", label)
 			}
 			if err := run.Progress("render", "rendering the report", jobs.ProgressStarted); err != nil {
 				return result{}, err
@@ -317,15 +315,29 @@ func (n *node) setup(aud *audit) error {
 	})
 }
 
-// close waits briefly for the job store's background purges, then closes
-// the connection.
+// inspector makes the key layer's handle of the job type, only to look
+// at the keys (an operator's view, as "jobkeys keys ls" has): the same
+// service, job type and policy as the kind.
+func (n *node) inspector(js jetstream.JetStream) error {
+	keys, err := jobkeys.NewNATSStore(js)
+	if err != nil {
+		return err
+	}
+	coord, err := jobkeys.NewCoordinator(keys, &jobkeys.Config{InstanceID: n.name + "-inspector"})
+	if err != nil {
+		return err
+	}
+	n.keys, err = coord.JobType("quickstart", "report", policy)
+	return err
+}
+
+// close stops the client (which closes the job store it made, after its
+// background purges) and closes the connection.
 func (n *node) close() {
-	if n.store != nil {
-		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
-		defer cancel()
-		if err := n.store.Close(ctx); err != nil {
-			fmt.Fprintf(os.Stderr, "%s: %v\n", n.name, err)
-		}
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	if err := n.client.Stop(ctx); err != nil {
+		fmt.Fprintf(os.Stderr, "%s: %v\n", n.name, err)
 	}
 	n.nc.Close()
 }
@@ -337,7 +349,28 @@ type audit struct {
 	running map[string]int
 	peak    map[string]int
 	runs    map[string]int
+	labels  map[string]string // job id → tenant-n, for the output
 	crash   bool
+}
+
+// label names job id for the output.
+func (a *audit) label(id, label string) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	if a.labels == nil {
+		a.labels = map[string]string{}
+	}
+	a.labels[id] = label
+}
+
+// labelOf is the name of job id in the output (its id if it has none).
+func (a *audit) labelOf(id string) string {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	if l, ok := a.labels[id]; ok {
+		return l
+	}
+	return id
 }
 
 func (a *audit) start(tenant, id string) (end func()) {

@@ -192,16 +192,22 @@ func testEnqueueSupersedes(t *testing.T, h *harness) {
 	noErr(t, err, "settle j1")
 	// Enqueuing j2 superseded nothing active; j3 supersedes j2, and so on:
 	// build the mix by pausing and claiming the newest each time.
-	j2 := h.add("j2", "doc")
+	out2, err := h.store.Enqueue(h.ctx, h.req("j2", "doc"))
+	noErr(t, err, "enqueue j2")
+	j2 := out2.Job
 	equal(t, j2.TargetGeneration, uint64(2), "j2 generation")
+	equal(t, len(out2.Superseded), 0, "len(Enqueued.Superseded) of j2: completed j1 is not active")
 	c2 := h.claimOne("w", "j2", time.Minute)
 	o1 := h.add("o1", "other")
 	h.clock.Advance(time.Second)
 	rev := h.rev()
-	j3 := h.add("j3", "doc")
+	out3, err := h.store.Enqueue(h.ctx, h.req("j3", "doc"))
+	noErr(t, err, "enqueue j3")
+	j3 := out3.Job
 	equal(t, j3.TargetGeneration, uint64(3), "j3 generation")
 
 	d2 := h.get("j2")
+	equal(t, out3.Superseded, []jobs.Job{d2.Job}, "Enqueued.Superseded of j3: running j2, as stored")
 	equal(t, d2.Job.State, jobs.StateSuperseded, "running j2 after j3")
 	equal(t, d2.Job.ClaimOwner, "", "superseded j2 ClaimOwner")
 	equal(t, d2.Job.ClaimExpiresAt.IsZero(), true, "superseded j2 ClaimExpiresAt zero")
@@ -223,8 +229,16 @@ func testEnqueueSupersedes(t *testing.T, h *harness) {
 	j3p, err := h.store.Pause(h.ctx, jobs.PauseRequest{ChannelID: h.ch, JobID: "j3", ExpectedRevision: j3.Revision, Reason: "hold"})
 	noErr(t, err, "pause j3")
 	equal(t, j3p.State, jobs.StatePaused, "j3 paused")
-	h.add("j4", "doc")
-	j5 := h.add("j5", "doc")
+	out4, err := h.store.Enqueue(h.ctx, h.req("j4", "doc"))
+	noErr(t, err, "enqueue j4")
+	equal(t, out4.Superseded, []jobs.Job{h.get("j3").Job}, "Enqueued.Superseded of j4: paused j3, as stored")
+	out5, err := h.store.Enqueue(h.ctx, h.req("j5", "doc"))
+	noErr(t, err, "enqueue j5")
+	j5 := out5.Job
+	equal(t, len(out5.Superseded), 1, "len(Enqueued.Superseded) of j5: pending j4")
+	out5r, err := h.store.Enqueue(h.ctx, h.req("j5", "doc"))
+	noErr(t, err, "replay j5")
+	equal(t, len(out5r.Superseded), 0, "len(Enqueued.Superseded) of a replay")
 	equal(t, j5.TargetGeneration, uint64(5), "j5 generation")
 	equal(t, h.get("j3").Job.State, jobs.StateSuperseded, "paused j3 after j4")
 	equal(t, h.get("j3").Job.Reason, "", "superseded j3 Reason cleared")
