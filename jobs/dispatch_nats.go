@@ -192,19 +192,53 @@ func (d *natsDispatcher) schedule(ctx context.Context, ln lane, typ string, ref 
 	}
 	msg := nats.NewMsg(d.prefix + due + escapeToken(ref.channel) + "." + escapeToken(ref.id))
 	msg.Data = encodeAnnouncement(ref)
-	_, err := d.js.PublishMsg(ctx, msg, jetstream.WithScheduleAt(at.UTC().Truncate(time.Second).Add(time.Second)), jetstream.WithScheduleTarget(d.subject(ln, typ)))
-	return dispatchRefusedOr(d.js.Conn(), err, d.prefix)
+	return d.publishMsg(ctx, msg, "", jetstream.WithScheduleAt(at.UTC().Truncate(time.Second).Add(time.Second)), jetstream.WithScheduleTarget(d.subject(ln, typ)))
 }
 
 func (d *natsDispatcher) publish(ctx context.Context, ln lane, typ string, ref jobRef, id string) error {
 	msg := nats.NewMsg(d.subject(ln, typ))
 	msg.Data = encodeAnnouncement(ref)
-	var opts []jetstream.PublishOpt
-	if id != "" {
-		opts = append(opts, jetstream.WithMsgID(id))
+	return d.publishMsg(ctx, msg, id)
+}
+
+// dispatchPublishAttempts is how many times an announcement is published
+// while the server does not answer.
+const dispatchPublishAttempts = 4
+
+// publishMsg publishes msg under message id id (a new one when empty),
+// again under the same id while the server does not answer — a stream
+// leader election, a reconnect — up to dispatchPublishAttempts times and
+// while ctx allows: the stream drops a duplicate within its window
+// (dispatchDuplicates), so an answer lost after the write adds nothing.
+// An announcement that is not published waits for reconciliation or for
+// a redelivery, so it is worth a few tries.
+func (d *natsDispatcher) publishMsg(ctx context.Context, msg *nats.Msg, id string, opts ...jetstream.PublishOpt) error {
+	if id == "" {
+		id = NewID()
 	}
-	_, err := d.js.PublishMsg(ctx, msg, opts...)
-	return dispatchRefusedOr(d.js.Conn(), err, d.prefix)
+	opts = append(opts, jetstream.WithMsgID(id))
+	pause := 50 * time.Millisecond
+	for attempt := 1; ; attempt++ {
+		_, err := d.js.PublishMsg(ctx, msg, opts...)
+		if err == nil {
+			return nil
+		}
+		err = dispatchRefusedOr(d.js.Conn(), err, d.prefix)
+		if attempt == dispatchPublishAttempts || ctx.Err() != nil || errors.Is(err, jobkeys.ErrPermission) || !dispatchNoAnswer(err) {
+			return err
+		}
+		if !sleepCtx(ctx, d.closed, pause) {
+			return err
+		}
+		pause *= 2
+	}
+}
+
+// dispatchNoAnswer reports a publish the server did not answer, which may
+// or may not have been written.
+func dispatchNoAnswer(err error) bool {
+	return errors.Is(err, context.DeadlineExceeded) || errors.Is(err, nats.ErrTimeout) ||
+		errors.Is(err, nats.ErrNoResponders) || errors.Is(err, jetstream.ErrNoStreamResponse)
 }
 
 func (d *natsDispatcher) next(ctx context.Context, ln lane) (delivery, error) {
