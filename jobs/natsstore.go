@@ -42,13 +42,20 @@ const natsCASAttempts = 16
 
 // NATSStore is a [Store] over one NATS JetStream KV bucket (see the layout
 // in natsstore_layout.go, and the package README): every record of a
-// deployment in that bucket, every change a compare-and-swap. An enqueue,
-// which changes several keys, is one atomic batch (the bucket's stream needs
-// AllowAtomicPublish, which [WithCreateBucket] sets); claim, renew,
-// progress, settle, requeue, fail and the control calls each write the
-// job's one key. Revisions are stream sequences: increasing per channel,
-// never reused, not contiguous; jobs claimed in one call carry different
-// revisions.
+// deployment in that bucket, every change a compare-and-swap. An enqueue
+// changes several keys; it is never half visible. Where an atomic batch
+// costs about one write (a stream that allows atomic publish, on memory
+// storage or replicated: [WithCreateBucket] allows it) it is one atomic
+// batch; on an R1 file-storage stream, where the server stages each batch
+// in a temporary file store (milliseconds of server CPU), and on a stream
+// that does not allow atomic publish, it writes its keys one by one, the
+// target's last: that write commits it, and whatever an enqueue cut short
+// left behind is invisible until a replay of the request, or the next
+// enqueue of its target, carries it on (see [NATSStore.Enqueue]). Claim,
+// renew, progress, settle, requeue, fail and the control calls each write
+// the job's one key. Revisions are stream sequences: increasing per
+// channel, never reused, not contiguous; jobs claimed in one call carry
+// different revisions.
 //
 // Claiming reads only the pending, paused and running jobs (through the
 // bucket's "active" index), never the completed ones. DeleteChannel is one
@@ -211,10 +218,11 @@ func WithBucket(name string) NATSStoreOption {
 
 // WithCreateBucket makes NewNATSStore create the bucket when it is missing:
 // history 1, the given storage and replicas (1 to 5), atomic batch publish
-// allowed. Without it a missing bucket is an error wrapping ErrNotFound.
-// An existing bucket is used as it is, except that atomic publish is allowed
-// on it when it is not yet: another process may have created the bucket and
-// not yet taken that second step.
+// allowed (enqueues are one batch where a batch costs about one write:
+// not on R1 file storage; see [NATSStore]). Without it a missing bucket is
+// an error wrapping ErrNotFound. An existing bucket is used as it is,
+// except that atomic publish is allowed on it when it is not yet: another
+// process may have created the bucket and not yet taken that second step.
 func WithCreateBucket(storage jetstream.StorageType, replicas int) NATSStoreOption {
 	return func(o *natsStoreOptions) error {
 		if storage != jetstream.FileStorage && storage != jetstream.MemoryStorage {
@@ -232,10 +240,12 @@ func WithCreateBucket(storage jetstream.StorageType, replicas int) NATSStoreOpti
 // [WithCreateBucket] is given) and returns the store; cfg is copied (nil:
 // defaults, see [Config]). It fails with ErrNotFound when the bucket is
 // missing, and with ErrConflict when the bucket's stream does not allow
-// atomic batch publish (enable it with
-// `nats stream edit KV_<bucket> --allow-batch`, or create the bucket
-// through WithCreateBucket). It waits at most the store's request timeout
-// (see [WithTimeout]).
+// direct gets or is a mirror. Atomic batch publish is not needed: the
+// store reads from the stream's configuration, once, whether enqueues are
+// batched (see [NATSStore]; on memory storage or replicated, enqueues are
+// faster with it: `nats stream edit KV_<bucket> --allow-batch`). Stores
+// that decided differently may share a bucket. It waits at most the
+// store's request timeout (see [WithTimeout]).
 func NewNATSStore(js jetstream.JetStream, cfg *Config, opts ...NATSStoreOption) (*NATSStore, error) {
 	if js == nil {
 		return nil, fmt.Errorf("%w: NewNATSStore: jetstream.JetStream is nil", ErrConflict)
@@ -260,7 +270,7 @@ func NewNATSStore(js jetstream.JetStream, cfg *Config, opts ...NATSStoreOption) 
 		kv, err = createNATSBucket(ctx, js, o)
 	}
 	if errors.Is(err, jetstream.ErrBucketNotFound) {
-		return nil, fmt.Errorf("%w: NewNATSStore: KV bucket %q does not exist; create it (with atomic publish allowed) or pass WithCreateBucket", ErrNotFound, o.bucket)
+		return nil, fmt.Errorf("%w: NewNATSStore: KV bucket %q does not exist; create it or pass WithCreateBucket", ErrNotFound, o.bucket)
 	}
 	streamName := "KV_" + o.bucket
 	// A refusal of one of these (or of the inbox) is named, not a bare
@@ -375,15 +385,30 @@ func (s *NATSStore) readJobMeta(ctx context.Context, op, channelID, jobID string
 	return rd.job, rd.raw.art, rd.raw.rev, rd.raw.activeSeq, true, nil
 }
 
-// Enqueue implements [Store.Enqueue]. The job, its idempotency record, its
-// target, its list and active entries and the job it supersedes are written
-// in one atomic batch, each key with the revision it was read at: a
+// Enqueue implements [Store.Enqueue]. Where the bucket's enqueues are
+// batched (see [NATSStore]) the job, its idempotency record, its target,
+// its list and active entries and the job it supersedes are written in
+// one atomic batch, each key with the revision it was read at: a
 // concurrent enqueue for the same key, id or target makes the batch fail
-// whole, and the enqueue reads again. A batch whose answer does not come
-// (a timeout, a lost connection, the caller's ctx ending after it was
-// sent) may have been written: the error wraps [ErrOutcomeUnknown] and
-// names the job and its idempotency key, and a replay of the request
-// returns the job if it was written (Repeated) or writes it.
+// whole, and the enqueue reads again. Elsewhere they are written one by
+// one, in this order: the idempotency record and the job's record (both
+// created, the job's marked staged), the superseded job's record (marked
+// superseded once the target moves past it), the job's list and active
+// entries, and the target (at the revision read), which commits the
+// enqueue; readers resolve the marks against the target, so the jobs and
+// the channel carry the commit's revision as with a batch, and a job whose
+// enqueue did not commit is found by no call. A concurrent enqueue for the
+// same key, id or target makes one of the conditional writes fail, and the
+// enqueue reads again and carries on from what is written.
+//
+// A write whose answer does not come (a timeout, a lost connection, the
+// caller's ctx ending after it was sent) may have been applied: the error
+// wraps [ErrOutcomeUnknown] and names the job and its idempotency key, and
+// a replay of the request returns the job if the enqueue was committed
+// (Repeated), and otherwise writes or finishes it. So does a replay after
+// the writer died part way; another enqueue of the same target in the
+// meantime commits over the unfinished one, which the replay then writes
+// as the target's newest job.
 func (s *NATSStore) Enqueue(ctx context.Context, req EnqueueRequest) (Enqueued, error) {
 	return observe(ctx, s.cfg.obs, trEnqueue, s.enqueue, req)
 }
@@ -437,12 +462,19 @@ func (s *NATSStore) enqueue(ctx context.Context, req EnqueueRequest) (Enqueued, 
 			}
 			generation, targetRev = t.Generation, m.rev
 			s.targets.add(targetKey)
-			p, _, rev, active, found, err := s.readJobMeta(ctx, op, req.ChannelID, t.JobID)
+			rd, err := s.readJobFull(ctx, op, req.ChannelID, t.JobID)
 			if err != nil {
 				return Enqueued{}, err
 			}
-			if found {
-				prev, prevRev, prevActive = &p, rev, active
+			if st := rd.raw.marks.staged; rd.found && st != nil && st.Prev != "" {
+				// Its unbatched enqueue unfinished: the job it superseded
+				// written for good first, as its first change would.
+				if err := s.finishPrev(ctx, op, &rd.job, st.Prev, rd.target.rev); err != nil {
+					return Enqueued{}, err
+				}
+			}
+			if rd.found {
+				prev, prevRev, prevActive = &rd.job, rd.raw.rev, rd.raw.activeSeq
 			}
 		}
 		var targetJobs []Job
@@ -699,8 +731,9 @@ func (s *NATSStore) claim(ctx context.Context, req ClaimRequest) ([]Job, error) 
 			continue
 		}
 		// Only the target's newest job can be active (an enqueue supersedes
-		// the previous one in its batch), so an active job's generation is
-		// its target's current one.
+		// the previous one in its batch, or marks it superseded before its
+		// commit, resolved above), so an active job's generation is its
+		// target's current one.
 		if claimable(&j, j.TargetGeneration, now) {
 			c.job = j
 			due = append(due, c)

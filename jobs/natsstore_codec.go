@@ -109,8 +109,10 @@ type natsIdemRecord struct {
 }
 
 // natsTargetRecord is the value under a "target" key: the target's current
-// generation and the job that holds it. Only that job can be active: an
-// enqueue supersedes the previous one in the same atomic batch.
+// generation and the job that holds it; an unbatched enqueue's last write,
+// its commit (natsstore_enqueue.go). Only that job can be active: an
+// enqueue supersedes the previous one in the same atomic batch, or marks
+// it superseded before its commit.
 type natsTargetRecord struct {
 	Generation uint64 `json:"generation"`
 	JobID      string `json:"jobId"`

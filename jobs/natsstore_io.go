@@ -17,7 +17,7 @@ import (
 
 // The reads and writes NATSStore makes, below the rules: single and batched
 // last-message reads, the channel revision, compare-and-swap writes, the
-// atomic enqueue batch and the purges.
+// atomic enqueue batch, writes sent together (writeAll) and the purges.
 
 // natsMsg is the last message of a key: its value and revision.
 type natsMsg struct {
