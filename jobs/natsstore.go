@@ -771,6 +771,18 @@ func (s *NATSStore) claim(ctx context.Context, req ClaimRequest) ([]Job, error) 
 		if conflict {
 			continue // claimed or changed by another process since the read
 		}
+		if meta.supersede != nil {
+			// Marked superseded-to-be by an unbatched enqueue: if that
+			// committed after the read, the job is superseded, not
+			// claimed (see apply).
+			t, err := s.readTarget(ctx, op, c.job.ChannelID, c.job.TargetKey)
+			if err != nil {
+				return claimedOr(out, err)
+			}
+			if t.rec.Generation > c.job.TargetGeneration {
+				continue
+			}
+		}
 		claimed.Revision = rev
 		if meta.supersede == nil {
 			s.cache.put(c.key, claimed, rev, c.activeSeq)
@@ -870,6 +882,7 @@ func (s *NATSStore) apply(ctx context.Context, op, channelID, jobID string,
 		useCache = false
 		if fromCache {
 			stored, entryRev, activeSeq, found = cached.job, cached.rev, cached.activeSeq, true
+			rd = natsJobRead{raw: natsRawJob{rev: cached.rev, activeSeq: cached.activeSeq, marks: cached.marks}, target: cached.target}
 		} else if channelID != "" && jobID != "" { // an empty id is no key; the rule reports it
 			var err error
 			if rd, err = s.readJobFull(ctx, op, channelID, jobID); err != nil {
@@ -910,6 +923,20 @@ func (s *NATSStore) apply(ctx context.Context, op, channelID, jobID string,
 		if conflict {
 			s.cache.drop(key)
 			continue
+		}
+		if meta.supersede != nil {
+			// An unbatched enqueue marked the job superseded-to-be: if it
+			// committed after the read, the job is superseded and this
+			// write, which kept the mark, changed nothing a reader sees.
+			// Read again: the rule then meets the superseded job.
+			t, err := s.readTarget(ctx, op, channelID, next.TargetKey)
+			if err != nil {
+				return Job{}, nil, err
+			}
+			if t.rec.Generation > next.TargetGeneration {
+				s.cache.drop(key)
+				continue
+			}
 		}
 		next.Revision = rev
 		for i := range next.Progress {
@@ -1303,9 +1330,8 @@ func (s *NATSStore) peekJob(ctx context.Context, channelID, jobID string, forCla
 		return Job{}, notFoundf("%s: job %q does not exist in channel %q", op, jobID, channelID)
 	}
 	j := rd.job
-	if forClaim && j.State == StatePending && !rd.raw.marks.any() {
-		// A marked record is not remembered: its write needs its marks.
-		s.cache.put(s.keys.job(channelID, jobID), j, rd.raw.rev, rd.raw.activeSeq)
+	if forClaim && j.State == StatePending {
+		s.cache.putEntry(s.keys.job(channelID, jobID), natsCached{job: j, rev: rd.raw.rev, activeSeq: rd.raw.activeSeq, marks: rd.raw.marks, target: rd.target})
 	}
 	return j, nil
 }
