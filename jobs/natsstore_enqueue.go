@@ -286,17 +286,16 @@ func (s *NATSStore) enqueueStaged(ctx context.Context, req EnqueueRequest, read 
 	for conflicts < natsCASAttempts {
 		if read {
 			if err := e.read(ctx, op); err != nil {
-				return Enqueued{}, err
+				return Enqueued{}, e.failed(op, err)
 			}
 			read = false
 		}
 		out, done, conflict, err := e.step(ctx, op)
-		if errors.Is(err, ErrOutcomeUnknown) {
-			return Enqueued{}, fmt.Errorf("%s: job %q in channel %q (idempotency key %q) may have been written, in part or whole; replay the request (the same idempotency key and fingerprint): it finishes the enqueue, or returns the job if it was: %w",
-				op, e.jobID, req.ChannelID, req.IdempotencyKey, err)
+		if err != nil {
+			return Enqueued{}, e.failed(op, err)
 		}
-		if err != nil || done {
-			return out, err
+		if done {
+			return out, nil
 		}
 		if conflict {
 			conflicts++
@@ -304,6 +303,22 @@ func (s *NATSStore) enqueueStaged(ctx context.Context, req EnqueueRequest, read 
 		}
 	}
 	return Enqueued{}, conflictf("%s: job %q in channel %q: its keys changed concurrently %d times in a row", op, req.ID, req.ChannelID, natsCASAttempts)
+}
+
+// failed is the error of an enqueue that failed with err: ErrOutcomeUnknown
+// naming the job, its idempotency key and the replay when a write's
+// answer was lost or the call ended (its ctx, the server) after some of
+// its writes, since what stands is then a prefix of them, which a replay
+// carries on; err as it is otherwise.
+func (e *natsEnqueue) failed(op string, err error) error {
+	if errors.Is(err, ErrConflict) || errors.Is(err, ErrCorrupt) || !(e.sent || errors.Is(err, ErrOutcomeUnknown)) {
+		return err
+	}
+	if !errors.Is(err, ErrOutcomeUnknown) {
+		err = fmt.Errorf("%w (after some of its writes): %w", ErrOutcomeUnknown, err)
+	}
+	return fmt.Errorf("%s: job %q in channel %q (idempotency key %q) may have been written, in part or whole; replay the request (the same idempotency key and fingerprint): it finishes the enqueue, or returns the job if it was: %w",
+		op, e.jobID, e.req.ChannelID, e.req.IdempotencyKey, err)
 }
 
 // natsEnqueue is the state of one unbatched enqueue: what it last read or
@@ -327,6 +342,8 @@ type natsEnqueue struct {
 	// listed is set once this call wrote the job's list and active
 	// entries.
 	listed bool
+	// sent is set once this call sent a write.
+	sent bool
 	// committed is set when this call wrote the commit.
 	committed bool
 }
@@ -400,6 +417,7 @@ func (e *natsEnqueue) step(ctx context.Context, op string) (out Enqueued, done, 
 		if err != nil {
 			return Enqueued{}, false, false, err
 		}
+		e.sent = true
 		rev, conflict, err := s.stagedWrite(ctx, op, e.idemKey, v, 0)
 		if err != nil || conflict {
 			return Enqueued{}, false, conflict, err
@@ -429,6 +447,7 @@ func (e *natsEnqueue) step(ctx context.Context, op string) (out Enqueued, done, 
 		if err != nil {
 			return Enqueued{}, false, false, err
 		}
+		e.sent = true
 		if _, _, err := s.stagedWrite(ctx, op, e.idemKey, v, e.idemRev); err != nil {
 			return Enqueued{}, false, false, err
 		}
@@ -476,6 +495,7 @@ func (e *natsEnqueue) stage(ctx context.Context, op string) (Enqueued, bool, boo
 	if err != nil {
 		return Enqueued{}, false, false, err
 	}
+	e.sent = true
 	rev, conflict, err := s.stagedWrite(ctx, op, s.keys.job(j.ChannelID, j.ID), v, expect)
 	if err != nil || conflict {
 		return Enqueued{}, false, conflict, err
@@ -503,6 +523,7 @@ func (e *natsEnqueue) prepare(ctx context.Context, op string) (Enqueued, bool, b
 		return Enqueued{}, false, false, err
 	}
 	k, committed := cur.resolve(t)
+	e.sent = true // from here on, writes (finishPrev's too)
 	meta := natsMeta{activeSeq: cur.activeSeq, revision: k.Revision}
 	switch {
 	case !committed || !k.State.Active() || k.TargetGeneration != t.rec.Generation:
@@ -545,6 +566,7 @@ func (e *natsEnqueue) commit(ctx context.Context, op string) (Enqueued, bool, bo
 		msgs = append(msgs, natsBatchMsg{key: s.keys.list(j.ChannelID, j.CreatedAt, j.ID)}, natsBatchMsg{key: s.keys.active(j.ChannelID, j.ID)})
 	}
 	msgs = append(msgs, natsBatchMsg{key: e.targetKey, value: target, expect: e.target.rev, check: true})
+	e.sent = true
 	res, err := s.stagedWrites(ctx, op, msgs)
 	if err != nil {
 		return Enqueued{}, false, false, err
