@@ -876,7 +876,7 @@ func (s *NATSStore) apply(ctx context.Context, op, channelID, jobID string,
 		var stored Job
 		var storedArt *Artifact
 		var entryRev, activeSeq uint64
-		var rd natsJobRead // when read, not remembered
+		var rd natsJobRead // its marks and target (natsstore_enqueue.go)
 		found := false
 		fromCache := useCache
 		useCache = false
