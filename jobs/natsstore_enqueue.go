@@ -465,6 +465,11 @@ func (e *natsEnqueue) step(ctx context.Context, op string) (out Enqueued, done, 
 		}
 		out.Job = cloneJob(out.Job)
 		return out, true, false, nil
+	case e.job.job.Fingerprint != req.Fingerprint:
+		// Staged, not committed, by a request of the same key with
+		// another fingerprint: the key is that one's.
+		return Enqueued{}, false, false, conflictf("enqueue: IdempotencyKey %q was used by job %q with another Fingerprint (stored %q, given %q)",
+			req.IdempotencyKey, e.jobID, e.job.job.Fingerprint, req.Fingerprint)
 	case e.job.job.TargetGeneration != e.target.rec.Generation+1 || e.job.marks.staged.Prev != e.target.rec.JobID:
 		// Staged at an older generation: the target moved on since.
 		return e.stage(ctx, op)

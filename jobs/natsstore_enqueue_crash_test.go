@@ -264,3 +264,35 @@ func TestNATSStoreUnbatchedEnqueueCrashAtEveryWrite(t *testing.T) {
 		}
 	}
 }
+
+// TestNATSStoreUnbatchedEnqueueKeyKeepsItsFingerprint: an enqueue killed
+// after its idempotency record (and after its staged job record) holds
+// its key: a request of the same key with another fingerprint is a
+// conflict, as after a clean enqueue, and commits nothing; the request
+// replayed then makes its job.
+func TestNATSStoreUnbatchedEnqueueKeyKeepsItsFingerprint(t *testing.T) {
+	t.Parallel()
+	s := natstest.Run(t)
+	ctx := context.Background()
+	for _, after := range []int{1, 2} {
+		st := newUnbatchedStore(t, s)
+		writer := openTestNATSStore(t, s, st, nil)
+		writer.writeCut = &natsWriteCut{left: after}
+		req := testEnqueueRequest(crashChannel, "new", "doc")
+		_, err := writer.Enqueue(ctx, req)
+		require.ErrorIs(t, err, errWritesCut)
+		require.ErrorIs(t, err, ErrOutcomeUnknown, "after=%d", after)
+
+		other := testEnqueueRequest(crashChannel, "other", "doc")
+		other.IdempotencyKey, other.Fingerprint = req.IdempotencyKey, "another"
+		_, err = st.Enqueue(ctx, other)
+		require.ErrorIs(t, err, ErrConflict, "after=%d", after)
+		assert.Contains(t, err.Error(), "another Fingerprint", "after=%d", after)
+		assert.Empty(t, jobStates(t, st), "after=%d: a job was committed", after)
+
+		out, err := st.Enqueue(ctx, req)
+		require.NoError(t, err, "after=%d", after)
+		assert.False(t, out.Repeated, "after=%d", after)
+		assert.Equal(t, map[string]State{"new": StatePending}, jobStates(t, st), "after=%d", after)
+	}
+}
