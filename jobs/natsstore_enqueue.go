@@ -223,8 +223,8 @@ func (s *NATSStore) beforeWrite(ctx context.Context, op string, raw *natsRawJob,
 
 // finishPrev writes job prevID superseded for good by j, whose enqueue
 // committed at revision commit, if it is still active and of an older
-// generation; the superseded job's revision is commit, unless it changed
-// after the commit (then its own write's).
+// generation; the superseded job's revision is commit (as it read while
+// marked), unless it was not marked and changed after the commit.
 func (s *NATSStore) finishPrev(ctx context.Context, op string, j *Job, prevID string, commit uint64) error {
 	key := s.keys.job(j.ChannelID, prevID)
 	for range natsCASAttempts {
@@ -248,7 +248,9 @@ func (s *NATSStore) finishPrev(ctx context.Context, op string, j *Job, prevID st
 			return nil // finished, or superseded for good already
 		}
 		meta := natsMeta{activeSeq: p.activeSeq}
-		if commit > p.job.Revision {
+		if commit > p.job.Revision || p.marks.supersede != nil && progressBefore(&p.job, commit) {
+			// A marked job read as superseded at the commit's revision
+			// (resolve), whatever it was written at since.
 			meta.revision = commit
 		}
 		v, err := encodeNATSJobMeta(&superseded[0], p.art, meta)
@@ -268,6 +270,17 @@ func (s *NATSStore) finishPrev(ctx context.Context, op string, j *Job, prevID st
 		return nil
 	}
 	return conflictf("%s: job %q in channel %q, superseded by job %q: changed concurrently %d times in a row", op, prevID, j.ChannelID, j.ID, natsCASAttempts)
+}
+
+// progressBefore reports whether every progress entry of j is of revision
+// rev or earlier (a record may not carry a later one than its own).
+func progressBefore(j *Job, rev uint64) bool {
+	for _, p := range j.Progress {
+		if p.Revision > rev {
+			return false
+		}
+	}
+	return true
 }
 
 // enqueueStaged is enqueue on a bucket whose enqueues are not batched (see
