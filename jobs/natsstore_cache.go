@@ -25,9 +25,19 @@ type natsCached struct {
 	job       Job // a private copy
 	rev       uint64
 	activeSeq uint64
+	// marks and target: the marks of a record an unbatched enqueue
+	// marked, and the target they were resolved against (see
+	// natsstore_enqueue.go).
+	marks  natsMarks
+	target natsTargetRead
 }
 
 func (c *natsJobCache) put(key string, j Job, rev, activeSeq uint64) {
+	c.putEntry(key, natsCached{job: j, rev: rev, activeSeq: activeSeq})
+}
+
+// putEntry remembers e (its job copied) under key.
+func (c *natsJobCache) putEntry(key string, e natsCached) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if c.entries == nil {
@@ -39,7 +49,8 @@ func (c *natsJobCache) put(key string, j Job, rev, activeSeq uint64) {
 			break
 		}
 	}
-	c.entries[key] = natsCached{job: cloneJob(j), rev: rev, activeSeq: activeSeq}
+	e.job = cloneJob(e.job)
+	c.entries[key] = e
 }
 
 // get returns a copy of key's entry.

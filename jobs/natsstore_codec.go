@@ -28,6 +28,11 @@ type natsJobRecord struct {
 	// just before the new job, whose revision (the batch's last sequence;
 	// a batch's sequences are contiguous) is the change's.
 	RevisionOffset uint64 `json:"revisionOffset,omitempty"`
+	// Revision, when set, is the job's revision, earlier than the entry's:
+	// an enqueue written key by key (natsstore_enqueue.go) stamps the job
+	// it makes and the job it supersedes with the revision of its commit,
+	// written before either record.
+	Revision uint64 `json:"revision,omitempty"`
 	// ActiveSeq is the sequence of the job's active entry, so that the
 	// terminal write's purge of it touches that one message; 0 when
 	// unknown. ActiveOffset gives it in a record an enqueue wrote, before
@@ -57,6 +62,28 @@ type natsJobRecord struct {
 	CreatedAt        time.Time          `json:"createdAt"`
 	UpdatedAt        time.Time          `json:"updatedAt"`
 	Artifact         *natsArtifactValue `json:"artifact,omitempty"`
+	// Staged marks a record an unbatched enqueue wrote before its commit,
+	// the write of the job's target (see natsstore_enqueue.go): the job
+	// exists once its target names it at its generation, and not before.
+	Staged *natsStaged `json:"staged,omitempty"`
+	// Supersede marks an active job's record as superseded once its
+	// target reaches a later generation: an unbatched enqueue of the next
+	// generation writes it before its commit (see natsstore_enqueue.go).
+	Supersede *natsSupersede `json:"supersede,omitempty"`
+}
+
+// natsSupersede is what a Supersede mark holds.
+type natsSupersede struct {
+	// At is the superseded job's UpdatedAt once superseded.
+	At time.Time `json:"at"`
+}
+
+// natsStaged is what a staged job record holds beyond the job.
+type natsStaged struct {
+	// Prev is the job the target named when the record was staged (""
+	// when the target had none): the job the enqueue supersedes once it
+	// is committed.
+	Prev string `json:"prev,omitempty"`
 }
 
 type natsProgress struct {
@@ -82,8 +109,10 @@ type natsIdemRecord struct {
 }
 
 // natsTargetRecord is the value under a "target" key: the target's current
-// generation and the job that holds it. Only that job can be active: an
-// enqueue supersedes the previous one in the same atomic batch.
+// generation and the job that holds it; an unbatched enqueue's last write,
+// its commit (natsstore_enqueue.go). Only that job can be active: an
+// enqueue supersedes the previous one in the same atomic batch, or marks
+// it superseded before its commit.
 type natsTargetRecord struct {
 	Generation uint64 `json:"generation"`
 	JobID      string `json:"jobId"`
@@ -100,18 +129,22 @@ func encodeNATSJob(j *Job, art *Artifact, offset uint64) ([]byte, error) {
 // natsMeta is what a record holds beyond the job: see natsJobRecord.
 type natsMeta struct {
 	revOffset    uint64
+	revision     uint64
 	activeSeq    uint64
 	activeOffset uint64
+	staged       *natsStaged
+	supersede    *natsSupersede
 }
 
 func encodeNATSJobMeta(j *Job, art *Artifact, meta natsMeta) ([]byte, error) {
 	r := natsJobRecord{
-		V: natsRecordVersion, RevisionOffset: meta.revOffset, ActiveSeq: meta.activeSeq, ActiveOffset: meta.activeOffset, ID: j.ID, ChannelID: j.ChannelID, Type: j.Type, Version: j.Version,
+		V: natsRecordVersion, RevisionOffset: meta.revOffset, Revision: meta.revision, ActiveSeq: meta.activeSeq, ActiveOffset: meta.activeOffset, ID: j.ID, ChannelID: j.ChannelID, Type: j.Type, Version: j.Version,
 		Origin: j.Origin, TargetKey: j.TargetKey, TargetGeneration: j.TargetGeneration,
 		IdempotencyKey: j.IdempotencyKey, Fingerprint: j.Fingerprint, Input: j.Input,
 		State: j.State, Attempts: j.Attempts, Failures: j.Failures, ClaimGeneration: j.ClaimGeneration,
 		ClaimOwner: j.ClaimOwner, ClaimBinding: j.ClaimBinding, ClaimExpiresAt: j.ClaimExpiresAt,
 		AvailableAt: j.AvailableAt, Reason: j.Reason, CreatedAt: j.CreatedAt, UpdatedAt: j.UpdatedAt,
+		Staged: meta.staged, Supersede: meta.supersede,
 	}
 	for _, p := range j.Progress {
 		//lint:ignore S1016 the stored record is spelled out field by field so that a change to Progress cannot change the wire format unnoticed
@@ -146,27 +179,54 @@ func decodeNATSJob(key string, rev uint64, data []byte, wantChannel, wantJob str
 
 // decodeNATSJobMeta is decodeNATSJob that also returns the sequence of the
 // job's active entry (0: unknown).
+//
+// Neither tells a staged record (see natsJobRecord.Staged) from another:
+// a reader that may meet one reads with decodeNATSJobStaged.
 func decodeNATSJobMeta(key string, rev uint64, data []byte, wantChannel, wantJob string) (Job, *Artifact, uint64, error) {
+	j, art, activeSeq, _, err := decodeNATSJobStaged(key, rev, data, wantChannel, wantJob)
+	return j, art, activeSeq, err
+}
+
+// natsMarks are the marks of a job record an unbatched enqueue writes
+// (natsJobRecord.Staged and Supersede); nil: none.
+type natsMarks struct {
+	staged    *natsStaged
+	supersede *natsSupersede
+}
+
+// any reports whether the record holds a mark.
+func (m natsMarks) any() bool { return m.staged != nil || m.supersede != nil }
+
+// decodeNATSJobStaged is decodeNATSJobMeta that also returns the record's
+// marks: the job is as stored, before they are resolved (see
+// natsstore_enqueue.go).
+func decodeNATSJobStaged(key string, rev uint64, data []byte, wantChannel, wantJob string) (Job, *Artifact, uint64, natsMarks, error) {
 	r, ok := parseNATSRecord(data, wantChannel, wantJob)
 	if !ok {
 		var err error
 		if r, err = unmarshalNATSRecord(data); err != nil {
-			return Job{}, nil, 0, natsCorrupt(wantJob, key, rev, err)
+			return Job{}, nil, 0, natsMarks{}, natsCorrupt(wantJob, key, rev, err)
 		}
 	}
 	if r.ActiveOffset > natsMaxBatch || r.ActiveSeq >= rev || r.ActiveOffset >= rev {
-		return Job{}, nil, 0, natsCorrupt(wantJob, key, rev, fmt.Errorf("active entry sequence %d or offset %d", r.ActiveSeq, r.ActiveOffset))
+		return Job{}, nil, 0, natsMarks{}, natsCorrupt(wantJob, key, rev, fmt.Errorf("active entry sequence %d or offset %d", r.ActiveSeq, r.ActiveOffset))
 	}
 	activeSeq := r.ActiveSeq
 	if activeSeq == 0 && r.ActiveOffset > 0 {
 		activeSeq = rev - r.ActiveOffset
 	}
 	if r.RevisionOffset > natsMaxBatch || rev > math.MaxUint64-r.RevisionOffset {
-		return Job{}, nil, 0, natsCorrupt(wantJob, key, rev, fmt.Errorf("revision offset %d exceeds a batch", r.RevisionOffset))
+		return Job{}, nil, 0, natsMarks{}, natsCorrupt(wantJob, key, rev, fmt.Errorf("revision offset %d exceeds a batch", r.RevisionOffset))
 	}
 	rev += r.RevisionOffset
+	if r.Revision != 0 {
+		if r.RevisionOffset != 0 || r.Revision > rev {
+			return Job{}, nil, 0, natsMarks{}, natsCorrupt(wantJob, key, rev, fmt.Errorf("revision %d with offset %d, past the entry's", r.Revision, r.RevisionOffset))
+		}
+		rev = r.Revision
+	}
 	if err := validateNATSRecord(&r, rev, wantChannel, wantJob); err != nil {
-		return Job{}, nil, 0, natsCorrupt(wantJob, key, rev, err)
+		return Job{}, nil, 0, natsMarks{}, natsCorrupt(wantJob, key, rev, err)
 	}
 	j := Job{
 		ID: r.ID, ChannelID: r.ChannelID, Type: r.Type, Version: r.Version, Origin: r.Origin,
@@ -200,14 +260,14 @@ func decodeNATSJobMeta(key string, rev uint64, data []byte, wantChannel, wantJob
 		art = &Artifact{JobID: r.ID, Revision: ar, Value: natsNull(r.Artifact.Value), CreatedAt: r.Artifact.CreatedAt.UTC()}
 	}
 	if msg := checkJob(&j); msg != "" { // natsCorrupt names the job: not validateJob's message
-		return Job{}, nil, 0, natsCorrupt(wantJob, key, rev, errors.New(msg))
+		return Job{}, nil, 0, natsMarks{}, natsCorrupt(wantJob, key, rev, errors.New(msg))
 	}
 	if art != nil {
 		if err := validateArtifact(art, &j); err != nil {
-			return Job{}, nil, 0, natsCorrupt(wantJob, key, rev, err)
+			return Job{}, nil, 0, natsMarks{}, natsCorrupt(wantJob, key, rev, err)
 		}
 	}
-	return j, art, activeSeq, nil
+	return j, art, activeSeq, natsMarks{staged: r.Staged, supersede: r.Supersede}, nil
 }
 
 // unmarshalNATSRecord decodes a stored job record with encoding/json, which
@@ -240,6 +300,10 @@ func validateNATSRecord(r *natsJobRecord, rev uint64, wantChannel, wantJob strin
 		return fmt.Errorf("record of job %q in channel %q stored under job %q in channel %q", r.ID, r.ChannelID, wantJob, wantChannel)
 	case (r.State == StateCompleted) != (r.Artifact != nil):
 		return fmt.Errorf("%s with artifact %t", r.State, r.Artifact != nil)
+	case r.Staged != nil && (r.State != StatePending || r.Supersede != nil):
+		return fmt.Errorf("staged record in state %s, supersede mark %t (only a pending job is staged)", r.State, r.Supersede != nil)
+	case r.Supersede != nil && !r.State.Active():
+		return fmt.Errorf("supersede mark on a %s job", r.State)
 	case r.Artifact != nil && r.Artifact.Revision > rev:
 		return fmt.Errorf("artifact revision %d is later than the record's %d", r.Artifact.Revision, rev)
 	}

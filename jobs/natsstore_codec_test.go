@@ -96,6 +96,53 @@ func TestNATSJobRecordPlaceholders(t *testing.T) {
 	assert.ErrorIs(t, err, ErrCorrupt, "a progress entry from a later revision than the record's")
 }
 
+// TestNATSJobRecordMarks decodes the marks and the revision an unbatched
+// enqueue writes (natsstore_enqueue.go), and refuses the records no
+// enqueue writes: a staged job that is not pending or is marked too, a
+// supersede mark on a finished job, a revision past the entry's.
+func TestNATSJobRecordMarks(t *testing.T) {
+	at := time.Date(2026, 3, 4, 5, 6, 7, 0, time.UTC)
+	j := Job{ID: "job-1", ChannelID: "ch", Type: "render", Version: 1, TargetKey: "doc", TargetGeneration: 2,
+		IdempotencyKey: "i", Fingerprint: "f", State: StatePending, AvailableAt: at, CreatedAt: at, UpdatedAt: at}
+	decode := func(j Job, meta natsMeta, rev uint64) (Job, natsMarks, error) {
+		t.Helper()
+		b, err := encodeNATSJobMeta(&j, nil, meta)
+		require.NoError(t, err)
+		got, _, _, marks, err := decodeNATSJobStaged("k", rev, b, "ch", "job-1")
+		return got, marks, err
+	}
+	got, marks, err := decode(j, natsMeta{staged: &natsStaged{Prev: "job-0"}}, 9)
+	require.NoError(t, err)
+	require.NotNil(t, marks.staged)
+	assert.Equal(t, "job-0", marks.staged.Prev)
+	assert.Nil(t, marks.supersede)
+	assert.Equal(t, uint64(9), got.Revision)
+
+	got, marks, err = decode(j, natsMeta{supersede: &natsSupersede{At: at}, revision: 7}, 9)
+	require.NoError(t, err)
+	require.NotNil(t, marks.supersede)
+	assert.True(t, marks.supersede.At.Equal(at))
+	assert.Equal(t, uint64(7), got.Revision, "the revision written beats the entry's")
+	assert.False(t, (natsMarks{}).any())
+
+	running := j
+	running.State, running.ClaimOwner, running.ClaimGeneration, running.ClaimExpiresAt, running.Attempts = StateRunning, "w", 1, at, 1
+	_, _, err = decode(running, natsMeta{staged: &natsStaged{}}, 9)
+	assert.ErrorIs(t, err, ErrCorrupt, "a staged running job")
+	assert.ErrorContains(t, err, "staged record in state running")
+	_, _, err = decode(j, natsMeta{staged: &natsStaged{}, supersede: &natsSupersede{At: at}}, 9)
+	assert.ErrorIs(t, err, ErrCorrupt, "a staged job marked superseded too")
+	done := j
+	done.State = StateCancelled
+	_, _, err = decode(done, natsMeta{supersede: &natsSupersede{At: at}}, 9)
+	assert.ErrorIs(t, err, ErrCorrupt, "a supersede mark on a finished job")
+	assert.ErrorContains(t, err, "supersede mark on a cancelled job")
+	_, _, err = decode(j, natsMeta{revision: 10}, 9)
+	assert.ErrorIs(t, err, ErrCorrupt, "a revision past the entry's")
+	_, _, err = decode(j, natsMeta{revision: 5, revOffset: 1}, 9)
+	assert.ErrorIs(t, err, ErrCorrupt, "a revision with an offset")
+}
+
 // FuzzNATSToken checks the id escape: it round-trips, never yields a
 // separator or wildcard, and two ids never share a token.
 func FuzzNATSToken(f *testing.F) {
@@ -167,7 +214,13 @@ func FuzzNATSRecordEncode(f *testing.F) {
 	f.Add("ok", "ok", []byte(``), int64(1), int64(1), 0, uint64(2))
 	f.Fuzz(func(t *testing.T, s, u string, raw []byte, sec, nsec int64, off int, n uint64) {
 		at := time.Unix(sec, nsec).In(time.FixedZone("z", off))
-		for _, r := range []natsJobRecord{natsRecordOf(s, u, raw, at, n), natsRecordOf(u, s, nil, time.Unix(sec, 0).UTC(), n+1)} {
+		// The marks and revision of an unbatched enqueue's records
+		// (natsstore_enqueue.go).
+		marked := natsRecordOf(s, u, raw, at, n)
+		marked.Revision, marked.Staged = n/2, &natsStaged{Prev: u}
+		superseding := natsRecordOf(u, s, raw, at, n)
+		superseding.Revision, superseding.Supersede = n, &natsSupersede{At: at}
+		for _, r := range []natsJobRecord{natsRecordOf(s, u, raw, at, n), natsRecordOf(u, s, nil, time.Unix(sec, 0).UTC(), n+1), marked, superseding} {
 			want, err := json.Marshal(&r)
 			got, ok := appendNATSRecord(nil, &r)
 			if ok {

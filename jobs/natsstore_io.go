@@ -17,7 +17,7 @@ import (
 
 // The reads and writes NATSStore makes, below the rules: single and batched
 // last-message reads, the channel revision, compare-and-swap writes, the
-// atomic enqueue batch and the purges.
+// atomic enqueue batch, writes sent together (writeAll) and the purges.
 
 // natsMsg is the last message of a key: its value and revision.
 type natsMsg struct {
@@ -536,6 +536,73 @@ func (s *NATSStore) publishBatch(ctx context.Context, op string, msgs []natsBatc
 		return 0, true, nil
 	}
 	return 0, false, s.writeFailed(ctx, op, fmt.Sprintf("atomic batch of %d writes", len(msgs)), err, s.keys.prefix)
+}
+
+// natsWriteResult is the answer to one write of writeAll: the revision
+// written, or a conflict (the write's condition was refused; it wrote
+// nothing).
+type natsWriteResult struct {
+	rev      uint64
+	conflict bool
+}
+
+// writeAll sends msgs one after another without waiting in between, each
+// a request of its own carrying its condition (when check is set), and
+// then waits for every answer: one round trip for all of them. The
+// stream applies them in the order sent, so a writer that dies part way
+// leaves a prefix of them written. results[i] answers msgs[i]. Any
+// failure other than a conflict ends the call with the error of the first
+// failed write, which wraps ErrOutcomeUnknown when its answer did not
+// come (see writeFailed).
+func (s *NATSStore) writeAll(ctx context.Context, op string, msgs []natsBatchMsg) ([]natsWriteResult, error) {
+	for _, m := range msgs {
+		if err := s.checkSize(op, m.key, len(m.value)); err != nil {
+			return nil, err
+		}
+	}
+	rctx, cancel := s.natsDeadline(ctx)
+	defer cancel()
+	replies, err := s.replies.open(s.js.Conn())
+	if err != nil {
+		return nil, s.unavailable(ctx, op, "subscribe to write replies", err)
+	}
+	queues := make([]*natsReplyQueue, 0, len(msgs))
+	defer func() {
+		for _, q := range queues {
+			replies.release(q)
+		}
+	}()
+	nc := s.js.Conn()
+	for _, m := range msgs {
+		inbox, q := replies.await(1)
+		queues = append(queues, q)
+		nm := &nats.Msg{Subject: s.writePrefix + m.key, Reply: inbox, Data: m.value}
+		if m.check {
+			nm.Header = nats.Header{jetstream.ExpectedLastSubjSeqHeader: []string{strconv.FormatUint(m.expect, 10)}}
+		}
+		if err := nc.PublishMsg(nm); err != nil {
+			return nil, s.writeFailed(ctx, op, "write KV key "+strconv.Quote(m.key), err, s.keys.subject(m.key))
+		}
+	}
+	out := make([]natsWriteResult, len(msgs))
+	for i, q := range queues {
+		key := msgs[i].key
+		reply, err := q.take(rctx)
+		if err == nil && len(reply.Data) == 0 && reply.Header.Get("Status") == "503" {
+			err = jetstream.ErrNoStreamResponse // no stream leader for a moment: nothing written
+		}
+		if err == nil {
+			out[i].rev, err = jscas.ParsePubAck(reply.Data, s.streamName)
+		}
+		switch {
+		case err == nil:
+		case jscas.IsConflict(err):
+			out[i].conflict = true
+		default:
+			return nil, s.writeFailed(ctx, op, "write KV key "+strconv.Quote(key), err, s.keys.subject(key))
+		}
+	}
+	return out, nil
 }
 
 // writeFailed is unavailable for a write that failed without the server's

@@ -23,7 +23,9 @@ import (
 // never a completed one. An entry whose job has become terminal is stale; it
 // is removed after the terminal write and, failing that, by the next Claim
 // that meets it (self-healing), by a purge that cannot touch an entry
-// written later.
+// written later. The list and active entries of an enqueue written key by
+// key (natsstore_enqueue.go) precede its commit: an entry whose job record
+// is staged and not committed is skipped, and kept.
 //
 // Channel ids, job ids, target keys and idempotency keys become tokens by
 // escapeToken: letters, digits, '-' and '_' stay; every other byte becomes

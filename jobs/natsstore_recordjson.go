@@ -20,8 +20,9 @@ import (
 //     so, and the caller uses json.Marshal.
 //   - parseNATSRecord reads the form json.Marshal writes: the fields in
 //     the struct's order, no whitespace, strings without escapes, numbers
-//     as plain digits. For anything else it says so, and the caller uses
-//     encoding/json, whose result (and error) is then the answer. What it
+//     as plain digits, and no staged or supersede mark (read only while an
+//     unbatched enqueue is unfinished). For anything else it says so, and
+//     the caller uses encoding/json, whose result (and error) is then the answer. What it
 //     accepts it decodes as encoding/json does (the fuzz target
 //     FuzzNATSRecordFastPath compares the two on every input).
 
@@ -50,6 +51,10 @@ func appendNATSRecord(b []byte, r *natsJobRecord) (_ []byte, ok bool) {
 	if r.RevisionOffset != 0 {
 		e.lit(`,"revisionOffset":`)
 		e.uint(r.RevisionOffset)
+	}
+	if r.Revision != 0 {
+		e.lit(`,"revision":`)
+		e.uint(r.Revision)
 	}
 	if r.ActiveSeq != 0 {
 		e.lit(`,"activeSeq":`)
@@ -159,6 +164,19 @@ func appendNATSRecord(b []byte, r *natsJobRecord) (_ []byte, ok bool) {
 		}
 		e.lit(`,"createdAt":`)
 		e.time(a.CreatedAt)
+		e.lit("}")
+	}
+	if st := r.Staged; st != nil {
+		e.lit(`,"staged":{`)
+		if st.Prev != "" {
+			e.lit(`"prev":`)
+			e.str(st.Prev)
+		}
+		e.lit("}")
+	}
+	if m := r.Supersede; m != nil {
+		e.lit(`,"supersede":{"at":`)
+		e.time(m.At)
 		e.lit("}")
 	}
 	e.lit("}")
@@ -279,6 +297,9 @@ func parseNATSRecord(data []byte, wantChannel, wantJob string) (r natsJobRecord,
 	r.V = p.int()
 	if p.opt(`,"revisionOffset":`) {
 		r.RevisionOffset = p.uint()
+	}
+	if p.opt(`,"revision":`) {
+		r.Revision = p.uint()
 	}
 	if p.opt(`,"activeSeq":`) {
 		r.ActiveSeq = p.uint()

@@ -71,17 +71,45 @@ func TestNATSStoreMissingBucket(t *testing.T) {
 	assert.Contains(t, err.Error(), "WithCreateBucket")
 }
 
-func TestNATSStoreBucketWithoutAtomicPublish(t *testing.T) {
+// TestNATSStoreEnqueuePathByStream shows which enqueue a bucket gets from
+// its stream: one atomic batch where a batch costs about one write
+// (memory storage that allows atomic publish), key by key on an R1
+// file-storage stream and on a stream that does not allow atomic publish
+// (which NewNATSStore refused before enqueues could do without a batch).
+// On each an enqueue, its replay and a supersede work.
+func TestNATSStoreEnqueuePathByStream(t *testing.T) {
 	t.Parallel()
 	s := natstest.Run(t)
 	_, js := natstest.Connect(t, s)
 	ctx := context.Background()
 	_, err := js.CreateKeyValue(ctx, jetstream.KeyValueConfig{Bucket: "PLAIN", Storage: jetstream.MemoryStorage})
 	require.NoError(t, err)
-	_, err = NewNATSStore(js, nil, WithBucket("PLAIN"))
-	require.ErrorIs(t, err, ErrConflict)
-	assert.Contains(t, err.Error(), "atomic batch publish")
-	assert.Contains(t, err.Error(), "KV_PLAIN")
+	for _, tc := range []struct {
+		name      string
+		opts      []NATSStoreOption
+		unbatched bool
+	}{
+		{"memory", []NATSStoreOption{WithBucket("MEM"), WithCreateBucket(jetstream.MemoryStorage, 1)}, false},
+		{"file-R1", []NATSStoreOption{WithBucket("FILE"), WithCreateBucket(jetstream.FileStorage, 1)}, true},
+		{"no-atomic-publish", []NATSStoreOption{WithBucket("PLAIN")}, true},
+	} {
+		st, err := NewNATSStore(js, nil, tc.opts...)
+		require.NoError(t, err, tc.name)
+		assert.Equal(t, tc.unbatched, st.unbatched, tc.name)
+		first, err := st.Enqueue(ctx, testEnqueueRequest("ch", "a", "doc"))
+		require.NoError(t, err, tc.name)
+		again, err := st.Enqueue(ctx, testEnqueueRequest("ch", "a", "doc"))
+		require.NoError(t, err, tc.name)
+		assert.True(t, again.Repeated, tc.name)
+		assert.Equal(t, first.Job, again.Job, tc.name)
+		second, err := st.Enqueue(ctx, testEnqueueRequest("ch", "b", "doc"))
+		require.NoError(t, err, tc.name)
+		d, err := st.Get(ctx, "ch", "a")
+		require.NoError(t, err, tc.name)
+		assert.Equal(t, StateSuperseded, d.Job.State, tc.name)
+		assert.Equal(t, second.Job.Revision, d.Job.Revision, "%s: superseded by the enqueue's change", tc.name)
+		assert.Equal(t, uint64(2), d.Target.Generation, tc.name)
+	}
 }
 
 // TestNATSStoreCreateBucketFinishesAnotherCreation is the window between
