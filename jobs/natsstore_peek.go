@@ -4,9 +4,9 @@ import "context"
 
 // peekJobs reads the records of refs alone, in batched reads of up to
 // natsReadChunk keys (getMany): what reconciliation reads of a key's
-// queued jobs (see jobsPeeker). A job without a record, or whose ids the
-// store could not hold, is absent from the result; a record that does not
-// decode is an error.
+// queued jobs (see jobsPeeker). A job without a record, whose ids the
+// store could not hold, or whose enqueue did not commit, is absent from
+// the result; a record that does not decode is an error.
 func (s *NATSStore) peekJobs(ctx context.Context, refs []jobRef) (map[jobRef]Job, error) {
 	const op = "get"
 	keys := make([]string, 0, len(refs))
@@ -31,11 +31,23 @@ func (s *NATSStore) peekJobs(ctx context.Context, refs []jobRef) (map[jobRef]Job
 	}
 	for k, m := range read {
 		r := byKey[k]
-		j, _, _, err := decodeNATSJobMeta(k, m.rev, m.data, r.channel, r.id)
+		raw, err := decodeNATSRaw(k, m, r.channel, r.id)
 		if err != nil {
 			return nil, err
 		}
-		out[r] = j
+		if !raw.marks.any() {
+			out[r] = raw.job
+			continue
+		}
+		// Written by an enqueue key by key: what the record stands for
+		// depends on its target (see readJobFull).
+		t, err := s.readTarget(ctx, op, r.channel, raw.job.TargetKey)
+		if err != nil {
+			return nil, err
+		}
+		if j, found := raw.resolve(t); found {
+			out[r] = j
+		}
 	}
 	return out, nil
 }
