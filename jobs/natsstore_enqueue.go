@@ -352,6 +352,10 @@ type natsEnqueue struct {
 	// prepared is the target revision at which the target's job was
 	// marked (steps 3 and 4), 0: not yet.
 	prepared uint64
+	// marked is the target's job as this call marked it (or found it
+	// marked), nil: none; once committed it is the job the enqueue
+	// superseded (Enqueued.Superseded).
+	marked *natsRawJob
 	// listed is set once this call wrote the job's list and active
 	// entries.
 	listed bool
@@ -470,7 +474,13 @@ func (e *natsEnqueue) step(ctx context.Context, op string) (out Enqueued, done, 
 	switch {
 	case found && e.committed:
 		s.pending.add(s.keys.job(j.ChannelID, j.ID))
-		return Enqueued{Job: cloneJob(j)}, true, false, nil
+		out := Enqueued{Job: cloneJob(j)}
+		if m := e.marked; m != nil && m.job.TargetGeneration+1 == j.TargetGeneration {
+			if p, _ := m.resolve(e.target); p.State == StateSuperseded {
+				out.Superseded = []Job{cloneJob(p)}
+			}
+		}
+		return out, true, false, nil
 	case found:
 		out, err := replay(req, &j)
 		if err != nil {
@@ -555,6 +565,7 @@ func (e *natsEnqueue) prepare(ctx context.Context, op string) (Enqueued, bool, b
 		}
 	case cur.marks.supersede != nil:
 		e.prepared = t.rev // marked by an earlier try
+		e.marked = &natsRawJob{job: k, marks: natsMarks{supersede: cur.marks.supersede}}
 		return Enqueued{}, false, false, nil
 	}
 	meta.supersede = &natsSupersede{At: s.cfg.now()}
@@ -568,6 +579,7 @@ func (e *natsEnqueue) prepare(ctx context.Context, op string) (Enqueued, bool, b
 	}
 	s.cache.drop(key)
 	e.prepared = t.rev
+	e.marked = &natsRawJob{job: k, marks: natsMarks{supersede: meta.supersede}}
 	return Enqueued{}, false, false, nil
 }
 
