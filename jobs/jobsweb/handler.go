@@ -371,8 +371,10 @@ func statusOf(err error) int {
 		return http.StatusGatewayTimeout
 	case errors.Is(err, jobs.ErrNotFound), errors.Is(err, jobkeys.ErrKeyNotFound):
 		return http.StatusNotFound
-	case errors.Is(err, jobs.ErrConflict), errors.Is(err, ErrRetryUnavailable):
+	case errors.Is(err, jobs.ErrConflict):
 		return http.StatusConflict
+	case errors.Is(err, ErrRetryUnavailable):
+		return http.StatusNotImplemented
 	case errors.Is(err, jobs.ErrUnavailable):
 		return http.StatusServiceUnavailable
 	}

@@ -133,6 +133,7 @@ func TestActions(t *testing.T) {
 	code, _, body = e.post(actionForm("pause", "w1", csrf, rev), nil)
 	assert.Equal(t, http.StatusConflict, code)
 	assert.Contains(t, body, "pause job &#34;w1&#34;")
+	assert.Contains(t, body, "look at it again")
 	assert.Equal(t, jobs.StatePending, e.state("w1"))
 
 	// Cancel a waiting job: final, and its queue entry goes at once.
@@ -156,7 +157,7 @@ func TestActions(t *testing.T) {
 	}); ok {
 		assert.Equal(t, http.StatusSeeOther, code, body)
 	} else {
-		assert.Equal(t, http.StatusConflict, code)
+		assert.Equal(t, http.StatusNotImplemented, code)
 		assert.Contains(t, body, "retry is not available")
 	}
 	close(e.release)
@@ -469,4 +470,55 @@ func TestNewConfig(t *testing.T) {
 	assert.ErrorContains(t, err, "Config.Client, or Config.Store with Config.KeyStore")
 	_, err = jobsweb.New(&jobsweb.Config{Keys: coord, Store: nil, KeyStore: jobkeys.NewMemoryStore(), PageSize: -1})
 	assert.ErrorContains(t, err, "Config.PageSize -1 is negative")
+}
+
+// A service of 10,000 keys lists one page of them at a time, from the
+// watch's copy: 50 rows, the page count, and the last page holds the rest.
+func TestTenThousandKeys(t *testing.T) {
+	t.Parallel()
+	keys := jobkeys.NewMemoryStore()
+	coord, err := jobkeys.NewCoordinator(keys, nil)
+	require.NoError(t, err)
+	jt, err := coord.JobType("jobs", "sync", jobkeys.Policy{Key: []string{"account", "/a"}, MaxActive: 1, MaxQueuedPerKey: 2})
+	require.NoError(t, err)
+	ctx := context.Background()
+	const n = 10000
+	for i := range n {
+		_, err := jt.Admit(ctx, fmt.Sprintf("ch/job-%d", i), []byte(fmt.Sprintf(`{"a":"acct-%05d"}`, i)))
+		require.NoError(t, err)
+	}
+	store, err := jobs.NewMemoryStore(nil)
+	require.NoError(t, err)
+	h, err := jobsweb.New(&jobsweb.Config{Store: store, KeyStore: keys, Keys: coord})
+	require.NoError(t, err)
+	defer h.Close()
+	srv := httptest.NewServer(h)
+	defer srv.Close()
+
+	rows := regexp.MustCompile(`<tr class="key key-ok"`)
+	get := func(path string) string {
+		resp, err := http.Get(srv.URL + path)
+		require.NoError(t, err)
+		b, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		require.Equal(t, http.StatusOK, resp.StatusCode, string(b))
+		return string(b)
+	}
+	// The watch lists the keys when it starts: wait until it has.
+	var body string
+	require.Eventually(t, func() bool {
+		body = get("/keys")
+		return strings.Contains(body, fmt.Sprintf("%d of %d keys", n, n))
+	}, time.Minute, 50*time.Millisecond)
+	assert.Len(t, rows.FindAllString(body, -1), jobsweb.PageSizeDefault)
+	assert.Contains(t, body, "page 1 of 200")
+	assert.Contains(t, body, `href="/keys?page=2"`)
+	last := get("/keys?page=200")
+	assert.Len(t, rows.FindAllString(last, -1), jobsweb.PageSizeDefault)
+	assert.Contains(t, last, `href="/keys?page=199"`)
+	assert.NotContains(t, last, `href="/keys?page=201"`)
+	// A filter pages over what matches.
+	one := get("/keys?q=acct-01234")
+	assert.Len(t, rows.FindAllString(one, -1), 1)
+	assert.Contains(t, one, "1 of 10000 keys")
 }

@@ -224,7 +224,10 @@ func (h *Handler) jobPage(r *http.Request, v *view) (string, int, error) {
 		return "", 0, err
 	}
 	j := det.Job
-	d := jobData{D: det, Done: r.URL.Query().Get("done"), Superseded: det.Target.Generation > j.TargetGeneration}
+	d := jobData{D: det, Superseded: det.Target.Generation > j.TargetGeneration}
+	if a := Action(r.URL.Query().Get("done")); validAction(a) {
+		d.Done = string(a)
+	}
 	d.Input = h.field(j.Input, v.Base+"/job/input?"+url.Values{"channel": {j.ChannelID}, "id": {j.ID}}.Encode())
 	if det.Artifact != nil {
 		f := h.field(det.Artifact.Value, v.Base+"/job/artifact?"+url.Values{"channel": {j.ChannelID}, "id": {j.ID}}.Encode())
@@ -471,6 +474,14 @@ func (h *Handler) action(w http.ResponseWriter, r *http.Request) {
 	http.Redirect(w, r, jobURL(base, j.ChannelID, j.ID)+"&done="+string(a), http.StatusSeeOther)
 }
 
+// changedSince explains a conflict of an action made at revision rev.
+func changedSince(err error, rev uint64) error {
+	if errors.Is(err, jobs.ErrConflict) {
+		return fmt.Errorf("%w (the job may have changed since revision %d, which the confirmation showed: a running job changes at every heartbeat; look at it again)", err, rev)
+	}
+	return err
+}
+
 // run runs action a on a job through the client. rev is the job revision
 // the operator saw: pause and resume refuse (ErrConflict) a job that
 // changed since. It returns the job the operator should see next.
@@ -479,9 +490,11 @@ func (h *Handler) run(ctx context.Context, a Action, ch, id string, rev uint64) 
 	case ActionCancel:
 		return h.jobs.Cancel(ctx, jobs.CancelRequest{ChannelID: ch, JobID: id})
 	case ActionPause:
-		return h.jobs.Pause(ctx, jobs.PauseRequest{ChannelID: ch, JobID: id, ExpectedRevision: rev, Reason: "paused from the dashboard"})
+		j, err := h.jobs.Pause(ctx, jobs.PauseRequest{ChannelID: ch, JobID: id, ExpectedRevision: rev, Reason: "paused from the dashboard"})
+		return j, changedSince(err, rev)
 	case ActionResume:
-		return h.jobs.Resume(ctx, jobs.ResumeRequest{ChannelID: ch, JobID: id, ExpectedRevision: rev})
+		j, err := h.jobs.Resume(ctx, jobs.ResumeRequest{ChannelID: ch, JobID: id, ExpectedRevision: rev})
+		return j, changedSince(err, rev)
 	default: // ActionRetry
 		return h.retry(ctx, ch, id)
 	}

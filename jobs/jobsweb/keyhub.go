@@ -23,10 +23,12 @@ type keyHub struct {
 	logger  *slog.Logger
 
 	mu       sync.Mutex
-	keys     map[string]jobkeys.KeyInfo // by KV key
-	channels map[string]bool            // job channels configured or seen in key state
-	err      error                      // why the watch is not running; nil while it runs
+	keys     map[string]*jobkeys.KeyInfo // by KV key; a value is never changed once stored
+	byJob    map[string]string           // the KV key each key-layer job id holds or waits on
+	channels map[string]bool             // job channels configured or seen in key state
+	err      error                       // why the watch is not running; nil while it runs
 	subs     map[chan []byte]bool
+	closed   bool          // the watch loop ended: no new subscribers
 	done     chan struct{} // closed when the watch loop ended
 }
 
@@ -40,7 +42,7 @@ const subscriberBuffer = 64
 
 func newKeyHub(coord *jobkeys.KeyCoordinator, service string, channels []string, logger *slog.Logger) *keyHub {
 	h := &keyHub{coord: coord, service: service, logger: logger,
-		keys: make(map[string]jobkeys.KeyInfo), channels: make(map[string]bool),
+		keys: make(map[string]*jobkeys.KeyInfo), byJob: make(map[string]string), channels: make(map[string]bool),
 		subs: make(map[chan []byte]bool), done: make(chan struct{})}
 	for _, c := range channels {
 		h.channels[c] = true
@@ -82,7 +84,8 @@ func (h *keyHub) watchOnce(ctx context.Context) error {
 		return err
 	}
 	h.mu.Lock()
-	h.keys = make(map[string]jobkeys.KeyInfo)
+	h.keys = make(map[string]*jobkeys.KeyInfo)
+	h.byJob = make(map[string]string)
 	h.err = nil
 	h.mu.Unlock()
 	for ch := range w.Changes() {
@@ -109,20 +112,32 @@ type keyEvent struct {
 
 func (h *keyHub) apply(ch jobkeys.KeyChange) {
 	h.mu.Lock()
-	before := h.keys[ch.KVKey]
-	ids := jobIDsOf(before)
+	var ids []string
+	if before := h.keys[ch.KVKey]; before != nil {
+		ids = jobIDsOf(*before)
+	}
+	for _, id := range ids {
+		if h.byJob[id] == ch.KVKey {
+			delete(h.byJob, id)
+		}
+	}
 	switch {
 	case ch.Deleted:
 		delete(h.keys, ch.KVKey)
 	case ch.Err != nil:
 		// The key changed and could not be read: keep what was known; the
 		// next change reads it again.
+		for _, id := range ids {
+			h.byJob[id] = ch.KVKey
+		}
 		h.mu.Unlock()
 		h.logger.Warn("jobsweb: a changed key could not be read", "kvKey", ch.KVKey, "err", ch.Err)
 		return
 	default:
-		h.keys[ch.KVKey] = ch.Info
+		info := ch.Info
+		h.keys[ch.KVKey] = &info
 		for _, id := range jobIDsOf(ch.Info) {
+			h.byJob[id] = ch.KVKey
 			if !slices.Contains(ids, id) {
 				ids = append(ids, id)
 			}
@@ -160,12 +175,10 @@ func (h *keyHub) apply(ch jobkeys.KeyChange) {
 func (h *keyHub) subscribe() (<-chan []byte, func()) {
 	sub := make(chan []byte, subscriberBuffer)
 	h.mu.Lock()
-	select {
-	case <-h.done:
+	if h.closed {
 		close(sub)
 		h.mu.Unlock()
 		return sub, func() {}
-	default:
 	}
 	h.subs[sub] = true
 	h.mu.Unlock()
@@ -182,6 +195,7 @@ func (h *keyHub) subscribe() (<-chan []byte, func()) {
 func (h *keyHub) closeSubs() {
 	h.mu.Lock()
 	defer h.mu.Unlock()
+	h.closed = true
 	for sub := range h.subs {
 		delete(h.subs, sub)
 		close(sub)
@@ -189,15 +203,16 @@ func (h *keyHub) closeSubs() {
 	h.err = fmt.Errorf("the dashboard was closed: key state is not watched")
 }
 
-// snapshot returns the keys as last seen, sorted by KV key.
-func (h *keyHub) snapshot() []jobkeys.KeyInfo {
+// snapshot returns the keys as last seen, sorted by KV key. The caller
+// must not change them.
+func (h *keyHub) snapshot() []*jobkeys.KeyInfo {
 	h.mu.Lock()
-	out := make([]jobkeys.KeyInfo, 0, len(h.keys))
+	out := make([]*jobkeys.KeyInfo, 0, len(h.keys))
 	for _, k := range h.keys {
 		out = append(out, k)
 	}
 	h.mu.Unlock()
-	slices.SortFunc(out, func(a, b jobkeys.KeyInfo) int { return strings.Compare(a.KVKey, b.KVKey) })
+	slices.SortFunc(out, func(a, b *jobkeys.KeyInfo) int { return strings.Compare(a.KVKey, b.KVKey) })
 	return out
 }
 
@@ -206,12 +221,11 @@ func (h *keyHub) snapshot() []jobkeys.KeyInfo {
 func (h *keyHub) keyOfJob(kid string) (jobkeys.KeyInfo, bool) {
 	h.mu.Lock()
 	defer h.mu.Unlock()
-	for _, k := range h.keys {
-		if slices.Contains(jobIDsOf(k), kid) {
-			return k, true
-		}
+	k := h.keys[h.byJob[kid]]
+	if k == nil {
+		return jobkeys.KeyInfo{}, false
 	}
-	return jobkeys.KeyInfo{}, false
+	return *k, true
 }
 
 // knownChannels returns the channels configured and seen, sorted.

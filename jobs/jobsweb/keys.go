@@ -85,6 +85,9 @@ func rowOf(k jobkeys.KeyInfo, now time.Time, base string) keyRow {
 // atLimit reports whether a key has no free slot (or is corrupt).
 func (r keyRow) atLimit() bool { return r.Status != "ok" }
 
+// blocked is atLimit of the row a key makes, without making it.
+func blocked(k *jobkeys.KeyInfo) bool { return k.Problem != nil || k.Active >= k.MaxActive }
+
 // keysData is the keys page.
 type keysData struct {
 	Rows    []keyRow
@@ -114,7 +117,7 @@ func (h *Handler) keysPage(r *http.Request, v *view) (string, int, error) {
 	all := h.hub.snapshot()
 	d.All = len(all)
 	types := map[string]bool{}
-	var rows []keyRow
+	var match []*jobkeys.KeyInfo
 	for _, k := range all {
 		typ := typeOf(k.KVKey)
 		types[typ] = true
@@ -124,20 +127,19 @@ func (h *Handler) keysPage(r *http.Request, v *view) (string, int, error) {
 		if d.Query != "" && !strings.Contains(k.DisplayKey, d.Query) && !strings.Contains(k.KVKey, d.Query) {
 			continue
 		}
-		row := rowOf(k, v.Now, v.Base)
-		if d.Blocked && !row.atLimit() {
+		if d.Blocked && !blocked(k) {
 			continue
 		}
-		rows = append(rows, row)
+		match = append(match, k)
 	}
 	for t := range types {
 		d.Types = append(d.Types, t)
 	}
 	slices.Sort(d.Types)
-	// The keys that hold jobs back first, the longest waits first.
-	slices.SortStableFunc(rows, func(a, b keyRow) int {
-		if a.atLimit() != b.atLimit() {
-			if a.atLimit() {
+	// The keys that hold jobs back first, the longest queues first.
+	slices.SortStableFunc(match, func(a, b *jobkeys.KeyInfo) int {
+		if blocked(a) != blocked(b) {
+			if blocked(a) {
 				return -1
 			}
 			return 1
@@ -145,13 +147,15 @@ func (h *Handler) keysPage(r *http.Request, v *view) (string, int, error) {
 		return b.Queued - a.Queued
 	})
 	size := h.cfg.PageSize
-	d.Total = len(rows)
-	d.Pages = max(1, (len(rows)+size-1)/size)
+	d.Total = len(match)
+	d.Pages = max(1, (len(match)+size-1)/size)
 	if d.Page > d.Pages {
 		d.Page = d.Pages
 	}
 	from := (d.Page - 1) * size
-	d.Rows = rows[from:min(from+size, len(rows))]
+	for _, k := range match[from:min(from+size, len(match))] {
+		d.Rows = append(d.Rows, rowOf(*k, v.Now, v.Base))
+	}
 	link := func(page int) string {
 		u := url.Values{}
 		for _, kv := range [][2]string{{"type", d.Type}, {"q", d.Query}} {

@@ -144,7 +144,7 @@ func (h *Handler) overview(r *http.Request, v *view) (string, int, error) {
 	}
 	for _, k := range h.hub.snapshot() {
 		d.Keys++
-		row := rowOf(k, v.Now, v.Base)
+		row := rowOf(*k, v.Now, v.Base)
 		t := get(row.Type)
 		t.Keys++
 		t.Running += row.Active
