@@ -51,7 +51,8 @@ const (
 	// ActionResume makes a paused job pending again, due now.
 	ActionResume Action = "resume"
 	// ActionRetry runs a failed, cancelled or superseded job again as a new
-	// job, through Client.Retry when the client has it (see [Handler]).
+	// job, through the client's Retry method (DESIGN §6.2); a client
+	// without one refuses it with [ErrRetryUnavailable] (501).
 	ActionRetry Action = "retry"
 )
 
