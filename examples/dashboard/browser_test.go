@@ -55,7 +55,8 @@ func browserPath() string {
 // The dashboard of the running example, in headless Chromium: every page
 // loads; a key reaches its limit on the keys page without a reload; a
 // waiting job is cancelled from its page, through the confirmation, and
-// its page shows it cancelled. A screenshot of each page goes to the
+// its page shows it cancelled; the running job's open page shows it
+// cancelled, without a reload, when it is cancelled elsewhere. A screenshot of each page goes to the
 // test's temp dir (and to $JOBKEYS_SCREENSHOTS when set).
 func TestBrowser(t *testing.T) {
 	browser := browserPath()
@@ -162,9 +163,20 @@ func TestBrowser(t *testing.T) {
 	require.NoError(t, err)
 	assert.Equal(t, jobs.StateCancelled, det.Job.State)
 
-	// The holder goes too, so that the client stops at once.
+	// The running job's page follows it live: cancelled elsewhere (here,
+	// through the client), it shows cancelled without a reload. This also
+	// lets the client stop at once.
+	holdPage := web.URL + "/job?" + url.Values{"channel": {tenant}, "id": {"hold-1"}}.Encode()
+	require.NoError(t, chromedp.Do(ctx, chromedp.Navigate(holdPage), chromedp.WaitVisible(`h1 .state-running`)))
+	_, err = chromedp.Run(ctx, chromedp.Evaluate[bool](`window.jobkeysMark = true`))
+	require.NoError(t, err)
 	_, err = d.client.Cancel(bg, jobs.CancelRequest{ChannelID: tenant, JobID: "hold-1"})
 	require.NoError(t, err)
+	_, err = chromedp.Run(ctx, chromedp.Poll[bool](`!!document.querySelector('h1 .state-cancelled')`, chromedp.WithPollingInterval(50*time.Millisecond)))
+	require.NoError(t, err, "the running job's page never showed it cancelled")
+	mark, err = chromedp.Run(ctx, chromedp.Evaluate[bool](`window.jobkeysMark === true`))
+	require.NoError(t, err)
+	assert.True(t, mark, "the job's page was reloaded, not updated live")
 }
 
 // waitState waits until a job of the example is in state s.
