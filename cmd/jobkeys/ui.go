@@ -7,7 +7,10 @@ import (
 	"net"
 	"net/http"
 	"strings"
+	"sync"
 	"time"
+
+	"github.com/nats-io/nats.go"
 
 	"github.com/jobkeys/jobkeys/jobs"
 	"github.com/jobkeys/jobkeys/jobs/jobsweb"
@@ -92,19 +95,28 @@ func ui(ctx context.Context, c *cli, o *options, listen string, readOnly bool, s
 		mode = " (read-only)"
 	}
 	fmt.Fprintf(c.stdout, "jobkeys ui: serving the dashboard of service %s on http://%s/%s; interrupt to stop\n", service, ln.Addr(), mode)
+	// The CLI's connection does not reconnect: when it closes, the
+	// dashboard would serve errors only, so the command ends with an error
+	// instead (for a supervisor to restart it).
+	lost := make(chan struct{})
+	var once sync.Once
+	s.nc.SetClosedHandler(func(*nats.Conn) { once.Do(func() { close(lost) }) })
 	hs := &http.Server{Handler: h, ReadHeaderTimeout: 10 * time.Second}
 	served := make(chan error, 1)
 	go func() { served <- hs.Serve(ln) }()
+	var end error
 	select {
 	case err := <-served:
 		return fmt.Errorf("serve on %s: %w", ln.Addr(), err)
+	case <-lost:
+		end = errors.New("the NATS connection closed (the CLI does not reconnect): the dashboard stopped; start it again")
 	case <-ctx.Done():
 	}
 	h.Close() // ends the live streams, which Shutdown would wait for
 	sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), uiShutdownGrace)
 	defer cancel()
 	if err := hs.Shutdown(sctx); err != nil && !errors.Is(err, context.DeadlineExceeded) {
-		return err
+		return errors.Join(end, err)
 	}
-	return nil
+	return end
 }

@@ -68,4 +68,23 @@ func TestUI(t *testing.T) {
 	case <-time.After(30 * time.Second): // a failure guard
 		t.Fatal("jobkeys ui did not stop when interrupted")
 	}
+
+	// When its connection closes (the server went away), the command ends
+	// with an error that says so, instead of serving errors.
+	var out2, errOut2 syncBuffer
+	go func() {
+		done <- r.runCtx(context.Background(), &out2, &errOut2, "ui", "--listen", "127.0.0.1:0", "--service", "svc")
+	}()
+	require.Eventually(t, func() bool { return addr2.MatchString(out2.String()) }, 30*time.Second, 10*time.Millisecond,
+		"no address printed; stderr: %s", errOut2.String())
+	f.srv.Shutdown()
+	select {
+	case res := <-done:
+		assert.Equal(t, exitError, res.code)
+		assert.Contains(t, res.stderr, "the NATS connection closed")
+	case <-time.After(60 * time.Second): // a failure guard
+		t.Fatal("jobkeys ui went on after its connection closed")
+	}
 }
+
+var addr2 = regexp.MustCompile(`on http://127\.0\.0\.1:\d+/;`)
