@@ -292,10 +292,13 @@ func basePath(r *http.Request) string {
 		return "" // a proxy request: no prefix to find
 	}
 	seen := r.URL.EscapedPath()
-	if base, ok := strings.CutSuffix(sent, seen); ok {
-		return base
+	base, ok := strings.CutSuffix(sent, seen)
+	// A prefix links could not start with safely (another host's, "//x")
+	// is none.
+	if !ok || !strings.HasPrefix(base, "/") || strings.HasPrefix(base, "//") || strings.ContainsAny(base, "\\\"'<> ") {
+		return ""
 	}
-	return ""
+	return base
 }
 
 // view is what every page template receives.

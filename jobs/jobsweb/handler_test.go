@@ -522,3 +522,30 @@ func TestTenThousandKeys(t *testing.T) {
 	assert.Len(t, rows.FindAllString(one, -1), 1)
 	assert.Contains(t, one, "1 of 10000 keys")
 }
+
+// A request whose path would make links to another host gets root links.
+func TestBasePathRefusesOtherHosts(t *testing.T) {
+	t.Parallel()
+	store, err := jobs.NewMemoryStore(nil)
+	require.NoError(t, err)
+	keys := jobkeys.NewMemoryStore()
+	coord, err := jobkeys.NewCoordinator(keys, nil)
+	require.NoError(t, err)
+	h, err := jobsweb.New(&jobsweb.Config{Store: store, KeyStore: keys, Keys: coord})
+	require.NoError(t, err)
+	defer h.Close()
+	for _, uri := range []string{"//evil.example/keys", "/admin/keys"} {
+		req := httptest.NewRequest(http.MethodGet, "http://dash.example/keys", nil)
+		req.RequestURI = uri
+		req.URL.Path = "/keys"
+		rec := httptest.NewRecorder()
+		h.ServeHTTP(rec, req)
+		require.Equal(t, http.StatusOK, rec.Code, rec.Body.String())
+		if uri == "/admin/keys" {
+			assert.Contains(t, rec.Body.String(), `href="/admin/jobs"`)
+		} else {
+			assert.NotContains(t, rec.Body.String(), "evil.example")
+			assert.Contains(t, rec.Body.String(), `href="/jobs"`)
+		}
+	}
+}
