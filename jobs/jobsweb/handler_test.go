@@ -174,13 +174,14 @@ func TestReadOnly(t *testing.T) {
 	assert.NotContains(t, body, "/job/confirm")
 	assert.Contains(t, body, "read-only")
 
+	const refused = "the dashboard is read-only: actions are turned off"
 	code, body = e.get("/job/confirm?action=cancel&channel=tenants&id=j1")
 	assert.Equal(t, http.StatusForbidden, code)
-	assert.Contains(t, body, "read-only")
+	assert.Contains(t, body, refused)
 	for _, a := range []string{"cancel", "pause", "resume", "retry"} {
 		code, _, body = e.post(actionForm(a, "j1", "token", "1"), nil)
 		assert.Equal(t, http.StatusForbidden, code, a)
-		assert.Contains(t, body, "read-only", a)
+		assert.Contains(t, body, refused, a)
 	}
 	assert.True(t, e.state("j1").Active())
 	assert.NotEqual(t, jobs.StatePaused, e.state("j1"))
