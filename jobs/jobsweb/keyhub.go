@@ -160,11 +160,14 @@ func (h *keyHub) apply(ch jobkeys.KeyChange) {
 		select {
 		case sub <- data:
 		default:
-			// Behind: the stream resyncs (its page reloads) instead.
+			// Behind: an event makes room for a resync (its page reloads,
+			// which shows what the events it missed would have). Only the
+			// hub sends, under h.mu: after the receive there is room.
 			select {
-			case sub <- nil:
+			case <-sub:
 			default:
 			}
+			sub <- nil
 		}
 	}
 	h.mu.Unlock()
