@@ -310,6 +310,7 @@ type view struct {
 	CSRF     string // the token an action's form carries
 	Live     string // the URL the page's live region reloads from; empty: not live
 	LiveJob  string // on a job page: its key-layer job id (live reloads when a change names it)
+	LiveGap  int    // the least milliseconds between two live reloads; 0: the script's default
 	Now      time.Time
 	WatchErr string // why the key watch is not running, if it is not
 	Data     any

@@ -52,6 +52,7 @@ func TestPages(t *testing.T) {
 	require.Equal(t, http.StatusOK, code, body)
 	assert.Regexp(t, `(?s)wait-1.*run-1`, body)
 	assert.Contains(t, body, `state-running`)
+	assert.Contains(t, body, `data-gap="5000"`, "a jobs page follows changes at most every 5 s")
 	// Filtered by state.
 	code, body = e.get("/jobs?channel=tenants&state=pending")
 	require.Equal(t, http.StatusOK, code, body)

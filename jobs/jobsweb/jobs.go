@@ -15,6 +15,10 @@ import (
 	"github.com/jobkeys/jobkeys/jobs"
 )
 
+// jobsLiveGap is the least milliseconds between two live reloads of a jobs
+// page.
+const jobsLiveGap = 5000
+
 // jobFilter is what a jobs page lists of a channel.
 type jobFilter struct {
 	Type  string
@@ -164,6 +168,8 @@ func (h *Handler) jobsPage(r *http.Request, v *view) (string, int, error) {
 	}
 	v.Data = d
 	v.Live = v.Base + r.URL.RequestURI()
+	// A jobs page reads up to ScanLimit jobs: it follows changes less often.
+	v.LiveGap = jobsLiveGap
 	return "jobs", http.StatusOK, nil
 }
 

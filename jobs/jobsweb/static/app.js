@@ -30,7 +30,7 @@
   const source = main.dataset.live;
   const job = main.dataset.job || "";
   let pending = false, running = false, last = 0;
-  const minGap = 1000; // ms between two reloads
+  const minGap = Number(main.dataset.gap) || 1000; // ms between two reloads
 
   function reload() {
     if (running) { pending = true; return; }
