@@ -51,14 +51,9 @@ const (
 	// ActionResume makes a paused job pending again, due now.
 	ActionResume Action = "resume"
 	// ActionRetry runs a failed, cancelled or superseded job again as a new
-	// job, through the client's Retry method (DESIGN §6.2); a client
-	// without one refuses it with [ErrRetryUnavailable] (501).
+	// job ([jobs.Client.Retry]).
 	ActionRetry Action = "retry"
 )
-
-// ErrRetryUnavailable is the error of a retry when the client has no
-// Retry method (a jobs.Client of a version before Client.Retry).
-var ErrRetryUnavailable = errors.New("jobsweb: retry is not available: this jobs.Client has no Retry method")
 
 // Config configures a [Handler]. Keys and one of Client or Store are
 // required.
@@ -120,7 +115,6 @@ var staticFS embed.FS
 type Handler struct {
 	cfg    Config
 	jobs   jobSource
-	retry  func(ctx context.Context, channel, id string) (jobs.Job, error)
 	hub    *keyHub
 	tmpl   *template.Template
 	mux    *http.ServeMux
@@ -139,10 +133,6 @@ type jobSource interface {
 	Cancel(ctx context.Context, req jobs.CancelRequest) (jobs.Job, error)
 	Pause(ctx context.Context, req jobs.PauseRequest) (jobs.Job, error)
 	Resume(ctx context.Context, req jobs.ResumeRequest) (jobs.Job, error)
-}
-
-// retrier is a client with DESIGN §6.2's Retry.
-type retrier interface {
 	Retry(ctx context.Context, channelID, jobID string) (jobs.Job, error)
 }
 
@@ -207,21 +197,9 @@ func New(cfg *Config) (*Handler, error) {
 		csrf: newCSRFGuard(key),
 		hub:  newKeyHub(c.Keys, c.Service, c.Channels, c.Logger),
 	}
-	h.retry = retryThrough(client)
 	h.routes()
 	h.hub.start(ctx)
 	return h, nil
-}
-
-// retryThrough returns the retry of client: its Retry method when it has
-// one, else a function returning ErrRetryUnavailable.
-func retryThrough(client any) func(ctx context.Context, channel, id string) (jobs.Job, error) {
-	if r, ok := client.(retrier); ok {
-		return r.Retry
-	}
-	return func(context.Context, string, string) (jobs.Job, error) {
-		return jobs.Job{}, ErrRetryUnavailable
-	}
 }
 
 // Close stops the key watch and ends the live streams of open pages. The
@@ -376,10 +354,8 @@ func statusOf(err error) int {
 		return http.StatusGatewayTimeout
 	case errors.Is(err, jobs.ErrNotFound), errors.Is(err, jobkeys.ErrKeyNotFound):
 		return http.StatusNotFound
-	case errors.Is(err, jobs.ErrConflict):
+	case errors.Is(err, jobs.ErrConflict), errors.Is(err, jobs.ErrRejected):
 		return http.StatusConflict
-	case errors.Is(err, ErrRetryUnavailable):
-		return http.StatusNotImplemented
 	case errors.Is(err, jobs.ErrUnavailable):
 		return http.StatusServiceUnavailable
 	}

@@ -149,17 +149,26 @@ func TestActions(t *testing.T) {
 	require.Equal(t, http.StatusSeeOther, code, body)
 	assert.Equal(t, jobs.StateCancelled, e.state("holder"))
 
-	// Retry a cancelled job: through Client.Retry when the client has it.
+	// Retry a cancelled job: a new job of the same input, whose page the
+	// browser goes to, saying what it retries.
 	csrf, rev = e.confirm("retry", "w2")
-	code, _, body = e.post(actionForm("retry", "w2", csrf, rev), nil)
-	if _, ok := any(e.client).(interface {
-		Retry(context.Context, string, string) (jobs.Job, error)
-	}); ok {
-		assert.Equal(t, http.StatusSeeOther, code, body)
-	} else {
-		assert.Equal(t, http.StatusNotImplemented, code)
-		assert.Contains(t, body, "retry is not available")
-	}
+	code, loc, body = e.post(actionForm("retry", "w2", csrf, rev), nil)
+	require.Equal(t, http.StatusSeeOther, code, body)
+	u, err := url.Parse(loc)
+	require.NoError(t, err)
+	newID := u.Query().Get("id")
+	require.NotEqual(t, "w2", newID)
+	d, err := e.client.Get(context.Background(), "tenants", newID)
+	require.NoError(t, err)
+	assert.Equal(t, jobs.RetryOriginPrefix+"w2", d.Job.Origin)
+	_, body = e.get(loc)
+	assert.Contains(t, body, "Done: retry. This is the new job")
+	assert.Contains(t, body, `a retry of</span> <a href="/job?channel=tenants&amp;id=w2">w2</a>`)
+	// A job that is not over has nothing to retry.
+	csrf, rev = e.confirm("retry", "w1")
+	code, _, body = e.post(actionForm("retry", "w1", csrf, rev), nil)
+	assert.Equal(t, http.StatusConflict, code)
+	assert.Contains(t, body, "only a failed, cancelled or superseded job runs again")
 	close(e.release)
 }
 

@@ -195,6 +195,7 @@ type jobData struct {
 	Actions    []actionLink
 	Done       string // the action just done, from the redirect
 	Superseded bool   // a newer job of the target exists
+	RetryOf    string // the page of the job this one runs again, when it is a retry
 }
 
 // field is an input or artifact as shown: pretty JSON, cut at the field
@@ -233,6 +234,9 @@ func (h *Handler) jobPage(r *http.Request, v *view) (string, int, error) {
 	d := jobData{D: det, Superseded: det.Target.Generation > j.TargetGeneration}
 	if a := Action(r.URL.Query().Get("done")); validAction(a) {
 		d.Done = string(a)
+	}
+	if of, ok := strings.CutPrefix(j.Origin, jobs.RetryOriginPrefix); ok && !strings.HasPrefix(of, "sha256:") {
+		d.RetryOf = jobURL(v.Base, j.ChannelID, of)
 	}
 	d.Input = h.field(j.Input, v.Base+"/job/input?"+url.Values{"channel": {j.ChannelID}, "id": {j.ID}}.Encode())
 	if det.Artifact != nil {
@@ -501,7 +505,7 @@ func (h *Handler) run(ctx context.Context, a Action, ch, id string, rev uint64) 
 	case ActionResume:
 		j, err := h.jobs.Resume(ctx, jobs.ResumeRequest{ChannelID: ch, JobID: id, ExpectedRevision: rev})
 		return j, changedSince(err, rev)
-	default: // ActionRetry
-		return h.retry(ctx, ch, id)
+	default: // ActionRetry: the new job
+		return h.jobs.Retry(ctx, ch, id)
 	}
 }
