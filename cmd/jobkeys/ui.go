@@ -77,7 +77,7 @@ func ui(ctx context.Context, c *cli, o *options, listen string, readOnly bool, s
 	if err != nil {
 		return err
 	}
-	h, err := jobsweb.New(&jobsweb.Config{Client: client, Keys: s.coord, Service: service, ReadOnly: readOnly, Channels: chans})
+	h, err := jobsweb.New(&jobsweb.Config{Client: client, ReadOnly: readOnly, Channels: chans})
 	if err != nil {
 		return err
 	}

@@ -117,23 +117,11 @@ type demo struct {
 	wg     sync.WaitGroup
 }
 
-// startDemo makes the stores on js, registers the kinds, starts the
-// client, the producer and the dashboard.
+// startDemo makes the client on js (its buckets in memory), registers the
+// kinds, starts the client, the producer and the dashboard.
 func startDemo(js jetstream.JetStream, readOnly bool) (*demo, error) {
-	store, err := jobs.NewNATSStore(js, nil, jobs.WithCreateBucket(jetstream.MemoryStorage, 1))
-	if err != nil {
-		return nil, err
-	}
-	keys, err := jobkeys.NewNATSStore(js, jobkeys.WithCreateBuckets(jetstream.MemoryStorage, 1))
-	if err != nil {
-		return nil, err
-	}
-	coord, err := jobkeys.NewCoordinator(keys, nil)
-	if err != nil {
-		return nil, err
-	}
-	client, err := jobs.NewClient(store, coord, &jobs.ClientConfig{KeyStore: keys, JetStream: js, MaxWorkers: 16, StopGrace: 2 * time.Second,
-		Backoff: jobs.ExponentialBackoff(500*time.Millisecond, 4*time.Second)})
+	client, err := jobs.NewNATSClient(js, &jobs.ClientConfig{Buckets: jobs.Buckets{Storage: jetstream.MemoryStorage},
+		MaxWorkers: 16, StopGrace: 2 * time.Second, Backoff: jobs.ExponentialBackoff(500*time.Millisecond, 4*time.Second)})
 	if err != nil {
 		return nil, err
 	}
@@ -149,15 +137,16 @@ func startDemo(js jetstream.JetStream, readOnly bool) (*demo, error) {
 	}
 	for _, k := range kinds {
 		if err := jobs.Register(client, jobs.Kind[work, result]{Type: k.typ, Policy: k.policy, MaxFailures: 3, Work: doWork}); err != nil {
-			return nil, err
+			return nil, errors.Join(err, client.Stop(context.Background()))
 		}
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	if err := client.Start(ctx); err != nil {
 		cancel()
-		return nil, err
+		return nil, errors.Join(err, client.Stop(context.Background()))
 	}
-	web, err := jobsweb.New(&jobsweb.Config{Client: client, Keys: coord, ReadOnly: readOnly})
+	// The dashboard of the client's keys and jobs.
+	web, err := jobsweb.New(&jobsweb.Config{Client: client, ReadOnly: readOnly})
 	if err != nil {
 		cancel()
 		return nil, errors.Join(err, client.Stop(context.Background()))

@@ -4,12 +4,12 @@
 //
 // # Mounting
 //
-// Make a [Handler] with [New] over a [jobs.Client] (or the job store and
-// key store, from which New makes one) and the [jobkeys.KeyCoordinator]
-// whose keys it shows, and mount it under any path prefix with
-// [http.StripPrefix]:
+// Make a [Handler] with [New] over a [jobs.Client] (whose key coordinator
+// and service it shows the keys of), or over the job store, the key store
+// and its [jobkeys.KeyCoordinator] (New makes a client of them), and mount
+// it under any path prefix with [http.StripPrefix]:
 //
-//	h, err := jobsweb.New(&jobsweb.Config{Client: client, Keys: coord})
+//	h, err := jobsweb.New(&jobsweb.Config{Client: client})
 //	if err != nil { ... }
 //	defer h.Close()
 //	mux.Handle("/admin/jobs/", http.StripPrefix("/admin/jobs", h))

@@ -69,10 +69,12 @@ type Config struct {
 	KeyStore jobkeys.Store
 	// Keys is the coordinator whose keys the pages show and watch; its
 	// store must list and watch keys ([jobkeys.NATSStore] and
-	// [jobkeys.MemoryStore] do). Required.
+	// [jobkeys.MemoryStore] do). Required with Store; defaults to
+	// Client.KeyCoordinator().
 	Keys *jobkeys.KeyCoordinator
 	// Service is the key-layer service of the runtime's kinds
-	// (jobs.ClientConfig.Service). Defaults to jobs.ServiceDefault.
+	// (jobs.ClientConfig.Service). Defaults to Client.Service(), or
+	// jobs.ServiceDefault with Store.
 	Service string
 	// Channels are job channels the jobs pages offer besides those the
 	// handler discovers in the key state (the channels of the jobs that
@@ -143,8 +145,16 @@ func New(cfg *Config) (*Handler, error) {
 		return nil, errors.New("jobsweb: New: Config is required")
 	}
 	c := *cfg
+	if c.Client != nil {
+		if c.Keys == nil {
+			c.Keys = c.Client.KeyCoordinator()
+		}
+		if c.Service == "" {
+			c.Service = c.Client.Service()
+		}
+	}
 	if c.Keys == nil {
-		return nil, errors.New("jobsweb: New: Config.Keys (the key coordinator) is required")
+		return nil, errors.New("jobsweb: New: Config.Client, or Config.Keys (the key coordinator) with Config.Store and Config.KeyStore, is required")
 	}
 	if c.Service == "" {
 		c.Service = jobs.ServiceDefault

@@ -473,7 +473,7 @@ func TestNewConfig(t *testing.T) {
 	_, err := jobsweb.New(nil)
 	assert.ErrorContains(t, err, "Config is required")
 	_, err = jobsweb.New(&jobsweb.Config{})
-	assert.ErrorContains(t, err, "Config.Keys")
+	assert.ErrorContains(t, err, "Config.Client, or Config.Keys (the key coordinator) with Config.Store and Config.KeyStore, is required")
 	coord, err := jobkeys.NewCoordinator(jobkeys.NewMemoryStore(), nil)
 	require.NoError(t, err)
 	_, err = jobsweb.New(&jobsweb.Config{Keys: coord})
