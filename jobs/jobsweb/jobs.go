@@ -196,6 +196,7 @@ type jobData struct {
 	Done       string // the action just done, from the redirect
 	Superseded bool   // a newer job of the target exists
 	RetryOf    string // the page of the job this one runs again, when it is a retry
+	RetryOfID  string // that job's id
 }
 
 // field is an input or artifact as shown: pretty JSON, cut at the field
@@ -236,7 +237,7 @@ func (h *Handler) jobPage(r *http.Request, v *view) (string, int, error) {
 		d.Done = string(a)
 	}
 	if of, ok := strings.CutPrefix(j.Origin, jobs.RetryOriginPrefix); ok && !strings.HasPrefix(of, "sha256:") {
-		d.RetryOf = jobURL(v.Base, j.ChannelID, of)
+		d.RetryOf, d.RetryOfID = jobURL(v.Base, j.ChannelID, of), of
 	}
 	d.Input = h.field(j.Input, v.Base+"/job/input?"+url.Values{"channel": {j.ChannelID}, "id": {j.ID}}.Encode())
 	if det.Artifact != nil {
