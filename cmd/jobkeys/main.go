@@ -95,8 +95,8 @@ type command struct {
 	check func(args []string) error
 }
 
-// commands lists every command; see keys.go and jobs.go.
-func commands() []*command { return append(keyCommands(), jobCommands()...) }
+// commands lists every command; see keys.go, jobs.go and ui.go.
+func commands() []*command { return append(append(keyCommands(), jobCommands()...), uiCommand()) }
 
 func (c *cli) run(ctx context.Context, args []string) int {
 	if len(args) == 0 {
