@@ -81,6 +81,7 @@ func benchConnect(b *testing.B, s *server.Server, opts ...NATSStoreOption) *benc
 	rs := benchRecheckStore{countingStore: cs, rechecks: &benchRechecks{seen: map[*waitTry]struct{}{}}}
 	coord, err := NewCoordinator(rs, nil)
 	require.NoError(b, err)
+	coord.tryContext = benchTryContext
 	return &benchConn{nc: nc, store: store, coord: coord, totals: cs.totals, rechecks: rs.rechecks}
 }
 
@@ -109,7 +110,7 @@ type benchRechecks struct {
 // made with ctx is for.
 func (r *benchRechecks) note(ctx context.Context) {
 	for _, ctx := range batchContexts(ctx) {
-		wt, _ := ctx.Value(waitTryKey{}).(*waitTry)
+		wt, _ := ctx.Value(benchTryKey{}).(*waitTry)
 		if wt == nil || wt.trustWatch || wt.wake {
 			continue
 		}
@@ -120,6 +121,16 @@ func (r *benchRechecks) note(ctx context.Context) {
 		}
 		r.mu.Unlock()
 	}
+}
+
+// benchTryKey is the context key under which benchTryContext puts a try.
+type benchTryKey struct{}
+
+// benchTryContext is the KeyCoordinator.tryContext of the benchmarks'
+// coordinators: it puts each try of a waiting Runner in its operation's
+// context, for benchRechecks.note.
+func benchTryContext(ctx context.Context, wt *waitTry) context.Context {
+	return context.WithValue(ctx, benchTryKey{}, wt)
 }
 
 // reset forgets the tries counted so far (the warm-up's).
@@ -1617,6 +1628,7 @@ func TestBenchRecheckStoreCounts(t *testing.T) {
 			rs := benchRecheckStore{countingStore: newCountingStore(mem), rechecks: &benchRechecks{seen: map[*waitTry]struct{}{}}}
 			coord, err := NewCoordinator(rs, nil)
 			require.NoError(t, err)
+			coord.tryContext = benchTryContext
 			jt, err := coord.JobType("recheck-"+tc.name, benchJobType, policy)
 			require.NoError(t, err)
 			wt, err := NewWatcher(mem)

@@ -224,6 +224,11 @@ type KeyCoordinator struct {
 	// wakeHold), for FlushWakeUps. Taken after a key entry's wakeMu.
 	heldMu sync.Mutex
 	held   map[*heldWake]struct{}
+	// tryContext, set by tests only before the coordinator is used (nil
+	// otherwise), derives the context of each operation that is a try of
+	// a waiting Runner's from that try, for store wrappers that tell the
+	// tries apart (bench_test.go's benchRecheckStore).
+	tryContext func(context.Context, *waitTry) context.Context
 }
 
 // NewCoordinator returns a coordinator over store. cfg may be nil for the
@@ -304,7 +309,7 @@ func (c *KeyCoordinator) Acquire(ctx context.Context, req AcquireRequest) (Acqui
 	if err != nil {
 		return Acquisition{}, err
 	}
-	return c.acquireKey(ctx, key, policy, req)
+	return c.acquireKey(ctx, key, policy, req, nil)
 }
 
 // Renew extends the lease by its policy's HeartbeatTTL from now, or reports
@@ -462,6 +467,9 @@ type retry struct {
 	// none at hand: the key's entry remembers it for the wake-ups of its
 	// writes (see keyEntry.blocksStale).
 	stale StalePolicy
+	// wait is the try of a waiting Runner (or a try in turn) the
+	// operation is, nil for any other operation: see waitTry.
+	wait *waitTry
 }
 
 // run is the read-reduce-compare-and-swap loop of one operation on key.
@@ -494,7 +502,10 @@ func (c *KeyCoordinator) run(ctx context.Context, key JobKey, rt retry, reduce f
 	e := c.keys.pin(key.KVKey)
 	defer c.keys.unpin(key.KVKey, e)
 	e.stalePolicy(rt.stale)
-	wt, _ := ctx.Value(waitTryKey{}).(*waitTry)
+	wt := rt.wait
+	if wt != nil && c.tryContext != nil {
+		ctx = c.tryContext(ctx, wt)
+	}
 	// A waiter on a key its watch feeds tries at once: its Watcher spaces
 	// the tries.
 	if rt.lease == nil && (wt == nil || !wt.wake) && (wt == nil || !wt.trustWatch || !e.fed()) {
@@ -630,8 +641,9 @@ func (c *KeyCoordinator) run(ctx context.Context, key JobKey, rt retry, reduce f
 // reads the key instead.
 const watchFallback = 50 * time.Millisecond
 
-// waitTry marks the context of a Runner's acquisition while it waits for a
-// slot with a Watcher, and carries back the revision its outcome rested on.
+// waitTry marks a Runner's acquisition while it waits for a slot with a
+// Watcher (passed to KeyCoordinator.run as retry.wait), and carries back
+// the revision its outcome rested on.
 type waitTry struct {
 	// trustWatch lets the acquisition find the key busy on the state the
 	// watch feed vouches for, without a read (see keyEntry.begin).
@@ -659,13 +671,6 @@ type waitTry struct {
 	// lostOn is, after a woken try's write lost (errWakeLost), the state
 	// it was written on: the latest this coordinator knew stored then.
 	lostOn *KeyState
-}
-
-type waitTryKey struct{}
-
-// withWaitTry returns ctx carrying wt.
-func withWaitTry(ctx context.Context, wt *waitTry) context.Context {
-	return context.WithValue(ctx, waitTryKey{}, wt)
 }
 
 // decided records the revision an outcome rested on; wt may be nil.

@@ -242,17 +242,15 @@ func (r *Runner) acquire(ctx context.Context, jobID string, payload any, opts []
 	// waitTry.inTurn).
 	// tried says a try was made: a later one without a try of its own
 	// (a recheck of a Run without a Watcher) carries a try out of turn,
-	// which WithQueueTurn leaves out of turn (see JobType.queueTurn).
+	// which queueTurnOption leaves out of turn (see JobType.queueTurn).
 	tried := false
 	try := func(trust, inTurn bool) (Acquisition, time.Time, error) {
-		actx, wt := ctx, (*waitTry)(nil)
+		var wt *waitTry
 		switch {
 		case wakes && trust:
 			wt = &waitTry{wake: true, inTurn: inTurn}
-			actx = withWaitTry(ctx, wt)
 		case sub != nil || trust || inTurn || tried:
 			wt = &waitTry{trustWatch: trust, inTurn: inTurn}
-			actx = withWaitTry(ctx, wt)
 		}
 		tried = true
 		sub.beginTry()
@@ -261,7 +259,7 @@ func (r *Runner) acquire(ctx context.Context, jobID string, payload any, opts []
 		start := time.Now()
 		acq, err := Acquisition{}, keyErr
 		if err == nil {
-			acq, err = r.jt.acquire(actx, key, jobID, opts)
+			acq, err = r.jt.acquire(ctx, key, jobID, opts, wt)
 		}
 		if seen, ahead = 0, 0; wt != nil {
 			seen, ahead = wt.rev, wt.ahead

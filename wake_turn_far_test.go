@@ -36,12 +36,12 @@ func TestInTurnPastTheWakeUpWalkTakesTheSlot(t *testing.T) {
 	}
 
 	// Within the walk: held back, the slot left to the jobs ahead.
-	acq, err := jtb.Acquire(ctx, fmt.Sprintf("job-%d", wakeTargetsMax), jobWakePayload, WithQueueTurn())
+	acq, err := jtb.Acquire(ctx, fmt.Sprintf("job-%d", wakeTargetsMax), jobWakePayload, queueTurn())
 	require.NoError(t, err)
 	require.Equal(t, KindBlocked, acq.Kind, "queued within the walk's reach")
 
 	// Past it: takes the slot.
-	acq, err = jtb.Acquire(ctx, fmt.Sprintf("job-%d", n-1), jobWakePayload, WithQueueTurn())
+	acq, err = jtb.Acquire(ctx, fmt.Sprintf("job-%d", n-1), jobWakePayload, queueTurn())
 	require.NoError(t, err)
 	require.Equal(t, KindAcquired, acq.Kind, "queued past every wake-up's reach, with the slot free: %s %s", acq.Kind, acq.Reason)
 }

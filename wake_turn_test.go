@@ -167,7 +167,7 @@ func TestInTurnBlockStalePolicy(t *testing.T) {
 		require.Equal(t, KindAcquired, acq.Kind, tc.name)
 
 		wt := &waitTry{inTurn: true}
-		got, err := jtr.Acquire(withWaitTry(ctx, wt), "job-b", payload)
+		got, err := acquireJobTry(ctx, jtr, wt, "job-b", payload)
 		require.NoError(t, err)
 		assert.Equal(t, KindBlocked, got.Kind, tc.name)
 		assert.Equal(t, tc.want, got.Reason, tc.name)

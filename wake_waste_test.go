@@ -37,7 +37,7 @@ func TestPublishWakesStaleBlockFreesNoSlot(t *testing.T) {
 				_, _, chains := wakeHubSize(f.a)
 				return chains == 0
 			}, 30*time.Second, time.Millisecond, "the wake-ups of store a end")
-			sub2, err := f.wb.SubscribeJob(ctx, f.jtb, f.kvKey, "job-2")
+			sub2, err := f.wb.subscribeJob(ctx, f.jtb, f.kvKey, "job-2")
 			require.NoError(t, err)
 			defer sub2.Close()
 
