@@ -82,6 +82,7 @@ func benchConnect(b *testing.B, s *server.Server, opts ...NATSStoreOption) *benc
 	coord, err := NewCoordinator(rs, nil)
 	require.NoError(b, err)
 	coord.tryContext = benchTryContext
+	coord.keys.probes = benchLaneProbes
 	return &benchConn{nc: nc, store: store, coord: coord, totals: cs.totals, rechecks: rs.rechecks}
 }
 

@@ -42,6 +42,9 @@ type keyTable struct {
 	lingerWake    time.Duration
 	lingerRelease time.Duration
 	lingers       atomic.Int64
+	// probes, nil but in diagnostics that set them before the table is
+	// used, are given to every key's lane (see laneProbes).
+	probes *laneProbes
 }
 
 // keyEntry is one key's entry. users is guarded by keyTable.mu, the other
@@ -157,6 +160,7 @@ func (t *keyTable) pin(k string) *keyEntry {
 	if e == nil {
 		t.evictIdle()
 		e = &keyEntry{}
+		e.lane.probes = t.probes
 		t.entries[k] = e
 	}
 	e.users++
