@@ -4,7 +4,7 @@ package jobkeys
 // connection, store and coordinator (and so its own state cache), run random
 // operations on a few keys of one bucket of a real embedded server. Every
 // call is recorded (input, outcome, call and return time) and the history is
-// checked with porcupine against the sequential model of model_test.go; the
+// checked with porcupine against the sequential model of system_model_test.go; the
 // bucket's every revision is then audited (audit_test.go).
 //
 // JOBKEYS_SEED reproduces a run's random choices (not its interleaving);
@@ -526,7 +526,7 @@ func linPickLease(rng *rand.Rand, held []linLease, pool *linPool) (linLease, boo
 // ---- the porcupine model ----
 
 // linModel is the sequential specification of one key (histories are
-// partitioned by key): the model of model_test.go, with the operation's
+// partitioned by key): the model of system_model_test.go, with the operation's
 // clock reading left open within [lo, hi] where the outcome does not
 // reveal it.
 func linModel(keys []linKey) porcupine.Model {
