@@ -1,6 +1,7 @@
 package jobkeys
 
-// Group commit: the operations of one coordinator queued on one key's lane
+// Group commit (docs/design/keys-engine.md describes the per-key engine
+// as a whole): the operations of one coordinator queued on one key's lane
 // are written together. The operation that holds the lane takes those
 // waiting behind it (in arrival order, at most groupCommitMax), applies
 // their reducers in order, each to the state the one before it produced,
@@ -449,7 +450,7 @@ func (c *KeyCoordinator) turn(e *keyEntry, key JobKey, op *laneOp, buf *[]byte) 
 
 // commitBatch runs the batch lead leads, holding e's lane: it hands every
 // other operation of the batch its result and returns lead's. Its steps,
-// in order (docs/design/keys-engine.md, "Group commit"): gather the
+// in order (docs/design/keys-engine.md, "Concepts"): gather the
 // operations waiting behind lead (gather), find the state they start
 // from (begin), reduce them in order, each from the state the one before
 // produced (reduceFrom), linger for this process's waiters the batch

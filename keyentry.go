@@ -10,7 +10,8 @@ import (
 	"time"
 )
 
-// keyTable is what a coordinator keeps per KV key (a keyEntry): a lane that
+// keyTable is what a coordinator keeps per KV key (a keyEntry; the engine
+// is described in docs/design/keys-engine.md): a lane that
 // lets one of its operations write the key at a time, the state and
 // revision it last read or wrote, and the key's backoff window, its
 // estimate of contention.
