@@ -243,51 +243,7 @@ func auditCheck(t testing.TB, entries []auditEntry, facts auditFacts, policyOf f
 				prev = nil
 				continue
 			}
-			if st.Service+"."+st.JobType+"."+st.KeyHash != key {
-				fail("%s: holds the state of %s.%s.%s", where, st.Service, st.JobType, st.KeyHash)
-			}
-			if st.MaxActive != pol.MaxActive || st.MaxQueuedPerKey != pol.MaxQueuedPerKey {
-				fail("%s: limits %d/%d, the policy's are %d/%d", where, st.MaxActive, st.MaxQueuedPerKey, pol.MaxActive, pol.MaxQueuedPerKey)
-			}
-			if st.Empty() {
-				fail("%s: an empty state was written instead of deleted", where)
-			}
-			live := 0
-			for _, a := range st.Active {
-				if a.LeaseExpiresAt.After(st.UpdatedAt) {
-					live++
-				}
-				slots[a.SlotToken] = true
-			}
-			sum.MaxActiveSeen = max(sum.MaxActiveSeen, len(st.Active))
-			sum.MaxLiveSeen = max(sum.MaxLiveSeen, live)
-			if len(st.Active) > pol.MaxActive {
-				fail("%s: %d slots (%d live at updatedAt %s) exceed MaxActive %d: %s", where, len(st.Active), live,
-					st.UpdatedAt.Format(jsTime), pol.MaxActive, modelActiveIDs(st.Active))
-			}
-			seen := map[string]bool{}
-			for _, a := range st.Active {
-				if seen[a.JobID] {
-					fail("%s: job %s holds two slots", where, a.JobID)
-				}
-				seen[a.JobID] = true
-			}
-			for _, q := range st.Queued {
-				if seen[q.JobID] {
-					fail("%s: job %s is queued twice, or queued while it holds a slot", where, q.JobID)
-				}
-				seen[q.JobID] = true
-				queuedJobs[q.JobID] = true
-			}
-			if prev != nil {
-				if st.UpdatedAt.Before(prev.UpdatedAt) {
-					fail("%s: updatedAt %s is before the previous revision's %s: a write rested on an outdated state",
-						where, st.UpdatedAt.Format(jsTime), prev.UpdatedAt.Format(jsTime))
-				}
-				if st.StaleTakeoverCount < prev.StaleTakeoverCount {
-					fail("%s: staleTakeoverCount went from %d to %d", where, prev.StaleTakeoverCount, st.StaleTakeoverCount)
-				}
-			}
+			auditState(fail, where, key, pol, st, prev, &sum, slots, queuedJobs)
 			checkAuditTransition(fail, where, pol, facts, prev, st, &sum)
 			prev = st
 		}
@@ -322,6 +278,56 @@ func auditQueuedIDs(q []QueuedJob) []string {
 	return ids
 }
 
+// auditState checks st, the state of revision where of key, on its own and
+// after prev (nil: none), and records its slots and queued jobs.
+func auditState(fail func(string, ...any), where, key string, pol Policy, st, prev *KeyState, sum *auditSummary, slots, queuedJobs map[string]bool) {
+	if st.Service+"."+st.JobType+"."+st.KeyHash != key {
+		fail("%s: holds the state of %s.%s.%s", where, st.Service, st.JobType, st.KeyHash)
+	}
+	if st.MaxActive != pol.MaxActive || st.MaxQueuedPerKey != pol.MaxQueuedPerKey {
+		fail("%s: limits %d/%d, the policy's are %d/%d", where, st.MaxActive, st.MaxQueuedPerKey, pol.MaxActive, pol.MaxQueuedPerKey)
+	}
+	if st.Empty() {
+		fail("%s: an empty state was written instead of deleted", where)
+	}
+	live := 0
+	for _, a := range st.Active {
+		if a.LeaseExpiresAt.After(st.UpdatedAt) {
+			live++
+		}
+		slots[a.SlotToken] = true
+	}
+	sum.MaxActiveSeen = max(sum.MaxActiveSeen, len(st.Active))
+	sum.MaxLiveSeen = max(sum.MaxLiveSeen, live)
+	if len(st.Active) > pol.MaxActive {
+		fail("%s: %d slots (%d live at updatedAt %s) exceed MaxActive %d: %s", where, len(st.Active), live,
+			st.UpdatedAt.Format(jsTime), pol.MaxActive, modelActiveIDs(st.Active))
+	}
+	seen := map[string]bool{}
+	for _, a := range st.Active {
+		if seen[a.JobID] {
+			fail("%s: job %s holds two slots", where, a.JobID)
+		}
+		seen[a.JobID] = true
+	}
+	for _, q := range st.Queued {
+		if seen[q.JobID] {
+			fail("%s: job %s is queued twice, or queued while it holds a slot", where, q.JobID)
+		}
+		seen[q.JobID] = true
+		queuedJobs[q.JobID] = true
+	}
+	if prev != nil {
+		if st.UpdatedAt.Before(prev.UpdatedAt) {
+			fail("%s: updatedAt %s is before the previous revision's %s: a write rested on an outdated state",
+				where, st.UpdatedAt.Format(jsTime), prev.UpdatedAt.Format(jsTime))
+		}
+		if st.StaleTakeoverCount < prev.StaleTakeoverCount {
+			fail("%s: staleTakeoverCount went from %d to %d", where, prev.StaleTakeoverCount, st.StaleTakeoverCount)
+		}
+	}
+}
+
 // checkAuditTransition explains the change from prev to next (nil: deleted;
 // prev nil: created).
 func checkAuditTransition(fail func(string, ...any), where string, pol Policy, facts auditFacts, prev, next *KeyState, sum *auditSummary) {
@@ -333,6 +339,27 @@ func checkAuditTransition(fail func(string, ...any), where string, pol Policy, f
 	if next != nil {
 		after = next.Active
 	}
+	added := auditAddedSlots(fail, where, facts, before, after)
+	var removed []ActiveSlot
+	for _, b := range before {
+		if !slices.ContainsFunc(after, func(a ActiveSlot) bool { return a.SlotToken == b.SlotToken }) {
+			removed = append(removed, b)
+		}
+	}
+	if len(added) == 0 {
+		auditReleased(fail, where, facts, removed, sum)
+	} else {
+		auditTakenOver(fail, where, pol, facts, added[0], removed, prev, next, sum)
+	}
+	if len(added) == 0 && prev != nil && next != nil && next.StaleTakeoverCount != prev.StaleTakeoverCount {
+		fail("%s: staleTakeoverCount changed from %d to %d without an acquisition", where, prev.StaleTakeoverCount, next.StaleTakeoverCount)
+	}
+	auditQueueLeft(fail, where, facts, queuedBefore, added, next)
+}
+
+// auditAddedSlots returns the slots of after that before lacks, and fails
+// for one no acquisition returned, or for more than one.
+func auditAddedSlots(fail func(string, ...any), where string, facts auditFacts, before, after []ActiveSlot) []ActiveSlot {
 	var added []ActiveSlot
 	for _, a := range after {
 		if !slices.ContainsFunc(before, func(b ActiveSlot) bool { return b.SlotToken == a.SlotToken }) {
@@ -345,52 +372,54 @@ func checkAuditTransition(fail func(string, ...any), where string, pol Policy, f
 	if len(added) > 1 {
 		fail("%s: %d slots appeared in one write", where, len(added))
 	}
-	var removed []ActiveSlot
-	for _, b := range before {
-		if !slices.ContainsFunc(after, func(a ActiveSlot) bool { return a.SlotToken == b.SlotToken }) {
-			removed = append(removed, b)
+	return added
+}
+
+// auditReleased checks the slots removed by a write that added none: a
+// release frees one slot; nothing else frees any.
+func auditReleased(fail func(string, ...any), where string, facts auditFacts, removed []ActiveSlot, sum *auditSummary) {
+	if len(removed) > 1 {
+		fail("%s: %d slots vanished in one write without an acquisition", where, len(removed))
+	}
+	for _, b := range removed {
+		if !facts.releaseCalled[b.SlotToken] {
+			fail("%s: slot %s/%s vanished without a release of its token", where, b.JobID, b.SlotToken)
+		}
+		sum.Released++
+	}
+}
+
+// auditTakenOver checks the slots removed by the acquisition of taker: it
+// frees only expired slots, under FailStale any (and reports those of
+// other jobs), under Block only its own job's.
+func auditTakenOver(fail func(string, ...any), where string, pol Policy, facts auditFacts, taker ActiveSlot, removed []ActiveSlot, prev, next *KeyState, sum *auditSummary) {
+	for _, b := range removed {
+		sum.TakenOver++
+		if b.LeaseExpiresAt.After(next.UpdatedAt) {
+			fail("%s: live slot %s/%s (lease to %s) was taken over by %s/%s at %s", where, b.JobID, b.SlotToken,
+				b.LeaseExpiresAt.Format(jsTime), taker.JobID, taker.SlotToken, next.UpdatedAt.Format(jsTime))
+			continue
+		}
+		if taker.JobID == b.JobID {
+			continue // the job's own retry replaced its stale slot
+		}
+		if pol.StalePolicy == Block {
+			fail("%s: under Block, stale slot %s/%s was dropped by another job's acquisition (%s)", where, b.JobID, b.SlotToken, taker.JobID)
+			continue
+		}
+		if !facts.staleReported[b.SlotToken] && facts.uncertain[opAcquire] == 0 {
+			fail("%s: stale slot %s/%s was taken over by %s but no acquisition reported it", where, b.JobID, b.SlotToken, taker.JobID)
 		}
 	}
-	if len(added) == 0 {
-		// A release frees one slot; nothing else frees any.
-		if len(removed) > 1 {
-			fail("%s: %d slots vanished in one write without an acquisition", where, len(removed))
-		}
-		for _, b := range removed {
-			if !facts.releaseCalled[b.SlotToken] {
-				fail("%s: slot %s/%s vanished without a release of its token", where, b.JobID, b.SlotToken)
-			}
-			sum.Released++
-		}
-	} else {
-		// An acquisition frees only expired slots: under FailStale any (and
-		// reports those of other jobs), under Block only its own job's.
-		taker := added[0]
-		for _, b := range removed {
-			sum.TakenOver++
-			if b.LeaseExpiresAt.After(next.UpdatedAt) {
-				fail("%s: live slot %s/%s (lease to %s) was taken over by %s/%s at %s", where, b.JobID, b.SlotToken,
-					b.LeaseExpiresAt.Format(jsTime), taker.JobID, taker.SlotToken, next.UpdatedAt.Format(jsTime))
-				continue
-			}
-			if taker.JobID == b.JobID {
-				continue // the job's own retry replaced its stale slot
-			}
-			if pol.StalePolicy == Block {
-				fail("%s: under Block, stale slot %s/%s was dropped by another job's acquisition (%s)", where, b.JobID, b.SlotToken, taker.JobID)
-				continue
-			}
-			if !facts.staleReported[b.SlotToken] && facts.uncertain[opAcquire] == 0 {
-				fail("%s: stale slot %s/%s was taken over by %s but no acquisition reported it", where, b.JobID, b.SlotToken, taker.JobID)
-			}
-		}
-		if prev != nil && next.StaleTakeoverCount-prev.StaleTakeoverCount != len(removed) {
-			fail("%s: staleTakeoverCount rose by %d, %d slots were taken over", where, next.StaleTakeoverCount-prev.StaleTakeoverCount, len(removed))
-		}
+	if prev != nil && next.StaleTakeoverCount-prev.StaleTakeoverCount != len(removed) {
+		fail("%s: staleTakeoverCount rose by %d, %d slots were taken over", where, next.StaleTakeoverCount-prev.StaleTakeoverCount, len(removed))
 	}
-	if len(added) == 0 && prev != nil && next != nil && next.StaleTakeoverCount != prev.StaleTakeoverCount {
-		fail("%s: staleTakeoverCount changed from %d to %d without an acquisition", where, prev.StaleTakeoverCount, next.StaleTakeoverCount)
-	}
+}
+
+// auditQueueLeft checks that every job of queuedBefore that left the
+// queue did so by acquiring (a slot of added), a removal, a restore or a
+// reported replacement.
+func auditQueueLeft(fail func(string, ...any), where string, facts auditFacts, queuedBefore []QueuedJob, added []ActiveSlot, next *KeyState) {
 	for _, q := range queuedBefore {
 		if next != nil && slices.ContainsFunc(next.Queued, func(e QueuedJob) bool { return e.JobID == q.JobID }) {
 			continue

@@ -2,7 +2,7 @@ package jobkeys
 
 // A diagnostic of group commit on a hot key (issue 11): the hot-key rows of
 // BenchmarkCycle in one process (n workers, one connection, MaxActive 1)
-// with a probe on the key's lane (laneProbe) that records, per batch, what
+// with probes on the key's lane (laneProbes, set through benchLaneProbes) that records, per batch, what
 // it carried, and per operation that arrived while a batch was being
 // written (and so missed it), how long after the batch was taken it came.
 // It runs only with JOBKEYS_LANE_TRACE=1:
@@ -56,25 +56,30 @@ func BenchmarkLaneProbe(b *testing.B) {
 	s := natstest.Run(b)
 	b.Run("NATS/1worker", func(b *testing.B) {
 		p := newLaneRecorder()
-		laneProbe.Store(p.probes())
-		defer laneProbe.Store(nil)
+		benchLaneProbes = p.probes()
+		defer func() { benchLaneProbes = nil }()
 		benchOneWorker(b, s)
-		laneProbe.Store(nil)
+		benchLaneProbes = nil
 		p.report(b)
 	})
 	for _, n := range []int{16, 64} {
 		b.Run(fmt.Sprintf("NATS/%dworkers-1conn-1key-watcher", n), func(b *testing.B) {
 			p := newLaneRecorder()
-			laneProbe.Store(p.probes())
-			defer laneProbe.Store(nil)
+			benchLaneProbes = p.probes()
+			defer func() { benchLaneProbes = nil }()
 			benchHotKey(b, s, n, 1)
-			laneProbe.Store(nil)
+			benchLaneProbes = nil
 			p.report(b)
 		})
 	}
 }
 
-// laneRecorder is a laneProbe that keeps its findings.
+// benchLaneProbes, set by BenchmarkLaneProbe while it runs (its rows run
+// one at a time, never in parallel), are the lane probes benchConnect
+// gives the coordinators it makes (keyTable.probes).
+var benchLaneProbes *laneProbes
+
+// laneRecorder is a set of laneProbes that keeps its findings.
 type laneRecorder struct {
 	mu      sync.Mutex
 	lanes   map[*lane]*laneTrace

@@ -527,6 +527,7 @@ func TestCycleProcsChild(t *testing.T) {
 	ls := procLogStore{benchRecheckStore: rs, log: &procWriteLog{}}
 	coord, err := NewCoordinator(ls, nil)
 	require.NoError(t, err)
+	coord.tryContext = benchTryContext
 	require.Equal(t, sp.Wake, coord.wakes != nil, "the coordinator sees the store's wake-ups")
 	jt, err := coord.JobType(sp.Service, benchJobType, procPolicy(sp.Workers))
 	require.NoError(t, err)

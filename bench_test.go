@@ -81,6 +81,8 @@ func benchConnect(b *testing.B, s *server.Server, opts ...NATSStoreOption) *benc
 	rs := benchRecheckStore{countingStore: cs, rechecks: &benchRechecks{seen: map[*waitTry]struct{}{}}}
 	coord, err := NewCoordinator(rs, nil)
 	require.NoError(b, err)
+	coord.tryContext = benchTryContext
+	coord.keys.probes = benchLaneProbes
 	return &benchConn{nc: nc, store: store, coord: coord, totals: cs.totals, rechecks: rs.rechecks}
 }
 
@@ -109,7 +111,7 @@ type benchRechecks struct {
 // made with ctx is for.
 func (r *benchRechecks) note(ctx context.Context) {
 	for _, ctx := range batchContexts(ctx) {
-		wt, _ := ctx.Value(waitTryKey{}).(*waitTry)
+		wt, _ := ctx.Value(benchTryKey{}).(*waitTry)
 		if wt == nil || wt.trustWatch || wt.wake {
 			continue
 		}
@@ -120,6 +122,16 @@ func (r *benchRechecks) note(ctx context.Context) {
 		}
 		r.mu.Unlock()
 	}
+}
+
+// benchTryKey is the context key under which benchTryContext puts a try.
+type benchTryKey struct{}
+
+// benchTryContext is the KeyCoordinator.tryContext of the benchmarks'
+// coordinators: it puts each try of a waiting Runner in its operation's
+// context, for benchRechecks.note.
+func benchTryContext(ctx context.Context, wt *waitTry) context.Context {
+	return context.WithValue(ctx, benchTryKey{}, wt)
 }
 
 // reset forgets the tries counted so far (the warm-up's).
@@ -1336,162 +1348,14 @@ func BenchmarkUncontended(b *testing.B) {
 	if url == "" {
 		url = natstest.Run(b).ClientURL()
 	}
-	connect := func(b *testing.B) (*nats.Conn, *NATSStore, *KeyCoordinator) {
-		nc, js := natstest.ConnectURL(b, url)
-		store, err := NewNATSStore(js, WithCreateBuckets(jetstream.MemoryStorage, 1))
-		require.NoError(b, err)
-		coord, err := NewCoordinator(store, nil)
-		require.NoError(b, err)
-		return nc, store, coord
-	}
 	// A standalone server keeps the buckets of earlier runs.
-	run := strconv.FormatInt(time.Now().UnixNano(), 36)
-	service := func() string { return benchService() + "-" + run }
-	ctx := context.Background()
-	payload := benchPayload(0)
-	value := benchStateBytes(b, 0)
+	u := &uncontended{url: url, run: strconv.FormatInt(time.Now().UnixNano(), 36), ctx: context.Background(),
+		payload: benchPayload(0), value: benchStateBytes(b, 0)}
+	connect, service, ctx, payload, value := u.connect, u.service, u.ctx, u.payload, u.value
 
-	b.Run("NATS/JobType", func(b *testing.B) {
-		_, _, coord := connect(b)
-		jt, err := coord.JobType(service(), benchJobType, benchPolicy)
-		require.NoError(b, err)
-		cycle := func(jobID string) error {
-			adm, err := jt.Admit(ctx, jobID, payload)
-			if err != nil {
-				return err
-			}
-			if adm.Kind != KindAccepted || adm.AlreadyPresent {
-				return fmt.Errorf("admit %s: %s %s", jobID, adm.Kind, adm.Reason)
-			}
-			acq, err := jt.Acquire(ctx, jobID, payload)
-			if err != nil {
-				return err
-			}
-			if acq.Kind != KindAcquired {
-				return fmt.Errorf("acquire %s: %s %s", jobID, acq.Kind, acq.Reason)
-			}
-			rel, err := jt.Release(ctx, acq.Lease)
-			if err != nil {
-				return err
-			}
-			if rel.Kind != KindReleased {
-				return fmt.Errorf("release %s: %s", jobID, rel.Kind)
-			}
-			return nil
-		}
-		require.NoError(b, cycle("warmup"))
-		benchCPU(b, func(i int) error { return cycle("job-" + strconv.Itoa(i)) })
-	})
-	// paired: each op runs one JobType cycle and then three bare kv.Update
-	// calls, timing each half (wall clock and process CPU), so that both
-	// see the same load on a shared machine; it reports the cycle's rate
-	// relative to the three updates' (cycle/raw-rate) and the cycle's CPU
-	// relative to theirs (cycle/raw-cpu).
-	b.Run("NATS/paired", func(b *testing.B) {
-		_, store, coord := connect(b)
-		jt, err := coord.JobType(service(), benchJobType, benchPolicy)
-		require.NoError(b, err)
-		kv, err := store.KeyValue(ctx, service())
-		require.NoError(b, err)
-		rev, err := kv.Create(ctx, "k", value)
-		require.NoError(b, err)
-		cycle := func(jobID string) error {
-			if _, err := jt.Admit(ctx, jobID, payload); err != nil {
-				return err
-			}
-			acq, err := jt.Acquire(ctx, jobID, payload)
-			if err != nil {
-				return err
-			}
-			if acq.Kind != KindAcquired {
-				return fmt.Errorf("acquire %s: %s %s", jobID, acq.Kind, acq.Reason)
-			}
-			rel, err := jt.Release(ctx, acq.Lease)
-			if err == nil && rel.Kind != KindReleased {
-				err = fmt.Errorf("release %s: %s", jobID, rel.Kind)
-			}
-			return err
-		}
-		require.NoError(b, cycle("warmup"))
-		var cycleWall, rawWall, cycleCPU, rawCPU time.Duration
-		b.ReportAllocs()
-		b.ResetTimer()
-		for i := range b.N {
-			t0, c0 := time.Now(), benchProcessCPU(b)
-			if err := cycle("job-" + strconv.Itoa(i)); err != nil {
-				b.Fatal(err)
-			}
-			t1, c1 := time.Now(), benchProcessCPU(b)
-			for range 3 {
-				if rev, err = kv.Update(ctx, "k", value, rev); err != nil {
-					b.Fatal(err)
-				}
-			}
-			t2, c2 := time.Now(), benchProcessCPU(b)
-			cycleWall, rawWall = cycleWall+t1.Sub(t0), rawWall+t2.Sub(t1)
-			cycleCPU, rawCPU = cycleCPU+c1-c0, rawCPU+c2-c1
-		}
-		b.StopTimer()
-		b.ReportMetric(float64(rawWall)/float64(cycleWall), "cycle/raw-rate")
-		b.ReportMetric(float64(cycleCPU)/float64(rawCPU), "cycle/raw-cpu")
-		b.ReportMetric(float64(cycleCPU.Microseconds())/float64(b.N), "cycle-cpu-µs")
-		b.ReportMetric(float64(rawCPU.Microseconds())/float64(b.N), "raw-cpu-µs")
-	})
-	// paired-writes: each op is three writes by each of NATSStore.Update,
-	// kv.Update and a request on the connection (as conn-3requests), each
-	// third timed on its own: what the KV layer and the store cost per
-	// write beyond the round trip, under the same load.
-	b.Run("NATS/paired-writes", func(b *testing.B) {
-		nc, store, _ := connect(b)
-		svc := service()
-		kv, err := store.KeyValue(ctx, svc)
-		require.NoError(b, err)
-		storeRev, err := store.Create(ctx, svc, "s", value)
-		require.NoError(b, err)
-		kvRev, err := kv.Create(ctx, "k", value)
-		require.NoError(b, err)
-		connRev, err := kv.Create(ctx, "c", value)
-		require.NoError(b, err)
-		subject := "$KV." + kv.Bucket() + ".c"
-		var cpu [3]time.Duration
-		b.ReportAllocs()
-		b.ResetTimer()
-		for range b.N {
-			c0 := benchProcessCPU(b)
-			for range 3 {
-				if storeRev, err = store.Update(ctx, svc, "s", value, storeRev); err != nil {
-					b.Fatal(err)
-				}
-			}
-			c1 := benchProcessCPU(b)
-			for range 3 {
-				if kvRev, err = kv.Update(ctx, "k", value, kvRev); err != nil {
-					b.Fatal(err)
-				}
-			}
-			c2 := benchProcessCPU(b)
-			for range 3 {
-				m := &nats.Msg{Subject: subject, Data: value,
-					Header: nats.Header{jetstream.ExpectedLastSubjSeqHeader: []string{strconv.FormatUint(connRev, 10)}}}
-				rctx, cancel := context.WithTimeout(ctx, 5*time.Second)
-				resp, err := nc.RequestMsgWithContext(rctx, m)
-				cancel()
-				if err != nil {
-					b.Fatal(err)
-				}
-				if connRev, err = benchAckSeq(resp.Data); err != nil {
-					b.Fatal(err)
-				}
-			}
-			c3 := benchProcessCPU(b)
-			cpu[0], cpu[1], cpu[2] = cpu[0]+c1-c0, cpu[1]+c2-c1, cpu[2]+c3-c2
-		}
-		b.StopTimer()
-		per := func(d time.Duration) float64 { return float64(d.Nanoseconds()) / 1e3 / float64(3*b.N) }
-		b.ReportMetric(per(cpu[0]), "store-cpu-µs/write")
-		b.ReportMetric(per(cpu[1]), "kv-cpu-µs/write")
-		b.ReportMetric(per(cpu[2]), "conn-cpu-µs/write")
-	})
+	b.Run("NATS/JobType", u.jobType)
+	b.Run("NATS/paired", u.paired)
+	b.Run("NATS/paired-writes", u.pairedWrites)
 	b.Run("NATS/requests", func(b *testing.B) {
 		_, _, coord := connect(b)
 		svc := service()
@@ -1553,6 +1417,177 @@ func BenchmarkUncontended(b *testing.B) {
 			return nil
 		})
 	})
+}
+
+// uncontended is what the rows of BenchmarkUncontended share: the server's
+// URL, a run id for the names of buckets (a standalone server keeps those
+// of earlier runs), and the payload and state value the rows write.
+type uncontended struct {
+	url     string
+	run     string
+	ctx     context.Context
+	payload []byte
+	value   []byte
+}
+
+// connect makes a connection, a store over it that creates its buckets,
+// and a coordinator over the store.
+func (u *uncontended) connect(b *testing.B) (*nats.Conn, *NATSStore, *KeyCoordinator) {
+	nc, js := natstest.ConnectURL(b, u.url)
+	store, err := NewNATSStore(js, WithCreateBuckets(jetstream.MemoryStorage, 1))
+	require.NoError(b, err)
+	coord, err := NewCoordinator(store, nil)
+	require.NoError(b, err)
+	return nc, store, coord
+}
+
+// service returns a service name of this run no other row uses.
+func (u *uncontended) service() string { return benchService() + "-" + u.run }
+
+// jobType is the row NATS/JobType: admit, acquire and release through a
+// JobType handle.
+func (u *uncontended) jobType(b *testing.B) {
+	_, _, coord := u.connect(b)
+	jt, err := coord.JobType(u.service(), benchJobType, benchPolicy)
+	require.NoError(b, err)
+	cycle := func(jobID string) error {
+		adm, err := jt.Admit(u.ctx, jobID, u.payload)
+		if err != nil {
+			return err
+		}
+		if adm.Kind != KindAccepted || adm.AlreadyPresent {
+			return fmt.Errorf("admit %s: %s %s", jobID, adm.Kind, adm.Reason)
+		}
+		acq, err := jt.Acquire(u.ctx, jobID, u.payload)
+		if err != nil {
+			return err
+		}
+		if acq.Kind != KindAcquired {
+			return fmt.Errorf("acquire %s: %s %s", jobID, acq.Kind, acq.Reason)
+		}
+		rel, err := jt.Release(u.ctx, acq.Lease)
+		if err != nil {
+			return err
+		}
+		if rel.Kind != KindReleased {
+			return fmt.Errorf("release %s: %s", jobID, rel.Kind)
+		}
+		return nil
+	}
+	require.NoError(b, cycle("warmup"))
+	benchCPU(b, func(i int) error { return cycle("job-" + strconv.Itoa(i)) })
+}
+
+// paired is the row NATS/paired: each op runs one JobType cycle and then
+// three bare kv.Update calls, timing each half (wall clock and process
+// CPU), so that both see the same load on a shared machine; it reports the
+// cycle's rate relative to the three updates' (cycle/raw-rate) and the
+// cycle's CPU relative to theirs (cycle/raw-cpu).
+func (u *uncontended) paired(b *testing.B) {
+	_, store, coord := u.connect(b)
+	jt, err := coord.JobType(u.service(), benchJobType, benchPolicy)
+	require.NoError(b, err)
+	kv, err := store.KeyValue(u.ctx, u.service())
+	require.NoError(b, err)
+	rev, err := kv.Create(u.ctx, "k", u.value)
+	require.NoError(b, err)
+	cycle := func(jobID string) error {
+		if _, err := jt.Admit(u.ctx, jobID, u.payload); err != nil {
+			return err
+		}
+		acq, err := jt.Acquire(u.ctx, jobID, u.payload)
+		if err != nil {
+			return err
+		}
+		if acq.Kind != KindAcquired {
+			return fmt.Errorf("acquire %s: %s %s", jobID, acq.Kind, acq.Reason)
+		}
+		rel, err := jt.Release(u.ctx, acq.Lease)
+		if err == nil && rel.Kind != KindReleased {
+			err = fmt.Errorf("release %s: %s", jobID, rel.Kind)
+		}
+		return err
+	}
+	require.NoError(b, cycle("warmup"))
+	var cycleWall, rawWall, cycleCPU, rawCPU time.Duration
+	b.ReportAllocs()
+	b.ResetTimer()
+	for i := range b.N {
+		t0, c0 := time.Now(), benchProcessCPU(b)
+		if err := cycle("job-" + strconv.Itoa(i)); err != nil {
+			b.Fatal(err)
+		}
+		t1, c1 := time.Now(), benchProcessCPU(b)
+		for range 3 {
+			if rev, err = kv.Update(u.ctx, "k", u.value, rev); err != nil {
+				b.Fatal(err)
+			}
+		}
+		t2, c2 := time.Now(), benchProcessCPU(b)
+		cycleWall, rawWall = cycleWall+t1.Sub(t0), rawWall+t2.Sub(t1)
+		cycleCPU, rawCPU = cycleCPU+c1-c0, rawCPU+c2-c1
+	}
+	b.StopTimer()
+	b.ReportMetric(float64(rawWall)/float64(cycleWall), "cycle/raw-rate")
+	b.ReportMetric(float64(cycleCPU)/float64(rawCPU), "cycle/raw-cpu")
+	b.ReportMetric(float64(cycleCPU.Microseconds())/float64(b.N), "cycle-cpu-µs")
+	b.ReportMetric(float64(rawCPU.Microseconds())/float64(b.N), "raw-cpu-µs")
+}
+
+// pairedWrites is the row NATS/paired-writes: each op is three writes by
+// each of NATSStore.Update, kv.Update and a request on the connection (as
+// conn-3requests), each third timed on its own: what the KV layer and the
+// store cost per write beyond the round trip, under the same load.
+func (u *uncontended) pairedWrites(b *testing.B) {
+	nc, store, _ := u.connect(b)
+	svc := u.service()
+	kv, err := store.KeyValue(u.ctx, svc)
+	require.NoError(b, err)
+	storeRev, err := store.Create(u.ctx, svc, "s", u.value)
+	require.NoError(b, err)
+	kvRev, err := kv.Create(u.ctx, "k", u.value)
+	require.NoError(b, err)
+	connRev, err := kv.Create(u.ctx, "c", u.value)
+	require.NoError(b, err)
+	subject := "$KV." + kv.Bucket() + ".c"
+	var cpu [3]time.Duration
+	b.ReportAllocs()
+	b.ResetTimer()
+	for range b.N {
+		c0 := benchProcessCPU(b)
+		for range 3 {
+			if storeRev, err = store.Update(u.ctx, svc, "s", u.value, storeRev); err != nil {
+				b.Fatal(err)
+			}
+		}
+		c1 := benchProcessCPU(b)
+		for range 3 {
+			if kvRev, err = kv.Update(u.ctx, "k", u.value, kvRev); err != nil {
+				b.Fatal(err)
+			}
+		}
+		c2 := benchProcessCPU(b)
+		for range 3 {
+			m := &nats.Msg{Subject: subject, Data: u.value,
+				Header: nats.Header{jetstream.ExpectedLastSubjSeqHeader: []string{strconv.FormatUint(connRev, 10)}}}
+			rctx, cancel := context.WithTimeout(u.ctx, 5*time.Second)
+			resp, err := nc.RequestMsgWithContext(rctx, m)
+			cancel()
+			if err != nil {
+				b.Fatal(err)
+			}
+			if connRev, err = benchAckSeq(resp.Data); err != nil {
+				b.Fatal(err)
+			}
+		}
+		c3 := benchProcessCPU(b)
+		cpu[0], cpu[1], cpu[2] = cpu[0]+c1-c0, cpu[1]+c2-c1, cpu[2]+c3-c2
+	}
+	b.StopTimer()
+	per := func(d time.Duration) float64 { return float64(d.Nanoseconds()) / 1e3 / float64(3*b.N) }
+	b.ReportMetric(per(cpu[0]), "store-cpu-µs/write")
+	b.ReportMetric(per(cpu[1]), "kv-cpu-µs/write")
+	b.ReportMetric(per(cpu[2]), "conn-cpu-µs/write")
 }
 
 // benchAckSeq returns the "seq" of a publish ack, read by hand.
@@ -1617,6 +1652,7 @@ func TestBenchRecheckStoreCounts(t *testing.T) {
 			rs := benchRecheckStore{countingStore: newCountingStore(mem), rechecks: &benchRechecks{seen: map[*waitTry]struct{}{}}}
 			coord, err := NewCoordinator(rs, nil)
 			require.NoError(t, err)
+			coord.tryContext = benchTryContext
 			jt, err := coord.JobType("recheck-"+tc.name, benchJobType, policy)
 			require.NoError(t, err)
 			wt, err := NewWatcher(mem)

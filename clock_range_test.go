@@ -174,3 +174,35 @@ func TestClockOffsetCentenaryClocks(t *testing.T) {
 		})
 	}
 }
+
+// A clock whose leases would end after year 9999 is refused before any
+// write, with an error naming the time and the bound; the key stays
+// readable. Before, the lease was written as "10000-01-01T…", which no
+// reader accepts, and every later operation on the key failed.
+func TestCoordinatorRefusesClockPastYear9999(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	clock := &jkClock{t: time.Date(9999, 12, 31, 23, 59, 0, 0, time.UTC)}
+	st := NewMemoryStore()
+	c := cCoordinator(t, st, &Config{Now: clock.Now})
+	svc := jkService("clock")
+	key := cKey(t, svc)
+	p := cPolicy()
+	_, err := c.Admit(ctx, cAdmit(svc, "j", p))
+	require.NoError(t, err, "an admission at 9999-12-31T23:59Z writes times within the years")
+	before, rev := stored(t, st, svc, key.KVKey)
+
+	_, err = c.Acquire(ctx, cAcquire(svc, "j", p, false))
+	require.ErrorIs(t, err, ErrClockOutOfRange)
+	assert.Contains(t, err.Error(), "10000-01-01T00:01:00Z", "the lease's end")
+	assert.Contains(t, err.Error(), "9999-12-31T23:59:59.999Z", "the bound")
+	after, rev2 := stored(t, st, svc, key.KVKey)
+	assert.Equal(t, string(before), string(after))
+	assert.Equal(t, rev, rev2)
+
+	clock.Advance(time.Hour) // now in year 10000
+	_, err = c.Admit(ctx, cAdmit(svc, "k", p))
+	require.ErrorIs(t, err, ErrClockOutOfRange)
+	_, err = ParseState(after)
+	require.NoError(t, err, "the key is still readable")
+}

@@ -224,6 +224,11 @@ type KeyCoordinator struct {
 	// wakeHold), for FlushWakeUps. Taken after a key entry's wakeMu.
 	heldMu sync.Mutex
 	held   map[*heldWake]struct{}
+	// tryContext, set by tests only before the coordinator is used (nil
+	// otherwise), derives the context of each operation that is a try of
+	// a waiting Runner's from that try, for store wrappers that tell the
+	// tries apart (bench_test.go's benchRecheckStore).
+	tryContext func(context.Context, *waitTry) context.Context
 }
 
 // NewCoordinator returns a coordinator over store. cfg may be nil for the
@@ -304,7 +309,7 @@ func (c *KeyCoordinator) Acquire(ctx context.Context, req AcquireRequest) (Acqui
 	if err != nil {
 		return Acquisition{}, err
 	}
-	return c.acquireKey(ctx, key, policy, req)
+	return c.acquireKey(ctx, key, policy, req, nil)
 }
 
 // Renew extends the lease by its policy's HeartbeatTTL from now, or reports
@@ -462,6 +467,9 @@ type retry struct {
 	// none at hand: the key's entry remembers it for the wake-ups of its
 	// writes (see keyEntry.blocksStale).
 	stale StalePolicy
+	// wait is the try of a waiting Runner (or a try in turn) the
+	// operation is, nil for any other operation: see waitTry.
+	wait *waitTry
 }
 
 // run is the read-reduce-compare-and-swap loop of one operation on key.
@@ -494,17 +502,12 @@ func (c *KeyCoordinator) run(ctx context.Context, key JobKey, rt retry, reduce f
 	e := c.keys.pin(key.KVKey)
 	defer c.keys.unpin(key.KVKey, e)
 	e.stalePolicy(rt.stale)
-	wt, _ := ctx.Value(waitTryKey{}).(*waitTry)
-	// A waiter on a key its watch feeds tries at once: its Watcher spaces
-	// the tries.
-	if rt.lease == nil && (wt == nil || !wt.wake) && (wt == nil || !wt.trustWatch || !e.fed()) {
-		if window := e.paceWindow(time.Now()); window > 0 {
-			// A contended key: pace the first attempt too, so that a
-			// writer that keeps winning does not keep the others out.
-			if err := sleepJitter(ctx, window); err != nil {
-				return err
-			}
-		}
+	wt := rt.wait
+	if wt != nil && c.tryContext != nil {
+		ctx = c.tryContext(ctx, wt)
+	}
+	if err := paceFirst(ctx, e, rt); err != nil {
+		return err
 	}
 	op := newLaneOp(ctx, reduce, rt, wt != nil && wt.trustWatch)
 	op.woken = wt != nil && wt.wake
@@ -520,30 +523,15 @@ func (c *KeyCoordinator) run(ctx context.Context, key JobKey, rt retry, reduce f
 	)
 	for {
 		if readNext {
-			mark, feed, hints := e.mark(), e.feedMark(), e.hintMark()
-			sent := time.Now() // the read's request goes out after this
-			st, rev, err := c.read(ctx, key)
-			if err != nil {
+			var done bool
+			var err error
+			if r, done, err = c.readFor(ctx, key, e, reduce, wt); err != nil || done {
 				return err
 			}
-			e.settleHint(rev, hints)
-			if next := reduce(st, c.cfg.Now()); writesNothing(next, st) {
-				e.observeSent(st, rev, feed, sent)
-				wt.decided(rev)
-				return nil
-			}
-			r = &read{state: st, sent: sent, rev: rev, mark: mark, feed: feed}
 		}
 		op.r = r
 		view := e.view()
-		var unhold func()
-		if c.wakes != nil {
-			unhold = e.holdWakeFor() // see wakeHold
-		}
-		res, err := c.turn(e, key, op, buf)
-		if unhold != nil {
-			unhold()
-		}
+		res, err := c.holdingWakes(e, key, op, buf)
 		if err != nil {
 			return err
 		}
@@ -574,55 +562,115 @@ func (c *KeyCoordinator) run(ctx context.Context, key JobKey, rt retry, reduce f
 			continue
 		}
 		lost++
-		// A waiter's lost race is answered by the write that won it, which
-		// the watch delivers: no pause, and no wider backoff window for
-		// the key's other operations (its Watcher spaces the waiters). So
-		// is a renewal's or release's on a watched key: it holds the slot
-		// while it pauses, and on a contended key the window its pause is
-		// drawn from is widened by every race the coordinator's other
-		// operations lose there (admissions, typically), up to
-		// MaxRetryBackoff, while the write it lost to is a watch hop away.
-		// Each of its retries follows another writer's success, so the
-		// key still makes progress.
-		//
-		// A create lost on the absence the feed delivered is not paused
-		// for either: it was made on a guess, and a failed write on a
-		// guess never is.
-		fed := e.fed()
-		watchAnswers := createLost || fed && (rt.lease != nil || wt != nil && wt.trustWatch)
-		if rt.lease != nil {
-			if until := leaseEnd(s.state, *rt.lease); !c.cfg.Now().Before(until) {
-				return fmt.Errorf("%w: KV key %q: job %q lost %d compare-and-swap races to concurrent writers until its lease expired at %s",
-					ErrContention, key.KVKey, rt.lease.JobID, lost, until.UTC().Format(time.RFC3339Nano))
-			}
-			// Unwatched, it backs off like any other operation: the
-			// pauses keep its attempts, and the other writers', apart.
-		} else if lost >= c.cfg.MaxAttempts {
-			return fmt.Errorf("%w: KV key %q: %d compare-and-swap attempts lost to concurrent writers", ErrContention, key.KVKey, lost)
+		fromFeed, err := c.afterLost(ctx, e, key, rt, res, view, createLost, lost)
+		if err != nil {
+			return err
 		}
-		if !watchAnswers {
-			// The batch that lost widened the key's window once for all
-			// its operations; a turn that wrote nothing did not.
-			pause := res.pause
-			if pause == 0 {
-				pause = e.lose(c.cfg.RetryBackoff, c.cfg.MaxRetryBackoff, time.Now())
-			}
-			if err := sleepJitter(ctx, pause); err != nil {
-				return err
-			}
-		}
-		if createLost {
-			if e.awaitCreated(ctx, view.delivered, watchFallback) {
-				// The watch delivered the create that won: start from
-				// it, without a read.
-				r, readNext = nil, false
-			}
-		} else if fed && e.awaitChange(ctx, s.rev, watchFallback) {
-			// The watch delivered what the write lost to: start from
-			// it, without a read.
+		if fromFeed {
+			// The watch delivered the write that won: start from it,
+			// without a read.
 			r, readNext = nil, false
 		}
 	}
+}
+
+// paceFirst delays the first attempt of an operation on a contended key
+// (a window open on e), so that a writer that keeps winning does not keep
+// the others out. A renewal or release is not paced, nor a woken waiter's
+// try, nor a waiter's on a key its watch feeds: its Watcher spaces the
+// tries.
+func paceFirst(ctx context.Context, e *keyEntry, rt retry) error {
+	wt := rt.wait
+	if rt.lease != nil || wt != nil && wt.wake || wt != nil && wt.trustWatch && e.fed() {
+		return nil
+	}
+	if window := e.paceWindow(time.Now()); window > 0 {
+		return sleepJitter(ctx, window)
+	}
+	return nil
+}
+
+// readFor reads key for an operation (reduce) that needs a read, and
+// returns the read; done says the outcome on it writes nothing, which
+// ends the operation (wt, nil but for a waiting Runner's try, learns
+// the revision).
+func (c *KeyCoordinator) readFor(ctx context.Context, key JobKey, e *keyEntry, reduce func(*KeyState, time.Time) *KeyState, wt *waitTry) (_ *read, done bool, _ error) {
+	mark, feed, hints := e.mark(), e.feedMark(), e.hintMark()
+	sent := time.Now() // the read's request goes out after this
+	st, rev, err := c.read(ctx, key)
+	if err != nil {
+		return nil, false, err
+	}
+	e.settleHint(rev, hints)
+	if next := reduce(st, c.cfg.Now()); writesNothing(next, st) {
+		e.observeSent(st, rev, feed, sent)
+		wt.decided(rev)
+		return nil, true, nil
+	}
+	return &read{state: st, sent: sent, rev: rev, mark: mark, feed: feed}, false, nil
+}
+
+// holdingWakes takes op's turn at e's lane (see turn), holding back the
+// key's held wake-up meanwhile over a store with wake-ups (see wakeHold).
+func (c *KeyCoordinator) holdingWakes(e *keyEntry, key JobKey, op *laneOp, buf *[]byte) (laneResult, error) {
+	if c.wakes == nil {
+		return c.turn(e, key, op, buf)
+	}
+	if unhold := e.holdWakeFor(); unhold != nil {
+		defer unhold()
+	}
+	return c.turn(e, key, op, buf)
+}
+
+// afterLost follows the lost-th race an operation lost (res: its turn's
+// result; view: the feed before it; createLost: a create on the absence
+// the feed delivered lost): it fails the operation past its bound, else
+// pauses as the retry rules say and waits a little for the watch to
+// deliver the write that won. fromFeed says it did: the next attempt
+// starts from it, without a read.
+//
+// A waiter's lost race is answered by the write that won it, which the
+// watch delivers: no pause, and no wider backoff window for the key's
+// other operations (its Watcher spaces the waiters). So is a renewal's or
+// release's on a watched key: it holds the slot while it pauses, and on a
+// contended key the window its pause is drawn from is widened by every
+// race the coordinator's other operations lose there (admissions,
+// typically), up to MaxRetryBackoff, while the write it lost to is a
+// watch hop away. Each of its retries follows another writer's success,
+// so the key still makes progress.
+//
+// A create lost on the absence the feed delivered is not paused for
+// either: it was made on a guess, and a failed write on a guess never is.
+func (c *KeyCoordinator) afterLost(ctx context.Context, e *keyEntry, key JobKey, rt retry, res laneResult, view feedView, createLost bool, lost int) (fromFeed bool, _ error) {
+	fed := e.fed()
+	watchAnswers := createLost || fed && (rt.lease != nil || rt.wait != nil && rt.wait.trustWatch)
+	if rt.lease != nil {
+		if until := leaseEnd(res.s.state, *rt.lease); !c.cfg.Now().Before(until) {
+			return false, fmt.Errorf("%w: KV key %q: job %q lost %d compare-and-swap races to concurrent writers until its lease expired at %s",
+				ErrContention, key.KVKey, rt.lease.JobID, lost, until.UTC().Format(time.RFC3339Nano))
+		}
+		// Unwatched, it backs off like any other operation: the pauses
+		// keep its attempts, and the other writers', apart.
+	} else if lost >= c.cfg.MaxAttempts {
+		return false, fmt.Errorf("%w: KV key %q: %d compare-and-swap attempts lost to concurrent writers", ErrContention, key.KVKey, lost)
+	}
+	if !watchAnswers {
+		// The batch that lost widened the key's window once for all its
+		// operations; a turn that wrote nothing did not.
+		pause := res.pause
+		if pause == 0 {
+			pause = e.lose(c.cfg.RetryBackoff, c.cfg.MaxRetryBackoff, time.Now())
+		}
+		if err := sleepJitter(ctx, pause); err != nil {
+			return false, err
+		}
+	}
+	if createLost {
+		// The watch delivers the create that won.
+		return e.awaitCreated(ctx, view.delivered, watchFallback), nil
+	}
+	// The watch delivers what the write lost to.
+	return fed && e.awaitChange(ctx, res.s.rev, watchFallback), nil
 }
 
 // watchFallback bounds how long an operation whose write lost a race on a
@@ -630,8 +678,9 @@ func (c *KeyCoordinator) run(ctx context.Context, key JobKey, rt retry, reduce f
 // reads the key instead.
 const watchFallback = 50 * time.Millisecond
 
-// waitTry marks the context of a Runner's acquisition while it waits for a
-// slot with a Watcher, and carries back the revision its outcome rested on.
+// waitTry marks a Runner's acquisition while it waits for a slot with a
+// Watcher (passed to KeyCoordinator.run as retry.wait), and carries back
+// the revision its outcome rested on.
 type waitTry struct {
 	// trustWatch lets the acquisition find the key busy on the state the
 	// watch feed vouches for, without a read (see keyEntry.begin).
@@ -659,13 +708,6 @@ type waitTry struct {
 	// lostOn is, after a woken try's write lost (errWakeLost), the state
 	// it was written on: the latest this coordinator knew stored then.
 	lostOn *KeyState
-}
-
-type waitTryKey struct{}
-
-// withWaitTry returns ctx carrying wt.
-func withWaitTry(ctx context.Context, wt *waitTry) context.Context {
-	return context.WithValue(ctx, waitTryKey{}, wt)
 }
 
 // decided records the revision an outcome rested on; wt may be nil.

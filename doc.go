@@ -109,10 +109,9 @@
 //     [KeyCoordinator.FlushWakeUps] after its last release, before it
 //     closes the connection (a release's wake-up may be held back a
 //     fraction of a millisecond; the jobs Client's Stop does this).
-//   - [WithQueueTurn], [Watcher.SubscribeJob] and [JobType.PassWakeUp] only
-//     for a worker runtime of one's own over wake-ups: a [Runner] already
-//     waits that way (the jobs Client dispatches jobs when their key has
-//     room instead of waiting on keys).
+//     A [Runner] waits for the wake-ups of its own job by itself; the
+//     jobs Client dispatches jobs when their key has room instead of
+//     waiting on keys.
 //   - [WithStrictCreate] (never coalesce or replace), [WithRetry] (see
 //     Retries), [WithTries], [WithInstanceID] and [WithTraceContext] per
 //     call; [Config] and [RunnerConfig] for the rest, each field with its

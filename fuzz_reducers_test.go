@@ -217,63 +217,9 @@ func fzReducer(t *testing.T, data []byte, kind opKind) {
 	}
 	wellFormed := fzWellFormed(st)
 	ms := modelMs(jsNow(now))
-	var out *KeyState
-	var want modelResult
-	var diff string
-	switch kind {
-	case opAdmit:
-		req := AdmitRequest{JobID: job, StrictCreate: g.intn(2) == 0, Context: g.context()}
-		got := ReduceAdmission(st, modelKey, req, pol, now)
-		if again := ReduceAdmission(st, modelKey, req, pol, now); !reflect.DeepEqual(got, again) {
-			t.Fatal("ReduceAdmission is not deterministic")
-		}
-		out, want = got.State, modelAdmit(model, job, req.StrictCreate, req.Context, mp, ms)
-		diff = modelDiffAdmission(want, got, job)
-	case opAcquire:
-		req := AcquireRequest{JobID: job, Retry: g.intn(2) == 0, Tries: g.count(), InstanceID: "w", Context: g.context()}
-		acceptable = acceptable && req.Tries >= 0 && req.Tries < 1<<53
-		got := ReduceAcquire(st, modelKey, req, pol, now, "new-token")
-		if again := ReduceAcquire(st, modelKey, req, pol, now, "new-token"); !reflect.DeepEqual(got, again) {
-			t.Fatal("ReduceAcquire is not deterministic")
-		}
-		out, want = got.State, modelAcquire(model, job, req.Retry, req.Tries, "w", req.Context, mp, ms, "new-token")
-		diff = modelDiffAcquisition(want, got, job, "new-token")
-		if got.Kind == KindAcquired {
-			if len(out.Active) > pol.MaxActive {
-				t.Fatalf("acquisition left %d slots, MaxActive %d", len(out.Active), pol.MaxActive)
-			}
-			if wellFormed && acceptable && !fzWellFormed(out) {
-				t.Fatalf("acquisition of %q left a job twice: %s / %v", job, modelActiveIDs(out.Active), auditQueuedIDs(out.Queued))
-			}
-		}
-	case opRenew, opRelease:
-		lease := Lease{JobID: job, SlotToken: []string{"t0", "t1", "t2", "t3", ""}[g.intn(5)], Policy: pol}
-		if kind == opRenew {
-			got := ReduceRenew(st, lease, now)
-			out, want = got.State, modelRenew(model, job, lease.SlotToken, mp.ttl, ms)
-			diff = modelDiffSimple(want, got.Kind, got.LeaseExpiresAt, got.State)
-		} else {
-			got := ReduceRelease(st, lease, now)
-			out, want = got.State, modelRelease(model, job, lease.SlotToken, ms)
-			diff = modelDiffSimple(want, got.Kind, time.Time{}, got.State)
-		}
-	case opRemove:
-		got := ReduceRemoveQueued(st, job, now)
-		out, want = got.State, modelRemove(model, job, ms)
-		diff = modelDiffSimple(want, got.Kind, time.Time{}, got.State)
-	case opRestore:
-		replaced := ReplacedJob{JobRef: JobRef{ID: g.job()}, CreatedAt: g.when(), RequestID: []string{"", "r"}[g.intn(2)], Context: g.context()}
-		req := RestoreRequest{ReplacementJobID: job, Replaced: replaced}
-		got := ReduceRestoreReplaced(st, modelKey, req, pol, now)
-		q := modelQueued{job: replaced.ID, created: modelMs(replaced.CreatedAt), requestID: replaced.RequestID, ctx: replaced.Context}
-		if q.requestID == "" {
-			q.requestID = modelRequestID(replaced.Context, replaced.ID)
-		}
-		out, want = got.State, modelRestore(model, job, q, mp, ms)
-		diff = modelDiffSimple(want, modelKindRestored, time.Time{}, got.State)
-		wellFormed = wellFormed && replaced.ID != job && replaced.ID != ""
-		acceptable = acceptable && replaced.ID != ""
-	}
+	fc := fzCall{t: t, g: g, st: st, model: model, pol: pol, mp: mp, now: now, ms: ms, job: job, acceptable: acceptable, wellFormed: wellFormed}
+	fc.run(kind)
+	out, want, diff, acceptable, wellFormed := fc.out, fc.want, fc.diff, fc.acceptable, fc.wellFormed
 	if st != nil && !reflect.DeepEqual(snapshot, st) {
 		t.Fatalf("%s modified its input state", kind)
 	}
@@ -290,6 +236,85 @@ func fzReducer(t *testing.T, data []byte, kind opKind) {
 		if _, err := ParseState(appendState(nil, out)); err != nil {
 			t.Fatalf("%s %q: the new state does not parse back: %v\n%s", kind, job, err, appendState(nil, out))
 		}
+	}
+}
+
+// fzCall is one reducer call of fzReducer on fuzzed input: the input, and
+// what run leaves (the new state, the model's result, their difference,
+// and whether the input is well formed and acceptable after the call's own
+// inputs are drawn).
+type fzCall struct {
+	t                      *testing.T
+	g                      *fzGen
+	st                     *KeyState
+	model                  *modelState
+	pol                    Policy
+	mp                     modelPolicy
+	now                    time.Time
+	ms                     int64
+	job                    string
+	acceptable, wellFormed bool
+
+	out  *KeyState
+	want modelResult
+	diff string
+}
+
+// run calls the reducer of kind, and the model's, on c's input.
+func (c *fzCall) run(kind opKind) {
+	switch kind {
+	case opAdmit:
+		req := AdmitRequest{JobID: c.job, StrictCreate: c.g.intn(2) == 0, Context: c.g.context()}
+		got := ReduceAdmission(c.st, modelKey, req, c.pol, c.now)
+		if again := ReduceAdmission(c.st, modelKey, req, c.pol, c.now); !reflect.DeepEqual(got, again) {
+			c.t.Fatal("ReduceAdmission is not deterministic")
+		}
+		c.out, c.want = got.State, modelAdmit(c.model, c.job, req.StrictCreate, req.Context, c.mp, c.ms)
+		c.diff = modelDiffAdmission(c.want, got, c.job)
+	case opAcquire:
+		req := AcquireRequest{JobID: c.job, Retry: c.g.intn(2) == 0, Tries: c.g.count(), InstanceID: "w", Context: c.g.context()}
+		c.acceptable = c.acceptable && req.Tries >= 0 && req.Tries < 1<<53
+		got := ReduceAcquire(c.st, modelKey, req, c.pol, c.now, "new-token")
+		if again := ReduceAcquire(c.st, modelKey, req, c.pol, c.now, "new-token"); !reflect.DeepEqual(got, again) {
+			c.t.Fatal("ReduceAcquire is not deterministic")
+		}
+		c.out, c.want = got.State, modelAcquire(c.model, c.job, req.Retry, req.Tries, "w", req.Context, c.mp, c.ms, "new-token")
+		c.diff = modelDiffAcquisition(c.want, got, c.job, "new-token")
+		if got.Kind == KindAcquired {
+			if len(c.out.Active) > c.pol.MaxActive {
+				c.t.Fatalf("acquisition left %d slots, MaxActive %d", len(c.out.Active), c.pol.MaxActive)
+			}
+			if c.wellFormed && c.acceptable && !fzWellFormed(c.out) {
+				c.t.Fatalf("acquisition of %q left a job twice: %s / %v", c.job, modelActiveIDs(c.out.Active), auditQueuedIDs(c.out.Queued))
+			}
+		}
+	case opRenew, opRelease:
+		lease := Lease{JobID: c.job, SlotToken: []string{"t0", "t1", "t2", "t3", ""}[c.g.intn(5)], Policy: c.pol}
+		if kind == opRenew {
+			got := ReduceRenew(c.st, lease, c.now)
+			c.out, c.want = got.State, modelRenew(c.model, c.job, lease.SlotToken, c.mp.ttl, c.ms)
+			c.diff = modelDiffSimple(c.want, got.Kind, got.LeaseExpiresAt, got.State)
+		} else {
+			got := ReduceRelease(c.st, lease, c.now)
+			c.out, c.want = got.State, modelRelease(c.model, c.job, lease.SlotToken, c.ms)
+			c.diff = modelDiffSimple(c.want, got.Kind, time.Time{}, got.State)
+		}
+	case opRemove:
+		got := ReduceRemoveQueued(c.st, c.job, c.now)
+		c.out, c.want = got.State, modelRemove(c.model, c.job, c.ms)
+		c.diff = modelDiffSimple(c.want, got.Kind, time.Time{}, got.State)
+	case opRestore:
+		replaced := ReplacedJob{JobRef: JobRef{ID: c.g.job()}, CreatedAt: c.g.when(), RequestID: []string{"", "r"}[c.g.intn(2)], Context: c.g.context()}
+		req := RestoreRequest{ReplacementJobID: c.job, Replaced: replaced}
+		got := ReduceRestoreReplaced(c.st, modelKey, req, c.pol, c.now)
+		q := modelQueued{job: replaced.ID, created: modelMs(replaced.CreatedAt), requestID: replaced.RequestID, ctx: replaced.Context}
+		if q.requestID == "" {
+			q.requestID = modelRequestID(replaced.Context, replaced.ID)
+		}
+		c.out, c.want = got.State, modelRestore(c.model, c.job, q, c.mp, c.ms)
+		c.diff = modelDiffSimple(c.want, modelKindRestored, time.Time{}, got.State)
+		c.wellFormed = c.wellFormed && replaced.ID != c.job && replaced.ID != ""
+		c.acceptable = c.acceptable && replaced.ID != ""
 	}
 }
 

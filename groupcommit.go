@@ -1,6 +1,7 @@
 package jobkeys
 
-// Group commit: the operations of one coordinator queued on one key's lane
+// Group commit (docs/design/keys-engine.md describes the per-key engine
+// as a whole): the operations of one coordinator queued on one key's lane
 // are written together. The operation that holds the lane takes those
 // waiting behind it (in arrival order, at most groupCommitMax), applies
 // their reducers in order, each to the state the one before it produced,
@@ -142,6 +143,9 @@ type lane struct {
 	returnsAt time.Time
 	skip      int
 	misses    int
+	// probes, nil but in diagnostics, are told what happens at the lane
+	// (see laneProbes).
+	probes *laneProbes
 }
 
 // laneOp is one operation's turn at a key's lane.
@@ -186,12 +190,11 @@ func (op *laneOp) free() {
 	laneOps.Put(op)
 }
 
-// laneProbe, when set (by diagnostics only: see bench_linger_test.go), is
-// told of every operation's arrival at a lane, under the lane's lock (busy:
-// it queues), of every batch that writes, once taken and reduced (ops, of
-// which writers write), and of the end of its write.
-var laneProbe atomic.Pointer[laneProbes]
-
+// laneProbes, when a lane has them (set by diagnostics only, through
+// keyTable.probes: see bench_linger_test.go), are told of every
+// operation's arrival at the lane, under the lane's lock (busy: it
+// queues), of every batch that writes, once taken and reduced (ops, of
+// which writers write), of the end of its write, and of every linger.
 type laneProbes struct {
 	arrive  func(l *lane, op *laneOp, busy bool)
 	batch   func(l *lane, ops []*laneOp, writers int)
@@ -215,7 +218,7 @@ type laneResult struct {
 // for that batch's result, which is its outcome.
 func (l *lane) enter(op *laneOp) (lead bool, err error) {
 	l.mu.Lock()
-	if p := laneProbe.Load(); p != nil {
+	if p := l.probes; p != nil {
 		p.arrive(l, op, l.busy)
 	}
 	if !l.busy {
@@ -319,7 +322,7 @@ func (l *lane) linger(ctx context.Context, lease bool, want int, bound time.Dura
 		default:
 		}
 	}
-	if p := laneProbe.Load(); p != nil && p.linger != nil {
+	if p := l.probes; p != nil && p.linger != nil {
 		p.linger(l, lease, met, time.Since(start))
 	}
 	return met, len(l.queue) > 0
@@ -446,282 +449,377 @@ func (c *KeyCoordinator) turn(e *keyEntry, key JobKey, op *laneOp, buf *[]byte) 
 }
 
 // commitBatch runs the batch lead leads, holding e's lane: it hands every
-// other operation of the batch its result and returns lead's.
+// other operation of the batch its result and returns lead's. Its steps,
+// in order (docs/design/keys-engine.md, "Concepts"): gather the
+// operations waiting behind lead (gather), find the state they start
+// from (begin), reduce them in order, each from the state the one before
+// produced (reduceFrom), linger for this process's waiters the batch
+// frees slots for (lingerForWoken), hand the outcomes that write nothing
+// theirs (deliverUnwritten, sendEarly), write (write) and hand out the
+// results (committed, failed).
 func (c *KeyCoordinator) commitBatch(e *keyEntry, key JobKey, lead *laneOp, buf *[]byte) laneResult {
-	if e.lane.batch == nil {
-		e.lane.batch = e.lane.first[:0]
-	}
-	ops := append(e.lane.batch[:0], lead)
-	if !lead.solo {
-		// A release can join only a batched write (one writer else).
-		if lead.rt.lease == nil && e.lane.returns > 0 && canBatch(c.store, key) {
-			if e.lane.lingerForRelease(lead.ctx, c.keys.lingerRelease) {
-				c.keys.lingers.Add(1)
-			}
+	b := laneBatch{c: c, e: e, key: key, lead: lead, buf: buf}
+	b.gather()
+	defer b.release()
+	if !b.begin() {
+		for _, op := range b.ops {
+			op.res = laneResult{} // each reads first
 		}
-		ops = e.lane.take(ops)
+		return e.lane.deliver(b.ops, len(b.ops))
 	}
-	defer func() {
-		clear(ops)
-		e.lane.batch = ops[:0]
-	}()
-	// The state to start from: each operation's read, if newer, updates
-	// what e knows (begin); the batch starts from the newest, the start
-	// begin gave the last operation it could give one.
+	if !b.reduceFrom(0) {
+		b.lingerForWoken()
+	}
+	if !b.writes {
+		return b.deliverUnwritten()
+	}
+	b.sendEarly()
+	if p := e.lane.probes; p != nil {
+		p.batch(&e.lane, b.ops[:b.n], b.writers)
+	}
+	wctx := lead.ctx
+	if b.n > 1 {
+		bc := newBatchContext(b.ops[:b.n])
+		defer bc.stop()
+		wctx = bc
+	}
+	final, rev, err := b.write(wctx)
+	if err == nil {
+		return b.committed(final, rev)
+	}
+	return b.failed(wctx, err)
+}
+
+// laneBatch is the batch a lane's holder runs (see commitBatch).
+type laneBatch struct {
+	c    *KeyCoordinator
+	e    *keyEntry
+	key  JobKey
+	lead *laneOp
+	buf  *[]byte     // the encode buffer of the batch's states
+	ops  []*laneOp   // lead first, then those taken from the queue, in order
+	s    start       // the state the batch starts from
+	bw   batchWriter // the store's batched writes; nil: none
+	// batched: the store writes successive states of the key in one step,
+	// and takes every writer of the batch, each state a revision of its
+	// own; else a batch carries at most c.groupWriters, and writes the
+	// last state. A batch that creates the key writes one state (Create).
+	batched    bool
+	maxWriters int
+	n          int       // ops[:n] are in the batch; the others start the next one
+	cur        *KeyState // the state the operations reduced so far produced
+	encoded    *KeyState // the state *buf holds
+	writes     bool      // an operation's outcome writes
+	writers    int       // the operations whose outcomes write
+	acquired   int       // the writers that took a slot: their releases may come soon
+}
+
+// gather makes lead and the operations waiting behind it the batch: a
+// release can join only a batched write (one writer else), so a batch
+// that may be batched first lingers for one (see lingerForRelease).
+func (b *laneBatch) gather() {
+	l := &b.e.lane
+	if l.batch == nil {
+		l.batch = l.first[:0]
+	}
+	b.ops = append(l.batch[:0], b.lead)
+	if b.lead.solo {
+		return
+	}
+	if b.lead.rt.lease == nil && l.returns > 0 && canBatch(b.c.store, b.key) {
+		if l.lingerForRelease(b.lead.ctx, b.c.keys.lingerRelease) {
+			b.c.keys.lingers.Add(1)
+		}
+	}
+	b.ops = l.take(b.ops)
+}
+
+// release gives the batch's list back to the lane, cleared.
+func (b *laneBatch) release() {
+	clear(b.ops)
+	b.e.lane.batch = b.ops[:0]
+}
+
+// begin finds the state to start from: each operation's read, if newer,
+// updates what the entry knows (keyEntry.begin); the batch starts from the
+// newest, the start begin gave the last operation it could give one. It
+// reports false when it gave none one: each must read first.
+func (b *laneBatch) begin() bool {
 	last := -1
-	for i, op := range ops {
-		op.s, op.ok = e.begin(op.r, c.keys.max > 0, op.rt.assumeAbsent, op.trust)
+	for i, op := range b.ops {
+		op.s, op.ok = b.e.begin(op.r, b.c.keys.max > 0, op.rt.assumeAbsent, op.trust)
 		op.err, op.early, op.wrote = nil, false, nil
 		if op.ok {
 			last = i
 		}
 	}
 	if last < 0 {
-		for _, op := range ops {
-			op.res = laneResult{} // each reads first
+		return false
+	}
+	b.s = b.ops[last].s
+	b.bw, _ = b.c.store.(batchWriter)
+	b.batched = b.bw != nil && b.s.state != nil && b.bw.batches(b.key.Service, b.key.KVKey)
+	b.maxWriters = b.c.groupWriters
+	if b.batched {
+		b.maxWriters = groupCommitMax
+	}
+	b.n, b.cur = len(b.ops), b.s.state
+	return true
+}
+
+// reduceFrom reduces ops[from:] in order, each from the state the one
+// before produced; it reports whether the batch ended before the last of
+// them (b.n is then where it ended).
+func (b *laneBatch) reduceFrom(from int) bool {
+	b.n = len(b.ops)
+	for i := from; i < len(b.ops); i++ {
+		if b.reduceOp(i) {
+			return true
 		}
-		return e.lane.deliver(ops, len(ops))
 	}
-	s := ops[last].s
-	// A store that writes successive states of the key in one step takes
-	// every writer of the batch, each state a revision of its own; else a
-	// batch carries at most c.groupWriters, and writes the last state.
-	// A batch that creates the key writes one state (Create).
-	bw, _ := c.store.(batchWriter)
-	batched := bw != nil && s.state != nil && bw.batches(key.Service, key.KVKey)
-	maxWriters := c.groupWriters
-	if batched {
-		maxWriters = groupCommitMax
-	}
-	// Reduce in order, each from the state the one before produced.
-	n := len(ops)
-	cur, writes, writers, acquired := s.state, false, 0, 0
-	var encoded *KeyState // the state *buf holds
-	// reduceFrom reduces ops[from:]; it reports whether the batch ended
-	// before the last of them (n is then where it ended).
-	reduceFrom := func(from int) bool {
-		n = len(ops)
-		for i := from; i < len(ops); i++ {
-			op := ops[i]
-			next := op.reduce(cur, c.cfg.Now())
-			if writesNothing(next, cur) {
-				// Ahead of every write, on state verified for it, the outcome
-				// is final now, as it would be alone.
-				if i > 0 && !writes {
-					if st := op.startFrom(s); st.verified {
-						op.res, op.early = laneResult{s: st, done: true}, true
-					}
-				}
-				continue
+	return false
+}
+
+// reduceOp reduces ops[i] from b.cur, and reports whether the batch ends
+// with it or before it (b.n says where).
+func (b *laneBatch) reduceOp(i int) bool {
+	op := b.ops[i]
+	next := op.reduce(b.cur, b.c.cfg.Now())
+	if writesNothing(next, b.cur) {
+		// Ahead of every write, on state verified for it, the outcome is
+		// final now, as it would be alone.
+		if i > 0 && !b.writes {
+			if st := op.startFrom(b.s); st.verified {
+				op.res, op.early = laneResult{s: st, done: true}, true
 			}
-			if writers == maxWriters {
-				n = i // one writer too many: it starts the next batch
-				return true
-			}
-			if next.Empty() {
-				if writes && s.state == nil {
-					n = i // the key was never stored: the batch creates it, the next one deletes it
-					return true
-				}
-				cur, writes, n = next, true, i+1 // a delete ends the batch
-				op.wrote = next
-				writers++
-				return true
-			}
-			if err := checkTimes(key.KVKey, next, c.cfg.Now); err != nil {
-				op.err = err
-				continue
-			}
-			if cur == nil || len(next.Queued) > len(cur.Queued) {
-				c.encode(buf, next)
-				encoded = next
-				if err := c.checkRoom(op.ctx, key, next, len(*buf)); err != nil {
-					op.err = err
-					continue
-				}
-			}
-			if cur != nil && len(next.Active) > len(cur.Active) || cur == nil && len(next.Active) > 0 {
-				acquired++ // a slot taken: its handler's release may come soon
-			}
-			cur, writes = next, true
-			op.wrote = next
-			writers++
 		}
 		return false
 	}
-	ended := reduceFrom(0)
-	// A batched write that frees slots wakes this process's waiters it
-	// frees them for now, and waits a little for their acquisitions to
-	// join it (see linger).
-	for !ended && batched && writes && writers < maxWriters && !lead.solo && len(ops) < groupCommitMax &&
-		s.state != nil && len(cur.Active) < len(s.state.Active) {
-		woken := c.keys.prewake(key.KVKey, cur, s.rev+uint64(writers))
-		if woken == 0 {
-			break
-		}
-		c.keys.lingers.Add(1)
-		if _, arrived := e.lane.linger(lead.ctx, false, woken, c.keys.lingerWake); !arrived {
-			break
-		}
-		from := len(ops)
-		ops = e.lane.take(ops)
-		for i := from; i < len(ops); i++ {
-			op := ops[i]
-			if op.r != nil {
-				// It read the key: the state it starts from may be newer
-				// than the batch's. It starts the next batch.
-				e.lane.putBack(ops[i:])
-				clear(ops[i:])
-				ops = ops[:i]
-				break
-			}
-			op.s, op.ok = e.begin(nil, c.keys.max > 0, op.rt.assumeAbsent, op.trust)
-			op.err, op.early, op.wrote = nil, false, nil
-		}
-		ended = reduceFrom(from)
+	if b.writers == b.maxWriters {
+		b.n = i // one writer too many: it starts the next batch
+		return true
 	}
-	if !writes {
-		for _, op := range ops[:n] {
-			if op.err != nil {
-				op.res = laneResult{err: op.err}
-				continue
-			}
-			// An outcome that writes nothing must not rest on a guess.
-			st := op.startFrom(s)
-			op.res = laneResult{s: st, done: st.verified}
+	if next.Empty() {
+		if b.writes && b.s.state == nil {
+			b.n = i // the key was never stored: the batch creates it, the next one deletes it
+			return true
 		}
-		return e.lane.deliver(ops, n)
+		b.cur, b.writes, b.n = next, true, i+1 // a delete ends the batch
+		op.wrote = next
+		b.writers++
+		return true
 	}
+	if err := checkTimes(b.key.KVKey, next, b.c.cfg.Now); err != nil {
+		op.err = err
+		return false
+	}
+	if b.cur == nil || len(next.Queued) > len(b.cur.Queued) {
+		b.c.encode(b.buf, next)
+		b.encoded = next
+		if err := b.c.checkRoom(op.ctx, b.key, next, len(*b.buf)); err != nil {
+			op.err = err
+			return false
+		}
+	}
+	if b.cur != nil && len(next.Active) > len(b.cur.Active) || b.cur == nil && len(next.Active) > 0 {
+		b.acquired++ // a slot taken: its handler's release may come soon
+	}
+	b.cur, b.writes = next, true
+	op.wrote = next
+	b.writers++
+	return false
+}
 
-	// Those done already need not wait for the write.
+// lingerForWoken: a batched write that frees slots wakes this process's
+// waiters it frees them for now, and waits a little for their
+// acquisitions to join it (see lane.linger), as long as the batch has
+// room for them.
+func (b *laneBatch) lingerForWoken() {
+	for b.batched && b.writes && b.writers < b.maxWriters && !b.lead.solo && len(b.ops) < groupCommitMax &&
+		b.s.state != nil && len(b.cur.Active) < len(b.s.state.Active) {
+		woken := b.c.keys.prewake(b.key.KVKey, b.cur, b.s.rev+uint64(b.writers))
+		if woken == 0 {
+			return
+		}
+		b.c.keys.lingers.Add(1)
+		if _, arrived := b.e.lane.linger(b.lead.ctx, false, woken, b.c.keys.lingerWake); !arrived {
+			return
+		}
+		from := len(b.ops)
+		b.takeWoken()
+		if b.reduceFrom(from) {
+			return
+		}
+	}
+}
+
+// takeWoken adds to the batch the operations that queued while it
+// lingered, up to the first that read the key: the state it starts from
+// may be newer than the batch's, so it starts the next batch.
+func (b *laneBatch) takeWoken() {
+	from := len(b.ops)
+	b.ops = b.e.lane.take(b.ops)
+	for i := from; i < len(b.ops); i++ {
+		op := b.ops[i]
+		if op.r != nil {
+			b.e.lane.putBack(b.ops[i:])
+			clear(b.ops[i:])
+			b.ops = b.ops[:i]
+			return
+		}
+		op.s, op.ok = b.e.begin(nil, b.c.keys.max > 0, op.rt.assumeAbsent, op.trust)
+		op.err, op.early, op.wrote = nil, false, nil
+	}
+}
+
+// deliverUnwritten ends a batch none of whose outcomes writes: an outcome
+// that writes nothing must not rest on a guess.
+func (b *laneBatch) deliverUnwritten() laneResult {
+	for _, op := range b.ops[:b.n] {
+		if op.err != nil {
+			op.res = laneResult{err: op.err}
+			continue
+		}
+		st := op.startFrom(b.s)
+		op.res = laneResult{s: st, done: st.verified}
+	}
+	return b.e.lane.deliver(b.ops, b.n)
+}
+
+// sendEarly hands the operations done already (op.early) their results:
+// they need not wait for the write. It leaves them out of ops.
+func (b *laneBatch) sendEarly() {
 	k, early := 1, 0
-	for i, op := range ops[1:] {
-		if op.early && i+1 < n {
+	for i, op := range b.ops[1:] {
+		if op.early && i+1 < b.n {
 			op.wake <- struct{}{}
 			early++
 			continue
 		}
-		ops[k] = op
+		b.ops[k] = op
 		k++
 	}
-	clear(ops[k:])
-	ops, n = ops[:k], n-early
+	clear(b.ops[k:])
+	b.ops, b.n = b.ops[:k], b.n-early
+}
 
-	if p := laneProbe.Load(); p != nil {
-		p.batch(&e.lane, ops[:n], writers)
-	}
-	wctx := lead.ctx
-	if n > 1 {
-		b := newBatchContext(ops[:n])
-		defer b.stop()
-		wctx = b
-	}
-	// The write: its success leaves the key at state final (nil: deleted)
-	// and revision rev.
-	var (
-		err   error
-		final *KeyState
-		rev   uint64
-	)
+// write writes the batch with wctx: its success leaves the key at state
+// final (nil: deleted) and revision rev.
+func (b *laneBatch) write(wctx context.Context) (final *KeyState, rev uint64, err error) {
+	c, e, key, s := b.c, b.e, b.key, b.s
 	switch {
-	case batched && writers > 1:
-		final, rev, err = c.writeBatch(wctx, e, key, bw, ops[:n], s.rev, buf)
-	case cur.Empty():
+	case b.batched && b.writers > 1:
+		final, rev, err = c.writeBatch(wctx, e, key, b.bw, b.ops[:b.n], s.rev, b.buf)
+	case b.cur.Empty():
 		err = c.store.Delete(wctx, key.Service, key.KVKey, s.rev)
 		rev = s.rev // absent now (past s.rev); Admit creates it without a read
 	default:
-		if encoded != cur {
-			c.encode(buf, cur)
+		if b.encoded != b.cur {
+			c.encode(b.buf, b.cur)
 		}
 		// cur is also its operation's outcome's State, which belongs to
 		// the caller: remember a copy. The watch may recognise it before
 		// the reply.
-		final = snapshotOver(cur, s.state)
-		e.writing(*buf, final)
+		final = snapshotOver(b.cur, s.state)
+		e.writing(*b.buf, final)
 		if s.state == nil {
-			rev, err = c.store.Create(wctx, key.Service, key.KVKey, *buf)
+			rev, err = c.store.Create(wctx, key.Service, key.KVKey, *b.buf)
 		} else {
-			rev, err = c.store.Update(wctx, key.Service, key.KVKey, *buf, s.rev)
+			rev, err = c.store.Update(wctx, key.Service, key.KVKey, *b.buf, s.rev)
 		}
 		e.written()
 	}
-	if p := laneProbe.Load(); p != nil {
+	if p := e.lane.probes; p != nil {
 		p.written(&e.lane, err)
 	}
-	if err == nil {
-		e.commit(final, rev, c.cfg.RetryBackoff)
-		c.keys.handoff(key.KVKey, final, rev) // wake this process's waiters now, not at the watch's echo (nothing for a delete)
-		if c.wakes != nil && final != nil {
-			c.publishWakes(key, s.state, final, rev, lastValue(*buf, e.lane.ends, batched && writers > 1))
-		}
-		leases := 0
-		for _, op := range ops[:n] {
-			if op.rt.lease != nil {
-				leases++
-			}
-		}
-		e.lane.returned(acquired, leases)
-		for _, op := range ops[:n] {
-			op.res = laneResult{s: start{state: s.state, rev: s.rev, verified: true}, done: op.err == nil, err: op.err}
-		}
-		return e.lane.deliver(ops, n)
-	}
+	return final, rev, err
+}
 
+// committed ends a batch whose write succeeded at state final and
+// revision rev: the entry and this process's waiters learn it at once
+// (not at the watch's echo; nothing for a delete), the wake-ups go out,
+// and every operation gets its result.
+func (b *laneBatch) committed(final *KeyState, rev uint64) laneResult {
+	c, e, key := b.c, b.e, b.key
+	e.commit(final, rev, c.cfg.RetryBackoff)
+	c.keys.handoff(key.KVKey, final, rev)
+	if c.wakes != nil && final != nil {
+		c.publishWakes(key, b.s.state, final, rev, lastValue(*b.buf, e.lane.ends, b.batched && b.writers > 1))
+	}
+	leases := 0
+	for _, op := range b.ops[:b.n] {
+		if op.rt.lease != nil {
+			leases++
+		}
+	}
+	e.lane.returned(b.acquired, leases)
+	for _, op := range b.ops[:b.n] {
+		op.res = laneResult{s: start{state: b.s.state, rev: b.s.rev, verified: true}, done: op.err == nil, err: op.err}
+	}
+	return e.lane.deliver(b.ops, b.n)
+}
+
+// failed ends a batch whose write (with wctx) failed with err.
+func (b *laneBatch) failed(wctx context.Context, err error) laneResult {
 	// A value refused for its size, or a batch refused as a batch,
 	// changed nothing: s is still what e knows. Any other failure leaves
 	// the stored state unknown.
 	tooLarge := errors.Is(err, ErrStateTooLarge)
 	refused := errors.Is(err, errBatchRefused)
 	if !tooLarge && !refused {
-		e.conflictAt(s.rev)
+		b.e.conflictAt(b.s.rev)
 	}
 	conflict := errors.Is(err, ErrRevisionConflict)
 	if conflict {
-		c.obs.conflict(lead.ctx, &key)
+		b.c.obs.conflict(b.lead.ctx, &b.key)
 	}
 	switch {
-	case tooLarge && n > 1, refused:
+	case tooLarge && b.n > 1, refused:
 		// Which operation's state is too large? Run them one at a time,
 		// in their order: lead now, the others handed the lane after it.
 		// So too for a batch the store would not take as one.
-		for _, op := range ops[:n] {
+		for _, op := range b.ops[:b.n] {
 			op.solo = true
 		}
-		e.lane.putBack(ops[1:])
+		b.e.lane.putBack(b.ops[1:])
 		return laneResult{rerun: true}
 	case tooLarge:
-		err = &StateError{KVKey: key.KVKey, Reason: fmt.Sprintf("new state of %d bytes (%d active, %d queued): %v", len(*buf), len(cur.Active), len(cur.Queued), err), Err: ErrStateTooLarge}
+		err = &StateError{KVKey: b.key.KVKey, Reason: fmt.Sprintf("new state of %d bytes (%d active, %d queued): %v", len(*b.buf), len(b.cur.Active), len(b.cur.Queued), err), Err: ErrStateTooLarge}
 	case wctx.Err() != nil:
 		err = nil // each its own context's
 	case !conflict:
-		err = fmt.Errorf("jobkeys: KV key %q: %w", key.KVKey, err)
+		err = fmt.Errorf("jobkeys: KV key %q: %w", b.key.KVKey, err)
 	}
-	if !conflict {
-		for _, op := range ops[:n] {
-			op.res = laneResult{err: err}
-			if err == nil {
-				op.res.err = op.ctx.Err()
-			}
+	if conflict {
+		return b.lost()
+	}
+	for _, op := range b.ops[:b.n] {
+		op.res = laneResult{err: err}
+		if err == nil {
+			op.res.err = op.ctx.Err()
 		}
-		return e.lane.deliver(ops, n)
 	}
-	// A lost race or a stale guess: each operation goes back to its own
-	// retry rules. The key lost one race: its window widens once.
-	// A waiting acquisition on a fed key loses a race the watch answers:
-	// that widens no window (see run).
-	fed, lost := e.fed(), false
-	for _, op := range ops[:n] {
-		st := op.startFrom(s)
+	return b.e.lane.deliver(b.ops, b.n)
+}
+
+// lost ends a batch whose write lost a race, or rested on a stale guess:
+// each operation goes back to its own retry rules. The key lost one race:
+// its window widens once. A waiting acquisition on a fed key loses a race
+// the watch answers: that widens no window (see run).
+func (b *laneBatch) lost() laneResult {
+	fed, lost := b.e.fed(), false
+	for _, op := range b.ops[:b.n] {
+		st := op.startFrom(b.s)
 		lost = lost || (st.verified || st.watched) && !(fed && op.trust) && !op.woken
 	}
 	var pause time.Duration
 	if lost {
-		pause = e.lose(c.cfg.RetryBackoff, c.cfg.MaxRetryBackoff, time.Now())
+		pause = b.e.lose(b.c.cfg.RetryBackoff, b.c.cfg.MaxRetryBackoff, time.Now())
 	}
-	for _, op := range ops[:n] {
-		op.res = laneResult{s: op.startFrom(s), pause: pause}
+	for _, op := range b.ops[:b.n] {
+		op.res = laneResult{s: op.startFrom(b.s), pause: pause}
 	}
-	return e.lane.deliver(ops, n)
+	return b.e.lane.deliver(b.ops, b.n)
 }
 
 // canBatch reports whether store writes successive states of key in one

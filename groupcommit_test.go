@@ -139,6 +139,13 @@ func (r *gcRig) acquire(id string) gcOp {
 	}
 }
 
+// acquireTry is acquire as try wt of a waiting Runner (see waitTry).
+func (r *gcRig) acquireTry(id string, wt *waitTry) gcOp {
+	return func(ctx context.Context, r *gcRig) (any, error) {
+		return acquireRequestTry(ctx, r.c, AcquireRequest{Service: r.service, JobType: benchJobType, JobID: id, Payload: r.payload, Policy: r.policy}, wt)
+	}
+}
+
 func (r *gcRig) remove(id string) gcOp {
 	return func(ctx context.Context, r *gcRig) (any, error) {
 		return r.c.RemoveQueued(ctx, RemoveRequest{Service: r.service, JobType: benchJobType, JobID: id, Payload: r.payload, Policy: r.policy})
@@ -559,7 +566,7 @@ func TestGroupCommitVerifiedRiderDoneBeforeWrite(t *testing.T) {
 	r.awaitWrite()
 	lead := r.start(bg, r.acquire("w1")) // blocked on a guess: it needs the write
 	r.awaitQueued(1)
-	waiter := r.start(withWaitTry(bg, &waitTry{trustWatch: true}), r.acquire("w0"))
+	waiter := r.start(bg, r.acquireTry("w0", &waitTry{trustWatch: true}))
 	r.awaitQueued(2)
 	writer := r.start(bg, gcRenewHeld)
 	r.awaitQueued(3)
@@ -986,7 +993,7 @@ func TestGroupCommitWriteErrorFedKey(t *testing.T) {
 	}
 	waiter := func(id string) gcOp {
 		return func(ctx context.Context, r *gcRig) (any, error) {
-			return r.acquire(id)(withWaitTry(ctx, &waitTry{trustWatch: true}), r)
+			return r.acquireTry(id, &waitTry{trustWatch: true})(ctx, r)
 		}
 	}
 	follow := func(r *gcRig) []gcOp {

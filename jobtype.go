@@ -97,18 +97,18 @@ func (jt *JobType) Admit(ctx context.Context, jobID string, payload any, opts ..
 // with [ReasonNotQueued]. Most workers call [Runner.Run] instead, which
 // also renews and releases.
 //
-// Options: [WithRetry], [WithTries], [WithInstanceID], [WithTraceContext],
-// [WithQueueTurn].
+// Options: [WithRetry], [WithTries], [WithInstanceID], [WithTraceContext].
 func (jt *JobType) Acquire(ctx context.Context, jobID string, payload any, opts ...AcquireOption) (Acquisition, error) {
 	key, err := jt.key(jobID, payload)
 	if err != nil {
 		return Acquisition{}, err
 	}
-	return jt.acquire(ctx, key, jobID, opts)
+	return jt.acquire(ctx, key, jobID, opts, nil)
 }
 
-// acquire is Acquire of job jobID, whose key (jt.key) is key.
-func (jt *JobType) acquire(ctx context.Context, key JobKey, jobID string, opts []AcquireOption) (Acquisition, error) {
+// acquire is Acquire of job jobID, whose key (jt.key) is key, as try wt of
+// a waiting Runner (nil: no such try; see waitTry).
+func (jt *JobType) acquire(ctx context.Context, key JobKey, jobID string, opts []AcquireOption, wt *waitTry) (Acquisition, error) {
 	req := AcquireRequest{Service: jt.service, JobType: jt.name, JobID: jobID}
 	for i, o := range opts {
 		if o == nil {
@@ -116,9 +116,12 @@ func (jt *JobType) acquire(ctx context.Context, key JobKey, jobID string, opts [
 		}
 		req = o.applyAcquire(req)
 	}
-	ctx, wt := jt.queueTurn(ctx, opts, req) // see WithQueueTurn
-	acq, err := jt.coord.acquireKey(ctx, key, jt.policy, req)
-	jt.afterQueueTurn(wt, key.KVKey, jobID, err)
+	turn := jt.queueTurn(opts, req, wt) // see queueTurnOption
+	if turn != nil {
+		wt = turn
+	}
+	acq, err := jt.coord.acquireKey(ctx, key, jt.policy, req, wt)
+	jt.afterQueueTurn(turn, key.KVKey, jobID, err)
 	if acq.Kind == KindAcquired {
 		// The lease is the caller's: it must not share the handle's template.
 		acq.Lease.Policy = jt.Policy()
@@ -304,7 +307,9 @@ func (c *KeyCoordinator) admitKey(ctx context.Context, key JobKey, policy Policy
 	return out, nil
 }
 
-func (c *KeyCoordinator) acquireKey(ctx context.Context, key JobKey, policy Policy, req AcquireRequest) (Acquisition, error) {
+// acquireKey is the acquisition of req on key, as try wt of a waiting
+// Runner (nil: no such try; see waitTry).
+func (c *KeyCoordinator) acquireKey(ctx context.Context, key JobKey, policy Policy, req AcquireRequest, wt *waitTry) (Acquisition, error) {
 	if req.Tries < 0 || int64(req.Tries) > 1<<53-1 {
 		return Acquisition{}, fmt.Errorf("%w: Tries %d is not between 0 and 2^53-1", ErrInvalidRequest, req.Tries)
 	}
@@ -326,9 +331,8 @@ func (c *KeyCoordinator) acquireKey(ctx context.Context, key JobKey, policy Poli
 		err = refuse(fmt.Sprintf("acquisition of job %q on KV key %q", req.JobID, key.KVKey))
 		return Acquisition{}, err
 	}
-	wt, _ := ctx.Value(waitTryKey{}).(*waitTry)
 	inTurn := wt != nil && wt.inTurn && !req.Retry
-	err = c.run(ctx, key, retry{stale: policy.StalePolicy}, func(st *KeyState, now time.Time) *KeyState {
+	err = c.run(ctx, key, retry{stale: policy.StalePolicy, wait: wt}, func(st *KeyState, now time.Time) *KeyState {
 		if inTurn {
 			wt.ahead = 0
 			if st != nil {

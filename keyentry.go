@@ -10,7 +10,8 @@ import (
 	"time"
 )
 
-// keyTable is what a coordinator keeps per KV key (a keyEntry): a lane that
+// keyTable is what a coordinator keeps per KV key (a keyEntry; the engine
+// is described in docs/design/keys-engine.md): a lane that
 // lets one of its operations write the key at a time, the state and
 // revision it last read or wrote, and the key's backoff window, its
 // estimate of contention.
@@ -42,6 +43,9 @@ type keyTable struct {
 	lingerWake    time.Duration
 	lingerRelease time.Duration
 	lingers       atomic.Int64
+	// probes, nil but in diagnostics that set them before the table is
+	// used, are given to every key's lane (see laneProbes).
+	probes *laneProbes
 }
 
 // keyEntry is one key's entry. users is guarded by keyTable.mu, the other
@@ -157,6 +161,7 @@ func (t *keyTable) pin(k string) *keyEntry {
 	if e == nil {
 		t.evictIdle()
 		e = &keyEntry{}
+		e.lane.probes = t.probes
 		t.entries[k] = e
 	}
 	e.users++

@@ -209,34 +209,8 @@ func runConcurrentWorkers(t *testing.T, n *jkNATS, run concurrentRun) {
 	require.NoError(t, err)
 
 	// The watcher: every state any worker wrote, in order.
-	watchCtx, stopWatch := context.WithCancel(ctx)
-	defer stopWatch()
-	w, err := kv.WatchAll(watchCtx)
-	require.NoError(t, err)
-	var (
-		watchMu       sync.Mutex
-		watchSeen     int
-		watchLastRev  uint64
-		watchProblems []string
-	)
-	watchDone := make(chan struct{})
-	go func() {
-		defer close(watchDone)
-		for e := range w.Updates() {
-			if e == nil {
-				continue // end of the initial values
-			}
-			watchMu.Lock()
-			watchSeen++
-			watchLastRev = e.Revision()
-			if e.Operation() == jetstream.KeyValuePut {
-				if problem := checkWatchedState(e.Key(), e.Value(), p); problem != "" {
-					watchProblems = append(watchProblems, fmt.Sprintf("revision %d: %s", e.Revision(), problem))
-				}
-			}
-			watchMu.Unlock()
-		}
-	}()
+	watch := watchStates(t, ctx, kv, p)
+	defer watch.stop()
 
 	var (
 		running    sync.Map // display key -> *atomic.Int64: jobs between acquired and release
@@ -371,24 +345,72 @@ func runConcurrentWorkers(t *testing.T, n *jkNATS, run concurrentRun) {
 	si, err := info.Info(ctx)
 	require.NoError(t, err)
 	last := si.State.LastSeq
-	deadline := time.Now().Add(30 * time.Second)
+	watch.catchUp(last, 30*time.Second)
+	watch.mu.Lock()
+	defer watch.mu.Unlock()
+	require.GreaterOrEqual(t, watch.lastRev, last, "the watcher's last revision")
+	require.Empty(t, watch.problems, "bad states the watcher saw")
+	t.Logf("%d jobs on %d workers in %v: %d admissions rejected, %d acquisitions blocked; watcher saw %d of %d revisions, peak %d running",
+		total, run.workers, elapsed.Round(time.Millisecond), rejected.Load(), blocked.Load(), watch.seen, last, maxSeen.Load())
+}
+
+// stateWatch records what a watch of a bucket delivers, every revision in
+// order: how many, the last revision, and what is wrong with any state
+// (checkWatchedState).
+type stateWatch struct {
+	stop     context.CancelFunc
+	done     chan struct{}
+	mu       sync.Mutex
+	seen     int
+	lastRev  uint64
+	problems []string
+}
+
+// watchStates starts a stateWatch of kv, whose states p must allow.
+func watchStates(t *testing.T, ctx context.Context, kv jetstream.KeyValue, p Policy) *stateWatch {
+	t.Helper()
+	watchCtx, stop := context.WithCancel(ctx)
+	w, err := kv.WatchAll(watchCtx)
+	if err != nil {
+		stop()
+	}
+	require.NoError(t, err)
+	sw := &stateWatch{stop: stop, done: make(chan struct{})}
+	go func() {
+		defer close(sw.done)
+		for e := range w.Updates() {
+			if e == nil {
+				continue // end of the initial values
+			}
+			sw.mu.Lock()
+			sw.seen++
+			sw.lastRev = e.Revision()
+			if e.Operation() == jetstream.KeyValuePut {
+				if problem := checkWatchedState(e.Key(), e.Value(), p); problem != "" {
+					sw.problems = append(sw.problems, fmt.Sprintf("revision %d: %s", e.Revision(), problem))
+				}
+			}
+			sw.mu.Unlock()
+		}
+	}()
+	return sw
+}
+
+// catchUp waits until the watch delivered revision last, or bound passed,
+// and stops it.
+func (sw *stateWatch) catchUp(last uint64, bound time.Duration) {
+	deadline := time.Now().Add(bound)
 	for {
-		watchMu.Lock()
-		caught := watchLastRev >= last
-		watchMu.Unlock()
+		sw.mu.Lock()
+		caught := sw.lastRev >= last
+		sw.mu.Unlock()
 		if caught || time.Now().After(deadline) {
 			break
 		}
 		time.Sleep(5 * time.Millisecond)
 	}
-	stopWatch()
-	<-watchDone
-	watchMu.Lock()
-	defer watchMu.Unlock()
-	require.GreaterOrEqual(t, watchLastRev, last, "the watcher's last revision")
-	require.Empty(t, watchProblems, "bad states the watcher saw")
-	t.Logf("%d jobs on %d workers in %v: %d admissions rejected, %d acquisitions blocked; watcher saw %d of %d revisions, peak %d running",
-		total, run.workers, elapsed.Round(time.Millisecond), rejected.Load(), blocked.Load(), watchSeen, last, maxSeen.Load())
+	sw.stop()
+	<-sw.done
 }
 
 // checkWatchedState returns what is wrong with a state a watcher saw.

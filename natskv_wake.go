@@ -16,7 +16,8 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 )
 
-// This file holds NATSStore's targeted wake-ups (WithWakeUps): a write that
+// This file holds NATSStore's targeted wake-ups (WithWakeUps; the protocol
+// is described in docs/design/keys-engine.md): a write that
 // leaves a slot free sends the state it wrote, on core NATS, to the queue
 // head's own subject, where that job's blocked Runner waits, instead of
 // every waiter of the key learning of the change from a KV watch and
@@ -526,16 +527,10 @@ func (h *wakeHub) startKeyLocked(key string, value []byte, rev uint64, targets [
 // c's remaining targets, for c's walk to go on with. Called with h.mu
 // held.
 //
-// Why no wake-up is lost: the wake-up sent again walks targets from the
-// first, delivering to each job in order while fewer than free are
-// delivered or awaiting an answer, and moving on at each "no responders".
-// c has walked targets[:c.next] exactly so (the same state, the same free
-// slots: a state of one revision is one state), and goes on from there,
-// over the same remaining targets, as answers come in; a target c
-// delivered to is one the wake-up sent again would have delivered to
-// first. Only the second copy of a delivery is not made. A copy that
-// reached a subscription of a job none of whose waiters took it is not
-// left awaiting an answer: it is answered "no responders" (see
+// Only the second copy of a delivery is not made: why that loses no
+// wake-up is in docs/design/keys-engine.md, "Why no wake-up is lost". A
+// copy that reached a subscription of a job none of whose waiters took it
+// is not left awaiting an answer: it is answered "no responders" (see
 // answerNoWaiter; in memory, moveOnLocal), and c moves on past it.
 func (h *wakeHub) coveredLocked(c *wakeChain, targets []string, free int) bool {
 	if c.done || c.sent+c.delivered == 0 || c.next > len(targets) {

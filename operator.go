@@ -212,10 +212,13 @@ func operatorKey(service, kvKey string) (JobKey, error) {
 	return JobKey{Service: service, JobType: jobType, KeyHash: keyHash, KVKey: kvKey}, nil
 }
 
-// IgnoresClockSkew reports whether the coordinator was configured with
-// Config.IgnoreClockSkew: it then refuses nothing for clock skew, and
-// neither do the clients built on it (package jobs).
-func (c *KeyCoordinator) IgnoresClockSkew() bool { return c.cfg.IgnoreClockSkew }
+// Config returns the configuration the coordinator runs with: the one it
+// was made with, each zero field replaced by its default (InstanceID, the
+// retry bounds, StateCacheSize, Now, NewSlotToken). The copy is the
+// caller's: changing it changes nothing in the coordinator. Runtimes built
+// on the coordinator read their settings from it (package jobs honours
+// Config.IgnoreClockSkew in its claim check). Safe for concurrent use.
+func (c *KeyCoordinator) Config() Config { return c.cfg }
 
 // ClockOffset returns what the coordinator's store knows of the offset
 // between the clock of the NATS server that stamps service's bucket and

@@ -186,3 +186,32 @@ func TestOperatorCancelled(t *testing.T) {
 	_, err = c.Repair(ctx, RepairRequest{Service: svc, KVKey: key.KVKey, Revision: 1})
 	require.ErrorIs(t, err, context.Canceled)
 }
+
+// TestConfigReportsTheSettingsInForce: KeyCoordinator.Config returns the
+// configuration the coordinator was made with, its zero fields replaced by
+// their defaults, and a copy: changing it changes nothing in the
+// coordinator.
+func TestConfigReportsTheSettingsInForce(t *testing.T) {
+	t.Parallel()
+	c, err := NewCoordinator(NewMemoryStore(), &Config{InstanceID: "w-1", IgnoreClockSkew: true, MaxAttempts: 7})
+	require.NoError(t, err)
+	got := c.Config()
+	assert.Equal(t, "w-1", got.InstanceID)
+	assert.True(t, got.IgnoreClockSkew)
+	assert.Equal(t, 7, got.MaxAttempts)
+	assert.Equal(t, RetryBackoffDefault, got.RetryBackoff, "a zero field reads as its default")
+	assert.Equal(t, MaxRetryBackoffDefault, got.MaxRetryBackoff)
+	assert.Equal(t, StateCacheSizeDefault, got.StateCacheSize)
+	require.NotNil(t, got.Now)
+	require.NotNil(t, got.NewSlotToken)
+
+	got.IgnoreClockSkew = false
+	got.InstanceID = "changed"
+	assert.True(t, c.Config().IgnoreClockSkew, "the copy is the caller's")
+	assert.Equal(t, "w-1", c.Config().InstanceID)
+
+	d, err := NewCoordinator(NewMemoryStore(), nil)
+	require.NoError(t, err)
+	assert.False(t, d.Config().IgnoreClockSkew, "the check is on by default")
+	assert.Equal(t, MaxAttemptsDefault, d.Config().MaxAttempts)
+}

@@ -215,16 +215,10 @@ func (r *Runner) run(ctx context.Context, jobID string, payload any, handler Han
 // acquire gets a slot, waiting while blocked if wait is set, and says until
 // when (local clock) the lease lasts at least and how long it waited.
 func (r *Runner) acquire(ctx context.Context, jobID string, payload any, opts []AcquireOption, wait bool) (Acquisition, time.Time, time.Duration, error) {
+	w := slotWait{r: r, ctx: ctx, jobID: jobID, opts: opts}
 	// The job's key, derived once for every try (its error is each try's).
-	key, keyErr := r.jt.key(jobID, payload)
-	var sub *Subscription
-	defer func() {
-		if sub != nil {
-			sub.Close()
-		}
-	}()
-	// trust lets a try find the key busy on the state the Watcher
-	// delivered, without a read; the safety-net recheck reads.
+	w.key, w.keyErr = r.jt.key(jobID, payload)
+	defer w.close()
 	// Over targeted wake-ups (see WithWakeUps), a waiting Run waits for
 	// the wake-ups of its own job, not the Watcher's watch, and a try
 	// that trusts starts from the state its coordinator last saw stored,
@@ -232,237 +226,320 @@ func (r *Runner) acquire(ctx context.Context, jobID string, payload any, opts []
 	// revision (see keyEntry.hinted); one whose write loses waits for
 	// the next wake-up (see waitTry.wake). A retry (WithRetry) is not
 	// queued, so no wake-up names its job: it waits on the watch.
-	wakes := wait && r.cfg.Watcher.wakeUps() != nil && !retryOf(opts)
-	var seen uint64 // the revision the last try's outcome rested on; 0 unknown
+	w.wakes = wait && r.cfg.Watcher.wakeUps() != nil && !retryOf(opts)
+	if done, acq, deadline, err := w.first(wait); done {
+		return acq, deadline, 0, err
+	}
+	return w.wait()
+}
+
+// slotWait is one Runner.acquire: its first try (first), then, blocked,
+// its wait (wait): a subscription (subscribeWakes, subscribeWatch), a
+// wait for a wake-up, a change, its turn or a recheck (block), and a try
+// (try), until a slot is taken or the wait ends.
+type slotWait struct {
+	r      *Runner
+	ctx    context.Context
+	jobID  string
+	opts   []AcquireOption
+	key    JobKey
+	keyErr error
+	// wakes: the Run waits for its own job's targeted wake-ups.
+	wakes bool
+	sub   *Subscription // nil until it subscribes, and after one ended
+	// acq is the last try's outcome (or the blocked outcome by the fed
+	// state, see behind).
+	acq  Acquisition
+	seen uint64 // the revision the last try's outcome rested on; 0 unknown
 	// ahead is, after a try in turn (see waitTry.inTurn) that found the
 	// job queued behind the jobs that may take the free slots, how many of
 	// them are before its turn; else 0.
-	var ahead int
-	// try tries to take a slot; inTurn keeps the queue's order (see
-	// waitTry.inTurn).
+	ahead int
 	// tried says a try was made: a later one without a try of its own
 	// (a recheck of a Run without a Watcher) carries a try out of turn,
-	// which WithQueueTurn leaves out of turn (see JobType.queueTurn).
-	tried := false
-	try := func(trust, inTurn bool) (Acquisition, time.Time, error) {
-		actx, wt := ctx, (*waitTry)(nil)
-		switch {
-		case wakes && trust:
-			wt = &waitTry{wake: true, inTurn: inTurn}
-			actx = withWaitTry(ctx, wt)
-		case sub != nil || trust || inTurn || tried:
-			wt = &waitTry{trustWatch: trust, inTurn: inTurn}
-			actx = withWaitTry(ctx, wt)
-		}
-		tried = true
-		sub.beginTry()
-		// The coordinator's clock reads later than start: the lease
-		// lasts at least TTL from start.
-		start := time.Now()
-		acq, err := Acquisition{}, keyErr
-		if err == nil {
-			acq, err = r.jt.acquire(actx, key, jobID, opts)
-		}
-		if seen, ahead = 0, 0; wt != nil {
-			seen, ahead = wt.rev, wt.ahead
-		}
-		if err == nil && acq.Kind != KindAcquired && sub != nil {
-			sub.rearm(seen) // wait to be woken by a change that frees a slot
-		}
-		return acq, start.Add(r.policy.HeartbeatTTL), err
+	// which queueTurnOption leaves out of turn (see JobType.queueTurn).
+	tried bool
+	// behind is the revision of the fed state by which the job is queued
+	// behind the jobs that may take the free slots: it does not try
+	// before its turn (see queuedBehind); 0 when it tries.
+	behind uint64
+	// turnAt is, over wake-ups, when a Run queued behind free slots tries
+	// anyway; zero: never.
+	turnAt  time.Time
+	waiting bool // counted as waiting (OnBlocked called)
+	giveUp  <-chan time.Time
+	recheck *time.Timer
+}
+
+// close ends the wait: its subscription, and its count as waiting.
+func (w *slotWait) close() {
+	if w.waiting {
+		w.r.obs.waiting(w.ctx, -1)
 	}
+	if w.sub != nil {
+		w.sub.Close()
+	}
+}
+
+// try tries to take a slot; trust lets it find the key busy on the state
+// the Watcher delivered, without a read (the safety-net recheck reads);
+// inTurn keeps the queue's order (see waitTry.inTurn). The deadline is
+// until when the lease lasts at least.
+func (w *slotWait) try(trust, inTurn bool) (Acquisition, time.Time, error) {
+	var wt *waitTry
+	switch {
+	case w.wakes && trust:
+		wt = &waitTry{wake: true, inTurn: inTurn}
+	case w.sub != nil || trust || inTurn || w.tried:
+		wt = &waitTry{trustWatch: trust, inTurn: inTurn}
+	}
+	w.tried = true
+	w.sub.beginTry()
+	// The coordinator's clock reads later than start: the lease lasts at
+	// least TTL from start.
+	start := time.Now()
+	acq, err := Acquisition{}, w.keyErr
+	if err == nil {
+		acq, err = w.r.jt.acquire(w.ctx, w.key, w.jobID, w.opts, wt)
+	}
+	if w.seen, w.ahead = 0, 0; wt != nil {
+		w.seen, w.ahead = wt.rev, wt.ahead
+	}
+	if err == nil && acq.Kind != KindAcquired && w.sub != nil {
+		w.sub.rearm(w.seen) // wait to be woken by a change that frees a slot
+	}
+	w.acq = acq
+	return acq, start.Add(w.r.policy.HeartbeatTTL), err
+}
+
+// first makes the Run's first try, unless the fed state has the job
+// queued behind others (behind); done says acquire returns its result.
+func (w *slotWait) first(wait bool) (done bool, _ Acquisition, _ time.Time, _ error) {
+	r := w.r
 	// The first try of a Run trusts what the Watcher still feeds of the
 	// key from this process's last wait on it (see keyWatch.linger), if
 	// anything: finding the key busy, it waits. TryRun's answer is final
 	// and must not rest on a feed that may lag behind the call: it does not.
 	trusted := r.cfg.Watcher != nil && wait
-	var (
-		acq      Acquisition
-		deadline time.Time
-		err      error
-		// behind is the revision of the fed state by which the job is
-		// queued behind the jobs that may take the free slots: it does
-		// not try before its turn (see queuedBehind); 0 when it tries.
-		behind uint64
-	)
 	if trusted {
-		acq, behind = r.queuedBehind(key, keyErr, jobID, opts, wakes)
+		w.acq, w.behind = r.queuedBehind(w.key, w.keyErr, w.jobID, w.opts, w.wakes)
 	}
-	if behind == 0 {
-		acq, deadline, err = try(trusted, wakes)
-		if trusted && err == nil && acq.Kind != KindAcquired && acq.Reason == ReasonNotQueued {
-			// Not queued, which is final, may be the feed lagging behind the
-			// job's admission: only a read tells.
-			acq, deadline, err = try(false, wakes)
-		}
-		if err != nil || acq.Kind == KindAcquired {
-			return acq, deadline, 0, err
-		}
-		if !wait || acq.Reason == ReasonNotQueued {
-			return Acquisition{}, time.Time{}, 0, &BlockedError{JobID: jobID, Acquisition: acq}
-		}
+	if w.behind != 0 {
+		return false, Acquisition{}, time.Time{}, nil
 	}
-	blockedAt := time.Now()
+	acq, deadline, err := w.try(trusted, w.wakes)
+	if trusted && err == nil && acq.Kind != KindAcquired && acq.Reason == ReasonNotQueued {
+		// Not queued, which is final, may be the feed lagging behind the
+		// job's admission: only a read tells.
+		acq, deadline, err = w.try(false, w.wakes)
+	}
+	if err != nil || acq.Kind == KindAcquired {
+		return true, acq, deadline, err
+	}
+	if !wait || acq.Reason == ReasonNotQueued {
+		return true, Acquisition{}, time.Time{}, &BlockedError{JobID: w.jobID, Acquisition: acq}
+	}
+	return false, Acquisition{}, time.Time{}, nil
+}
 
-	var giveUp <-chan time.Time
+// wait waits, blocked, for a slot, and says how long it waited.
+func (w *slotWait) wait() (Acquisition, time.Time, time.Duration, error) {
+	r := w.r
+	blockedAt := time.Now()
 	if r.cfg.MaxWait > 0 {
 		t := time.NewTimer(r.cfg.MaxWait)
 		defer t.Stop()
-		giveUp = t.C
+		w.giveUp = t.C
 	}
-	recheck := time.NewTimer(r.cfg.RecheckInterval)
-	defer recheck.Stop()
-	waiting, trust := false, false
-	// Over wake-ups, the Run's first try and its try right after
-	// subscribing keep the queue's order (see waitTry.inTurn): such a
-	// try, on a state read or remembered, must not take a slot a wake-up
-	// is on its way for to a job ahead of it. Its other tries do not: one
-	// a wake-up, its turn, a lease's expiry or a recheck started.
-	inTurn := false
-	var turnAt time.Time // over wake-ups: when a Run queued behind free slots tries anyway; zero: never
-	// inTurnAt is when a try blocked in turn behind the jobs the free
-	// slots are for tries anyway, should no wake-up come first: when its
-	// turn would come by the Watcher's rule (see keyWatch.turn).
-	inTurnAt := func() {
-		if ahead > 0 {
-			turnAt = time.Now().Add(wakeTurn(ahead))
-			if sub != nil && sub.wake != nil {
-				// The jobs ahead may have nobody waiting for them: their
-				// wake-up passes them over to this one.
-				r.jt.coord.wakeAhead(r.jt.Service(), sub.kvKey, sub.wake.entry, seen, jobID, r.policy)
-			}
-		}
-	}
-	inTurnAt()
+	w.recheck = time.NewTimer(r.cfg.RecheckInterval)
+	defer w.recheck.Stop()
+	w.inTurnAt()
 	for {
-		inTurn = false
-		if sub == nil && wakes {
-			kvKey := kvKeyFor(r.jt.Service(), r.jt.Name(), acq.KeyHash)
-			if sub, err = r.cfg.Watcher.subscribeWake(r.jt.Service(), kvKey, jobID, r.jt.coord.keys); err != nil {
-				return Acquisition{}, time.Time{}, 0, fmt.Errorf("jobkeys: wait for a slot for job %q: %w (a Runner without a Watcher polls instead)", jobID, err)
-			}
-			if behind != 0 {
-				seen = behind // not tried: the fed state has it queued behind others
-				if free := acq.Limit - acq.Active; free > 0 {
-					// Slots are free for the jobs ahead, whose Runs, if
-					// they wait, are woken; if no write follows (they do
-					// not wait, and nobody else writes), nothing wakes
-					// this one: it tries when its turn would come by the
-					// Watcher's rule (see keyWatch.turn).
-					if i := sub.wake.entry.queuedIndex(jobID); i >= free {
-						turnAt = time.Now().Add(wakeTurn(i - free + 1))
-						r.jt.coord.wakeAhead(r.jt.Service(), kvKey, sub.wake.entry, behind, jobID, r.policy)
-					}
-				}
-			}
-			if behind = 0; ahead > 0 {
-				// Its first try found it queued behind the jobs the free
-				// slots are for (see inTurnAt).
-				r.jt.coord.wakeAhead(r.jt.Service(), kvKey, sub.wake.entry, seen, jobID, r.policy)
-			}
-			// A wake-up sent before the subscription reached the server
-			// is sent again shortly by its writer when nobody took it
-			// (see WithWakeUps), so a state whose request went out just
-			// before the server confirmed the subscription (subscribeWake
-			// waits for that; see wakeTrustSent), or, learned otherwise,
-			// that arrived just before (wakeTrustAge), is a safe place
-			// to wait from. One older is not: it reads. A later state
-			// the coordinator learned meanwhile is tried.
-			rev, at, sent := sub.wake.entry.learned()
-			fresh := time.Since(at) <= wakeTrustAge
-			if !sent.IsZero() {
-				fresh = time.Since(sent) < wakeTrustSent
-			}
-			switch {
-			case rev == 0 || !fresh:
-				trust, inTurn = false, true
-			case rev > seen:
-				trust, inTurn = true, true
-			default:
-				continue // wait
-			}
-		} else if sub == nil && r.cfg.Watcher != nil {
-			kvKey := kvKeyFor(r.jt.Service(), r.jt.Name(), acq.KeyHash)
-			// A waiter's subscription wakes it only when a change frees a
-			// slot, and feeds the key's changes to the coordinator.
-			if sub, err = r.cfg.Watcher.subscribeQueued(ctx, r.jt.Service(), kvKey, jobID, r.policy.MaxActive, r.jt.coord.keys, behind); err != nil {
-				if ctx.Err() != nil {
-					return Acquisition{}, time.Time{}, 0, ctx.Err()
-				}
-				return Acquisition{}, time.Time{}, 0, fmt.Errorf("jobkeys: wait for a slot for job %q: %w (a Runner without a Watcher polls instead)", jobID, err)
-			}
-			if behind == 0 && sub.waiter.table != nil {
-				// The key may have changed before the subscription; if the
-				// feed now has the job queued behind others, it is their
-				// turn first: it waits as if it had found the key busy
-				// just before that state.
-				var ahead Acquisition
-				if ahead, behind = r.queuedBehind(key, keyErr, jobID, opts, false); behind != 0 {
-					acq = ahead
-					sub.rearm(behind - 1)
-				}
-			}
-			if behind != 0 {
-				// Its turn comes after the jobs queued ahead of it: the
-				// Watcher wakes it then, as it wakes a waiter.
-				behind = 0
-				continue
-			}
-			// The key may have changed before the subscription: look again.
-			trust = true
-		} else {
-			if !waiting && r.cfg.OnBlocked != nil {
-				r.cfg.OnBlocked(jobID, acq)
-			}
-			if !waiting {
-				r.obs.waiting(ctx, 1)
-				defer r.obs.waiting(ctx, -1)
-			}
-			waiting = true
-			d := r.cfg.RecheckInterval
-			if !acq.NextExpiry.IsZero() {
-				// A lease that expires frees its slot (FailStale) without
-				// any write to the key. (NextExpiry is on the coordinator's
-				// clock; should that be another, this only changes when
-				// the key is looked at again.)
-				d = min(d, time.Until(acq.NextExpiry)+time.Millisecond)
-			}
-			if !turnAt.IsZero() {
-				d = min(d, time.Until(turnAt))
-			}
-			recheck.Reset(max(d, time.Millisecond))
-			var changed, ended <-chan struct{}
-			if sub != nil {
-				changed, ended = sub.Changed(), sub.Done()
-			}
-			select {
-			case <-ctx.Done():
-				return Acquisition{}, time.Time{}, 0, ctx.Err()
-			case <-giveUp:
-				return Acquisition{}, time.Time{}, 0, &BlockedError{JobID: jobID, Acquisition: acq}
-			case <-changed:
-				trust = true
-			case <-ended:
-				sub.Close()
-				sub = nil
-				trust = false
-			case <-recheck.C:
-				trust = false
-				if !turnAt.IsZero() && !time.Now().Before(turnAt) {
-					turnAt = time.Time{} // its turn, not a recheck
-				} else {
-					r.rechecks.Add(1)
-				}
-			}
+		// Over wake-ups, the Run's first try and its try right after
+		// subscribing keep the queue's order (see waitTry.inTurn): such a
+		// try, on a state read or remembered, must not take a slot a
+		// wake-up is on its way for to a job ahead of it. Its other tries
+		// do not: one a wake-up, its turn, a lease's expiry or a recheck
+		// started.
+		trust, inTurn, now, err := w.next()
+		if err != nil {
+			return Acquisition{}, time.Time{}, 0, err
 		}
-		acq, deadline, err = try(trust, inTurn && wakes)
+		if !now {
+			continue
+		}
+		acq, deadline, err := w.try(trust, inTurn && w.wakes)
 		if err != nil || acq.Kind == KindAcquired {
 			return acq, deadline, time.Since(blockedAt), err
 		}
-		inTurnAt()
+		w.inTurnAt()
 		if acq.Reason == ReasonNotQueued {
-			return Acquisition{}, time.Time{}, 0, &BlockedError{JobID: jobID, Acquisition: acq}
+			return Acquisition{}, time.Time{}, 0, &BlockedError{JobID: w.jobID, Acquisition: acq}
 		}
+	}
+}
+
+// next is one step of the wait: it subscribes if the Run has no
+// subscription, else it waits for what starts the next try (see block).
+// now says to try at once, with trust and inTurn (see try); else the
+// wait goes on.
+func (w *slotWait) next() (trust, inTurn, now bool, err error) {
+	switch {
+	case w.sub == nil && w.wakes:
+		return w.subscribeWakes()
+	case w.sub == nil && w.r.cfg.Watcher != nil:
+		trust, now, err = w.subscribeWatch()
+		return trust, false, now, err
+	default:
+		trust, err = w.block()
+		return trust, false, err == nil, err
+	}
+}
+
+// inTurnAt sets, after a try blocked in turn behind the jobs the free
+// slots are for, when it tries anyway should no wake-up come first: when
+// its turn would come by the Watcher's rule (see keyWatch.turn).
+func (w *slotWait) inTurnAt() {
+	if w.ahead > 0 {
+		w.turnAt = time.Now().Add(wakeTurn(w.ahead))
+		if w.sub != nil && w.sub.wake != nil {
+			// The jobs ahead may have nobody waiting for them: their
+			// wake-up passes them over to this one.
+			w.r.jt.coord.wakeAhead(w.r.jt.Service(), w.sub.kvKey, w.sub.wake.entry, w.seen, w.jobID, w.r.policy)
+		}
+	}
+}
+
+// subscribeWakes subscribes to the job's targeted wake-ups, and says
+// whether to try at once, on what (see next).
+func (w *slotWait) subscribeWakes() (trust, inTurn, now bool, err error) {
+	r := w.r
+	kvKey := kvKeyFor(r.jt.Service(), r.jt.Name(), w.acq.KeyHash)
+	if w.sub, err = r.cfg.Watcher.subscribeWake(r.jt.Service(), kvKey, w.jobID, r.jt.coord.keys); err != nil {
+		return false, false, false, fmt.Errorf("jobkeys: wait for a slot for job %q: %w (a Runner without a Watcher polls instead)", w.jobID, err)
+	}
+	if w.behind != 0 {
+		w.seen = w.behind // not tried: the fed state has it queued behind others
+		if free := w.acq.Limit - w.acq.Active; free > 0 {
+			// Slots are free for the jobs ahead, whose Runs, if they
+			// wait, are woken; if no write follows (they do not wait,
+			// and nobody else writes), nothing wakes this one: it tries
+			// when its turn would come by the Watcher's rule (see
+			// keyWatch.turn).
+			if i := w.sub.wake.entry.queuedIndex(w.jobID); i >= free {
+				w.turnAt = time.Now().Add(wakeTurn(i - free + 1))
+				r.jt.coord.wakeAhead(r.jt.Service(), kvKey, w.sub.wake.entry, w.behind, w.jobID, r.policy)
+			}
+		}
+	}
+	if w.behind = 0; w.ahead > 0 {
+		// Its first try found it queued behind the jobs the free slots
+		// are for (see inTurnAt).
+		r.jt.coord.wakeAhead(r.jt.Service(), kvKey, w.sub.wake.entry, w.seen, w.jobID, r.policy)
+	}
+	// A wake-up sent before the subscription reached the server is sent
+	// again shortly by its writer when nobody took it (see WithWakeUps),
+	// so a state whose request went out just before the server confirmed
+	// the subscription (subscribeWake waits for that; see wakeTrustSent),
+	// or, learned otherwise, that arrived just before (wakeTrustAge), is a
+	// safe place to wait from. One older is not: it reads. A later state
+	// the coordinator learned meanwhile is tried.
+	rev, at, sent := w.sub.wake.entry.learned()
+	fresh := time.Since(at) <= wakeTrustAge
+	if !sent.IsZero() {
+		fresh = time.Since(sent) < wakeTrustSent
+	}
+	switch {
+	case rev == 0 || !fresh:
+		return false, true, true, nil
+	case rev > w.seen:
+		return true, true, true, nil
+	default:
+		return false, false, false, nil // wait
+	}
+}
+
+// subscribeWatch subscribes to the key's changes through the Watcher, and
+// says whether to try at once (trusting the feed) or wait (see next).
+func (w *slotWait) subscribeWatch() (trust, now bool, err error) {
+	r := w.r
+	kvKey := kvKeyFor(r.jt.Service(), r.jt.Name(), w.acq.KeyHash)
+	// A waiter's subscription wakes it only when a change frees a slot,
+	// and feeds the key's changes to the coordinator.
+	if w.sub, err = r.cfg.Watcher.subscribeQueued(w.ctx, r.jt.Service(), kvKey, w.jobID, r.policy.MaxActive, r.jt.coord.keys, w.behind); err != nil {
+		if w.ctx.Err() != nil {
+			return false, false, w.ctx.Err()
+		}
+		return false, false, fmt.Errorf("jobkeys: wait for a slot for job %q: %w (a Runner without a Watcher polls instead)", w.jobID, err)
+	}
+	if w.behind == 0 && w.sub.waiter.table != nil {
+		// The key may have changed before the subscription; if the feed
+		// now has the job queued behind others, it is their turn first:
+		// it waits as if it had found the key busy just before that
+		// state.
+		var ahead Acquisition
+		if ahead, w.behind = r.queuedBehind(w.key, w.keyErr, w.jobID, w.opts, false); w.behind != 0 {
+			w.acq = ahead
+			w.sub.rearm(w.behind - 1)
+		}
+	}
+	if w.behind != 0 {
+		// Its turn comes after the jobs queued ahead of it: the Watcher
+		// wakes it then, as it wakes a waiter.
+		w.behind = 0
+		return false, false, nil
+	}
+	// The key may have changed before the subscription: look again.
+	return true, true, nil
+}
+
+// block waits, subscribed or polling, for what starts the next try: a
+// change or wake-up (trusted), the subscription's end, a lease's expiry,
+// its turn or a recheck (not trusted). It fails when ctx ends or MaxWait
+// passes.
+func (w *slotWait) block() (trust bool, err error) {
+	r := w.r
+	if !w.waiting {
+		if r.cfg.OnBlocked != nil {
+			r.cfg.OnBlocked(w.jobID, w.acq)
+		}
+		r.obs.waiting(w.ctx, 1)
+		w.waiting = true
+	}
+	d := r.cfg.RecheckInterval
+	if !w.acq.NextExpiry.IsZero() {
+		// A lease that expires frees its slot (FailStale) without any
+		// write to the key. (NextExpiry is on the coordinator's clock;
+		// should that be another, this only changes when the key is
+		// looked at again.)
+		d = min(d, time.Until(w.acq.NextExpiry)+time.Millisecond)
+	}
+	if !w.turnAt.IsZero() {
+		d = min(d, time.Until(w.turnAt))
+	}
+	w.recheck.Reset(max(d, time.Millisecond))
+	var changed, ended <-chan struct{}
+	if w.sub != nil {
+		changed, ended = w.sub.Changed(), w.sub.Done()
+	}
+	select {
+	case <-w.ctx.Done():
+		return false, w.ctx.Err()
+	case <-w.giveUp:
+		return false, &BlockedError{JobID: w.jobID, Acquisition: w.acq}
+	case <-changed:
+		return true, nil
+	case <-ended:
+		w.sub.Close()
+		w.sub = nil
+		return false, nil
+	case <-w.recheck.C:
+		if !w.turnAt.IsZero() && !time.Now().Before(w.turnAt) {
+			w.turnAt = time.Time{} // its turn, not a recheck
+		} else {
+			r.rechecks.Add(1)
+		}
+		return false, nil
 	}
 }
 

@@ -883,18 +883,15 @@ func (d *stateDecoder) scanNumber() (start int, simple, ok bool) {
 	case i < len(t) && t[i] == '0':
 		i++
 	case i < len(t) && t[i] >= '1' && t[i] <= '9':
-		for i++; i < len(t) && t[i] >= '0' && t[i] <= '9'; i++ {
-		}
+		i = skipDigits(t, i+1)
 	default:
 		return start, false, false
 	}
 	simple = i-digits <= 15
 	if i < len(t) && t[i] == '.' {
 		simple = false
-		if i++; i >= len(t) || t[i] < '0' || t[i] > '9' {
+		if i, ok = scanDigits(t, i+1); !ok {
 			return start, false, false
-		}
-		for i++; i < len(t) && t[i] >= '0' && t[i] <= '9'; i++ {
 		}
 	}
 	if i < len(t) && (t[i] == 'e' || t[i] == 'E') {
@@ -902,14 +899,29 @@ func (d *stateDecoder) scanNumber() (start int, simple, ok bool) {
 		if i++; i < len(t) && (t[i] == '+' || t[i] == '-') {
 			i++
 		}
-		if i >= len(t) || t[i] < '0' || t[i] > '9' {
+		if i, ok = scanDigits(t, i); !ok {
 			return start, false, false
-		}
-		for i++; i < len(t) && t[i] >= '0' && t[i] <= '9'; i++ {
 		}
 	}
 	d.i = i
 	return start, simple, true
+}
+
+// skipDigits returns the index past the decimal digits at t[i:].
+func skipDigits(t []byte, i int) int {
+	for i < len(t) && t[i] >= '0' && t[i] <= '9' {
+		i++
+	}
+	return i
+}
+
+// scanDigits returns the index past the decimal digits at t[i:], of which
+// there must be at least one (a fraction's, an exponent's).
+func scanDigits(t []byte, i int) (int, bool) {
+	if i >= len(t) || t[i] < '0' || t[i] > '9' {
+		return i, false
+	}
+	return skipDigits(t, i+1), true
 }
 
 // plainStringByte tells the bytes a string literal holds as they are:
@@ -1081,122 +1093,203 @@ func parseTimestamp[T string | []byte](s T) (time.Time, error) {
 	bad := func(why string) (time.Time, error) {
 		return time.Time{}, fmt.Errorf("%q is not an RFC 3339 timestamp: %s", s, why)
 	}
-	i := 0
-	digits := func(n int) (int, bool) {
-		if len(s)-i < n {
-			return 0, false
-		}
-		v := 0
-		for k := i; k < i+n; k++ {
-			if c := s[k]; c < '0' || c > '9' {
-				return 0, false
-			}
-			v = v*10 + int(s[k]-'0')
-		}
-		i += n
-		return v, true
+	p := tsScan[T]{s: s}
+	f, why := p.fields()
+	if why == "" {
+		why = f.check()
 	}
-	sep := func(c byte) bool {
-		if i < len(s) && (s[i] == c || c >= 'A' && c <= 'Z' && s[i] == c+'a'-'A') { // 'T' or 't', 'Z' or 'z'
-			i++
-			return true
-		}
-		return false
+	if why != "" {
+		return bad(why)
 	}
-	var year int
-	var ok bool
-	if len(s) > 0 && (s[0] == '+' || s[0] == '-') {
-		i = 1
-		if year, ok = digits(6); !ok {
-			return bad("a signed year has six digits")
-		}
-		if s[0] == '-' {
-			if year == 0 {
-				return bad("the year -000000 is not allowed")
-			}
-			year = -year
-		}
-	} else if year, ok = digits(4); !ok {
-		return bad("it does not start with a four-digit year")
-	}
-	var month, day, hour, minute, sec int
-	if !sep('-') {
-		return bad("no '-' after the year")
-	}
-	if month, ok = digits(2); !ok || !sep('-') {
-		return bad("want YYYY-MM-DD")
-	}
-	if day, ok = digits(2); !ok {
-		return bad("want YYYY-MM-DD")
-	}
-	if !sep('T') {
-		return bad("want 'T' between date and time")
-	}
-	if hour, ok = digits(2); !ok || !sep(':') {
-		return bad("want hh:mm:ss")
-	}
-	if minute, ok = digits(2); !ok || !sep(':') {
-		return bad("want hh:mm:ss")
-	}
-	if sec, ok = digits(2); !ok {
-		return bad("want hh:mm:ss")
-	}
-	millis := 0
-	if sep('.') {
-		start := i
-		for i < len(s) && s[i] >= '0' && s[i] <= '9' {
-			if i-start < 3 {
-				millis = millis*10 + int(s[i]-'0')
-			}
-			i++
-		}
-		if i == start {
-			return bad("no digits after '.'")
-		}
-		for n := i - start; n < 3; n++ {
-			millis *= 10
-		}
-	}
-	offset := 0
-	switch {
-	case sep('Z'):
-	case i < len(s) && (s[i] == '+' || s[i] == '-'):
-		sign := 1
-		if s[i] == '-' {
-			sign = -1
-		}
-		i++
-		oh, ok1 := digits(2)
-		ok2 := sep(':')
-		om, ok3 := digits(2)
-		if !ok1 || !ok2 || !ok3 || oh > 23 || om > 59 {
-			return bad("want an offset of Z or ±hh:mm")
-		}
-		offset = sign * (oh*60 + om)
-	default:
-		return bad("want an offset of Z or ±hh:mm")
-	}
-	if i != len(s) {
-		return bad("unexpected text after the offset")
-	}
-	switch {
-	case month < 1 || month > 12:
-		return bad("month out of range")
-	case day < 1 || day > daysIn(year, month):
-		return bad("day out of range")
-	case hour > 23 || minute > 59:
-		return bad("time out of range")
-	case sec == 60:
-		return bad("a leap second cannot be represented")
-	case sec > 59:
-		return bad("seconds out of range")
-	}
-	t := time.Date(year, time.Month(month), day, hour, minute, sec, millis*int(time.Millisecond), time.UTC).
-		Add(-time.Duration(offset) * time.Minute)
+	t := time.Date(f.year, time.Month(f.month), f.day, f.hour, f.minute, f.sec, f.millis*int(time.Millisecond), time.UTC).
+		Add(-time.Duration(f.offset) * time.Minute)
 	if ms := t.UnixMilli(); ms > jsTimeLimit || ms < -jsTimeLimit {
 		return bad("outside the range of JavaScript dates")
 	}
 	return t, nil
+}
+
+// tsScan reads the fields of a timestamp for parseTimestamp, s[i:] being
+// what is left to read.
+type tsScan[T string | []byte] struct {
+	s T
+	i int
+}
+
+// tsFields are the fields of a timestamp as written; offset in minutes.
+type tsFields struct {
+	year, month, day, hour, minute, sec, millis, offset int
+}
+
+// fields reads the whole timestamp; why says what is wrong, "" nothing.
+// The fields' ranges are not checked (see check).
+func (p *tsScan[T]) fields() (f tsFields, why string) {
+	if f.year, why = p.year(); why != "" {
+		return f, why
+	}
+	if f.month, f.day, why = p.date(); why != "" {
+		return f, why
+	}
+	if f.hour, f.minute, f.sec, why = p.clock(); why != "" {
+		return f, why
+	}
+	if f.millis, why = p.fraction(); why != "" {
+		return f, why
+	}
+	if f.offset, why = p.offset(); why != "" {
+		return f, why
+	}
+	if p.i != len(p.s) {
+		return f, "unexpected text after the offset"
+	}
+	return f, ""
+}
+
+// digits reads n decimal digits.
+func (p *tsScan[T]) digits(n int) (int, bool) {
+	if len(p.s)-p.i < n {
+		return 0, false
+	}
+	v := 0
+	for k := p.i; k < p.i+n; k++ {
+		if c := p.s[k]; c < '0' || c > '9' {
+			return 0, false
+		}
+		v = v*10 + int(p.s[k]-'0')
+	}
+	p.i += n
+	return v, true
+}
+
+// sep reads c, or its lower case for an upper-case letter ('T' or 't',
+// 'Z' or 'z').
+func (p *tsScan[T]) sep(c byte) bool {
+	if p.i < len(p.s) && (p.s[p.i] == c || c >= 'A' && c <= 'Z' && p.s[p.i] == c+'a'-'A') {
+		p.i++
+		return true
+	}
+	return false
+}
+
+// year reads a four-digit year, or a signed six-digit one.
+func (p *tsScan[T]) year() (int, string) {
+	s := p.s
+	if len(s) > 0 && (s[0] == '+' || s[0] == '-') {
+		p.i = 1
+		year, ok := p.digits(6)
+		if !ok {
+			return 0, "a signed year has six digits"
+		}
+		if s[0] == '-' {
+			if year == 0 {
+				return 0, "the year -000000 is not allowed"
+			}
+			year = -year
+		}
+		return year, ""
+	}
+	year, ok := p.digits(4)
+	if !ok {
+		return 0, "it does not start with a four-digit year"
+	}
+	return year, ""
+}
+
+// date reads "-MM-DD" after the year.
+func (p *tsScan[T]) date() (month, day int, why string) {
+	if !p.sep('-') {
+		return 0, 0, "no '-' after the year"
+	}
+	month, ok := p.digits(2)
+	if !ok || !p.sep('-') {
+		return 0, 0, "want YYYY-MM-DD"
+	}
+	if day, ok = p.digits(2); !ok {
+		return 0, 0, "want YYYY-MM-DD"
+	}
+	return month, day, ""
+}
+
+// clock reads "Thh:mm:ss" after the date.
+func (p *tsScan[T]) clock() (hour, minute, sec int, why string) {
+	if !p.sep('T') {
+		return 0, 0, 0, "want 'T' between date and time"
+	}
+	var ok bool
+	if hour, ok = p.digits(2); !ok || !p.sep(':') {
+		return 0, 0, 0, "want hh:mm:ss"
+	}
+	if minute, ok = p.digits(2); !ok || !p.sep(':') {
+		return 0, 0, 0, "want hh:mm:ss"
+	}
+	if sec, ok = p.digits(2); !ok {
+		return 0, 0, 0, "want hh:mm:ss"
+	}
+	return hour, minute, sec, ""
+}
+
+// fraction reads an optional fraction of a second, in milliseconds: the
+// digits past the third are cut.
+func (p *tsScan[T]) fraction() (int, string) {
+	if !p.sep('.') {
+		return 0, ""
+	}
+	s, start, millis := p.s, p.i, 0
+	for p.i < len(s) && s[p.i] >= '0' && s[p.i] <= '9' {
+		if p.i-start < 3 {
+			millis = millis*10 + int(s[p.i]-'0')
+		}
+		p.i++
+	}
+	if p.i == start {
+		return 0, "no digits after '.'"
+	}
+	for n := p.i - start; n < 3; n++ {
+		millis *= 10
+	}
+	return millis, ""
+}
+
+// offset reads "Z" or "±hh:mm", in minutes east of UTC.
+func (p *tsScan[T]) offset() (int, string) {
+	const want = "want an offset of Z or ±hh:mm"
+	s := p.s
+	switch {
+	case p.sep('Z'):
+		return 0, ""
+	case p.i < len(s) && (s[p.i] == '+' || s[p.i] == '-'):
+		sign := 1
+		if s[p.i] == '-' {
+			sign = -1
+		}
+		p.i++
+		oh, ok1 := p.digits(2)
+		ok2 := p.sep(':')
+		om, ok3 := p.digits(2)
+		if !ok1 || !ok2 || !ok3 || oh > 23 || om > 59 {
+			return 0, want
+		}
+		return sign * (oh*60 + om), ""
+	default:
+		return 0, want
+	}
+}
+
+// check says what is out of range in f, "" nothing.
+func (f *tsFields) check() string {
+	switch {
+	case f.month < 1 || f.month > 12:
+		return "month out of range"
+	case f.day < 1 || f.day > daysIn(f.year, f.month):
+		return "day out of range"
+	case f.hour > 23 || f.minute > 59:
+		return "time out of range"
+	case f.sec == 60:
+		return "a leap second cannot be represented"
+	case f.sec > 59:
+		return "seconds out of range"
+	}
+	return ""
 }
 
 // isoTime reads s if it is in the form toISOString writes for the years

@@ -11,7 +11,9 @@ import (
 // revision. Implementations must be safe for concurrent use, and must not
 // keep a value slice passed to Create or Update after returning: the caller
 // reuses it.
-// [NATSStore] and [MemoryStore] implement it.
+// [NATSStore] and [MemoryStore] implement it; package
+// [github.com/jobkeys/jobkeys/keystoretest] checks an implementation
+// against this contract.
 type Store interface {
 	// Get returns the value and revision of key in service's bucket. A key
 	// that does not exist or was deleted returns an error wrapping

@@ -11,6 +11,10 @@ import (
 // wake-up after each committed write that leaves slots free with jobs
 // queued, and the Watcher side, on which a Runner's blocked acquisition
 // waits for the wake-ups of its own job instead of a watch of the key.
+//
+// The protocol (concepts, messages, timings, why no wake-up is lost, and
+// the test that holds each invariant) is described in
+// docs/design/keys-engine.md.
 
 // errWakeLost ends a woken waiter's try whose write lost its
 // compare-and-swap (see waitTry.wake): the Runner waits for the next
@@ -30,44 +34,22 @@ func wakeStoreOf(store any) wakeStore {
 // wakeTrustAge is how recently a Run's coordinator must have learned the
 // state by which the Run is blocked, when it did not learn it from a
 // request of its own (the watch's, or a wake-up's handed over in memory),
-// for the Run to wait on it for
-// a wake-up once subscribed, without a read: a wake-up sent after that
-// state but before the subscription reached the server finds nobody, and
-// is sent once more wakeRetry (2 ms) later, which must find the
-// subscription in place. subscribeWake returns once the server confirmed
-// the subscription (or gave no answer within wakeSubscribeConfirm, and
-// the Run then reads), so a Run that trusts had its subscription in
-// place within wakeTrustAge of the state. A state from the coordinator's
-// own read or write is held to wakeTrustSent instead.
+// for the Run to wait on it for a wake-up once subscribed, without a read:
+// below wakeRetry, so that the resend of a wake-up sent before the
+// subscription reached the server finds it. A state from the
+// coordinator's own read or write is held to wakeTrustSent instead (see
+// docs/design/keys-engine.md, "Why no wake-up is lost").
 const wakeTrustAge = time.Millisecond
 
 // wakeTrustSent is how recently the request that returned the state by
 // which a Run is blocked (a read or write of its coordinator's: see
 // keyEntry.sentAt) must have been sent, when the server confirmed the
 // Run's wake-up subscription, for the Run to wait on that state without a
-// read.
-//
-// Why no wake-up is lost: let the request be sent at s (local clock) and
-// the subscription be confirmed at c < s + wakeTrustSent. The server
-// processed the request after s, and it returned the key's latest state:
-// any later write W was committed after s, and W's writer sends W's
-// wake-up after its commit, so that wake-up reaches the server at some t1
-// after s. If it finds nobody at all, its writer sends it again wakeRetry
-// after the last "no responders" answer came back, which is after t1,
-// and, if that finds nobody either, once more wakeRetryLate after that
-// resend's answers: the last resend reaches the server after
-// t1 + wakeRetry + wakeRetryLate > s + wakeRetry + wakeRetryLate > c,
-// when the server had the subscription (it had it before its confirming
-// PONG left), and the waiter's job is its first target the waiter of a
-// job ahead does not take. If a send found a waiter of a job ahead, that
-// job's write wakes the next (as for any state). A resend skipped because
-// its writer published a newer state of the key (W's writer wrote again)
-// is replaced by that write's wake-up, itself sent after s, and resent
-// alike. The margin below the sum is for the rates of two hosts' clocks,
-// not for any latency: every delay only moves the resends later. Unlike a
-// bound measured from when the state arrived (wakeTrustAge), this holds
-// however long the request's round trip took: the round trip is inside
-// it, not on top of it.
+// read: below the sum of the resend delays, so that the last resend of any
+// later write's wake-up reaches the server after the subscription did. The
+// margin below the sum is for the rates of two hosts' clocks, not for any
+// latency; the request's round trip is inside the bound. The proof is in
+// docs/design/keys-engine.md, "Why no wake-up is lost".
 const wakeTrustSent = wakeRetry + wakeRetryLate - 100*time.Microsecond
 
 // wakeTurnMin is the least time a Run over wake-ups queued behind jobs
@@ -183,26 +165,9 @@ func (c *KeyCoordinator) publishWakes(key JobKey, prev, st *KeyState, rev uint64
 // admission's). Held, the wake-up of the write that follows, made on the
 // state that follows, is sent instead, and the woken job's write wins.
 // A write that begins while the wake-up is held keeps it held until it
-// ends (see keyEntry.holdWakeFor); nothing else does.
-//
-// Why no wake-up is lost: a held wake-up of revision r is sent when
-// wakeHold has passed and no write of this coordinator on the key that
-// began meanwhile is under way, unless this coordinator committed a
-// write of the key past r first (dropHeldWake). That write w was made
-// on a revision r' >= r, and its own wake-up (held or sent: the same
-// rule applies to it) is of w's state. Any waiter the wake-up of r would
-// have woken tries on a state no newer than r, so its write would have
-// lost to w, and it would have waited for w's wake-up (errWakeLost),
-// which w's writer sends if w leaves a slot free: the same wake-up it
-// gets. A job queued at r is queued still at w unless w took it out
-// (its acquisition, a removal), and w's wake-up goes to every job
-// queued before w that w's free slots are for. The proof of
-// wakeTrustSent holds: a held wake-up is sent later, never earlier, and
-// every delay only moves the resends later; one dropped is replaced by
-// the wake-up of a write committed after it. A connection closed while a
-// wake-up is held would lose it (nats.Conn.Close sends nothing more, but
-// flushes what was sent before): a worker that shuts down sends held
-// wake-ups first (KeyCoordinator.FlushWakeUps; jobs.Client.Stop does).
+// ends (see keyEntry.holdWakeFor); nothing else does. A held wake-up is
+// sent, replaced by a later write's or flushed (FlushWakeUps), never
+// dropped: docs/design/keys-engine.md, "Why no wake-up is lost".
 const wakeHold = 200 * time.Microsecond
 
 // wakeHoldMisses is how many held wake-ups in a row no write followed

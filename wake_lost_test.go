@@ -2,6 +2,7 @@ package jobkeys
 
 import (
 	"context"
+	"fmt"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -220,4 +221,70 @@ func TestHeldWakeUpSentWhenFollowingWriteFails(t *testing.T) {
 	require.ErrorIs(t, recv(t, admitted, "the admission"), context.Canceled)
 	require.NoError(t, recv(t, done, "x's Run, woken by the held wake-up once the write failed"))
 	assert.Zero(t, r.rechecks.Load(), "x was not woken by a wake-up")
+}
+
+// TestReleaseWakeUpHeldForFollowingAdmission: a release that frees the
+// slot for a job waiting in another process, followed at once by an
+// admission of the same coordinator (a worker admitting its next job),
+// sends that job one wake-up, the admission's, on which its acquisition
+// wins: not the release's first, whose state the admission changed, so
+// that the woken job's write lost to it (a wasted write, and a second
+// wake-up). Without a write following, the release's wake-up goes out
+// once the hold has passed (the control).
+func TestReleaseWakeUpHeldForFollowingAdmission(t *testing.T) {
+	t.Parallel()
+	for _, follow := range []bool{true, false} {
+		t.Run(fmt.Sprintf("admission=%v", follow), func(t *testing.T) {
+			t.Parallel()
+			f := newJobWakeFixture(t)
+			if follow {
+				// Long enough for the admission to begin on a loaded machine.
+				f.jta.coord.wakeHold = time.Minute
+			}
+			ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+			defer cancel()
+			acq, r, done := f.holdAndWaitBehind(t, ctx, time.Minute)
+			pubBefore, _, _, _ := WakeCountsOf(f.a)
+			_, _, _, recvBefore := WakeCountsOf(f.b)
+			rel, err := f.jta.Release(ctx, acq.Lease)
+			require.NoError(t, err)
+			require.Equal(t, KindReleased, rel.Kind)
+			if follow {
+				adm, err := f.jta.Admit(ctx, "y", jobWakePayload)
+				require.NoError(t, err)
+				require.Equal(t, KindAccepted, adm.Kind)
+			}
+			require.NoError(t, recv(t, done, "x's Run"))
+			pub, _, _, _ := WakeCountsOf(f.a)
+			assert.Equal(t, uint64(1), pub-pubBefore, "wake-ups sent to x")
+			_, _, _, got := WakeCountsOf(f.b)
+			assert.Equal(t, uint64(1), got-recvBefore, "wake-ups x received")
+			assert.Zero(t, r.rechecks.Load(), "x was not woken by a wake-up")
+		})
+	}
+}
+
+// holdAndWaitBehind has a hold job "h"'s slot and b run job "x", queued
+// behind it, in a Run with recheck, until x waits for its wake-ups. It
+// returns h's acquisition, x's Runner and the channel of the Run's error.
+func (f *jobWakeFixture) holdAndWaitBehind(t *testing.T, ctx context.Context, recheck time.Duration) (Acquisition, *Runner, chan error) {
+	t.Helper()
+	_, err := f.jta.Admit(ctx, "h", jobWakePayload)
+	require.NoError(t, err)
+	acq, err := f.jta.Acquire(ctx, "h", jobWakePayload)
+	require.NoError(t, err)
+	require.Equal(t, KindAcquired, acq.Kind)
+	_, err = f.jtb.Admit(ctx, "x", jobWakePayload)
+	require.NoError(t, err)
+	r, err := NewRunner(f.jtb, &RunnerConfig{Watcher: f.wb, RecheckInterval: recheck})
+	require.NoError(t, err)
+	done := make(chan error, 1)
+	go func() {
+		_, err := r.Run(ctx, "x", jobWakePayload, func(context.Context, Lease) error { return nil })
+		done <- err
+	}()
+	require.Eventually(t, func() bool { return f.wb.wakeSubscriptions() == 1 }, rtWait, time.Millisecond, "x waits")
+	// Let x's wait settle (its try after subscribing).
+	time.Sleep(20 * time.Millisecond)
+	return acq, r, done
 }

@@ -159,7 +159,7 @@ func TestWakeLostOutcomeFigures(t *testing.T) {
 			}
 			// j2's Run, woken by a's state, tries on it; its write loses.
 			wt := &waitTry{wake: true}
-			got, err := ja.Acquire(withWaitTry(ctx, wt), "j2", payload)
+			got, err := acquireJobTry(ctx, ja, wt, "j2", payload)
 			require.NoError(t, err)
 			require.Equal(t, KindBlocked, got.Kind)
 			assert.Equal(t, ReasonActiveLimit, got.Reason)

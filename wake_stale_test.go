@@ -38,9 +38,9 @@ func newStaleWakeFixture(t *testing.T, p Policy) *jobWakeFixture {
 
 // TestPassWakeUpStaleBlockFreesNoSlot: under StalePolicy Block an expired
 // slot stays taken (ReduceAcquire blocks with ReasonStaleBlocked), so a
-// job leaving with PassWakeUp has no slot to hand on: the job behind it is
+// job leaving with passWakeUp has no slot to hand on: the job behind it is
 // sent no wake-up. Under FailStale the same expired slot is free, and the
-// job behind is woken (the control). (PassWakeUp counted only live slots
+// job behind is woken (the control). (passWakeUp counted only live slots
 // as taken, and woke the job behind for a slot that was not free.)
 func TestPassWakeUpStaleBlockFreesNoSlot(t *testing.T) {
 	t.Parallel()
@@ -56,11 +56,11 @@ func TestPassWakeUpStaleBlockFreesNoSlot(t *testing.T) {
 			acq, err := f.jta.Acquire(ctx, "job-1", jobWakePayload)
 			require.NoError(t, err)
 			require.Equal(t, KindAcquired, acq.Kind)
-			sub3, err := f.wb.SubscribeJob(ctx, f.jtb, f.kvKey, "job-3")
+			sub3, err := f.wb.subscribeJob(ctx, f.jtb, f.kvKey, "job-3")
 			require.NoError(t, err)
 			defer sub3.Close()
 
-			require.NoError(t, f.jtb.PassWakeUp(ctx, "job-2", jobWakePayload))
+			require.NoError(t, f.jtb.passWakeUp(ctx, "job-2", jobWakePayload))
 			if stale == FailStale {
 				recv(t, sub3.Changed(), "job-3's wake-up: job-1's expired slot is free under FailStale")
 				return
@@ -72,7 +72,7 @@ func TestPassWakeUpStaleBlockFreesNoSlot(t *testing.T) {
 
 // TestWithQueueTurnStaleBlockWakesTheJobAhead: under StalePolicy Block,
 // with two slots, one taken by an expired lease (taken still) and one
-// free, an acquisition of job-3 with WithQueueTurn, queued behind job-2,
+// free, an acquisition of job-3 with queueTurn, queued behind job-2,
 // which waits in another process, is blocked in turn and sends job-2 the
 // wake-up of the free slot. (wakeAhead counted the expired slot as free,
 // found job-3 among the jobs two free slots were for, and sent nothing:
@@ -97,11 +97,11 @@ func TestWithQueueTurnStaleBlockWakesTheJobAhead(t *testing.T) {
 	wa, err := NewWatcher(f.a)
 	require.NoError(t, err)
 	t.Cleanup(wa.Close)
-	sub2, err := wa.SubscribeJob(ctx, f.jta, f.kvKey, "job-2")
+	sub2, err := wa.subscribeJob(ctx, f.jta, f.kvKey, "job-2")
 	require.NoError(t, err)
 	defer sub2.Close()
 
-	got, err := f.jtb.Acquire(ctx, "job-3", jobWakePayload, WithQueueTurn())
+	got, err := f.jtb.Acquire(ctx, "job-3", jobWakePayload, queueTurn())
 	require.NoError(t, err)
 	require.Equal(t, KindBlocked, got.Kind)
 	assert.Equal(t, ReasonActiveLimit, got.Reason)
@@ -183,7 +183,7 @@ func wakeLostStaleBlock(t *testing.T, service string) (got Acquisition, lostTo *
 		e.observe(st, rev, e.feedMark())
 	}
 	wt := &waitTry{wake: true}
-	got, err = ja.Acquire(withWaitTry(ctx, wt), "j2", payload)
+	got, err = acquireJobTry(ctx, ja, wt, "j2", payload)
 	require.NoError(t, err)
 	require.NotNil(t, lostTo, "the try's write lost")
 	return got, lostTo, key
@@ -215,4 +215,68 @@ func (f *jobWakeFixture) assertBlockKeptTheSlot(t *testing.T, ctx context.Contex
 		t.Fatalf("%s was woken for a slot Block keeps taken", job)
 	default:
 	}
+}
+
+// TestPublishWakesStaleBlockFreesNoSlot: under StalePolicy Block an expired
+// slot stays taken (ReduceAcquire blocks with ReasonStaleBlocked), so a
+// write that leaves the key with that slot and jobs queued has no slot to
+// wake them for: it sends no wake-up. Under FailStale the same expired
+// slot is free, and the write wakes the queue's head (the control).
+// (publishWakes counted only live slots as taken, and woke the head for a
+// slot that was not free.)
+func TestPublishWakesStaleBlockFreesNoSlot(t *testing.T) {
+	t.Parallel()
+	for _, stale := range []StalePolicy{Block, FailStale} {
+		t.Run(string(stale), func(t *testing.T) {
+			t.Parallel()
+			f := newStaleWakeFixture(t, Policy{Key: []string{"/t"}, MaxActive: 1, MaxQueuedPerKey: 5, StalePolicy: stale})
+			ctx := context.Background()
+			for _, id := range []string{"job-1", "job-2", "job-3"} {
+				_, err := f.jta.Admit(ctx, id, jobWakePayload)
+				require.NoError(t, err)
+			}
+			acq, err := f.jta.Acquire(ctx, "job-1", jobWakePayload)
+			require.NoError(t, err)
+			require.Equal(t, KindAcquired, acq.Kind)
+			// The admissions left a slot free: their wake-ups find nobody,
+			// nor do their resends. Let them end first.
+			require.Eventually(t, func() bool {
+				_, _, chains := wakeHubSize(f.a)
+				return chains == 0
+			}, 30*time.Second, time.Millisecond, "the wake-ups of store a end")
+			sub2, err := f.wb.subscribeJob(ctx, f.jtb, f.kvKey, "job-2")
+			require.NoError(t, err)
+			defer sub2.Close()
+
+			// b (an hour ahead: job-1's lease expired by its clock) admits
+			// job-4: its write leaves job-1's slot and job-2 first queued.
+			adm, err := f.jtb.Admit(ctx, "job-4", jobWakePayload)
+			require.NoError(t, err)
+			require.Equal(t, KindAccepted, adm.Kind)
+			if stale == FailStale {
+				recv(t, sub2.Changed(), "job-2's wake-up: job-1's expired slot is free under FailStale")
+				return
+			}
+			f.assertBlockKeptTheSlot(t, ctx, sub2, "job-2")
+		})
+	}
+}
+
+// TestWakeLostOutcomeAgreesWithReducerStaleBlock: the blocked outcome of a
+// woken try whose write lost says what ReduceAcquire says on the state the
+// coordinator holds: under StalePolicy Block, with every slot held and one
+// of them expired, the reason is ReasonStaleBlocked, not
+// ReasonActiveLimit, and the figures are the reducer's.
+func TestWakeLostOutcomeAgreesWithReducerStaleBlock(t *testing.T) {
+	t.Parallel()
+	got, held, key := wakeLostStaleBlock(t, "wakelostreason")
+	want := ReduceAcquire(held, key, AcquireRequest{Service: key.Service, JobType: key.JobType, JobID: "j2"}, wakeLostStaleBlockPolicy, wakeLostStaleBlockNow(), "t")
+	require.Equal(t, KindBlocked, want.Kind)
+	assert.Equal(t, KindBlocked, got.Kind)
+	assert.Equal(t, ReasonStaleBlocked, want.Reason)
+	assert.Equal(t, want.Reason, got.Reason)
+	assert.Equal(t, want.Active, got.Active)
+	assert.Equal(t, want.Queued, got.Queued)
+	assert.Equal(t, want.Limit, got.Limit)
+	assert.Equal(t, want.NextExpiry, got.NextExpiry)
 }

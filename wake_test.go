@@ -532,3 +532,23 @@ func TestWakeUpsIdleKeyBehindJobsNobodyWaitsFor(t *testing.T) {
 	awaitRun(t, ctx, held, done, "the Run behind 10 unclaimed jobs on an idle key did not get the free slot")
 	assert.Zero(t, a.r.rechecks.Load(), "rechecks")
 }
+
+// acquireJobTry is jt.Acquire of job jobID as try wt of a waiting Runner
+// (see waitTry), for tests that make one try of a Runner's by hand.
+func acquireJobTry(ctx context.Context, jt *JobType, wt *waitTry, jobID string, payload any, opts ...AcquireOption) (Acquisition, error) {
+	key, err := jt.key(jobID, payload)
+	if err != nil {
+		return Acquisition{}, err
+	}
+	return jt.acquire(ctx, key, jobID, opts, wt)
+}
+
+// acquireRequestTry is c.Acquire of req as try wt of a waiting Runner
+// (see waitTry).
+func acquireRequestTry(ctx context.Context, c *KeyCoordinator, req AcquireRequest, wt *waitTry) (Acquisition, error) {
+	policy, key, err := c.prepare(req.Service, req.JobType, req.JobID, req.Payload, req.Policy)
+	if err != nil {
+		return Acquisition{}, err
+	}
+	return c.acquireKey(ctx, key, policy, req, wt)
+}

@@ -167,7 +167,7 @@ func TestInTurnBlockStalePolicy(t *testing.T) {
 		require.Equal(t, KindAcquired, acq.Kind, tc.name)
 
 		wt := &waitTry{inTurn: true}
-		got, err := jtr.Acquire(withWaitTry(ctx, wt), "job-b", payload)
+		got, err := acquireJobTry(ctx, jtr, wt, "job-b", payload)
 		require.NoError(t, err)
 		assert.Equal(t, KindBlocked, got.Kind, tc.name)
 		assert.Equal(t, tc.want, got.Reason, tc.name)
@@ -177,4 +177,74 @@ func TestInTurnBlockStalePolicy(t *testing.T) {
 			assert.Equal(t, 1, wt.ahead, tc.name+": job-a's turn first")
 		}
 	}
+}
+
+// TestInTurnPastTheWakeUpWalkTakesTheSlot (final review): a try in turn of
+// a job queued further back than any wake-up reaches (wakeTargetsMax past
+// the free slots) is not held back: no wake-up of the jobs ahead could
+// reach it, so it would only wait for its turn's timer (a second) with
+// the slot free. It takes the slot, as the reducer allows; a job ahead
+// that was woken loses the race and waits for the next wake-up.
+func TestInTurnPastTheWakeUpWalkTakesTheSlot(t *testing.T) {
+	t.Parallel()
+	f := newNATSWakeFixture(t)
+	a, _ := f.store(t, WithCreateBuckets(0, 1))
+	b, _ := f.store(t)
+	p := Policy{Key: []string{"/t"}, MaxActive: 1, MaxQueuedPerKey: 2 * wakeTargetsMax}
+	ca, err := NewCoordinator(a, nil)
+	require.NoError(t, err)
+	jta, err := ca.JobType(f.service, "render", p)
+	require.NoError(t, err)
+	cb, err := NewCoordinator(b, nil)
+	require.NoError(t, err)
+	jtb, err := cb.JobType(f.service, "render", p)
+	require.NoError(t, err)
+	ctx := context.Background()
+	n := 1 + wakeTargetsMax + 1 // the last is queued past the walk
+	for i := range n {
+		_, err := jta.Admit(ctx, fmt.Sprintf("job-%d", i), jobWakePayload)
+		require.NoError(t, err)
+	}
+
+	// Within the walk: held back, the slot left to the jobs ahead.
+	acq, err := jtb.Acquire(ctx, fmt.Sprintf("job-%d", wakeTargetsMax), jobWakePayload, queueTurn())
+	require.NoError(t, err)
+	require.Equal(t, KindBlocked, acq.Kind, "queued within the walk's reach")
+
+	// Past it: takes the slot.
+	acq, err = jtb.Acquire(ctx, fmt.Sprintf("job-%d", n-1), jobWakePayload, queueTurn())
+	require.NoError(t, err)
+	require.Equal(t, KindAcquired, acq.Kind, "queued past every wake-up's reach, with the slot free: %s %s", acq.Kind, acq.Reason)
+}
+
+// TestWithQueueTurnRunnerPollsOutOfTurn: a Runner without a Watcher over a
+// store with wake-ups, given queueTurn, keeps the queue's order on its
+// first try only: its rechecks are not in turn (queueTurn's doc: not
+// on the tries a recheck starts), so a job queued behind one nobody runs
+// (its worker gone) takes the free slot at its first recheck, as it does
+// without the option. (Every recheck was in turn: blocked behind the
+// abandoned job, the Run waited until MaxWait.)
+func TestWithQueueTurnRunnerPollsOutOfTurn(t *testing.T) {
+	t.Parallel()
+	f := newJobWakeFixture(t)
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	for _, id := range []string{"job-abandoned", "job-2"} {
+		_, err := f.jta.Admit(ctx, id, jobWakePayload)
+		require.NoError(t, err)
+	}
+	r, err := NewRunner(f.jtb, &RunnerConfig{RecheckInterval: 10 * time.Millisecond, MaxWait: 30 * time.Second})
+	require.NoError(t, err)
+
+	// Its first try is in turn: blocked, the slot is free for the job ahead.
+	_, err = r.TryRun(ctx, "job-2", jobWakePayload, func(context.Context, Lease) error { return nil }, queueTurn())
+	var blocked *BlockedError
+	require.ErrorAs(t, err, &blocked, "TryRun's try with queueTurn is in turn")
+	assert.Less(t, blocked.Acquisition.Active, blocked.Acquisition.Limit)
+
+	ran := false
+	res, err := r.Run(ctx, "job-2", jobWakePayload, func(context.Context, Lease) error { ran = true; return nil }, queueTurn())
+	require.NoError(t, err, "a Run with queueTurn behind a job nobody runs")
+	assert.True(t, ran)
+	assert.Equal(t, KindReleased, res.Release)
 }

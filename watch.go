@@ -205,23 +205,10 @@ func (w *Watcher) subscribe(ctx context.Context, service, kvKey string, wt *wait
 		return nil, fmt.Errorf("%w: KV key %q is not a key of service %q", ErrInvalidRequest, kvKey, service)
 	}
 	for {
-		w.mu.Lock()
-		if w.closed {
-			w.mu.Unlock()
-			return nil, fmt.Errorf("%w: subscribe to %s", ErrWatcherClosed, kvKey)
+		sw, owner, err := w.serviceWatch(service, kvKey)
+		if err != nil {
+			return nil, err
 		}
-		if w.store == nil {
-			w.mu.Unlock()
-			return nil, fmt.Errorf("%w: subscribe to %s: the Watcher has no store; create it with NewWatcher", ErrInvalidRequest, kvKey)
-		}
-		sw := w.watches[service]
-		owner := sw == nil
-		if owner {
-			sw = &serviceWatch{service: service, ready: make(chan struct{}), subs: make(map[string]map[*Subscription]struct{}),
-				keys: make(map[string]*keyWatch)}
-			w.watches[service] = sw
-		}
-		w.mu.Unlock()
 
 		if owner {
 			w.start(ctx, sw)
@@ -248,32 +235,7 @@ func (w *Watcher) subscribe(ctx context.Context, service, kvKey string, wt *wait
 				}
 				subs[sub] = struct{}{}
 			} else {
-				kw := sw.keys[kvKey]
-				if kw == nil {
-					kw = w.newKeyWatch(sw, kvKey)
-					sw.keys[kvKey] = kw
-				}
-				wt.wokenAt = kw.seq
-				kw.waiters = append(kw.waiters, sub)
-				kw.nwaiting.Store(int32(len(kw.waiters)))
-				if t := wt.table; t != nil {
-					kw.tables[t]++
-					if wt := weak.Make(t); !w.isLinked(wt) {
-						w.linked[wt] = struct{}{}
-						t.link(w)
-					}
-				}
-				if !wt.woken {
-					// Queued behind others (subscribeQueued): woken when
-					// its turn comes, or at once without a state to
-					// take turns by.
-					if !kw.decoded && kw.pending == nil {
-						wt.woken = true
-						sub.signal()
-					} else {
-						kw.wake(time.Now())
-					}
-				}
+				w.addWaiterLocked(sw, kvKey, sub, wt)
 			}
 			w.mu.Unlock()
 			return sub, nil
@@ -295,6 +257,59 @@ func (w *Watcher) subscribe(ctx context.Context, service, kvKey string, wt *wait
 		}
 		// Another caller's start gave up on its own context, or the watch
 		// ended just now: start again.
+	}
+}
+
+// serviceWatch returns service's watch, made (owner: the caller starts
+// it) if there is none, or the error of a Watcher closed or made without
+// NewWatcher.
+func (w *Watcher) serviceWatch(service, kvKey string) (sw *serviceWatch, owner bool, _ error) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if w.closed {
+		return nil, false, fmt.Errorf("%w: subscribe to %s", ErrWatcherClosed, kvKey)
+	}
+	if w.store == nil {
+		return nil, false, fmt.Errorf("%w: subscribe to %s: the Watcher has no store; create it with NewWatcher", ErrInvalidRequest, kvKey)
+	}
+	sw = w.watches[service]
+	owner = sw == nil
+	if owner {
+		sw = &serviceWatch{service: service, ready: make(chan struct{}), subs: make(map[string]map[*Subscription]struct{}),
+			keys: make(map[string]*keyWatch)}
+		w.watches[service] = sw
+	}
+	return sw, owner, nil
+}
+
+// addWaiterLocked adds sub, of waiter wt, to the waiters of kvKey in sw,
+// making the key's watch if needed, and links the waiter's key table.
+// Called with w.mu held.
+func (w *Watcher) addWaiterLocked(sw *serviceWatch, kvKey string, sub *Subscription, wt *waiter) {
+	kw := sw.keys[kvKey]
+	if kw == nil {
+		kw = w.newKeyWatch(sw, kvKey)
+		sw.keys[kvKey] = kw
+	}
+	wt.wokenAt = kw.seq
+	kw.waiters = append(kw.waiters, sub)
+	kw.nwaiting.Store(int32(len(kw.waiters)))
+	if t := wt.table; t != nil {
+		kw.tables[t]++
+		if wt := weak.Make(t); !w.isLinked(wt) {
+			w.linked[wt] = struct{}{}
+			t.link(w)
+		}
+	}
+	if !wt.woken {
+		// Queued behind others (subscribeQueued): woken when its turn
+		// comes, or at once without a state to take turns by.
+		if !kw.decoded && kw.pending == nil {
+			wt.woken = true
+			sub.signal()
+		} else {
+			kw.wake(time.Now())
+		}
 	}
 }
 

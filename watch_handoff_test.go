@@ -404,7 +404,7 @@ func TestWatcherHandoffWakesBeforeEcho(t *testing.T) {
 
 			// The first waiter's try, on the handed-off state, acquires.
 			wt := &waitTry{trustWatch: true}
-			acq, err := jt.Acquire(withWaitTry(ctx, wt), "a", k.payload)
+			acq, err := acquireJobTry(ctx, jt, wt, "a", k.payload)
 			require.NoError(t, err)
 			require.Equal(t, KindAcquired, acq.Kind)
 			subs[0].Close()

@@ -10,24 +10,18 @@ import (
 	"unicode/utf8"
 )
 
-// This file holds the exported side of targeted wake-ups on a Watcher
-// (see WithWakeUps): what a worker runtime of its own (the jobs package's
-// Client) needs to wait as a Runner waits, for the wake-ups sent to its
-// own job rather than a watch of the key, and to hand a wake-up on when
-// it leaves without acting on it (JobType.PassWakeUp).
+// This file holds the job-level side of targeted wake-ups on a Watcher
+// (see WithWakeUps), unexported since the jobs runtime stopped waiting on
+// keys (docs/design/dispatch.md): a subscription to the wake-ups of one
+// job with the checks of its inputs (subscribeJob), and the hand-on of a
+// wake-up by a waiter that leaves without acting on it (passWakeUp). A
+// Runner subscribes through Watcher.subscribeWake directly; these two
+// keep the protocol's entry points that the wake-up tests drive.
 
-// WakeUps reports whether w's store sends targeted wake-ups (a
-// [NATSStore] made with [WithWakeUps]): then [Watcher.SubscribeJob] works,
-// and a blocked acquisition of a queued job is better off waiting on it
-// than on [Watcher.Subscribe], which signals every subscriber of the key
-// at every change. It is false for a nil Watcher or the zero value, and safe for
-// concurrent use.
-func (w *Watcher) WakeUps() bool { return w.wakeUps() != nil }
-
-// SubscribeJob subscribes to the targeted wake-ups sent to job jobID on
+// subscribeJob subscribes to the targeted wake-ups sent to job jobID on
 // kvKey, a key of jt ([JobType.Key] derives it; jobID is the id the job
 // was admitted under), over w's store, which must be the store jt's
-// coordinator was made with and have wake-ups ([Watcher.WakeUps]).
+// coordinator was made with and have wake-ups (Watcher.wakeUps).
 //
 // The subscription's Changed channel delivers a value after each wake-up
 // sent to the job (coalesced, as every Subscription's): the write of any
@@ -55,10 +49,10 @@ func (w *Watcher) WakeUps() bool { return w.wakeUps() != nil }
 // does a lease running out (Acquisition.NextExpiry); a waiter keeps its
 // rechecks for those. A wake-up sent before the subscription reached the
 // server may be lost, though one that found no waiter is sent again a
-// couple of milliseconds later, and once more 8 ms after that; SubscribeJob
+// couple of milliseconds later, and once more 8 ms after that; subscribeJob
 // returns once the server has confirmed the subscription (or after about
 // 10 ms without that), so a
-// waiter that tries once more after SubscribeJob returns misses no
+// waiter that tries once more after subscribeJob returns misses no
 // release. A job that is not queued (a retry, [WithRetry], or a job not
 // admitted yet) is sent no wake-up: wait for it with [Watcher.Subscribe].
 //
@@ -72,7 +66,7 @@ func (w *Watcher) WakeUps() bool { return w.wakeUps() != nil }
 // without wake-ups, a kvKey that is not a key of jt, or a job id that is
 // empty or not valid UTF-8; with one wrapping [ErrWatcherClosed] after
 // [Watcher.Close]. It is safe for concurrent use.
-func (w *Watcher) SubscribeJob(ctx context.Context, jt *JobType, kvKey, jobID string) (*Subscription, error) {
+func (w *Watcher) subscribeJob(ctx context.Context, jt *JobType, kvKey, jobID string) (*Subscription, error) {
 	if err := ctx.Err(); err != nil {
 		return nil, err
 	}
@@ -108,12 +102,12 @@ func (w *Watcher) SubscribeJob(ctx context.Context, jt *JobType, kvKey, jobID st
 	return sub, nil
 }
 
-// PassWakeUp hands on the targeted wake-up of job jobID (admitted with
-// payload) for a waiter of [Watcher.SubscribeJob] that stops waiting
+// passWakeUp hands on the targeted wake-up of job jobID (admitted with
+// payload) for a waiter of Watcher.subscribeJob that stops waiting
 // without acquiring a slot: paused, or its process stopping, while its
 // queue entry stays. A write that frees slots wakes as many queued jobs
 // as it freed; one that was woken and leaves would keep the next queued
-// job waiting for its recheck. PassWakeUp reads the key (one read; it
+// job waiting for its recheck. passWakeUp reads the key (one read; it
 // writes nothing) and, if its state leaves a slot free with jobID queued
 // where a wake-up may reach it (among the first jobs the free slots are
 // for, or up to 64 past them), sends that state's wake-up to the other
@@ -127,7 +121,7 @@ func (w *Watcher) SubscribeJob(ctx context.Context, jt *JobType, kvKey, jobID st
 // [ErrInvalidRequest], a payload the key template cannot resolve one
 // wrapping [ErrInvalidKey]; a failed read is returned wrapped, with the
 // KV key. It is safe for concurrent use.
-func (jt *JobType) PassWakeUp(ctx context.Context, jobID string, payload any) error {
+func (jt *JobType) passWakeUp(ctx context.Context, jobID string, payload any) error {
 	if jt == nil || jt.coord == nil {
 		return fmt.Errorf("%w: pass on the wake-up of job %q: the job type is nil or was not made by KeyCoordinator.JobType", ErrInvalidRequest, jobID)
 	}
@@ -167,7 +161,7 @@ func (jt *JobType) PassWakeUp(ctx context.Context, jobID string, payload any) er
 	return nil
 }
 
-// passTargets returns the targets of the wake-up PassWakeUp hands on for
+// passTargets returns the targets of the wake-up passWakeUp hands on for
 // job jobID from state st, and the slots free for them: the queued jobs
 // but jobID, in order, up to the targets' bound; none when no slot is
 // free or no wake-up of st can reach jobID. policy is the job type's (see

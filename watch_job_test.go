@@ -56,7 +56,7 @@ func newJobWakeFixture(t *testing.T) *jobWakeFixture {
 	return f
 }
 
-// TestSubscribeJobRefusesBadInput: every input SubscribeJob cannot use is
+// TestSubscribeJobRefusesBadInput: every input subscribeJob cannot use is
 // an error saying which, never a panic or a subscription that is never
 // signalled.
 func TestSubscribeJobRefusesBadInput(t *testing.T) {
@@ -71,10 +71,10 @@ func TestSubscribeJobRefusesBadInput(t *testing.T) {
 	wPlain, err := NewWatcher(plain)
 	require.NoError(t, err)
 	defer wPlain.Close()
-	assert.False(t, wPlain.WakeUps())
-	assert.True(t, f.wb.WakeUps())
-	assert.False(t, (*Watcher)(nil).WakeUps())
-	assert.False(t, (&Watcher{}).WakeUps())
+	assert.Nil(t, wPlain.wakeUps())
+	assert.NotNil(t, f.wb.wakeUps())
+	assert.Nil(t, (*Watcher)(nil).wakeUps())
+	assert.Nil(t, (&Watcher{}).wakeUps())
 	other, err := DeriveKey(f.service, "other", jobWakePayload, []string{"/t"})
 	require.NoError(t, err)
 
@@ -98,7 +98,7 @@ func TestSubscribeJobRefusesBadInput(t *testing.T) {
 		{"empty job id", f.wb, f.jtb, f.kvKey, "", "empty or not valid UTF-8"},
 		{"job id not UTF-8", f.wb, f.jtb, f.kvKey, "j\xff", "empty or not valid UTF-8"},
 	} {
-		sub, err := tc.w.SubscribeJob(ctx, tc.jt, tc.kvKey, tc.job)
+		sub, err := tc.w.subscribeJob(ctx, tc.jt, tc.kvKey, tc.job)
 		require.ErrorIs(t, err, ErrInvalidRequest, tc.name)
 		assert.ErrorContains(t, err, tc.want, tc.name)
 		assert.Nil(t, sub, tc.name)
@@ -106,18 +106,18 @@ func TestSubscribeJobRefusesBadInput(t *testing.T) {
 
 	cctx, cancel := context.WithCancel(ctx)
 	cancel()
-	_, err = f.wb.SubscribeJob(cctx, f.jtb, f.kvKey, "j")
+	_, err = f.wb.subscribeJob(cctx, f.jtb, f.kvKey, "j")
 	require.ErrorIs(t, err, context.Canceled)
 
 	w, err := NewWatcher(f.b)
 	require.NoError(t, err)
 	w.Close()
-	_, err = w.SubscribeJob(ctx, f.jtb, f.kvKey, "j")
+	_, err = w.subscribeJob(ctx, f.jtb, f.kvKey, "j")
 	require.ErrorIs(t, err, ErrWatcherClosed)
 	assert.Zero(t, f.wb.wakeSubscriptions(), "a refused subscription is not kept")
 }
 
-// TestSubscribeJobSignalledByItsOwnWakeUps: a subscription of SubscribeJob
+// TestSubscribeJobSignalledByItsOwnWakeUps: a subscription of subscribeJob
 // in one process is signalled by the release another process makes that
 // frees a slot for its job, and not by a heartbeat (which frees nothing)
 // nor by the wake-ups of other jobs; the wake-up, from another process,
@@ -141,10 +141,10 @@ func TestSubscribeJobSignalledByItsOwnWakeUps(t *testing.T) {
 		require.NoError(t, err)
 	}
 
-	sub2, err := f.wb.SubscribeJob(ctx, f.jtb, f.kvKey, "job-2")
+	sub2, err := f.wb.subscribeJob(ctx, f.jtb, f.kvKey, "job-2")
 	require.NoError(t, err)
 	defer sub2.Close()
-	sub3, err := f.wb.SubscribeJob(ctx, f.jtb, f.kvKey, "job-3")
+	sub3, err := f.wb.subscribeJob(ctx, f.jtb, f.kvKey, "job-3")
 	require.NoError(t, err)
 	defer sub3.Close()
 	assert.Equal(t, 2, f.wb.wakeSubscriptions())
@@ -201,7 +201,7 @@ type taggedWakeStore struct {
 
 // TestSubscribeJobUncomparableStoreNoPanic: a Watcher and a coordinator
 // over a wrapped store whose type is comparable but whose value holds
-// something == cannot compare are refused (SubscribeJob cannot tell them
+// something == cannot compare are refused (subscribeJob cannot tell them
 // the same store), not a panic.
 func TestSubscribeJobUncomparableStoreNoPanic(t *testing.T) {
 	t.Parallel()
@@ -214,9 +214,9 @@ func TestSubscribeJobUncomparableStoreNoPanic(t *testing.T) {
 	w, err := NewWatcher(s)
 	require.NoError(t, err)
 	defer w.Close()
-	require.True(t, w.WakeUps())
+	require.NotNil(t, w.wakeUps())
 	var sub *Subscription
-	require.NotPanics(t, func() { sub, err = w.SubscribeJob(context.Background(), jt, f.kvKey, "job-1") })
+	require.NotPanics(t, func() { sub, err = w.subscribeJob(context.Background(), jt, f.kvKey, "job-1") })
 	require.ErrorIs(t, err, ErrInvalidRequest)
 	assert.ErrorContains(t, err, "another store")
 	assert.Nil(t, sub)
@@ -226,8 +226,8 @@ func TestSubscribeJobUncomparableStoreNoPanic(t *testing.T) {
 // TestPassWakeUpWakesTheJobsAfterALeavingWaiter: job-2, woken by the
 // release that freed the only slot, leaves without acquiring it (its
 // queue entry stays: paused, its process stopping) and hands its wake-up
-// on with PassWakeUp: job-3, queued behind it, is woken with the state at
-// the release's revision. PassWakeUp sends nothing while no slot is free,
+// on with passWakeUp: job-3, queued behind it, is woken with the state at
+// the release's revision. passWakeUp sends nothing while no slot is free,
 // nor for a job that is not queued, and refuses bad input.
 func TestPassWakeUpWakesTheJobsAfterALeavingWaiter(t *testing.T) {
 	t.Parallel()
@@ -242,15 +242,15 @@ func TestPassWakeUpWakesTheJobsAfterALeavingWaiter(t *testing.T) {
 		_, err := f.jta.Admit(ctx, id, jobWakePayload)
 		require.NoError(t, err)
 	}
-	sub2, err := f.wb.SubscribeJob(ctx, f.jtb, f.kvKey, "job-2")
+	sub2, err := f.wb.subscribeJob(ctx, f.jtb, f.kvKey, "job-2")
 	require.NoError(t, err)
 	defer sub2.Close()
-	sub3, err := f.wb.SubscribeJob(ctx, f.jtb, f.kvKey, "job-3")
+	sub3, err := f.wb.subscribeJob(ctx, f.jtb, f.kvKey, "job-3")
 	require.NoError(t, err)
 	defer sub3.Close()
 
 	// The key is full: nothing to hand on.
-	require.NoError(t, f.jtb.PassWakeUp(ctx, "job-2", jobWakePayload))
+	require.NoError(t, f.jtb.passWakeUp(ctx, "job-2", jobWakePayload))
 	published, local, _, _ := WakeCountsOf(f.b)
 	assert.Zero(t, published+local, "wake-ups handed on while the key is full")
 
@@ -267,12 +267,12 @@ func TestPassWakeUpWakesTheJobsAfterALeavingWaiter(t *testing.T) {
 	require.NoError(t, err)
 
 	// Not queued: its removal would have woken the next job.
-	require.NoError(t, f.jtb.PassWakeUp(ctx, "job-9", jobWakePayload))
+	require.NoError(t, f.jtb.passWakeUp(ctx, "job-9", jobWakePayload))
 	published, local, _, _ = WakeCountsOf(f.b)
 	assert.Zero(t, published+local, "wake-ups handed on for a job that is not queued")
 
 	sub2.Close()
-	require.NoError(t, f.jtb.PassWakeUp(ctx, "job-2", jobWakePayload))
+	require.NoError(t, f.jtb.passWakeUp(ctx, "job-2", jobWakePayload))
 	recv(t, sub3.Changed(), "job-3's wake-up, handed on by job-2")
 	got, _ := sub3.wake.entry.seen()
 	assert.Equal(t, rev, got, "the state handed on is the release's")
@@ -291,9 +291,9 @@ func TestPassWakeUpWakesTheJobsAfterALeavingWaiter(t *testing.T) {
 		{"empty job id", f.jtb, "", ErrInvalidRequest},
 		{"invalid UTF-8 job id", f.jtb, "\xff", ErrInvalidRequest},
 	} {
-		assert.ErrorIs(t, tc.jt.PassWakeUp(ctx, tc.job, jobWakePayload), tc.want, tc.name)
+		assert.ErrorIs(t, tc.jt.passWakeUp(ctx, tc.job, jobWakePayload), tc.want, tc.name)
 	}
-	assert.ErrorIs(t, f.jtb.PassWakeUp(ctx, "job-2", []byte(`{}`)), ErrInvalidKey, "a payload without the key's field")
+	assert.ErrorIs(t, f.jtb.passWakeUp(ctx, "job-2", []byte(`{}`)), ErrInvalidKey, "a payload without the key's field")
 }
 
 // getCountingStore counts its store's Gets.
@@ -308,7 +308,7 @@ func (s *getCountingStore) Get(ctx context.Context, service, key string) ([]byte
 }
 
 // TestPassWakeUpWithoutWakeUpsDoesNothing: over a store without wake-ups
-// PassWakeUp reads nothing (and has nothing to send).
+// passWakeUp reads nothing (and has nothing to send).
 func TestPassWakeUpWithoutWakeUpsDoesNothing(t *testing.T) {
 	t.Parallel()
 	st := &getCountingStore{Store: NewMemoryStore()}
@@ -320,11 +320,11 @@ func TestPassWakeUpWithoutWakeUpsDoesNothing(t *testing.T) {
 	_, err = jt.Admit(ctx, "job-1", jobWakePayload)
 	require.NoError(t, err)
 	gets := st.gets.Load()
-	assert.NoError(t, jt.PassWakeUp(ctx, "job-1", jobWakePayload))
-	assert.Equal(t, gets, st.gets.Load(), "reads of PassWakeUp without wake-ups")
+	assert.NoError(t, jt.passWakeUp(ctx, "job-1", jobWakePayload))
+	assert.Equal(t, gets, st.gets.Load(), "reads of passWakeUp without wake-ups")
 }
 
-// TestWithQueueTurnKeepsTheQueueOrder: with WithQueueTurn, an acquisition
+// TestWithQueueTurnKeepsTheQueueOrder: with queueTurn, an acquisition
 // of job-3, queued behind job-2, which waits for its wake-ups in another
 // process, finds the only slot free and writes nothing: it is blocked
 // (the slot is free, for job-2) and sends job-2 the wake-up of that
@@ -340,13 +340,13 @@ func TestWithQueueTurnKeepsTheQueueOrder(t *testing.T) {
 	wa, err := NewWatcher(f.a)
 	require.NoError(t, err)
 	t.Cleanup(wa.Close)
-	sub2, err := wa.SubscribeJob(ctx, f.jta, f.kvKey, "job-2")
+	sub2, err := wa.subscribeJob(ctx, f.jta, f.kvKey, "job-2")
 	require.NoError(t, err)
 	defer sub2.Close()
 	_, rev, err := f.b.Get(ctx, f.service, f.kvKey)
 	require.NoError(t, err)
 
-	acq, err := f.jtb.Acquire(ctx, "job-3", jobWakePayload, WithQueueTurn())
+	acq, err := f.jtb.Acquire(ctx, "job-3", jobWakePayload, queueTurn())
 	require.NoError(t, err)
 	assert.Equal(t, KindBlocked, acq.Kind)
 	assert.Equal(t, ReasonActiveLimit, acq.Reason)
@@ -357,13 +357,13 @@ func TestWithQueueTurnKeepsTheQueueOrder(t *testing.T) {
 	recv(t, sub2.Changed(), "job-2's wake-up, sent by job-3's try")
 
 	// A retry is not queued: it takes the slot.
-	acq, err = f.jtb.Acquire(ctx, "job-9", jobWakePayload, WithRetry(), WithQueueTurn())
+	acq, err = f.jtb.Acquire(ctx, "job-9", jobWakePayload, WithRetry(), queueTurn())
 	require.NoError(t, err)
-	require.Equal(t, KindAcquired, acq.Kind, "a retry with WithQueueTurn")
+	require.Equal(t, KindAcquired, acq.Kind, "a retry with queueTurn")
 	_, err = f.jtb.Release(ctx, acq.Lease)
 	require.NoError(t, err)
 
 	acq, err = f.jtb.Acquire(ctx, "job-3", jobWakePayload)
 	require.NoError(t, err)
-	assert.Equal(t, KindAcquired, acq.Kind, "without WithQueueTurn the reducer lets job-3 take the slot")
+	assert.Equal(t, KindAcquired, acq.Kind, "without queueTurn the reducer lets job-3 take the slot")
 }

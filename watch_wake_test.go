@@ -186,7 +186,7 @@ func TestWatcherRearmAfterLostSlot(t *testing.T) {
 
 			// The waiter's try rests on the watched state: blocked, no read.
 			wt := &waitTry{trustWatch: true}
-			b, err := f.jt.Acquire(withWaitTry(ctx, wt), "w0", f.payload)
+			b, err := acquireJobTry(ctx, f.jt, wt, "w0", f.payload)
 			require.NoError(t, err)
 			require.Equal(t, KindBlocked, b.Kind)
 			assert.Equal(t, f.rev(), wt.rev, "the blocked outcome rests on the latest revision")
@@ -199,7 +199,7 @@ func TestWatcherRearmAfterLostSlot(t *testing.T) {
 			f.settle()
 			assert.Equal(t, []int{0}, woken(subs), "a later release wakes it again")
 			wt = &waitTry{trustWatch: true}
-			got, err := f.jt.Acquire(withWaitTry(ctx, wt), "w0", f.payload)
+			got, err := acquireJobTry(ctx, f.jt, wt, "w0", f.payload)
 			require.NoError(t, err)
 			assert.Equal(t, KindAcquired, got.Kind)
 		})
@@ -472,7 +472,7 @@ func TestWatcherProcessesWakeInQueueOrder(t *testing.T) {
 			assert.False(t, pending(subA.Changed()), "a process whose job is second in the queue was woken while the first may take the slot")
 
 			// b takes the slot: a goes on waiting.
-			got, err := b.jt.Acquire(withWaitTry(ctx, &waitTry{trustWatch: true}), "b0", payload)
+			got, err := acquireJobTry(ctx, b.jt, &waitTry{trustWatch: true}, "b0", payload)
 			require.NoError(t, err)
 			require.Equal(t, KindAcquired, got.Kind)
 			settled(a)
@@ -523,7 +523,7 @@ func TestWatcherPassesADeadQueueHead(t *testing.T) {
 	require.NoError(t, err)
 	recv(t, sub.Changed(), "the wake-up after the dead head's grace")
 	assert.GreaterOrEqual(t, time.Since(start), w.grace, "woken before the head's grace ran out")
-	got, err := jt.Acquire(withWaitTry(ctx, &waitTry{trustWatch: true}), "live", payload)
+	got, err := acquireJobTry(ctx, jt, &waitTry{trustWatch: true}, "live", payload)
 	require.NoError(t, err)
 	assert.Equal(t, KindAcquired, got.Kind, "the job behind the dead head takes the slot")
 }

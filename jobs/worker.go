@@ -176,7 +176,7 @@ func claimSkewLimit(ttl time.Duration, kinds map[string]*kind) time.Duration {
 // skewLimit away from the server's, and logs when that changes. Called by
 // the workers (skewedNow) before they take a job.
 func (c *Client) clockSkewed(ctx context.Context) bool {
-	if c.coord.IgnoresClockSkew() {
+	if c.coord.Config().IgnoreClockSkew {
 		return false
 	}
 	cctx, cancel := context.WithTimeout(ctx, clockSkewTimeout)

@@ -239,3 +239,69 @@ func TestCoordinatorLeaseOpsNotPaced(t *testing.T) {
 	require.NoError(t, err, "release on a key with an open hour-long window")
 	assert.Equal(t, KindReleased, rel.Kind)
 }
+
+// Renew and Release are bounded by the lease, not by Config.MaxAttempts: a
+// renewal that loses more races than MaxAttempts still renews once the
+// contention ends, and one that keeps losing gives up with ErrContention
+// only once its lease has expired, naming the expiry. Before, both gave up
+// after MaxAttempts lost races however long the lease still ran.
+func TestCoordinatorLeaseOpsBoundedByLease(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	clock := &jkClock{t: time.Date(2026, 3, 1, 12, 0, 0, 0, time.UTC)}
+	fs := &faultStore{Store: NewMemoryStore()}
+	const attempts = 3
+	c := cCoordinator(t, fs, &Config{Now: clock.Now, MaxAttempts: attempts, RetryBackoff: time.Microsecond, MaxRetryBackoff: 10 * time.Microsecond})
+	svc := jkService("leasebound")
+	p := cPolicy() // HeartbeatTTL 120s by default
+	_, err := c.Admit(ctx, cAdmit(svc, "j", p))
+	require.NoError(t, err)
+	acq, err := c.Acquire(ctx, cAcquire(svc, "j", p, false))
+	require.NoError(t, err)
+	require.Equal(t, KindAcquired, acq.Kind)
+
+	// 5×MaxAttempts lost races, then the other writers stop.
+	fs.failing.Store(true)
+	fs.onConflict = func(n int64) {
+		if n == 5*attempts {
+			fs.failing.Store(false)
+		}
+	}
+	ren, err := c.Renew(ctx, RenewRequest{Lease: acq.Lease})
+	require.NoError(t, err, "a renewal that lost %d races with the lease still running", 5*attempts)
+	assert.Equal(t, KindRenewed, ren.Kind)
+
+	// Races lost while the clock passes the lease's expiry: ErrContention
+	// then, and not before.
+	var expiredAt int64
+	fs.onConflict = func(n int64) {
+		if n == 10*attempts {
+			clock.Advance(2 * p.normalizedTTL(t))
+			expiredAt = n
+		}
+	}
+	check := func(name string, expires time.Time, op func() error) {
+		fs.writes.Store(0)
+		expiredAt = 0
+		fs.failing.Store(true)
+		err := op()
+		fs.failing.Store(false)
+		require.ErrorIs(t, err, ErrContention, name)
+		assert.Contains(t, err.Error(), "lease expired at "+expires.Format(time.RFC3339Nano), name)
+		assert.Equal(t, int64(10*attempts), expiredAt, "%s: gave up before the lease expired", name)
+		assert.Equal(t, expiredAt, fs.writes.Load(), "%s: attempts after the expiry", name)
+	}
+	check("Renew", ren.LeaseExpiresAt, func() error { _, err := c.Renew(ctx, RenewRequest{Lease: acq.Lease}); return err })
+	// The slot expired: its job's retry takes it over with a new lease.
+	acq, err = c.Acquire(ctx, cAcquire(svc, "j", p, true))
+	require.NoError(t, err)
+	require.Equal(t, KindAcquired, acq.Kind)
+	check("Release", acq.Lease.LeaseExpiresAt, func() error { _, err := c.Release(ctx, ReleaseRequest{Lease: acq.Lease}); return err })
+}
+
+// normalizedTTL is p's HeartbeatTTL with the default filled in.
+func (p Policy) normalizedTTL(t *testing.T) time.Duration {
+	n, err := p.Normalize()
+	require.NoError(t, err)
+	return n.HeartbeatTTL
+}

@@ -430,6 +430,40 @@ func hotReport(t *testing.T, procs, cycles int, elapsed time.Duration, revs []ho
 		procs, cycles, elapsed.Round(time.Millisecond), float64(cycles)/elapsed.Seconds(),
 		float64(elapsed.Microseconds())/float64(cycles), len(revs), kinds)
 
+	h := &hotTrace{t: t, procs: procs, cycles: cycles, elapsed: elapsed, revs: revs, calls: calls, byRev: byRev, byProc: map[int][]hotCall{}}
+	for _, c := range calls {
+		if c.op != "get" {
+			h.byProc[c.proc] = append(h.byProc[c.proc], c)
+		}
+	}
+	for p := range h.byProc {
+		slices.SortFunc(h.byProc[p], func(a, b hotCall) int { return a.start.Compare(b.start) })
+	}
+	h.logGaps()
+	h.logStoreCalls()
+	h.logCycles()
+	h.logReads()
+	h.logRetries()
+	h.logTimeline()
+}
+
+// hotTrace is what hotReport's sections share: the run's figures, its
+// revisions (with their kinds), the store calls, each revision's index in
+// revs, and each process's writes in start order.
+type hotTrace struct {
+	t       *testing.T
+	procs   int
+	cycles  int
+	elapsed time.Duration
+	revs    []hotRev
+	calls   []hotCall
+	byRev   map[uint64]int
+	byProc  map[int][]hotCall // writes (not reads), in start order
+}
+
+// logGaps reports where the time goes: each gap between consecutive
+// revisions, by the two operations and whether one process made both.
+func (h *hotTrace) logGaps() {
 	// Where the time goes: each gap between consecutive revisions, by the
 	// two operations and whether one process made both.
 	type gapClass struct {
@@ -439,8 +473,8 @@ func hotReport(t *testing.T, procs, cycles int, elapsed time.Duration, revs []ho
 	}
 	gaps := map[string]*gapClass{}
 	var gapTotal time.Duration
-	for i := 1; i < len(revs); i++ {
-		a, b := revs[i-1], revs[i]
+	for i := 1; i < len(h.revs); i++ {
+		a, b := h.revs[i-1], h.revs[i]
 		who := "other"
 		if hotJobProc(a.job) == hotJobProc(b.job) {
 			who = "same"
@@ -471,14 +505,18 @@ func hotReport(t *testing.T, procs, cycles int, elapsed time.Duration, revs []ho
 		g := gaps[k]
 		fmt.Fprintf(&gb, "\n  %5.1f%% %-48s %s", 100*g.sum.Seconds()/gapTotal.Seconds(), k, hotDist(g.ds))
 	}
-	t.Logf("time between consecutive revisions (server stamps), %v in all:%s", gapTotal.Round(time.Millisecond), gb.String())
+	h.t.Logf("time between consecutive revisions (server stamps), %v in all:%s", gapTotal.Round(time.Millisecond), gb.String())
+}
 
+// logStoreCalls reports the store calls: writes, failed writes by intent
+// and by what won their revision, reads.
+func (h *hotTrace) logStoreCalls() {
 	var writes, fails, reads int
 	readsBy := map[string]int{}   // the caller's operation
 	failsBy := map[string]int{}   // what a failed write meant to do → count
 	lostTo := map[string]int{}    // intended → what took the revision after its base
 	failsWhat := map[string]int{} // the caller's operation
-	for _, c := range calls {
+	for _, c := range h.calls {
 		switch c.op {
 		case "get":
 			reads++
@@ -491,15 +529,15 @@ func hotReport(t *testing.T, procs, cycles int, elapsed time.Duration, revs []ho
 		}
 		fails++
 		intent := "?"
-		if i, ok := byRev[c.base]; ok && c.op == "update" {
+		if i, ok := h.byRev[c.base]; ok && c.op == "update" {
 			var st *KeyState
 			if s, err := decodeState(c.value); err == nil {
 				st = s
 			}
-			intent, _ = hotDiff(revs[i].state, st)
+			intent, _ = hotDiff(h.revs[i].state, st)
 			winner := "?"
-			if i+1 < len(revs) && revs[i+1].rev > c.base {
-				w := revs[i+1]
+			if i+1 < len(h.revs) && h.revs[i+1].rev > c.base {
+				w := h.revs[i+1]
 				winner = w.kind
 				if hotJobProc(w.job) == c.proc {
 					winner += "(own)"
@@ -512,28 +550,22 @@ func hotReport(t *testing.T, procs, cycles int, elapsed time.Duration, revs []ho
 		failsBy[intent]++
 		failsWhat[c.what]++
 	}
-	t.Logf("store calls: %d writes (%.2f/cycle), %d failed (%.2f/cycle), %d reads (%.2f/cycle)",
-		writes, float64(writes)/float64(cycles), fails, float64(fails)/float64(cycles), reads, float64(reads)/float64(cycles))
-	t.Logf("failed writes by intent: %v; by caller: %v; reads by caller: %v", failsBy, failsWhat, readsBy)
-	t.Logf("failed writes, intent → what won its revision: %v", lostTo)
+	h.t.Logf("store calls: %d writes (%.2f/cycle), %d failed (%.2f/cycle), %d reads (%.2f/cycle)",
+		writes, float64(writes)/float64(h.cycles), fails, float64(fails)/float64(h.cycles), reads, float64(reads)/float64(h.cycles))
+	h.t.Logf("failed writes by intent: %v; by caller: %v; reads by caller: %v", failsBy, failsWhat, readsBy)
+	h.t.Logf("failed writes, intent → what won its revision: %v", lostTo)
+}
 
+// logCycles reports, per cycle, release → next acquisition and
+// acquisition → its release, and who took the slot a release freed.
+func (h *hotTrace) logCycles() {
 	// Per cycle: release → next acquisition; acquisition → its release.
 	var relToAcq, acqToRel, relToFirstTry, acqLatency []time.Duration
 	var between []int
 	notHead, heads, barged, sameProcHead := 0, 0, 0, 0
 	betweenKinds := map[string]int{}
-	// attempts of each process, in start order
-	byProc := map[int][]hotCall{}
-	for _, c := range calls {
-		if c.op != "get" {
-			byProc[c.proc] = append(byProc[c.proc], c)
-		}
-	}
-	for p := range byProc {
-		slices.SortFunc(byProc[p], func(a, b hotCall) int { return a.start.Compare(b.start) })
-	}
 	var lastRel = -1
-	for i, r := range revs {
+	for i, r := range h.revs {
 		switch r.kind {
 		case "release":
 			lastRel = i
@@ -541,10 +573,10 @@ func hotReport(t *testing.T, procs, cycles int, elapsed time.Duration, revs []ho
 			if lastRel < 0 {
 				continue
 			}
-			rel := revs[lastRel]
+			rel := h.revs[lastRel]
 			relToAcq = append(relToAcq, r.created.Sub(rel.created))
 			between = append(between, i-lastRel-1)
-			for _, m := range revs[lastRel+1 : i] {
+			for _, m := range h.revs[lastRel+1 : i] {
 				betweenKinds[m.kind]++
 			}
 			if rel.state != nil && len(rel.state.Queued) > 0 {
@@ -555,7 +587,7 @@ func hotReport(t *testing.T, procs, cycles int, elapsed time.Duration, revs []ho
 					// Admitted after the release (a Run's first try right
 					// after its admission), or queued behind the head?
 					fresh := false
-					for _, m := range revs[lastRel+1 : i] {
+					for _, m := range h.revs[lastRel+1 : i] {
 						fresh = fresh || m.kind == "admit" && m.job == r.job
 					}
 					if fresh {
@@ -567,7 +599,7 @@ func hotReport(t *testing.T, procs, cycles int, elapsed time.Duration, revs []ho
 			}
 			// The acquirer's first write after the release.
 			p := hotJobProc(r.job)
-			for _, c := range byProc[p] {
+			for _, c := range h.byProc[p] {
 				if c.start.After(rel.created) && c.what == "run" {
 					relToFirstTry = append(relToFirstTry, c.start.Sub(rel.created))
 					break
@@ -578,7 +610,7 @@ func hotReport(t *testing.T, procs, cycles int, elapsed time.Duration, revs []ho
 	}
 	// acquisition → release of the same job
 	acqAt := map[string]time.Time{}
-	for _, r := range revs {
+	for _, r := range h.revs {
 		switch r.kind {
 		case "acquire":
 			acqAt[r.job] = r.created
@@ -589,24 +621,28 @@ func hotReport(t *testing.T, procs, cycles int, elapsed time.Duration, revs []ho
 		}
 	}
 	// write latency of successful writes
-	for _, c := range calls {
+	for _, c := range h.calls {
 		if c.op != "get" && !c.conflict {
 			acqLatency = append(acqLatency, c.end.Sub(c.start))
 		}
 	}
-	t.Logf("release → next acquisition (server stamps): %s", hotDist(relToAcq))
-	t.Logf("acquisition → its release (server stamps): %s", hotDist(acqToRel))
-	t.Logf("release → the acquirer's first write after it (client start): %s", hotDist(relToFirstTry))
-	t.Logf("successful write round trip (client): %s", hotDist(acqLatency))
-	t.Logf("acquisitions of the queue's head at the release: %d, of another job: %d (%d of them admitted after the release, %d queued behind a head of the same process)",
+	h.t.Logf("release → next acquisition (server stamps): %s", hotDist(relToAcq))
+	h.t.Logf("acquisition → its release (server stamps): %s", hotDist(acqToRel))
+	h.t.Logf("release → the acquirer's first write after it (client start): %s", hotDist(relToFirstTry))
+	h.t.Logf("successful write round trip (client): %s", hotDist(acqLatency))
+	h.t.Logf("acquisitions of the queue's head at the release: %d, of another job: %d (%d of them admitted after the release, %d queued behind a head of the same process)",
 		heads, notHead, barged, sameProcHead)
-	t.Logf("revisions between a release and the next acquisition: mean %.2f; kinds %v", hotMean(between), betweenKinds)
+	h.t.Logf("revisions between a release and the next acquisition: mean %.2f; kinds %v", hotMean(between), betweenKinds)
+}
 
+// logReads reports what each read followed: the process's previous store
+// call.
+func (h *hotTrace) logReads() {
 	// What each read followed: the process's previous store call.
 	readAfter := map[string]int{}
 	var readWait []time.Duration
 	allByProc := map[int][]hotCall{}
-	for _, c := range calls {
+	for _, c := range h.calls {
 		allByProc[c.proc] = append(allByProc[c.proc], c)
 	}
 	for _, cs := range allByProc {
@@ -628,47 +664,56 @@ func hotReport(t *testing.T, procs, cycles int, elapsed time.Duration, revs []ho
 			readAfter[k]++
 		}
 	}
-	t.Logf("reads, by the process's call before: %v; failed write → read: %s", readAfter, hotDist(readWait))
+	h.t.Logf("reads, by the process's call before: %v; failed write → read: %s", readAfter, hotDist(readWait))
+}
 
+// logRetries reports, for failed writes, the pause until the process's
+// next write.
+func (h *hotTrace) logRetries() {
 	// Failed writes and what the process did next: the pause from the
 	// failed write's end to its next write's start.
 	retryGap := map[string][]time.Duration{}
-	for _, cs := range byProc {
+	for _, cs := range h.byProc {
 		for i, c := range cs {
 			if !c.conflict || i+1 >= len(cs) {
 				continue
 			}
 			n := cs[i+1]
 			intent := c.what
-			if j, ok := byRev[c.base]; ok && c.op == "update" {
+			if j, ok := h.byRev[c.base]; ok && c.op == "update" {
 				if st, err := decodeState(c.value); err == nil {
-					intent, _ = hotDiff(revs[j].state, st)
+					intent, _ = hotDiff(h.revs[j].state, st)
 				}
 			}
 			retryGap[intent] = append(retryGap[intent], n.start.Sub(c.end))
 		}
 	}
 	for what, d := range retryGap {
-		t.Logf("failed %s write → next write of the process: %s", what, hotDist(d))
+		h.t.Logf("failed %s write → next write of the process: %s", what, hotDist(d))
 	}
+}
+
+// logTimeline logs a sample of the timeline: revisions (server stamps)
+// and failed writes and reads (client start), in time order.
+func (h *hotTrace) logTimeline() {
 	// Timeline sample: revisions (server stamps) and failed writes (client
 	// start and end), in time order.
 	var b strings.Builder
-	if len(revs) > 100 {
-		from, to := revs[len(revs)/2].created, revs[len(revs)/2+60].created
+	if len(h.revs) > 100 {
+		from, to := h.revs[len(h.revs)/2].created, h.revs[len(h.revs)/2+60].created
 		type line struct {
 			at time.Time
 			s  string
 		}
 		var lines []line
-		for _, r := range revs[len(revs)/2 : len(revs)/2+60] {
+		for _, r := range h.revs[len(h.revs)/2 : len(h.revs)/2+60] {
 			q := 0
 			if r.state != nil {
 				q = len(r.state.Queued)
 			}
 			lines = append(lines, line{r.created, fmt.Sprintf("rev %d %-7s %-12s (proc %d) queue %d", r.rev, r.kind, r.job, hotJobProc(r.job), q)})
 		}
-		for _, c := range calls {
+		for _, c := range h.calls {
 			if c.start.After(from) && c.start.Before(to) && (c.conflict || c.op == "get") {
 				lines = append(lines, line{c.start, fmt.Sprintf("        proc %2d %-6s %s on %d: failed (%.0fµs)", c.proc, c.what, c.op, c.base, float64(c.end.Sub(c.start).Microseconds()))})
 			}
@@ -678,7 +723,7 @@ func hotReport(t *testing.T, procs, cycles int, elapsed time.Duration, revs []ho
 			fmt.Fprintf(&b, "\n  +%7.0fµs %s", float64(l.at.Sub(from).Microseconds()), l.s)
 		}
 	}
-	t.Logf("timeline sample (revisions, failed writes and reads):%s", b.String())
+	h.t.Logf("timeline sample (revisions, failed writes and reads):%s", b.String())
 }
 
 // hotCPU returns the user and system CPU time the process used.

@@ -5,7 +5,7 @@ package jobkeys
 // storage, all under a running workload. Each run records every operation,
 // drains the keys, audits every revision (audit_test.go) and checks the
 // job ledger: every admitted job ends completed, replaced or removed.
-// cluster_test.go runs the same workload on a 3-node cluster losing a node.
+// system_cluster_test.go runs the same workload on a 3-node cluster losing a node.
 //
 // JOBKEYS_LONG=1 runs more jobs and more faults.
 

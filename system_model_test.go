@@ -4,7 +4,7 @@ package jobkeys
 // from DESIGN.md §4 and the TS original (seeds/000_*.txt) without calling the
 // reducers, and a test that runs random operation sequences through both and
 // demands the same outcome and the same state after every step. The
-// linearizability test (linearizability_test.go) uses the same model as its
+// linearizability test (system_linearizability_test.go) uses the same model as its
 // sequential specification.
 //
 // Reproduce a failing run with JOBKEYS_SEED=<seed printed by the test>;

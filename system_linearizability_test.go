@@ -4,7 +4,7 @@ package jobkeys
 // connection, store and coordinator (and so its own state cache), run random
 // operations on a few keys of one bucket of a real embedded server. Every
 // call is recorded (input, outcome, call and return time) and the history is
-// checked with porcupine against the sequential model of model_test.go; the
+// checked with porcupine against the sequential model of system_model_test.go; the
 // bucket's every revision is then audited (audit_test.go).
 //
 // JOBKEYS_SEED reproduces a run's random choices (not its interleaving);
@@ -526,7 +526,7 @@ func linPickLease(rng *rand.Rand, held []linLease, pool *linPool) (linLease, boo
 // ---- the porcupine model ----
 
 // linModel is the sequential specification of one key (histories are
-// partitioned by key): the model of model_test.go, with the operation's
+// partitioned by key): the model of system_model_test.go, with the operation's
 // clock reading left open within [lo, hi] where the outcome does not
 // reveal it.
 func linModel(keys []linKey) porcupine.Model {
@@ -882,22 +882,7 @@ func linStaleReads(keys []linKey, log []*linOp, entries []auditEntry, limit int)
 		if floor == 0 {
 			continue
 		}
-		fits := func(st *modelState) bool {
-			candidates := []int64{op.in.lo}
-			if st != nil {
-				for _, a := range st.active {
-					if a.expires > op.in.lo && a.expires <= op.in.hi {
-						candidates = append(candidates, a.expires)
-					}
-				}
-			}
-			for _, now := range candidates {
-				if r := linApply(keys[op.in.key].mp, st, op.in, op.out, now); !r.changed && linDiff(op.in, op.out, r) == "" {
-					return true
-				}
-			}
-			return false
-		}
+		fits := func(st *modelState) bool { return linOutcomeFits(keys[op.in.key], st, op) }
 		newer, older := false, uint64(0)
 		h := history[op.in.key]
 		at, _ := slices.BinarySearchFunc(h, floor, func(r rev, floor uint64) int { return int(int64(r.rev) - int64(floor)) })
@@ -924,6 +909,26 @@ func linStaleReads(keys []linKey, log []*linOp, entries []auditEntry, limit int)
 		}
 	}
 	return found
+}
+
+// linOutcomeFits reports whether op's outcome, which wrote nothing, is the
+// outcome the model gives on state st of key k at some instant of op: its
+// earliest clock reading, or the expiry of a slot of st within op.
+func linOutcomeFits(k linKey, st *modelState, op *linOp) bool {
+	candidates := []int64{op.in.lo}
+	if st != nil {
+		for _, a := range st.active {
+			if a.expires > op.in.lo && a.expires <= op.in.hi {
+				candidates = append(candidates, a.expires)
+			}
+		}
+	}
+	for _, now := range candidates {
+		if r := linApply(k.mp, st, op.in, op.out, now); !r.changed && linDiff(op.in, op.out, r) == "" {
+			return true
+		}
+	}
+	return false
 }
 
 // linExplain describes where the longest linearization porcupine found

@@ -1,8 +1,8 @@
 package jobkeys
 
 // A 3-node in-process nats-server cluster with an R3 bucket: the random
-// workload of linearizability_test.go checked with porcupine, and the fault
-// workload of faults_test.go while the stream leader of the bucket is shut
+// workload of system_linearizability_test.go checked with porcupine, and the fault
+// workload of system_faults_test.go while the stream leader of the bucket is shut
 // down mid-run and later restarted (and, with JOBKEYS_LONG=1, the new
 // leader too). The cluster takes several seconds to form and to elect new
 // leaders, so these tests run only with JOBKEYS_CLUSTER=1.

@@ -1,8 +1,8 @@
 package jobkeys
 
-// Tests of the final review of targeted wake-ups (session 4 of issue 11):
-// permissions, a subscription still on the wire, Watcher.Close while
-// subscribing, a reconnect.
+// Targeted wake-ups across the connection's life: a worker's permissions,
+// a subscription still on the wire, Watcher.Close while subscribing, a
+// reconnect.
 
 import (
 	"context"
