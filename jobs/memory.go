@@ -429,24 +429,35 @@ func (s *MemoryStore) supersede(ctx context.Context, req SupersedeRequest) (Job,
 	})
 }
 
-// List implements [Store.List].
+// List implements [Store.List]: it sorts the listed channels' jobs (every
+// channel's when req.ChannelID is empty) and filters them in memory.
 func (s *MemoryStore) List(ctx context.Context, req ListRequest) (Page, error) {
 	req, err := prepareList(req)
 	if err != nil {
 		return Page{}, err
 	}
-	if err := s.cfg.channelExists(ctx, "list", req.ChannelID); err != nil {
+	if req.ChannelID != "" {
+		if err := s.cfg.channelExists(ctx, "list", req.ChannelID); err != nil {
+			return Page{}, err
+		}
+	} else if err := ctx.Err(); err != nil {
 		return Page{}, err
 	}
 	s.mu.Lock()
 	var jobs []*Job
 	var rev uint64
-	if ch := s.channel(req.ChannelID, false); ch != nil {
-		rev = ch.revision
-		jobs = make([]*Job, 0, len(ch.jobs))
+	add := func(ch *memChannel) {
+		rev = max(rev, ch.revision)
 		for _, j := range ch.jobs {
 			jobs = append(jobs, j)
 		}
+	}
+	if req.ChannelID == "" {
+		for _, ch := range s.channels {
+			add(ch)
+		}
+	} else if ch := s.channel(req.ChannelID, false); ch != nil {
+		add(ch)
 	}
 	s.mu.Unlock()
 	// The stored jobs are immutable; the Subject function runs unlocked.

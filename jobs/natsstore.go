@@ -1012,55 +1012,105 @@ func (s *NATSStore) supersede(ctx context.Context, req SupersedeRequest) (Job, e
 }
 
 // List implements [Store.List]. It lists the key names of the channel's
-// "list" entries, which carry each job's creation time, pages over them,
-// and reads the values of the page's jobs only. The sorted listing is kept
-// for the next List of the channel while no job has been added to it.
+// "list" entries (every channel's when req.ChannelID is empty), which
+// carry each job's creation time, pages over them, and reads the values of
+// the page's jobs only. A list filtered by state or type reads the records
+// of the jobs it passes over too, in batched reads, until its page is full
+// and one more job passes (so that Next is exact): its cost grows with the
+// jobs it skips. The sorted listing is kept for the next List of the same
+// channel (or of every channel) while no list entry has been written.
 func (s *NATSStore) List(ctx context.Context, req ListRequest) (Page, error) {
 	const op = "list"
 	req, err := prepareList(req)
 	if err != nil {
 		return Page{}, err
 	}
-	if err := s.cfg.channelExists(ctx, op, req.ChannelID); err != nil {
+	if req.ChannelID != "" {
+		if err := s.cfg.channelExists(ctx, op, req.ChannelID); err != nil {
+			return Page{}, err
+		}
+	} else if err := ctx.Err(); err != nil {
 		return Page{}, err
 	}
 	refs, err := s.listing(ctx, op, req.ChannelID)
 	if err != nil {
 		return Page{}, err
 	}
-	pageRefs, next := pageOf(refs, req)
-	keys := make([]string, len(pageRefs))
-	for i, r := range pageRefs {
-		keys[i] = s.keys.job(req.ChannelID, r.ID)
+	rest := refs[listStart(refs, req):]
+	page := Page{Jobs: make([]Summary, 0, min(len(rest), req.Limit))}
+	// Unfiltered, the page is the first Limit refs (one read of their
+	// records); filtered, chunks of refs are read until Limit jobs pass
+	// and one more does.
+	chunk := req.Limit
+	if listFiltered(req) {
+		chunk = max(2*req.Limit, natsListFilterChunk)
 	}
-	var read map[string]natsMsg
-	if len(keys) > 0 {
-		if read, err = s.getMany(ctx, op, keys); err != nil {
-			return Page{}, err
+	var last *Job
+	for len(rest) > 0 {
+		part := rest[:min(len(rest), chunk)]
+		if !listFiltered(req) && len(rest) > len(part) {
+			page.Next = cursorAt(part[len(part)-1])
 		}
-	}
-	rev, err := s.channelRevision(ctx, op, req.ChannelID)
-	if err != nil {
-		return Page{}, err
-	}
-	page := Page{Revision: rev, Jobs: make([]Summary, 0, len(pageRefs)), Next: next}
-	for i, r := range pageRefs {
-		m, ok := read[keys[i]]
-		if !ok {
-			continue // deleted with its channel since the listing
+		rest = rest[len(part):]
+		keys := make([]string, len(part))
+		for i, r := range part {
+			keys[i] = s.keys.job(r.ChannelID, r.ID)
 		}
-		j, _, err := decodeNATSJob(keys[i], m.rev, m.data, req.ChannelID, r.ID)
+		read, err := s.getMany(ctx, op, keys)
 		if err != nil {
 			return Page{}, err
 		}
-		page.Jobs = append(page.Jobs, s.cfg.summarize(&j))
+		full := false
+		for i, r := range part {
+			m, ok := read[keys[i]]
+			if !ok {
+				continue // deleted (its channel, or its retention) since the listing
+			}
+			j, _, err := decodeNATSJob(keys[i], m.rev, m.data, r.ChannelID, r.ID)
+			if err != nil {
+				return Page{}, err
+			}
+			if !listMatches(req, &j) {
+				continue
+			}
+			if len(page.Jobs) == req.Limit {
+				page.Next = cursorAt(last) // one more passes
+				full = true
+				break
+			}
+			page.Jobs = append(page.Jobs, s.cfg.summarize(&j))
+			last = r
+		}
+		if full || !listFiltered(req) {
+			break
+		}
+	}
+	if page.Revision, err = s.listRevision(ctx, op, req.ChannelID); err != nil {
+		return Page{}, err
 	}
 	return page, nil
 }
 
-// listing returns the channel's list entries in list order: the kept
-// listing while the channel's last list entry is the one it was read at,
-// else the key names of every entry.
+// natsListFilterChunk is the fewest list entries a filtered List reads the
+// records of in one round.
+const natsListFilterChunk = 256
+
+// listRevision is a page's revision: the channel's, or the latest of any
+// key of the bucket when listing every channel.
+func (s *NATSStore) listRevision(ctx context.Context, op, channelID string) (uint64, error) {
+	if channelID != "" {
+		return s.channelRevision(ctx, op, channelID)
+	}
+	m, found, err := s.getFromLeader(ctx, op, s.keys.prefix+">")
+	if err != nil || !found {
+		return 0, err
+	}
+	return m.rev, nil
+}
+
+// listing returns the list entries of a channel (of every channel when
+// channelID is empty) in list order: the kept listing while the last list
+// entry is the one it was read at, else the key names of every entry.
 func (s *NATSStore) listing(ctx context.Context, op, channelID string) ([]*Job, error) {
 	lastMsg, found, err := s.getFromLeader(ctx, op, s.keys.listFilter(channelID))
 	if err != nil {
@@ -1081,11 +1131,11 @@ func (s *NATSStore) listing(ctx context.Context, op, channelID string) ([]*Job, 
 	}
 	refs := make([]*Job, 0, len(names))
 	for _, key := range names {
-		created, jobID, err := parseList(key)
+		chID, created, jobID, err := parseList(key)
 		if err != nil {
 			return nil, fmt.Errorf("%w: list: KV key %q: %w", ErrCorrupt, key, err)
 		}
-		refs = append(refs, &Job{ID: jobID, CreatedAt: created})
+		refs = append(refs, &Job{ID: jobID, ChannelID: chID, CreatedAt: created})
 	}
 	slices.SortFunc(refs, listOrder)
 	s.lists.put(channelID, last, refs)
