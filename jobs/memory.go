@@ -19,6 +19,11 @@ type MemoryStore struct {
 	// dispatchers are the clients' dispatch queues, by key-layer service:
 	// the clients of one MemoryStore in a process share them.
 	dispatchers map[string]*memDispatcher
+	// retention is how long finished jobs are kept (nil: for good);
+	// expiries the finished jobs queued for deletion. See
+	// retention_memory.go.
+	retention *retention
+	expiries  memExpiries
 }
 
 // dispatcher returns the dispatch queue of service's clients.
@@ -49,6 +54,8 @@ type memChannel struct {
 	idempotency map[string]string    // job id by idempotency key
 	artifacts   map[string]*Artifact // by job id
 	open        map[string]struct{}  // ids of the pending and running jobs
+	// finished is told of a job just stored in a final state; nil: none.
+	finished func(j *Job)
 }
 
 // NewMemoryStore returns an empty store configured by cfg (nil: defaults;
@@ -77,6 +84,7 @@ func (s *MemoryStore) channel(id string, create bool) *memChannel {
 		idempotency: make(map[string]string),
 		artifacts:   make(map[string]*Artifact),
 		open:        make(map[string]struct{}),
+		finished:    s.noteFinished,
 	}
 	s.channels[id] = ch
 	return ch
@@ -86,6 +94,9 @@ func (s *MemoryStore) channel(id string, create bool) *memChannel {
 func (ch *memChannel) put(j Job) {
 	old := ch.jobs[j.ID]
 	ch.jobs[j.ID] = &j
+	if !j.State.Active() && (old == nil || old.State.Active()) && ch.finished != nil {
+		ch.finished(&j)
+	}
 	if old == nil || old.State.Active() != j.State.Active() {
 		ids := slices.DeleteFunc(ch.active[j.TargetKey], func(id string) bool { return id == j.ID })
 		if j.State.Active() {
@@ -123,6 +134,7 @@ func (s *MemoryStore) enqueue(ctx context.Context, req EnqueueRequest) (Enqueued
 	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
+	s.expire(s.cfg.now())
 	ch := s.channel(req.ChannelID, false)
 	if ch != nil {
 		if id, ok := ch.idempotency[req.IdempotencyKey]; ok {
@@ -172,6 +184,7 @@ func (s *MemoryStore) claim(ctx context.Context, req ClaimRequest) ([]Job, error
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	now := s.cfg.now()
+	s.expire(now)
 	var due []*Job
 	collect := func(ch *memChannel) {
 		for id := range ch.open {
@@ -240,6 +253,7 @@ func (s *MemoryStore) apply(channelID, jobID string,
 	rule func(j *Job, generation uint64, now time.Time, rev uint64) (Job, error)) (Job, error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
+	s.expire(s.cfg.now())
 	var j *Job
 	var gen, rev uint64 = 0, 1
 	ch := s.channel(channelID, false)
@@ -323,6 +337,7 @@ func (s *MemoryStore) settle(ctx context.Context, req SettleRequest) (Detail, er
 	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
+	s.expire(s.cfg.now())
 	var j *Job
 	var gen, rev uint64 = 0, 1
 	ch := s.channel(req.Claim.ChannelID, false)
@@ -444,6 +459,7 @@ func (s *MemoryStore) List(ctx context.Context, req ListRequest) (Page, error) {
 		return Page{}, err
 	}
 	s.mu.Lock()
+	s.expire(s.cfg.now())
 	var jobs []*Job
 	var rev uint64
 	add := func(ch *memChannel) {
@@ -474,6 +490,7 @@ func (s *MemoryStore) Get(ctx context.Context, channelID, jobID string) (Detail,
 	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
+	s.expire(s.cfg.now())
 	ch := s.channel(channelID, false)
 	if ch == nil || ch.jobs[jobID] == nil {
 		return Detail{}, notFoundf("get: job %q does not exist in channel %q", jobID, channelID)

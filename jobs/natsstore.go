@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"slices"
 	"strings"
+	"sync/atomic"
 	"time"
 
 	"github.com/jobkeys/jobkeys/internal/jscas"
@@ -122,6 +123,11 @@ type NATSStore struct {
 	// batchPublish replaces the atomic batch publish in fault tests; nil:
 	// jetstreamext.PublishMsgBatch.
 	batchPublish func(ctx context.Context, msgs []*nats.Msg) (uint64, error)
+	// retention is how long finished jobs are kept (see Retention); nil:
+	// for good. ttlAllowed says whether the bucket's stream allows
+	// per-message TTL, which it needs.
+	retention  atomic.Pointer[retention]
+	ttlAllowed bool
 }
 
 var _ Store = (*NATSStore)(nil)
@@ -194,10 +200,12 @@ func WithBucket(name string) NATSStoreOption {
 
 // WithCreateBucket makes NewNATSStore create the bucket when it is missing:
 // history 1, the given storage and replicas (1 to 5), atomic batch publish
-// allowed. Without it a missing bucket is an error wrapping ErrNotFound.
-// An existing bucket is used as it is, except that atomic publish is allowed
-// on it when it is not yet: another process may have created the bucket and
-// not yet taken that second step.
+// and per-message TTL allowed (the TTL for [Retention]). Without it a
+// missing bucket is an error wrapping ErrNotFound. An existing bucket is
+// used as it is, except that atomic publish and per-message TTL are
+// allowed on it when they are not yet: another process may have created
+// the bucket and not yet taken that second step, or an older version
+// created it without the TTL.
 func WithCreateBucket(storage jetstream.StorageType, replicas int) NATSStoreOption {
 	return func(o *natsStoreOptions) error {
 		if storage != jetstream.FileStorage && storage != jetstream.MemoryStorage {
@@ -258,9 +266,10 @@ func NewNATSStore(js jetstream.JetStream, cfg *Config, opts ...NATSStoreOption) 
 		return nil, natsRefusedOr(context.Background(), js.Conn(), "NewNATSStore", fmt.Sprintf("open stream %q of KV bucket %q", streamName, o.bucket), err, used)
 	}
 	info := stream.CachedInfo()
-	if !info.Config.AllowAtomicPublish && o.create {
+	if (!info.Config.AllowAtomicPublish || !info.Config.AllowMsgTTL) && o.create {
 		// Another process created the bucket and has not allowed atomic
-		// publish on it yet (createNATSBucket's second step): finish it.
+		// publish on it yet (createNATSBucket's second step), or an older
+		// version created it without per-message TTL: finish it.
 		if info, err = allowAtomicPublish(ctx, js, stream); err != nil {
 			return nil, natsRefusedOr(context.Background(), js.Conn(), "NewNATSStore", fmt.Sprintf("KV bucket %q", o.bucket), err, used)
 		}
@@ -289,6 +298,7 @@ func NewNATSStore(js jetstream.JetStream, cfg *Config, opts ...NATSStoreOption) 
 		writePrefix: jscas.WritePrefix(js.Options(), o.bucket),
 		leaderReads: info.Config.Replicas > 1,
 		timeout:     o.timeout,
+		ttlAllowed:  info.Config.AllowMsgTTL,
 	}, nil
 }
 
@@ -318,19 +328,20 @@ func createNATSBucket(ctx context.Context, js jetstream.JetStream, o natsStoreOp
 	return kv, nil
 }
 
-// allowAtomicPublish allows atomic batch publish on stream if it does not
-// yet, and returns the stream's info as it is then. Any number of
-// processes may do it at once.
+// allowAtomicPublish allows atomic batch publish and per-message TTL on
+// stream if it does not yet, and returns the stream's info as it is then.
+// Any number of processes may do it at once.
 func allowAtomicPublish(ctx context.Context, js jetstream.JetStream, stream jetstream.Stream) (*jetstream.StreamInfo, error) {
 	info := stream.CachedInfo()
-	if info.Config.AllowAtomicPublish {
+	if info.Config.AllowAtomicPublish && info.Config.AllowMsgTTL {
 		return info, nil
 	}
 	cfg := info.Config
 	cfg.AllowAtomicPublish = true
+	cfg.AllowMsgTTL = true
 	updated, err := js.UpdateStream(ctx, cfg)
 	if err != nil {
-		return nil, fmt.Errorf("allow atomic publish on stream %q: %w", cfg.Name, err)
+		return nil, fmt.Errorf("allow atomic publish and per-message TTL on stream %q: %w", cfg.Name, err)
 	}
 	return updated.CachedInfo(), nil
 }
@@ -456,6 +467,7 @@ func (s *NATSStore) enqueue(ctx context.Context, req EnqueueRequest) (Enqueued, 
 		j.Revision = rev // the superseded job's too, by its RevisionOffset
 		for _, p := range superseded {
 			s.dropActive(ctx, s.keys.active(p.ChannelID, p.ID), activeBound(prevActive, rev))
+			s.retireJob(ctx, op, p.ChannelID, p.ID) // the batch wrote it without its retention
 		}
 		return Enqueued{Job: cloneJob(j)}, nil
 	}
@@ -788,7 +800,9 @@ func (s *NATSStore) apply(ctx context.Context, op, channelID, jobID string,
 		if err != nil {
 			return Job{}, nil, err
 		}
-		rev, conflict, err := s.update(ctx, op, key, value, entryRev)
+		ttl := s.finalTTL(next.State) // the write that finishes a job carries its retention
+		sent := time.Now()
+		rev, conflict, err := s.updateTTL(ctx, op, key, value, entryRev, ttl)
 		if err != nil {
 			return Job{}, nil, err
 		}
@@ -814,6 +828,9 @@ func (s *NATSStore) apply(ctx context.Context, op, channelID, jobID string,
 		}
 		if !next.State.Active() {
 			s.dropActive(ctx, s.keys.active(channelID, jobID), activeBound(activeSeq, rev))
+			if ttl > 0 {
+				s.retire(ctx, op, &next, ttl, sent)
+			}
 		}
 		return cloneJob(next), cloneArtifact(art), nil
 	}
@@ -1164,12 +1181,18 @@ func (s *NATSStore) Get(ctx context.Context, channelID, jobID string) (Detail, e
 	if err != nil {
 		return Detail{}, err
 	}
-	if !found {
+	var t natsTargetRecord
+	switch {
+	case found:
+		if t, err = decodeNATSTarget(tk, m.rev, m.data); err != nil {
+			return Detail{}, err
+		}
+	case !j.State.Active():
+		// Its retention removed the target entry (it goes just before
+		// the record): the job's own generation was the target's.
+		t.Generation = j.TargetGeneration
+	default:
 		return Detail{}, fmt.Errorf("%w: %s: job %q: its target record, KV key %q, does not exist", ErrCorrupt, op, jobID, tk)
-	}
-	t, err := decodeNATSTarget(tk, m.rev, m.data)
-	if err != nil {
-		return Detail{}, err
 	}
 	rev, err := s.channelRevision(ctx, op, channelID)
 	if err != nil {

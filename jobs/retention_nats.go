@@ -1,0 +1,177 @@
+package jobs
+
+import (
+	"context"
+	"log/slog"
+	"strconv"
+	"sync"
+	"time"
+
+	"github.com/jobkeys/jobkeys/internal/jscas"
+)
+
+// A NATSStore's retention (see [Retention]) is the server's work: the
+// write that finishes a job carries a per-message TTL (header Nats-TTL),
+// and the job's idempotency, target and list entries are rewritten, each
+// over the revision read and only while it names the job, with the time
+// left less a second, so that they go no later than the record. A key
+// rewritten later (a newer job of the target, an enqueue after the
+// idempotency entry went) is a new message without a TTL: a TTL never
+// removes what a later write put under the key. Expiry leaves no delete
+// marker.
+
+// useRetention implements retentionUser. A bucket whose stream does not
+// allow per-message TTL refuses an explicit retention and keeps every job
+// under the default one, with a warning through Config.Logger.
+func (s *NATSStore) useRetention(r retention, explicit bool) error {
+	if r.keepsAll() {
+		s.retention.Store(nil)
+		return nil
+	}
+	if !s.ttlAllowed {
+		if explicit {
+			return conflictf("stream %q of KV bucket %q does not allow per-message TTL, which retention needs; allow it (AllowMsgTTL, nats-server 2.11 or later: open the store with WithCreateBucket, or edit the stream), or keep finished jobs (RetentionKeep)",
+				s.streamName, s.Bucket())
+		}
+		if s.cfg.obs != nil && s.cfg.obs.logger != nil {
+			s.cfg.obs.logger.LogAttrs(context.Background(), slog.LevelWarn, "jobs: finished jobs are kept: the job bucket does not allow per-message TTL (AllowMsgTTL), which retention needs",
+				slog.String("stream", s.streamName))
+		}
+		return nil
+	}
+	s.retention.Store(&r)
+	return nil
+}
+
+// finalTTL is the per-message TTL of a job record written in state st:
+// 0 for an active state, a kept one, or a store without retention.
+func (s *NATSStore) finalTTL(st State) time.Duration {
+	if st.Active() {
+		return 0
+	}
+	d := s.retention.Load().of(st)
+	if d < 0 {
+		return 0
+	}
+	return d
+}
+
+// updateTTL is update with the message's per-message TTL (0: none).
+func (s *NATSStore) updateTTL(ctx context.Context, op, key string, value []byte, rev uint64, ttl time.Duration) (newRev uint64, conflict bool, err error) {
+	if ttl <= 0 {
+		return s.update(ctx, op, key, value, rev)
+	}
+	if err := s.checkSize(op, key, len(value)); err != nil {
+		return 0, false, err
+	}
+	w := jscas.Writer{Conn: s.js.Conn(), Stream: s.streamName, Timeout: s.requestTimeout(), TTL: ttl}
+	newRev, err = w.Write(ctx, s.writePrefix+key, value, rev, false)
+	if err == nil {
+		return newRev, false, nil
+	}
+	if jscas.IsConflict(err) {
+		return 0, true, nil
+	}
+	return 0, false, s.writeFailed(ctx, op, "write KV key "+strconv.Quote(key), err, s.keys.subject(key))
+}
+
+// satelliteTTL is the TTL of an entry rewritten elapsed after its job's
+// record was sent with ttl: the time left less a second (the two writes
+// reach the server apart by less), whole seconds, at least one.
+func satelliteTTL(ttl, elapsed time.Duration) time.Duration {
+	left := (ttl - elapsed - time.Second).Truncate(time.Second)
+	return max(left, time.Second)
+}
+
+// retire gives the idempotency, target and list entries of job j, whose
+// record was sent at sent with ttl, the time that is left: one batched
+// read, then a compare-and-swap per entry that still names j, sent
+// together. It is cleanup after the write that finished j: a failure is
+// logged, not returned (the entries then stay until DeleteChannel).
+func (s *NATSStore) retire(ctx context.Context, op string, j *Job, ttl time.Duration, sent time.Time) {
+	idemKey := s.keys.idem(j.ChannelID, j.IdempotencyKey)
+	targetKey := s.keys.target(j.ChannelID, j.TargetKey)
+	listKey := s.keys.list(j.ChannelID, j.CreatedAt, j.ID)
+	read, err := s.getMany(ctx, op, []string{idemKey, targetKey, listKey})
+	if err != nil {
+		s.retireFailed(ctx, j, err)
+		return
+	}
+	type write struct {
+		key   string
+		value []byte
+		rev   uint64
+	}
+	var writes []write
+	if m, ok := read[idemKey]; ok {
+		if r, err := decodeNATSIdem(idemKey, m.rev, m.data); err == nil && r.JobID == j.ID {
+			writes = append(writes, write{idemKey, m.data, m.rev})
+		}
+	}
+	if m, ok := read[targetKey]; ok {
+		if r, err := decodeNATSTarget(targetKey, m.rev, m.data); err == nil && r.JobID == j.ID {
+			writes = append(writes, write{targetKey, m.data, m.rev})
+		}
+	}
+	if m, ok := read[listKey]; ok {
+		writes = append(writes, write{listKey, m.data, m.rev})
+	}
+	left := satelliteTTL(ttl, time.Since(sent))
+	errs := make([]error, len(writes))
+	var wg sync.WaitGroup
+	for i, w := range writes {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			// A conflict is a later write of the key's: it is that
+			// write's now, and keeps it.
+			_, _, errs[i] = s.updateTTL(ctx, op, w.key, w.value, w.rev, left)
+		}()
+	}
+	wg.Wait()
+	for _, err := range errs {
+		if err != nil {
+			s.retireFailed(ctx, j, err)
+			return
+		}
+	}
+}
+
+// retireFailed logs a retire that failed.
+func (s *NATSStore) retireFailed(ctx context.Context, j *Job, err error) {
+	if s.cfg.obs == nil || s.cfg.obs.logger == nil {
+		return
+	}
+	s.cfg.obs.logger.LogAttrs(ctx, slog.LevelWarn, "jobs: a finished job's entries were not given its retention; they stay until the channel is deleted",
+		slog.String("channel", j.ChannelID), slog.String("job", j.ID), slog.String("error", err.Error()))
+}
+
+// retireJob gives job jobID of channelID, finished by a write without a
+// TTL (an enqueue that superseded it), its retention: its record is
+// written again, over the revision read, with the TTL, then its entries
+// (see retire). A job that is active, kept or changed meanwhile is left.
+func (s *NATSStore) retireJob(ctx context.Context, op, channelID, jobID string) {
+	if s.retention.Load() == nil {
+		return
+	}
+	j, art, entryRev, activeSeq, found, err := s.readJobMeta(ctx, op, channelID, jobID)
+	if err != nil || !found {
+		return
+	}
+	ttl := s.finalTTL(j.State)
+	if ttl <= 0 {
+		return
+	}
+	value, err := encodeNATSJobMeta(&j, art, natsMeta{activeSeq: activeSeq})
+	if err != nil {
+		return
+	}
+	sent := time.Now()
+	if _, conflict, err := s.updateTTL(ctx, op, s.keys.job(channelID, jobID), value, entryRev, ttl); err != nil || conflict {
+		if err != nil {
+			s.retireFailed(ctx, &j, err)
+		}
+		return
+	}
+	s.retire(ctx, op, &j, ttl, sent)
+}
