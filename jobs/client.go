@@ -176,6 +176,9 @@ type Client struct {
 	disp      dispatcher
 	dispOwned bool
 	peeker    jobPeeker // the store, when it reads a record alone; else nil
+	// periodic enqueues ClientConfig.Periodic's jobs; set by Start when
+	// there are any.
+	periodic *periodicRunner
 }
 
 type clientState int

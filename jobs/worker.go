@@ -16,8 +16,11 @@ import (
 // workers take the jobs announced to the service's clients (see Dispatch
 // in the package doc) and run each under its key's slot, and the client
 // reconciles every ReconcileInterval. At least one kind must be
-// registered. ctx bounds Start's own requests (the dispatch consumer);
-// nothing after Start returns: only [Client.Stop] stops the client.
+// registered. A ClientConfig.Periodic schedule whose Name, Type, Every,
+// Cron or Input is wrong (see [Periodic]) fails Start, naming it; the
+// schedules run until Stop. ctx bounds Start's own requests (the dispatch
+// consumer); nothing after Start returns: only [Client.Stop] stops the
+// client.
 func (c *Client) Start(ctx context.Context) error {
 	if err := ctx.Err(); err != nil {
 		return err
@@ -29,6 +32,10 @@ func (c *Client) Start(ctx context.Context) error {
 	}
 	if len(c.kinds) == 0 {
 		return errors.New("jobs: Start: no kind is registered")
+	}
+	periodic, err := c.checkPeriodic()
+	if err != nil {
+		return fmt.Errorf("jobs: Start: %w", err)
 	}
 	c.state = clientStarted
 	var ttl time.Duration
@@ -58,6 +65,7 @@ func (c *Client) Start(ctx context.Context) error {
 		c.wg.Add(1)
 		go c.reconcileLoop(rctx)
 	}
+	c.startPeriodic(bg, periodic)
 	return nil
 }
 
