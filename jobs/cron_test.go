@@ -31,8 +31,8 @@ func TestCronNextAndPrev(t *testing.T) {
 		{"0 9-17/4 * * mon-fri", "2026-03-06 18:00 Fri", "2026-03-09 09:00 Mon", "2026-03-06 17:00 Fri"},
 		{"30 23 31 * *", "2026-04-01 00:00 Wed", "2026-05-31 23:30 Sun", "2026-03-31 23:30 Tue"},
 		{"0 0 29 2 *", "2026-03-01 00:00 Sun", "2028-02-29 00:00 Tue", "2024-02-29 00:00 Thu"},
-		{"0 12 1 * 0", "2026-03-02 00:00 Mon", "2026-03-08 12:00 Sun", "2026-03-01 12:00 Sun"}, // day of month OR day of week
-		{"0 12 * * 7", "2026-03-02 00:00 Mon", "2026-03-08 12:00 Sun", "2026-03-01 12:00 Sun"},  // 7 is Sunday
+		{"0 12 1 * 0", "2026-03-02 00:00 Mon", "2026-03-08 12:00 Sun", "2026-03-01 12:00 Sun"},      // day of month OR day of week
+		{"0 12 * * 7", "2026-03-02 00:00 Mon", "2026-03-08 12:00 Sun", "2026-03-01 12:00 Sun"},      // 7 is Sunday
 		{"0 12 */10 * sun", "2026-03-02 00:00 Mon", "2026-05-31 12:00 Sun", "2026-03-01 12:00 Sun"}, // "*…" day of month: both must match
 		{"0 0 1 jan,JUL *", "2026-03-04 05:06 Wed", "2026-07-01 00:00 Wed", "2026-01-01 00:00 Thu"},
 		{"@hourly", "2026-03-04 05:06 Wed", "2026-03-04 06:00 Wed", "2026-03-04 05:00 Wed"},
@@ -109,7 +109,7 @@ func TestCronAgainstMinuteScan(t *testing.T) {
 		if err != nil {
 			continue // a combination that never matches
 		}
-		at := time.Date(2025, 1, 1, 0, 0, 0, 0, time.UTC).Add(time.Duration(rng.Int64N(int64(3*365*24*time.Hour)))).Truncate(time.Second)
+		at := time.Date(2025, 1, 1, 0, 0, 0, 0, time.UTC).Add(time.Duration(rng.Int64N(int64(3 * 365 * 24 * time.Hour)))).Truncate(time.Second)
 		matches := func(m time.Time) bool {
 			return c.minute&(1<<uint(m.Minute())) != 0 && c.hour&(1<<uint(m.Hour())) != 0 && c.dayMatches(m)
 		}
