@@ -284,9 +284,13 @@
 // # Metrics and logs
 //
 // [Config.MeterProvider] takes an OpenTelemetry MeterProvider: both stores
-// then count their transitions by outcome and measure their latency (meter
-// [MeterName]: jobkeys.jobs.transitions and jobkeys.jobs.duration; the
-// repository's README lists their attributes), with no per-job attribute.
+// then count their transitions by outcome and job type, measure their
+// latency, and report gauges of pending and running jobs by type (meter
+// [MeterName]: jobkeys.jobs.transitions, jobkeys.jobs.duration,
+// jobkeys.jobs.pending, jobkeys.jobs.running; the repository's README
+// lists their attributes), with no per-key or per-job attribute. The
+// gauges count the active jobs at each collection: a NATSStore reads the
+// records of its pending and running jobs (never a finished one).
 // [Config.Logger] logs corrupt records, and a [NATSStore]'s background
 // purges the server refuses (once per store). Both default to nil: no
 // metrics, no logs, no cost.

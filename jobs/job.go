@@ -531,8 +531,9 @@ type Config struct {
 	// subjects.
 	Subject func(jobType string, input json.RawMessage) string
 	// MeterProvider receives the store's metrics: its transitions by
-	// outcome and their latency (see the package docs, "Metrics and
-	// logs"). Pass otel.GetMeterProvider() for the global one. Defaults to
+	// outcome and job type, their latency, and gauges of pending and
+	// running jobs by type (see the package docs, "Metrics and logs").
+	// Pass otel.GetMeterProvider() for the global one. Defaults to
 	// nil: no metrics, and no cost.
 	MeterProvider metric.MeterProvider
 	// Logger receives the store's logs: corrupt records (error, naming the

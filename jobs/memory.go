@@ -59,13 +59,21 @@ type memChannel struct {
 }
 
 // NewMemoryStore returns an empty store configured by cfg (nil: defaults;
-// see [Config]). cfg is copied.
+// see [Config]). cfg is copied. With Config.MeterProvider it reports the
+// gauges of pending and running jobs by type, counted under its lock at
+// each collection.
 func NewMemoryStore(cfg *Config) (*MemoryStore, error) {
 	c, err := newConfig(cfg)
 	if err != nil {
 		return nil, err
 	}
-	return &MemoryStore{cfg: c}, nil
+	s := &MemoryStore{cfg: c}
+	// The gauges of pending and running jobs by type live as long as the
+	// MeterProvider (a MemoryStore is never closed).
+	if _, err := c.obs.observeActive(s.countActive); err != nil {
+		return nil, err
+	}
+	return s, nil
 }
 
 // channel returns the channel's records, creating them when create is set;

@@ -12,6 +12,7 @@ import (
 	"github.com/jobkeys/jobkeys/internal/jscas"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
+	"go.opentelemetry.io/otel/metric"
 )
 
 // NATSBucketDefault is the KV bucket a [NATSStore] uses unless [WithBucket]
@@ -128,6 +129,9 @@ type NATSStore struct {
 	// per-message TTL, which it needs.
 	retention  atomic.Pointer[retention]
 	ttlAllowed bool
+	// gauges is the registration of the pending and running gauges
+	// (Config.MeterProvider); nil: none. Close ends it.
+	gauges metric.Registration
 }
 
 var _ Store = (*NATSStore)(nil)
@@ -283,7 +287,7 @@ func NewNATSStore(js jetstream.JetStream, cfg *Config, opts ...NATSStoreOption) 
 	case info.Config.Mirror != nil || len(info.Config.Sources) > 0:
 		return nil, fmt.Errorf("%w: NewNATSStore: KV bucket %q is a mirror or has sources; the store writes to the bucket itself", ErrConflict, o.bucket)
 	}
-	return &NATSStore{
+	s := &NATSStore{
 		js:          js,
 		cfg:         c,
 		kv:          kv,
@@ -299,7 +303,11 @@ func NewNATSStore(js jetstream.JetStream, cfg *Config, opts ...NATSStoreOption) 
 		leaderReads: info.Config.Replicas > 1,
 		timeout:     o.timeout,
 		ttlAllowed:  info.Config.AllowMsgTTL,
-	}, nil
+	}
+	if s.gauges, err = c.obs.observeActive(s.countActive); err != nil {
+		return nil, err
+	}
+	return s, nil
 }
 
 // createNATSBucket creates the bucket and allows atomic publish on its
