@@ -127,7 +127,20 @@
 // fingerprint returns the job as it is now, with [Enqueued].Repeated set,
 // and changes nothing; with another fingerprint it is [ErrConflict].
 // [Store.DeleteChannel] forgets the keys: an identical enqueue afterwards
-// makes a new job.
+// makes a new job. So does a job's retention ([Retention]): once a
+// finished job is deleted, an enqueue with its idempotency key makes a new
+// job.
+//
+// # Retention, periodic jobs and listing
+//
+// A [Client] hands its [ClientConfig.Retention] to its store: finished
+// jobs, with their entries, are deleted after it (24h for completed,
+// cancelled and superseded jobs, 7 days for failed ones, by default); a
+// NATSStore by per-message TTL, so the server does it. [ClientConfig.Periodic]
+// enqueues a [Periodic] job on a schedule (Every or a five-field cron), one
+// job per tick whatever the number of clients. [Store.List] filters by
+// [ListRequest].States and Types, and lists every channel when ChannelID
+// is empty.
 //
 // # States
 //

@@ -130,7 +130,8 @@ func TestPeriodicOneJobPerTickAcrossClients(t *testing.T) {
 
 // TestPeriodicCatchUpAfterDowntime: a client stopped for five ticks and
 // started again enqueues one job, for the latest tick, not one per missed
-// tick; a client started again within a tick enqueues nothing new.
+// tick; a client started again within a tick enqueues nothing new; running
+// clients whose clock jumps ticks enqueue the latest only.
 func TestPeriodicCatchUpAfterDowntime(t *testing.T) {
 	t.Parallel()
 	start := time.Now().UTC().Truncate(time.Minute)
@@ -149,6 +150,13 @@ func TestPeriodicCatchUpAfterDowntime(t *testing.T) {
 	awaitTick(t, "tick", start.Add(5*time.Minute), c)
 	assert.Equal(t, []string{periodicID("tick", start.Add(5*time.Minute)), periodicID("tick", start)}, periodicJobs(t, b),
 		"one catch-up job for the five missed ticks")
+
+	// Running clients whose clock jumps three ticks (a paused process):
+	// one job, for the latest.
+	e.clock.Set(start.Add(8*time.Minute + 10*time.Second))
+	awaitTick(t, "tick", start.Add(8*time.Minute), b, c)
+	assert.Equal(t, []string{periodicID("tick", start.Add(8*time.Minute)), periodicID("tick", start.Add(5*time.Minute)), periodicID("tick", start)},
+		periodicJobs(t, b), "one job for the three ticks a jump skipped")
 }
 
 // TestPeriodicCron: a cron schedule's ticks are its matching minutes.
