@@ -810,7 +810,14 @@ func (s *NATSStore) apply(ctx context.Context, op, channelID, jobID string,
 		}
 		ttl := s.finalTTL(next.State) // the write that finishes a job carries its retention
 		sent := time.Now()
+		var entries func() (map[string]natsMsg, error)
+		if ttl > 0 {
+			entries = s.readRetire(ctx, op, &next) // while the write is in flight
+		}
 		rev, conflict, err := s.updateTTL(ctx, op, key, value, entryRev, ttl)
+		if entries != nil && (err != nil || conflict) {
+			_, _ = entries()
+		}
 		if err != nil {
 			return Job{}, nil, err
 		}
@@ -837,7 +844,7 @@ func (s *NATSStore) apply(ctx context.Context, op, channelID, jobID string,
 		if !next.State.Active() {
 			s.dropActive(ctx, s.keys.active(channelID, jobID), activeBound(activeSeq, rev))
 			if ttl > 0 {
-				s.retire(ctx, op, &next, ttl, sent)
+				s.retire(ctx, op, &next, ttl, sent, entries)
 			}
 		}
 		return cloneJob(next), cloneArtifact(art), nil

@@ -83,20 +83,45 @@ func satelliteTTL(ttl, elapsed time.Duration) time.Duration {
 	return max(left, time.Second)
 }
 
+// retireKeys are the keys of j's entries that retire rewrites.
+func (s *NATSStore) retireKeys(j *Job) (idem, target, list string) {
+	return s.keys.idem(j.ChannelID, j.IdempotencyKey), s.keys.target(j.ChannelID, j.TargetKey), s.keys.list(j.ChannelID, j.CreatedAt, j.ID)
+}
+
+// readRetire starts the read of j's entries (one batched read) and returns
+// the function that waits for it: a store reads them while the write that
+// finishes j is in flight. The function must be called.
+func (s *NATSStore) readRetire(ctx context.Context, op string, j *Job) func() (map[string]natsMsg, error) {
+	idem, target, list := s.retireKeys(j)
+	type result struct {
+		read map[string]natsMsg
+		err  error
+	}
+	done := make(chan result, 1)
+	go func() {
+		read, err := s.getMany(ctx, op, []string{idem, target, list})
+		done <- result{read, err}
+	}()
+	return func() (map[string]natsMsg, error) {
+		r := <-done
+		return r.read, r.err
+	}
+}
+
 // retire gives the idempotency, target and list entries of job j, whose
-// record was sent at sent with ttl, the time that is left: one batched
-// read, then a compare-and-swap per entry that still names j, sent
-// together. It is cleanup after the write that finished j: a failure is
-// logged, not returned (the entries then stay until DeleteChannel).
-func (s *NATSStore) retire(ctx context.Context, op string, j *Job, ttl time.Duration, sent time.Time) {
-	idemKey := s.keys.idem(j.ChannelID, j.IdempotencyKey)
-	targetKey := s.keys.target(j.ChannelID, j.TargetKey)
-	listKey := s.keys.list(j.ChannelID, j.CreatedAt, j.ID)
-	read, err := s.getMany(ctx, op, []string{idemKey, targetKey, listKey})
+// record was sent at sent with ttl, the time that is left: a
+// compare-and-swap per entry that still names j, over the revision read
+// (entries, from readRetire), sent together. An entry changed since the
+// read is another write's, which keeps it. It is cleanup after the write
+// that finished j: a failure is logged, not returned (the entries then
+// stay until DeleteChannel).
+func (s *NATSStore) retire(ctx context.Context, op string, j *Job, ttl time.Duration, sent time.Time, entries func() (map[string]natsMsg, error)) {
+	read, err := entries()
 	if err != nil {
 		s.retireFailed(ctx, j, err)
 		return
 	}
+	idemKey, targetKey, listKey := s.retireKeys(j)
 	type write struct {
 		key   string
 		value []byte
@@ -167,11 +192,13 @@ func (s *NATSStore) retireJob(ctx context.Context, op, channelID, jobID string) 
 		return
 	}
 	sent := time.Now()
+	entries := s.readRetire(ctx, op, &j)
 	if _, conflict, err := s.updateTTL(ctx, op, s.keys.job(channelID, jobID), value, entryRev, ttl); err != nil || conflict {
+		_, _ = entries()
 		if err != nil {
 			s.retireFailed(ctx, &j, err)
 		}
 		return
 	}
-	s.retire(ctx, op, &j, ttl, sent)
+	s.retire(ctx, op, &j, ttl, sent, entries)
 }
