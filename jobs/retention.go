@@ -22,8 +22,11 @@ import (
 // or later; [WithCreateBucket] allows it, on an existing bucket too). A
 // [MemoryStore] deletes on its next call after the time, by its clock.
 //
-// Retention is set by [ClientConfig.Retention]: a store used without a
-// [Client] keeps every job until [Store.DeleteChannel].
+// Retention is set by [ClientConfig.Retention] on the store the client is
+// made with, for the jobs that finish from then on (the last client made
+// over a store sets it). A store used without a [Client], and a Store of
+// your own (or one wrapped in another type), keeps every job until
+// [Store.DeleteChannel].
 type Retention struct {
 	// Completed is how long a completed job is kept. Defaults to
 	// RetentionCompletedDefault (24h).
