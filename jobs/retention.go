@@ -16,9 +16,10 @@ import (
 //
 // A [NATSStore] deletes by per-message TTL (the server removes the
 // messages; nothing sweeps): the write that finishes a job carries its
-// retention, and the job's idempotency, target and list entries are
-// rewritten with the time that is left (a read and up to three writes per
-// finished job). Its bucket must allow per-message TTL (nats-server 2.11
+// retention and a second, and the job's idempotency, target and list
+// entries are rewritten with the retention that is left (a read and up to
+// three writes per finished job), so that they go a second or more before
+// the record. Its bucket must allow per-message TTL (nats-server 2.11
 // or later; [WithCreateBucket] allows it, on an existing bucket too). A
 // [MemoryStore] deletes on its next call after the time, by its clock.
 //

@@ -12,9 +12,10 @@ import (
 
 // A NATSStore's retention (see [Retention]) is the server's work: the
 // write that finishes a job carries a per-message TTL (header Nats-TTL),
-// and the job's idempotency, target and list entries are rewritten, each
-// over the revision read and only while it names the job, with the time
-// left less a second, so that they go no later than the record. A key
+// its retention and a second, and the job's idempotency, target and list
+// entries are rewritten, each over the revision read and only while it
+// names the job, with the retention left, so that they go before the
+// record. A key
 // rewritten later (a newer job of the target, an enqueue after the
 // idempotency entry went) is a new message without a TTL: a TTL never
 // removes what a later write put under the key. Expiry leaves no delete
@@ -44,7 +45,10 @@ func (s *NATSStore) useRetention(r retention, explicit bool) error {
 }
 
 // finalTTL is the per-message TTL of a job record written in state st:
-// 0 for an active state, a kept one, or a store without retention.
+// its retention and a second (so that its entries, given the retention
+// from a moment later, whole seconds, at least one, go first even at the
+// shortest retention); 0 for an active state, a kept one, or a store
+// without retention.
 func (s *NATSStore) finalTTL(st State) time.Duration {
 	if st.Active() {
 		return 0
@@ -53,7 +57,7 @@ func (s *NATSStore) finalTTL(st State) time.Duration {
 	if d < 0 {
 		return 0
 	}
-	return d
+	return d + time.Second
 }
 
 // updateTTL is update with the message's per-message TTL (0: none).
@@ -76,8 +80,10 @@ func (s *NATSStore) updateTTL(ctx context.Context, op, key string, value []byte,
 }
 
 // satelliteTTL is the TTL of an entry rewritten elapsed after its job's
-// record was sent with ttl: the time left less a second (the two writes
-// reach the server apart by less), whole seconds, at least one.
+// record was sent with ttl (finalTTL's: the retention and a second): the
+// time left less that second, whole seconds, at least one. The record goes
+// a second or more after its entries, so an idempotency entry never names
+// a job that is gone.
 func satelliteTTL(ttl, elapsed time.Duration) time.Duration {
 	left := (ttl - elapsed - time.Second).Truncate(time.Second)
 	return max(left, time.Second)

@@ -257,3 +257,29 @@ func TestRetentionKeepAndValidation(t *testing.T) {
 	require.NoError(t, useRetention(st, Retention{Completed: time.Hour}))
 	assert.NotNil(t, st.retention.Load())
 }
+
+// TestRetentionEntriesGoBeforeTheRecord: a finished job's entries,
+// rewritten a moment after its record (up to half its retention later),
+// expire at least half a second before it (TTLs are whole seconds), so an idempotency entry never names
+// a job that is gone; and the record goes no sooner than its retention.
+func TestRetentionEntriesGoBeforeTheRecord(t *testing.T) {
+	t.Parallel()
+	st := &NATSStore{}
+	for _, r := range []time.Duration{time.Second, 1500 * time.Millisecond, 2 * time.Second, 90 * time.Second, 24 * time.Hour} {
+		res, err := Retention{Completed: r}.resolve()
+		require.NoError(t, err)
+		st.retention.Store(&res)
+		record := st.finalTTL(StateCompleted)
+		recordSecs := (record + time.Second - 1) / time.Second * time.Second // as the header rounds it
+		assert.GreaterOrEqual(t, recordSecs, r, "retention %v", r)
+		for _, elapsed := range []time.Duration{0, 10 * time.Millisecond, 400 * time.Millisecond, r / 2} {
+			entry := satelliteTTL(record, elapsed)
+			assert.Zero(t, entry%time.Second, "whole seconds")
+			assert.GreaterOrEqual(t, entry, time.Second)
+			assert.LessOrEqual(t, elapsed+entry, recordSecs-500*time.Millisecond, "retention %v, entries rewritten %v after the record", r, elapsed)
+		}
+	}
+	assert.Zero(t, st.finalTTL(StateRunning), "an active job has no TTL")
+	st.retention.Store(nil)
+	assert.Zero(t, st.finalTTL(StateCompleted), "no retention: no TTL")
+}
