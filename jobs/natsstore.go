@@ -459,6 +459,7 @@ func (s *NATSStore) enqueue(ctx context.Context, req EnqueueRequest) (Enqueued, 
 		if err != nil {
 			return Enqueued{}, err
 		}
+		sent := time.Now() // the superseded job's retention runs from its write
 		rev, conflict, err := s.publishBatch(ctx, op, msgs)
 		if errors.Is(err, ErrOutcomeUnknown) {
 			return Enqueued{}, fmt.Errorf("%s: job %q in channel %q (idempotency key %q) may have been written; replay the request (the same idempotency key and fingerprint): it returns the job if it was, and writes it if not: %w",
@@ -475,7 +476,7 @@ func (s *NATSStore) enqueue(ctx context.Context, req EnqueueRequest) (Enqueued, 
 		j.Revision = rev // the superseded job's too, by its RevisionOffset
 		for _, p := range superseded {
 			s.dropActive(ctx, s.keys.active(p.ChannelID, p.ID), activeBound(prevActive, rev))
-			s.retireJob(ctx, op, p.ChannelID, p.ID) // the batch wrote it without its retention
+			s.retireSuperseded(ctx, op, &p, sent) // the batch wrote its record with its retention; now its entries
 		}
 		return Enqueued{Job: cloneJob(j)}, nil
 	}
@@ -516,7 +517,7 @@ func (s *NATSStore) enqueueBatch(j *Job, t Target, targetRev uint64, superseded 
 		if err != nil {
 			return nil, err
 		}
-		msgs = append(msgs, natsBatchMsg{key: s.keys.job(p.ChannelID, p.ID), value: v, expect: prevRev, check: true})
+		msgs = append(msgs, natsBatchMsg{key: s.keys.job(p.ChannelID, p.ID), value: v, expect: prevRev, check: true, ttl: s.finalTTL(p.State)})
 	}
 	msgs = append(msgs, natsBatchMsg{key: s.keys.job(j.ChannelID, j.ID), value: job, expect: 0, check: true})
 	return msgs, nil

@@ -177,34 +177,13 @@ func (s *NATSStore) retireFailed(ctx context.Context, j *Job, err error) {
 		slog.String("channel", j.ChannelID), slog.String("job", j.ID), slog.String("error", err.Error()))
 }
 
-// retireJob gives job jobID of channelID, finished by a write without a
-// TTL (an enqueue that superseded it), its retention: its record is
-// written again, over the revision read, with the TTL, then its entries
-// (see retire). A job that is active, kept or changed meanwhile is left.
-func (s *NATSStore) retireJob(ctx context.Context, op, channelID, jobID string) {
-	if s.retention.Load() == nil {
-		return
-	}
-	j, art, entryRev, activeSeq, found, err := s.readJobMeta(ctx, op, channelID, jobID)
-	if err != nil || !found {
-		return
-	}
-	ttl := s.finalTTL(j.State)
+// retireSuperseded gives the entries of job p, superseded by an enqueue
+// whose batch, sent at sent, wrote p's record with its retention, the
+// retention left (see retire).
+func (s *NATSStore) retireSuperseded(ctx context.Context, op string, p *Job, sent time.Time) {
+	ttl := s.finalTTL(p.State)
 	if ttl <= 0 {
 		return
 	}
-	value, err := encodeNATSJobMeta(&j, art, natsMeta{activeSeq: activeSeq})
-	if err != nil {
-		return
-	}
-	sent := time.Now()
-	entries := s.readRetire(ctx, op, &j)
-	if _, conflict, err := s.updateTTL(ctx, op, s.keys.job(channelID, jobID), value, entryRev, ttl); err != nil || conflict {
-		_, _ = entries()
-		if err != nil {
-			s.retireFailed(ctx, &j, err)
-		}
-		return
-	}
-	s.retire(ctx, op, &j, ttl, sent, entries)
+	s.retire(ctx, op, p, ttl, sent, s.readRetire(ctx, op, p))
 }

@@ -270,13 +270,13 @@ func TestRetentionEntriesGoBeforeTheRecord(t *testing.T) {
 		require.NoError(t, err)
 		st.retention.Store(&res)
 		record := st.finalTTL(StateCompleted)
-		recordSecs := (record + time.Second - 1) / time.Second * time.Second // as the header rounds it
-		assert.GreaterOrEqual(t, recordSecs, r, "retention %v", r)
+		recordRounded := (record + time.Second - 1) / time.Second * time.Second // as the header rounds it
+		assert.GreaterOrEqual(t, recordRounded, r, "retention %v", r)
 		for _, elapsed := range []time.Duration{0, 10 * time.Millisecond, 400 * time.Millisecond, r / 2} {
 			entry := satelliteTTL(record, elapsed)
 			assert.Zero(t, entry%time.Second, "whole seconds")
 			assert.GreaterOrEqual(t, entry, time.Second)
-			assert.LessOrEqual(t, elapsed+entry, recordSecs-500*time.Millisecond, "retention %v, entries rewritten %v after the record", r, elapsed)
+			assert.LessOrEqual(t, elapsed+entry, recordRounded-500*time.Millisecond, "retention %v, entries rewritten %v after the record", r, elapsed)
 		}
 	}
 	assert.Zero(t, st.finalTTL(StateRunning), "an active job has no TTL")
