@@ -134,6 +134,18 @@ type ClientConfig struct {
 	// a non-zero one. Defaults to the zero [Buckets]: the default job
 	// bucket, missing buckets created with file storage and one replica.
 	Buckets Buckets
+
+	// Retention is how long finished jobs are kept, by final state, before
+	// their records and entries are deleted (see [Retention]); the client
+	// hands it to its store, which applies it to every job that finishes
+	// from then on. Defaults to 24h for completed, cancelled and
+	// superseded jobs and 7 days for failed ones.
+	Retention Retention
+
+	// Periodic are the jobs enqueued on a schedule while the client runs
+	// (see [Periodic]): one job per tick whatever the number of clients.
+	// Each Type must be registered when Start is called. Defaults to none.
+	Periodic []Periodic
 }
 
 // Client is the job runtime: it enqueues jobs through the job store and
@@ -177,6 +189,9 @@ type Client struct {
 	// made is the job store NewNATSClient made, which Stop closes; nil
 	// for a client of NewClient.
 	made *NATSStore
+	// periodic enqueues ClientConfig.Periodic's jobs; set by Start when
+	// there are any.
+	periodic *periodicRunner
 }
 
 type clientState int
@@ -251,6 +266,9 @@ func NewClient(store Store, coord *jobkeys.KeyCoordinator, cfg *ClientConfig) (*
 	}
 	if c.Logger == nil {
 		c.Logger = slog.New(slog.DiscardHandler)
+	}
+	if err := useRetention(store, c.Retention); err != nil {
+		return nil, fmt.Errorf("jobs: NewClient: %w", err)
 	}
 	disp, owned, err := openDispatch(store, &c)
 	if err != nil {

@@ -130,7 +130,20 @@
 // fingerprint returns the job as it is now, with [Enqueued].Repeated set,
 // and changes nothing; with another fingerprint it is [ErrConflict].
 // [Store.DeleteChannel] forgets the keys: an identical enqueue afterwards
-// makes a new job.
+// makes a new job. So does a job's retention ([Retention]): once a
+// finished job is deleted, an enqueue with its idempotency key makes a new
+// job.
+//
+// # Retention, periodic jobs and listing
+//
+// A [Client] hands its [ClientConfig.Retention] to its store: finished
+// jobs, with their entries, are deleted after it (24h for completed,
+// cancelled and superseded jobs, 7 days for failed ones, by default); a
+// NATSStore by per-message TTL, so the server does it. [ClientConfig.Periodic]
+// enqueues a [Periodic] job on a schedule (Every or a five-field cron), one
+// job per tick whatever the number of clients. [Store.List] filters by
+// [ListRequest].States and Types, and lists every channel when ChannelID
+// is empty.
 //
 // # States
 //
@@ -287,9 +300,13 @@
 // # Metrics and logs
 //
 // [Config.MeterProvider] takes an OpenTelemetry MeterProvider: both stores
-// then count their transitions by outcome and measure their latency (meter
-// [MeterName]: jobkeys.jobs.transitions and jobkeys.jobs.duration; the
-// repository's README lists their attributes), with no per-job attribute.
+// then count their transitions by outcome and job type, measure their
+// latency, and report gauges of pending and running jobs by type (meter
+// [MeterName]: jobkeys.jobs.transitions, jobkeys.jobs.duration,
+// jobkeys.jobs.pending, jobkeys.jobs.running; the repository's README
+// lists their attributes), with no per-key or per-job attribute. The
+// gauges count the active jobs at each collection: a NATSStore reads the
+// records of its pending and running jobs (never a finished one).
 // [Config.Logger] logs corrupt records, and a [NATSStore]'s background
 // purges the server refuses (once per store). Both default to nil: no
 // metrics, no logs, no cost.

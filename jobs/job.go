@@ -212,20 +212,27 @@ type Summary struct {
 }
 
 // Cursor is a position in a list: the list continues after the job with
-// this CreatedAt and ID.
+// this CreatedAt, ID and ChannelID.
 type Cursor struct {
 	// CreatedAt is the CreatedAt of the job the page ended with.
 	CreatedAt time.Time
 	// ID is the ID of the job the page ended with.
 	ID string
+	// ChannelID is the channel of the job the page ended with: it orders
+	// jobs of equal CreatedAt and ID in a list of every channel (ids are
+	// unique per channel only). Empty in a list of one channel means that
+	// channel.
+	ChannelID string
 }
 
 // Page is one page of a list, newest jobs first.
 type Page struct {
 	// Revision is the channel revision when the page was read; 0 for a
-	// channel without jobs.
+	// channel without jobs. A list of every channel carries the latest
+	// revision of any channel (0 when no channel has jobs).
 	Revision uint64
-	// Jobs are the page's jobs, ordered by CreatedAt descending, then ID.
+	// Jobs are the page's jobs, ordered by CreatedAt descending, then ID,
+	// then ChannelID.
 	Jobs []Summary
 	// Next continues the list; nil on its last page.
 	Next *Cursor
@@ -421,10 +428,18 @@ type SupersedeRequest struct {
 	Reason string
 }
 
-// ListRequest asks for a page of a channel's jobs.
+// ListRequest asks for a page of a channel's jobs, or of every channel's,
+// optionally only those in some states or of some types.
 type ListRequest struct {
-	// ChannelID is the channel; it must exist.
+	// ChannelID is the channel; it must exist. Empty lists every channel
+	// (the channel registry is not asked).
 	ChannelID string
+	// States keeps only the jobs in one of these states; empty: every
+	// state. A state that is not one of the State constants is ErrConflict.
+	States []State
+	// Types keeps only the jobs of one of these types; empty: every type.
+	// An empty type is ErrConflict.
+	Types []string
 	// Limit is the page size, clamped to 1..ListLimit.
 	Limit int
 	// After continues a list from a previous Page.Next; nil: from the newest.
@@ -494,9 +509,11 @@ type Store interface {
 	// Supersede supersedes a pending, paused or running job. Errors as for
 	// Pause.
 	Supersede(ctx context.Context, req SupersedeRequest) (Job, error)
-	// List returns a page of a channel's jobs, newest first. A missing
-	// channel is ErrNotFound; a channel without jobs is an empty page with
-	// Revision 0.
+	// List returns a page of a channel's jobs (of every channel's when
+	// req.ChannelID is empty), newest first, only those in req.States and
+	// of req.Types when given. A missing channel is ErrNotFound; a channel
+	// without jobs is an empty page with Revision 0. Next is nil exactly
+	// when no job after the page passes the filters.
 	List(ctx context.Context, req ListRequest) (Page, error)
 	// Get returns a job with its target and artifact. A missing channel or
 	// job is ErrNotFound.
@@ -527,8 +544,9 @@ type Config struct {
 	// subjects.
 	Subject func(jobType string, input json.RawMessage) string
 	// MeterProvider receives the store's metrics: its transitions by
-	// outcome and their latency (see the package docs, "Metrics and
-	// logs"). Pass otel.GetMeterProvider() for the global one. Defaults to
+	// outcome and job type, their latency, and gauges of pending and
+	// running jobs by type (see the package docs, "Metrics and logs").
+	// Pass otel.GetMeterProvider() for the global one. Defaults to
 	// nil: no metrics, and no cost.
 	MeterProvider metric.MeterProvider
 	// Logger receives the store's logs: corrupt records (error, naming the

@@ -19,6 +19,11 @@ type MemoryStore struct {
 	// dispatchers are the clients' dispatch queues, by key-layer service:
 	// the clients of one MemoryStore in a process share them.
 	dispatchers map[string]*memDispatcher
+	// retention is how long finished jobs are kept (nil: for good);
+	// expiries the finished jobs queued for deletion. See
+	// retention_memory.go.
+	retention *retention
+	expiries  memExpiries
 }
 
 // dispatcher returns the dispatch queue of service's clients.
@@ -49,16 +54,26 @@ type memChannel struct {
 	idempotency map[string]string    // job id by idempotency key
 	artifacts   map[string]*Artifact // by job id
 	open        map[string]struct{}  // ids of the pending and running jobs
+	// finished is told of a job just stored in a final state; nil: none.
+	finished func(j *Job)
 }
 
 // NewMemoryStore returns an empty store configured by cfg (nil: defaults;
-// see [Config]). cfg is copied.
+// see [Config]). cfg is copied. With Config.MeterProvider it reports the
+// gauges of pending and running jobs by type, counted under its lock at
+// each collection.
 func NewMemoryStore(cfg *Config) (*MemoryStore, error) {
 	c, err := newConfig(cfg)
 	if err != nil {
 		return nil, err
 	}
-	return &MemoryStore{cfg: c}, nil
+	s := &MemoryStore{cfg: c}
+	// The gauges of pending and running jobs by type live as long as the
+	// MeterProvider (a MemoryStore is never closed).
+	if _, err := c.obs.observeActive(s.countActive); err != nil {
+		return nil, err
+	}
+	return s, nil
 }
 
 // channel returns the channel's records, creating them when create is set;
@@ -77,6 +92,7 @@ func (s *MemoryStore) channel(id string, create bool) *memChannel {
 		idempotency: make(map[string]string),
 		artifacts:   make(map[string]*Artifact),
 		open:        make(map[string]struct{}),
+		finished:    s.noteFinished,
 	}
 	s.channels[id] = ch
 	return ch
@@ -86,6 +102,9 @@ func (s *MemoryStore) channel(id string, create bool) *memChannel {
 func (ch *memChannel) put(j Job) {
 	old := ch.jobs[j.ID]
 	ch.jobs[j.ID] = &j
+	if !j.State.Active() && (old == nil || old.State.Active()) && ch.finished != nil {
+		ch.finished(&j)
+	}
 	if old == nil || old.State.Active() != j.State.Active() {
 		ids := slices.DeleteFunc(ch.active[j.TargetKey], func(id string) bool { return id == j.ID })
 		if j.State.Active() {
@@ -123,6 +142,7 @@ func (s *MemoryStore) enqueue(ctx context.Context, req EnqueueRequest) (Enqueued
 	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
+	s.expire(s.cfg.now())
 	ch := s.channel(req.ChannelID, false)
 	if ch != nil {
 		if id, ok := ch.idempotency[req.IdempotencyKey]; ok {
@@ -176,6 +196,7 @@ func (s *MemoryStore) claim(ctx context.Context, req ClaimRequest) ([]Job, error
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	now := s.cfg.now()
+	s.expire(now)
 	var due []*Job
 	collect := func(ch *memChannel) {
 		for id := range ch.open {
@@ -244,6 +265,7 @@ func (s *MemoryStore) apply(channelID, jobID string,
 	rule func(j *Job, generation uint64, now time.Time, rev uint64) (Job, error)) (Job, error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
+	s.expire(s.cfg.now())
 	var j *Job
 	var gen, rev uint64 = 0, 1
 	ch := s.channel(channelID, false)
@@ -327,6 +349,7 @@ func (s *MemoryStore) settle(ctx context.Context, req SettleRequest) (Detail, er
 	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
+	s.expire(s.cfg.now())
 	var j *Job
 	var gen, rev uint64 = 0, 1
 	ch := s.channel(req.Claim.ChannelID, false)
@@ -433,24 +456,36 @@ func (s *MemoryStore) supersede(ctx context.Context, req SupersedeRequest) (Job,
 	})
 }
 
-// List implements [Store.List].
+// List implements [Store.List]: it sorts the listed channels' jobs (every
+// channel's when req.ChannelID is empty) and filters them in memory.
 func (s *MemoryStore) List(ctx context.Context, req ListRequest) (Page, error) {
 	req, err := prepareList(req)
 	if err != nil {
 		return Page{}, err
 	}
-	if err := s.cfg.channelExists(ctx, "list", req.ChannelID); err != nil {
+	if req.ChannelID != "" {
+		if err := s.cfg.channelExists(ctx, "list", req.ChannelID); err != nil {
+			return Page{}, err
+		}
+	} else if err := ctx.Err(); err != nil {
 		return Page{}, err
 	}
 	s.mu.Lock()
+	s.expire(s.cfg.now())
 	var jobs []*Job
 	var rev uint64
-	if ch := s.channel(req.ChannelID, false); ch != nil {
-		rev = ch.revision
-		jobs = make([]*Job, 0, len(ch.jobs))
+	add := func(ch *memChannel) {
+		rev = max(rev, ch.revision)
 		for _, j := range ch.jobs {
 			jobs = append(jobs, j)
 		}
+	}
+	if req.ChannelID == "" {
+		for _, ch := range s.channels {
+			add(ch)
+		}
+	} else if ch := s.channel(req.ChannelID, false); ch != nil {
+		add(ch)
 	}
 	s.mu.Unlock()
 	// The stored jobs are immutable; the Subject function runs unlocked.
@@ -467,6 +502,7 @@ func (s *MemoryStore) Get(ctx context.Context, channelID, jobID string) (Detail,
 	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
+	s.expire(s.cfg.now())
 	ch := s.channel(channelID, false)
 	if ch == nil || ch.jobs[jobID] == nil {
 		return Detail{}, notFoundf("get: job %q does not exist in channel %q", jobID, channelID)

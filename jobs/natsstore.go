@@ -6,11 +6,13 @@ import (
 	"fmt"
 	"slices"
 	"strings"
+	"sync/atomic"
 	"time"
 
 	"github.com/jobkeys/jobkeys/internal/jscas"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
+	"go.opentelemetry.io/otel/metric"
 )
 
 // NATSBucketDefault is the KV bucket a [NATSStore] uses unless [WithBucket]
@@ -137,6 +139,14 @@ type NATSStore struct {
 	// writeCut stops an unbatched enqueue's writes in fault tests; nil:
 	// never.
 	writeCut *natsWriteCut
+	// retention is how long finished jobs are kept (see Retention); nil:
+	// for good. ttlAllowed says whether the bucket's stream allows
+	// per-message TTL, which it needs.
+	retention  atomic.Pointer[retention]
+	ttlAllowed bool
+	// gauges is the registration of the pending and running gauges
+	// (Config.MeterProvider); nil: none. Close ends it.
+	gauges metric.Registration
 }
 
 // natsBatchesPay reports whether an atomic batch costs about one write on
@@ -219,10 +229,12 @@ func WithBucket(name string) NATSStoreOption {
 // WithCreateBucket makes NewNATSStore create the bucket when it is missing:
 // history 1, the given storage and replicas (1 to 5), atomic batch publish
 // allowed (enqueues are one batch where a batch costs about one write:
-// not on R1 file storage; see [NATSStore]). Without it a missing bucket is
-// an error wrapping ErrNotFound. An existing bucket is used as it is,
-// except that atomic publish is allowed on it when it is not yet: another
-// process may have created the bucket and not yet taken that second step.
+// not on R1 file storage; see [NATSStore]) and per-message TTL allowed (the
+// TTL for [Retention]). Without it a missing bucket is an error wrapping
+// ErrNotFound. An existing bucket is used as it is, except that atomic
+// publish and per-message TTL are allowed on it when they are not yet:
+// another process may have created the bucket and not yet taken that
+// second step, or an older version created it without the TTL.
 func WithCreateBucket(storage jetstream.StorageType, replicas int) NATSStoreOption {
 	return func(o *natsStoreOptions) error {
 		if storage != jetstream.FileStorage && storage != jetstream.MemoryStorage {
@@ -285,9 +297,10 @@ func NewNATSStore(js jetstream.JetStream, cfg *Config, opts ...NATSStoreOption) 
 		return nil, natsRefusedOr(context.Background(), js.Conn(), "NewNATSStore", fmt.Sprintf("open stream %q of KV bucket %q", streamName, o.bucket), err, used)
 	}
 	info := stream.CachedInfo()
-	if !info.Config.AllowAtomicPublish && o.create {
+	if (!info.Config.AllowAtomicPublish || !info.Config.AllowMsgTTL) && o.create {
 		// Another process created the bucket and has not allowed atomic
-		// publish on it yet (createNATSBucket's second step): finish it.
+		// publish on it yet (createNATSBucket's second step), or an older
+		// version created it without per-message TTL: finish it.
 		if info, err = allowAtomicPublish(ctx, js, stream); err != nil {
 			return nil, natsRefusedOr(context.Background(), js.Conn(), "NewNATSStore", fmt.Sprintf("KV bucket %q", o.bucket), err, used)
 		}
@@ -298,7 +311,7 @@ func NewNATSStore(js jetstream.JetStream, cfg *Config, opts ...NATSStoreOption) 
 	case info.Config.Mirror != nil || len(info.Config.Sources) > 0:
 		return nil, fmt.Errorf("%w: NewNATSStore: KV bucket %q is a mirror or has sources; the store writes to the bucket itself", ErrConflict, o.bucket)
 	}
-	return &NATSStore{
+	s := &NATSStore{
 		js:          js,
 		cfg:         c,
 		kv:          kv,
@@ -314,7 +327,12 @@ func NewNATSStore(js jetstream.JetStream, cfg *Config, opts ...NATSStoreOption) 
 		leaderReads: info.Config.Replicas > 1,
 		timeout:     o.timeout,
 		unbatched:   !natsBatchesPay(info.Config),
-	}, nil
+		ttlAllowed:  info.Config.AllowMsgTTL,
+	}
+	if s.gauges, err = c.obs.observeActive(s.countActive); err != nil {
+		return nil, err
+	}
+	return s, nil
 }
 
 // createNATSBucket creates the bucket and allows atomic publish on its
@@ -343,19 +361,20 @@ func createNATSBucket(ctx context.Context, js jetstream.JetStream, o natsStoreOp
 	return kv, nil
 }
 
-// allowAtomicPublish allows atomic batch publish on stream if it does not
-// yet, and returns the stream's info as it is then. Any number of
-// processes may do it at once.
+// allowAtomicPublish allows atomic batch publish and per-message TTL on
+// stream if it does not yet, and returns the stream's info as it is then.
+// Any number of processes may do it at once.
 func allowAtomicPublish(ctx context.Context, js jetstream.JetStream, stream jetstream.Stream) (*jetstream.StreamInfo, error) {
 	info := stream.CachedInfo()
-	if info.Config.AllowAtomicPublish {
+	if info.Config.AllowAtomicPublish && info.Config.AllowMsgTTL {
 		return info, nil
 	}
 	cfg := info.Config
 	cfg.AllowAtomicPublish = true
+	cfg.AllowMsgTTL = true
 	updated, err := js.UpdateStream(ctx, cfg)
 	if err != nil {
-		return nil, fmt.Errorf("allow atomic publish on stream %q: %w", cfg.Name, err)
+		return nil, fmt.Errorf("allow atomic publish and per-message TTL on stream %q: %w", cfg.Name, err)
 	}
 	return updated.CachedInfo(), nil
 }
@@ -487,6 +506,7 @@ func (s *NATSStore) enqueue(ctx context.Context, req EnqueueRequest) (Enqueued, 
 		if err != nil {
 			return Enqueued{}, err
 		}
+		sent := time.Now() // the superseded job's retention runs from its write
 		rev, conflict, err := s.publishBatch(ctx, op, msgs)
 		if errors.Is(err, ErrOutcomeUnknown) {
 			return Enqueued{}, fmt.Errorf("%s: job %q in channel %q (idempotency key %q) may have been written; replay the request (the same idempotency key and fingerprint): it returns the job if it was, and writes it if not: %w",
@@ -506,6 +526,7 @@ func (s *NATSStore) enqueue(ctx context.Context, req EnqueueRequest) (Enqueued, 
 			s.dropActive(ctx, s.keys.active(p.ChannelID, p.ID), activeBound(prevActive, rev))
 			p.Revision = rev
 			out.Superseded = append(out.Superseded, cloneJob(p))
+			s.retireSuperseded(ctx, op, &p, sent) // the batch wrote its record with its retention; now its entries
 		}
 		return out, nil
 	}
@@ -546,7 +567,7 @@ func (s *NATSStore) enqueueBatch(j *Job, t Target, targetRev uint64, superseded 
 		if err != nil {
 			return nil, err
 		}
-		msgs = append(msgs, natsBatchMsg{key: s.keys.job(p.ChannelID, p.ID), value: v, expect: prevRev, check: true})
+		msgs = append(msgs, natsBatchMsg{key: s.keys.job(p.ChannelID, p.ID), value: v, expect: prevRev, check: true, ttl: s.finalTTL(p.State)})
 	}
 	msgs = append(msgs, natsBatchMsg{key: s.keys.job(j.ChannelID, j.ID), value: job, expect: 0, check: true})
 	return msgs, nil
@@ -919,7 +940,16 @@ func (s *NATSStore) apply(ctx context.Context, op, channelID, jobID string,
 		if err != nil {
 			return Job{}, nil, err
 		}
-		rev, conflict, err := s.update(ctx, op, key, value, entryRev)
+		ttl := s.finalTTL(next.State) // the write that finishes a job carries its retention
+		sent := time.Now()
+		var entries func() (map[string]natsMsg, error)
+		if ttl > 0 {
+			entries = s.readRetire(ctx, op, &next) // while the write is in flight
+		}
+		rev, conflict, err := s.updateTTL(ctx, op, key, value, entryRev, ttl)
+		if entries != nil && (err != nil || conflict) {
+			_, _ = entries()
+		}
 		if err != nil {
 			return Job{}, nil, err
 		}
@@ -959,6 +989,9 @@ func (s *NATSStore) apply(ctx context.Context, op, channelID, jobID string,
 		}
 		if !next.State.Active() {
 			s.dropActive(ctx, s.keys.active(channelID, jobID), activeBound(activeSeq, rev))
+			if ttl > 0 {
+				s.retire(ctx, op, &next, ttl, sent, entries)
+			}
 		}
 		return cloneJob(next), cloneArtifact(art), nil
 	}
@@ -1157,90 +1190,155 @@ func (s *NATSStore) supersede(ctx context.Context, req SupersedeRequest) (Job, e
 }
 
 // List implements [Store.List]. It lists the key names of the channel's
-// "list" entries, which carry each job's creation time, pages over them,
-// and reads the values of the page's jobs only. The sorted listing is kept
-// for the next List of the channel while no job has been added to it.
+// "list" entries (every channel's when req.ChannelID is empty), which
+// carry each job's creation time, pages over them, and reads the values of
+// the page's jobs only. A list filtered by state or type reads the records
+// of the jobs it passes over too, in batched reads, until its page is full
+// and one more job passes (so that Next is exact): its cost grows with the
+// jobs it skips. The sorted listing is kept for the next List of the same
+// channel (or of every channel) while no list entry has been written.
 func (s *NATSStore) List(ctx context.Context, req ListRequest) (Page, error) {
 	const op = "list"
 	req, err := prepareList(req)
 	if err != nil {
 		return Page{}, err
 	}
-	if err := s.cfg.channelExists(ctx, op, req.ChannelID); err != nil {
+	if req.ChannelID != "" {
+		if err := s.cfg.channelExists(ctx, op, req.ChannelID); err != nil {
+			return Page{}, err
+		}
+	} else if err := ctx.Err(); err != nil {
 		return Page{}, err
 	}
 	refs, err := s.listing(ctx, op, req.ChannelID)
 	if err != nil {
 		return Page{}, err
 	}
-	pageRefs, next := pageOf(refs, req)
-	keys := make([]string, len(pageRefs))
-	for i, r := range pageRefs {
-		keys[i] = s.keys.job(req.ChannelID, r.ID)
+	rest := refs[listStart(refs, req):]
+	page := Page{Jobs: make([]Summary, 0, min(len(rest), req.Limit))}
+	// Unfiltered, the page is the first Limit refs (one read of their
+	// records); filtered, chunks of refs are read until Limit jobs pass
+	// and one more does.
+	chunk := req.Limit
+	if listFiltered(req) {
+		chunk = max(2*req.Limit, natsListFilterChunk)
 	}
-	var read map[string]natsMsg
-	if len(keys) > 0 {
-		if read, err = s.getMany(ctx, op, keys); err != nil {
-			return Page{}, err
+	var last *Job
+	for len(rest) > 0 {
+		part := rest[:min(len(rest), chunk)]
+		if !listFiltered(req) && len(rest) > len(part) {
+			page.Next = cursorAt(part[len(part)-1])
 		}
-	}
-	rev, err := s.channelRevision(ctx, op, req.ChannelID)
-	if err != nil {
-		return Page{}, err
-	}
-	page := Page{Revision: rev, Jobs: make([]Summary, 0, len(pageRefs)), Next: next}
-	raws := make([]*natsRawJob, len(pageRefs))
-	var targetKeys []string
-	for i, r := range pageRefs {
-		m, ok := read[keys[i]]
-		if !ok {
-			continue // deleted with its channel since the listing
-		}
-		raw, err := decodeNATSRaw(keys[i], m, req.ChannelID, r.ID)
+		rest = rest[len(part):]
+		read, err := s.readListed(ctx, op, part)
 		if err != nil {
 			return Page{}, err
 		}
+		full := false
+		for i, r := range part {
+			j := read[i]
+			if j == nil || !listMatches(req, j) {
+				continue // gone since the listing (its channel, its retention), not committed, or filtered out
+			}
+			if len(page.Jobs) == req.Limit {
+				page.Next = cursorAt(last) // one more passes
+				full = true
+				break
+			}
+			page.Jobs = append(page.Jobs, s.cfg.summarize(j))
+			last = r
+		}
+		if full || !listFiltered(req) {
+			break
+		}
+	}
+	if page.Revision, err = s.listRevision(ctx, op, req.ChannelID); err != nil {
+		return Page{}, err
+	}
+	return page, nil
+}
+
+// readListed reads the records of a listing's refs in batched reads: the
+// job of each (nil when it is gone or its enqueue did not commit), in the
+// refs' order. Records an enqueue wrote key by key carry marks, resolved
+// against their targets, read after them.
+func (s *NATSStore) readListed(ctx context.Context, op string, refs []*Job) ([]*Job, error) {
+	keys := make([]string, len(refs))
+	for i, r := range refs {
+		keys[i] = s.keys.job(r.ChannelID, r.ID)
+	}
+	read, err := s.getMany(ctx, op, keys)
+	if err != nil {
+		return nil, err
+	}
+	raws := make([]*natsRawJob, len(refs))
+	var targetKeys []string
+	for i, r := range refs {
+		m, ok := read[keys[i]]
+		if !ok {
+			continue
+		}
+		raw, err := decodeNATSRaw(keys[i], m, r.ChannelID, r.ID)
+		if err != nil {
+			return nil, err
+		}
 		raws[i] = &raw
 		if raw.marks.any() {
-			targetKeys = append(targetKeys, s.keys.target(req.ChannelID, raw.job.TargetKey))
+			targetKeys = append(targetKeys, s.keys.target(r.ChannelID, raw.job.TargetKey))
 		}
 	}
 	var targets map[string]natsMsg
 	if len(targetKeys) > 0 {
-		// Marked records of unbatched enqueues are resolved against their
-		// targets, read after them.
 		if targets, err = s.getMany(ctx, op, targetKeys); err != nil {
-			return Page{}, err
+			return nil, err
 		}
 	}
-	for _, raw := range raws {
+	out := make([]*Job, len(refs))
+	for i, raw := range raws {
 		if raw == nil {
 			continue
 		}
 		j := raw.job
 		if raw.marks.any() {
 			var t natsTargetRead
-			tk := s.keys.target(req.ChannelID, raw.job.TargetKey)
+			tk := s.keys.target(refs[i].ChannelID, raw.job.TargetKey)
 			if m, ok := targets[tk]; ok {
 				rec, err := decodeNATSTarget(tk, m.rev, m.data)
 				if err != nil {
-					return Page{}, err
+					return nil, err
 				}
 				t = natsTargetRead{rec: rec, rev: m.rev}
 			}
 			var found bool
 			if j, found = raw.resolve(t); !found {
-				continue // an enqueue not committed (yet)
+				continue
 			}
 		}
-		page.Jobs = append(page.Jobs, s.cfg.summarize(&j))
+		out[i] = &j
 	}
-	return page, nil
+	return out, nil
 }
 
-// listing returns the channel's list entries in list order: the kept
-// listing while the channel's last list entry is the one it was read at,
-// else the key names of every entry.
+// natsListFilterChunk is the fewest list entries a filtered List reads the
+// records of in one round.
+const natsListFilterChunk = 256
+
+// listRevision is a page's revision: the channel's, or the latest of any
+// key of the bucket when listing every channel.
+func (s *NATSStore) listRevision(ctx context.Context, op, channelID string) (uint64, error) {
+	if channelID != "" {
+		return s.channelRevision(ctx, op, channelID)
+	}
+	m, found, err := s.getFromLeader(ctx, op, s.keys.prefix+">")
+	if err != nil || !found {
+		return 0, err
+	}
+	return m.rev, nil
+}
+
+// listing returns the list entries of a channel (of every channel when
+// channelID is empty) in list order: the kept listing while the last list
+// entry is the one it was read at, else the key names of every entry.
 func (s *NATSStore) listing(ctx context.Context, op, channelID string) ([]*Job, error) {
 	lastMsg, found, err := s.getFromLeader(ctx, op, s.keys.listFilter(channelID))
 	if err != nil {
@@ -1261,11 +1359,11 @@ func (s *NATSStore) listing(ctx context.Context, op, channelID string) ([]*Job, 
 	}
 	refs := make([]*Job, 0, len(names))
 	for _, key := range names {
-		created, jobID, err := parseList(key)
+		chID, created, jobID, err := parseList(key)
 		if err != nil {
 			return nil, fmt.Errorf("%w: list: KV key %q: %w", ErrCorrupt, key, err)
 		}
-		refs = append(refs, &Job{ID: jobID, CreatedAt: created})
+		refs = append(refs, &Job{ID: jobID, ChannelID: chID, CreatedAt: created})
 	}
 	slices.SortFunc(refs, listOrder)
 	s.lists.put(channelID, last, refs)
@@ -1294,12 +1392,18 @@ func (s *NATSStore) Get(ctx context.Context, channelID, jobID string) (Detail, e
 	if err != nil {
 		return Detail{}, err
 	}
-	if !found {
+	var t natsTargetRecord
+	switch {
+	case found:
+		if t, err = decodeNATSTarget(tk, m.rev, m.data); err != nil {
+			return Detail{}, err
+		}
+	case !j.State.Active():
+		// Its retention removed the target entry (it goes just before
+		// the record): the job's own generation was the target's.
+		t.Generation = j.TargetGeneration
+	default:
 		return Detail{}, fmt.Errorf("%w: %s: job %q: its target record, KV key %q, does not exist", ErrCorrupt, op, jobID, tk)
-	}
-	t, err := decodeNATSTarget(tk, m.rev, m.data)
-	if err != nil {
-		return Detail{}, err
 	}
 	rev, err := s.channelRevision(ctx, op, channelID)
 	if err != nil {

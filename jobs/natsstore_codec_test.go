@@ -172,11 +172,12 @@ func TestNATSKeysStayUnderTheControlLine(t *testing.T) {
 		assert.Less(t, len(k.subject(key)), 2048, key[:20])
 	}
 	created := time.Date(2026, 1, 2, 3, 4, 5, 6, time.UTC)
-	at, id, err := parseList(k.list("ch", created, "a.b"))
+	lch, at, id, err := parseList(k.list("c.h", created, "a.b"))
 	require.NoError(t, err)
+	assert.Equal(t, "c.h", lch)
 	assert.Equal(t, created, at)
 	assert.Equal(t, "a.b", id)
-	_, _, err = parseList(k.subject(k.list("ch", created, "a.b")))
+	_, _, _, err = parseList(k.subject(k.list("ch", created, "a.b")))
 	assert.Error(t, err, "a subject is not a key")
 	ch, id, err := parseActive(k.active("c.h", "j*"))
 	require.NoError(t, err)
@@ -353,12 +354,12 @@ func TestNATSListKeyTime(t *testing.T) {
 	} {
 		want := "list.ch." + fmt.Sprintf("%016x", uint64(at.UnixNano())) + ".j"
 		assert.Equal(t, want, k.list("ch", at, "j"))
-		back, _, err := parseList(want)
+		_, back, _, err := parseList(want)
 		require.NoError(t, err)
 		assert.True(t, at.Equal(back), "%v", at)
 	}
 	assert.Equal(t, "list.c=2Eh.0000000000000001.a=2Eb", k.list("c.h", time.Unix(0, 1), "a.b"))
-	_, _, err := parseList("list.ch.0000000000000001.j.x")
+	_, _, _, err := parseList("list.ch.0000000000000001.j.x")
 	assert.Error(t, err, "a key with a token too many")
 	_, _, err = parseActive("active.ch")
 	assert.Error(t, err, "a key with a token too few")

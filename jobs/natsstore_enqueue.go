@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"sync"
+	"time"
 )
 
 // The unbatched enqueue of a NATSStore, for buckets where an atomic batch
@@ -61,6 +62,16 @@ import (
 type natsWriteCut struct {
 	mu   sync.Mutex
 	left int
+	// sent counts the writes sent; committedAt is sent when the last
+	// enqueue committed (the writes after it are its best-effort finish).
+	sent, committedAt int
+}
+
+// committed notes that an enqueue committed with the writes sent so far.
+func (c *natsWriteCut) committed() {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.committedAt = c.sent
 }
 
 // errWritesCut is the error of a call whose writes a natsWriteCut stopped.
@@ -72,6 +83,7 @@ func (c *natsWriteCut) take(n int) int {
 	defer c.mu.Unlock()
 	n = min(n, c.left)
 	c.left -= n
+	c.sent += n
 	return n
 }
 
@@ -91,7 +103,7 @@ func (s *NATSStore) stagedWrites(ctx context.Context, op string, msgs []natsBatc
 		}
 	}
 	if len(msgs) == 1 && msgs[0].check {
-		rev, conflict, err := s.update(ctx, op, msgs[0].key, msgs[0].value, msgs[0].expect)
+		rev, conflict, err := s.updateTTL(ctx, op, msgs[0].key, msgs[0].value, msgs[0].expect, msgs[0].ttl)
 		if err != nil {
 			return nil, err
 		}
@@ -257,16 +269,20 @@ func (s *NATSStore) finishPrev(ctx context.Context, op string, j *Job, prevID st
 		if err != nil {
 			return err
 		}
-		rev, conflict, err := s.stagedWrite(ctx, op, key, v, m.rev)
+		// Superseded for good: the write carries the job's retention, and
+		// its entries follow (see Retention).
+		sent := time.Now()
+		res, err := s.stagedWrites(ctx, op, []natsBatchMsg{{key: key, value: v, expect: m.rev, check: true, ttl: s.finalTTL(StateSuperseded)}})
 		if err != nil {
 			return err
 		}
-		if conflict {
+		if res[0].conflict {
 			continue
 		}
 		s.cache.drop(key)
 		s.pending.remove(key)
-		s.dropActive(ctx, s.keys.active(j.ChannelID, prevID), activeBound(p.activeSeq, rev))
+		s.dropActive(ctx, s.keys.active(j.ChannelID, prevID), activeBound(p.activeSeq, res[0].rev))
+		s.retireSuperseded(ctx, op, &superseded[0], sent)
 		return nil
 	}
 	return conflictf("%s: job %q in channel %q, superseded by job %q: changed concurrently %d times in a row", op, prevID, j.ChannelID, j.ID, natsCASAttempts)
@@ -607,7 +623,18 @@ func (e *natsEnqueue) commit(ctx context.Context, op string) (Enqueued, bool, bo
 		return Enqueued{}, false, true, nil
 	}
 	e.committed = true
+	if s.writeCut != nil {
+		s.writeCut.committed()
+	}
 	e.target = natsTargetRead{rec: natsTargetRecord{Generation: j.TargetGeneration, JobID: j.ID}, rev: last.rev}
 	s.targets.add(e.targetKey)
+	if m := e.marked; m != nil && m.job.TargetGeneration+1 == j.TargetGeneration {
+		// The job this enqueue superseded is written superseded for good
+		// now, with its retention (see Retention), rather than at this
+		// job's first change: a job that waits long must not keep it. A
+		// failure leaves it to that first change (readers resolve the mark
+		// meanwhile).
+		_ = s.finishPrev(ctx, op, &j, m.job.ID, last.rev)
+	}
 	return Enqueued{}, false, false, nil
 }

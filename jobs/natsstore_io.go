@@ -8,6 +8,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"time"
 
 	"github.com/jobkeys/jobkeys/internal/jscas"
 	"github.com/nats-io/nats.go"
@@ -490,12 +491,14 @@ func (s *NATSStore) checkSize(op, key string, n int) error {
 }
 
 // natsBatchMsg is one write of an atomic batch: key, value and the revision
-// the key must have (0: no message), or no expectation.
+// the key must have (0: no message), or no expectation; ttl, when positive,
+// is the message's per-message TTL (a finished job's retention).
 type natsBatchMsg struct {
 	key    string
 	value  []byte
 	expect uint64
 	check  bool
+	ttl    time.Duration
 }
 
 // publishBatch writes msgs as one atomic batch and returns the sequence of
@@ -511,6 +514,9 @@ func (s *NATSStore) publishBatch(ctx context.Context, op string, msgs []natsBatc
 		nm.Data = m.value
 		if m.check {
 			nm.Header.Set(jetstream.ExpectedLastSubjSeqHeader, strconv.FormatUint(m.expect, 10))
+		}
+		if m.ttl > 0 {
+			nm.Header.Set(jscas.TTLHeader, strconv.FormatInt(int64((m.ttl+time.Second-1)/time.Second), 10))
 		}
 		out[i] = nm
 	}

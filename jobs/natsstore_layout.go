@@ -166,8 +166,12 @@ func (k natsKeys) activeFilter(channelID string) string {
 	return k.prefix + familyActive + "." + escapeToken(channelID) + ".*"
 }
 
-// listFilter matches the list entries of a channel.
+// listFilter matches the list entries of a channel, or of every channel
+// when channelID is empty.
 func (k natsKeys) listFilter(channelID string) string {
+	if channelID == "" {
+		return k.prefix + familyList + ".>"
+	}
 	return k.prefix + familyList + "." + escapeToken(channelID) + ".*.*"
 }
 
@@ -200,18 +204,22 @@ func parseActive(key string) (channelID, jobID string, err error) {
 	return channelID, jobID, nil
 }
 
-// parseList returns the creation time and job of a list entry's key.
-func parseList(key string) (createdAt time.Time, jobID string, err error) {
+// parseList returns the channel, creation time and job of a list entry's
+// key.
+func parseList(key string) (channelID string, createdAt time.Time, jobID string, err error) {
 	var parts [4]string
 	if !splitKey(key, parts[:]) || parts[0] != familyList || len(parts[2]) != 16 {
-		return time.Time{}, "", fmt.Errorf("key %q is not a list entry", key)
+		return "", time.Time{}, "", fmt.Errorf("key %q is not a list entry", key)
 	}
 	nanos, err := strconv.ParseUint(parts[2], 16, 64)
 	if err != nil {
-		return time.Time{}, "", fmt.Errorf("key %q: creation time: %w", key, err)
+		return "", time.Time{}, "", fmt.Errorf("key %q: creation time: %w", key, err)
+	}
+	if channelID, err = unescapeToken(parts[1]); err != nil {
+		return "", time.Time{}, "", err
 	}
 	if jobID, err = unescapeToken(parts[3]); err != nil {
-		return time.Time{}, "", err
+		return "", time.Time{}, "", err
 	}
-	return time.Unix(0, int64(nanos)).UTC(), jobID, nil
+	return channelID, time.Unix(0, int64(nanos)).UTC(), jobID, nil
 }

@@ -218,12 +218,15 @@ func (s *NATSStore) purged(p *natsPurge, outcome natsPurgeOutcome, err error) {
 // (and a Claim that meets a finished job) purges the job's entry from the
 // active index without waiting for the answer; Close waits for the answers
 // of the purges in flight until ctx ends, then stops waiting for the rest
-// (returning an error that wraps ctx's and says how many), and ends the
-// store's subscription for replies.
-// Call it after the store's last call has returned; a call made after
+// (returning an error that wraps ctx's and says how many), ends the
+// store's subscription for replies, and ends its gauges of pending and
+// running jobs (Config.MeterProvider). Call it after the store's last call has returned; a call made after
 // Close still works, subscribing again. It is safe for concurrent use and
 // may be called more than once.
 func (s *NATSStore) Close(ctx context.Context) error {
+	if s.gauges != nil {
+		_ = s.gauges.Unregister() // the SDK's fails only for another provider's registration
+	}
 	ps := &s.purges
 	var err error
 	// With nothing in flight and ctx ended, select picks either case:

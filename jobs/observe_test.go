@@ -31,20 +31,24 @@ func collectJobMetrics(t *testing.T, reader *sdkmetric.ManualReader) map[string]
 	return out
 }
 
-// jobPoints maps "transition/outcome[/error.type]" to the counter's value
-// or the histogram's count, and checks that no other attribute is used.
+// jobPoints maps "transition/outcome[/error.type][@job.type]" to the
+// counter's value or the histogram's count, and checks that no other
+// attribute is used.
 func jobPoints(t *testing.T, m metricdata.Metrics) map[string]int64 {
 	t.Helper()
 	out := map[string]int64{}
 	name := func(set attribute.Set) string {
 		for _, kv := range set.ToSlice() {
-			assert.Contains(t, []attribute.Key{attrTransition, attrOutcome, attrErrorType}, kv.Key, "metric %s", m.Name)
+			assert.Contains(t, []attribute.Key{attrTransition, attrOutcome, attrErrorType, attrJobType}, kv.Key, "metric %s", m.Name)
 		}
 		tr, _ := set.Value(attrTransition)
 		oc, _ := set.Value(attrOutcome)
 		s := tr.AsString() + "/" + oc.AsString()
 		if et, ok := set.Value(attrErrorType); ok {
 			s += "/" + et.AsString()
+		}
+		if jt, ok := set.Value(attrJobType); ok {
+			s += "@" + jt.AsString()
 		}
 		return s
 	}
@@ -149,40 +153,119 @@ func TestStoreMetrics(t *testing.T) {
 			assert.Equal(t, "{job}", ms["jobkeys.jobs.transitions"].Unit)
 			assert.Equal(t, "s", ms["jobkeys.jobs.duration"].Unit)
 			assert.Equal(t, map[string]int64{
-				"enqueue/ok":             5,
-				"enqueue/repeated":       1,
-				"enqueue/error/conflict": 1,
-				"claim/ok":               3, // jobs claimed: j1, then j2 and j3
-				"renew/ok":               1,
-				"progress/ok":            1,
-				"settle/ok":              1,
-				"settle/error/conflict":  1,
-				"requeue/ok":             1,
-				"fail/ok":                1,
-				"pause/ok":               1,
-				"resume/ok":              1,
-				"cancel/ok":              1,
-				"cancel/error/not_found": 1,
-				"supersede/ok":           1,
+				"enqueue/ok@render":             5,
+				"enqueue/repeated@render":       1,
+				"enqueue/error/conflict@render": 1, // the request's type
+				"claim/ok@render":               3, // jobs claimed: j1, then j2 and j3
+				"renew/ok@render":               1,
+				"progress/ok@render":            1,
+				"settle/ok@render":              1,
+				"settle/error/conflict":         1,
+				"requeue/ok@render":             1,
+				"fail/ok@render":                1,
+				"pause/ok@render":               1,
+				"resume/ok@render":              1,
+				"cancel/ok@render":              1,
+				"cancel/error/not_found":        1,
+				"supersede/ok@render":           1,
 			}, jobPoints(t, ms["jobkeys.jobs.transitions"]))
 			assert.Equal(t, map[string]int64{
-				"enqueue/ok":             5,
-				"enqueue/repeated":       1,
-				"enqueue/error/conflict": 1,
-				"claim/ok":               2, // calls
-				"claim/empty":            1,
-				"renew/ok":               1,
-				"progress/ok":            1,
-				"settle/ok":              1,
-				"settle/error/conflict":  1,
-				"requeue/ok":             1,
-				"fail/ok":                1,
-				"pause/ok":               1,
-				"resume/ok":              1,
-				"cancel/ok":              1,
-				"cancel/error/not_found": 1,
-				"supersede/ok":           1,
+				"enqueue/ok@render":             5,
+				"enqueue/repeated@render":       1,
+				"enqueue/error/conflict@render": 1,
+				"claim/ok@render":               2, // calls
+				"claim/empty":                   1,
+				"renew/ok@render":               1,
+				"progress/ok@render":            1,
+				"settle/ok@render":              1,
+				"settle/error/conflict":         1,
+				"requeue/ok@render":             1,
+				"fail/ok@render":                1,
+				"pause/ok@render":               1,
+				"resume/ok@render":              1,
+				"cancel/ok@render":              1,
+				"cancel/error/not_found":        1,
+				"supersede/ok@render":           1,
 			}, jobPoints(t, ms["jobkeys.jobs.duration"]))
+		})
+	}
+}
+
+// gaugePoints maps each job type to a gauge's value, and checks that the
+// job type is its only attribute.
+func gaugePoints(t *testing.T, ms map[string]metricdata.Metrics, name string) map[string]int64 {
+	t.Helper()
+	out := map[string]int64{}
+	m, ok := ms[name]
+	if !ok {
+		return out
+	}
+	assert.Equal(t, "{job}", m.Unit)
+	g, ok := m.Data.(metricdata.Gauge[int64])
+	require.True(t, ok, "%s is %T", name, m.Data)
+	for _, p := range g.DataPoints {
+		require.Equal(t, 1, p.Attributes.Len(), "%s: attributes %v", name, p.Attributes.ToSlice())
+		typ, ok := p.Attributes.Value(attrJobType)
+		require.True(t, ok, "%s: no job.type", name)
+		out[typ.AsString()] = p.Value
+	}
+	return out
+}
+
+// TestStoreMetricsByType: a claim of jobs of two types counts each type;
+// the gauges report the pending and running jobs of each type across
+// channels, and leave out finished ones.
+func TestStoreMetricsByType(t *testing.T) {
+	t.Parallel()
+	s := natstest.Run(t)
+	stores := map[string]func(t *testing.T, cfg *Config) Store{
+		"memory": func(t *testing.T, cfg *Config) Store {
+			st, err := NewMemoryStore(cfg)
+			require.NoError(t, err)
+			return st
+		},
+		"nats": func(t *testing.T, cfg *Config) Store {
+			st, _ := newTestNATSStore(t, s, cfg)
+			t.Cleanup(func() { _ = st.Close(context.Background()) })
+			return st
+		},
+	}
+	for name, newStore := range stores {
+		t.Run(name, func(t *testing.T) {
+			t.Parallel()
+			ctx := context.Background()
+			reader := sdkmetric.NewManualReader()
+			mp := sdkmetric.NewMeterProvider(sdkmetric.WithReader(reader))
+			t.Cleanup(func() { _ = mp.Shutdown(context.Background()) })
+			st := newStore(t, &Config{MeterProvider: mp})
+			enqueue := func(ch, id, typ string) {
+				r := testEnqueueRequest(ch, id, id)
+				r.Type = typ
+				_, err := st.Enqueue(ctx, r)
+				require.NoError(t, err)
+			}
+			enqueue("a", "r1", "render")
+			enqueue("a", "m1", "mail")
+			enqueue("b", "r2", "render")
+			enqueue("b", "m2", "mail")
+			enqueue("b", "m3", "mail")
+			claimed, err := st.Claim(ctx, ClaimRequest{ChannelID: "a", Owner: "w", Count: 10, TTL: time.Hour})
+			require.NoError(t, err)
+			require.Len(t, claimed, 2)
+			enqueue("a", "d1", "render")
+			done, err := st.Claim(ctx, ClaimRequest{ChannelID: "a", Owner: "w", Count: 1, TTL: time.Hour})
+			require.NoError(t, err)
+			require.Len(t, done, 1)
+			_, err = st.Settle(ctx, SettleRequest{Claim: ClaimOf(done[0])})
+			require.NoError(t, err)
+
+			ms := collectJobMetrics(t, reader)
+			tr := jobPoints(t, ms["jobkeys.jobs.transitions"])
+			assert.Equal(t, int64(2), tr["claim/ok@render"], "claims of render jobs: r1 (claimed with m1) and d1")
+			assert.Equal(t, int64(1), tr["claim/ok@mail"], "the claim of m1, counted under its own type")
+			assert.Equal(t, int64(1), jobPoints(t, ms["jobkeys.jobs.duration"])["claim/ok"], "a claim of two types: its duration carries no type")
+			assert.Equal(t, map[string]int64{"render": 1, "mail": 2}, gaugePoints(t, ms, "jobkeys.jobs.pending"))
+			assert.Equal(t, map[string]int64{"render": 1, "mail": 1}, gaugePoints(t, ms, "jobkeys.jobs.running"))
 		})
 	}
 }

@@ -36,6 +36,7 @@ import (
 	"cmp"
 	"encoding/json"
 	"slices"
+	"strconv"
 	"strings"
 	"time"
 	"unicode"
@@ -703,27 +704,61 @@ func supersedeJob(j *Job, req SupersedeRequest, generation uint64, now time.Time
 
 // ---- List and Get ----
 
-// prepareList validates a list request: an empty ChannelID is ErrNotFound;
-// Limit is clamped to 1..ListLimit; the cursor is normalised (a copy).
+// prepareList validates a list request: an empty ChannelID lists every
+// channel; a State that is not valid or an empty type is ErrConflict;
+// Limit is clamped to 1..ListLimit; the cursor is normalised (a copy, its
+// ChannelID the listed channel when empty).
 func prepareList(req ListRequest) (ListRequest, error) {
 	const op = "list"
-	if req.ChannelID == "" {
-		return req, notFoundf("%s: ChannelID is empty: channel does not exist", op)
-	}
 	if err := checkString(op, "ChannelID", req.ChannelID, IdentifierSizeLimit); err != nil {
 		return req, err
 	}
+	for i, st := range req.States {
+		if !st.Valid() {
+			return req, conflictf("%s: States[%d] %q is not a job state", op, i, st)
+		}
+	}
+	for i, typ := range req.Types {
+		if typ == "" {
+			return req, conflictf("%s: Types[%d] is empty", op, i)
+		}
+		if err := checkString(op, "Types["+strconv.Itoa(i)+"]", typ, IdentifierSizeLimit); err != nil {
+			return req, err
+		}
+	}
+	req.States = slices.Clone(req.States)
+	req.Types = slices.Clone(req.Types)
 	req.Limit = min(max(req.Limit, 1), ListLimit)
 	if req.After != nil {
 		if err := checkString(op, "After.ID", req.After.ID, IdentifierSizeLimit); err != nil {
 			return req, err
 		}
+		if err := checkString(op, "After.ChannelID", req.After.ChannelID, IdentifierSizeLimit); err != nil {
+			return req, err
+		}
 		if err := checkTime(op, "After.CreatedAt", req.After.CreatedAt); err != nil {
 			return req, err
 		}
-		req.After = &Cursor{CreatedAt: normTime(req.After.CreatedAt), ID: req.After.ID}
+		c := Cursor{CreatedAt: normTime(req.After.CreatedAt), ID: req.After.ID, ChannelID: req.After.ChannelID}
+		if c.ChannelID == "" {
+			c.ChannelID = req.ChannelID
+		}
+		req.After = &c
 	}
 	return req, nil
+}
+
+// listFiltered reports whether req lists only some states or types.
+func listFiltered(req ListRequest) bool {
+	return len(req.States) > 0 || len(req.Types) > 0
+}
+
+// listMatches reports whether j passes req's state and type filters.
+func listMatches(req ListRequest, j *Job) bool {
+	if len(req.States) > 0 && !slices.Contains(req.States, j.State) {
+		return false
+	}
+	return len(req.Types) == 0 || slices.Contains(req.Types, j.Type)
 }
 
 // prepareGet validates a get's reference: an empty ChannelID or JobID is
@@ -740,12 +775,15 @@ func prepareGet(channelID, jobID string) error {
 }
 
 // listOrder orders a list (for slices.SortFunc): newest CreatedAt first,
-// then ID ascending.
+// then ID ascending, then ChannelID ascending.
 func listOrder(a, b *Job) int {
 	if c := b.CreatedAt.Compare(a.CreatedAt); c != 0 {
 		return c
 	}
-	return cmp.Compare(a.ID, b.ID)
+	if c := cmp.Compare(a.ID, b.ID); c != 0 {
+		return c
+	}
+	return cmp.Compare(a.ChannelID, b.ChannelID)
 }
 
 // afterCursor reports whether j comes after c in list order.
@@ -756,14 +794,26 @@ func afterCursor(j *Job, c *Cursor) bool {
 	if x := j.CreatedAt.Compare(c.CreatedAt); x != 0 {
 		return x < 0
 	}
-	return j.ID > c.ID
+	if j.ID != c.ID {
+		return j.ID > c.ID
+	}
+	return j.ChannelID > c.ChannelID
 }
 
-// listPage builds the page of a prepared request from the channel's jobs
-// (any order; the slice is sorted in place), stamped with the channel
-// revision rev. summarize turns a job into its summary ([config.summarize]).
-// Next is set when jobs remain after the page.
+// cursorAt is the position of j in a list.
+func cursorAt(j *Job) *Cursor {
+	return &Cursor{CreatedAt: j.CreatedAt, ID: j.ID, ChannelID: j.ChannelID}
+}
+
+// listPage builds the page of a prepared request from the jobs of the
+// listed channels (any order; the slice is sorted in place), stamped with
+// the revision rev. summarize turns a job into its summary
+// ([config.summarize]). Next is set when a job passing the filters
+// remains after the page.
 func listPage(jobs []*Job, req ListRequest, rev uint64, summarize func(*Job) Summary) Page {
+	if listFiltered(req) {
+		jobs = slices.DeleteFunc(jobs, func(j *Job) bool { return !listMatches(req, j) })
+	}
 	slices.SortFunc(jobs, listOrder)
 	page, next := pageOf(jobs, req)
 	out := Page{Revision: rev, Jobs: make([]Summary, 0, len(page)), Next: next}
@@ -773,24 +823,29 @@ func listPage(jobs []*Job, req ListRequest, rev uint64, summarize func(*Job) Sum
 	return out
 }
 
+// listStart is the index in sorted (in list order) of the first job after
+// req.After.
+func listStart(sorted []*Job, req ListRequest) int {
+	if req.After == nil {
+		return 0
+	}
+	start, _ := slices.BinarySearchFunc(sorted, req.After, func(j *Job, c *Cursor) int {
+		if afterCursor(j, c) {
+			return 1
+		}
+		return -1
+	})
+	return start
+}
+
 // pageOf returns the jobs of sorted (in list order) that come after
 // req.After, at most req.Limit of them, and the cursor of the next page:
 // nil when no job remains after them.
 func pageOf(sorted []*Job, req ListRequest) (page []*Job, next *Cursor) {
-	start := 0
-	if req.After != nil {
-		start, _ = slices.BinarySearchFunc(sorted, req.After, func(j *Job, c *Cursor) int {
-			if afterCursor(j, c) {
-				return 1
-			}
-			return -1
-		})
-	}
-	rest := sorted[start:]
+	rest := sorted[listStart(sorted, req):]
 	page = rest[:min(len(rest), req.Limit)]
 	if len(rest) > len(page) && len(page) > 0 {
-		last := page[len(page)-1]
-		next = &Cursor{CreatedAt: last.CreatedAt, ID: last.ID}
+		next = cursorAt(page[len(page)-1])
 	}
 	return page, next
 }

@@ -16,8 +16,11 @@ import (
 // workers take the jobs announced to the service's clients (see Dispatch
 // in the package doc) and run each under its key's slot, and the client
 // reconciles every ReconcileInterval. At least one kind must be
-// registered. ctx bounds Start's own requests (the dispatch consumer);
-// nothing after Start returns: only [Client.Stop] stops the client.
+// registered. A ClientConfig.Periodic schedule whose Name, Type, Every,
+// Cron or Input is wrong (see [Periodic]) fails Start, naming it; the
+// schedules run until Stop. ctx bounds Start's own requests (the dispatch
+// consumer); nothing after Start returns: only [Client.Stop] stops the
+// client.
 func (c *Client) Start(ctx context.Context) error {
 	if err := ctx.Err(); err != nil {
 		return err
@@ -32,6 +35,10 @@ func (c *Client) Start(ctx context.Context) error {
 	}
 	if err := c.producerOnly(); err != nil {
 		return err
+	}
+	periodic, err := c.checkPeriodic()
+	if err != nil {
+		return fmt.Errorf("jobs: Start: %w", err)
 	}
 	c.state = clientStarted
 	var ttl time.Duration
@@ -61,6 +68,7 @@ func (c *Client) Start(ctx context.Context) error {
 		c.wg.Add(1)
 		go c.reconcileLoop(rctx)
 	}
+	c.startPeriodic(bg, periodic)
 	return nil
 }
 

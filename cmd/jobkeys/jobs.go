@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"log/slog"
+	"strings"
 	"time"
 	"unicode/utf8"
 
@@ -20,6 +21,7 @@ func jobCommands() []*command {
 		lsLimit       *int
 		lsAll         *bool
 		lsState       *string
+		lsType        *string
 		cancelArchive *bool
 		cancelService *string
 		pauseReason   *string
@@ -31,15 +33,24 @@ func jobCommands() []*command {
 		retryService  *string
 	)
 	cmds := []*command{
-		{name: "jobs ls", args: "CHANNEL", min: 1, max: 1,
-			short: "list a channel's jobs, newest first",
+		{name: "jobs ls", args: "[CHANNEL]", min: 0, max: 1,
+			short: "list a channel's jobs (every channel's without CHANNEL), newest first",
+			long: `ls lists jobs newest first: those of CHANNEL, or of every channel when
+CHANNEL is left out. --state and --type keep only the jobs in those states
+or of those types (comma-separated lists); the job store filters, page by
+page, so --limit counts the jobs that pass.`,
 			flags: func(fs *flagSet) {
 				lsLimit = fs.Int("limit", 50, "at most this many jobs")
-				lsAll = fs.Bool("all", false, "every job of the channel (follows the pages)")
-				lsState = fs.String("state", "", "only jobs in this state (pending, paused, running, completed, failed, cancelled, superseded)")
+				lsAll = fs.Bool("all", false, "every job that passes (follows the pages)")
+				lsState = fs.String("state", "", "only jobs in these states, comma-separated (pending, paused, running, completed, failed, cancelled, superseded)")
+				lsType = fs.String("type", "", "only jobs of these types, comma-separated")
 			},
 			run: func(ctx context.Context, c *cli, o *options, args []string) error {
-				return jobsLs(ctx, c, o, args[0], *lsLimit, *lsAll, jobs.State(*lsState))
+				channel := ""
+				if len(args) > 0 {
+					channel = args[0]
+				}
+				return jobsLs(ctx, c, o, channel, *lsLimit, *lsAll, *lsState, *lsType)
 			}},
 		{name: "jobs show", args: "CHANNEL JOBID", min: 2, max: 2, run: jobsShow,
 			short: "show one job: its state, claim, progress, target and artifact"},
@@ -166,6 +177,7 @@ func (c *cli) openJobs(ctx context.Context, o *options) (*session, jobs.Store, e
 
 // summaryJSON is a job in "jobs ls --json".
 type summaryJSON struct {
+	ChannelID        string     `json:"channelId"`
 	ID               string     `json:"id"`
 	Type             string     `json:"type"`
 	Version          int        `json:"version"`
@@ -184,12 +196,36 @@ type summaryJSON struct {
 	UpdatedAt        *string    `json:"updatedAt"`
 }
 
-func jobsLs(ctx context.Context, c *cli, o *options, channel string, limit int, all bool, state jobs.State) error {
+// splitList splits a comma-separated flag value; empty: none.
+func splitList(v string) []string {
+	if v == "" {
+		return nil
+	}
+	return strings.Split(v, ",")
+}
+
+func jobsLs(ctx context.Context, c *cli, o *options, channel string, limit int, all bool, stateList, typeList string) error {
 	if limit < 1 {
 		return usagef("--limit %d is not positive", limit)
 	}
-	if state != "" && !state.Valid() {
-		return usagef("--state %q is not a job state (pending, paused, running, completed, failed, cancelled, superseded)", string(state))
+	var states []jobs.State
+	for _, v := range splitList(stateList) {
+		st := jobs.State(strings.TrimSpace(v))
+		if !st.Valid() {
+			return usagef("--state %q is not a job state (pending, paused, running, completed, failed, cancelled, superseded)", v)
+		}
+		states = append(states, st)
+	}
+	var types []string
+	for _, v := range splitList(typeList) {
+		typ := strings.TrimSpace(v)
+		if err := checkText("--type", typ, jobs.IdentifierSizeLimit); err != nil {
+			return usagef("%v", err)
+		}
+		if typ == "" {
+			return usagef("--type %q names an empty type", typeList)
+		}
+		types = append(types, typ)
 	}
 	s, st, err := c.openJobs(ctx, o)
 	if err != nil {
@@ -199,29 +235,26 @@ func jobsLs(ctx context.Context, c *cli, o *options, channel string, limit int, 
 	var list []jobs.Summary
 	var after *jobs.Cursor
 	for {
+		size := jobs.ListLimit
+		if !all {
+			size = min(limit-len(list), jobs.ListLimit)
+		}
 		rctx, cancel := withTimeout(ctx, o)
-		page, err := st.List(rctx, jobs.ListRequest{ChannelID: channel, Limit: min(limit, 100), After: after})
+		page, err := st.List(rctx, jobs.ListRequest{ChannelID: channel, States: states, Types: types, Limit: size, After: after})
 		cancel()
 		if err != nil {
 			return err
 		}
-		for _, j := range page.Jobs {
-			if state == "" || j.State == state {
-				list = append(list, j)
-			}
-		}
+		list = append(list, page.Jobs...)
 		if page.Next == nil || (!all && len(list) >= limit) {
 			break
 		}
 		after = page.Next
 	}
-	if !all && len(list) > limit {
-		list = list[:limit]
-	}
 	if o.json {
 		out := make([]summaryJSON, 0, len(list))
 		for _, j := range list {
-			out = append(out, summaryJSON{ID: j.ID, Type: j.Type, Version: j.Version, State: j.State, TargetKey: j.TargetKey,
+			out = append(out, summaryJSON{ChannelID: j.ChannelID, ID: j.ID, Type: j.Type, Version: j.Version, State: j.State, TargetKey: j.TargetKey,
 				TargetGeneration: j.TargetGeneration, Revision: j.Revision, Attempts: j.Attempts, Failures: j.Failures,
 				ClaimOwner: j.ClaimOwner, ClaimExpiresAt: jsonTime(j.ClaimExpiresAt), AvailableAt: jsonTime(j.AvailableAt),
 				Reason: j.Reason, Subject: j.Subject, CreatedAt: jsonTime(j.CreatedAt), UpdatedAt: jsonTime(j.UpdatedAt)})
@@ -229,13 +262,26 @@ func jobsLs(ctx context.Context, c *cli, o *options, channel string, limit int, 
 		return c.printJSON(out)
 	}
 	if len(list) == 0 {
-		fmt.Fprintf(c.stdout, "no jobs in channel %s\n", channel)
+		where := "in channel " + channel
+		if channel == "" {
+			where = "in any channel"
+		}
+		if len(states) > 0 || len(types) > 0 {
+			where += " that pass --state/--type"
+		}
+		fmt.Fprintf(c.stdout, "no jobs %s\n", where)
 		return nil
 	}
 	now := time.Now()
 	tw := c.table()
+	if channel == "" {
+		fmt.Fprint(tw, "CHANNEL\t")
+	}
 	fmt.Fprintln(tw, "ID\tTYPE\tSTATE\tTARGET\tATTEMPTS\tFAILURES\tDUE\tUPDATED\tREASON")
 	for _, j := range list {
+		if channel == "" {
+			fmt.Fprintf(tw, "%s\t", j.ChannelID)
+		}
 		due := "-"
 		switch j.State {
 		case jobs.StatePending:

@@ -110,10 +110,23 @@ func TestBrowser(t *testing.T) {
 		require.NoError(t, err, "text of %s", sel)
 		return s
 	}
+	// hasText waits until sel's text contains want (a live page may be
+	// re-rendering the region sel is in) and returns its text; the
+	// failure guard is ctx.
+	hasText := func(sel, want string) string {
+		t.Helper()
+		for {
+			s := text(sel)
+			if strings.Contains(s, want) || ctx.Err() != nil {
+				return s
+			}
+			time.Sleep(20 * time.Millisecond)
+		}
+	}
 
 	// Overview: the job types of the example.
 	require.NoError(t, chromedp.Do(ctx, chromedp.Navigate(web.URL+"/"), chromedp.WaitVisible(`a[href="/keys?type=render"]`)))
-	assert.Contains(t, text("h1"), "Overview")
+	assert.Contains(t, hasText("h1", "Overview"), "Overview")
 	shoot("overview")
 	require.NoError(t, chromedp.Do(ctx, chromedp.Navigate(web.URL+"/keys"), chromedp.WaitVisible(`tr.key`)))
 	shoot("keys-all")
@@ -139,25 +152,25 @@ func TestBrowser(t *testing.T) {
 	require.NoError(t, err)
 	assert.True(t, mark, "the key's change came by a reload of the page, not live")
 	assert.Contains(t, text("tr.key .dkey"), "tenant:"+tenant)
-	assert.Contains(t, text("tr.key .running"), "1/1")
-	assert.Contains(t, text("tr.key .why"), "at its limit")
+	assert.Contains(t, hasText("tr.key .running", "1/1"), "1/1")
+	assert.Contains(t, hasText("tr.key .why", "at its limit"), "at its limit")
 	shoot("keys")
 
 	// Jobs of the tenant's channel.
 	require.NoError(t, chromedp.Do(ctx, chromedp.Navigate(web.URL+"/jobs?channel="+tenant), chromedp.WaitVisible(`tr.job[data-id="wait-1"]`)))
-	assert.Contains(t, text("table.jobs"), "hold-1")
+	assert.Contains(t, hasText("table.jobs", "hold-1"), "hold-1")
 	shoot("jobs")
 
 	// Cancel the waiting job from its page.
 	jobPage := web.URL + "/job?" + url.Values{"channel": {tenant}, "id": {"wait-1"}}.Encode()
 	require.NoError(t, chromedp.Do(ctx, chromedp.Navigate(jobPage), chromedp.WaitVisible(`h1 .state-pending`)))
-	assert.Contains(t, text("dl.facts"), "waits for a slot: 1 of 1 in the queue")
+	assert.Contains(t, hasText("dl.facts", "waits for a slot: 1 of 1 in the queue"), "waits for a slot: 1 of 1 in the queue")
 	shoot("job")
 	require.NoError(t, chromedp.Do(ctx, chromedp.Click(`a.action-cancel`), chromedp.WaitVisible(`#confirm`)))
-	assert.Contains(t, text("p.question"), "Cancel job wait-1?")
+	assert.Contains(t, hasText("p.question", "Cancel job wait-1?"), "Cancel job wait-1?")
 	shoot("confirm")
 	require.NoError(t, chromedp.Do(ctx, chromedp.Click(`#confirm`), chromedp.WaitVisible(`h1 .state-cancelled`)))
-	assert.Contains(t, text(".banner.ok"), "The job is now cancelled.")
+	assert.Contains(t, hasText(".banner.ok", "The job is now cancelled."), "The job is now cancelled.")
 	shoot("job-cancelled")
 	det, err := d.client.Get(bg, tenant, "wait-1")
 	require.NoError(t, err)

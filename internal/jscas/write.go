@@ -48,7 +48,15 @@ type Writer struct {
 	// JetStream context's default timeout, as nats.go does. Zero or less
 	// leaves such a write to the context alone.
 	Timeout time.Duration
+	// TTL, when positive, is the message's per-message TTL (header
+	// Nats-TTL, whole seconds rounded up; the stream must allow it, server
+	// 2.11 or later): the server removes the message after it. Write
+	// alone sets it.
+	TTL time.Duration
 }
+
+// TTLHeader is the header of a message's per-message TTL.
+const TTLHeader = "Nats-TTL"
 
 // APIPrefix returns the prefix of the JetStream API subjects of a context
 // with options opts, ending in ".": "$JS.<domain>.API." for a domain, the
@@ -93,6 +101,10 @@ func (w *Writer) Write(ctx context.Context, subject string, value []byte, revisi
 		hdr[kvOperationHeader] = []string{"DEL"}
 	}
 	hdr[jetstream.ExpectedLastSubjSeqHeader] = []string{strconv.FormatUint(revision, 10)}
+	if w.TTL > 0 {
+		secs := (w.TTL + time.Second - 1) / time.Second
+		hdr[TTLHeader] = []string{strconv.FormatInt(int64(secs), 10)}
+	}
 	m := &nats.Msg{Subject: subject, Header: hdr, Data: value}
 	if _, ok := ctx.Deadline(); !ok && w.Timeout > 0 {
 		var cancel context.CancelFunc
