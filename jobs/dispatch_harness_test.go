@@ -305,7 +305,12 @@ func newDispatchClient(b *testing.B, s *benchServer, bucket, service string, st 
 	require.NoError(b, err)
 	coord, err := jobkeys.NewCoordinator(ks, nil)
 	require.NoError(b, err)
-	c, err := jobs.NewClient(store, coord, &jobs.ClientConfig{KeyStore: ks, Service: service, MaxWorkers: workers})
+	cfg := &jobs.ClientConfig{KeyStore: ks, Service: service, MaxWorkers: workers}
+	if os.Getenv("JOBKEYS_BENCH_RETENTION") == "keep" {
+		// Finished jobs kept for good: no retention writes (see Retention).
+		cfg.Retention = jobs.Retention{Completed: -1, Failed: -1, Cancelled: -1, Superseded: -1}
+	}
+	c, err := jobs.NewClient(store, coord, cfg)
 	require.NoError(b, err)
 	return &dispatchClient{js: js, store: store, client: c, bucket: bucket, svc: service}
 }

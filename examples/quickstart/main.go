@@ -201,6 +201,12 @@ func run() error {
 		return fmt.Errorf("%d jobs were not accounted for", lost)
 	}
 	fmt.Println("\nevery job is accounted for; none ran after it was replaced.")
+	ticks, twice := aud.digests()
+	fmt.Printf("\nthe periodic digest (every second, declared by all three workers): %d ticks, one job each", ticks)
+	if twice > 0 {
+		fmt.Printf(" (%d ran again after its worker died mid-run)", twice)
+	}
+	fmt.Println()
 	fmt.Println("\nthe keys afterwards (a key whose state is empty is deleted):")
 	if err := producer.printKeys(ctx); err != nil {
 		return err
@@ -256,7 +262,7 @@ func (n *node) setup(aud *audit) error {
 	// The whole setup: the job bucket and the key bucket (created when
 	// missing; memory storage for the demonstration, file storage by
 	// default) and the key coordinator, over one JetStream context.
-	n.client, err = jobs.NewNATSClient(js, &jobs.ClientConfig{
+	cfg := &jobs.ClientConfig{
 		Service:    "quickstart",
 		Owner:      n.name,
 		MaxWorkers: 2,
@@ -266,8 +272,16 @@ func (n *node) setup(aud *audit) error {
 		PollInterval: 100 * time.Millisecond,
 		StopGrace:    2 * time.Second,
 		Buckets:      jobs.Buckets{Storage: jetstream.MemoryStorage},
-		// A periodic job (ClientConfig.Periodic) would be declared here.
-	})
+		// Finished jobs are deleted by the server after their retention
+		// (the defaults: 24 h, failed jobs 7 days).
+		Retention: jobs.Retention{Completed: time.Hour},
+	}
+	if n.name != "producer" {
+		// A periodic job: every worker declares it, and each tick makes
+		// one job whatever the number of workers (its id names the tick).
+		cfg.Periodic = []jobs.Periodic{{Name: "digest", Type: "digest", Input: []byte(`{"scope":"all"}`), Every: time.Second}}
+	}
+	n.client, err = jobs.NewNATSClient(js, cfg)
 	if err != nil {
 		return err
 	}
@@ -277,6 +291,18 @@ func (n *node) setup(aud *audit) error {
 		}
 		// The producer enqueues and runs nothing: its kind has no Work.
 		return jobs.Register(n.client, jobs.Kind[report, result]{Type: "report", Policy: policy})
+	}
+	type digest struct {
+		Scope string `json:"scope"`
+	}
+	if err := jobs.Register(n.client, jobs.Kind[digest, struct{}]{
+		Type: "digest", Policy: jobkeys.Policy{Key: []string{"digest", "/scope"}, MaxActive: 1, MaxQueuedPerKey: 1},
+		Work: func(ctx context.Context, run *jobs.Run, _ digest) (struct{}, error) {
+			aud.digested(run.Job().ID)
+			return struct{}{}, nil
+		},
+	}); err != nil {
+		return err
 	}
 	return jobs.Register(n.client, jobs.Kind[report, result]{
 		Type: "report", Version: 1, Policy: policy, MaxFailures: 3, Timeout: 10 * time.Second,
@@ -351,6 +377,31 @@ type audit struct {
 	runs    map[string]int
 	labels  map[string]string // job id → tenant-n, for the output
 	crash   bool
+	digest  map[string]int // runs of each periodic digest job
+}
+
+// digested records a run of periodic digest job id.
+func (a *audit) digested(id string) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	if a.digest == nil {
+		a.digest = make(map[string]int)
+	}
+	a.digest[id]++
+}
+
+// digests returns how many digest jobs ran, and how many ran more than
+// once.
+func (a *audit) digests() (ticks, twice int) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	for _, n := range a.digest {
+		ticks++
+		if n > 1 {
+			twice++
+		}
+	}
+	return ticks, twice
 }
 
 // label names job id for the output.
