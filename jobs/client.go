@@ -583,6 +583,7 @@ func (c *Client) admit(ctx context.Context, k *kind, job Job) (EnqueueResult, er
 			return EnqueueResult{Outcome: OutcomeAccepted, Job: job, Key: adm.DisplayKey}, nil
 		case jobkeys.KindReplaced:
 			c.announceAdmitted(ctx, k, job, adm.State)
+			c.announceReplacedRoom(ctx, k, job, adm.State)
 			res := EnqueueResult{Outcome: OutcomeReplaced, Job: job, Key: adm.DisplayKey}
 			if ch, id, ok := parseKeyJobID(adm.Replaced.ID); ok {
 				r, err := c.supersede(ctx, ch, id, ReasonReplaced)

@@ -204,6 +204,30 @@ func (c *Client) announceAdmitted(ctx context.Context, k *kind, job Job, st *job
 	}
 }
 
+// announceReplacedRoom makes up for the announcement an admission of job
+// (kind k, leaving st) took from the job it replaced: the replaced job
+// was the oldest queued, the head of the queue, announced when a slot was
+// free; the job the removal moved into the first free-slots positions
+// (unless job itself, which announceAdmitted sees to) is announced. A
+// worker that takes the replaced job's announcement finds it superseded
+// and its entry gone, and announces nothing.
+func (c *Client) announceReplacedRoom(ctx context.Context, k *kind, job Job, st *jobkeys.KeyState) {
+	if st == nil {
+		return
+	}
+	free := freeSlots(k, st, c.cfg.Now())
+	if free <= 0 || free > len(st.Queued) {
+		return
+	}
+	q := st.Queued[free-1]
+	if q.JobID == keyJobID(job.ChannelID, job.ID) {
+		return
+	}
+	if ch, id, ok := parseKeyJobID(q.JobID); ok {
+		c.announceRef(ctx, k.typ, jobRef{ch, id}, time.Time{})
+	}
+}
+
 // freeSlots is how many slots of a key in state st are free at now:
 // MaxActive less the live slots.
 func freeSlots(k *kind, st *jobkeys.KeyState, now time.Time) int {
@@ -474,6 +498,7 @@ func (c *Client) start(ctx context.Context, k *kind, d delivery, job Job) {
 		}
 		if acq.Kind == jobkeys.KindAcquired {
 			lease = acq.Lease
+			c.restoreStale(ctx, k, input, acq.Stale)
 			break
 		}
 		now := c.cfg.Now()
@@ -550,6 +575,30 @@ func (c *Client) start(ctx context.Context, k *kind, d delivery, job Job) {
 	clock := newLeaseClock(claimStart, c.claimTTL, p.HeartbeatTTL, deadlineMargin(p.HeartbeatInterval, p.HeartbeatTTL))
 	clock.acquiredSlot(acqStart)
 	c.runClaimed(ctx, k, d, &Run{c: c, job: claimed, claim: ClaimOf(claimed), clock: clock}, lease)
+}
+
+// restoreStale puts the runtime's jobs whose expired slots an acquisition
+// dropped (FailStale: stale) back at the head of their key's queue (the
+// key input derives): their workers died, or lost them, and a job with
+// neither a slot nor a queue entry would look like one never admitted,
+// left to AdmitGrace. A restored job that is over by now is dropped from
+// the queue when its announcement finds it so; one still running in a
+// live worker is handed back by that worker, and its entry lets it run
+// again at its turn.
+func (c *Client) restoreStale(ctx context.Context, k *kind, input []byte, stale []jobkeys.ActiveSlot) {
+	for _, s := range stale {
+		if _, _, ok := parseKeyJobID(s.JobID); !ok {
+			continue // not the runtime's
+		}
+		res, err := k.jt.RestoreReplaced(ctx, s.JobID, input, jobkeys.ReplacedJob{
+			JobRef: jobkeys.JobRef{Service: c.cfg.Service, JobType: k.typ, ID: s.JobID}, CreatedAt: s.StartedAt, Context: s.Context,
+		})
+		if err != nil {
+			c.cfg.Logger.Warn("jobs: queue a job whose slot went stale", "job", s.JobID, "err", err)
+			continue
+		}
+		c.announceRoom(ctx, k, res.State, 0) // a slot the stale one held may be free
+	}
 }
 
 // runClaimed runs a job claimed under lease, its announcement marked

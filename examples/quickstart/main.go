@@ -296,7 +296,8 @@ func (n *node) setup(aud *audit) error {
 		Scope string `json:"scope"`
 	}
 	if err := jobs.Register(n.client, jobs.Kind[digest, struct{}]{
-		Type: "digest", Policy: jobkeys.Policy{Key: []string{"digest", "/scope"}, MaxActive: 1, MaxQueuedPerKey: 1},
+		Type: "digest", Policy: jobkeys.Policy{Key: []string{"digest", "/scope"}, MaxActive: 1, MaxQueuedPerKey: 1,
+			HeartbeatInterval: policy.HeartbeatInterval, HeartbeatTTL: policy.HeartbeatTTL},
 		Work: func(ctx context.Context, run *jobs.Run, _ digest) (struct{}, error) {
 			aud.digested(run.Job().ID)
 			return struct{}{}, nil
