@@ -1,7 +1,7 @@
 package jobkeys
 
 // Jobs of one key start in queue order as far as the processes allow
-// (README, "Things to know"): a Run whose job its coordinator's watch-fed
+// (docs/keys.md, "Things to know"): a Run whose job its coordinator's watch-fed
 // state has queued behind others does not take a free slot ahead of them
 // on its first try, but waits its turn as a woken waiter does.
 

@@ -256,7 +256,7 @@ func WithCreateBuckets(storage jetstream.StorageType, replicas int) NATSStoreOpt
 // allowed to publish on its subject can send any revision and state, so
 // its waiter keeps only the revision and reads the key before it writes,
 // unless its coordinator holds that revision already (the Watcher's
-// watch, its own write). See the README's "Targeted wake-ups" for what is
+// watch, its own write). See docs/keys.md, "Targeted wake-ups", for what is
 // left to a Runner's RecheckInterval.
 //
 // The subject of job J of KV key K in bucket B (see
