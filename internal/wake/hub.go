@@ -117,8 +117,11 @@ func Token(jobID string) string {
 }
 
 // Hub is a store's wake-up state: its waiters, the delivery of the
-// wake-ups it publishes, and its counters. Its methods are safe for
-// concurrent use.
+// wake-ups it publishes, and its counters. Make one with [New]; the zero
+// value is not usable. Its methods are safe for concurrent use. A hub
+// lives as long as its connection: closing the connection ends its
+// subscriptions and its dispatcher, and later Publishes are dropped
+// (counted) and later Subscribes fail.
 //
 // Lock order: mu is never held while calling into nats.go, because nats.go
 // calls subscriptions' closed handlers (subClosed, which takes mu) under
@@ -394,7 +397,7 @@ func (h *Hub) Publish(bucket, kvKey string, value []byte, rev uint64, targets []
 	}
 }
 
-// startLocked makes the chain of a wake-up and walks it (see publish); nil
+// startLocked makes the chain of a wake-up and walks it (see Publish); nil
 // when a state of the key at rev or newer was published already.
 func (h *Hub) startLocked(bucket, kvKey string, value []byte, rev uint64, targets []string, free int, now time.Time, again bool) (*chain, actions) {
 	return h.startKeyLocked(h.prefix+bucket+"."+kvKey+".", value, rev, targets, free, now, again)

@@ -463,3 +463,34 @@ func BenchmarkWakeUps(b *testing.B) {
 		}
 	})
 }
+
+// TestNewRefusesBadConfig: New refuses a nil connection, a bad prefix, a
+// confirmation bound that is not positive, and a prefix that could share
+// a subject with a reserved prefix; each error names what was wrong.
+func TestNewRefusesBadConfig(t *testing.T) {
+	t.Parallel()
+	nc, _ := natstest.Connect(t, natstest.Run(t))
+	ok := Config{Prefix: "app.wake", Reserved: []string{"_INBOX.", "$JS.API."}, Confirm: testConfirm}
+	_, err := New(nc, ok)
+	require.NoError(t, err)
+
+	_, err = New(nil, ok)
+	require.ErrorContains(t, err, "NATS connection")
+	for _, tc := range []struct {
+		edit func(*Config)
+		want string
+	}{
+		{func(c *Config) { c.Prefix = "a..b" }, `"a..b"`},
+		{func(c *Config) { c.Prefix = "app.>" }, `"app.>"`},
+		{func(c *Config) { c.Prefix = strings.Repeat("a", PrefixMaxLength+1) }, "more than 64"},
+		{func(c *Config) { c.Confirm = 0 }, "not positive"},
+		{func(c *Config) { c.Prefix = "_INBOX" }, "overlaps the subjects _INBOX."},
+		{func(c *Config) { c.Reserved = []string{"app.wake.x."} }, "overlaps the subjects app.wake.x."},
+	} {
+		cfg := ok
+		tc.edit(&cfg)
+		_, err := New(nc, cfg)
+		require.Error(t, err, "%+v", cfg)
+		assert.Contains(t, err.Error(), tc.want)
+	}
+}
