@@ -27,10 +27,12 @@ import (
 
 // WakePrefixDefault is the subject prefix of targeted wake-ups when
 // [WithWakeUps] is given "".
-const WakePrefixDefault = wake.PrefixDefault
+const WakePrefixDefault = "jobkeys.wake"
 
 // WakePrefixMaxLength bounds the length of a wake-up subject prefix in bytes.
-const WakePrefixMaxLength = wake.PrefixMaxLength
+// (wake.PrefixMaxLength, which the hub checks, is the same; TestWakeUpsPrefix
+// holds them together.)
+const WakePrefixMaxLength = 64
 
 // The hub's timings the key layer's waiting builds on (see wake.go).
 const (

@@ -20,8 +20,8 @@
 //     job id ([Token]); payload the state's revision (8 bytes, big-endian)
 //     followed by its value exactly as stored in KV; a reply subject under
 //     the connection's inbox prefix, "<inbox>.<chain id>", one reply
-//     subscription per hub made on first use. The prefix is
-//     [PrefixDefault] unless the store says otherwise ([ValidatePrefix]:
+//     subscription per hub made on first use. The prefix is the store's
+//     (by default "jobkeys.wake"; [ValidatePrefix]:
 //     dot-separated tokens of letters, digits, '_' and '-', at most
 //     [PrefixMaxLength] bytes), and must not overlap the connection's
 //     inboxes or the JetStream API's subjects ([Config].Reserved), so

@@ -81,10 +81,13 @@ func newFixture(t *testing.T) *fixture {
 	return &fixture{srv: natstest.Run(t), bucket: "JOBS_KEYS_wake", kvKey: "wake.render.0f6b2a"}
 }
 
+// testPrefix is the key layer's default prefix (jobkeys.WakePrefixDefault).
+const testPrefix = "jobkeys.wake"
+
 // newHub returns a hub with the default prefix on nc, as a store makes it.
 func newHub(t testing.TB, nc *nats.Conn) *Hub {
 	t.Helper()
-	h, err := New(nc, Config{Prefix: PrefixDefault, Reserved: []string{nats.InboxPrefix, "$JS.API."}, Confirm: testConfirm})
+	h, err := New(nc, Config{Prefix: testPrefix, Reserved: []string{nats.InboxPrefix, "$JS.API."}, Confirm: testConfirm})
 	require.NoError(t, err)
 	return h
 }

@@ -15,10 +15,8 @@ import (
 	"github.com/nats-io/nats.go"
 )
 
-// PrefixDefault is the subject prefix of wake-ups when none is given.
-const PrefixDefault = "jobkeys.wake"
-
-// PrefixMaxLength bounds the length of a wake-up subject prefix in bytes.
+// PrefixMaxLength bounds the length of a wake-up subject prefix in bytes
+// (the root package's WakePrefixMaxLength).
 const PrefixMaxLength = 64
 
 // The hub's timings and bounds (see the package documentation, "Timings").
