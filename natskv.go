@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/jobkeys/jobkeys/internal/jscas"
+	"github.com/jobkeys/jobkeys/internal/wake"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 )
@@ -117,8 +118,8 @@ type NATSStore struct {
 
 	guards *permissionGuards // of js.Conn(), shared by its stores; see natskv_permission.go
 
-	wakePrefix string   // WithWakeUps; "" when off
-	wake       *wakeHub // targeted wake-ups (natskv_wake.go); nil when off
+	wakePrefix string    // WithWakeUps; "" when off
+	wake       *wake.Hub // targeted wake-ups (natskv_wake.go, internal/wake); nil when off
 
 	mu      sync.Mutex
 	buckets map[string]*natsBucket

@@ -16,6 +16,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/jobkeys/jobkeys/internal/natstest"
+	"github.com/jobkeys/jobkeys/internal/wake"
 )
 
 // The wake-up machinery keeps state per waiting job (a subscription, a
@@ -108,16 +109,14 @@ func (ws wakeSoak) run(t *testing.T) []*wakeSoakConn {
 // wakeHubSize is what a store's wake-up hub holds: subjects waited on,
 // live subscriptions, delivery chains kept.
 func wakeHubSize(s *NATSStore) (subs, live, chains int) {
-	h := s.wake
-	h.mu.Lock()
-	defer h.mu.Unlock()
-	return len(h.subs), h.live, len(h.chains)
+	n := s.wake.Size()
+	return n.Subjects, n.Live, n.Chains
 }
 
 // TestWakeUpsLeaveNothingBehind: after a few thousand hot-key cycles over
 // wake-ups across connections, the hot key moving every 50 cycles, no
 // subscription, waiter, pinned key entry or Watcher entry is left, and the
-// delivery chains go once they are older than wakeChainTTL.
+// delivery chains go once they are older than wake.ChainTTL.
 func TestWakeUpsLeaveNothingBehind(t *testing.T) {
 	if testing.Short() {
 		t.Skip("a few thousand cycles over NATS")
@@ -155,11 +154,9 @@ func TestWakeUpsLeaveNothingBehind(t *testing.T) {
 	// Chains are forgotten lazily, by the next wake-up's publish past
 	// their TTL: one more wake-up per store after the TTL must leave at
 	// most its own.
-	time.Sleep(wakeChainTTL + 100*time.Millisecond)
+	time.Sleep(wake.ChainTTL + 100*time.Millisecond)
 	for i, c := range conns {
-		c.store.wake.mu.Lock()
-		c.store.wake.expireLocked(time.Now())
-		c.store.wake.mu.Unlock()
+		c.store.wake.Expire(time.Now())
 		_, _, chains := wakeHubSize(c.store)
 		assert.Zero(t, chains, "conn %d: wake-up chains kept past their TTL", i)
 	}

@@ -58,7 +58,7 @@ func TestWakeSubscribeSecondWaiterWaitsForTheFirstsConfirmation(t *testing.T) {
 	svc := jkService("wakeconfirm2")
 	key, err := DeriveKey(svc, "render", []byte(`{"t":"acme"}`), []string{"/t"})
 	require.NoError(t, err)
-	subject := ns.wake.subject(ns.BucketName(svc), key.KVKey, "job-1")
+	subject := ns.wake.Subject(ns.BucketName(svc), key.KVKey, "job-1")
 
 	start := time.Now()
 	first := make(chan func(), 1)
@@ -68,9 +68,7 @@ func TestWakeSubscribeSecondWaiterWaitsForTheFirstsConfirmation(t *testing.T) {
 		first <- stop
 	}()
 	require.Eventually(t, func() bool {
-		ns.wake.mu.Lock()
-		defer ns.wake.mu.Unlock()
-		return ns.wake.subs[subject] != nil
+		return ns.wake.WaitsFor(subject) // its waiter is registered before its SUB is sent
 	}, 10*time.Second, 50*time.Microsecond, "the first waiter subscribes")
 	stop, err := ns.subscribeWake(svc, key.KVKey, "job-1", func([]byte, uint64) {})
 	require.NoError(t, err)

@@ -178,9 +178,8 @@ func TestWakeUpsWatcherCloseWhileSubscribing(t *testing.T) {
 	require.ErrorIs(t, err, ErrWatcherClosed)
 	h := b.store.wake
 	require.Eventually(t, func() bool {
-		h.mu.Lock()
-		defer h.mu.Unlock()
-		return h.live == 0 && len(h.subs) == 0 && h.disp == nil
+		n := h.Size()
+		return n.Live == 0 && n.Subjects == 0 && !n.Dispatching
 	}, 10*time.Second, time.Millisecond, "the store's wake-up subscriptions end")
 }
 

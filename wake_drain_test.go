@@ -7,36 +7,9 @@ import (
 	"testing"
 	"time"
 
-	"github.com/nats-io/nats.go/jetstream"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 )
-
-// TestWakeUpInFlightAtUnsubscribeMovesOn: a wake-up the server delivers
-// to a job's subscription after its last waiter stopped, with the UNSUB
-// on its way to the server, moves on to the next job, which waits. The
-// stop unsubscribed at once, so nats.go dropped the message on arrival
-// (its subscription gone from the client): nobody answered "no
-// responders", and the wake-up stayed with the stopped job until its
-// delivery state expired; the next job waited for its recheck. The
-// publisher here is a second store on the waiters' connection, so its
-// PUB reaches the server before the UNSUB, deterministically.
-func TestWakeUpInFlightAtUnsubscribeMovesOn(t *testing.T) {
-	t.Parallel()
-	f := newNATSWakeFixture(t)
-	b, ncB := f.store(t)
-	js, err := jetstream.New(ncB)
-	require.NoError(t, err)
-	pub, err := NewNATSStore(js, WithWakeUps(""))
-	require.NoError(t, err)
-	_, stop1 := f.wait(t, b, ncB, "j1")
-	l2, _ := f.wait(t, b, ncB, "j2")
-	pub.publishWakes(f.service, f.kvKey, []byte("s"), 1, []string{"j1", "j2"}, 1)
-	stop1() // j1's Run stops: its UNSUB follows the wake-up's PUB
-	got := l2.next(t, "j2's wake-up, past j1, whose waiter stopped")
-	assert.Equal(t, uint64(1), got.rev)
-	assert.Nil(t, got.value, "the value of a wake-up from the network")
-}
 
 // TestHeldWakeUpsEndOnManyKeys: the wake-ups of releases on many keys,
 // held for a write that may follow (wakeHold) while FlushWakeUps runs
@@ -126,38 +99,4 @@ func TestHeldWakeUpsEndOnManyKeys(t *testing.T) {
 	}
 	pub, _, _, _ := WakeCountsOf(a)
 	assert.NotZero(t, pub, "the releases' wake-ups were published")
-}
-
-// TestWakeUpInFlightAtResubscribeReachesNewWaiter: a job's Run that stops
-// waiting and waits again at once (a new subscription of the same
-// subject) while a wake-up for it is in flight to the old subscription
-// gets it on the new one, and the wake-up is not answered "no
-// responders" (which would wake the next job too, for the same slot).
-func TestWakeUpInFlightAtResubscribeReachesNewWaiter(t *testing.T) {
-	t.Parallel()
-	f := newNATSWakeFixture(t)
-	b, ncB := f.store(t)
-	js, err := jetstream.New(ncB)
-	require.NoError(t, err)
-	pub, err := NewNATSStore(js, WithWakeUps(""))
-	require.NoError(t, err)
-	_, stop1 := f.wait(t, b, ncB, "j1")
-	l2, _ := f.wait(t, b, ncB, "j2")
-	pub.publishWakes(f.service, f.kvKey, []byte("s"), 1, []string{"j1", "j2"}, 1)
-	stop1()
-	l1 := newNATSWakeLog()
-	stop, err := b.subscribeWake(f.service, f.kvKey, "j1", l1.fn)
-	require.NoError(t, err)
-	defer stop()
-	got := l1.next(t, "j1's wake-up on its new subscription")
-	assert.Equal(t, uint64(1), got.rev)
-	// A "no responders" answer would have followed the hand-over at once.
-	require.NoError(t, ncB.Flush())
-	time.Sleep(50 * time.Millisecond)
-	assert.Zero(t, pub.wakeCounters().NoResponders, "no job was passed over")
-	select {
-	case g := <-l2.ch:
-		t.Fatalf("j2 was woken too (revision %d) for j1's slot", g.rev)
-	default:
-	}
 }

@@ -15,6 +15,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/jobkeys/jobkeys/internal/natstest"
+	"github.com/jobkeys/jobkeys/internal/wake"
 )
 
 // A wake-up is a hint (DESIGN §6.1): anyone allowed to publish on the
@@ -184,7 +185,7 @@ func (sc *forgeScene) forge(t *testing.T, kvKey, job string, value []byte, rev u
 	st.Queued = []QueuedJob{st.Queued[i]}
 	payload := binary.BigEndian.AppendUint64(nil, rev)
 	payload = appendState(payload, st)
-	subject := WakePrefixDefault + "." + sc.bucket + "." + kvKey + "." + wakeToken(job)
+	subject := WakePrefixDefault + "." + sc.bucket + "." + kvKey + "." + wake.Token(job)
 	require.NoError(t, sc.forger.Publish(subject, payload))
 	require.NoError(t, sc.forger.Flush())
 }

@@ -354,7 +354,7 @@ func TestWakeUpsPassOverDeadWaiter(t *testing.T) {
 	// answered "no responders", and goes no further.
 	key, err := DeriveKey("wakedead", benchJobType, benchPayload(0), policy.Key)
 	require.NoError(t, err)
-	deadSubject := dead.store.wake.subject(dead.store.BucketName("wakedead"), key.KVKey, "job-dead")
+	deadSubject := dead.store.wake.Subject(dead.store.BucketName("wakedead"), key.KVKey, "job-dead")
 	require.Eventually(t, func() bool { return !s.GlobalAccount().SubscriptionInterest(deadSubject) }, 10*time.Second, time.Millisecond,
 		"the server drops the dead process's subscription")
 
