@@ -81,10 +81,7 @@ func TestWatcherUsesValueWatchOfItsOwnType(t *testing.T) {
 // embeds itself ends the search.
 func TestEmbedsStoreOfPackage(t *testing.T) {
 	t.Parallel()
-	type selfEmbedding struct {
-		*selfEmbedding
-		n int
-	}
+	type selfEmbedding struct{ *selfEmbedding }
 	type byValue struct{ MemoryStore }
 	type nested struct{ *countingWatchStore }
 	type viaNATS struct{ *NATSStore }
@@ -99,7 +96,7 @@ func TestEmbedsStoreOfPackage(t *testing.T) {
 		{&byValue{}, true},
 		{&nested{}, true},
 		{viaNATS{}, true},
-		{&selfEmbedding{}, false},
+		{&selfEmbedding{selfEmbedding: &selfEmbedding{}}, false},
 		{nil, false},
 		{42, false},
 	} {

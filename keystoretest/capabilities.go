@@ -171,10 +171,7 @@ func runCapabilities(t *testing.T, h Harness, ctx context.Context) {
 		if w == nil {
 			t.Skipf("%T implements no jobkeys.ValueWatcher", st)
 		}
-		type write struct {
-			key, value string
-			deleted    bool
-		}
+		type write struct{ key, value string }
 		written := make(map[uint64]write)
 		a, b := svc+".t.a", svc+".u.b"
 		// put records the write of value to key that returns.
