@@ -8,6 +8,7 @@ import (
 	"context"
 	"sync/atomic"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
@@ -102,4 +103,40 @@ func TestEmbedsStoreOfPackage(t *testing.T) {
 	} {
 		assert.Equal(t, tc.want, embedsStoreOfPackage(tc.store), "%T", tc.store)
 	}
+}
+
+// TestClockOffsetCarriesClockBounds: the bounds a store keeps go through
+// ClockSource's ClockOffset and back unchanged, saturated ones included;
+// a side that bounds nothing (a lower bound at the smallest Duration, an
+// upper one at the largest) comes back unknown, as clockBounds keeps it.
+func TestClockOffsetCarriesClockBounds(t *testing.T) {
+	t.Parallel()
+	values := []time.Duration{durationMin + 1, -time.Hour, -1, 0, 1, 80 * time.Millisecond, durationMax - 1}
+	for _, hasLo := range []bool{false, true} {
+		for _, hasHi := range []bool{false, true} {
+			for _, lo := range values {
+				for _, hi := range append(values, durationMin) {
+					b := clockBounds{hasLo: hasLo, hasHi: hasHi}
+					if hasLo {
+						b.lo = lo
+					}
+					if hasHi {
+						b.hi = hi
+					}
+					assert.Equal(t, b, boundsOf(b.offset()), "%+v", b)
+				}
+			}
+			b := clockBounds{lo: durationMax, hi: durationMin, hasLo: hasLo, hasHi: hasHi}
+			if !hasLo {
+				b.lo = 0
+			}
+			if !hasHi {
+				b.hi = 0
+			}
+			assert.Equal(t, b, boundsOf(b.offset()), "saturated %+v", b)
+		}
+	}
+	assert.Equal(t, clockBounds{}, boundsOf(ClockOffset{Min: durationMin, MinKnown: true, Max: durationMax, MaxKnown: true}),
+		"bounds at the far ends of a Duration bound nothing")
+	assert.Equal(t, ClockOffset{}, clockBounds{}.offset())
 }
