@@ -18,10 +18,10 @@ import (
 //
 // Beyond the four methods, a store may offer optional capabilities, each an
 // interface that the coordinator, a [Watcher] or a [Sweeper] finds by type
-// assertion (as nats.go's jetstream finds optional behaviour of its
-// handles): [WatchableStore] and [ValueWatcher] (watches), [ListableStore]
-// (listing), [BatchWriter] (atomic batches), [ValueLimiter] (the value size
-// limit) and [ClockSource] (the server's clock). Each interface's doc says
+// assertion, as io.Copy finds an io.WriterTo: [WatchableStore] and
+// [ValueWatcher] (watches), [ListableStore] (listing), [BatchWriter]
+// (atomic batches), [ValueLimiter] (the value size limit) and
+// [ClockSource] (the server's clock). Each interface's doc says
 // what it gains and what happens without it; keystoretest checks each one a
 // store implements. A wrapper that holds a Store in an interface field
 // (to count or fail calls, say) keeps a capability only by implementing it
