@@ -202,8 +202,8 @@ func (s procLogStore) Update(ctx context.Context, service, key string, value []b
 	return rev, err
 }
 
-func (s procLogStore) writeBatch(ctx context.Context, service, key string, values [][]byte, revision uint64, del bool) (uint64, error) {
-	last, err := s.benchRecheckStore.writeBatch(ctx, service, key, values, revision, del)
+func (s procLogStore) WriteBatch(ctx context.Context, service, key string, values [][]byte, revision uint64, del bool) (uint64, error) {
+	last, err := s.benchRecheckStore.WriteBatch(ctx, service, key, values, revision, del)
 	if err == nil {
 		n := uint64(len(values))
 		for i, v := range values {
@@ -217,7 +217,7 @@ func (s procLogStore) writeBatch(ctx context.Context, service, key string, value
 }
 
 var (
-	_ batchWriter = procLogStore{}
+	_ BatchWriter = procLogStore{}
 	_ wakeStore   = procLogStore{}
 )
 

@@ -169,13 +169,13 @@ func (s benchRecheckStore) Delete(ctx context.Context, service, key string, revi
 	return s.countingStore.Delete(ctx, service, key, revision)
 }
 
-func (s benchRecheckStore) writeBatch(ctx context.Context, service, key string, values [][]byte, revision uint64, del bool) (uint64, error) {
+func (s benchRecheckStore) WriteBatch(ctx context.Context, service, key string, values [][]byte, revision uint64, del bool) (uint64, error) {
 	s.rechecks.note(ctx)
-	return s.countingStore.writeBatch(ctx, service, key, values, revision, del)
+	return s.countingStore.WriteBatch(ctx, service, key, values, revision, del)
 }
 
 var (
-	_ batchWriter = benchRecheckStore{}
+	_ BatchWriter = benchRecheckStore{}
 	_ wakeStore   = benchRecheckStore{}
 )
 

@@ -275,17 +275,6 @@ func (e *clockEstimate) startProbe(now time.Time) bool {
 // endProbe releases the probe startProbe claimed.
 func (e *clockEstimate) endProbe() { e.probing.Store(false) }
 
-// clockSource is implemented by stores that bound this host's clock offset
-// against the server that stamps a bucket ([NATSStore]).
-type clockSource interface {
-	// clockOffset returns what is known of offset = server clock − local
-	// clock (time.Now) for service's bucket, at local time at (read by
-	// clockOffset, to spare its caller a clock read). It does no I/O unless
-	// the estimate is due for a probe (see clockProbeAfter), or the bucket
-	// is not open yet; it never fails: a failed probe leaves less known.
-	clockOffset(ctx context.Context, service string) (b clockBounds, at time.Time)
-}
-
 // ClockOffset bounds a coordinator's clock (Config.Now) against the clock
 // of the NATS server that stamps a bucket's messages: Min ≤ server clock −
 // coordinator clock ≤ Max, as far as MinKnown and MaxKnown say. Positive
@@ -304,14 +293,41 @@ type ClockOffset struct {
 	MaxKnown bool          // Max holds
 }
 
+// offset returns b as a ClockOffset.
+func (b clockBounds) offset() ClockOffset {
+	var off ClockOffset
+	if b.hasLo {
+		off.Min, off.MinKnown = b.lo, true
+	}
+	if b.hasHi {
+		off.Max, off.MaxKnown = b.hi, true
+	}
+	return off
+}
+
+// boundsOf returns off as clockBounds. A side that bounds nothing (a
+// lower bound at the smallest Duration, an upper one at the largest) is
+// not known, as clockBounds keeps it.
+func boundsOf(off ClockOffset) clockBounds {
+	var b clockBounds
+	if off.MinKnown && lowerBound(off.Min) {
+		b.lo, b.hasLo = off.Min, true
+	}
+	if off.MaxKnown && upperBound(off.Max) {
+		b.hi, b.hasHi = off.Max, true
+	}
+	return b
+}
+
 // clockBounds returns what is known of server clock − Config.Now for
 // service's bucket. Stores that cannot tell know nothing.
 func (c *KeyCoordinator) clockBounds(ctx context.Context, service string) clockBounds {
-	cs, ok := c.store.(clockSource)
+	cs, ok := c.store.(ClockSource)
 	if !ok {
 		return clockBounds{}
 	}
-	b, at := cs.clockOffset(ctx, service)
+	off, at := cs.ServerClockOffset(ctx, service)
+	b := boundsOf(off)
 	// The store measured against time.Now; the coordinator writes
 	// Config.Now. Read right after at, the difference is the shift (less
 	// the nanoseconds between the two reads, for the default clock).

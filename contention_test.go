@@ -55,9 +55,9 @@ type countingStore struct {
 
 func newCountingStore(s Store) countingStore { return countingStore{Store: s, totals: &raceTotals{}} }
 
-func (s countingStore) valueLimit(ctx context.Context, service string) (int, error) {
-	if l, ok := s.Store.(valueLimiter); ok {
-		return l.valueLimit(ctx, service)
+func (s countingStore) MaxValueSize(ctx context.Context, service string) (int, error) {
+	if l, ok := s.Store.(ValueLimiter); ok {
+		return l.MaxValueSize(ctx, service)
 	}
 	return math.MaxInt, nil
 }

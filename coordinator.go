@@ -755,21 +755,6 @@ func checkTimes(kvKey string, s *KeyState, now func() time.Time) error {
 	return nil
 }
 
-// valueLimiter is implemented by stores that know their value size limit
-// per bucket ([MemoryStore], [NATSStore]).
-type valueLimiter interface {
-	valueLimit(ctx context.Context, service string) (int, error)
-}
-
-func (m *MemoryStore) valueLimit(context.Context, string) (int, error) {
-	m.mu.Lock()
-	defer m.mu.Unlock()
-	if m.maxValueSize == 0 {
-		return MemoryStoreMaxValueSizeDefault, nil
-	}
-	return m.maxValueSize, nil
-}
-
 // Room for a slot: what a queued job's entry grows by, at most, when it
 // becomes an active slot. The slot adds its token, instance id, two more
 // timestamps and its tries; room is kept for tokens and instance ids of up
@@ -794,11 +779,11 @@ func slotRoom(instanceID string) int {
 // jobs it can never start. Stores that do not report their limit are not
 // checked.
 func (c *KeyCoordinator) checkRoom(ctx context.Context, key JobKey, next *KeyState, size int) error {
-	l, ok := c.store.(valueLimiter)
+	l, ok := c.store.(ValueLimiter)
 	if !ok {
 		return nil
 	}
-	limit, err := l.valueLimit(ctx, key.Service)
+	limit, err := l.MaxValueSize(ctx, key.Service)
 	if err != nil {
 		if ctx.Err() != nil {
 			return ctx.Err()

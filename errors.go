@@ -74,6 +74,13 @@ var (
 	// write finds a revision other than the one it expected.
 	ErrRevisionConflict = errors.New("jobkeys: revision conflict")
 
+	// ErrBatchRefused is returned by a [BatchWriter]'s WriteBatch that
+	// could not take the writes as one batch (a NATS stream that no longer
+	// allows atomic publish, too many batches in flight on the server).
+	// Nothing is written: the same writes one at a time may succeed, and
+	// the coordinator makes them so.
+	ErrBatchRefused = errors.New("jobkeys: the store refused the write as a batch")
+
 	// ErrBlocked reports that a job did not get a slot and its handler did
 	// not run: [Runner.TryRun] found the key busy, [Runner.Run] waited
 	// RunnerConfig.MaxWait in vain, or the job is not queued. The error is a

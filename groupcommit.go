@@ -22,12 +22,12 @@ package jobkeys
 // look like the takeover of a live slot. So:
 //
 //   - over a store that writes successive states of a key in one step
-//     (batchWriter: NATS atomic batch publish, where it costs about one
+//     (BatchWriter: NATS atomic batch publish, where it costs about one
 //     round trip), a batch that updates the key takes up to groupCommitMax
 //     writers and writes each one's own state, in order, as a revision of
-//     its own: one writeBatch, on condition that the key is still at the
+//     its own: one WriteBatch, on condition that the key is still at the
 //     revision the batch started from, all or nothing, at consecutive
-//     revisions (writeBatch). A release followed by the acquisition it lets
+//     revisions (WriteBatch). A release followed by the acquisition it lets
 //     in is two revisions;
 //   - otherwise a batch takes at most groupWriters writers and writes the
 //     last state. groupWriters is 1, which keeps the contract; the engine
@@ -73,7 +73,7 @@ package jobkeys
 //   - a batch the store refuses as too large (ErrStateTooLarge) is run
 //     again one operation at a time, so that only the operation whose own
 //     state is too large gets the error; so is a batched write the store
-//     refuses as a batch (errBatchRefused: too many batches open on the
+//     refuses as a batch (ErrBatchRefused: too many batches open on the
 //     stream, say), having written nothing.
 //
 // A batch that writes nothing rests on verified state, per operation, as a
@@ -105,7 +105,7 @@ import (
 const groupCommitMax = 64
 
 // groupWritersDefault is how many writing operations a batch carries when
-// the store does not write batches (see batchWriter); see the file comment
+// the store does not write batches (see BatchWriter); see the file comment
 // for why it is one.
 const groupWritersDefault = 1
 
@@ -499,7 +499,7 @@ type laneBatch struct {
 	buf  *[]byte     // the encode buffer of the batch's states
 	ops  []*laneOp   // lead first, then those taken from the queue, in order
 	s    start       // the state the batch starts from
-	bw   batchWriter // the store's batched writes; nil: none
+	bw   BatchWriter // the store's batched writes; nil: none
 	// batched: the store writes successive states of the key in one step,
 	// and takes every writer of the batch, each state a revision of its
 	// own; else a batch carries at most c.groupWriters, and writes the
@@ -557,8 +557,8 @@ func (b *laneBatch) begin() bool {
 		return false
 	}
 	b.s = b.ops[last].s
-	b.bw, _ = b.c.store.(batchWriter)
-	b.batched = b.bw != nil && b.s.state != nil && b.bw.batches(b.key.Service, b.key.KVKey)
+	b.bw, _ = b.c.store.(BatchWriter)
+	b.batched = b.bw != nil && b.s.state != nil && b.bw.Batches(b.key.Service, b.key.KVKey)
 	b.maxWriters = b.c.groupWriters
 	if b.batched {
 		b.maxWriters = groupCommitMax
@@ -765,7 +765,7 @@ func (b *laneBatch) failed(wctx context.Context, err error) laneResult {
 	// changed nothing: s is still what e knows. Any other failure leaves
 	// the stored state unknown.
 	tooLarge := errors.Is(err, ErrStateTooLarge)
-	refused := errors.Is(err, errBatchRefused)
+	refused := errors.Is(err, ErrBatchRefused)
 	if !tooLarge && !refused {
 		b.e.conflictAt(b.s.rev)
 	}
@@ -823,17 +823,17 @@ func (b *laneBatch) lost() laneResult {
 }
 
 // canBatch reports whether store writes successive states of key in one
-// step (see batchWriter).
+// step (see BatchWriter).
 func canBatch(store Store, key JobKey) bool {
-	bw, ok := store.(batchWriter)
-	return ok && bw.batches(key.Service, key.KVKey)
+	bw, ok := store.(BatchWriter)
+	return ok && bw.Batches(key.Service, key.KVKey)
 }
 
 // writeBatch writes the states of the writers among ops (op.wrote, in
-// their order) with one bw.writeBatch on revision rev, each a revision of
+// their order) with one bw.WriteBatch on revision rev, each a revision of
 // its own, the last a delete when it empties the key. It returns the state
 // the key is left at (a copy; nil: deleted) and its revision.
-func (c *KeyCoordinator) writeBatch(ctx context.Context, e *keyEntry, key JobKey, bw batchWriter, ops []*laneOp, rev uint64, buf *[]byte) (*KeyState, uint64, error) {
+func (c *KeyCoordinator) writeBatch(ctx context.Context, e *keyEntry, key JobKey, bw BatchWriter, ops []*laneOp, rev uint64, buf *[]byte) (*KeyState, uint64, error) {
 	l := &e.lane
 	*buf, l.ends = (*buf)[:0], l.ends[:0]
 	var last *KeyState
@@ -866,7 +866,7 @@ func (c *KeyCoordinator) writeBatch(ctx context.Context, e *keyEntry, key JobKey
 		e.writing(values[len(values)-1], final)
 		defer e.written()
 	}
-	lastRev, err := bw.writeBatch(ctx, key.Service, key.KVKey, values, rev, del)
+	lastRev, err := bw.WriteBatch(ctx, key.Service, key.KVKey, values, rev, del)
 	return final, lastRev, err
 }
 

@@ -1,6 +1,6 @@
 package jobkeys
 
-// Batched writes (groupcommit.go, batchWriter): over a store that writes
+// Batched writes (groupcommit.go, BatchWriter): over a store that writes
 // successive states of a key in one step, a lane's batch writes every
 // writer's own state as a revision of its own, in one call. Each test holds
 // the key's lane, queues the operations behind it in a known order, lets
@@ -27,19 +27,19 @@ import (
 	"github.com/jobkeys/jobkeys/internal/natstest"
 )
 
-// batches and writeBatch make a countingStore a batchWriter when the store
+// Batches and WriteBatch make a countingStore a BatchWriter when the store
 // it wraps is one (the benchmarks count through it): a batch is one write.
-func (s countingStore) batches(service, key string) bool {
-	bw, ok := s.Store.(batchWriter)
-	return ok && bw.batches(service, key)
+func (s countingStore) Batches(service, key string) bool {
+	bw, ok := s.Store.(BatchWriter)
+	return ok && bw.Batches(service, key)
 }
 
-func (s countingStore) writeBatch(ctx context.Context, service, key string, values [][]byte, revision uint64, del bool) (uint64, error) {
-	bw, ok := s.Store.(batchWriter)
+func (s countingStore) WriteBatch(ctx context.Context, service, key string, values [][]byte, revision uint64, del bool) (uint64, error) {
+	bw, ok := s.Store.(BatchWriter)
 	if !ok {
-		return 0, fmt.Errorf("%w: %T writes no batches", errBatchRefused, s.Store)
+		return 0, fmt.Errorf("%w: %T writes no batches", ErrBatchRefused, s.Store)
 	}
-	last, err := bw.writeBatch(ctx, service, key, values, revision, del)
+	last, err := bw.WriteBatch(ctx, service, key, values, revision, del)
 	s.record(ctx, err, func(rc *raceCounter) bool { return rc.readRevs[revision] })
 	return last, err
 }
@@ -49,7 +49,7 @@ func (s countingStore) writeBatch(ctx context.Context, service, key string, valu
 // applied: a lost reply).
 type bcStore struct {
 	Store
-	bw              batchWriter
+	bw              BatchWriter
 	singles, groups atomic.Int64
 	reads           atomic.Int64
 	conflicts       atomic.Int64 // batches refused for a revision conflict
@@ -79,9 +79,9 @@ func (s *bcStore) Delete(ctx context.Context, service, key string, revision uint
 	return s.Store.Delete(ctx, service, key, revision)
 }
 
-func (s *bcStore) batches(service, key string) bool { return s.bw.batches(service, key) }
+func (s *bcStore) Batches(service, key string) bool { return s.bw.Batches(service, key) }
 
-func (s *bcStore) writeBatch(ctx context.Context, service, key string, values [][]byte, revision uint64, del bool) (uint64, error) {
+func (s *bcStore) WriteBatch(ctx context.Context, service, key string, values [][]byte, revision uint64, del bool) (uint64, error) {
 	s.groups.Add(1)
 	s.mu.Lock()
 	s.sizes = append(s.sizes, len(values))
@@ -91,7 +91,7 @@ func (s *bcStore) writeBatch(ctx context.Context, service, key string, values []
 	if fail != nil && !applied {
 		return 0, fail
 	}
-	last, err := s.bw.writeBatch(ctx, service, key, values, revision, del)
+	last, err := s.bw.WriteBatch(ctx, service, key, values, revision, del)
 	if errors.Is(err, ErrRevisionConflict) {
 		s.conflicts.Add(1)
 	}
@@ -123,8 +123,8 @@ type bcRig struct {
 
 func newBCRig(t *testing.T, inner Store, service string, policy Policy) *bcRig {
 	t.Helper()
-	bw, ok := inner.(batchWriter)
-	require.True(t, ok, "%T is a batchWriter", inner)
+	bw, ok := inner.(BatchWriter)
+	require.True(t, ok, "%T is a BatchWriter", inner)
 	st := &bcStore{Store: inner, bw: bw}
 	r := &bcRig{t: t, store: st, service: service, policy: policy, payload: benchPayload(0)}
 	c, err := NewCoordinator(st, &Config{InstanceID: "bc", Now: func() time.Time { return gcNow },
@@ -232,35 +232,35 @@ func wroteState(out any) *KeyState {
 
 // bcMemory returns a memory store that writes batches, and the history of
 // its writes to service, in revision order.
-func bcMemory(t *testing.T, service string) (*MemoryStore, func() []keyChange) {
+func bcMemory(t *testing.T, service string) (*MemoryStore, func() []ValueChange) {
 	t.Helper()
 	m := NewMemoryStore()
 	m.batching = true
 	var mu sync.Mutex
-	var hist []keyChange
+	var hist []ValueChange
 	ctx, cancel := context.WithCancel(context.Background())
-	ended, err := m.watchValues(ctx, service, func(c keyChange) {
+	ended, err := m.WatchValues(ctx, service, func(c ValueChange) {
 		mu.Lock()
 		hist = append(hist, c)
 		mu.Unlock()
 	})
 	require.NoError(t, err)
 	t.Cleanup(func() { cancel(); <-ended })
-	return m, func() []keyChange {
+	return m, func() []ValueChange {
 		mu.Lock()
 		defer mu.Unlock()
-		return append([]keyChange(nil), hist...)
+		return append([]ValueChange(nil), hist...)
 	}
 }
 
 // bcSettled waits until hist holds m's every write to the rig's key, and
 // returns how many it holds.
-func bcSettled(t *testing.T, m *MemoryStore, r *bcRig, hist func() []keyChange) int {
+func bcSettled(t *testing.T, m *MemoryStore, r *bcRig, hist func() []ValueChange) int {
 	t.Helper()
 	m.mu.Lock()
 	rev := m.buckets[r.service][r.key.KVKey].rev
 	m.mu.Unlock()
-	require.Eventually(t, func() bool { h := hist(); return len(h) > 0 && h[len(h)-1].rev == rev }, time.Minute, time.Millisecond, "the watch delivers revision %d", rev)
+	require.Eventually(t, func() bool { h := hist(); return len(h) > 0 && h[len(h)-1].Revision == rev }, time.Minute, time.Millisecond, "the watch delivers revision %d", rev)
 	return len(hist())
 }
 
@@ -268,7 +268,7 @@ func bcSettled(t *testing.T, m *MemoryStore, r *bcRig, hist func() []keyChange) 
 // written the revisions in hist from index from on, one each and
 // consecutive, each writer's State the bytes stored at its revision (a
 // delete marker for an empty one).
-func bcCheckRevisions(t *testing.T, res []gcResult, hist []keyChange, from int) {
+func bcCheckRevisions(t *testing.T, res []gcResult, hist []ValueChange, from int) {
 	t.Helper()
 	var writers []*KeyState
 	for _, got := range res {
@@ -281,15 +281,15 @@ func bcCheckRevisions(t *testing.T, res []gcResult, hist []keyChange, from int) 
 	for i, st := range writers {
 		c := hist[from+i]
 		if i > 0 {
-			assert.Equal(t, hist[from+i-1].rev+1, c.rev, "writer %d's revision follows the one before", i)
+			assert.Equal(t, hist[from+i-1].Revision+1, c.Revision, "writer %d's revision follows the one before", i)
 		}
 		if st.Empty() {
-			assert.True(t, c.deleted, "writer %d emptied the key: a delete", i)
+			assert.True(t, c.Deleted, "writer %d emptied the key: a delete", i)
 			assert.Equal(t, len(writers)-1, i, "a delete is last")
 			continue
 		}
-		assert.False(t, c.deleted, "writer %d", i)
-		assert.Equal(t, string(appendState(nil, st)), string(c.value), "writer %d's State is its revision's value", i)
+		assert.False(t, c.Deleted, "writer %d", i)
+		assert.Equal(t, string(appendState(nil, st)), string(c.Value), "writer %d's State is its revision's value", i)
 	}
 }
 
@@ -365,12 +365,12 @@ func TestGroupCommitBatchConflictWritesNothing(t *testing.T) {
 	ctx := context.Background()
 	rev, err := m.Create(ctx, "s", "k", []byte("v0"))
 	require.NoError(t, err)
-	_, err = m.writeBatch(ctx, "s", "k", [][]byte{[]byte("v1"), []byte("v2")}, rev+1, false)
+	_, err = m.WriteBatch(ctx, "s", "k", [][]byte{[]byte("v1"), []byte("v2")}, rev+1, false)
 	require.ErrorIs(t, err, ErrRevisionConflict)
 	v, got, err := m.Get(ctx, "s", "k")
 	require.NoError(t, err)
 	assert.Equal(t, [2]any{"v0", rev}, [2]any{string(v), got}, "nothing written")
-	_, err = m.writeBatch(ctx, "s", "k", [][]byte{[]byte("v1"), make([]byte, MemoryStoreMaxValueSizeDefault+1)}, rev, false)
+	_, err = m.WriteBatch(ctx, "s", "k", [][]byte{[]byte("v1"), make([]byte, MemoryStoreMaxValueSizeDefault+1)}, rev, false)
 	require.ErrorIs(t, err, ErrStateTooLarge)
 	_, got, err = m.Get(ctx, "s", "k")
 	require.NoError(t, err)
@@ -431,11 +431,11 @@ func TestGroupCommitBatchReplyLost(t *testing.T) {
 				require.NoError(t, err)
 				b.c.keys.watchedValue(b.key.KVKey, svc, v, rev)
 				ctx, cancel := context.WithCancel(context.Background())
-				ended, err := mem.watchValues(ctx, svc, func(c keyChange) {
-					if c.deleted {
-						b.c.keys.watched(c.kvKey, nil, c.rev, true)
+				ended, err := mem.WatchValues(ctx, svc, func(c ValueChange) {
+					if c.Deleted {
+						b.c.keys.watched(c.KVKey, nil, c.Revision, true)
 					} else {
-						b.c.keys.watchedValue(c.kvKey, svc, c.value, c.rev)
+						b.c.keys.watchedValue(c.KVKey, svc, c.Value, c.Revision)
 					}
 				})
 				require.NoError(t, err)
@@ -513,19 +513,19 @@ func natsAtomicBucket(t testing.TB, ctx context.Context, js jetstream.JetStream,
 
 // bcNATSHistory reads every message of stream from seq from to its last,
 // with headers.
-func bcNATSHistory(t *testing.T, ctx context.Context, nc *nats.Conn, js jetstream.JetStream, stream string, from uint64) ([]keyChange, []nats.Header) {
+func bcNATSHistory(t *testing.T, ctx context.Context, nc *nats.Conn, js jetstream.JetStream, stream string, from uint64) ([]ValueChange, []nats.Header) {
 	t.Helper()
 	st, err := js.Stream(ctx, stream)
 	require.NoError(t, err)
 	info, err := st.Info(ctx)
 	require.NoError(t, err)
-	var hist []keyChange
+	var hist []ValueChange
 	var hdrs []nats.Header
 	for seq := from; seq <= info.State.LastSeq; seq++ {
 		m := natstest.ReadStored(t, nc, stream, seq)
 		hdr, err := nats.DecodeHeadersMsg(m.Hdrs)
 		require.NoError(t, err)
-		hist = append(hist, keyChange{rev: seq, value: m.Data, deleted: hdr.Get("KV-Operation") == "DEL"})
+		hist = append(hist, ValueChange{Revision: seq, Value: m.Data, Deleted: hdr.Get("KV-Operation") == "DEL"})
 		hdrs = append(hdrs, hdr)
 	}
 	return hist, hdrs
@@ -561,7 +561,7 @@ func TestNATSStoreBatchedWrites(t *testing.T) {
 			st, err := NewNATSStore(js)
 			require.NoError(t, err)
 			b := newBCRig(t, st, service, policy)
-			require.Equal(t, tc.batches, st.batches(service, b.key.KVKey), "the store batches")
+			require.Equal(t, tc.batches, st.Batches(service, b.key.KVKey), "the store batches")
 			si, err := js.Stream(ctx, "KV_"+bucket)
 			require.NoError(t, err)
 			from := si.CachedInfo().State.LastSeq + 1
@@ -598,7 +598,7 @@ func TestNATSStoreBatchedWrites(t *testing.T) {
 
 			// A batch whose first condition fails writes nothing.
 			last := from + uint64(len(hist)) - 1
-			_, err = st.writeBatch(ctx, service, b.key.KVKey, [][]byte{[]byte(`x`), []byte(`y`)}, last-1, false)
+			_, err = st.WriteBatch(ctx, service, b.key.KVKey, [][]byte{[]byte(`x`), []byte(`y`)}, last-1, false)
 			require.ErrorIs(t, err, ErrRevisionConflict)
 			info, err := si.Info(ctx)
 			require.NoError(t, err)
@@ -622,8 +622,8 @@ func TestNATSStoreCreatesAtomicBucket(t *testing.T) {
 	s, err := js.Stream(ctx, "KV_"+st.BucketName("bccreate"))
 	require.NoError(t, err)
 	assert.True(t, s.CachedInfo().Config.AllowAtomicPublish)
-	assert.True(t, st.batches("bccreate", "bccreate.t.k"))
-	assert.False(t, st.batches("other", "other.t.k"), "a bucket not opened")
+	assert.True(t, st.Batches("bccreate", "bccreate.t.k"))
+	assert.False(t, st.Batches("other", "other.t.k"), "a bucket not opened")
 
 	fst, err := NewNATSStore(js, WithBucketPrefix("FILE_KEYS"), WithCreateBuckets(jetstream.FileStorage, 1))
 	require.NoError(t, err)
@@ -632,7 +632,7 @@ func TestNATSStoreCreatesAtomicBucket(t *testing.T) {
 	s, err = js.Stream(ctx, "KV_"+fst.BucketName("bccreate"))
 	require.NoError(t, err)
 	assert.True(t, s.CachedInfo().Config.AllowAtomicPublish)
-	assert.False(t, fst.batches("bccreate", "bccreate.t.k"), "R1 file storage does not batch")
+	assert.False(t, fst.Batches("bccreate", "bccreate.t.k"), "R1 file storage does not batch")
 }
 
 // A stream that stops allowing atomic publish refuses the next batch: its
@@ -648,7 +648,7 @@ func TestNATSStoreBatchDisabledFallsBack(t *testing.T) {
 	st, err := NewNATSStore(js)
 	require.NoError(t, err)
 	b := newBCRig(t, st, "bcdis", policy)
-	require.True(t, st.batches("bcdis", b.key.KVKey))
+	require.True(t, st.Batches("bcdis", b.key.KVKey))
 	s, err := js.Stream(ctx, "KV_"+bucket)
 	require.NoError(t, err)
 	cfg := s.CachedInfo().Config
@@ -663,7 +663,7 @@ func TestNATSStoreBatchDisabledFallsBack(t *testing.T) {
 	}
 	assert.Equal(t, int64(1), b.store.groups.Load(), "one batch tried")
 	assert.Equal(t, singles+3, b.store.singles.Load(), "then one write each")
-	assert.False(t, st.batches("bcdis", b.key.KVKey), "the bucket batches no more")
+	assert.False(t, st.Batches("bcdis", b.key.KVKey), "the bucket batches no more")
 }
 
 // TestLinearizableBatched is TestLinearizableUnderConcurrency on a memory

@@ -31,7 +31,7 @@ func TestNATSStoreBatchOverServerLimit(t *testing.T) {
 	st, err := NewNATSStore(js)
 	require.NoError(t, err)
 	b := newBCRig(t, st, "bclimit", policy)
-	require.True(t, st.batches("bclimit", b.key.KVKey))
+	require.True(t, st.Batches("bclimit", b.key.KVKey))
 	s, err := js.Stream(ctx, "KV_"+bucket)
 	require.NoError(t, err)
 	from := s.CachedInfo().State.LastSeq + 1
@@ -44,7 +44,7 @@ func TestNATSStoreBatchOverServerLimit(t *testing.T) {
 	bcCheckRevisions(t, res, hist, 0)
 	assert.Equal(t, int64(1), b.store.groups.Load(), "one batch tried")
 	assert.Equal(t, singles+5, b.store.singles.Load(), "then one write each")
-	assert.True(t, st.batches("bclimit", b.key.KVKey), "a batch too large for the server leaves batching on")
+	assert.True(t, st.Batches("bclimit", b.key.KVKey), "a batch too large for the server leaves batching on")
 }
 
 // A batch behind a JetStream domain or API prefix is one atomic batch on
@@ -65,18 +65,18 @@ func TestNATSStoreBatchBehindDomain(t *testing.T) {
 			key := svc + ".t.k"
 			rev, err := st.Create(ctx, svc, key, []byte("v0"))
 			require.NoError(t, err)
-			require.True(t, st.batches(svc, key))
-			last, err := st.writeBatch(ctx, svc, key, [][]byte{[]byte("v1"), []byte("v2"), []byte("v3")}, rev, false)
+			require.True(t, st.Batches(svc, key))
+			last, err := st.WriteBatch(ctx, svc, key, [][]byte{[]byte("v1"), []byte("v2"), []byte("v3")}, rev, false)
 			require.NoError(t, err)
 			assert.Equal(t, rev+3, last, "three consecutive revisions")
 			hist, _ := bcNATSHistory(t, ctx, nc, tc.JS, "KV_"+bucket, rev+1)
 			require.Len(t, hist, 3)
 			for j, c := range hist {
-				assert.Equal(t, "v"+string(rune('1'+j)), string(c.value))
+				assert.Equal(t, "v"+string(rune('1'+j)), string(c.Value))
 			}
-			_, err = st.writeBatch(ctx, svc, key, [][]byte{[]byte("x"), []byte("y")}, rev, true)
+			_, err = st.WriteBatch(ctx, svc, key, [][]byte{[]byte("x"), []byte("y")}, rev, true)
 			require.ErrorIs(t, err, ErrRevisionConflict)
-			last, err = st.writeBatch(ctx, svc, key, [][]byte{[]byte("v4"), nil}, rev+3, true)
+			last, err = st.WriteBatch(ctx, svc, key, [][]byte{[]byte("v4"), nil}, rev+3, true)
 			require.NoError(t, err)
 			_, _, err = st.Get(ctx, svc, key)
 			require.ErrorIs(t, err, ErrKeyNotFound, "deleted by the batch's last message")

@@ -263,7 +263,7 @@ func TestGroupCommitLingerAudit(t *testing.T) {
 	assert.Positive(t, c.keys.lingers.Load(), "lingers")
 	key, err := jt.key("job-0-0", payload)
 	require.NoError(t, err)
-	assert.True(t, store.batches(service, key.KVKey), "the store writes atomic batches")
+	assert.True(t, store.Batches(service, key.KVKey), "the store writes atomic batches")
 
 	entries := auditRead(t, ctx, js, bucket)
 	sum := auditCheck(t, entries, l.facts(), func(string) (Policy, bool) { return jt.Policy(), true }, true)

@@ -75,8 +75,8 @@ type gcLimitedStore struct {
 	mem *MemoryStore
 }
 
-func (s gcLimitedStore) valueLimit(ctx context.Context, service string) (int, error) {
-	return s.mem.valueLimit(ctx, service)
+func (s gcLimitedStore) MaxValueSize(ctx context.Context, service string) (int, error) {
+	return s.mem.MaxValueSize(ctx, service)
 }
 
 // gcRig is one coordinator over a gated, counted memory store, with a key

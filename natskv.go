@@ -150,7 +150,7 @@ type natsBucket struct {
 	// bucket's keys are stored under, when leaderGet is set.
 	keySubjects string
 	// batches says the store writes successive states of a key as one
-	// atomic batch (batchWriter): the bucket's stream allows atomic
+	// atomic batch (BatchWriter): the bucket's stream allows atomic
 	// publish and stages a batch in memory, so that a batch costs about
 	// one round trip. An R1 file-storage stream stages each batch in a
 	// temporary file store (about 3.4 ms here against 70 µs for a write):
@@ -445,10 +445,10 @@ func (s *NATSStore) KeyValue(ctx context.Context, service string) (jetstream.Key
 	return kv, explainPermission(ctx, gctx, "open the bucket of service", service, err)
 }
 
-// valueLimit returns the largest value service's bucket takes (see
-// valueLimiter), opening the bucket under the permission guard like every
+// MaxValueSize returns the largest value service's bucket takes (see
+// ValueLimiter), opening the bucket under the permission guard like every
 // other call.
-func (s *NATSStore) valueLimit(ctx context.Context, service string) (int, error) {
+func (s *NATSStore) MaxValueSize(ctx context.Context, service string) (int, error) {
 	gctx, pg, err := s.begin(ctx, natsOpRead, service, "open the bucket of service", service)
 	if err != nil {
 		return 0, err

@@ -23,9 +23,15 @@ import (
 // every ten seconds at most, made by the call that finds it due, bounded
 // by clockProbeTimeout; concurrent calls go on with what is known.
 
-var _ clockSource = (*NATSStore)(nil)
+var _ ClockSource = (*NATSStore)(nil)
 
-// clockOffset implements clockSource.
+// ServerClockOffset implements [ClockSource].
+func (s *NATSStore) ServerClockOffset(ctx context.Context, service string) (ClockOffset, time.Time) {
+	b, at := s.clockOffset(ctx, service)
+	return b.offset(), at
+}
+
+// clockOffset is ServerClockOffset with the bounds as clock.go keeps them.
 func (s *NATSStore) clockOffset(ctx context.Context, service string) (clockBounds, time.Time) {
 	s.mu.Lock()
 	b := s.buckets[service]

@@ -45,22 +45,22 @@ func (s *NATSStore) WatchKeys(ctx context.Context, service, jobType string, chan
 	return s.watch(ctx, service, prefix, true, func(e jetstream.KeyValueEntry) { changed(e.Key()) })
 }
 
-var _ valueWatcher = (*NATSStore)(nil)
+var _ ValueWatcher = (*NATSStore)(nil)
 
-// watchValues implements valueWatcher with a watch that delivers values.
+// WatchValues implements ValueWatcher with a watch that delivers values.
 // The KV watch is an ordered consumer: it delivers in stream order, and
 // recreates itself from the next sequence after a gap. As in WatchKeys, a
 // revision replaced by a later one of the same key before the consumer
 // reads it is not delivered; the later one is.
-func (s *NATSStore) watchValues(ctx context.Context, service string, changed func(keyChange)) (<-chan struct{}, error) {
+func (s *NATSStore) WatchValues(ctx context.Context, service string, changed func(ValueChange)) (<-chan struct{}, error) {
 	prefix, err := keyFilter(service, "")
 	if err != nil {
 		return nil, err
 	}
 	return s.watch(ctx, service, prefix, false, func(e jetstream.KeyValueEntry) {
 		op := e.Operation()
-		changed(keyChange{kvKey: e.Key(), value: e.Value(), rev: e.Revision(),
-			deleted: op == jetstream.KeyValueDelete || op == jetstream.KeyValuePurge})
+		changed(ValueChange{KVKey: e.Key(), Value: e.Value(), Revision: e.Revision(),
+			Deleted: op == jetstream.KeyValueDelete || op == jetstream.KeyValuePurge})
 	})
 }
 

@@ -35,24 +35,24 @@ func (s *NATSStore) writeKey(ctx context.Context, b *natsBucket, key string, val
 	return w.Write(ctx, b.writePrefix+key, value, revision, del)
 }
 
-var _ batchWriter = (*NATSStore)(nil)
+var _ BatchWriter = (*NATSStore)(nil)
 
-// batches implements batchWriter: the bucket is open, its stream takes
+// Batches implements BatchWriter: the bucket is open, its stream takes
 // atomic batches where they pay (natsBucket.batches), and the store writes
 // key itself.
-func (s *NATSStore) batches(service, key string) bool {
+func (s *NATSStore) Batches(service, key string) bool {
 	s.mu.Lock()
 	b := s.buckets[service]
 	s.mu.Unlock()
 	return b != nil && b.batches.Load() && b.directWrites(key)
 }
 
-// writeBatch implements batchWriter with one JetStream atomic batch on the
+// WriteBatch implements BatchWriter with one JetStream atomic batch on the
 // key's subject (jscas.Writer.WriteBatch): each message is the one Update
 // (or Delete, for the last when del) would write, plus the batch headers,
 // the condition on the first only. A stream that no longer allows atomic
 // publish stops the bucket's batches.
-func (s *NATSStore) writeBatch(ctx context.Context, service, key string, values [][]byte, revision uint64, del bool) (uint64, error) {
+func (s *NATSStore) WriteBatch(ctx context.Context, service, key string, values [][]byte, revision uint64, del bool) (uint64, error) {
 	gctx, pg, err := s.begin(ctx, natsOpWrite, service, "write a batch to", key)
 	if err != nil {
 		return 0, err
@@ -68,7 +68,7 @@ func (s *NATSStore) writeBatchKey(ctx context.Context, service, key string, valu
 		return 0, err
 	}
 	if !b.directWrites(key) {
-		return 0, fmt.Errorf("%w: key %s is not written on the connection", errBatchRefused, key)
+		return 0, fmt.Errorf("%w: key %s is not written on the connection", ErrBatchRefused, key)
 	}
 	for i, v := range values {
 		if len(v) > b.maxValueSize && !(del && i == len(values)-1) {
@@ -90,7 +90,7 @@ func (s *NATSStore) writeBatchKey(ctx context.Context, service, key string, valu
 		if jscas.IsBatchDisabled(err) {
 			b.batches.Store(false)
 		}
-		return 0, fmt.Errorf("%w: %d writes to %s: %w", errBatchRefused, len(values), key, err)
+		return 0, fmt.Errorf("%w: %d writes to %s: %w", ErrBatchRefused, len(values), key, err)
 	}
 	return 0, casError(fmt.Sprintf("write a batch of %d to", len(values)), key, err)
 }

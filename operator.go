@@ -238,12 +238,5 @@ func (c *KeyCoordinator) ClockOffset(ctx context.Context, service string) (Clock
 	if err := ctx.Err(); err != nil {
 		return ClockOffset{}, err
 	}
-	var off ClockOffset
-	if b.hasLo {
-		off.Min, off.MinKnown = b.lo, true
-	}
-	if b.hasHi {
-		off.Max, off.MaxKnown = b.hi, true
-	}
-	return off, nil
+	return b.offset(), nil
 }

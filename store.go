@@ -2,7 +2,8 @@ package jobkeys
 
 import (
 	"context"
-	"errors"
+	"reflect"
+	"time"
 )
 
 // Store is the port the coordinator writes key state through: a revisioned
@@ -14,6 +15,19 @@ import (
 // [NATSStore] and [MemoryStore] implement it; package
 // [github.com/jobkeys/jobkeys/keystoretest] checks an implementation
 // against this contract.
+//
+// Beyond the four methods, a store may offer optional capabilities, each an
+// interface that the coordinator, a [Watcher] or a [Sweeper] finds by type
+// assertion, as io.Copy finds an io.WriterTo: [WatchableStore] and
+// [ValueWatcher] (watches), [ListableStore] (listing), [BatchWriter]
+// (atomic batches), [ValueLimiter] (the value size limit) and
+// [ClockSource] (the server's clock). Each interface's doc says
+// what it gains and what happens without it; keystoretest checks each one a
+// store implements. A wrapper that holds a Store in an interface field
+// (to count or fail calls, say) keeps a capability only by implementing it
+// too; one that embeds a [*MemoryStore] or a [*NATSStore] has their
+// methods, promoted, except that a Watcher does not use the promoted value
+// watch (see ValueWatcher).
 type Store interface {
 	// Get returns the value and revision of key in service's bucket. A key
 	// that does not exist or was deleted returns an error wrapping
@@ -62,42 +76,110 @@ type WatchableStore interface {
 	WatchKeys(ctx context.Context, service, jobType string, changed func(kvKey string)) (ended <-chan struct{}, err error)
 }
 
-// keyChange is one change reported by a valueWatcher: the KV key, the
-// revision of the write, and the value written (nil for a delete).
-type keyChange struct {
-	kvKey   string
-	value   []byte
-	rev     uint64
-	deleted bool
+// ValueChange is one change a [ValueWatcher] reports.
+type ValueChange struct {
+	// KVKey is the KV key written.
+	KVKey string
+	// Value is the value written; nil for a delete. The store must not
+	// modify it after reporting it, and the receiver does not modify it
+	// (a [Watcher] keeps it).
+	Value []byte
+	// Revision is the revision of the write (of the delete marker, for a
+	// delete): positive.
+	Revision uint64
+	// Deleted reports a delete (or a purge).
+	Deleted bool
 }
 
-// valueWatcher is implemented by stores whose watch also reports each
-// change's value and revision ([MemoryStore], [NATSStore]), in revision
-// order and up to each key's latest revision (one replaced before the watch
-// read it may be left out, as in WatchKeys). A [Watcher] over one keeps each
-// waited-on key's latest state from the watch itself, so that it wakes only the
-// waiters a change can help, and the coordinators it feeds decide and write
-// without a read. watchValues is WatchKeys of every job type, with the
-// change in full; value must not be modified.
-type valueWatcher interface {
-	watchValues(ctx context.Context, service string, changed func(keyChange)) (ended <-chan struct{}, err error)
+// ValueWatcher is an optional capability of a [WatchableStore]: a watch
+// that reports each change in full, its value and revision with its key.
+// [NATSStore] and [MemoryStore] implement it; package
+// [github.com/jobkeys/jobkeys/keystoretest] checks it.
+//
+// A [Watcher] over one keeps each waited-on key's latest state from the
+// watch itself: it wakes only the waiters a change can help, and the
+// coordinators it feeds decide and write without reading the key first
+// (in BENCHMARKS.md, "Hot keys in one process": 0–0.01 reads per cycle
+// with 16 workers on one key). Without it the Watcher watches through
+// WatchKeys: every change of a waited-on key wakes its waiters, and each
+// one reads the key before it writes.
+//
+// A Watcher uses the value watch of a store whose own type has it; a type
+// that embeds a [*MemoryStore] or a [*NATSStore] (a wrapper, whose
+// WatchKeys may do more than the embedded store's) is watched through
+// WatchKeys, as if it had none.
+type ValueWatcher interface {
+	// WatchValues is WatchKeys of every job type of service's bucket
+	// (jobType ""), with each change reported in full: in revision order,
+	// up to each key's latest revision, except that a change a later
+	// change of the same key replaces before the watch reads it may be
+	// left out (as in WatchKeys). Its other rules are WatchKeys': it
+	// returns once the watch is in place, reports the writes and deletes
+	// after that, calls changed from one goroutine at a time, and closes
+	// ended once the watch has ended (ctx cancelled, or the store can no
+	// longer watch), after which changed is not called.
+	WatchValues(ctx context.Context, service string, changed func(ValueChange)) (ended <-chan struct{}, err error)
 }
 
-// batchWriter is implemented by stores that can write successive states of
-// one key as one all-or-nothing write, at consecutive revisions, for about
-// the cost of one write: [NATSStore] on buckets whose stream allows atomic
-// publish and does not stage batches on disk (not R1 file storage), and
-// [MemoryStore] when batches were enabled on it (tests). A coordinator over
-// one writes a batch of several state-changing operations of one key's
-// lane as one writeBatch, each operation's own state a revision of its own
-// (see groupcommit.go).
-type batchWriter interface {
-	// batches reports whether a write of several successive states of key
-	// in service's bucket should be one writeBatch. It does no I/O: false
-	// while the store has not opened the bucket.
-	batches(service, key string) bool
+// embedsStoreOfPackage reports whether the type of store, or the struct it
+// points to, embeds a MemoryStore or a NATSStore (or a pointer to one),
+// directly or through other embedded structs: its methods may be theirs,
+// promoted.
+func embedsStoreOfPackage(store any) bool {
+	seen := make(map[reflect.Type]bool)
+	var embeds func(t reflect.Type) bool
+	embeds = func(t reflect.Type) bool {
+		for t.Kind() == reflect.Pointer {
+			t = t.Elem()
+		}
+		if t.Kind() != reflect.Struct || seen[t] {
+			return false
+		}
+		seen[t] = true
+		for i := range t.NumField() {
+			f := t.Field(i)
+			if !f.Anonymous {
+				continue
+			}
+			ft := f.Type
+			for ft.Kind() == reflect.Pointer {
+				ft = ft.Elem()
+			}
+			if ft == reflect.TypeFor[MemoryStore]() || ft == reflect.TypeFor[NATSStore]() || embeds(ft) {
+				return true
+			}
+		}
+		return false
+	}
+	return store != nil && embeds(reflect.TypeOf(store))
+}
 
-	// writeBatch writes values as successive revisions of key on
+// BatchWriter is an optional capability of a [Store]: writing successive
+// states of one key as one all-or-nothing write, at consecutive
+// revisions, for about the cost of one write. [NATSStore] implements it
+// (it batches on buckets whose stream allows atomic publish and does not
+// stage batches on disk, which rules out R1 file storage, where the
+// server stages each batch in a temporary file store at about 3.4 ms
+// against 70 µs for a write; see [NATSStore]'s "Atomic batches"); so does
+// [MemoryStore], which batches only when its tests turn batches on.
+// Package [github.com/jobkeys/jobkeys/keystoretest] checks it.
+//
+// A coordinator over one writes the state-changing operations that wait
+// on one key together as one WriteBatch, each operation's own state a
+// revision of its own, so that a release and the acquisition it lets in
+// cost about one write (in BENCHMARKS.md, "Hot keys in one process":
+// 1.03–1.07 writes per cycle with 16 and 64 workers on one key, and an
+// atomic batch of 2 states 74–76 µs on the connection against 8 single
+// writes 258–336 µs). Without it the coordinator writes each operation's
+// state with its own Update (or Delete).
+type BatchWriter interface {
+	// Batches reports whether a write of several successive states of key
+	// in service's bucket should be one WriteBatch. It does no I/O and is
+	// called on the coordinator's hot path: false while the store has not
+	// opened the bucket.
+	Batches(service, key string) bool
+
+	// WriteBatch writes values as successive revisions of key on
 	// condition that key's latest revision is revision (as Update: a
 	// delete marker's included; 0 never matches), the last a delete
 	// marker when del (its value is not written), and returns the
@@ -105,15 +187,59 @@ type batchWriter interface {
 	// all of them or none: a conflict returns an error wrapping
 	// ErrRevisionConflict, a value over the size limit one wrapping
 	// ErrStateTooLarge, a batch the store could not take as a batch
-	// (written one at a time it would be) one wrapping errBatchRefused.
+	// (written one at a time it would be) one wrapping ErrBatchRefused,
+	// after which the coordinator writes the operations one at a time.
 	// Other errors leave unknown whether the batch was written, as for
-	// Update.
-	writeBatch(ctx context.Context, service, key string, values [][]byte, revision uint64, del bool) (last uint64, err error)
+	// Update. It must not keep values or their slices after returning.
+	WriteBatch(ctx context.Context, service, key string, values [][]byte, revision uint64, del bool) (last uint64, err error)
 }
 
-// errBatchRefused is a batchWriter.writeBatch the store refused as a
-// batch, writing nothing: the same writes one at a time may succeed.
-var errBatchRefused = errors.New("jobkeys: the store refused the write as a batch")
+// ValueLimiter is an optional capability of a [Store]: telling the
+// largest value a service's bucket takes. [NATSStore] (the bucket's
+// MaxValueSize or the connection's max payload, less room for headers)
+// and [MemoryStore] (see [MemoryStore.SetMaxValueSize]) implement it;
+// package [github.com/jobkeys/jobkeys/keystoretest] checks it.
+//
+// A coordinator over one refuses an admission (with an error wrapping
+// ErrStateTooLarge, writing nothing) when the key's state would outgrow
+// the limit once every queued job held a slot, so that a key filled by
+// admissions can always start its jobs. Without it admissions are checked
+// against nothing but the write itself: a key may fill up with queued
+// jobs that can never take a slot, each acquisition failing with
+// ErrStateTooLarge.
+type ValueLimiter interface {
+	// MaxValueSize returns the largest value, in bytes, that Create,
+	// Update and WriteBatch take in service's bucket: one byte more
+	// returns an error wrapping ErrStateTooLarge. It may open the bucket.
+	MaxValueSize(ctx context.Context, service string) (int, error)
+}
+
+// ClockSource is an optional capability of a [Store]: bounding this
+// host's clock against the clock of the server that stamps a service's
+// bucket. [NATSStore] implements it (from the server times it sees
+// anyway, and a stream info request when its measurement is older than
+// ten seconds; see clock.go); [MemoryStore], which is its own server,
+// does not.
+//
+// A coordinator over one refuses to take a lease or to sweep while its
+// clock is proven too far from the server's (see [ErrClockSkew]), and
+// reports the bounds through [KeyCoordinator.ClockOffset]. Without it
+// nothing is detected: ClockOffset knows nothing and ErrClockSkew is never
+// returned.
+type ClockSource interface {
+	// ServerClockOffset returns what is known of offset = server clock −
+	// local clock (time.Now) for service's bucket, as of at, the local
+	// time it read after measuring (the coordinator shifts the bounds to
+	// its Config.Now by it). It must not fail: what it cannot measure is
+	// not known. It should do no I/O on most calls (it is called before
+	// every acquisition).
+	ServerClockOffset(ctx context.Context, service string) (offset ClockOffset, at time.Time)
+}
+
+// The targeted wake-ups of [WithWakeUps] (natskv_wake.go) are not a
+// capability another store can offer: they are NATSStore's own protocol
+// between its processes, found by the coordinator and the Watcher through
+// unexported interfaces (wakeStore, localWaiters, wakeAheadStore).
 
 // ListableStore is an optional capability of a [Store]: listing the keys of a
 // service's bucket. A [Sweeper] needs it. [NATSStore] and [MemoryStore]

@@ -24,11 +24,29 @@ func conformanceService(prefix string) string {
 	return prefix + "-" + strconv.FormatInt(conformanceSeq.Add(1), 10)
 }
 
+// The capabilities each store has: the suite checks them (and skips the
+// checks of the others: MemoryStore is no ClockSource).
+var (
+	_ jobkeys.WatchableStore = (*jobkeys.MemoryStore)(nil)
+	_ jobkeys.ValueWatcher   = (*jobkeys.MemoryStore)(nil)
+	_ jobkeys.ListableStore  = (*jobkeys.MemoryStore)(nil)
+	_ jobkeys.BatchWriter    = (*jobkeys.MemoryStore)(nil)
+	_ jobkeys.ValueLimiter   = (*jobkeys.MemoryStore)(nil)
+
+	_ jobkeys.WatchableStore = (*jobkeys.NATSStore)(nil)
+	_ jobkeys.ValueWatcher   = (*jobkeys.NATSStore)(nil)
+	_ jobkeys.ListableStore  = (*jobkeys.NATSStore)(nil)
+	_ jobkeys.BatchWriter    = (*jobkeys.NATSStore)(nil)
+	_ jobkeys.ValueLimiter   = (*jobkeys.NATSStore)(nil)
+	_ jobkeys.ClockSource    = (*jobkeys.NATSStore)(nil)
+)
+
 func TestStoreConformanceMemory(t *testing.T) {
 	t.Parallel()
 	keystoretest.Run(t, keystoretest.Harness{
+		// Batches on, so that the suite checks the BatchWriter too.
 		Open: func(t *testing.T) (jobkeys.Store, string) {
-			return jobkeys.NewMemoryStore(), conformanceService("conf")
+			return jobkeys.NewMemoryStoreWithBatches(), conformanceService("conf")
 		},
 		OpenLimited: func(t *testing.T, maxValueSize int) (jobkeys.Store, string) {
 			m := jobkeys.NewMemoryStore()

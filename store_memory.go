@@ -22,7 +22,7 @@ type MemoryStore struct {
 	buckets      map[string]map[string]memoryEntry
 	maxValueSize int
 	watchers     []*memoryWatcher
-	// batching makes the store a batchWriter's that batches (tests).
+	// batching makes the store's Batches true (tests).
 	batching bool
 }
 
@@ -33,8 +33,9 @@ type memoryEntry struct {
 }
 
 var (
-	_ Store       = (*MemoryStore)(nil)
-	_ batchWriter = (*MemoryStore)(nil)
+	_ Store        = (*MemoryStore)(nil)
+	_ BatchWriter  = (*MemoryStore)(nil)
+	_ ValueLimiter = (*MemoryStore)(nil)
 )
 
 // NewMemoryStore returns an empty store with a value size limit of
@@ -53,6 +54,17 @@ func (m *MemoryStore) SetMaxValueSize(n int) error {
 	m.maxValueSize = n
 	m.mu.Unlock()
 	return nil
+}
+
+// MaxValueSize implements [ValueLimiter]: the limit SetMaxValueSize set,
+// the same for every service.
+func (m *MemoryStore) MaxValueSize(context.Context, string) (int, error) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if m.maxValueSize == 0 {
+		return MemoryStoreMaxValueSizeDefault, nil
+	}
+	return m.maxValueSize, nil
 }
 
 // Get implements [Store].
@@ -113,15 +125,15 @@ func (m *MemoryStore) write(ctx context.Context, service, key string, value []by
 	return m.rev, nil
 }
 
-// batches implements batchWriter: only when enabled (tests).
-func (m *MemoryStore) batches(service, key string) bool {
+// Batches implements BatchWriter: only when enabled (tests).
+func (m *MemoryStore) Batches(service, key string) bool {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	return m.batching
 }
 
-// writeBatch implements batchWriter.
-func (m *MemoryStore) writeBatch(ctx context.Context, service, key string, values [][]byte, revision uint64, del bool) (uint64, error) {
+// WriteBatch implements BatchWriter.
+func (m *MemoryStore) WriteBatch(ctx context.Context, service, key string, values [][]byte, revision uint64, del bool) (uint64, error) {
 	if err := ctx.Err(); err != nil {
 		return 0, err
 	}

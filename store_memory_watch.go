@@ -42,13 +42,13 @@ func (m *MemoryStore) WatchKeys(ctx context.Context, service, jobType string, ch
 	if changed == nil {
 		return nil, fmt.Errorf("%w: changed function is nil", ErrInvalidRequest)
 	}
-	return m.watch(ctx, service, prefix, func(c keyChange) { changed(c.kvKey) })
+	return m.watch(ctx, service, prefix, func(c ValueChange) { changed(c.KVKey) })
 }
 
-var _ valueWatcher = (*MemoryStore)(nil)
+var _ ValueWatcher = (*MemoryStore)(nil)
 
-// watchValues implements valueWatcher.
-func (m *MemoryStore) watchValues(ctx context.Context, service string, changed func(keyChange)) (<-chan struct{}, error) {
+// WatchValues implements ValueWatcher.
+func (m *MemoryStore) WatchValues(ctx context.Context, service string, changed func(ValueChange)) (<-chan struct{}, error) {
 	prefix, err := keyFilter(service, "")
 	if err != nil {
 		return nil, err
@@ -57,7 +57,7 @@ func (m *MemoryStore) watchValues(ctx context.Context, service string, changed f
 }
 
 // watch reports the changes of service's keys under prefix to changed.
-func (m *MemoryStore) watch(ctx context.Context, service, prefix string, changed func(keyChange)) (<-chan struct{}, error) {
+func (m *MemoryStore) watch(ctx context.Context, service, prefix string, changed func(ValueChange)) (<-chan struct{}, error) {
 	if err := ctx.Err(); err != nil {
 		return nil, err
 	}
@@ -65,7 +65,7 @@ func (m *MemoryStore) watch(ctx context.Context, service, prefix string, changed
 	mw := &memoryWatcher{service: service, fn: func(key string, value []byte, rev uint64, deleted bool) {
 		if strings.HasPrefix(key, prefix) {
 			// value may be the writer's buffer: keep a copy.
-			q.push(keyChange{kvKey: key, value: append([]byte(nil), value...), rev: rev, deleted: deleted})
+			q.push(ValueChange{KVKey: key, Value: append([]byte(nil), value...), Revision: rev, Deleted: deleted})
 		}
 	}}
 	m.mu.Lock()
@@ -101,11 +101,11 @@ func (m *MemoryStore) watch(ctx context.Context, service, prefix string, changed
 // watch goroutine.
 type keyQueue struct {
 	mu      sync.Mutex
-	changes []keyChange
+	changes []ValueChange
 	signal  chan struct{} // capacity 1: "changes is not empty"
 }
 
-func (q *keyQueue) push(c keyChange) {
+func (q *keyQueue) push(c ValueChange) {
 	q.mu.Lock()
 	q.changes = append(q.changes, c)
 	q.mu.Unlock()
@@ -115,7 +115,7 @@ func (q *keyQueue) push(c keyChange) {
 	}
 }
 
-func (q *keyQueue) take() []keyChange {
+func (q *keyQueue) take() []ValueChange {
 	q.mu.Lock()
 	changes := q.changes
 	q.changes = nil

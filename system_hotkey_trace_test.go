@@ -84,8 +84,8 @@ func (s hotStore) record(ctx context.Context, c hotCall, err error) {
 	s.log.mu.Unlock()
 }
 
-func (s hotStore) valueLimit(ctx context.Context, service string) (int, error) {
-	return s.Store.(valueLimiter).valueLimit(ctx, service)
+func (s hotStore) MaxValueSize(ctx context.Context, service string) (int, error) {
+	return s.Store.(ValueLimiter).MaxValueSize(ctx, service)
 }
 
 func (s hotStore) Get(ctx context.Context, service, key string) ([]byte, uint64, error) {

@@ -120,7 +120,7 @@ type keyWatch struct {
 	service    string
 	// pending is the latest change while no waiter waits, not decoded
 	// (no wake-up needs it): wake decodes it when a waiter comes.
-	pending *keyChange
+	pending *ValueChange
 	// linger keeps feeding the key's changes to the tables in it (each
 	// holding one attachment of its own, counted in tables) for
 	// feedLinger after their last waiter left, so that the process's
@@ -395,10 +395,10 @@ func (w *Watcher) start(ctx context.Context, sw *serviceWatch) {
 	var ended <-chan struct{}
 	var err error
 	if vw := valueWatcherOf(w.store); vw != nil {
-		ended, err = vw.watchValues(wctx, sw.service, func(c keyChange) { w.dispatchChange(sw, c) })
+		ended, err = vw.WatchValues(wctx, sw.service, func(c ValueChange) { w.dispatchChange(sw, c) })
 	} else {
 		ended, err = w.store.WatchKeys(wctx, sw.service, "", func(kvKey string) {
-			w.dispatchChange(sw, keyChange{kvKey: kvKey})
+			w.dispatchChange(sw, ValueChange{KVKey: kvKey})
 		})
 	}
 	started := err == nil
@@ -431,15 +431,19 @@ func (w *Watcher) start(ctx context.Context, sw *serviceWatch) {
 	}
 }
 
-// valueWatcherOf returns store as a valueWatcher when it is one of the
-// stores that are, and not a type that embeds one (whose WatchKeys may do
-// more than the embedded store's watch would).
-func valueWatcherOf(store WatchableStore) valueWatcher {
+// valueWatcherOf returns store as a ValueWatcher when its own type has
+// the value watch: not a type that embeds a MemoryStore or a NATSStore
+// (whose WatchKeys may do more than the embedded store's watch would; see
+// ValueWatcher).
+func valueWatcherOf(store WatchableStore) ValueWatcher {
 	switch s := store.(type) {
 	case *MemoryStore:
 		return s
 	case *NATSStore:
 		return s
+	}
+	if vw, ok := store.(ValueWatcher); ok && !embedsStoreOfPackage(store) {
+		return vw
 	}
 	return nil
 }
@@ -488,23 +492,23 @@ func (w *Watcher) monitor(sw *serviceWatch, ended <-chan struct{}, cancel contex
 // dispatchChange signals the subscribers of c's key, and wakes the waiters
 // on it that the change can help. A change without a revision comes from a
 // watch without values. It never blocks.
-func (w *Watcher) dispatchChange(sw *serviceWatch, c keyChange) {
+func (w *Watcher) dispatchChange(sw *serviceWatch, c ValueChange) {
 	w.mu.Lock()
 	defer w.mu.Unlock()
-	for sub := range sw.subs[c.kvKey] {
+	for sub := range sw.subs[c.KVKey] {
 		sub.signal()
 	}
-	kw := sw.keys[c.kvKey]
+	kw := sw.keys[c.KVKey]
 	if kw == nil {
 		return
 	}
-	if c.rev != 0 && c.rev <= kw.rev {
+	if c.Revision != 0 && c.Revision <= kw.rev {
 		// Already held: handed off by a coordinator of this process (see
 		// handoff), or delivered before (a restarted consumer delivers it
 		// again). The echo of a handed-off change is when other processes
 		// learn of it: the turns of the waiters behind their jobs count
 		// from now.
-		if c.rev == kw.echo {
+		if c.Revision == kw.echo {
 			kw.echo = 0
 			kw.at = time.Now()
 			kw.wake(kw.at)
@@ -515,25 +519,25 @@ func (w *Watcher) dispatchChange(sw *serviceWatch, c keyChange) {
 	kw.at = time.Now()
 	kw.echo = 0
 	switch {
-	case c.rev == 0: // no values: every change may help anyone
+	case c.Revision == 0: // no values: every change may help anyone
 		kw.decoded = false
-	case len(kw.waiters) == 0 && !c.deleted:
+	case len(kw.waiters) == 0 && !c.Deleted:
 		// Only lingering feeds: no wake-up needs the state, and the
 		// coordinators decode it if an operation uses it.
-		kw.rev, kw.state, kw.decoded, kw.pending = c.rev, nil, false, &c
-		kw.nrev.Store(c.rev)
+		kw.rev, kw.state, kw.decoded, kw.pending = c.Revision, nil, false, &c
+		kw.nrev.Store(c.Revision)
 		for t := range kw.tables {
-			t.watchedValue(c.kvKey, sw.service, c.value, c.rev)
+			t.watchedValue(c.KVKey, sw.service, c.Value, c.Revision)
 		}
 		return
 	default:
-		kw.rev, kw.state, kw.decoded, kw.pending = c.rev, nil, true, nil
-		kw.nrev.Store(c.rev)
-		if !c.deleted {
+		kw.rev, kw.state, kw.decoded, kw.pending = c.Revision, nil, true, nil
+		kw.nrev.Store(c.Revision)
+		if !c.Deleted {
 			kw.state, kw.decoded = kw.decode(sw.service, c)
 		}
 		for t := range kw.tables {
-			t.watched(c.kvKey, kw.state, c.rev, kw.decoded)
+			t.watched(c.KVKey, kw.state, c.Revision, kw.decoded)
 		}
 	}
 	kw.wake(kw.at)
@@ -580,15 +584,15 @@ func (w *Watcher) handoff(kvKey string, st *KeyState, rev uint64) {
 // decode returns c's state and true, or false when c's value is not this
 // key's state. A state one of the fed coordinators holds at c's revision
 // (its own write, typically) is taken from it, not decoded again.
-func (kw *keyWatch) decode(service string, c keyChange) (*KeyState, bool) {
+func (kw *keyWatch) decode(service string, c ValueChange) (*KeyState, bool) {
 	for t := range kw.tables {
-		if st := t.held(c.kvKey, c.rev, c.value); st != nil {
+		if st := t.held(c.KVKey, c.Revision, c.Value); st != nil {
 			return st, true
 		}
 	}
 	*kw.decodes++
-	st, err := decodeState(c.value)
-	if err != nil || st.Service != service || kvKeyFor(st.Service, st.JobType, st.KeyHash) != c.kvKey {
+	st, err := decodeState(c.Value)
+	if err != nil || st.Service != service || kvKeyFor(st.Service, st.JobType, st.KeyHash) != c.KVKey {
 		return nil, false
 	}
 	return st, true

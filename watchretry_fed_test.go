@@ -37,8 +37,8 @@ func (s *raceHookStore) count(err error) {
 	}
 }
 
-func (s *raceHookStore) valueLimit(ctx context.Context, service string) (int, error) {
-	return s.Store.(valueLimiter).valueLimit(ctx, service)
+func (s *raceHookStore) MaxValueSize(ctx context.Context, service string) (int, error) {
+	return s.Store.(ValueLimiter).MaxValueSize(ctx, service)
 }
 
 func (s *raceHookStore) before() {

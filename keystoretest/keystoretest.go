@@ -16,11 +16,30 @@
 //		})
 //	}
 //
-// The suite checks the four methods of [jobkeys.Store] only; the
-// capabilities a coordinator finds by type assertion (batched writes,
-// wake-ups, value limits, the server's clock) are not part of it. The
-// package uses only the standard testing package, so importing it adds
-// no test dependency to a module.
+// Beside the four methods of [jobkeys.Store], the suite checks each
+// optional capability the store implements, and skips the checks of the
+// others with the reason (go test -v shows the skips):
+//
+//   - [jobkeys.BatchWriter], when Batches is true for a key of the
+//     service once the key exists: a batch is written at consecutive
+//     revisions after the one it was written on, all or nothing; a stale
+//     revision is a conflict and a value over the limit (told by a
+//     [jobkeys.ValueLimiter]) is refused, each writing nothing; a batch
+//     that deletes ends in a delete marker at the last revision;
+//   - [jobkeys.ValueWatcher]: the changes of the service's keys after the
+//     watch started, each with the value and revision written, in
+//     revision order up to each key's latest, deletes included (at the
+//     marker's revision), no other service's; none after the watch ended;
+//   - [jobkeys.ValueLimiter]: a value of MaxValueSize bytes is taken, one
+//     byte more refused with [jobkeys.ErrStateTooLarge]; with
+//     Harness.OpenLimited, MaxValueSize is no more than the limit asked;
+//   - [jobkeys.ClockSource]: consistent bounds, at the time of the call,
+//     with a cancelled context too.
+//
+// The targeted wake-ups of [jobkeys.WithWakeUps] are [jobkeys.NATSStore]'s
+// own protocol, not a capability, and are not checked here. The package
+// uses only the standard testing package, so importing it adds no test
+// dependency to a module.
 //
 // The root package runs it on [jobkeys.MemoryStore] and on
 // [jobkeys.NATSStore] over an embedded server (store_conformance_test.go).
@@ -53,7 +72,8 @@ type Harness struct {
 }
 
 // Run runs the suite against the stores h makes, one parallel subtest per
-// rule. A Harness without Open fails the test.
+// rule, the checks of the optional capabilities included (see the package
+// doc). A Harness without Open fails the test.
 func Run(t *testing.T, h Harness) {
 	t.Helper()
 	if h.Open == nil {
@@ -364,6 +384,8 @@ func Run(t *testing.T, h Harness) {
 		noError(t, err)
 		equal(t, strconv.Itoa(workers*each), string(v), "counter after %d compare-and-swap increments", workers*each)
 	})
+
+	runCapabilities(t, h, ctx)
 }
 
 // message formats msgAndArgs (a format and its arguments) for a failure.
