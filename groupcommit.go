@@ -893,8 +893,6 @@ type batchCtx struct {
 	end   context.CancelFunc
 }
 
-type batchKey struct{}
-
 func newBatchContext(ops []*laneOp) *batchCtx {
 	ctx, cancel := context.WithCancel(context.WithoutCancel(ops[0].ctx))
 	b := &batchCtx{Context: ctx, ops: ops, stops: make([]func() bool, len(ops)), end: cancel}
@@ -910,34 +908,10 @@ func newBatchContext(ops []*laneOp) *batchCtx {
 	return b
 }
 
-// Value returns the batch itself for batchKey, else the first operation's
-// value for key.
-func (b *batchCtx) Value(key any) any {
-	if key == (batchKey{}) {
-		return b
-	}
-	return b.Context.Value(key)
-}
-
 // stop releases b.
 func (b *batchCtx) stop() {
 	for _, stop := range b.stops {
 		stop()
 	}
 	b.end()
-}
-
-// batchContexts returns the contexts of the operations a store call made
-// with ctx writes for: those of a batch, or ctx alone. Tests that count
-// each operation's writes use it.
-func batchContexts(ctx context.Context) []context.Context {
-	b, ok := ctx.Value(batchKey{}).(*batchCtx)
-	if !ok {
-		return []context.Context{ctx}
-	}
-	out := make([]context.Context, len(b.ops))
-	for i, op := range b.ops {
-		out[i] = op.ctx
-	}
-	return out
 }

@@ -22,6 +22,22 @@ import (
 	"github.com/stretchr/testify/require"
 )
 
+// batchContexts returns the contexts of the operations a store call made
+// with ctx writes for: those of a batch (the coordinator passes the
+// store a *batchCtx for a write of more than one operation), or ctx
+// alone. Store wrappers that count each operation's writes use it.
+func batchContexts(ctx context.Context) []context.Context {
+	b, ok := ctx.(*batchCtx)
+	if !ok {
+		return []context.Context{ctx}
+	}
+	out := make([]context.Context, len(b.ops))
+	for i, op := range b.ops {
+		out[i] = op.ctx
+	}
+	return out
+}
+
 // gcGateStore holds writes at a gate while one is set: each write then
 // signals entered and waits for a permit (or for the gate to open).
 type gcGateStore struct {

@@ -116,12 +116,7 @@ func (jt *JobType) acquire(ctx context.Context, key JobKey, jobID string, opts [
 		}
 		req = o.applyAcquire(req)
 	}
-	turn := jt.queueTurn(opts, req, wt) // see queueTurnOption
-	if turn != nil {
-		wt = turn
-	}
 	acq, err := jt.coord.acquireKey(ctx, key, jt.policy, req, wt)
-	jt.afterQueueTurn(turn, key.KVKey, jobID, err)
 	if acq.Kind == KindAcquired {
 		// The lease is the caller's: it must not share the handle's template.
 		acq.Lease.Policy = jt.Policy()

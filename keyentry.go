@@ -827,15 +827,10 @@ func queuedBehindIn(st *KeyState, key JobKey, jobID string, limit int, now time.
 	return out, i, true
 }
 
-// seen returns the revision of the state e knows (0 when it knows none)
-// and when it learned it.
-func (e *keyEntry) seen() (uint64, time.Time) {
-	rev, at, _ := e.learned()
-	return rev, at
-}
-
-// learned is seen, with, for a state this coordinator's own read or write
-// returned, when that request was sent (zero otherwise; see sentAt).
+// learned returns the revision of the state e knows (0 when it knows
+// none), when it learned it and, for a state this coordinator's own read
+// or write returned, when that request was sent (zero otherwise; see
+// sentAt).
 func (e *keyEntry) learned() (rev uint64, seenAt, sentAt time.Time) {
 	e.mu.Lock()
 	defer e.mu.Unlock()

@@ -255,9 +255,9 @@ type slotWait struct {
 	// job queued behind the jobs that may take the free slots, how many of
 	// them are before its turn; else 0.
 	ahead int
-	// tried says a try was made: a later one without a try of its own
-	// (a recheck of a Run without a Watcher) carries a try out of turn,
-	// which queueTurnOption leaves out of turn (see JobType.queueTurn).
+	// tried says a try was made: a later one (a recheck of a Run without
+	// a Watcher) is a waiting try too (waitTry), whose outcome's revision
+	// is kept in seen.
 	tried bool
 	// behind is the revision of the fed state by which the job is queued
 	// behind the jobs that may take the free slots: it does not try

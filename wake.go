@@ -324,7 +324,7 @@ func (w *Watcher) wakeUps() wakeStore {
 	return wakeStoreOf(w.store)
 }
 
-// subscribeWake is subscribeWaiter over targeted wake-ups: the
+// subscribeWake is subscribeQueued over targeted wake-ups: the
 // subscription is signalled by the wake-ups sent to job jobID of kvKey.
 // A wake-up handed over in memory by this store (a write of this process,
 // whose state the server stored as it says) is handed to t, the key table
@@ -476,18 +476,6 @@ func (s *Subscription) closeWake() {
 		s.wake.table.unpin(s.kvKey, entry)
 	}
 	s.end()
-}
-
-// wakeSubscriptions returns how many subscriptions of subscribeWake are
-// open: the Runs waiting for wake-ups (tests wait for them).
-func (w *Watcher) wakeSubscriptions() int {
-	w.mu.Lock()
-	defer w.mu.Unlock()
-	n := 0
-	for _, subs := range w.wakeSubs {
-		n += len(subs)
-	}
-	return n
 }
 
 // forgetWake removes s from w.wakeSubs. Called with w.mu held.

@@ -36,48 +36,14 @@ func newStaleWakeFixture(t *testing.T, p Policy) *jobWakeFixture {
 	return f
 }
 
-// TestPassWakeUpStaleBlockFreesNoSlot: under StalePolicy Block an expired
-// slot stays taken (ReduceAcquire blocks with ReasonStaleBlocked), so a
-// job leaving with passWakeUp has no slot to hand on: the job behind it is
-// sent no wake-up. Under FailStale the same expired slot is free, and the
-// job behind is woken (the control). (passWakeUp counted only live slots
-// as taken, and woke the job behind for a slot that was not free.)
-func TestPassWakeUpStaleBlockFreesNoSlot(t *testing.T) {
-	t.Parallel()
-	for _, stale := range []StalePolicy{Block, FailStale} {
-		t.Run(string(stale), func(t *testing.T) {
-			t.Parallel()
-			f := newStaleWakeFixture(t, Policy{Key: []string{"/t"}, MaxActive: 1, MaxQueuedPerKey: 5, StalePolicy: stale})
-			ctx := context.Background()
-			for _, id := range []string{"job-1", "job-2", "job-3"} {
-				_, err := f.jta.Admit(ctx, id, jobWakePayload)
-				require.NoError(t, err)
-			}
-			acq, err := f.jta.Acquire(ctx, "job-1", jobWakePayload)
-			require.NoError(t, err)
-			require.Equal(t, KindAcquired, acq.Kind)
-			sub3, err := f.wb.subscribeJob(ctx, f.jtb, f.kvKey, "job-3")
-			require.NoError(t, err)
-			defer sub3.Close()
-
-			require.NoError(t, f.jtb.passWakeUp(ctx, "job-2", jobWakePayload))
-			if stale == FailStale {
-				recv(t, sub3.Changed(), "job-3's wake-up: job-1's expired slot is free under FailStale")
-				return
-			}
-			f.assertBlockKeptTheSlot(t, ctx, sub3, "job-3")
-		})
-	}
-}
-
-// TestWithQueueTurnStaleBlockWakesTheJobAhead: under StalePolicy Block,
+// TestInTurnStaleBlockWakesTheJobAhead: under StalePolicy Block,
 // with two slots, one taken by an expired lease (taken still) and one
-// free, an acquisition of job-3 with queueTurn, queued behind job-2,
+// free, a try in turn of job-3 (a waiting Runner's), queued behind job-2,
 // which waits in another process, is blocked in turn and sends job-2 the
 // wake-up of the free slot. (wakeAhead counted the expired slot as free,
 // found job-3 among the jobs two free slots were for, and sent nothing:
 // job-2 waited for its recheck.)
-func TestWithQueueTurnStaleBlockWakesTheJobAhead(t *testing.T) {
+func TestInTurnStaleBlockWakesTheJobAhead(t *testing.T) {
 	t.Parallel()
 	f := newStaleWakeFixture(t, Policy{Key: []string{"/t"}, MaxActive: 2, MaxQueuedPerKey: 5, StalePolicy: Block})
 	ctx := context.Background()
@@ -97,11 +63,9 @@ func TestWithQueueTurnStaleBlockWakesTheJobAhead(t *testing.T) {
 	wa, err := NewWatcher(f.a)
 	require.NoError(t, err)
 	t.Cleanup(wa.Close)
-	sub2, err := wa.subscribeJob(ctx, f.jta, f.kvKey, "job-2")
-	require.NoError(t, err)
-	defer sub2.Close()
+	sub2 := subscribeJobWakes(t, wa, f.jta, f.kvKey, "job-2")
 
-	got, err := f.jtb.Acquire(ctx, "job-3", jobWakePayload, queueTurn())
+	got, err := acquireInTurn(ctx, f.jtb, "job-3", jobWakePayload)
 	require.NoError(t, err)
 	require.Equal(t, KindBlocked, got.Kind)
 	assert.Equal(t, ReasonActiveLimit, got.Reason)
@@ -244,9 +208,7 @@ func TestPublishWakesStaleBlockFreesNoSlot(t *testing.T) {
 				_, _, chains := wakeHubSize(f.a)
 				return chains == 0
 			}, 30*time.Second, time.Millisecond, "the wake-ups of store a end")
-			sub2, err := f.wb.subscribeJob(ctx, f.jtb, f.kvKey, "job-2")
-			require.NoError(t, err)
-			defer sub2.Close()
+			sub2 := subscribeJobWakes(t, f.wb, f.jtb, f.kvKey, "job-2")
 
 			// b (an hour ahead: job-1's lease expired by its clock) admits
 			// job-4: its write leaves job-1's slot and job-2 first queued.

@@ -90,7 +90,7 @@ type serviceWatch struct {
 }
 
 // keyWatch is what a Watcher keeps of one key that waiters (the blocked
-// acquisitions of Runners, see subscribeWaiter) wait on: the waiters (in
+// acquisitions of Runners, see subscribeQueued) wait on: the waiters (in
 // arrival order, sorted by their jobs' places in the queue at each wake),
 // the latest change the watch delivered (or a coordinator
 // of the process handed off), and the key tables of the coordinators it
@@ -167,25 +167,22 @@ func (w *Watcher) Subscribe(ctx context.Context, service, kvKey string) (*Subscr
 	return w.subscribe(ctx, service, kvKey, nil)
 }
 
-// subscribeWaiter is Subscribe for a blocked acquisition of job jobID whose
-// policy allows limit slots, run by a coordinator whose key table is t. The
-// subscription is signalled only when a change can help it (see
-// Watcher.wake): it starts out woken, and after each try that found the
-// key busy at revision seen the waiter calls rearm(seen). While it lasts,
-// the watch feeds the key's changes to t (see keyTable.watched).
-func (w *Watcher) subscribeWaiter(ctx context.Context, service, kvKey, jobID string, limit int, t *keyTable) (*Subscription, error) {
-	return w.subscribeQueued(ctx, service, kvKey, jobID, limit, t, 0)
-}
-
-// subscribeQueued is subscribeWaiter for a job that, with behind not 0,
-// its coordinator's watch-fed state at revision behind has queued behind
-// the jobs that may take the key's free slots (see Runner.queuedBehind):
-// the waiter starts out not woken, as if its try had found the key busy
-// just before revision behind, so that it is woken by the same rules as
-// any waiter (see wake and turn) once this Watcher holds revision behind
-// or a later one. A Watcher that holds no state of the key (its watch
-// of the key just began) wakes it at once: it has no queue to take turns
-// by.
+// subscribeQueued is Subscribe for a blocked acquisition of job jobID
+// whose policy allows limit slots, run by a coordinator whose key table
+// is t. The subscription is signalled only when a change can help it
+// (see Watcher.wake): with behind 0 it starts out woken, and after each
+// try that found the key busy at revision seen the waiter calls
+// rearm(seen). While it lasts, the watch feeds the key's changes to t
+// (see keyTable.watched).
+//
+// With behind not 0, the job's coordinator's watch-fed state at revision
+// behind has it queued behind the jobs that may take the key's free
+// slots (see Runner.queuedBehind): the waiter starts out not woken, as if
+// its try had found the key busy just before revision behind, so that it
+// is woken by the same rules as any waiter (see wake and turn) once this
+// Watcher holds revision behind or a later one. A Watcher that holds no
+// state of the key (its watch of the key just began) wakes it at once: it
+// has no queue to take turns by.
 func (w *Watcher) subscribeQueued(ctx context.Context, service, kvKey, jobID string, limit int, t *keyTable, behind uint64) (*Subscription, error) {
 	if valueWatcherOf(w.store) == nil {
 		t = nil // a watch without values has no state to feed, nor turns: a waiter behind is woken at once
@@ -800,7 +797,7 @@ type Subscription struct {
 	changed chan struct{}
 	done    chan struct{}
 	once    sync.Once
-	waiter  *waiter   // a Runner's blocked acquisition; see subscribeWaiter
+	waiter  *waiter   // a Runner's blocked acquisition; see subscribeQueued
 	wake    *wakeWait // one over targeted wake-ups; see subscribeWake
 }
 

@@ -58,6 +58,14 @@ func rtStores(t *testing.T) map[string]func(t *testing.T) rtStore {
 	}
 }
 
+// subscribeWaiter subscribes a blocked acquisition of job jobID whose
+// policy allows limit slots, run by a coordinator whose key table is t,
+// as a Runner's first subscription does (subscribeQueued, starting out
+// woken).
+func (w *Watcher) subscribeWaiter(ctx context.Context, service, kvKey, jobID string, limit int, t *keyTable) (*Subscription, error) {
+	return w.subscribeQueued(ctx, service, kvKey, jobID, limit, t, 0)
+}
+
 // recv waits for a value on ch, failing the test after rtWait.
 func recv[T any](t testing.TB, ch <-chan T, what string) T {
 	t.Helper()

@@ -607,219 +607,6 @@ func (s *NATSStore) replay(ctx context.Context, req EnqueueRequest, idemKey stri
 	return out, nil
 }
 
-// natsCandidate is a claimable job, its KV key and the entry revision it
-// was read at.
-type natsCandidate struct {
-	job       Job
-	key       string
-	rev       uint64
-	activeSeq uint64
-	// raw and target: the record as stored and its target, when the
-	// record holds a mark (see natsstore_enqueue.go).
-	raw    *natsRawJob
-	target natsTargetRead
-}
-
-// Claim implements [Store.Claim]. It lists the active entries of the
-// channel (or of every channel), reads their jobs in batched reads, and
-// claims the due ones in claim order, each with a compare-and-swap on its
-// key; a job another process claimed or changed in between is skipped.
-// Entries whose job is terminal or gone are removed on the way. A job
-// record that does not validate is skipped (reported as [Store.Claim]
-// says); the other jobs of its channel are still claimed.
-func (s *NATSStore) Claim(ctx context.Context, req ClaimRequest) ([]Job, error) {
-	return observe(ctx, s.cfg.obs, trClaim, s.claim, req)
-}
-
-// claim is Claim without its metrics.
-func (s *NATSStore) claim(ctx context.Context, req ClaimRequest) ([]Job, error) {
-	const op = "claim"
-	req, err := prepareClaim(req)
-	if err != nil {
-		return nil, err
-	}
-	if err := s.cfg.guard(ctx, op); err != nil {
-		return nil, err
-	}
-	prefix := familyJob + "."
-	if req.ChannelID != "" {
-		prefix += escapeToken(req.ChannelID) + "."
-	}
-	hinted := s.pending.matching(prefix)
-	entries, prefetched, err := s.listActive(ctx, op, req.ChannelID, hinted)
-	if err != nil {
-		return nil, err
-	}
-	type ref struct{ channelID, jobID, activeKey string }
-	refs := make(map[string]ref, len(entries))
-	jobKeys := make([]string, 0, len(entries))
-	for key := range entries {
-		channelID, jobID, err := parseActive(key)
-		if err != nil {
-			continue // not written by this store; never claimable
-		}
-		jk := s.keys.job(channelID, jobID)
-		refs[jk] = ref{channelID, jobID, key}
-		jobKeys = append(jobKeys, jk)
-	}
-	for _, jk := range hinted {
-		if _, ok := refs[jk]; !ok {
-			s.pending.remove(jk) // gone, or finished by another store
-		}
-	}
-	out := []Job{}
-	if len(jobKeys) == 0 {
-		return out, nil
-	}
-	slices.Sort(jobKeys)
-	var missing []string
-	for _, jk := range jobKeys {
-		if _, ok := prefetched[jk]; !ok {
-			missing = append(missing, jk)
-		}
-	}
-	read := prefetched
-	if len(missing) > 0 {
-		more, err := s.getMany(ctx, op, missing)
-		if err != nil {
-			return nil, err
-		}
-		for k, m := range more {
-			read[k] = m
-		}
-	}
-	raws := make(map[string]*natsRawJob, len(jobKeys))
-	var targetKeys []string
-	var skipped []error
-	for _, jk := range jobKeys {
-		r := refs[jk]
-		m, ok := read[jk]
-		if !ok {
-			continue
-		}
-		raw, err := decodeNATSRaw(jk, m, r.channelID, r.jobID)
-		if err != nil {
-			// Skipped, never written, its active entry kept: the rest of
-			// the channel is still claimed (see Claim's doc).
-			s.pending.remove(jk)
-			skipped = append(skipped, err)
-			continue
-		}
-		raws[jk] = &raw
-		if raw.marks.any() {
-			targetKeys = append(targetKeys, s.keys.target(r.channelID, raw.job.TargetKey))
-		}
-	}
-	var targets map[string]natsMsg
-	if len(targetKeys) > 0 {
-		// Marked records of unbatched enqueues are resolved against their
-		// targets, read after them.
-		if targets, err = s.getMany(ctx, op, targetKeys); err != nil {
-			return nil, err
-		}
-	}
-	now := s.cfg.now()
-	var due []natsCandidate
-	var stale []string
-	for _, jk := range jobKeys {
-		r := refs[jk]
-		raw, ok := raws[jk]
-		if !ok {
-			if _, read := read[jk]; !read {
-				stale = append(stale, r.activeKey)
-			}
-			continue
-		}
-		j := raw.job
-		c := natsCandidate{key: jk, rev: raw.rev, activeSeq: raw.activeSeq}
-		if raw.marks.any() {
-			tk := s.keys.target(r.channelID, raw.job.TargetKey)
-			if m, ok := targets[tk]; ok {
-				t, err := decodeNATSTarget(tk, m.rev, m.data)
-				if err != nil {
-					return nil, err
-				}
-				c.target = natsTargetRead{rec: t, rev: m.rev}
-			}
-			var found bool
-			if j, found = raw.resolve(c.target); !found {
-				continue // an enqueue not committed (yet): its entry kept
-			}
-			c.raw = raw
-		}
-		if j.State != StatePending {
-			s.pending.remove(jk)
-		}
-		if !j.State.Active() {
-			stale = append(stale, r.activeKey)
-			continue
-		}
-		// Only the target's newest job can be active (an enqueue supersedes
-		// the previous one in its batch, or marks it superseded before its
-		// commit, resolved above), so an active job's generation is its
-		// target's current one.
-		if claimable(&j, j.TargetGeneration, now) {
-			c.job = j
-			due = append(due, c)
-		}
-	}
-	for _, key := range stale {
-		s.dropActive(ctx, key, entries[key].rev+1)
-	}
-	slices.SortFunc(due, func(a, b natsCandidate) int { return claimOrder(&a.job, &b.job) })
-	for _, c := range due {
-		if len(out) == req.Count {
-			break
-		}
-		// Once a job is claimed it is the caller's: a failure after it
-		// ends the call with the jobs claimed so far (the next call
-		// reports it), never with an error that would drop them.
-		if err := ctx.Err(); err != nil {
-			return claimedOr(out, err)
-		}
-		claimed := claimJob(&c.job, req, now, 0)
-		meta := natsMeta{activeSeq: c.activeSeq}
-		if c.raw != nil {
-			if meta.supersede, err = s.beforeWrite(ctx, op, c.raw, c.target, &c.job, &claimed); err != nil {
-				return claimedOr(out, err)
-			}
-		}
-		value, err := encodeNATSJobMeta(&claimed, nil, meta)
-		if err != nil {
-			return claimedOr(out, err)
-		}
-		rev, conflict, err := s.update(ctx, op, c.key, value, c.rev)
-		if err != nil {
-			return claimedOr(out, err)
-		}
-		if conflict {
-			continue // claimed or changed by another process since the read
-		}
-		if meta.supersede != nil {
-			// Marked superseded-to-be by an unbatched enqueue: if that
-			// committed after the read, the job is superseded, not
-			// claimed (see apply).
-			t, err := s.readTarget(ctx, op, c.job.ChannelID, c.job.TargetKey)
-			if err != nil {
-				return claimedOr(out, err)
-			}
-			if t.rec.Generation > c.job.TargetGeneration {
-				continue
-			}
-		}
-		claimed.Revision = rev
-		if meta.supersede == nil {
-			s.cache.put(c.key, claimed, rev, c.activeSeq)
-		}
-		s.pending.remove(c.key)
-		out = append(out, cloneJob(claimed))
-	}
-	if len(out) == 0 && len(skipped) > 0 {
-		return out, fmt.Errorf("%s: no job claimed; skipped %d stored records that do not validate: %w", op, len(skipped), errors.Join(skipped...))
-	}
-	return out, nil
-}
-
 // ClaimJob implements [Store.ClaimJob]: one compare-and-swap on the job's
 // key (after its read).
 func (s *NATSStore) ClaimJob(ctx context.Context, req ClaimJobRequest) (Job, error) {
@@ -839,15 +626,6 @@ func (s *NATSStore) claimJob(ctx context.Context, req ClaimJobRequest) (Job, err
 		s.pending.remove(s.keys.job(req.ChannelID, req.JobID))
 	}
 	return j, err
-}
-
-// claimedOr is what a Claim returns when it stops early with err: the jobs
-// it claimed, if any, with no error; else err.
-func claimedOr(out []Job, err error) ([]Job, error) {
-	if len(out) > 0 {
-		return out, nil
-	}
-	return nil, err
 }
 
 // listActive reads the active entries of a channel (every channel when
@@ -891,33 +669,26 @@ func (s *NATSStore) change(ctx context.Context, op, channelID, jobID string,
 	return s.apply(ctx, op, channelID, jobID, rule)
 }
 
-// apply is change after the guard.
+// apply is change after the guard: each round reads the job (from the
+// cache on the first when it holds the job), applies rule, writes the
+// result over the revision read (applyWrite) and, once written, does what
+// the write leaves to do (applied); a write that lost to another writer's
+// starts the next round.
 func (s *NATSStore) apply(ctx context.Context, op, channelID, jobID string,
 	rule func(j *Job, generation uint64, now time.Time) (Job, *Artifact, error)) (Job, *Artifact, error) {
 	key := s.keys.job(channelID, jobID)
 	cached, useCache := s.cache.get(key)
 	for range natsCASAttempts {
-		var stored Job
-		var storedArt *Artifact
-		var entryRev, activeSeq uint64
-		var rd natsJobRead // its marks and target (natsstore_enqueue.go)
-		found := false
 		fromCache := useCache
 		useCache = false
-		if fromCache {
-			stored, entryRev, activeSeq, found = cached.job, cached.rev, cached.activeSeq, true
-			rd = natsJobRead{raw: natsRawJob{rev: cached.rev, activeSeq: cached.activeSeq, marks: cached.marks}, target: cached.target}
-		} else if channelID != "" && jobID != "" { // an empty id is no key; the rule reports it
-			var err error
-			if rd, err = s.readJobFull(ctx, op, channelID, jobID); err != nil {
-				return Job{}, nil, err
-			}
-			stored, storedArt, entryRev, activeSeq, found = rd.job, rd.raw.art, rd.raw.rev, rd.raw.activeSeq, rd.found
+		cur, err := s.applyRead(ctx, op, channelID, jobID, cached, fromCache)
+		if err != nil {
+			return Job{}, nil, err
 		}
 		var jp *Job
 		var gen uint64
-		if found {
-			jp, gen = &stored, stored.TargetGeneration
+		if cur.found {
+			jp, gen = &cur.stored, cur.stored.TargetGeneration
 		}
 		next, art, err := rule(jp, gen, s.cfg.now())
 		if err != nil && fromCache {
@@ -926,76 +697,135 @@ func (s *NATSStore) apply(ctx context.Context, op, channelID, jobID string,
 		if err != nil {
 			return Job{}, nil, err
 		}
-		if art == nil && storedArt != nil {
-			art = storedArt // never dropped; a completed job does not change
+		if art == nil && cur.art != nil {
+			art = cur.art // never dropped; a completed job does not change
 		}
-		meta := natsMeta{activeSeq: activeSeq}
-		if rd.raw.marks.any() {
-			// A record an unbatched enqueue marked (natsstore_enqueue.go).
-			if meta.supersede, err = s.beforeWrite(ctx, op, &rd.raw, rd.target, &stored, &next); err != nil {
-				return Job{}, nil, err
-			}
-		}
-		value, err := encodeNATSJobMeta(&next, art, meta)
+		w, written, err := s.applyWrite(ctx, op, key, channelID, &cur, &next, art)
 		if err != nil {
 			return Job{}, nil, err
 		}
-		ttl := s.finalTTL(next.State) // the write that finishes a job carries its retention
-		sent := time.Now()
-		var entries func() (map[string]natsMsg, error)
-		if ttl > 0 {
-			entries = s.readRetire(ctx, op, &next) // while the write is in flight
-		}
-		rev, conflict, err := s.updateTTL(ctx, op, key, value, entryRev, ttl)
-		if entries != nil && (err != nil || conflict) {
-			_, _ = entries()
-		}
-		if err != nil {
-			return Job{}, nil, err
-		}
-		if conflict {
+		if !written {
 			s.cache.drop(key)
 			continue
 		}
-		if meta.supersede != nil {
-			// An unbatched enqueue marked the job superseded-to-be: if it
-			// committed after the read, the job is superseded and this
-			// write, which kept the mark, changed nothing a reader sees.
-			// Read again: the rule then meets the superseded job.
-			t, err := s.readTarget(ctx, op, channelID, next.TargetKey)
-			if err != nil {
-				return Job{}, nil, err
-			}
-			if t.rec.Generation > next.TargetGeneration {
-				s.cache.drop(key)
-				continue
-			}
-		}
-		next.Revision = rev
-		for i := range next.Progress {
-			if next.Progress[i].Revision == 0 {
-				next.Progress[i].Revision = rev
-			}
-		}
-		if art != nil && art.Revision == 0 {
-			a := *art
-			a.Revision = rev
-			art = &a
-		}
-		if next.State == StateRunning && meta.supersede == nil {
-			s.cache.put(key, next, rev, activeSeq)
-		} else {
-			s.cache.drop(key)
-		}
-		if !next.State.Active() {
-			s.dropActive(ctx, s.keys.active(channelID, jobID), activeBound(activeSeq, rev))
-			if ttl > 0 {
-				s.retire(ctx, op, &next, ttl, sent, entries)
-			}
-		}
+		next, art = s.applied(ctx, op, key, channelID, jobID, next, art, cur.activeSeq, w)
 		return cloneJob(next), cloneArtifact(art), nil
 	}
 	return Job{}, nil, conflictf("%s: job %q in channel %q changed concurrently %d times in a row", op, jobID, channelID, natsCASAttempts)
+}
+
+// natsApplyRead is the job a round of apply starts from.
+type natsApplyRead struct {
+	stored         Job
+	art            *Artifact // the stored artifact; nil from the cache
+	found          bool
+	rev, activeSeq uint64
+	rd             natsJobRead // its marks and target (natsstore_enqueue.go)
+}
+
+// applyRead returns the job apply's round starts from: cached when
+// fromCache, else read (not found for an empty channel or job id, which
+// is no key; the rule reports it).
+func (s *NATSStore) applyRead(ctx context.Context, op, channelID, jobID string, cached natsCached, fromCache bool) (natsApplyRead, error) {
+	switch {
+	case fromCache:
+		return natsApplyRead{stored: cached.job, rev: cached.rev, activeSeq: cached.activeSeq, found: true,
+			rd: natsJobRead{raw: natsRawJob{rev: cached.rev, activeSeq: cached.activeSeq, marks: cached.marks}, target: cached.target}}, nil
+	case channelID == "" || jobID == "":
+		return natsApplyRead{}, nil
+	}
+	rd, err := s.readJobFull(ctx, op, channelID, jobID)
+	if err != nil {
+		return natsApplyRead{}, err
+	}
+	return natsApplyRead{stored: rd.job, art: rd.raw.art, rev: rd.raw.rev, activeSeq: rd.raw.activeSeq, found: rd.found, rd: rd}, nil
+}
+
+// natsApplyWrite is what apply's write of a job leaves to do once
+// written.
+type natsApplyWrite struct {
+	rev  uint64
+	meta natsMeta
+	// ttl is the retention the write of a finished job carries (0: none);
+	// sent is when the write went out; entries, with a ttl, returns the
+	// job's other entries, read while the write was in flight.
+	ttl     time.Duration
+	sent    time.Time
+	entries func() (map[string]natsMsg, error)
+}
+
+// applyWrite writes next (and art) over the revision cur was read at, to
+// key, the KV key of the job in channel channelID.
+// written is false when another writer came first, or when an unbatched
+// enqueue that marked the job superseded-to-be committed after the read:
+// the write, which kept the mark, changed nothing a reader sees, and the
+// next round's rule meets the superseded job.
+func (s *NATSStore) applyWrite(ctx context.Context, op, key, channelID string, cur *natsApplyRead, next *Job, art *Artifact) (w natsApplyWrite, written bool, err error) {
+	w.meta = natsMeta{activeSeq: cur.activeSeq}
+	if cur.rd.raw.marks.any() {
+		// A record an unbatched enqueue marked (natsstore_enqueue.go).
+		if w.meta.supersede, err = s.beforeWrite(ctx, op, &cur.rd.raw, cur.rd.target, &cur.stored, next); err != nil {
+			return w, false, err
+		}
+	}
+	value, err := encodeNATSJobMeta(next, art, w.meta)
+	if err != nil {
+		return w, false, err
+	}
+	w.ttl = s.finalTTL(next.State) // the write that finishes a job carries its retention
+	w.sent = time.Now()
+	if w.ttl > 0 {
+		w.entries = s.readRetire(ctx, op, next) // while the write is in flight
+	}
+	rev, conflict, err := s.updateTTL(ctx, op, key, value, cur.rev, w.ttl)
+	if w.entries != nil && (err != nil || conflict) {
+		_, _ = w.entries()
+	}
+	if err != nil || conflict {
+		return w, false, err
+	}
+	w.rev = rev
+	if w.meta.supersede != nil {
+		t, err := s.readTarget(ctx, op, channelID, next.TargetKey)
+		if err != nil {
+			return w, false, err
+		}
+		if t.rec.Generation > next.TargetGeneration {
+			return w, false, nil
+		}
+	}
+	return w, true, nil
+}
+
+// applied is what apply does once next (and art) is written: the
+// revision set on the job, its new progress entries and its new artifact;
+// the cache holds a running job it wrote without a mark, and forgets any
+// other; a job no longer active loses its active entry (activeSeq: its
+// sequence, 0 unknown) and, finished with a retention, is retired.
+func (s *NATSStore) applied(ctx context.Context, op, key, channelID, jobID string, next Job, art *Artifact, activeSeq uint64, w natsApplyWrite) (Job, *Artifact) {
+	next.Revision = w.rev
+	for i := range next.Progress {
+		if next.Progress[i].Revision == 0 {
+			next.Progress[i].Revision = w.rev
+		}
+	}
+	if art != nil && art.Revision == 0 {
+		a := *art
+		a.Revision = w.rev
+		art = &a
+	}
+	if next.State == StateRunning && w.meta.supersede == nil {
+		s.cache.put(key, next, w.rev, activeSeq)
+	} else {
+		s.cache.drop(key)
+	}
+	if !next.State.Active() {
+		s.dropActive(ctx, s.keys.active(channelID, jobID), activeBound(activeSeq, w.rev))
+		if w.ttl > 0 {
+			s.retire(ctx, op, &next, w.ttl, w.sent, w.entries)
+		}
+	}
+	return next, art
 }
 
 // activeBound is the purge bound for a job's active entry: just past the

@@ -244,19 +244,3 @@ func (r *periodicRunner) enqueue(ctx context.Context, e *periodicEntry, tick tim
 	r.mu.Unlock()
 	return nil
 }
-
-// latest is the latest tick of schedule name this runner enqueued (or
-// found enqueued).
-func (r *periodicRunner) latest(name string) time.Time {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	return r.done[name]
-}
-
-// poke makes the runner look at the clock now.
-func (r *periodicRunner) poke() {
-	select {
-	case r.wake <- struct{}{}:
-	default:
-	}
-}

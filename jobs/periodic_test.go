@@ -72,6 +72,22 @@ func (e *periodicEnv) client(periodic []Periodic) *Client {
 	return c
 }
 
+// latest is the latest tick of schedule name this runner enqueued (or
+// found enqueued).
+func (r *periodicRunner) latest(name string) time.Time {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.done[name]
+}
+
+// poke makes the runner look at the clock now.
+func (r *periodicRunner) poke() {
+	select {
+	case r.wake <- struct{}{}:
+	default:
+	}
+}
+
 // awaitTick waits until each client's schedule name has enqueued tick
 // (its own job or a replay of another client's): bounded by the work
 // done, with a generous failure guard.

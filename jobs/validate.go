@@ -12,25 +12,19 @@ import (
 // record that fails, never overwriting it. The rules mirror what the
 // transition rules can produce: a record that fails was not written by them.
 
-// validateJob checks a stored job: identifiers present and within limits,
+// checkJob checks a stored job: identifiers present and within limits,
 // a known state, Version ≥ 1, TargetGeneration ≥ 1, counters consistent
 // (0 ≤ Failures ≤ Attempts ≤ ClaimGeneration), a running job with owner,
 // expiry and ClaimGeneration ≥ 1, any other job without owner, binding or
 // expiry, valid JSON input and binding, set times, and a progress log of at
-// most ProgressLimit entries that each follow the progress rules. The
-// error wraps ErrCorrupt and names the job and what is wrong.
+// most ProgressLimit entries that each follow the progress rules. It says
+// what is wrong; "" when nothing is (the store's error names the job and
+// the KV key, see natsCorrupt).
 //
 // It checks no order between the times: each is the clock reading of the
 // store that wrote it, and a writer whose clock is behind (or jumped back)
 // writes an UpdatedAt before CreatedAt, or a progress entry older than the
 // one before it; the rules write those (see Clocks in the package doc).
-func validateJob(j *Job) error {
-	if err := checkJob(j); err != "" {
-		return corruptf("job %q in channel %q: %s", j.ID, j.ChannelID, err)
-	}
-	return nil
-}
-
 func checkJob(j *Job) string {
 	for _, f := range []struct{ name, v string }{
 		{"id", j.ID}, {"channelId", j.ChannelID}, {"type", j.Type}, {"targetKey", j.TargetKey},
@@ -140,17 +134,6 @@ func checkProgress(p *Progress, attempts int) string {
 		return "createdAt is missing"
 	}
 	return ""
-}
-
-// validateTarget checks a stored target: identifiers present, Generation ≥ 1.
-func validateTarget(t *Target) error {
-	switch {
-	case t.ChannelID == "" || t.TargetKey == "":
-		return corruptf("target %q in channel %q: channelId or targetKey is empty", t.TargetKey, t.ChannelID)
-	case t.Generation < 1:
-		return corruptf("target %q in channel %q: generation is 0", t.TargetKey, t.ChannelID)
-	}
-	return nil
 }
 
 // validateArtifact checks a stored artifact of job j (j may be nil when the

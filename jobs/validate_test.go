@@ -11,6 +11,27 @@ import (
 	"github.com/stretchr/testify/require"
 )
 
+// validateJob is checkJob as an error wrapping ErrCorrupt that names the
+// job: the tests check with it what the rules and stores wrote.
+func validateJob(j *Job) error {
+	if err := checkJob(j); err != "" {
+		return corruptf("job %q in channel %q: %s", j.ID, j.ChannelID, err)
+	}
+	return nil
+}
+
+// validateTarget checks a target a store returned: identifiers present,
+// Generation ≥ 1.
+func validateTarget(t *Target) error {
+	switch {
+	case t.ChannelID == "" || t.TargetKey == "":
+		return corruptf("target %q in channel %q: channelId or targetKey is empty", t.TargetKey, t.ChannelID)
+	case t.Generation < 1:
+		return corruptf("target %q in channel %q: generation is 0", t.TargetKey, t.ChannelID)
+	}
+	return nil
+}
+
 var testNow = time.Date(2026, 1, 2, 3, 4, 5, 0, time.UTC)
 
 // runningJob is a valid running job with one progress entry, built by the
@@ -102,11 +123,7 @@ func TestValidateJobCorrupt(t *testing.T) {
 	}
 }
 
-func TestValidateTargetAndArtifact(t *testing.T) {
-	require.NoError(t, validateTarget(&Target{ChannelID: "c", TargetKey: "t", Generation: 1}))
-	require.ErrorIs(t, validateTarget(&Target{ChannelID: "c", TargetKey: "t"}), ErrCorrupt)
-	require.ErrorIs(t, validateTarget(&Target{TargetKey: "t", Generation: 1}), ErrCorrupt)
-
+func TestValidateArtifact(t *testing.T) {
 	j := runningJob(t)
 	s, err := prepareSettle(SettleRequest{Claim: ClaimOf(j), Artifact: json.RawMessage(`[1]`)})
 	require.NoError(t, err)

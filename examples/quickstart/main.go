@@ -85,8 +85,61 @@ func run() error {
 	}
 	defer producer.close()
 
+	ids, err := enqueueBurst(ctx, producer, &aud)
+	if err != nil {
+		return err
+	}
+
+	// The key layer underneath: each tenant is one key of the job type,
+	// and the enqueues above were admissions on it. Nothing runs yet, so
+	// each key holds its queued jobs only.
+	fmt.Println("\nthe keys, as the key layer (jobkeys.JobType.InspectKeys) sees them before any worker starts")
+	fmt.Println("(a queue holds MaxQueuedPerKey jobs plus one for each free slot: 2 + 2 while none runs):")
+	if err := producer.printKeys(ctx); err != nil {
+		return err
+	}
+
+	fmt.Println("\nrunning three workers (each its own connection); w3 crashes mid-job:")
+	workers, err := startWorkers(ctx, srv.ClientURL(), &aud)
+	for _, w := range workers {
+		defer w.close()
+	}
+	if err != nil {
+		return err
+	}
+	if err := awaitOver(ctx, producer, ids, &aud); err != nil {
+		return err
+	}
+	for _, w := range workers {
+		if err := w.client.Stop(ctx); err != nil {
+			return err
+		}
+	}
+
+	if err := accountFor(ctx, producer, ids, &aud); err != nil {
+		return err
+	}
+	ticks, twice := aud.digests()
+	fmt.Printf("\nthe periodic digest (every second, declared by all three workers): %d ticks, one job each", ticks)
+	if twice > 0 {
+		fmt.Printf(" (%d ran again after its worker died mid-run)", twice)
+	}
+	fmt.Println()
+	fmt.Println("\nthe keys afterwards (a key whose state is empty is deleted):")
+	if err := producer.printKeys(ctx); err != nil {
+		return err
+	}
+	fmt.Println("\nnext: examples/worker uses the key layer alone (JobType, Runner, Watcher, Sweeper)")
+	fmt.Println("for jobs that live in a stream of your own; examples/jobstore the job store alone.")
+	return nil
+}
+
+// enqueueBurst enqueues each tenant's burst through the producer and
+// returns the ids of the jobs enqueued (made by Enqueue, jobs.NewID), in
+// order.
+func enqueueBurst(ctx context.Context, producer *node, aud *audit) ([]string, error) {
 	fmt.Println("\nenqueueing (key tenant:<tenant>, 2 running + 2 waiting per tenant, replace the oldest):")
-	var ids []string // the jobs' ids, made by Enqueue (jobs.NewID), in order
+	var ids []string
 	for _, t := range tenants {
 		for i := 1; i <= t.jobs; i++ {
 			// Type and Input are all a job needs: its id, channel
@@ -101,7 +154,7 @@ func run() error {
 			case errors.As(err, &rej):
 				fmt.Printf("  %-12s rejected: %s (limit %d)\n", label, rej.Reason, rej.Limit)
 			case err != nil:
-				return err
+				return nil, err
 			case res.Outcome == jobs.OutcomeReplaced:
 				fmt.Printf("  %-12s accepted, replacing %s (its record is superseded: it will not run)\n", label, aud.labelOf(res.Replaced.ID))
 			default:
@@ -113,31 +166,29 @@ func run() error {
 			}
 		}
 	}
+	return ids, nil
+}
 
-	// The key layer underneath: each tenant is one key of the job type,
-	// and the enqueues above were admissions on it. Nothing runs yet, so
-	// each key holds its queued jobs only.
-	fmt.Println("\nthe keys, as the key layer (jobkeys.JobType.InspectKeys) sees them before any worker starts")
-	fmt.Println("(a queue holds MaxQueuedPerKey jobs plus one for each free slot: 2 + 2 while none runs):")
-	if err := producer.printKeys(ctx); err != nil {
-		return err
-	}
-
-	fmt.Println("\nrunning three workers (each its own connection); w3 crashes mid-job:")
+// startWorkers starts the three workers, each on a connection of its own;
+// it returns those it made, for the caller to close, even with an error.
+func startWorkers(ctx context.Context, url string, aud *audit) ([]*node, error) {
 	var workers []*node
 	for _, name := range []string{"w1", "w2", "w3"} {
-		w, err := newNode(srv.ClientURL(), name, &aud)
+		w, err := newNode(url, name, aud)
 		if err != nil {
-			return err
-		}
-		defer w.close()
-		if err := w.client.Start(ctx); err != nil {
-			return err
+			return workers, err
 		}
 		workers = append(workers, w)
+		if err := w.client.Start(ctx); err != nil {
+			return workers, err
+		}
 	}
+	return workers, nil
+}
 
-	// Wait until every job is over: completed, failed or superseded.
+// awaitOver waits until every job of ids is over: completed, failed or
+// superseded.
+func awaitOver(ctx context.Context, producer *node, ids []string, aud *audit) error {
 	for _, id := range ids {
 		for {
 			d, err := producer.client.Get(ctx, jobs.ChannelDefault, id)
@@ -154,12 +205,13 @@ func run() error {
 			}
 		}
 	}
-	for _, w := range workers {
-		if err := w.client.Stop(ctx); err != nil {
-			return err
-		}
-	}
+	return nil
+}
 
+// accountFor prints what happened to every job of ids and the most jobs
+// that ran at once per tenant; it fails when a tenant ran more than the
+// policy allows, or a job is neither completed nor replaced before it ran.
+func accountFor(ctx context.Context, producer *node, ids []string, aud *audit) error {
 	fmt.Println("\nwhat happened to every job (attempts count claims, so a job the crashed w3 had")
 	fmt.Println("claimed counts an attempt even if it never ran there):")
 	lost := 0
@@ -168,18 +220,8 @@ func run() error {
 		if err != nil {
 			return err
 		}
-		j := d.Job
-		line := fmt.Sprintf("  %-12s %-10s ran %d, attempts %d, failures %d", aud.labelOf(id), j.State, aud.runCount(id), j.Attempts, j.Failures)
-		switch {
-		case j.State == jobs.StateCompleted:
-			line += ", done by " + string(d.Artifact.Value)
-		case j.State == jobs.StateSuperseded:
-			line += ", " + j.Reason
-			if aud.ran(id) {
-				line += " (but it ran!)"
-				lost++
-			}
-		default:
+		line, ok := aud.outcome(id, d)
+		if !ok {
 			lost++
 		}
 		fmt.Println(line)
@@ -201,19 +243,25 @@ func run() error {
 		return fmt.Errorf("%d jobs were not accounted for", lost)
 	}
 	fmt.Println("\nevery job is accounted for; none ran after it was replaced.")
-	ticks, twice := aud.digests()
-	fmt.Printf("\nthe periodic digest (every second, declared by all three workers): %d ticks, one job each", ticks)
-	if twice > 0 {
-		fmt.Printf(" (%d ran again after its worker died mid-run)", twice)
-	}
-	fmt.Println()
-	fmt.Println("\nthe keys afterwards (a key whose state is empty is deleted):")
-	if err := producer.printKeys(ctx); err != nil {
-		return err
-	}
-	fmt.Println("\nnext: examples/worker uses the key layer alone (JobType, Runner, Watcher, Sweeper)")
-	fmt.Println("for jobs that live in a stream of your own; examples/jobstore the job store alone.")
 	return nil
+}
+
+// outcome is the line that says what happened to job id (d), and
+// whether it is accounted for: completed, or superseded without having
+// run.
+func (a *audit) outcome(id string, d jobs.Detail) (line string, ok bool) {
+	j := d.Job
+	line = fmt.Sprintf("  %-12s %-10s ran %d, attempts %d, failures %d", a.labelOf(id), j.State, a.runCount(id), j.Attempts, j.Failures)
+	switch {
+	case j.State == jobs.StateCompleted:
+		return line + ", done by " + string(d.Artifact.Value), true
+	case j.State == jobs.StateSuperseded && a.ran(id):
+		return line + ", " + j.Reason + " (but it ran!)", false
+	case j.State == jobs.StateSuperseded:
+		return line + ", " + j.Reason, true
+	default:
+		return line, false
+	}
 }
 
 // node is one process: its connection and its client.

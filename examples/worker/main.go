@@ -148,36 +148,11 @@ func run() error {
 		return fmt.Errorf("create KV bucket %s: %w", endedBucket, err)
 	}
 	t := newTracker(ended, len(batch)+len(crashed))
-	runner, err := jobkeys.NewRunner(jt, &jobkeys.RunnerConfig{
-		Watcher: watcher,
-		MaxWait: 700 * time.Millisecond, // then nak, freeing the worker for other tenants
-		OnBlocked: func(jobID string, a jobkeys.Acquisition) {
-			say("%-9s waits: tenant %s is busy (%s)", jobID, a.DisplayKey, a.Reason)
-		},
-		OnStale: func(lease jobkeys.Lease, stale []jobkeys.ActiveSlot) {
-			for _, s := range stale {
-				say("%-9s took over the expired slot of %s (worker %s stopped renewing): recording %s as failed",
-					lease.JobID, s.JobID, s.InstanceID, s.JobID)
-				if err := t.finish(ctx, s.JobID, "failed: its worker stopped renewing"); err != nil {
-					say("cannot record the end of %s: %v", s.JobID, err)
-				}
-			}
-		},
-	})
+	runner, err := newRunner(ctx, jt, watcher, t)
 	if err != nil {
 		return err
 	}
-	sweeper, err := jobkeys.NewSweeper(jt, 250*time.Millisecond, func(rep jobkeys.SweepReport, err error) {
-		if err != nil && !errors.Is(err, context.Canceled) {
-			say("sweeper: %v", err)
-		}
-		for _, s := range rep.Removed {
-			say("sweeper: removed the expired slot of %s (tenant %s, worker %s): recording it as failed", s.Slot.JobID, s.DisplayKey, s.Slot.InstanceID)
-			if err := t.finish(ctx, s.Slot.JobID, "failed: its worker stopped renewing"); err != nil {
-				say("sweeper: cannot record the end of %s: %v", s.Slot.JobID, err)
-			}
-		}
-	})
+	sweeper, err := newSweeper(ctx, jt, t)
 	if err != nil {
 		return err
 	}
@@ -226,6 +201,44 @@ func run() error {
 	}
 	t.summary()
 	return nil
+}
+
+// newRunner makes the runner of the job type's handle: it waits for a
+// busy tenant through watcher for up to 700 ms, says when a job waits,
+// and records as failed the jobs whose expired slots it takes over.
+func newRunner(ctx context.Context, jt *jobkeys.JobType, watcher *jobkeys.Watcher, t *tracker) (*jobkeys.Runner, error) {
+	return jobkeys.NewRunner(jt, &jobkeys.RunnerConfig{
+		Watcher: watcher,
+		MaxWait: 700 * time.Millisecond, // then nak, freeing the worker for other tenants
+		OnBlocked: func(jobID string, a jobkeys.Acquisition) {
+			say("%-9s waits: tenant %s is busy (%s)", jobID, a.DisplayKey, a.Reason)
+		},
+		OnStale: func(lease jobkeys.Lease, stale []jobkeys.ActiveSlot) {
+			for _, s := range stale {
+				say("%-9s took over the expired slot of %s (worker %s stopped renewing): recording %s as failed",
+					lease.JobID, s.JobID, s.InstanceID, s.JobID)
+				if err := t.finish(ctx, s.JobID, "failed: its worker stopped renewing"); err != nil {
+					say("cannot record the end of %s: %v", s.JobID, err)
+				}
+			}
+		},
+	})
+}
+
+// newSweeper makes the sweeper of the job type's keys, every 250 ms: it
+// records as failed the jobs whose expired slots it removes.
+func newSweeper(ctx context.Context, jt *jobkeys.JobType, t *tracker) (*jobkeys.Sweeper, error) {
+	return jobkeys.NewSweeper(jt, 250*time.Millisecond, func(rep jobkeys.SweepReport, err error) {
+		if err != nil && !errors.Is(err, context.Canceled) {
+			say("sweeper: %v", err)
+		}
+		for _, s := range rep.Removed {
+			say("sweeper: removed the expired slot of %s (tenant %s, worker %s): recording it as failed", s.Slot.JobID, s.DisplayKey, s.Slot.InstanceID)
+			if err := t.finish(ctx, s.Slot.JobID, "failed: its worker stopped renewing"); err != nil {
+				say("sweeper: cannot record the end of %s: %v", s.Slot.JobID, err)
+			}
+		}
+	})
 }
 
 // startServer starts a NATS server with JetStream in this process, on a free

@@ -6,7 +6,7 @@
 // waiters of its process, the delivery of the wake-ups it publishes, and
 // its counters. It knows subjects, bytes, revisions and job ids; what a
 // state means (which slots it frees, which jobs it queues) is the key
-// layer's (package jobkeys: wake.go, acquire_turn.go), and so is the
+// layer's (package jobkeys: wake.go), and so is the
 // store wiring (natskv_wake.go: WithWakeUps, the capability methods).
 //
 // The whole protocol (trust by age and by send time, held wake-ups, queue
