@@ -32,7 +32,7 @@ import (
 // value limit, so that too-large batches reach the store (and rerun solo).
 type bufferCheckStore struct {
 	inner Store
-	rec   *recordingStore
+	rec   *storedValues
 	mu    sync.Mutex
 	rng   *rand.Rand
 	// changed counts values that changed during the call that wrote them.
@@ -125,7 +125,7 @@ func testFedStatesAndEncodeBuffers(t *testing.T, b coordBackend) {
 	// The coordinators do not see the store's limit (bufferCheckStore
 	// hides it): a state over it is refused by the store.
 	raw, svc := b.openLimited(t, 3000)
-	st := &bufferCheckStore{inner: raw, rec: newRecordingStore(raw), rng: rand.New(rand.NewPCG(uint64(seed), 1))}
+	st := &bufferCheckStore{inner: raw, rec: newStoredValues(), rng: rand.New(rand.NewPCG(uint64(seed), 1))}
 	w, err := NewWatcher(raw.(WatchableStore))
 	require.NoError(t, err)
 	t.Cleanup(w.Close)
