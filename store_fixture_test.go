@@ -9,6 +9,7 @@ package jobkeys
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"math"
 	"strconv"
@@ -18,6 +19,7 @@ import (
 
 	"github.com/nats-io/nats-server/v2/server"
 	"github.com/nats-io/nats.go/jetstream"
+	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
 	"github.com/jobkeys/jobkeys/internal/natstest"
@@ -375,4 +377,154 @@ func (h *hookStore) publishWakesAgain(service, kvKey string, value []byte, rev u
 func (h *hookStore) waitsFor(service, kvKey, jobID string) bool {
 	l, ok := h.wakes.(localWaiters)
 	return ok && l.waitsFor(service, kvKey, jobID)
+}
+
+// clockFunc is a clockSource made of a function (tests).
+type clockFunc func(ctx context.Context, service string) (clockBounds, time.Time)
+
+func (f clockFunc) clockOffset(ctx context.Context, service string) (clockBounds, time.Time) {
+	return f(ctx, service)
+}
+
+// A hookStore passes through exactly the capabilities it was made with: a
+// hidden one reads as absent (no batches, no wake-ups, no value limit,
+// nothing known of the clock; listing and watching refused with
+// ErrInvalidRequest), a passed one answers as the wrapped store does.
+func TestHookStorePassesOnlyChosenCapabilities(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	mem := NewMemoryStore()
+	mem.batching = true
+	require.NoError(t, mem.SetMaxValueSize(1000))
+	at := time.Date(2026, 1, 2, 3, 4, 5, 0, time.UTC)
+	inner := newHookStore(mem, passAll)
+	inner.clock = clockFunc(func(context.Context, string) (clockBounds, time.Time) {
+		return clockBounds{lo: -time.Second, hasLo: true}, at
+	})
+	inner.wakes = &benchFakeWakes{}
+	const svc, kvKey = "svc", "svc.t.k"
+
+	for _, tc := range []struct {
+		name string
+		cap  storeCaps
+		// passed reports whether h passes the capability through; it
+		// fails t where h answers neither as the wrapped store nor as a
+		// store without it.
+		passed func(t *testing.T, h *hookStore) bool
+	}{
+		{"list", passList, func(t *testing.T, h *hookStore) bool {
+			keys, err := h.ListKeys(ctx, svc, "")
+			if err != nil {
+				require.ErrorIs(t, err, ErrInvalidRequest)
+				return false
+			}
+			assert.Empty(t, keys)
+			return true
+		}},
+		{"watch", passWatch, func(t *testing.T, h *hookStore) bool {
+			wctx, cancel := context.WithCancel(ctx)
+			defer cancel()
+			ended, err := h.WatchKeys(wctx, svc, "", func(string) {})
+			if err != nil {
+				require.ErrorIs(t, err, ErrInvalidRequest)
+				return false
+			}
+			cancel()
+			<-ended
+			return true
+		}},
+		{"batches", passBatches, func(t *testing.T, h *hookStore) bool {
+			if h.batches(svc, kvKey) {
+				return true
+			}
+			_, err := h.writeBatch(ctx, svc, kvKey, [][]byte{[]byte("v")}, 1, false)
+			require.ErrorIs(t, err, errBatchRefused)
+			return false
+		}},
+		{"value limit", passValueLimit, func(t *testing.T, h *hookStore) bool {
+			n, err := h.valueLimit(ctx, svc)
+			require.NoError(t, err)
+			if n == math.MaxInt {
+				return false
+			}
+			assert.Equal(t, 1000, n)
+			return true
+		}},
+		{"clock", passClock, func(t *testing.T, h *hookStore) bool {
+			b, got := h.clockOffset(ctx, svc)
+			if b == (clockBounds{}) {
+				return false
+			}
+			assert.Equal(t, clockBounds{lo: -time.Second, hasLo: true}, b)
+			assert.Equal(t, at, got)
+			return true
+		}},
+		{"wake-ups", passWakes, func(t *testing.T, h *hookStore) bool {
+			if wakeStoreOf(h) == nil {
+				_, err := h.subscribeWake(svc, kvKey, "j", func([]byte, uint64) {})
+				require.ErrorIs(t, err, ErrInvalidRequest)
+				return false
+			}
+			return true
+		}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			assert.False(t, tc.passed(t, newHookStore(inner, passNone)), "passed by passNone")
+			assert.False(t, tc.passed(t, newHookStore(inner, passAll&^tc.cap)), "passed by passAll without it")
+			assert.True(t, tc.passed(t, newHookStore(inner, tc.cap)), "hidden when chosen")
+			assert.True(t, tc.passed(t, newHookStore(inner, passAll)), "hidden by passAll")
+		})
+	}
+}
+
+// A hookStore's hook sees every call with its arguments, in place of the
+// call: it can skip it (nothing reaches the store) or change its result.
+func TestHookStoreHookRunsInPlaceOfEachCall(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	mem := NewMemoryStore()
+	mem.batching = true
+	errSkipped := errors.New("skipped by the hook")
+	var seen []storeCall
+	h := newHookStore(mem, passAll).withHook(func(_ context.Context, c storeCall, call func() storeResult) storeResult {
+		seen = append(seen, c)
+		if c.op == opCreate && string(c.value) == "skip" {
+			return storeResult{err: errSkipped}
+		}
+		r := call()
+		if c.op == opGet {
+			r.value = append([]byte("seen:"), r.value...)
+		}
+		return r
+	})
+	_, err := h.Create(ctx, "svc", "svc.t.a", []byte("skip"))
+	require.ErrorIs(t, err, errSkipped)
+	_, _, err = mem.Get(ctx, "svc", "svc.t.a")
+	require.ErrorIs(t, err, ErrKeyNotFound, "a skipped create reached the store")
+
+	rev, err := h.Create(ctx, "svc", "svc.t.a", []byte("v1"))
+	require.NoError(t, err)
+	rev, err = h.Update(ctx, "svc", "svc.t.a", []byte("v2"), rev)
+	require.NoError(t, err)
+	v, got, err := h.Get(ctx, "svc", "svc.t.a")
+	require.NoError(t, err)
+	assert.Equal(t, "seen:v2", string(v))
+	assert.Equal(t, rev, got)
+	last, err := h.writeBatch(ctx, "svc", "svc.t.a", [][]byte{[]byte("v3"), nil}, rev, true)
+	require.NoError(t, err)
+	require.NoError(t, h.Delete(ctx, "svc", "svc.t.a", last))
+	keys, err := h.ListKeys(ctx, "svc", "t")
+	require.NoError(t, err)
+	assert.Empty(t, keys)
+
+	want := []storeCall{
+		{op: opCreate, service: "svc", key: "svc.t.a", value: []byte("skip")},
+		{op: opCreate, service: "svc", key: "svc.t.a", value: []byte("v1")},
+		{op: opUpdate, service: "svc", key: "svc.t.a", value: []byte("v2"), revision: rev - 1},
+		{op: opGet, service: "svc", key: "svc.t.a"},
+		{op: opWriteBatch, service: "svc", key: "svc.t.a", values: [][]byte{[]byte("v3"), nil}, revision: rev, del: true},
+		{op: opDelete, service: "svc", key: "svc.t.a", revision: last},
+		{op: opListKeys, service: "svc", jobType: "t"},
+	}
+	assert.Equal(t, want, seen)
 }
