@@ -719,34 +719,19 @@ func TestCoordinatorDeterministic(t *testing.T) {
 		SlotToken: "tok-1", Policy: np, LeaseExpiresAt: rt0.Add(120 * time.Second)}, lease)
 }
 
-// noIOStore fails the test on any call: for checks that must happen
-// before any I/O.
-type noIOStore struct{ t testing.TB }
-
-func (s noIOStore) Get(context.Context, string, string) ([]byte, uint64, error) {
-	s.t.Error("unexpected Get")
-	return nil, 0, errors.New("no I/O")
-}
-
-func (s noIOStore) Create(context.Context, string, string, []byte) (uint64, error) {
-	s.t.Error("unexpected Create")
-	return 0, errors.New("no I/O")
-}
-
-func (s noIOStore) Update(context.Context, string, string, []byte, uint64) (uint64, error) {
-	s.t.Error("unexpected Update")
-	return 0, errors.New("no I/O")
-}
-
-func (s noIOStore) Delete(context.Context, string, string, uint64) error {
-	s.t.Error("unexpected Delete")
-	return errors.New("no I/O")
+// noIOStore returns a store that fails t on any call (and wraps no store):
+// for checks that must happen before any I/O.
+func noIOStore(t testing.TB) *hookStore {
+	return newHookStore(nil, passNone).withHook(func(_ context.Context, c storeCall, _ func() storeResult) storeResult {
+		t.Errorf("unexpected %s", c.op)
+		return storeResult{err: errors.New("no I/O")}
+	})
 }
 
 func TestCoordinatorRejectsBadInputBeforeIO(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
-	c := cCoordinator(t, noIOStore{t}, nil)
+	c := cCoordinator(t, noIOStore(t), nil)
 	p := cPolicy()
 	np, _ := p.Normalize()
 	svc := "svc"
@@ -788,7 +773,7 @@ func TestCoordinatorRejectsBadInputBeforeIO(t *testing.T) {
 	_, err = c.RestoreReplaced(ctx, RestoreRequest{Service: svc, JobType: cJobType, ReplacementJobID: "j2", Payload: cPayload, Policy: p})
 	is("restore without a replaced job", err, ErrInvalidRequest)
 
-	tok := cCoordinator(t, noIOStore{t}, &Config{NewSlotToken: func() string { return "" }})
+	tok := cCoordinator(t, noIOStore(t), &Config{NewSlotToken: func() string { return "" }})
 	_, err = tok.Acquire(ctx, cAcquire(svc, "j1", p, true))
 	is("empty slot token", err, ErrInvalidRequest)
 }

@@ -127,7 +127,7 @@ func (o storeOp) writes() bool {
 }
 
 // storeCall is one call through a hookStore, as its hook sees it. Fields
-// that o does not take are zero.
+// that op does not take are zero.
 type storeCall struct {
 	op       storeOp
 	service  string
@@ -225,7 +225,8 @@ var _ interface {
 } = (*hookStore)(nil)
 
 // newHookStore returns a hookStore over inner that passes through the
-// capabilities in caps that inner has, with no hook.
+// capabilities in caps that inner has, with no hook. inner may be nil for
+// a store whose hook answers every call without calling on.
 func newHookStore(inner Store, caps storeCaps) *hookStore {
 	h := &hookStore{inner: inner}
 	if caps&passList != 0 {
