@@ -30,7 +30,7 @@ package jobkeys
 // that blocked, rechecks the Runners' tries a recheck timer started
 // (Runner.rechecks), untrusted-tries the tries no change or wake-up
 // started, counted at the store as the in-process hot-key rows count their
-// rechecks/cycle (benchRecheckStore), and for -wake the stores' wake-up
+// rechecks/cycle (newBenchRecheckStore), and for -wake the stores' wake-up
 // counters (NATSStore.wakeCounters). contention-errors is the count of
 // ErrContention (any fails the run). B/op and allocs/op are the parent's
 // only (the server's).

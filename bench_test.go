@@ -363,7 +363,7 @@ type hotKeyRow struct {
 // benchHotKeyRow runs row's workers on one key with MaxActive 1 and
 // reports, per cycle, the store reads and writes, the Runs that waited,
 // the waits' tries no change of the key started (rechecks, see
-// benchRecheckStore) and, with wake-ups, what the stores counted of them.
+// newBenchRecheckStore) and, with wake-ups, what the stores counted of them.
 func benchHotKeyRow(b *testing.B, s *server.Server, row hotKeyRow) {
 	n := row.workers
 	var opts []NATSStoreOption

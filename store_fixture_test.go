@@ -210,8 +210,9 @@ type hookStore struct {
 	wakes   wakeStore
 }
 
-// This is the one place that names the library's optional capability
-// interfaces for the tests' wrapper.
+// A hookStore has every optional capability's methods (a hidden one's read
+// as absent). The library's unexported capability interfaces are named for
+// the wrapper here, in its fields and in newHookStore only.
 var _ interface {
 	Store
 	ListableStore
