@@ -24,17 +24,17 @@ import (
 // replies lost after the write (the watch delivers a write whose reply
 // failed), and batches the store refuses as too large (the solo reruns).
 
-// bufferCheckStore checks that a value handed to Create or Update does not
-// change while the call runs (an encode buffer reused under a write in
+// bufferFaults, a hookStore hook, checks that a value handed to Create or
+// Update does not change while the call runs (an encode buffer reused under a write in
 // flight), records a copy of every value written, and injects faults: fake
 // conflicts that write nothing, and for admissions only, lost replies (the
-// write is made, the reply says it lost a race). It hides the inner store's
-// value limit, so that too-large batches reach the store (and rerun solo).
-type bufferCheckStore struct {
-	inner Store
-	rec   *recordingStore
-	mu    sync.Mutex
-	rng   *rand.Rand
+// write is made, the reply says it lost a race). Its store passes no
+// capability through: the inner store's value limit hidden, too-large
+// batches reach the store (and rerun solo).
+type bufferFaults struct {
+	rec *storedValues
+	mu  sync.Mutex
+	rng *rand.Rand
 	// changed counts values that changed during the call that wrote them.
 	changed   atomic.Int64
 	fakes     atomic.Int64
@@ -44,7 +44,7 @@ type bufferCheckStore struct {
 
 type admitMark struct{}
 
-func (s *bufferCheckStore) roll(n int) bool {
+func (s *bufferFaults) roll(n int) bool {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	return s.rng.IntN(n) == 0
@@ -61,44 +61,31 @@ func admissionsOnly(ctx context.Context) bool {
 	return true
 }
 
-func (s *bufferCheckStore) write(ctx context.Context, value []byte, do func() (uint64, error)) (uint64, error) {
+func (s *bufferFaults) hook(ctx context.Context, c storeCall, call func() storeResult) storeResult {
+	if c.op != opCreate && c.op != opUpdate {
+		return call()
+	}
 	if s.roll(10) {
 		s.fakes.Add(1)
-		return 0, fmt.Errorf("%w: injected by the test", ErrRevisionConflict)
+		return storeResult{err: fmt.Errorf("%w: injected by the test", ErrRevisionConflict)}
 	}
-	before := bytes.Clone(value)
-	rev, err := do()
-	if !bytes.Equal(before, value) {
+	before := bytes.Clone(c.value)
+	r := call()
+	if !bytes.Equal(before, c.value) {
 		s.changed.Add(1)
 	}
-	if errors.Is(err, ErrStateTooLarge) {
+	if errors.Is(r.err, ErrStateTooLarge) {
 		s.tooLarge.Add(1)
 	}
-	if err != nil {
-		return rev, err
+	if r.err != nil {
+		return r
 	}
 	s.rec.record(before)
 	if admissionsOnly(ctx) && s.roll(5) {
 		s.lostReply.Add(1)
-		return 0, fmt.Errorf("%w: reply lost (injected by the test; the write was made)", ErrRevisionConflict)
+		return storeResult{err: fmt.Errorf("%w: reply lost (injected by the test; the write was made)", ErrRevisionConflict)}
 	}
-	return rev, nil
-}
-
-func (s *bufferCheckStore) Get(ctx context.Context, service, key string) ([]byte, uint64, error) {
-	return s.inner.Get(ctx, service, key)
-}
-
-func (s *bufferCheckStore) Create(ctx context.Context, service, key string, value []byte) (uint64, error) {
-	return s.write(ctx, value, func() (uint64, error) { return s.inner.Create(ctx, service, key, value) })
-}
-
-func (s *bufferCheckStore) Update(ctx context.Context, service, key string, value []byte, revision uint64) (uint64, error) {
-	return s.write(ctx, value, func() (uint64, error) { return s.inner.Update(ctx, service, key, value, revision) })
-}
-
-func (s *bufferCheckStore) Delete(ctx context.Context, service, key string, revision uint64) error {
-	return s.inner.Delete(ctx, service, key, revision)
+	return r
 }
 
 // Two coordinators of one process share a Watcher over one store;
@@ -122,10 +109,11 @@ func testFedStatesAndEncodeBuffers(t *testing.T, b coordBackend) {
 	seed := time.Now().UnixNano()
 	t.Logf("seed %d", seed)
 	ctx := context.Background()
-	// The coordinators do not see the store's limit (bufferCheckStore
-	// hides it): a state over it is refused by the store.
+	// The coordinators do not see the store's limit (the hookStore hides
+	// it): a state over it is refused by the store.
 	raw, svc := b.openLimited(t, 3000)
-	st := &bufferCheckStore{inner: raw, rec: newRecordingStore(raw), rng: rand.New(rand.NewPCG(uint64(seed), 1))}
+	faults := &bufferFaults{rec: newStoredValues(), rng: rand.New(rand.NewPCG(uint64(seed), 1))}
+	st := newHookStore(raw, passNone).withHook(faults.hook)
 	w, err := NewWatcher(raw.(WatchableStore))
 	require.NoError(t, err)
 	t.Cleanup(w.Close)
@@ -219,17 +207,17 @@ func testFedStatesAndEncodeBuffers(t *testing.T, b coordBackend) {
 	close(stop)
 	big.Wait()
 	t.Logf("ran %d, refused %d; fake conflicts %d, lost replies %d, too large %d",
-		ran.Load(), refused.Load(), st.fakes.Load(), st.lostReply.Load(), st.tooLarge.Load())
+		ran.Load(), refused.Load(), faults.fakes.Load(), faults.lostReply.Load(), faults.tooLarge.Load())
 
-	assert.Zero(t, st.changed.Load(), "values changed while they were being written")
-	st.rec.check(t)
+	assert.Zero(t, faults.changed.Load(), "values changed while they were being written")
+	faults.rec.check(t)
 	for i, v := range returned {
-		assert.True(t, st.rec.has(v), "returned state %d was never stored as returned: %s", i, v)
+		assert.True(t, faults.rec.has(v), "returned state %d was never stored as returned: %s", i, v)
 	}
 	require.Positive(t, ran.Load())
-	require.Positive(t, st.fakes.Load(), "no fake conflict: the test did not test lost races")
-	require.Positive(t, st.lostReply.Load(), "no lost reply: the test did not test them")
-	require.Positive(t, st.tooLarge.Load(), "no value refused as too large: the test did not test it")
+	require.Positive(t, faults.fakes.Load(), "no fake conflict: the test did not test lost races")
+	require.Positive(t, faults.lostReply.Load(), "no lost reply: the test did not test them")
+	require.Positive(t, faults.tooLarge.Load(), "no value refused as too large: the test did not test it")
 	// Every job either ran or was refused: the key ends empty.
 	_, _, err = raw.Get(ctx, svc, mustKey(t, procs[0].jt, payload).KVKey)
 	require.ErrorIs(t, err, ErrKeyNotFound, "the key holds jobs no one ran")

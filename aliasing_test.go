@@ -49,41 +49,35 @@ func scribble(s *KeyState) {
 	s.Service, s.KeyHash, s.MaxActive, s.StaleTakeoverCount = scribbled, scribbled, -1, -1
 }
 
-// recordingStore records a copy of every value written through it.
-type recordingStore struct {
-	Store
+// storedValues is a copy of every value written through a recording store.
+type storedValues struct {
 	mu     sync.Mutex
 	values map[string]bool
 }
 
-func newRecordingStore(st Store) *recordingStore {
-	return &recordingStore{Store: st, values: make(map[string]bool)}
+func newStoredValues() *storedValues { return &storedValues{values: make(map[string]bool)} }
+
+// newRecordingStore returns a store over st (passing no optional
+// capability through) that records every value written through it.
+func newRecordingStore(st Store) (*hookStore, *storedValues) {
+	r := newStoredValues()
+	return newHookStore(st, passNone).withHook(func(_ context.Context, c storeCall, call func() storeResult) storeResult {
+		res := call()
+		if res.err == nil && (c.op == opCreate || c.op == opUpdate) {
+			r.record(c.value)
+		}
+		return res
+	}), r
 }
 
-func (r *recordingStore) record(value []byte) {
+func (r *storedValues) record(value []byte) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	r.values[string(value)] = true
 }
 
-func (r *recordingStore) Create(ctx context.Context, service, key string, value []byte) (uint64, error) {
-	rev, err := r.Store.Create(ctx, service, key, value)
-	if err == nil {
-		r.record(value)
-	}
-	return rev, err
-}
-
-func (r *recordingStore) Update(ctx context.Context, service, key string, value []byte, revision uint64) (uint64, error) {
-	rev, err := r.Store.Update(ctx, service, key, value, revision)
-	if err == nil {
-		r.record(value)
-	}
-	return rev, err
-}
-
 // check fails t if a recorded value does not parse or carries scribbled.
-func (r *recordingStore) check(t *testing.T) {
+func (r *storedValues) check(t *testing.T) {
 	t.Helper()
 	r.mu.Lock()
 	defer r.mu.Unlock()
@@ -95,7 +89,7 @@ func (r *recordingStore) check(t *testing.T) {
 	}
 }
 
-func (r *recordingStore) has(value []byte) bool {
+func (r *storedValues) has(value []byte) bool {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	return r.values[string(value)]
@@ -124,7 +118,7 @@ func TestReturnedStatesBelongToTheCaller(t *testing.T) {
 	rng := rand.New(rand.NewPCG(uint64(seed), 0))
 	ctx := context.Background()
 	svc := jkService("alias")
-	st := newRecordingStore(NewMemoryStore())
+	st, rec := newRecordingStore(NewMemoryStore())
 	clock := &jkClock{t: rt0}
 	tokens := 0
 	newToken := func() string { tokens++; return "tok-" + strconv.Itoa(tokens) }
@@ -237,7 +231,7 @@ func TestReturnedStatesBelongToTheCaller(t *testing.T) {
 	for i, s := range kept {
 		require.Equal(t, string(keptAt[i]), string(appendState(nil, s)), "kept state %d changed after it was returned", i)
 	}
-	st.check(t)
+	rec.check(t)
 }
 
 // Workers share one key on each store, and write over every state they
@@ -252,7 +246,7 @@ func TestReturnedStatesBelongToTheCallerConcurrent(t *testing.T) {
 			t.Parallel()
 			ctx := context.Background()
 			raw, svc, _ := b.open(t)
-			st := newRecordingStore(raw)
+			st, rec := newRecordingStore(raw)
 			c := cCoordinator(t, st, nil)
 			p := Policy{Key: cPolicy().Key, MaxActive: 2, MaxQueuedPerKey: 64}
 			var (
@@ -312,12 +306,12 @@ func TestReturnedStatesBelongToTheCallerConcurrent(t *testing.T) {
 				})
 			}
 			wg.Wait()
-			st.check(t)
+			rec.check(t)
 			// Every admission, acquisition and renewal returns a State; a
 			// release does unless it emptied the key.
 			require.GreaterOrEqual(t, len(returned), workers*cycles*3)
 			for i, v := range returned {
-				require.True(t, st.has(v), "returned state %d was never stored as returned: %s", i, v)
+				require.True(t, rec.has(v), "returned state %d was never stored as returned: %s", i, v)
 			}
 		})
 	}

@@ -30,7 +30,7 @@ package jobkeys
 // that blocked, rechecks the Runners' tries a recheck timer started
 // (Runner.rechecks), untrusted-tries the tries no change or wake-up
 // started, counted at the store as the in-process hot-key rows count their
-// rechecks/cycle (benchRecheckStore), and for -wake the stores' wake-up
+// rechecks/cycle (newBenchRecheckStore), and for -wake the stores' wake-up
 // counters (NATSStore.wakeCounters). contention-errors is the count of
 // ErrContention (any fails the run). B/op and allocs/op are the parent's
 // only (the server's).
@@ -179,47 +179,30 @@ func (l *procWriteLog) all() []procWrite {
 	return slices.Clone(l.writes)
 }
 
-// procLogStore is a child's coordinator's store: benchRecheckStore (which
-// counts reads, writes and untrusting tries), logging every state written.
-type procLogStore struct {
-	benchRecheckStore
-	log *procWriteLog
-}
-
-func (s procLogStore) Create(ctx context.Context, service, key string, value []byte) (uint64, error) {
-	rev, err := s.benchRecheckStore.Create(ctx, service, key, value)
-	if err == nil {
-		s.log.add(rev, value)
-	}
-	return rev, err
-}
-
-func (s procLogStore) Update(ctx context.Context, service, key string, value []byte, revision uint64) (uint64, error) {
-	rev, err := s.benchRecheckStore.Update(ctx, service, key, value, revision)
-	if err == nil {
-		s.log.add(rev, value)
-	}
-	return rev, err
-}
-
-func (s procLogStore) WriteBatch(ctx context.Context, service, key string, values [][]byte, revision uint64, del bool) (uint64, error) {
-	last, err := s.benchRecheckStore.WriteBatch(ctx, service, key, values, revision, del)
-	if err == nil {
-		n := uint64(len(values))
-		for i, v := range values {
-			if del && i == len(values)-1 {
-				break // a delete marker
-			}
-			s.log.add(last-n+1+uint64(i), v)
+// logWrites returns the hook of a child's coordinator's store, over the
+// recheck store (newBenchRecheckStore, which counts reads, writes and
+// untrusting tries): it logs every state written to log.
+func logWrites(log *procWriteLog) storeHook {
+	return func(_ context.Context, c storeCall, call func() storeResult) storeResult {
+		r := call()
+		if r.err != nil {
+			return r
 		}
+		switch c.op {
+		case opCreate, opUpdate:
+			log.add(r.rev, c.value)
+		case opWriteBatch:
+			n := uint64(len(c.values))
+			for i, v := range c.values {
+				if c.del && i == len(c.values)-1 {
+					break // a delete marker
+				}
+				log.add(r.rev-n+1+uint64(i), v)
+			}
+		}
+		return r
 	}
-	return last, err
 }
-
-var (
-	_ BatchWriter = procLogStore{}
-	_ wakeStore   = procLogStore{}
-)
 
 // BenchmarkCycleProcs is documented at the top of this file.
 func BenchmarkCycleProcs(b *testing.B) {
@@ -523,8 +506,9 @@ func TestCycleProcsChild(t *testing.T) {
 	store, err := NewNATSStore(js, opts...)
 	require.NoError(t, err)
 	cs := newCountingStore(store)
-	rs := benchRecheckStore{countingStore: cs, rechecks: &benchRechecks{seen: map[*waitTry]struct{}{}}}
-	ls := procLogStore{benchRecheckStore: rs, log: &procWriteLog{}}
+	rs, rechecks := newBenchRecheckStore(cs)
+	written := &procWriteLog{}
+	ls := newHookStore(rs, passBatches|passValueLimit|passWakes).withHook(logWrites(written))
 	coord, err := NewCoordinator(ls, nil)
 	require.NoError(t, err)
 	coord.tryContext = benchTryContext
@@ -578,7 +562,7 @@ func TestCycleProcsChild(t *testing.T) {
 	cs.totals.writes.Store(0)
 	cs.totals.lost.Store(0)
 	cs.totals.stale.Store(0)
-	rs.rechecks.reset()
+	rechecks.reset()
 	waits.Store(0)
 	rechecks0, wakes0 := r.rechecks.Load(), store.wakeCounters()
 
@@ -605,10 +589,10 @@ func TestCycleProcsChild(t *testing.T) {
 	st.CPU = int64(ceilCPU(t) - cpu0)
 	st.Reads, st.Writes = cs.totals.reads.Load(), cs.totals.writes.Load()
 	st.Conflicts = cs.totals.lost.Load() + cs.totals.stale.Load()
-	st.Waits, st.Untrusted = waits.Load(), rs.rechecks.count()
+	st.Waits, st.Untrusted = waits.Load(), rechecks.count()
 	st.Rechecks = r.rechecks.Load() - rechecks0
 	st.Wakes = addWakeCounts(store.wakeCounters(), wakes0, -1)
-	st.Log = ls.log.all()
+	st.Log = written.all()
 	data, err := json.Marshal(st)
 	require.NoError(t, err)
 	require.NoError(t, os.WriteFile(sp.Out, data, 0o600))

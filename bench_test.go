@@ -78,29 +78,36 @@ func benchConnect(b *testing.B, s *server.Server, opts ...NATSStoreOption) *benc
 	// The coordinator writes through a countingStore, which benchContended
 	// reads its lost races from.
 	cs := newCountingStore(store)
-	rs := benchRecheckStore{countingStore: cs, rechecks: &benchRechecks{seen: map[*waitTry]struct{}{}}}
+	rs, rechecks := newBenchRecheckStore(cs)
 	coord, err := NewCoordinator(rs, nil)
 	require.NoError(b, err)
 	coord.tryContext = benchTryContext
 	coord.keys.probes = benchLaneProbes
-	return &benchConn{nc: nc, store: store, coord: coord, totals: cs.totals, rechecks: rs.rechecks}
+	return &benchConn{nc: nc, store: store, coord: coord, totals: cs.totals, rechecks: rechecks}
 }
 
-// benchRecheckStore is the store a benchConn's coordinator writes through:
-// its countingStore, which also counts the tries of waiting Runs that no
+// newBenchRecheckStore returns the store a benchConn's coordinator writes
+// through: a hookStore over cs (passing its batch writes, value limit and
+// wake-ups through) that also counts the tries of waiting Runs that no
 // change of the key (a watch delivery, or a targeted wake-up) started: the
 // Runner's safety-net recheck (RunnerConfig.RecheckInterval, or the expiry
 // of a lease it saw) or a watch subscription that ended. Such a try carries
 // a waitTry that does not trust the watch feed, and reaches the store at
 // least once (its write, or the read that confirms a blocked outcome on
 // remembered state): each is counted once, at its first store call.
-type benchRecheckStore struct {
-	countingStore
-	rechecks *benchRechecks
+func newBenchRecheckStore(cs countingStore) (*hookStore, *benchRechecks) {
+	rechecks := &benchRechecks{seen: map[*waitTry]struct{}{}}
+	h := newHookStore(cs, passBatches|passValueLimit|passWakes).withHook(func(ctx context.Context, c storeCall, call func() storeResult) storeResult {
+		if c.op != opListKeys && c.op != opWatchKeys {
+			rechecks.note(ctx)
+		}
+		return call()
+	})
+	return h, rechecks
 }
 
 // benchRechecks counts the distinct untrusting tries (see
-// benchRecheckStore).
+// newBenchRecheckStore).
 type benchRechecks struct {
 	mu   sync.Mutex
 	seen map[*waitTry]struct{} // since the last reset
@@ -148,36 +155,6 @@ func (r *benchRechecks) count() int64 {
 	defer r.mu.Unlock()
 	return r.n
 }
-
-func (s benchRecheckStore) Get(ctx context.Context, service, key string) ([]byte, uint64, error) {
-	s.rechecks.note(ctx)
-	return s.countingStore.Get(ctx, service, key)
-}
-
-func (s benchRecheckStore) Create(ctx context.Context, service, key string, value []byte) (uint64, error) {
-	s.rechecks.note(ctx)
-	return s.countingStore.Create(ctx, service, key, value)
-}
-
-func (s benchRecheckStore) Update(ctx context.Context, service, key string, value []byte, revision uint64) (uint64, error) {
-	s.rechecks.note(ctx)
-	return s.countingStore.Update(ctx, service, key, value, revision)
-}
-
-func (s benchRecheckStore) Delete(ctx context.Context, service, key string, revision uint64) error {
-	s.rechecks.note(ctx)
-	return s.countingStore.Delete(ctx, service, key, revision)
-}
-
-func (s benchRecheckStore) WriteBatch(ctx context.Context, service, key string, values [][]byte, revision uint64, del bool) (uint64, error) {
-	s.rechecks.note(ctx)
-	return s.countingStore.WriteBatch(ctx, service, key, values, revision, del)
-}
-
-var (
-	_ BatchWriter = benchRecheckStore{}
-	_ wakeStore   = benchRecheckStore{}
-)
 
 // benchWakes is what the connections' stores counted of their targeted
 // wake-ups (NATSStore.wakeCounters), summed, as float64 whatever the
@@ -386,7 +363,7 @@ type hotKeyRow struct {
 // benchHotKeyRow runs row's workers on one key with MaxActive 1 and
 // reports, per cycle, the store reads and writes, the Runs that waited,
 // the waits' tries no change of the key started (rechecks, see
-// benchRecheckStore) and, with wake-ups, what the stores counted of them.
+// newBenchRecheckStore) and, with wake-ups, what the stores counted of them.
 func benchHotKeyRow(b *testing.B, s *server.Server, row hotKeyRow) {
 	n := row.workers
 	var opts []NATSStoreOption
@@ -1197,33 +1174,29 @@ func TestCoordinatorLanesNoSelfRaces(t *testing.T) {
 	}
 }
 
-// benchGatedStore holds every Get until gate is closed, after signalling
-// entered.
-type benchGatedStore struct {
-	Store
-	entered chan struct{}
-	gate    chan struct{}
-}
-
-func (g *benchGatedStore) Get(ctx context.Context, service, key string) ([]byte, uint64, error) {
-	select {
-	case g.entered <- struct{}{}:
-	default:
-	}
-	select {
-	case <-g.gate:
-	case <-ctx.Done():
-		return nil, 0, ctx.Err()
-	}
-	return g.Store.Get(ctx, service, key)
-}
-
 // A read does not hold the key's lane: while an acquisition that finds the
 // slot taken waits for its read, the slot's holder can still renew.
 func TestCoordinatorReadsOutsideLane(t *testing.T) {
 	t.Parallel()
 	ctx, service, payload := context.Background(), "readlane", benchPayload(0)
-	gated := &benchGatedStore{Store: NewMemoryStore(), entered: make(chan struct{}, 1), gate: make(chan struct{})}
+	// The store holds every Get until gate is closed, after signalling
+	// entered.
+	entered, gate := make(chan struct{}, 1), make(chan struct{})
+	gated := newHookStore(NewMemoryStore(), passNone).withHook(func(ctx context.Context, c storeCall, call func() storeResult) storeResult {
+		if c.op != opGet {
+			return call()
+		}
+		select {
+		case entered <- struct{}{}:
+		default:
+		}
+		select {
+		case <-gate:
+		case <-ctx.Done():
+			return storeResult{err: ctx.Err()}
+		}
+		return call()
+	})
 	c, err := NewCoordinator(gated, nil)
 	require.NoError(t, err)
 	policy := Policy{Key: benchPolicy.Key, MaxQueuedPerKey: 1}
@@ -1244,14 +1217,14 @@ func TestCoordinatorReadsOutsideLane(t *testing.T) {
 		b, err := c.Acquire(ctx, AcquireRequest{Service: service, JobType: benchJobType, JobID: "b", Payload: payload, Policy: policy})
 		done <- result{b, err}
 	}()
-	<-gated.entered // b checks the slot with a read
+	<-entered // b checks the slot with a read
 	renewCtx, cancel := context.WithTimeout(ctx, 30*time.Second)
 	defer cancel()
 	r, err := c.Renew(renewCtx, RenewRequest{Lease: acq.Lease})
 	if err != nil || r.Kind != KindRenewed {
 		t.Errorf("renew while another operation reads the key: %v %v", r.Kind, err)
 	}
-	close(gated.gate)
+	close(gate)
 	if res := <-done; res.err != nil || res.acq.Kind != KindBlocked {
 		t.Errorf("acquire b: %v %v, want blocked", res.acq.Kind, res.err)
 	}
@@ -1649,7 +1622,7 @@ func TestBenchRecheckStoreCounts(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			t.Parallel()
 			mem := NewMemoryStore()
-			rs := benchRecheckStore{countingStore: newCountingStore(mem), rechecks: &benchRechecks{seen: map[*waitTry]struct{}{}}}
+			rs, rechecks := newBenchRecheckStore(newCountingStore(mem))
 			coord, err := NewCoordinator(rs, nil)
 			require.NoError(t, err)
 			coord.tryContext = benchTryContext
@@ -1677,7 +1650,7 @@ func TestBenchRecheckStoreCounts(t *testing.T) {
 			}()
 			<-blocked
 			if !tc.woken {
-				require.Eventually(t, func() bool { return rs.rechecks.count() >= 2 }, time.Minute, time.Millisecond,
+				require.Eventually(t, func() bool { return rechecks.count() >= 2 }, time.Minute, time.Millisecond,
 					"a Run waiting with RecheckInterval %v", tc.interval)
 			}
 			rel, err := jt.Release(ctx, held.Lease)
@@ -1685,40 +1658,42 @@ func TestBenchRecheckStoreCounts(t *testing.T) {
 			require.Equal(t, KindReleased, rel.Kind)
 			require.NoError(t, <-done)
 			if tc.woken {
-				assert.Zero(t, rs.rechecks.count(), "rechecks of a Run woken by the release")
+				assert.Zero(t, rechecks.count(), "rechecks of a Run woken by the release")
 			}
 		})
 	}
 }
 
-// benchFakeWakeStore is a MemoryStore that records the wake-up calls made
-// to it (a wakeStore with wake-ups on).
-type benchFakeWakeStore struct {
-	*MemoryStore
+// benchFakeWakes records the wake-up calls made to it (a wakeStore with
+// wake-ups on). It is no Store: a hookStore carries it as its wake-ups.
+type benchFakeWakes struct {
 	published []string // "service kvKey rev free targets..."
 	delivered func(value []byte, rev uint64)
 }
 
-func (s *benchFakeWakeStore) wakeUps() bool { return true }
+func (s *benchFakeWakes) wakeUps() bool { return true }
 
-func (s *benchFakeWakeStore) publishWakes(service, kvKey string, value []byte, rev uint64, targets []string, free int) {
+func (s *benchFakeWakes) publishWakes(service, kvKey string, value []byte, rev uint64, targets []string, free int) {
 	s.published = append(s.published, fmt.Sprint(service, " ", kvKey, " ", string(value), " ", rev, " ", free, " ", targets))
 }
 
-func (s *benchFakeWakeStore) subscribeWake(service, kvKey, jobID string, fn func(value []byte, rev uint64)) (func(), error) {
+func (s *benchFakeWakes) subscribeWake(service, kvKey, jobID string, fn func(value []byte, rev uint64)) (func(), error) {
 	s.delivered = fn
 	return func() { s.delivered = nil }, nil
 }
 
-// A countingStore (and the benchmarks' benchRecheckStore over it) passes
-// the wake-ups of the store it wraps through, and has none over a store
-// without them.
+// A countingStore (and the benchmarks' recheck store over it,
+// newBenchRecheckStore) passes the wake-ups of the store it wraps through,
+// and has none over a store without them.
 func TestCountingStoreForwardsWakes(t *testing.T) {
 	t.Parallel()
-	fake := &benchFakeWakeStore{MemoryStore: NewMemoryStore()}
+	fake := &benchFakeWakes{}
+	wakeful := newHookStore(NewMemoryStore(), passAll)
+	wakeful.wakes = fake
+	recheck, _ := newBenchRecheckStore(newCountingStore(wakeful))
 	for name, ws := range map[string]wakeStore{
-		"counting": newCountingStore(fake),
-		"recheck":  benchRecheckStore{countingStore: newCountingStore(fake)},
+		"counting": newCountingStore(wakeful),
+		"recheck":  recheck,
 	} {
 		fake.published = nil
 		require.True(t, ws.wakeUps(), name)

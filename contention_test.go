@@ -9,8 +9,6 @@ package jobkeys
 import (
 	"context"
 	"errors"
-	"fmt"
-	"math"
 	"sync"
 	"sync/atomic"
 )
@@ -46,90 +44,61 @@ type raceTotals struct {
 	reads, writes atomic.Int64
 }
 
-// countingStore wraps a Store and classifies its compare-and-swap
-// failures (see the file comment). The zero totals field counts nothing.
+// countingStore is a hookStore that classifies the compare-and-swap
+// failures of the store it wraps (see the file comment) and sums them in
+// totals. It passes the wrapped store's batch writes (a batch is one
+// write), value limit and targeted wake-ups through, so that a coordinator
+// over it sees them as it would over the store itself; it hides listing,
+// watching and the clock source.
 type countingStore struct {
-	Store
+	*hookStore
 	totals *raceTotals
 }
 
-func newCountingStore(s Store) countingStore { return countingStore{Store: s, totals: &raceTotals{}} }
-
-func (s countingStore) MaxValueSize(ctx context.Context, service string) (int, error) {
-	if l, ok := s.Store.(ValueLimiter); ok {
-		return l.MaxValueSize(ctx, service)
-	}
-	return math.MaxInt, nil
+func newCountingStore(s Store) countingStore {
+	totals := &raceTotals{}
+	h := newHookStore(s, passBatches|passValueLimit|passWakes).withHook(countRaces(totals))
+	return countingStore{hookStore: h, totals: totals}
 }
-
-// wakeUps, publishWakes and subscribeWake forward the wrapped store's
-// targeted wake-ups (wakeStore), so that a coordinator over a
-// countingStore sees them as it would over the store itself; without them
-// the wake-ups are off.
-func (s countingStore) wakeUps() bool {
-	w, ok := s.Store.(wakeStore)
-	return ok && w.wakeUps()
-}
-
-func (s countingStore) publishWakes(service, kvKey string, value []byte, rev uint64, targets []string, free int) {
-	if w, ok := s.Store.(wakeStore); ok {
-		w.publishWakes(service, kvKey, value, rev, targets, free)
-	}
-}
-
-func (s countingStore) subscribeWake(service, kvKey, jobID string, fn func(value []byte, rev uint64)) (stop func(), err error) {
-	if w, ok := s.Store.(wakeStore); ok {
-		return w.subscribeWake(service, kvKey, jobID, fn)
-	}
-	return nil, fmt.Errorf("%w: KV key %q of service %q: the store %T under the counting store carries no wake-ups", ErrInvalidRequest, kvKey, service, s.Store)
-}
-
-func (s countingStore) publishWakesAgain(service, kvKey string, value []byte, rev uint64, targets []string, free int) {
-	if w, ok := s.Store.(wakeAheadStore); ok {
-		w.publishWakesAgain(service, kvKey, value, rev, targets, free)
-	}
-}
-
-func (s countingStore) waitsFor(service, kvKey, jobID string) bool {
-	l, ok := s.Store.(localWaiters)
-	return ok && l.waitsFor(service, kvKey, jobID)
-}
-
-var (
-	_ wakeStore      = countingStore{}
-	_ localWaiters   = countingStore{}
-	_ wakeAheadStore = countingStore{}
-)
 
 func counterOf(ctx context.Context) *raceCounter {
 	rc, _ := ctx.Value(raceCounterKey{}).(*raceCounter)
 	return rc
 }
 
-func (s countingStore) Get(ctx context.Context, service, key string) ([]byte, uint64, error) {
-	v, rev, err := s.Store.Get(ctx, service, key)
-	if s.totals != nil {
-		s.totals.reads.Add(1)
-	}
-	if rc := counterOf(ctx); rc != nil {
-		rc.mu.Lock()
-		switch {
-		case err == nil:
-			rc.readRevs[rev] = true
-		case errors.Is(err, ErrKeyNotFound):
-			rc.readAbsent = true
+// countRaces returns the hook of a countingStore: it counts every read and
+// write in totals, records what a read returned in its operation's
+// raceCounter, and classifies a write's revision conflict as a lost race or
+// a stale guess.
+func countRaces(totals *raceTotals) storeHook {
+	return func(ctx context.Context, c storeCall, call func() storeResult) storeResult {
+		r := call()
+		switch c.op {
+		case opGet:
+			totals.reads.Add(1)
+			if rc := counterOf(ctx); rc != nil {
+				rc.mu.Lock()
+				switch {
+				case r.err == nil:
+					rc.readRevs[r.rev] = true
+				case errors.Is(r.err, ErrKeyNotFound):
+					rc.readAbsent = true
+				}
+				rc.mu.Unlock()
+			}
+		case opCreate:
+			recordWrite(ctx, totals, r.err, func(rc *raceCounter) bool { return rc.readAbsent })
+		case opUpdate, opDelete, opWriteBatch:
+			recordWrite(ctx, totals, r.err, func(rc *raceCounter) bool { return rc.readRevs[c.revision] })
 		}
-		rc.mu.Unlock()
+		return r
 	}
-	return v, rev, err
 }
 
-// record classifies a write's error; read says whether the write rested on
-// what the operation read.
-func (s countingStore) record(ctx context.Context, err error, read func(*raceCounter) bool) {
-	if s.totals != nil {
-		s.totals.writes.Add(1)
-	}
+// recordWrite classifies a write's error; read says whether the write
+// rested on what the operation read.
+func recordWrite(ctx context.Context, totals *raceTotals, err error, read func(*raceCounter) bool) {
+	totals.writes.Add(1)
 	if !errors.Is(err, ErrRevisionConflict) {
 		return
 	}
@@ -148,32 +117,11 @@ func (s countingStore) record(ctx context.Context, err error, read func(*raceCou
 			rc.mu.Unlock()
 		}
 	}
-	if s.totals == nil {
-		return
-	}
 	if lost {
-		s.totals.lost.Add(1)
+		totals.lost.Add(1)
 	} else {
-		s.totals.stale.Add(1)
+		totals.stale.Add(1)
 	}
-}
-
-func (s countingStore) Create(ctx context.Context, service, key string, value []byte) (uint64, error) {
-	rev, err := s.Store.Create(ctx, service, key, value)
-	s.record(ctx, err, func(rc *raceCounter) bool { return rc.readAbsent })
-	return rev, err
-}
-
-func (s countingStore) Update(ctx context.Context, service, key string, value []byte, revision uint64) (uint64, error) {
-	rev, err := s.Store.Update(ctx, service, key, value, revision)
-	s.record(ctx, err, func(rc *raceCounter) bool { return rc.readRevs[revision] })
-	return rev, err
-}
-
-func (s countingStore) Delete(ctx context.Context, service, key string, revision uint64) error {
-	err := s.Store.Delete(ctx, service, key, revision)
-	s.record(ctx, err, func(rc *raceCounter) bool { return rc.readRevs[revision] })
-	return err
 }
 
 // len returns the number of entries in t.

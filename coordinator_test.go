@@ -307,43 +307,31 @@ func TestCoordinatorStateTooLarge(t *testing.T) {
 	}
 }
 
-// faultStore wraps a Store: while failing is set, Create, Update and Delete
-// report a revision conflict without writing (the store of a key that
-// every other writer always wins). onConflict, if set, runs on each.
-type faultStore struct {
-	Store
+// conflictFault is a fault injector: while failing is set, Create, Update
+// and Delete report a revision conflict without writing (the store of a key
+// that every other writer always wins). onConflict, if set, runs on each.
+type conflictFault struct {
 	failing    atomic.Bool
 	writes     atomic.Int64
 	onConflict func(n int64)
 }
 
-func (f *faultStore) conflict(op, key string) error {
+// newFaultStore returns a store over inner (passing no optional capability
+// through) whose writes fail as f says.
+func newFaultStore(inner Store) (*hookStore, *conflictFault) {
+	f := &conflictFault{}
+	return newHookStore(inner, passNone).withHook(f.hook), f
+}
+
+func (f *conflictFault) hook(_ context.Context, c storeCall, call func() storeResult) storeResult {
+	if !c.op.writes() || !f.failing.Load() {
+		return call()
+	}
 	n := f.writes.Add(1)
 	if f.onConflict != nil {
 		f.onConflict(n)
 	}
-	return fmt.Errorf("%w: injected on %s %s", ErrRevisionConflict, op, key)
-}
-
-func (f *faultStore) Create(ctx context.Context, svc, key string, v []byte) (uint64, error) {
-	if f.failing.Load() {
-		return 0, f.conflict("create", key)
-	}
-	return f.Store.Create(ctx, svc, key, v)
-}
-
-func (f *faultStore) Update(ctx context.Context, svc, key string, v []byte, rev uint64) (uint64, error) {
-	if f.failing.Load() {
-		return 0, f.conflict("update", key)
-	}
-	return f.Store.Update(ctx, svc, key, v, rev)
-}
-
-func (f *faultStore) Delete(ctx context.Context, svc, key string, rev uint64) error {
-	if f.failing.Load() {
-		return f.conflict("delete", key)
-	}
-	return f.Store.Delete(ctx, svc, key, rev)
+	return storeResult{err: fmt.Errorf("%w: injected on %s %s", ErrRevisionConflict, c.op, c.key)}
 }
 
 func TestCoordinatorContention(t *testing.T) {
@@ -355,8 +343,8 @@ func TestCoordinatorContention(t *testing.T) {
 			t.Parallel()
 			svc := jkService("contention")
 			key := cKey(t, svc)
-			fs := &faultStore{Store: NewMemoryStore()}
-			c := cCoordinator(t, fs, &Config{MaxAttempts: attempts, RetryBackoff: time.Microsecond, MaxRetryBackoff: 10 * time.Microsecond})
+			faulty, fs := newFaultStore(NewMemoryStore())
+			c := cCoordinator(t, faulty, &Config{MaxAttempts: attempts, RetryBackoff: time.Microsecond, MaxRetryBackoff: 10 * time.Microsecond})
 
 			// Absent key.
 			fs.failing.Store(true)
@@ -370,14 +358,14 @@ func TestCoordinatorContention(t *testing.T) {
 			fs.failing.Store(false)
 			_, err = c.Admit(ctx, cAdmit(svc, "j1", p))
 			require.NoError(t, err)
-			before, rev := stored(t, fs, svc, key.KVKey)
+			before, rev := stored(t, faulty, svc, key.KVKey)
 			fs.failing.Store(true)
 			fs.writes.Store(0)
 			_, err = c.Acquire(ctx, cAcquire(svc, "j1", p, false))
 			require.True(t, errors.Is(err, ErrContention), "Acquire: want ErrContention, got %v", err)
 			n = fs.writes.Load()
 			require.True(t, n >= int64(attempts) && n <= int64(attempts)+1, "%d write attempts for MaxAttempts %d", n, attempts)
-			after, rev2 := stored(t, fs, svc, key.KVKey)
+			after, rev2 := stored(t, faulty, svc, key.KVKey)
 			require.Equal(t, string(before), string(after))
 			require.Equal(t, rev, rev2)
 
@@ -398,14 +386,14 @@ func TestCoordinatorContextCancelledDuringContention(t *testing.T) {
 		t.Parallel()
 		ctx, cancel := context.WithCancel(context.Background())
 		defer cancel()
-		fs := &faultStore{Store: NewMemoryStore()}
+		faulty, fs := newFaultStore(NewMemoryStore())
 		fs.failing.Store(true)
 		fs.onConflict = func(n int64) {
 			if n == 3 {
 				cancel()
 			}
 		}
-		c := cCoordinator(t, fs, &Config{MaxAttempts: 1 << 20, RetryBackoff: time.Microsecond, MaxRetryBackoff: time.Microsecond})
+		c := cCoordinator(t, faulty, &Config{MaxAttempts: 1 << 20, RetryBackoff: time.Microsecond, MaxRetryBackoff: time.Microsecond})
 		_, err := c.Admit(ctx, cAdmit(jkService("cancel"), "j1", p))
 		require.True(t, err == context.Canceled, "want ctx.Err() unchanged, got %v", err)
 		require.Equal(t, int64(3), fs.writes.Load(), "write attempts after the cancel")
@@ -415,12 +403,12 @@ func TestCoordinatorContextCancelledDuringContention(t *testing.T) {
 		t.Parallel()
 		ctx, cancel := context.WithCancel(context.Background())
 		defer cancel()
-		fs := &faultStore{Store: NewMemoryStore()}
+		faulty, fs := newFaultStore(NewMemoryStore())
 		fs.failing.Store(true)
 		first := make(chan struct{})
 		var once sync.Once
 		fs.onConflict = func(int64) { once.Do(func() { close(first) }) }
-		c := cCoordinator(t, fs, &Config{MaxAttempts: 1 << 20, RetryBackoff: time.Hour, MaxRetryBackoff: time.Hour})
+		c := cCoordinator(t, faulty, &Config{MaxAttempts: 1 << 20, RetryBackoff: time.Hour, MaxRetryBackoff: time.Hour})
 		done := make(chan error, 1)
 		go func() {
 			_, err := c.Admit(ctx, cAdmit(jkService("cancel"), "j1", p))
@@ -440,9 +428,9 @@ func TestCoordinatorContextCancelledDuringContention(t *testing.T) {
 		t.Parallel()
 		ctx, cancel := context.WithTimeout(context.Background(), 50*time.Millisecond)
 		defer cancel()
-		fs := &faultStore{Store: NewMemoryStore()}
+		faulty, fs := newFaultStore(NewMemoryStore())
 		fs.failing.Store(true)
-		c := cCoordinator(t, fs, &Config{MaxAttempts: 1 << 30, RetryBackoff: time.Millisecond, MaxRetryBackoff: 5 * time.Millisecond})
+		c := cCoordinator(t, faulty, &Config{MaxAttempts: 1 << 30, RetryBackoff: time.Millisecond, MaxRetryBackoff: 5 * time.Millisecond})
 		_, err := c.Admit(ctx, cAdmit(jkService("cancel"), "j1", p))
 		require.True(t, err == context.DeadlineExceeded, "want context.DeadlineExceeded, got %v", err)
 	})
@@ -731,34 +719,19 @@ func TestCoordinatorDeterministic(t *testing.T) {
 		SlotToken: "tok-1", Policy: np, LeaseExpiresAt: rt0.Add(120 * time.Second)}, lease)
 }
 
-// noIOStore fails the test on any call: for checks that must happen
-// before any I/O.
-type noIOStore struct{ t testing.TB }
-
-func (s noIOStore) Get(context.Context, string, string) ([]byte, uint64, error) {
-	s.t.Error("unexpected Get")
-	return nil, 0, errors.New("no I/O")
-}
-
-func (s noIOStore) Create(context.Context, string, string, []byte) (uint64, error) {
-	s.t.Error("unexpected Create")
-	return 0, errors.New("no I/O")
-}
-
-func (s noIOStore) Update(context.Context, string, string, []byte, uint64) (uint64, error) {
-	s.t.Error("unexpected Update")
-	return 0, errors.New("no I/O")
-}
-
-func (s noIOStore) Delete(context.Context, string, string, uint64) error {
-	s.t.Error("unexpected Delete")
-	return errors.New("no I/O")
+// noIOStore returns a store that fails t on any call (and wraps no store):
+// for checks that must happen before any I/O.
+func noIOStore(t testing.TB) *hookStore {
+	return newHookStore(nil, passNone).withHook(func(_ context.Context, c storeCall, _ func() storeResult) storeResult {
+		t.Errorf("unexpected %s", c.op)
+		return storeResult{err: errors.New("no I/O")}
+	})
 }
 
 func TestCoordinatorRejectsBadInputBeforeIO(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
-	c := cCoordinator(t, noIOStore{t}, nil)
+	c := cCoordinator(t, noIOStore(t), nil)
 	p := cPolicy()
 	np, _ := p.Normalize()
 	svc := "svc"
@@ -800,7 +773,7 @@ func TestCoordinatorRejectsBadInputBeforeIO(t *testing.T) {
 	_, err = c.RestoreReplaced(ctx, RestoreRequest{Service: svc, JobType: cJobType, ReplacementJobID: "j2", Payload: cPayload, Policy: p})
 	is("restore without a replaced job", err, ErrInvalidRequest)
 
-	tok := cCoordinator(t, noIOStore{t}, &Config{NewSlotToken: func() string { return "" }})
+	tok := cCoordinator(t, noIOStore(t), &Config{NewSlotToken: func() string { return "" }})
 	_, err = tok.Acquire(ctx, cAcquire(svc, "j1", p, true))
 	is("empty slot token", err, ErrInvalidRequest)
 }
@@ -974,35 +947,6 @@ func TestCoordinatorContinuesStateWrittenByOthers(t *testing.T) {
 	}
 }
 
-// gatedGetStore holds the first Get after arm until release, having read
-// the value already: a read that is answered late.
-type gatedGetStore struct {
-	Store
-	mu      sync.Mutex
-	armed   bool
-	entered chan struct{}
-	release chan struct{}
-}
-
-func (s *gatedGetStore) arm() {
-	s.mu.Lock()
-	s.armed, s.entered, s.release = true, make(chan struct{}), make(chan struct{})
-	s.mu.Unlock()
-}
-
-func (s *gatedGetStore) Get(ctx context.Context, service, key string) ([]byte, uint64, error) {
-	v, rev, err := s.Store.Get(ctx, service, key)
-	s.mu.Lock()
-	gated := s.armed
-	s.armed = false
-	s.mu.Unlock()
-	if gated {
-		close(s.entered)
-		<-s.release
-	}
-	return v, rev, err
-}
-
 // A read that found the key absent and returns after this coordinator
 // created the key must not discard that write: the operation continues from
 // the coordinator's own newer state instead of creating the key again and
@@ -1012,11 +956,22 @@ func (s *gatedGetStore) Get(ctx context.Context, service, key string) ([]byte, u
 func TestCoordinatorAbsentReadDoesNotRaceItself(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
-	gated := &gatedGetStore{Store: newCountingStore(NewMemoryStore())}
+	// The store holds the first Get after armed is set until release,
+	// having read the value already: a read that is answered late.
+	var armed atomic.Bool
+	entered, release := make(chan struct{}), make(chan struct{})
+	gated := newHookStore(newCountingStore(NewMemoryStore()), passNone).withHook(func(_ context.Context, c storeCall, call func() storeResult) storeResult {
+		r := call()
+		if c.op == opGet && armed.CompareAndSwap(true, false) {
+			close(entered)
+			<-release
+		}
+		return r
+	})
 	c := cCoordinator(t, gated, nil)
 	svc := jkService("absent")
 	p := Policy{Key: cPolicy().Key, MaxActive: 2, MaxQueuedPerKey: 2}
-	gated.arm()
+	armed.Store(true)
 	type result struct {
 		acq  Acquisition
 		err  error
@@ -1029,11 +984,11 @@ func TestCoordinatorAbsentReadDoesNotRaceItself(t *testing.T) {
 		lost, stale := races.counts()
 		done <- result{acq, err, lost + stale}
 	}()
-	<-gated.entered // the acquisition read the key absent
+	<-entered // the acquisition read the key absent
 	adm, err := c.Admit(ctx, cAdmit(svc, "queued", p))
 	require.NoError(t, err)
 	require.Equal(t, KindAccepted, adm.Kind)
-	close(gated.release)
+	close(release)
 	res := <-done
 	require.NoError(t, res.err)
 	assert.Equal(t, KindAcquired, res.acq.Kind)

@@ -27,29 +27,10 @@ import (
 	"github.com/jobkeys/jobkeys/internal/natstest"
 )
 
-// Batches and WriteBatch make a countingStore a BatchWriter when the store
-// it wraps is one (the benchmarks count through it): a batch is one write.
-func (s countingStore) Batches(service, key string) bool {
-	bw, ok := s.Store.(BatchWriter)
-	return ok && bw.Batches(service, key)
-}
-
-func (s countingStore) WriteBatch(ctx context.Context, service, key string, values [][]byte, revision uint64, del bool) (uint64, error) {
-	bw, ok := s.Store.(BatchWriter)
-	if !ok {
-		return 0, fmt.Errorf("%w: %T writes no batches", ErrBatchRefused, s.Store)
-	}
-	last, err := bw.WriteBatch(ctx, service, key, values, revision, del)
-	s.record(ctx, err, func(rc *raceCounter) bool { return rc.readRevs[revision] })
-	return last, err
-}
-
-// bcStore counts the calls of the store it wraps, single writes and
+// bcCalls counts the calls that reach a bcRig's store, single writes and
 // batches apart, and can fail the next batch (after applying it, when
 // applied: a lost reply).
-type bcStore struct {
-	Store
-	bw              BatchWriter
+type bcCalls struct {
 	singles, groups atomic.Int64
 	reads           atomic.Int64
 	conflicts       atomic.Int64 // batches refused for a revision conflict
@@ -59,49 +40,36 @@ type bcStore struct {
 	failApplied     bool
 }
 
-func (s *bcStore) Get(ctx context.Context, service, key string) ([]byte, uint64, error) {
-	s.reads.Add(1)
-	return s.Store.Get(ctx, service, key)
-}
-
-func (s *bcStore) Create(ctx context.Context, service, key string, value []byte) (uint64, error) {
-	s.singles.Add(1)
-	return s.Store.Create(ctx, service, key, value)
-}
-
-func (s *bcStore) Update(ctx context.Context, service, key string, value []byte, revision uint64) (uint64, error) {
-	s.singles.Add(1)
-	return s.Store.Update(ctx, service, key, value, revision)
-}
-
-func (s *bcStore) Delete(ctx context.Context, service, key string, revision uint64) error {
-	s.singles.Add(1)
-	return s.Store.Delete(ctx, service, key, revision)
-}
-
-func (s *bcStore) Batches(service, key string) bool { return s.bw.Batches(service, key) }
-
-func (s *bcStore) WriteBatch(ctx context.Context, service, key string, values [][]byte, revision uint64, del bool) (uint64, error) {
-	s.groups.Add(1)
-	s.mu.Lock()
-	s.sizes = append(s.sizes, len(values))
-	fail, applied := s.fail, s.failApplied
-	s.fail = nil
-	s.mu.Unlock()
-	if fail != nil && !applied {
-		return 0, fail
+// hook is the hookStore hook that counts the calls and fails the batch.
+func (s *bcCalls) hook(_ context.Context, c storeCall, call func() storeResult) storeResult {
+	switch c.op {
+	case opGet:
+		s.reads.Add(1)
+	case opCreate, opUpdate, opDelete:
+		s.singles.Add(1)
+	case opWriteBatch:
+		s.groups.Add(1)
+		s.mu.Lock()
+		s.sizes = append(s.sizes, len(c.values))
+		fail, applied := s.fail, s.failApplied
+		s.fail = nil
+		s.mu.Unlock()
+		if fail != nil && !applied {
+			return storeResult{err: fail}
+		}
+		r := call()
+		if errors.Is(r.err, ErrRevisionConflict) {
+			s.conflicts.Add(1)
+		}
+		if r.err == nil && fail != nil {
+			return storeResult{err: fail}
+		}
+		return r
 	}
-	last, err := s.bw.WriteBatch(ctx, service, key, values, revision, del)
-	if errors.Is(err, ErrRevisionConflict) {
-		s.conflicts.Add(1)
-	}
-	if err == nil && fail != nil {
-		return 0, fail
-	}
-	return last, err
+	return call()
 }
 
-func (s *bcStore) failNext(err error, applied bool) {
+func (s *bcCalls) failNext(err error, applied bool) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	s.fail, s.failApplied = err, applied
@@ -111,7 +79,8 @@ func (s *bcStore) failNext(err error, applied bool) {
 // a store, and one key whose job "held" holds a slot.
 type bcRig struct {
 	t       *testing.T
-	store   *bcStore
+	store   *hookStore // over the rig's store, batches passed through
+	calls   *bcCalls   // the calls that reached it
 	c       *KeyCoordinator
 	service string
 	policy  Policy
@@ -123,10 +92,11 @@ type bcRig struct {
 
 func newBCRig(t *testing.T, inner Store, service string, policy Policy) *bcRig {
 	t.Helper()
-	bw, ok := inner.(BatchWriter)
+	_, ok := inner.(BatchWriter)
 	require.True(t, ok, "%T is a BatchWriter", inner)
-	st := &bcStore{Store: inner, bw: bw}
-	r := &bcRig{t: t, store: st, service: service, policy: policy, payload: benchPayload(0)}
+	calls := &bcCalls{}
+	st := newHookStore(inner, passBatches).withHook(calls.hook)
+	r := &bcRig{t: t, store: st, calls: calls, service: service, policy: policy, payload: benchPayload(0)}
 	c, err := NewCoordinator(st, &Config{InstanceID: "bc", Now: func() time.Time { return gcNow },
 		NewSlotToken: func() string { r.tokens++; return "tok-" + strconv.Itoa(r.tokens) }})
 	require.NoError(t, err)
@@ -306,14 +276,14 @@ func TestGroupCommitBatchWritersOwnRevisions(t *testing.T) {
 	mem, hist := bcMemory(t, "bcown")
 	b := newBCRig(t, mem, "bcown", policy)
 	from := bcSettled(t, mem, b, hist)
-	singles := b.store.singles.Load()
+	singles := b.calls.singles.Load()
 	res := b.batched(ops(b))
-	t.Logf("outcomes %v, batches %v", gcKinds(res), b.store.sizes)
-	assert.Equal(t, singles, b.store.singles.Load(), "no single write")
-	require.Equal(t, int64(1), b.store.groups.Load(), "one batch")
+	t.Logf("outcomes %v, batches %v", gcKinds(res), b.calls.sizes)
+	assert.Equal(t, singles, b.calls.singles.Load(), "no single write")
+	require.Equal(t, int64(1), b.calls.groups.Load(), "one batch")
 	bcSettled(t, mem, b, hist)
 	bcCheckRevisions(t, res, hist(), from)
-	assert.GreaterOrEqual(t, b.store.sizes[0], 5, "admit a, renew, admit b, release, acquire a, admit c write")
+	assert.GreaterOrEqual(t, b.calls.sizes[0], 5, "admit a, renew, admit b, release, acquire a, admit c write")
 
 	sm, _ := bcMemory(t, "bcown")
 	sm.batching = false
@@ -344,8 +314,8 @@ func TestGroupCommitBatchEndsInDelete(t *testing.T) {
 	b := newBCRig(t, mem, "bcdel", policy)
 	from := bcSettled(t, mem, b, hist)
 	res := b.batched(ops(b))
-	t.Logf("outcomes %v, batches %v", gcKinds(res), b.store.sizes)
-	require.Equal(t, []int{3}, b.store.sizes, "admit, remove, release: one batch ending in the delete")
+	t.Logf("outcomes %v, batches %v", gcKinds(res), b.calls.sizes)
+	require.Equal(t, []int{3}, b.calls.sizes, "admit, remove, release: one batch ending in the delete")
 	bcSettled(t, mem, b, hist)
 	bcCheckRevisions(t, res[:3], hist()[:from+3], from)
 
@@ -398,7 +368,7 @@ func TestGroupCommitBatchConflictWritesNothing(t *testing.T) {
 	require.NotEmpty(t, queued)
 	assert.Equal(t, "o", queued[0], "the admission that won")
 	assert.ElementsMatch(t, []string{"o", "a", "b", "c"}, queued, "each admission once (after a lost race each retries on its own, in any order)")
-	assert.Equal(t, int64(1), b.store.conflicts.Load(), "the batch lost its race")
+	assert.Equal(t, int64(1), b.calls.conflicts.Load(), "the batch lost its race")
 }
 
 // A batch written whose reply is lost fails each of its operations with
@@ -441,14 +411,14 @@ func TestGroupCommitBatchReplyLost(t *testing.T) {
 				require.NoError(t, err)
 				defer func() { cancel(); <-ended }()
 			}
-			b.store.failNext(errDown, applied)
+			b.calls.failNext(errDown, applied)
 			res := b.batched(ops(b))
 			for i, got := range res {
 				if wroteState(got.out) != nil || got.err != nil {
 					assert.ErrorIsf(t, got.err, errDown, "operation %d", i)
 				}
 			}
-			require.Equal(t, int64(1), b.store.groups.Load())
+			require.Equal(t, int64(1), b.calls.groups.Load())
 
 			sm, _ := bcMemory(t, svc)
 			sm.batching = false
@@ -475,9 +445,9 @@ func TestGroupCommitBatchReplyLost(t *testing.T) {
 				e.mu.Unlock()
 				assert.Equal(t, [2]any{true, last}, [2]any{known, rev}, "the entry holds the batch's last revision, from the feed")
 			}
-			reads := b.store.reads.Load()
+			reads := b.calls.reads.Load()
 			gcSame(t, b.serial(follow(b)), s.serial(follow(s)), bcStored(t, b), bcStored(t, s))
-			t.Logf("%d reads after the failure", b.store.reads.Load()-reads)
+			t.Logf("%d reads after the failure", b.calls.reads.Load()-reads)
 		})
 	}
 }
@@ -489,13 +459,13 @@ func TestGroupCommitBatchOnlyWhereItPays(t *testing.T) {
 	policy := Policy{Key: benchPolicy.Key, MaxActive: 1, MaxQueuedPerKey: 16}
 	m := NewMemoryStore()
 	b := newBCRig(t, m, "bcoff", policy)
-	singles := b.store.singles.Load()
+	singles := b.calls.singles.Load()
 	res := b.batched([]bcOp{b.admit("a"), b.admit("b"), bcRenewHeld})
 	for _, got := range res {
 		require.NoError(t, got.err)
 	}
-	assert.Zero(t, b.store.groups.Load(), "no batch")
-	assert.Equal(t, singles+3, b.store.singles.Load(), "three single writes")
+	assert.Zero(t, b.calls.groups.Load(), "no batch")
+	assert.Equal(t, singles+3, b.calls.singles.Load(), "three single writes")
 }
 
 // natsAtomicBucket creates service's bucket with history 64 on storage
@@ -566,25 +536,25 @@ func TestNATSStoreBatchedWrites(t *testing.T) {
 			require.NoError(t, err)
 			from := si.CachedInfo().State.LastSeq + 1
 			prev := from - 1
-			singles := b.store.singles.Load()
+			singles := b.calls.singles.Load()
 			reqs := nc.Stats().OutMsgs
 			res := b.batched([]bcOp{b.admit("a"), bcRenewHeld, b.admit("b"), bcReleaseHeld, b.acquire("a")})
 			sent := nc.Stats().OutMsgs - reqs
 			hist, hdrs := bcNATSHistory(t, ctx, nc, js, "KV_"+bucket, from)
 			bcCheckRevisions(t, res, hist, 0)
-			t.Logf("outcomes %v, batches %v, %d messages sent", gcKinds(res), b.store.sizes, sent)
+			t.Logf("outcomes %v, batches %v, %d messages sent", gcKinds(res), b.calls.sizes, sent)
 			assert.Equal(t, uint64(5), sent, "one message per writer")
 			if !tc.batches {
-				assert.Zero(t, b.store.groups.Load(), "no batch")
-				assert.Equal(t, singles+5, b.store.singles.Load(), "five single writes")
+				assert.Zero(t, b.calls.groups.Load(), "no batch")
+				assert.Equal(t, singles+5, b.calls.singles.Load(), "five single writes")
 				for i, h := range hdrs {
 					assert.Equal(t, strconv.FormatUint(prev+uint64(i), 10), h.Get(jetstream.ExpectedLastSubjSeqHeader), "write %d: kv.Update's condition", i)
 					assert.Empty(t, h.Get("Nats-Batch-Id"), "write %d: not in a batch", i)
 				}
 				return
 			}
-			require.Equal(t, []int{5}, b.store.sizes, "one batch of five")
-			assert.Equal(t, singles, b.store.singles.Load(), "no single write")
+			require.Equal(t, []int{5}, b.calls.sizes, "one batch of five")
+			assert.Equal(t, singles, b.calls.singles.Load(), "no single write")
 			for i, h := range hdrs {
 				if i == 0 {
 					assert.Equal(t, strconv.FormatUint(prev, 10), h.Get(jetstream.ExpectedLastSubjSeqHeader), "the first message's condition")
@@ -655,14 +625,14 @@ func TestNATSStoreBatchDisabledFallsBack(t *testing.T) {
 	cfg.AllowAtomicPublish = false
 	_, err = js.UpdateStream(ctx, cfg)
 	require.NoError(t, err)
-	singles := b.store.singles.Load()
+	singles := b.calls.singles.Load()
 	res := b.batched([]bcOp{b.admit("a"), b.admit("b"), b.admit("c")})
 	for i, got := range res {
 		require.NoError(t, got.err, "operation %d", i)
 		assert.Equal(t, KindAccepted, got.out.(Admission).Kind)
 	}
-	assert.Equal(t, int64(1), b.store.groups.Load(), "one batch tried")
-	assert.Equal(t, singles+3, b.store.singles.Load(), "then one write each")
+	assert.Equal(t, int64(1), b.calls.groups.Load(), "one batch tried")
+	assert.Equal(t, singles+3, b.calls.singles.Load(), "then one write each")
 	assert.False(t, st.Batches("bcdis", b.key.KVKey), "the bucket batches no more")
 }
 

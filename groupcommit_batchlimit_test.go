@@ -35,15 +35,15 @@ func TestNATSStoreBatchOverServerLimit(t *testing.T) {
 	s, err := js.Stream(ctx, "KV_"+bucket)
 	require.NoError(t, err)
 	from := s.CachedInfo().State.LastSeq + 1
-	singles := b.store.singles.Load()
+	singles := b.calls.singles.Load()
 	res := b.batched([]bcOp{b.admit("a"), b.admit("b"), b.admit("c"), bcReleaseHeld, b.acquire("a")})
 	for i, got := range res {
 		require.NoError(t, got.err, "operation %d", i)
 	}
 	hist, _ := bcNATSHistory(t, ctx, nc, js, "KV_"+bucket, from)
 	bcCheckRevisions(t, res, hist, 0)
-	assert.Equal(t, int64(1), b.store.groups.Load(), "one batch tried")
-	assert.Equal(t, singles+5, b.store.singles.Load(), "then one write each")
+	assert.Equal(t, int64(1), b.calls.groups.Load(), "one batch tried")
+	assert.Equal(t, singles+5, b.calls.singles.Load(), "then one write each")
 	assert.True(t, st.Batches("bclimit", b.key.KVKey), "a batch too large for the server leaves batching on")
 }
 

@@ -24,12 +24,12 @@ import (
 	"github.com/jobkeys/jobkeys/internal/natstest"
 )
 
-// lingerRig is a coordinator over a batching MemoryStore (counted by a
-// bcStore), a Watcher of the store and a Runner of one job type with
+// lingerRig is a coordinator over a batching MemoryStore (its calls
+// counted by bcCalls), a Watcher of the store and a Runner of one job type with
 // MaxActive 1.
 type lingerRig struct {
 	mem   *MemoryStore
-	store *bcStore
+	calls *bcCalls
 	c     *KeyCoordinator
 	jt    *JobType
 	r     *Runner
@@ -39,8 +39,8 @@ func newLingerRig(t *testing.T) *lingerRig {
 	t.Helper()
 	mem := NewMemoryStore()
 	mem.batching = true
-	st := &bcStore{Store: mem, bw: mem}
-	c, err := NewCoordinator(st, nil)
+	calls := &bcCalls{}
+	c, err := NewCoordinator(newHookStore(mem, passBatches).withHook(calls.hook), nil)
 	require.NoError(t, err)
 	w, err := NewWatcher(mem)
 	require.NoError(t, err)
@@ -49,18 +49,18 @@ func newLingerRig(t *testing.T) *lingerRig {
 	require.NoError(t, err)
 	r, err := NewRunner(jt, &RunnerConfig{Watcher: w})
 	require.NoError(t, err)
-	return &lingerRig{mem: mem, store: st, c: c, jt: jt, r: r}
+	return &lingerRig{mem: mem, calls: calls, c: c, jt: jt, r: r}
 }
 
 // batchSizes returns the messages of each batched write since the
 // first from'th.
 func (g *lingerRig) batchSizes(from int) []int {
-	g.store.mu.Lock()
-	defer g.store.mu.Unlock()
-	return slices.Clone(g.store.sizes[from:])
+	g.calls.mu.Lock()
+	defer g.calls.mu.Unlock()
+	return slices.Clone(g.calls.sizes[from:])
 }
 
-func (g *lingerRig) writes() int64 { return g.store.singles.Load() + g.store.groups.Load() }
+func (g *lingerRig) writes() int64 { return g.calls.singles.Load() + g.calls.groups.Load() }
 
 // TestGroupCommitPrewakeJoinsRelease: a release that frees the slot a
 // local waiter waits for wakes it before the write, and the waiter's
@@ -90,7 +90,7 @@ func TestGroupCommitPrewakeJoinsRelease(t *testing.T) {
 		return nil
 	})
 	<-blocked
-	before, sizes := g.writes(), len(g.store.sizes)
+	before, sizes := g.writes(), len(g.calls.sizes)
 	lingers := g.c.keys.lingers.Load()
 	close(finish)
 	require.NoError(t, <-holder)
@@ -179,7 +179,7 @@ func TestGroupCommitLingerForRelease(t *testing.T) {
 	e := g.c.keys.entry(kvKeyFor(acq.Lease.Service, acq.Lease.JobType, acq.Lease.KeyHash))
 	require.NotNil(t, e)
 
-	sizes := len(g.store.sizes)
+	sizes := len(g.calls.sizes)
 	first := make(chan error, 1)
 	go func() {
 		_, err := g.jt.Admit(ctx, "first", payload)
@@ -289,7 +289,7 @@ func TestGroupCommitNoLingerWithoutBatches(t *testing.T) {
 	require.NoError(t, err)
 	require.Equal(t, KindReleased, rel.Kind)
 	assert.Zero(t, g.c.keys.lingers.Load(), "lingers")
-	assert.Zero(t, g.store.groups.Load(), "batched writes")
+	assert.Zero(t, g.calls.groups.Load(), "batched writes")
 }
 
 // TestGroupCommitLingerAuditTwoProcesses is TestGroupCommitLingerAudit

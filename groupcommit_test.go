@@ -38,16 +38,15 @@ func batchContexts(ctx context.Context) []context.Context {
 	return out
 }
 
-// gcGateStore holds writes at a gate while one is set: each write then
-// signals entered and waits for a permit (or for the gate to open).
-type gcGateStore struct {
-	Store
+// gcGate holds writes at a gate while one is set: each write then signals
+// entered and waits for a permit (or for the gate to open).
+type gcGate struct {
 	entered chan struct{}
 	mu      sync.Mutex
 	permits chan struct{}
 }
 
-func (g *gcGateStore) pass(ctx context.Context) error {
+func (g *gcGate) pass(ctx context.Context) error {
 	g.mu.Lock()
 	p := g.permits
 	g.mu.Unlock()
@@ -63,44 +62,25 @@ func (g *gcGateStore) pass(ctx context.Context) error {
 	}
 }
 
-func (g *gcGateStore) Create(ctx context.Context, service, key string, value []byte) (uint64, error) {
-	if err := g.pass(ctx); err != nil {
-		return 0, err
+// hook is the hookStore hook of the gate: Create, Update and Delete pass
+// it first.
+func (g *gcGate) hook(ctx context.Context, c storeCall, call func() storeResult) storeResult {
+	if c.op == opCreate || c.op == opUpdate || c.op == opDelete {
+		if err := g.pass(ctx); err != nil {
+			return storeResult{err: err}
+		}
 	}
-	return g.Store.Create(ctx, service, key, value)
-}
-
-func (g *gcGateStore) Update(ctx context.Context, service, key string, value []byte, revision uint64) (uint64, error) {
-	if err := g.pass(ctx); err != nil {
-		return 0, err
-	}
-	return g.Store.Update(ctx, service, key, value, revision)
-}
-
-func (g *gcGateStore) Delete(ctx context.Context, service, key string, revision uint64) error {
-	if err := g.pass(ctx); err != nil {
-		return err
-	}
-	return g.Store.Delete(ctx, service, key, revision)
-}
-
-// gcLimitedStore also reports the memory store's value size limit, so the
-// coordinator checks room for queued jobs (checkRoom).
-type gcLimitedStore struct {
-	*gcGateStore
-	mem *MemoryStore
-}
-
-func (s gcLimitedStore) MaxValueSize(ctx context.Context, service string) (int, error) {
-	return s.mem.MaxValueSize(ctx, service)
+	return call()
 }
 
 // gcRig is one coordinator over a gated, counted memory store, with a key
-// whose job "held" holds a slot.
+// whose job "held" holds a slot. Below the gate, failures can be injected
+// (injectFailures).
 type gcRig struct {
 	t       *testing.T
 	mem     *MemoryStore
-	gate    *gcGateStore
+	gate    *gcGate
+	faults  *gcFaults
 	totals  *raceTotals
 	c       *KeyCoordinator
 	service string
@@ -115,18 +95,24 @@ var gcNow = time.Date(2026, 3, 4, 5, 6, 7, 0, time.UTC)
 func newGCRig(t *testing.T, service string, policy Policy, writers int, limited bool) *gcRig {
 	t.Helper()
 	mem := NewMemoryStore()
-	gate := &gcGateStore{Store: mem, entered: make(chan struct{}, 256)}
-	var inner Store = gate
+	// counted → gated → failures injected → mem. The gate hides the
+	// memory store's capabilities, but for its value size limit when
+	// limited, so that the coordinator checks room for queued jobs
+	// (checkRoom).
+	faults := &gcFaults{}
+	failing := newHookStore(mem, passValueLimit).withHook(faults.hook)
+	gate := &gcGate{entered: make(chan struct{}, 256)}
+	gateCaps := passNone
 	if limited {
-		inner = gcLimitedStore{gcGateStore: gate, mem: mem}
+		gateCaps = passValueLimit
 	}
-	cs := newCountingStore(inner)
+	cs := newCountingStore(newHookStore(failing, gateCaps).withHook(gate.hook))
 	tokens := 0
 	c, err := NewCoordinator(cs, &Config{InstanceID: "gc", Now: func() time.Time { return gcNow },
 		NewSlotToken: func() string { tokens++; return "tok-" + strconv.Itoa(tokens) }})
 	require.NoError(t, err)
 	c.groupWriters = writers
-	r := &gcRig{t: t, mem: mem, gate: gate, totals: cs.totals, c: c, service: service, policy: policy, payload: benchPayload(0)}
+	r := &gcRig{t: t, mem: mem, gate: gate, faults: faults, totals: cs.totals, c: c, service: service, policy: policy, payload: benchPayload(0)}
 	r.key, err = DeriveKey(service, benchJobType, r.payload, policy.Key)
 	require.NoError(t, err)
 	ctx := context.Background()
@@ -602,11 +588,10 @@ func TestGroupCommitVerifiedRiderDoneBeforeWrite(t *testing.T) {
 	}
 }
 
-// gcFailStore fails the next write with an injected error, one that is not
-// a revision conflict: before the write (nothing is written) or after it
+// gcFaults fails the next write with an injected error, one that is not a
+// revision conflict: before the write (nothing is written) or after it
 // (the write is applied and its reply lost, as with a timeout).
-type gcFailStore struct {
-	Store
+type gcFaults struct {
 	mu     sync.Mutex
 	err    error
 	after  bool
@@ -617,13 +602,13 @@ type gcFailStore struct {
 }
 
 // failNext makes the next write fail with err, after applying it if after.
-func (f *gcFailStore) failNext(err error, after bool) {
+func (f *gcFaults) failNext(err error, after bool) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	f.err, f.after = err, after
 }
 
-func (f *gcFailStore) take() (error, bool) {
+func (f *gcFaults) take() (error, bool) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	err, after := f.err, f.after
@@ -634,60 +619,36 @@ func (f *gcFailStore) take() (error, bool) {
 	return err, after
 }
 
-func (f *gcFailStore) failures() int {
+func (f *gcFaults) failures() int {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	return f.failed
 }
 
-func (f *gcFailStore) Create(ctx context.Context, service, key string, value []byte) (uint64, error) {
+// hook is the hookStore hook that fails Create, Update and Delete.
+func (f *gcFaults) hook(_ context.Context, c storeCall, call func() storeResult) storeResult {
+	if c.op != opCreate && c.op != opUpdate && c.op != opDelete {
+		return call()
+	}
 	err, after := f.take()
 	if err != nil && !after {
-		return 0, err
+		return storeResult{err: err}
 	}
-	rev, werr := f.Store.Create(ctx, service, key, value)
-	if werr == nil && f.applied != nil {
-		f.applied(key, value, rev)
-	}
-	if err != nil {
-		return 0, err
-	}
-	return rev, werr
-}
-
-func (f *gcFailStore) Update(ctx context.Context, service, key string, value []byte, revision uint64) (uint64, error) {
-	err, after := f.take()
-	if err != nil && !after {
-		return 0, err
-	}
-	rev, werr := f.Store.Update(ctx, service, key, value, revision)
-	if werr == nil && f.applied != nil {
-		f.applied(key, value, rev)
+	r := call()
+	if r.err == nil && c.op != opDelete && f.applied != nil {
+		f.applied(c.key, c.value, r.rev)
 	}
 	if err != nil {
-		return 0, err
+		return storeResult{err: err}
 	}
-	return rev, werr
+	return r
 }
 
-func (f *gcFailStore) Delete(ctx context.Context, service, key string, revision uint64) error {
-	err, after := f.take()
-	if err != nil && !after {
-		return err
-	}
-	werr := f.Store.Delete(ctx, service, key, revision)
-	if err != nil {
-		return err
-	}
-	return werr
-}
-
-// injectFailures puts a gcFailStore between r's gate and its memory store.
-// Call it before r runs operations concurrently.
-func (r *gcRig) injectFailures() *gcFailStore {
-	f := &gcFailStore{Store: r.mem}
-	r.gate.Store = f
-	return f
+// injectFailures returns the failure injector between r's gate and its
+// memory store (idle until failNext). Set its applied before r runs
+// operations concurrently.
+func (r *gcRig) injectFailures() *gcFaults {
+	return r.faults
 }
 
 // gateBatch holds first's write at the gate, queues ops behind it in

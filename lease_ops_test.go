@@ -28,14 +28,13 @@ import (
 	"github.com/stretchr/testify/require"
 )
 
-// laneSlowStore adds delay to every call, as a network store would.
-type laneSlowStore struct {
-	Store
-	delay time.Duration
-}
+// laneStoreDelay is the latency the test's store adds to every call, as a
+// network store would.
+const laneStoreDelay = 300 * time.Microsecond
 
-func (s laneSlowStore) pause(ctx context.Context) error {
-	t := time.NewTimer(s.delay)
+// pauseLaneStoreDelay waits laneStoreDelay, or returns ctx's error.
+func pauseLaneStoreDelay(ctx context.Context) error {
+	t := time.NewTimer(laneStoreDelay)
 	defer t.Stop()
 	select {
 	case <-ctx.Done():
@@ -45,32 +44,12 @@ func (s laneSlowStore) pause(ctx context.Context) error {
 	}
 }
 
-func (s laneSlowStore) Get(ctx context.Context, service, key string) ([]byte, uint64, error) {
-	if err := s.pause(ctx); err != nil {
-		return nil, 0, err
+// delayLaneCalls is a hookStore hook that adds laneStoreDelay to every call.
+func delayLaneCalls(ctx context.Context, _ storeCall, call func() storeResult) storeResult {
+	if err := pauseLaneStoreDelay(ctx); err != nil {
+		return storeResult{err: err}
 	}
-	return s.Store.Get(ctx, service, key)
-}
-
-func (s laneSlowStore) Create(ctx context.Context, service, key string, value []byte) (uint64, error) {
-	if err := s.pause(ctx); err != nil {
-		return 0, err
-	}
-	return s.Store.Create(ctx, service, key, value)
-}
-
-func (s laneSlowStore) Update(ctx context.Context, service, key string, value []byte, revision uint64) (uint64, error) {
-	if err := s.pause(ctx); err != nil {
-		return 0, err
-	}
-	return s.Store.Update(ctx, service, key, value, revision)
-}
-
-func (s laneSlowStore) Delete(ctx context.Context, service, key string, revision uint64) error {
-	if err := s.pause(ctx); err != nil {
-		return err
-	}
-	return s.Store.Delete(ctx, service, key, revision)
+	return call()
 }
 
 // A slot holder's renewals succeed while another coordinator keeps writing
@@ -95,7 +74,7 @@ func TestCoordinatorRenewNotStarvedByLocalWaiters(t *testing.T) {
 
 func laneRenewUnderLocalWaiters(t *testing.T, renewals, waiters int) {
 	const gap = 20 * time.Millisecond // between renewals
-	slow := laneSlowStore{Store: NewMemoryStore(), delay: 300 * time.Microsecond}
+	slow := newHookStore(NewMemoryStore(), passNone).withHook(delayLaneCalls)
 	holder, err := NewCoordinator(newCountingStore(slow), nil)
 	require.NoError(t, err)
 	other, err := NewCoordinator(slow, nil)
@@ -134,7 +113,7 @@ func laneRenewUnderLocalWaiters(t *testing.T, renewals, waiters int) {
 	// machine once encoding and decoding got fast, local waiters or not.)
 	wg.Go(func() {
 		for i := 0; ctx.Err() == nil; i++ {
-			if err := slow.pause(ctx); err != nil {
+			if err := pauseLaneStoreDelay(ctx); err != nil {
 				return
 			}
 			id := fmt.Sprintf("x%d", i)
@@ -249,9 +228,9 @@ func TestCoordinatorLeaseOpsBoundedByLease(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
 	clock := &jkClock{t: time.Date(2026, 3, 1, 12, 0, 0, 0, time.UTC)}
-	fs := &faultStore{Store: NewMemoryStore()}
+	faulty, fs := newFaultStore(NewMemoryStore())
 	const attempts = 3
-	c := cCoordinator(t, fs, &Config{Now: clock.Now, MaxAttempts: attempts, RetryBackoff: time.Microsecond, MaxRetryBackoff: 10 * time.Microsecond})
+	c := cCoordinator(t, faulty, &Config{Now: clock.Now, MaxAttempts: attempts, RetryBackoff: time.Microsecond, MaxRetryBackoff: 10 * time.Microsecond})
 	svc := jkService("leasebound")
 	p := cPolicy() // HeartbeatTTL 120s by default
 	_, err := c.Admit(ctx, cAdmit(svc, "j", p))

@@ -226,7 +226,7 @@ func TestMetricsContentionAndErrors(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
 	mem := NewMemoryStore()
-	store := &conflictingStore{MemoryStore: mem}
+	store, faults := newConflictingStore(mem)
 	mr := newMetricsReader(t)
 	coord, err := NewCoordinator(store, &Config{MeterProvider: mr.mp, MaxAttempts: 3, RetryBackoff: time.Microsecond, MaxRetryBackoff: time.Microsecond})
 	require.NoError(t, err)
@@ -234,10 +234,10 @@ func TestMetricsContentionAndErrors(t *testing.T) {
 	require.NoError(t, err)
 	_, err = jt.Admit(ctx, "j1", []byte(`{"k":"a"}`))
 	require.NoError(t, err)
-	store.conflicts.Store(true)
+	faults.conflicts.Store(true)
 	_, err = jt.Admit(ctx, "j2", []byte(`{"k":"a"}`))
 	require.ErrorIs(t, err, ErrContention)
-	store.conflicts.Store(false)
+	faults.conflicts.Store(false)
 	// The first attempt on the remembered state, then three lost races.
 	assert.Equal(t, int64(4), valueWhere(t, mr.collect(), "jobkeys.key.cas.conflicts"))
 
@@ -258,31 +258,36 @@ func TestMetricsContentionAndErrors(t *testing.T) {
 	assert.Equal(t, int64(3), valueWhere(t, ms, "jobkeys.key.operations", attrOperation.String(metricOpAdmit)))
 }
 
-// conflictingStore fails every write with a revision conflict while
-// conflicts is set, as a store with a faster writer would.
-type conflictingStore struct {
-	*MemoryStore
+// writeFaults fails writes: every Create and Update with a revision
+// conflict while conflicts is set, as a store with a faster writer would;
+// and while failures > 0, Update with an error that is not a conflict.
+type writeFaults struct {
 	conflicts atomic.Bool
-	failures  atomic.Int64 // while > 0: Update fails with an error that is not a conflict
+	failures  atomic.Int64
 }
 
-func (s *conflictingStore) Update(ctx context.Context, service, key string, value []byte, revision uint64) (uint64, error) {
-	if s.conflicts.Load() {
-		return 0, ErrRevisionConflict
+// newConflictingStore returns a store over mem (passing every capability
+// through) whose writes fail as the returned writeFaults says.
+func newConflictingStore(mem *MemoryStore) (*hookStore, *writeFaults) {
+	f := &writeFaults{}
+	return newHookStore(mem, passAll).withHook(f.hook), f
+}
+
+func (f *writeFaults) hook(_ context.Context, c storeCall, call func() storeResult) storeResult {
+	if c.op != opCreate && c.op != opUpdate {
+		return call()
 	}
-	for n := s.failures.Load(); n > 0; n = s.failures.Load() {
-		if s.failures.CompareAndSwap(n, n-1) {
-			return 0, errors.New("store unavailable (test)")
+	if f.conflicts.Load() {
+		return storeResult{err: ErrRevisionConflict}
+	}
+	if c.op == opUpdate {
+		for n := f.failures.Load(); n > 0; n = f.failures.Load() {
+			if f.failures.CompareAndSwap(n, n-1) {
+				return storeResult{err: errors.New("store unavailable (test)")}
+			}
 		}
 	}
-	return s.MemoryStore.Update(ctx, service, key, value, revision)
-}
-
-func (s *conflictingStore) Create(ctx context.Context, service, key string, value []byte) (uint64, error) {
-	if s.conflicts.Load() {
-		return 0, ErrRevisionConflict
-	}
-	return s.MemoryStore.Create(ctx, service, key, value)
+	return call()
 }
 
 // capturedRecord is a log record as a handler saw it.
@@ -447,7 +452,7 @@ func TestLogsSweep(t *testing.T) {
 func TestLogsRenewFailureAndLeaseLoss(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
-	store := &conflictingStore{MemoryStore: NewMemoryStore()}
+	store, faults := newConflictingStore(NewMemoryStore())
 	coord, err := NewCoordinator(store, nil)
 	require.NoError(t, err)
 	// A short heartbeat, and a TTL long enough that a loaded machine does
@@ -465,7 +470,7 @@ func TestLogsRenewFailureAndLeaseLoss(t *testing.T) {
 
 	res, err := runner.Run(ctx, "j1", payload, func(hctx context.Context, lease Lease) error {
 		// Two renewals fail, then the slot is taken from the holder.
-		store.failures.Store(2)
+		faults.failures.Store(2)
 		require.Eventually(t, func() bool { return len(h.find("jobkeys: lease renewal failed; retrying")) >= 2 }, time.Minute, time.Millisecond)
 		rel, err := jt.Release(ctx, lease)
 		if err != nil || rel.Kind != KindReleased {

@@ -278,21 +278,26 @@ func TestRunLeaseTakenOver(t *testing.T) {
 	assert.Equal(t, []string{"job-2"}, activeIDs(rtState(t, store, first)), "job-2's slot untouched")
 }
 
-// faultyStore fails updates while failing is set.
-type faultyStore struct {
-	Store
+// updateFaults fails updates with errInjected while failing is set, and
+// counts them.
+type updateFaults struct {
 	failing atomic.Bool
 	failed  atomic.Int64
 }
 
 var errInjected = errors.New("injected store fault")
 
-func (s *faultyStore) Update(ctx context.Context, service, key string, value []byte, revision uint64) (uint64, error) {
-	if s.failing.Load() {
-		s.failed.Add(1)
-		return 0, errInjected
-	}
-	return s.Store.Update(ctx, service, key, value, revision)
+// newFaultyStore returns a store over inner (passing no optional
+// capability through) whose updates fail as the returned updateFaults says.
+func newFaultyStore(inner Store) (*hookStore, *updateFaults) {
+	f := &updateFaults{}
+	return newHookStore(inner, passNone).withHook(func(_ context.Context, c storeCall, call func() storeResult) storeResult {
+		if c.op == opUpdate && f.failing.Load() {
+			f.failed.Add(1)
+			return storeResult{err: errInjected}
+		}
+		return call()
+	}), f
 }
 
 // TestRunLeaseLostWhenRenewalsFail: when no renewal succeeds until the lease
@@ -301,14 +306,14 @@ func (s *faultyStore) Update(ctx context.Context, service, key string, value []b
 func TestRunLeaseLostWhenRenewalsFail(t *testing.T) {
 	t.Parallel()
 	nats, _ := rtNATS(t)
-	store := &faultyStore{Store: nats}
+	store, faults := newFaultyStore(nats)
 	jt := rtJobType(t, cCoordinator(t, store, nil), rtService(), rtPolicy(200*time.Millisecond, time.Second))
 	r := rtRunner(t, jt, nil)
 
 	var cause error
 	res, err := r.Run(context.Background(), rtAdmit(t, jt, "job-1"), rtPayload, func(ctx context.Context, lease Lease) error {
-		store.failing.Store(true)
-		defer store.failing.Store(false) // let the release through
+		faults.failing.Store(true)
+		defer faults.failing.Store(false) // let the release through
 		select {
 		case <-ctx.Done():
 			cause = context.Cause(ctx)
@@ -320,7 +325,7 @@ func TestRunLeaseLostWhenRenewalsFail(t *testing.T) {
 	require.NoError(t, err)
 	assert.ErrorIs(t, cause, ErrLeaseLost)
 	assert.ErrorIs(t, cause, errInjected, "the cause carries the renewal error")
-	assert.GreaterOrEqual(t, store.failed.Load(), int64(1), "failed renewals before giving up")
+	assert.GreaterOrEqual(t, faults.failed.Load(), int64(1), "failed renewals before giving up")
 	assert.ErrorIs(t, res.LeaseLost, ErrLeaseLost)
 	// Nobody took the slot over, so the release found it.
 	assert.Equal(t, KindReleased, res.Release)
@@ -632,7 +637,7 @@ func BenchmarkWakePolling(b *testing.B) { benchWake(b, false, 50*time.Millisecon
 // measured the lease on the coordinator's clock and held on forever.
 func TestRunLeaseLostWhenCoordinatorClockStops(t *testing.T) {
 	t.Parallel()
-	store := &faultyStore{Store: NewMemoryStore()}
+	store, faults := newFaultyStore(NewMemoryStore())
 	stopped := time.Now()
 	c := cCoordinator(t, store, &Config{Now: func() time.Time { return stopped }})
 	jt := rtJobType(t, c, rtService(), rtPolicy(100*time.Millisecond, 300*time.Millisecond))
@@ -640,8 +645,8 @@ func TestRunLeaseLostWhenCoordinatorClockStops(t *testing.T) {
 
 	var cause error
 	res, err := r.Run(context.Background(), rtAdmit(t, jt, "job-1"), rtPayload, func(ctx context.Context, lease Lease) error {
-		store.failing.Store(true)
-		defer store.failing.Store(false)
+		faults.failing.Store(true)
+		defer faults.failing.Store(false)
 		select {
 		case <-ctx.Done():
 			cause = context.Cause(ctx)

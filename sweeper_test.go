@@ -308,53 +308,37 @@ func TestSweeperRun(t *testing.T) {
 	assert.ErrorIs(t, err, ErrInvalidRequest)
 }
 
-// cancelOnWrite cancels a context after its first successful write, as a
-// shutdown that lands in the middle of a sweep.
-type cancelOnWrite struct {
-	*MemoryStore
-	mu     sync.Mutex
-	cancel context.CancelFunc
-}
-
-func (s *cancelOnWrite) wrote() {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	if s.cancel != nil {
-		s.cancel()
-	}
-}
-
-func (s *cancelOnWrite) Update(ctx context.Context, service, key string, value []byte, revision uint64) (uint64, error) {
-	rev, err := s.MemoryStore.Update(ctx, service, key, value, revision)
-	if err == nil {
-		s.wrote()
-	}
-	return rev, err
-}
-
-func (s *cancelOnWrite) Delete(ctx context.Context, service, key string, revision uint64) error {
-	err := s.MemoryStore.Delete(ctx, service, key, revision)
-	if err == nil {
-		s.wrote()
-	}
-	return err
-}
-
 // TestSweeperRunReportsSweepCutShort: a sweep that removes a slot and is
 // then cut short by Run's context is still reported: the removed slot's job
 // must be recorded as failed by someone.
 func TestSweeperRunReportsSweepCutShort(t *testing.T) {
 	t.Parallel()
-	store := &cancelOnWrite{MemoryStore: NewMemoryStore()}
+	// The store cancels a context after its first successful update or
+	// delete, as a shutdown that lands in the middle of a sweep.
+	var (
+		mu         sync.Mutex
+		cancelCall context.CancelFunc
+	)
+	store := newHookStore(NewMemoryStore(), passAll).withHook(func(_ context.Context, c storeCall, call func() storeResult) storeResult {
+		r := call()
+		if r.err == nil && (c.op == opUpdate || c.op == opDelete) {
+			mu.Lock()
+			if cancelCall != nil {
+				cancelCall()
+			}
+			mu.Unlock()
+		}
+		return r
+	})
 	e := newSweepEnv(t, store, FailStale)
 	e.crash(t, "acme", "crashed-acme")
 	e.crash(t, "globex", "crashed-globex")
 	e.advance(time.Hour)
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
-	store.mu.Lock()
-	store.cancel = cancel
-	store.mu.Unlock()
+	mu.Lock()
+	cancelCall = cancel
+	mu.Unlock()
 
 	var (
 		reported []string

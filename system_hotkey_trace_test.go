@@ -56,14 +56,7 @@ type hotCall struct {
 	fed        string // a read's: whether the coordinator's entry was fed, and trusted
 }
 
-// hotStore records the store calls of one process.
-type hotStore struct {
-	Store
-	proc int
-	log  *hotLog
-	keys **keyTable // the process's coordinator's, once it exists
-}
-
+// hotLog is the store calls of every process.
 type hotLog struct {
 	mu    sync.Mutex
 	calls []hotCall
@@ -71,57 +64,49 @@ type hotLog struct {
 
 type hotWhatKey struct{}
 
-func (s hotStore) record(ctx context.Context, c hotCall, err error) {
-	c.proc = s.proc
-	c.end = time.Now()
-	c.conflict = errors.Is(err, ErrRevisionConflict)
-	if err != nil {
-		c.rev = 0
-	}
-	c.what, _ = ctx.Value(hotWhatKey{}).(string)
-	s.log.mu.Lock()
-	s.log.calls = append(s.log.calls, c)
-	s.log.mu.Unlock()
-}
-
-func (s hotStore) MaxValueSize(ctx context.Context, service string) (int, error) {
-	return s.Store.(ValueLimiter).MaxValueSize(ctx, service)
-}
-
-func (s hotStore) Get(ctx context.Context, service, key string) ([]byte, uint64, error) {
-	start := time.Now()
-	fed := "no entry"
-	if t := *s.keys; t != nil {
-		if e := t.entry(key); e != nil {
-			e.mu.Lock()
-			fed = fmt.Sprintf("fed %v, trusted %v", e.watching > 0 && e.fresh, e.trusted())
-			e.mu.Unlock()
+// hook returns the hookStore hook that records the store calls of process
+// proc in l; keys is the process's coordinator's key table, once it
+// exists.
+func (l *hotLog) hook(proc int, keys **keyTable) storeHook {
+	return func(ctx context.Context, c storeCall, call func() storeResult) storeResult {
+		start := time.Now()
+		hc := hotCall{op: c.op.String(), start: start}
+		switch c.op {
+		case opGet:
+			hc.fed = "no entry"
+			if t := *keys; t != nil {
+				if e := t.entry(c.key); e != nil {
+					e.mu.Lock()
+					hc.fed = fmt.Sprintf("fed %v, trusted %v", e.watching > 0 && e.fresh, e.trusted())
+					e.mu.Unlock()
+				}
+			}
+		case opCreate:
+			hc.value = slices.Clone(c.value)
+		case opUpdate:
+			hc.base, hc.value = c.revision, slices.Clone(c.value)
+		case opDelete:
+			hc.base = c.revision
+		default:
+			return call()
 		}
+		r := call()
+		hc.rev = r.rev
+		if c.op == opDelete {
+			hc.rev = c.revision + 1
+		}
+		hc.proc = proc
+		hc.end = time.Now()
+		hc.conflict = errors.Is(r.err, ErrRevisionConflict)
+		if r.err != nil {
+			hc.rev = 0
+		}
+		hc.what, _ = ctx.Value(hotWhatKey{}).(string)
+		l.mu.Lock()
+		l.calls = append(l.calls, hc)
+		l.mu.Unlock()
+		return r
 	}
-	v, rev, err := s.Store.Get(ctx, service, key)
-	s.record(ctx, hotCall{op: "get", start: start, rev: rev, fed: fed}, err)
-	return v, rev, err
-}
-
-func (s hotStore) Create(ctx context.Context, service, key string, value []byte) (uint64, error) {
-	start := time.Now()
-	rev, err := s.Store.Create(ctx, service, key, value)
-	s.record(ctx, hotCall{op: "create", start: start, rev: rev, value: slices.Clone(value)}, err)
-	return rev, err
-}
-
-func (s hotStore) Update(ctx context.Context, service, key string, value []byte, revision uint64) (uint64, error) {
-	start := time.Now()
-	rev, err := s.Store.Update(ctx, service, key, value, revision)
-	s.record(ctx, hotCall{op: "update", base: revision, start: start, rev: rev, value: slices.Clone(value)}, err)
-	return rev, err
-}
-
-func (s hotStore) Delete(ctx context.Context, service, key string, revision uint64) error {
-	start := time.Now()
-	err := s.Store.Delete(ctx, service, key, revision)
-	s.record(ctx, hotCall{op: "delete", base: revision, start: start, rev: revision + 1}, err)
-	return err
 }
 
 // hotRev is one revision of the key as the server stored it.
@@ -217,7 +202,7 @@ func TestHotKeyTrace(t *testing.T) {
 		store, err := NewNATSStore(js, WithCreateBuckets(jetstream.MemoryStorage, 1))
 		require.NoError(t, err)
 		keys := new(*keyTable)
-		coord, err := NewCoordinator(hotStore{Store: store, proc: i, log: log, keys: keys}, nil)
+		coord, err := NewCoordinator(newHookStore(store, passValueLimit).withHook(log.hook(i, keys)), nil)
 		require.NoError(t, err)
 		*keys = coord.keys
 		jt, err := coord.JobType(service, benchJobType, policy)

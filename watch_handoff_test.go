@@ -572,21 +572,6 @@ func TestWatcherHandoffKeepsOtherProcessesTurns(t *testing.T) {
 	}
 }
 
-// lostReplyStore writes the next update and then fails it, as when the
-// reply is lost.
-type lostReplyStore struct {
-	Store
-	lose atomic.Bool
-}
-
-func (s *lostReplyStore) Update(ctx context.Context, service, key string, value []byte, revision uint64) (uint64, error) {
-	rev, err := s.Store.Update(ctx, service, key, value, revision)
-	if err == nil && s.lose.CompareAndSwap(true, false) {
-		return 0, errors.New("injected: reply lost")
-	}
-	return rev, err
-}
-
 // A write whose reply was lost is not known to be stored: nothing is
 // handed off, and the watch's delivery wakes the waiter.
 func TestWatcherHandoffNothingOnLostReply(t *testing.T) {
@@ -597,7 +582,16 @@ func TestWatcherHandoffNothingOnLostReply(t *testing.T) {
 			ctx := context.Background()
 			env := open(t)
 			k := newHandoffKey(t, env.store)
-			lr := &lostReplyStore{Store: env.store}
+			// Once lose is set, the store writes the next update and then
+			// fails it, as when the reply is lost.
+			var lose atomic.Bool
+			lr := newHookStore(env.store, passNone).withHook(func(_ context.Context, c storeCall, call func() storeResult) storeResult {
+				r := call()
+				if c.op == opUpdate && r.err == nil && lose.CompareAndSwap(true, false) {
+					return storeResult{err: errors.New("injected: reply lost")}
+				}
+				return r
+			})
 			jt := k.jobType(lr)
 			w := env.held(t, k.service)
 			k.admit(jt, "h", "a")
@@ -605,7 +599,7 @@ func TestWatcherHandoffNothingOnLostReply(t *testing.T) {
 			sub := k.waiter(w.Watcher, jt, "a")
 
 			w.hold()
-			lr.lose.Store(true)
+			lose.Store(true)
 			_, err := jt.Release(ctx, lh)
 			require.Error(t, err, "the release's reply was lost")
 			assert.False(t, pending(sub.Changed()), "a write not known to be stored woke a waiter")

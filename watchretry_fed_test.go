@@ -21,56 +21,37 @@ import (
 	"github.com/stretchr/testify/require"
 )
 
-// raceHookStore runs a hook, once armed, before the next Create, Update or
-// Delete it is given: another process's write slipped in just before this
-// one. It counts its reads and its lost compare-and-swaps.
-type raceHookStore struct {
-	Store
+// raceHook runs a hook, once armed, before the next Create, Update or
+// Delete that reaches the store it wraps: another process's write slipped in
+// just before this one. It counts the store's reads and its lost
+// compare-and-swaps.
+type raceHook struct {
 	hook      atomic.Pointer[func()]
 	conflicts atomic.Int64 // Creates, Updates and Deletes that lost their compare-and-swap
 	reads     atomic.Int64 // Gets
 }
 
-func (s *raceHookStore) count(err error) {
-	if errors.Is(err, ErrRevisionConflict) {
-		s.conflicts.Add(1)
+// wrap returns st wrapped for newWorkerProcess: a hookStore passing st's
+// value limit through, running r's hook.
+func (r *raceHook) wrap(st Store) Store {
+	return newHookStore(st, passValueLimit).withHook(r.intercept)
+}
+
+func (r *raceHook) intercept(_ context.Context, c storeCall, call func() storeResult) storeResult {
+	switch c.op {
+	case opGet:
+		r.reads.Add(1)
+	case opCreate, opUpdate, opDelete:
+		if h := r.hook.Swap(nil); h != nil {
+			(*h)()
+		}
+		res := call()
+		if errors.Is(res.err, ErrRevisionConflict) {
+			r.conflicts.Add(1)
+		}
+		return res
 	}
-}
-
-func (s *raceHookStore) MaxValueSize(ctx context.Context, service string) (int, error) {
-	return s.Store.(ValueLimiter).MaxValueSize(ctx, service)
-}
-
-func (s *raceHookStore) before() {
-	if h := s.hook.Swap(nil); h != nil {
-		(*h)()
-	}
-}
-
-func (s *raceHookStore) Get(ctx context.Context, service, key string) ([]byte, uint64, error) {
-	s.reads.Add(1)
-	return s.Store.Get(ctx, service, key)
-}
-
-func (s *raceHookStore) Create(ctx context.Context, service, key string, value []byte) (uint64, error) {
-	s.before()
-	rev, err := s.Store.Create(ctx, service, key, value)
-	s.count(err)
-	return rev, err
-}
-
-func (s *raceHookStore) Update(ctx context.Context, service, key string, value []byte, revision uint64) (uint64, error) {
-	s.before()
-	rev, err := s.Store.Update(ctx, service, key, value, revision)
-	s.count(err)
-	return rev, err
-}
-
-func (s *raceHookStore) Delete(ctx context.Context, service, key string, revision uint64) error {
-	s.before()
-	err := s.Store.Delete(ctx, service, key, revision)
-	s.count(err)
-	return err
+	return call()
 }
 
 // workerProcess is one worker process of a multi-process test: its own
@@ -114,8 +95,8 @@ func TestReleaseLostRaceAnsweredByWatch(t *testing.T) {
 	policy := Policy{Key: benchPolicy.Key, MaxActive: 1, MaxQueuedPerKey: 8}
 	payload := benchPayload(0)
 
-	hs := &raceHookStore{}
-	mine := newWorkerProcess(t, s, service, policy, func(st Store) Store { hs.Store = st; return hs },
+	hs := &raceHook{}
+	mine := newWorkerProcess(t, s, service, policy, hs.wrap,
 		&Config{RetryBackoff: time.Hour, MaxRetryBackoff: time.Hour})
 	other := newWorkerProcess(t, s, service, policy, nil, nil)
 	r, err := NewRunner(mine.jt, &RunnerConfig{Watcher: mine.w, ReleaseTimeout: 20 * time.Second})
@@ -172,7 +153,7 @@ func TestReleaseLostRaceAnsweredByWatch(t *testing.T) {
 // by it outlasts the test), and other; mine's entry of the key is fed by
 // a waiter's subscription to its Watcher.
 type fedProcesses struct {
-	hs           *raceHookStore
+	hs           *raceHook
 	mine, other  *workerProcess
 	key          JobKey
 	payload      []byte
@@ -185,8 +166,8 @@ func newFedProcesses(t *testing.T) *fedProcesses {
 	s := natstest.Run(t)
 	service := rtService()
 	policy := Policy{Key: benchPolicy.Key, MaxActive: 1, MaxQueuedPerKey: 8}
-	p := &fedProcesses{hs: &raceHookStore{}, payload: benchPayload(0), service: service}
-	p.mine = newWorkerProcess(t, s, service, policy, func(st Store) Store { p.hs.Store = st; return p.hs },
+	p := &fedProcesses{hs: &raceHook{}, payload: benchPayload(0), service: service}
+	p.mine = newWorkerProcess(t, s, service, policy, p.hs.wrap,
 		&Config{RetryBackoff: time.Hour, MaxRetryBackoff: time.Hour})
 	p.other = newWorkerProcess(t, s, service, policy, nil, nil)
 	p.key = mustKey(t, p.mine.jt, p.payload)
@@ -326,8 +307,8 @@ func TestFedAdmitMaxAttempts(t *testing.T) {
 	service := rtService()
 	policy := Policy{Key: benchPolicy.Key, MaxActive: 1, MaxQueuedPerKey: 4 * attempts}
 	payload := benchPayload(0)
-	hs := &raceHookStore{}
-	mine := newWorkerProcess(t, s, service, policy, func(st Store) Store { hs.Store = st; return hs },
+	hs := &raceHook{}
+	mine := newWorkerProcess(t, s, service, policy, hs.wrap,
 		&Config{MaxAttempts: attempts, RetryBackoff: time.Millisecond, MaxRetryBackoff: 2 * time.Millisecond})
 	other := newWorkerProcess(t, s, service, policy, nil, nil)
 	key := mustKey(t, mine.jt, payload)
@@ -359,22 +340,6 @@ func TestFedAdmitMaxAttempts(t *testing.T) {
 	assert.NotContains(t, p.queued(t), "m1")
 }
 
-// fakeConflictStore fails every Update with a conflict that writes
-// nothing while armed, and counts them.
-type fakeConflictStore struct {
-	*MemoryStore
-	armed atomic.Bool
-	fakes atomic.Int64
-}
-
-func (s *fakeConflictStore) Update(ctx context.Context, service, key string, value []byte, revision uint64) (uint64, error) {
-	if s.armed.Load() {
-		s.fakes.Add(1)
-		return 0, fmt.Errorf("%w: injected by the test", ErrRevisionConflict)
-	}
-	return s.MemoryStore.Update(ctx, service, key, value, revision)
-}
-
 // A release on a key the Watcher feeds (3c67174: it does not pause after a
 // lost race there) whose lost races the watch never answers, since nothing
 // was written: it falls back to a read after watchFallback each time, not
@@ -384,7 +349,17 @@ func TestFedReleaseLostRacesWithoutDelivery(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
 	mem := NewMemoryStore()
-	st := &fakeConflictStore{MemoryStore: mem}
+	// While armed, the store fails every Update with a conflict that
+	// writes nothing, and counts them.
+	var armed atomic.Bool
+	var fakeConflicts atomic.Int64
+	st := newHookStore(mem, passAll).withHook(func(_ context.Context, c storeCall, call func() storeResult) storeResult {
+		if c.op == opUpdate && armed.Load() {
+			fakeConflicts.Add(1)
+			return storeResult{err: fmt.Errorf("%w: injected by the test", ErrRevisionConflict)}
+		}
+		return call()
+	})
 	c := cCoordinator(t, st, &Config{RetryBackoff: time.Hour, MaxRetryBackoff: time.Hour})
 	w, err := NewWatcher(mem)
 	require.NoError(t, err)
@@ -409,8 +384,8 @@ func TestFedReleaseLostRacesWithoutDelivery(t *testing.T) {
 	require.Eventually(t, e.fed, rtWait, time.Millisecond, "the entry is never fed")
 
 	const racing = 500 * time.Millisecond
-	st.armed.Store(true)
-	time.AfterFunc(racing, func() { st.armed.Store(false) })
+	armed.Store(true)
+	time.AfterFunc(racing, func() { armed.Store(false) })
 	rctx, cancel := context.WithTimeout(ctx, rtWait)
 	defer cancel()
 	start := time.Now()
@@ -418,7 +393,7 @@ func TestFedReleaseLostRacesWithoutDelivery(t *testing.T) {
 	took := time.Since(start)
 	require.NoError(t, err, "the release paused by the key's window (an hour) after %v", took)
 	assert.Equal(t, KindReleased, rel.Kind)
-	fakes := st.fakes.Load()
+	fakes := fakeConflicts.Load()
 	t.Logf("%d lost races in %v", fakes, took)
 	require.Positive(t, fakes, "the release never lost a race: the test did not test it")
 	// One attempt per watchFallback at most (and the first at once), with
