@@ -2,7 +2,6 @@ package jobkeys
 
 import (
 	"context"
-	"reflect"
 	"time"
 )
 
@@ -104,10 +103,11 @@ type ValueChange struct {
 // WatchKeys: every change of a waited-on key wakes its waiters, and each
 // one reads the key before it writes.
 //
-// A Watcher uses the value watch of a store whose own type has it; a type
-// that embeds a [*MemoryStore] or a [*NATSStore] (a wrapper, whose
-// WatchKeys may do more than the embedded store's) is watched through
-// WatchKeys, as if it had none.
+// A type that embeds a [*MemoryStore] or a [*NATSStore] has their
+// WatchValues too, promoted: a wrapper that changes what WatchKeys does
+// must change WatchValues the same way, or hold the store in a named
+// field so that it has no WatchValues of its own (then the Watcher
+// watches through its WatchKeys).
 type ValueWatcher interface {
 	// WatchValues is WatchKeys of every job type of service's bucket
 	// (jobType ""), with each change reported in full: in revision order,
@@ -119,39 +119,6 @@ type ValueWatcher interface {
 	// ended once the watch has ended (ctx cancelled, or the store can no
 	// longer watch), after which changed is not called.
 	WatchValues(ctx context.Context, service string, changed func(ValueChange)) (ended <-chan struct{}, err error)
-}
-
-// embedsStoreOfPackage reports whether the type of store, or the struct it
-// points to, embeds a MemoryStore or a NATSStore (or a pointer to one),
-// directly or through other embedded structs: its methods may be theirs,
-// promoted.
-func embedsStoreOfPackage(store any) bool {
-	seen := make(map[reflect.Type]bool)
-	var embeds func(t reflect.Type) bool
-	embeds = func(t reflect.Type) bool {
-		for t.Kind() == reflect.Pointer {
-			t = t.Elem()
-		}
-		if t.Kind() != reflect.Struct || seen[t] {
-			return false
-		}
-		seen[t] = true
-		for i := range t.NumField() {
-			f := t.Field(i)
-			if !f.Anonymous {
-				continue
-			}
-			ft := f.Type
-			for ft.Kind() == reflect.Pointer {
-				ft = ft.Elem()
-			}
-			if ft == reflect.TypeFor[MemoryStore]() || ft == reflect.TypeFor[NATSStore]() || embeds(ft) {
-				return true
-			}
-		}
-		return false
-	}
-	return store != nil && embeds(reflect.TypeOf(store))
 }
 
 // BatchWriter is an optional capability of a [Store]: writing successive

@@ -51,8 +51,8 @@ func (s *ownValueWatchStore) WatchValues(ctx context.Context, service string, ch
 
 // TestWatcherUsesValueWatchOfItsOwnType: a Watcher over a store whose own
 // type is a ValueWatcher watches through WatchValues (and its subscribers
-// hear of changes); over a type that embeds a MemoryStore and overrides
-// WatchKeys, through that WatchKeys.
+// hear of changes); over a wrapper that holds its store in a named field,
+// through the wrapper's WatchKeys.
 func TestWatcherUsesValueWatchOfItsOwnType(t *testing.T) {
 	t.Parallel()
 	own := &ownValueWatchStore{mem: NewMemoryStore()}
@@ -75,34 +75,7 @@ func TestWatcherUsesValueWatchOfItsOwnType(t *testing.T) {
 	require.NoError(t, err)
 	defer sub2.Close()
 	assert.Equal(t, int64(1), wrapped.watches.Load(), "the wrapper's WatchKeys is the watch")
-}
-
-// TestEmbedsStoreOfPackage: the types whose value watch may be a promoted
-// one are told from the others, at any depth of embedding, and a type that
-// embeds itself ends the search.
-func TestEmbedsStoreOfPackage(t *testing.T) {
-	t.Parallel()
-	type selfEmbedding struct{ *selfEmbedding }
-	type byValue struct{ MemoryStore }
-	type nested struct{ *countingWatchStore }
-	type viaNATS struct{ *NATSStore }
-	for _, tc := range []struct {
-		store any
-		want  bool
-	}{
-		{NewMemoryStore(), false},
-		{&ownValueWatchStore{}, false},
-		{&countingWatchStore{}, true},
-		{countingWatchStore{}, true},
-		{&byValue{}, true},
-		{&nested{}, true},
-		{viaNATS{}, true},
-		{&selfEmbedding{selfEmbedding: &selfEmbedding{}}, false},
-		{nil, false},
-		{42, false},
-	} {
-		assert.Equal(t, tc.want, embedsStoreOfPackage(tc.store), "%T", tc.store)
-	}
+	assert.Nil(t, valueWatcherOf(wrapped), "a wrapper with a named store field has no value watch")
 }
 
 // TestClockOffsetCarriesClockBounds: the bounds a store keeps go through

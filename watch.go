@@ -428,21 +428,11 @@ func (w *Watcher) start(ctx context.Context, sw *serviceWatch) {
 	}
 }
 
-// valueWatcherOf returns store as a ValueWatcher when its own type has
-// the value watch: not a type that embeds a MemoryStore or a NATSStore
-// (whose WatchKeys may do more than the embedded store's watch would; see
-// ValueWatcher).
+// valueWatcherOf returns store as a ValueWatcher, or nil when it has no
+// value watch.
 func valueWatcherOf(store WatchableStore) ValueWatcher {
-	switch s := store.(type) {
-	case *MemoryStore:
-		return s
-	case *NATSStore:
-		return s
-	}
-	if vw, ok := store.(ValueWatcher); ok && !embedsStoreOfPackage(store) {
-		return vw
-	}
-	return nil
+	vw, _ := store.(ValueWatcher)
+	return vw
 }
 
 // monitor waits for sw's watch to end, then wakes its subscribers so that

@@ -484,9 +484,28 @@ func TestWatcherConcurrentSubscribe(t *testing.T) {
 	}
 }
 
+// countingWatchStore counts the watches a Watcher starts over a memory
+// store; it holds the store in a named field, so it has no value watch
+// (a Watcher watches through its WatchKeys).
 type countingWatchStore struct {
-	*MemoryStore
-	watches atomic.Int64
+	MemoryStore *MemoryStore
+	watches     atomic.Int64
+}
+
+func (s *countingWatchStore) Get(ctx context.Context, service, key string) ([]byte, uint64, error) {
+	return s.MemoryStore.Get(ctx, service, key)
+}
+
+func (s *countingWatchStore) Create(ctx context.Context, service, key string, value []byte) (uint64, error) {
+	return s.MemoryStore.Create(ctx, service, key, value)
+}
+
+func (s *countingWatchStore) Update(ctx context.Context, service, key string, value []byte, revision uint64) (uint64, error) {
+	return s.MemoryStore.Update(ctx, service, key, value, revision)
+}
+
+func (s *countingWatchStore) Delete(ctx context.Context, service, key string, revision uint64) error {
+	return s.MemoryStore.Delete(ctx, service, key, revision)
 }
 
 func (s *countingWatchStore) WatchKeys(ctx context.Context, service, jobType string, changed func(string)) (<-chan struct{}, error) {
