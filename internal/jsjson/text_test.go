@@ -11,24 +11,26 @@ import (
 	"github.com/stretchr/testify/require"
 )
 
+// validTexts and invalidTexts are JSON texts JSON.parse reads and refuses.
+var validTexts = []string{
+	`0`, `-0`, `1.5e-3`, `1E+2`, `true`, `false`, `null`, `""`, `"\u00e9\ud800\/"`,
+	` {} `, `[]`, `[[]]`, `{"a":[1,{"b":null}],"c":"d"}`, "\t\r\n [ 1 , 2 ] \t\r\n",
+	"\"\xff\xfe\"", // invalid UTF-8 inside a string reads as U+FFFD
+}
+var invalidTexts = []string{
+	``, ` `, `{`, `[`, `]`, `{]`, `[}`, `{"a"}`, `{"a":}`, `{"a":1,}`, `[1,]`, `[,]`, `{,}`,
+	`01`, `-`, `-a`, `1.`, `.1`, `1e`, `1e+`, `+1`, `0x1`, `NaN`, `Infinity`, `tru`, `nul`, `falsey`,
+	`"abc`, `"\x"`, `"\u12"`, `"\u12x4"`, "\"\t\"", "\"\x00\"", `{'a':1}`, `{a:1}`, `[1 2]`,
+	`1 2`, `{} {}`, "\xef\xbb\xbf{}", "\xff", "[\xff]", "\u00a0{}", "\f{}", "{}\x00",
+	strings.Repeat("[", 1000),
+}
+
 func TestCheckJSONText(t *testing.T) {
 	t.Parallel()
-	valid := []string{
-		`0`, `-0`, `1.5e-3`, `1E+2`, `true`, `false`, `null`, `""`, `"\u00e9\ud800\/"`,
-		` {} `, `[]`, `[[]]`, `{"a":[1,{"b":null}],"c":"d"}`, "\t\r\n [ 1 , 2 ] \t\r\n",
-		"\"\xff\xfe\"", // invalid UTF-8 inside a string reads as U+FFFD
-	}
-	invalid := []string{
-		``, ` `, `{`, `[`, `]`, `{]`, `[}`, `{"a"}`, `{"a":}`, `{"a":1,}`, `[1,]`, `[,]`, `{,}`,
-		`01`, `-`, `-a`, `1.`, `.1`, `1e`, `1e+`, `+1`, `0x1`, `NaN`, `Infinity`, `tru`, `nul`, `falsey`,
-		`"abc`, `"\x"`, `"\u12"`, `"\u12x4"`, "\"\t\"", "\"\x00\"", `{'a':1}`, `{a:1}`, `[1 2]`,
-		`1 2`, `{} {}`, "\xef\xbb\xbf{}", "\xff", "[\xff]", "\u00a0{}", "\f{}", "{}\x00",
-		strings.Repeat("[", 1000),
-	}
-	for _, s := range valid {
+	for _, s := range validTexts {
 		assert.NoError(t, CheckText([]byte(s)), "CheckText(%.40q)", s)
 	}
-	for _, s := range invalid {
+	for _, s := range invalidTexts {
 		assert.Error(t, CheckText([]byte(s)), "CheckText(%.40q)", s)
 	}
 	err := CheckText([]byte(`{"a":1,}`))
