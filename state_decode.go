@@ -74,7 +74,7 @@ type jsonNumber struct {
 }
 
 // A jsonTime records a timestamp member: the string and, when ok, the time
-// parseTimestamp reads from it.
+// jsjson.ParseTime reads from it.
 type jsonTime struct {
 	jsonString
 	t  time.Time
@@ -127,7 +127,7 @@ func (d *stateDecoder) decode(text []byte) (*KeyState, error) {
 		if err := jsjson.CheckText(text); err != nil {
 			return nil, fmt.Errorf("state is not valid JSON: %w", err)
 		}
-		if d.I == len(text) { // not expected: checkJSONText refuses empty text
+		if d.I == len(text) { // not expected: jsjson.CheckText refuses empty text
 			return nil, errors.New("state is not valid JSON: no value")
 		}
 		return nil, fmt.Errorf("state is not a JSON object (it is %s)", jsjson.KindName(text[d.I]))
@@ -145,7 +145,7 @@ func (d *stateDecoder) decode(text []byte) (*KeyState, error) {
 // syntaxError describes the JSON syntax error the pass stopped at.
 func (d *stateDecoder) syntaxError() error {
 	err := jsjson.CheckText(d.Text)
-	if err == nil { // not expected: the pass and checkJSONText disagree
+	if err == nil { // not expected: the pass and jsjson.CheckText disagree
 		err = fmt.Errorf("unexpected %s at byte %d", jsjson.DescribeByte(d.Text, d.I), d.I)
 	}
 	return fmt.Errorf("state is not valid JSON: %w", err)
@@ -281,7 +281,7 @@ func integerErr(field string, v jsonNumber, lowest int) error {
 }
 
 // timeErr says what the member field is if it is not a timestamp
-// parseTimestamp reads.
+// jsjson.ParseTime reads.
 func (d *stateDecoder) timeErr(field string, v *jsonTime) error {
 	if v.kind != '"' {
 		return fieldErr(field, v.kind != 0, "must be an RFC 3339 timestamp"+got(v.kind))

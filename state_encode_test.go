@@ -211,7 +211,8 @@ func FuzzEncodeStateDifferential(f *testing.F) {
 }
 
 // BenchmarkEncodeStateDistinctTimes measures appendState beside the old
-// encoder (refAppendState) on the states of BenchmarkStateCodec with every
+// encoder (refAppendState: each member on its own, each time with a
+// TimeWriter of its own) on the states of BenchmarkStateCodec with every
 // time on a millisecond of its own, as on a key whose jobs were admitted
 // over a while: BenchmarkStateCodec's states have one time throughout,
 // which appendState copies after writing it once.

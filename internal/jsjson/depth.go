@@ -24,7 +24,7 @@ var (
 	textMarshalerType = reflect.TypeFor[encoding.TextMarshaler]()
 )
 
-// errPointerLoop reports a value that tooDeep gave up on.
+// errPointerLoop reports a value that checkValueDepth gave up on.
 var errPointerLoop = fmt.Errorf("more than %d pointers and interfaces in a row (the value points to itself)", maxIndirections)
 
 // CheckValueDepth reports [ErrTooDeep] if json.Marshal would nest x's
