@@ -150,7 +150,7 @@ func deriveKey(service, jobType string, payload any, template []string) (JobKey,
 		case c == '"':
 			start := len(key)
 			key = jsjson.AppendStringValue(key, text[pos+1:jsjson.StringEnd(text, pos)-1])
-			hashed = jsjson.AppendQuoted(hashed, key[start:])
+			hashed = jsjson.AppendStringBytes(hashed, key[start:])
 		case c == '-' || (c >= '0' && c <= '9'):
 			lit := text[pos:jsjson.ValueEnd(text, pos)]
 			// A range error still gives the value JavaScript reads: ±Inf

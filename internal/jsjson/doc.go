@@ -20,7 +20,7 @@
 //
 // It holds:
 //
-//   - [AppendString], [AppendQuoted], [AppendNumber]: JSON.stringify's
+//   - [AppendString], [AppendStringBytes], [AppendNumber]: JSON.stringify's
 //     strings and JavaScript's numbers (format.go);
 //   - [TimeWriter] and [ParseTime]: toISOString's times, and the RFC 3339
 //     times Date.parse reads (time.go);

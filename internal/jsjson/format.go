@@ -87,12 +87,26 @@ func appendSurrogate(dst []byte, r rune) []byte {
 // low surrogate as the character the pair encodes (as a JavaScript string
 // holding the pair would be), and each maximal invalid UTF-8 subsequence as
 // U+FFFD.
+//
+// AppendString and [AppendStringBytes] are kept from being inlined: inlined
+// into another package, they would leave it a call of the generic
+// appendQuoted, which the compiler's escape analysis does not see into
+// there, so a caller's stack buffer passed as dst would move to the heap.
+//
+//go:noinline
 func AppendString(dst []byte, s string) []byte {
-	return AppendQuoted(dst, s)
+	return appendQuoted(dst, s)
 }
 
-// AppendQuoted is [AppendString] for a string or a byte slice.
-func AppendQuoted[S ~string | ~[]byte](dst []byte, s S) []byte {
+// AppendStringBytes is [AppendString] for a byte slice.
+//
+//go:noinline
+func AppendStringBytes(dst, s []byte) []byte {
+	return appendQuoted(dst, s)
+}
+
+// appendQuoted is AppendString for a string or a byte slice.
+func appendQuoted[S ~string | ~[]byte](dst []byte, s S) []byte {
 	dst = append(dst, '"')
 	start := 0
 	for i := 0; ; {
@@ -156,7 +170,7 @@ func AppendQuoted[S ~string | ~[]byte](dst []byte, s S) []byte {
 }
 
 // plainRunEnd returns the offset of the first byte at or after s[i] that
-// AppendQuoted does not write as it is (a control character, '"', '\\' or
+// appendQuoted does not write as it is (a control character, '"', '\\' or
 // a byte of a non-ASCII sequence), or len(s). It reads eight bytes at a time,
 // and the last eight at once when fewer are left.
 func plainRunEnd[S ~string | ~[]byte](s S, i int) int {

@@ -167,7 +167,7 @@ func TestAppendStringMatchesReference(t *testing.T) {
 	check := func(s string) {
 		t.Helper()
 		require.Equal(t, string(refAppendQuoted([]byte("x"), s)), string(AppendString([]byte("x"), s)), "AppendString(%q)", s)
-		require.Equal(t, string(refAppendQuoted(nil, []byte(s))), string(AppendQuoted(nil, []byte(s))), "AppendQuoted(%q) on bytes", s)
+		require.Equal(t, string(refAppendQuoted(nil, []byte(s))), string(AppendStringBytes(nil, []byte(s))), "AppendStringBytes(%q)", s)
 	}
 	var pieces []string
 	for c := range 256 {
@@ -190,7 +190,7 @@ func TestAppendStringMatchesReference(t *testing.T) {
 	}
 }
 
-// refAppendQuoted is AppendQuoted as it was before it was rewritten for
+// refAppendQuoted is appendQuoted as it was before it was rewritten for
 // speed, kept as the reference TestAppendStringMatchesReference compares it
 // with: every string is scanned one byte at a time.
 func refAppendQuoted[S ~string | ~[]byte](dst []byte, s S) []byte {
