@@ -49,10 +49,21 @@
 // Every writer and reader is checked against vectors real JavaScript wrote
 // (testdata/keyhash_extra.json and testdata/dateparse/vectors.json at the
 // module root) and against a simpler reference implementation or
-// encoding/json; FuzzJSNumber and FuzzJSString explore further. The fast
-// paths (eight bytes at a time in strings, the date of the last time kept,
-// the toISOString form read without a general parser) are what the key
-// state codec's speed rests on: BenchmarkStateCodec in the root package
-// measures them, and moving them here changed it by no more than noise
-// (see BENCHMARKS.md).
+// encoding/json; FuzzJSNumber and FuzzJSString explore further, and the
+// root package's FuzzDecodeStateDifferential, FuzzEncodeStateDifferential
+// and FuzzDeriveKey drive it through the key state codec and the key
+// derivation.
+//
+// The fast paths (eight bytes at a time in strings, the date of the last
+// time kept, the toISOString form read without the general parser, the
+// expected member recognised without decoding its name) are what the key
+// state codec's speed rests on; the root package's BenchmarkStateCodec and
+// BenchmarkDeriveKey measure them:
+//
+//	go test -run '^$' -bench 'StateCodec|DeriveKey' -benchmem .
+//
+// Being in a package of their own costs nothing there: the small helpers
+// are still inlined into their callers (go build -gcflags=-m), and
+// AppendString and AppendStringBytes are kept out of line so that a
+// caller's stack buffer stays on the stack.
 package jsjson
