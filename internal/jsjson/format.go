@@ -4,6 +4,7 @@ import (
 	"math"
 	"strconv"
 	"unicode/utf8"
+	"unsafe"
 )
 
 // This file writes values the way JavaScript prints them: strings as
@@ -88,25 +89,11 @@ func appendSurrogate(dst []byte, r rune) []byte {
 // holding the pair would be), and each maximal invalid UTF-8 subsequence as
 // U+FFFD.
 //
-// AppendString and [AppendStringBytes] are kept from being inlined: inlined
-// into another package, they would leave it a call of the generic
-// appendQuoted, which the compiler's escape analysis does not see into
-// there, so a caller's stack buffer passed as dst would move to the heap.
-//
-//go:noinline
+// AppendString is not generic, and AppendStringBytes calls it: a caller in
+// another package that reaches a generic function of this one (inlined)
+// gets no escape analysis of it, and a stack buffer it passes as dst moves
+// to the heap.
 func AppendString(dst []byte, s string) []byte {
-	return appendQuoted(dst, s)
-}
-
-// AppendStringBytes is [AppendString] for a byte slice.
-//
-//go:noinline
-func AppendStringBytes(dst, s []byte) []byte {
-	return appendQuoted(dst, s)
-}
-
-// appendQuoted is AppendString for a string or a byte slice.
-func appendQuoted[S ~string | ~[]byte](dst []byte, s S) []byte {
 	dst = append(dst, '"')
 	start := 0
 	for i := 0; ; {
@@ -169,8 +156,14 @@ func appendQuoted[S ~string | ~[]byte](dst []byte, s S) []byte {
 	return append(dst, '"')
 }
 
+// AppendStringBytes is [AppendString] for a byte slice, which it reads in
+// place (AppendString keeps no reference to its s).
+func AppendStringBytes(dst, s []byte) []byte {
+	return AppendString(dst, unsafe.String(unsafe.SliceData(s), len(s)))
+}
+
 // plainRunEnd returns the offset of the first byte at or after s[i] that
-// appendQuoted does not write as it is (a control character, '"', '\\' or
+// AppendString does not write as it is (a control character, '"', '\\' or
 // a byte of a non-ASCII sequence), or len(s). It reads eight bytes at a time,
 // and the last eight at once when fewer are left.
 func plainRunEnd[S ~string | ~[]byte](s S, i int) int {

@@ -190,7 +190,7 @@ func TestAppendStringMatchesReference(t *testing.T) {
 	}
 }
 
-// refAppendQuoted is appendQuoted as it was before it was rewritten for
+// refAppendQuoted is AppendString as it was before it was rewritten for
 // speed, kept as the reference TestAppendStringMatchesReference compares it
 // with: every string is scanned one byte at a time.
 func refAppendQuoted[S ~string | ~[]byte](dst []byte, s S) []byte {
