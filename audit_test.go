@@ -18,6 +18,8 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+
+	"github.com/jobkeys/jobkeys/internal/jsjson"
 )
 
 // auditHistory is how many messages per key the audited bucket's stream
@@ -301,7 +303,7 @@ func auditState(fail func(string, ...any), where, key string, pol Policy, st, pr
 	sum.MaxLiveSeen = max(sum.MaxLiveSeen, live)
 	if len(st.Active) > pol.MaxActive {
 		fail("%s: %d slots (%d live at updatedAt %s) exceed MaxActive %d: %s", where, len(st.Active), live,
-			st.UpdatedAt.Format(jsTime), pol.MaxActive, modelActiveIDs(st.Active))
+			st.UpdatedAt.Format(jsjson.TimeLayout), pol.MaxActive, modelActiveIDs(st.Active))
 	}
 	seen := map[string]bool{}
 	for _, a := range st.Active {
@@ -320,7 +322,7 @@ func auditState(fail func(string, ...any), where, key string, pol Policy, st, pr
 	if prev != nil {
 		if st.UpdatedAt.Before(prev.UpdatedAt) {
 			fail("%s: updatedAt %s is before the previous revision's %s: a write rested on an outdated state",
-				where, st.UpdatedAt.Format(jsTime), prev.UpdatedAt.Format(jsTime))
+				where, st.UpdatedAt.Format(jsjson.TimeLayout), prev.UpdatedAt.Format(jsjson.TimeLayout))
 		}
 		if st.StaleTakeoverCount < prev.StaleTakeoverCount {
 			fail("%s: staleTakeoverCount went from %d to %d", where, prev.StaleTakeoverCount, st.StaleTakeoverCount)
@@ -397,7 +399,7 @@ func auditTakenOver(fail func(string, ...any), where string, pol Policy, facts a
 		sum.TakenOver++
 		if b.LeaseExpiresAt.After(next.UpdatedAt) {
 			fail("%s: live slot %s/%s (lease to %s) was taken over by %s/%s at %s", where, b.JobID, b.SlotToken,
-				b.LeaseExpiresAt.Format(jsTime), taker.JobID, taker.SlotToken, next.UpdatedAt.Format(jsTime))
+				b.LeaseExpiresAt.Format(jsjson.TimeLayout), taker.JobID, taker.SlotToken, next.UpdatedAt.Format(jsjson.TimeLayout))
 			continue
 		}
 		if taker.JobID == b.JobID {

@@ -16,6 +16,8 @@ import (
 	"unicode/utf8"
 
 	"go.opentelemetry.io/otel/metric"
+
+	"github.com/jobkeys/jobkeys/internal/jsjson"
 )
 
 // Coordinator is the keyed concurrency contract: one method per reducer.
@@ -731,7 +733,7 @@ func checkTimes(kvKey string, s *KeyState, now func() time.Time) error {
 	bad := func(what string, t time.Time) error {
 		return fmt.Errorf("%w: KV key %q: %s would be %s, outside %s to %s, the times key state can hold (the clock, Config.Now, reads %s)",
 			ErrClockOutOfRange, kvKey, what, t.UTC().Format(time.RFC3339Nano),
-			firstStateTime.Format(jsTime), lastStateTime.Format(jsTime), now().UTC().Format(time.RFC3339Nano))
+			firstStateTime.Format(jsjson.TimeLayout), lastStateTime.Format(jsjson.TimeLayout), now().UTC().Format(time.RFC3339Nano))
 	}
 	if !inJSYears(s.UpdatedAt) {
 		return bad("updatedAt", s.UpdatedAt)
@@ -770,7 +772,7 @@ const (
 // slotRoom returns the most a queued entry grows by as a slot of this
 // coordinator's instance.
 func slotRoom(instanceID string) int {
-	return slotFixedRoom + slotNameRoom + max(slotNameRoom, len(appendJSString(nil, instanceID)))
+	return slotFixedRoom + slotNameRoom + max(slotNameRoom, len(jsjson.AppendString(nil, instanceID)))
 }
 
 // checkRoom returns an error wrapping ErrStateTooLarge when next, a state

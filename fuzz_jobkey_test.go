@@ -14,6 +14,8 @@ import (
 	"unicode/utf8"
 
 	"github.com/stretchr/testify/require"
+
+	"github.com/jobkeys/jobkeys/internal/jsjson"
 )
 
 // The fuzz targets run their seeds (f.Add and testdata/fuzz/<Name>) as
@@ -51,15 +53,15 @@ func FuzzResolvePointer(f *testing.F) {
 		if perr != nil {
 			require.ErrorIs(t, perr, ErrInvalidPolicy, "parsePointer(%q)", pointer)
 		}
-		text := trimBOM(data)
-		err := checkJSONText(text)
-		require.False(t, encodingJSONAgrees(data) && (err == nil) != json.Valid(data), "checkJSONText(%q) = %v, json.Valid = %v", data, err, json.Valid(data))
+		text := jsjson.TrimBOM(data)
+		err := jsjson.CheckText(text)
+		require.False(t, encodingJSONAgrees(data) && (err == nil) != json.Valid(data), "jsjson.CheckText(%q) = %v, json.Valid = %v", data, err, json.Valid(data))
 		if err != nil || perr != nil {
 			return
 		}
-		pos, ok := resolveText(text, pointer)
+		pos, ok := jsjson.Resolve(text, pointer)
 		if ok {
-			require.NoError(t, checkJSONText(text[pos:valueEnd(text, pos)]), "resolveText(%q, %q) stopped inside a value", text, pointer)
+			require.NoError(t, jsjson.CheckText(text[pos:jsjson.ValueEnd(text, pos)]), "jsjson.Resolve(%q, %q) stopped inside a value", text, pointer)
 		}
 		if encodingJSONAgrees(text) {
 			checkResolveTextAgrees(t, text, pointer)
@@ -85,7 +87,7 @@ func oracleKey(t *testing.T, text []byte, template []string) (key, keyHash strin
 		}
 		if !strings.HasPrefix(seg, "/") {
 			keyParts = append(keyParts, seg)
-			hashed = appendJSString(hashed, seg)
+			hashed = jsjson.AppendString(hashed, seg)
 			continue
 		}
 		tokens, err := parsePointer(seg)
@@ -97,7 +99,7 @@ func oracleKey(t *testing.T, text []byte, template []string) (key, keyHash strin
 		switch v := v.(type) {
 		case string:
 			keyParts = append(keyParts, v)
-			hashed = appendJSString(hashed, v)
+			hashed = jsjson.AppendString(hashed, v)
 		case bool:
 			keyParts = append(keyParts, strconv.FormatBool(v))
 			hashed = strconv.AppendBool(hashed, v)
@@ -106,7 +108,7 @@ func oracleKey(t *testing.T, text []byte, template []string) (key, keyHash strin
 			if math.IsInf(f, 0) {
 				return "", "", false
 			}
-			s := string(appendJSNumber(nil, f))
+			s := string(jsjson.AppendNumber(nil, f))
 			keyParts = append(keyParts, s)
 			hashed = append(hashed, s...)
 		default:
@@ -146,8 +148,8 @@ func FuzzDeriveKey(f *testing.F) {
 		for _, seg := range template {
 			policyOK = policyOK && utf8.ValidString(seg) && (!strings.HasPrefix(seg, "/") || checkPointer(seg) == nil)
 		}
-		text := trimBOM(payload)
-		if policyOK && checkJSONText(text) == nil && encodingJSONAgrees(text) {
+		text := jsjson.TrimBOM(payload)
+		if policyOK && jsjson.CheckText(text) == nil && encodingJSONAgrees(text) {
 			key, keyHash, ok := oracleKey(t, text, template)
 			require.Equal(t, ok, err == nil, "DeriveKey(%q, %q) = %v, but encoding/json resolves ok=%v", payload, template, err, ok)
 			require.False(t, ok && (k.DisplayKey != key || k.KeyHash != keyHash), "DeriveKey(%q, %q) = %q %s, encoding/json oracle = %q %s", payload, template, k.DisplayKey, k.KeyHash, key, keyHash)
@@ -170,51 +172,5 @@ func FuzzDeriveKey(f *testing.F) {
 		if !surrogateEscape.Match(payload) {
 			require.True(t, utf8.ValidString(k.DisplayKey), "Key %q is not valid UTF-8 though the payload has no surrogate escapes", k.DisplayKey)
 		}
-	})
-}
-
-func FuzzJSNumber(f *testing.F) {
-	for _, x := range []float64{0, math.Copysign(0, -1), 0.1, 1e21, 1e-7, 123e-20, 5e-324, math.MaxFloat64, 1 << 53, 100, 1e20, math.Inf(1), math.NaN()} {
-		f.Add(math.Float64bits(x))
-	}
-	f.Fuzz(func(t *testing.T, bits uint64) {
-		x := math.Float64frombits(bits)
-		s := string(appendJSNumber(nil, x))
-		if math.IsNaN(x) || math.IsInf(x, 0) {
-			return
-		}
-		back, err := strconv.ParseFloat(s, 64)
-		require.NoError(t, err, "appendJSNumber(%v) = %q", x, s)
-		require.Equal(t, x, back, "appendJSNumber(%v) = %q reads back", x, s)
-		require.True(t, json.Valid([]byte(s)), "appendJSNumber(%v) = %q is not a JSON number", x, s)
-		// ECMA-262 Number::toString: exponent notation below 1e-6 and from 1e21.
-		abs := math.Abs(x)
-		require.Equal(t, abs != 0 && (abs < 1e-6 || abs >= 1e21), strings.Contains(s, "e"), "appendJSNumber(%v) = %q: wrong notation", x, s)
-		// The same significant digits as Go's shortest formatting.
-		sig := func(s string) string {
-			s, _, _ = strings.Cut(strings.TrimPrefix(s, "-"), "e")
-			return strings.TrimRight(strings.TrimLeft(strings.ReplaceAll(s, ".", ""), "0"), "0")
-		}
-		shortest := strconv.FormatFloat(x, 'e', -1, 64)
-		require.Equal(t, sig(shortest), sig(s), "appendJSNumber(%v) = %q, digits differ from %s", x, s, shortest)
-	})
-}
-
-func FuzzJSString(f *testing.F) {
-	for _, s := range []string{"", "a\"b\\c", "\x00\x1f\x7f", "\u2028<>&😀", "\xed\xa0\x80", "\xed\xa0\xbd\xed\xb8\x80", "\xff\xe2\x82A", "\xf0\x9f\x98"} {
-		f.Add(s)
-	}
-	f.Fuzz(func(t *testing.T, s string) {
-		out := appendJSString(nil, s)
-		require.True(t, json.Valid(out), "appendJSString(%q) = %s is not valid JSON", s, out)
-		value := appendStringValue(nil, out[1:len(out)-1])
-		if utf8.ValidString(s) {
-			var back string
-			require.NoError(t, json.Unmarshal(out, &back), "appendJSString(%q) = %s", s, out)
-			require.Equal(t, s, back, "appendJSString(%q) = %s reads back", s, out)
-			require.Equal(t, s, string(value), "appendStringValue(%s)", out)
-		}
-		again := appendJSString(nil, string(value))
-		require.Equal(t, string(out), string(again), "quoting is not stable: %q -> %s -> %q", s, out, value)
 	})
 }

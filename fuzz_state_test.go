@@ -14,6 +14,8 @@ import (
 	"unicode/utf8"
 
 	"github.com/stretchr/testify/require"
+
+	"github.com/jobkeys/jobkeys/internal/jsjson"
 )
 
 // FuzzParseState compares ParseState with the independent checker of
@@ -395,7 +397,7 @@ func withoutID(m map[string]bool, id string) map[string]bool {
 // FuzzDecodeStateDifferential compares decodeState, the single-pass
 // decoder, with refDecodeState, the decoder it replaced
 // (state_decode_ref_test.go): on any bytes both accept or both refuse, with
-// the same error message (and both wrapping errTooDeep or neither), and
+// the same error message (and both wrapping jsjson.ErrTooDeep or neither), and
 // what they accept they read as the same KeyState, field for field.
 //
 // Seeds: the state vectors in testdata/states, the corpus of
@@ -419,7 +421,7 @@ func requireDecodersAgree(t testing.TB, data []byte) {
 		require.Error(t, err, "decodeState accepted what the old decoder refuses (%v)\n%q", wantErr, data)
 		require.Nil(t, got, "decodeState returned a state with its error")
 		require.Equal(t, wantErr.Error(), err.Error(), "decodeState's error differs from the old decoder's\n%q", data)
-		require.Equal(t, errors.Is(wantErr, errTooDeep), errors.Is(err, errTooDeep), "errTooDeep is wrapped by one error only")
+		require.Equal(t, errors.Is(wantErr, jsjson.ErrTooDeep), errors.Is(err, jsjson.ErrTooDeep), "jsjson.ErrTooDeep is wrapped by one error only")
 		return
 	}
 	require.NoError(t, err, "decodeState refused what the old decoder accepts\n%q", data)

@@ -2,16 +2,15 @@ package jobkeys
 
 import (
 	"crypto/sha256"
-	"encoding"
 	"encoding/hex"
 	"encoding/json"
 	"fmt"
 	"math"
-	"reflect"
 	"strconv"
 	"strings"
-	"sync"
 	"unicode/utf8"
+
+	"github.com/jobkeys/jobkeys/internal/jsjson"
 )
 
 // JobKey identifies the key a job is admitted under: the KV key its state
@@ -44,6 +43,20 @@ type JobKey struct {
 	// <Service>.<JobType>.<KeyHash>.
 	KVKey string
 }
+
+// MaxPayloadDepth is the deepest nesting of arrays and objects a payload may
+// have: [DeriveKey] refuses a deeper payload, JSON text or Go value, with an
+// error wrapping [ErrInvalidKey]. It bounds the stack encoding/json and the
+// key derivation use; encoding/json itself refuses JSON text nested deeper.
+const MaxPayloadDepth = 10000
+
+// The key derivation and the state decoder enforce the limit through
+// internal/jsjson: these arrays have a negative length, which does not
+// compile, unless MaxPayloadDepth is jsjson.MaxDepth.
+var (
+	_ [MaxPayloadDepth - jsjson.MaxDepth]struct{}
+	_ [jsjson.MaxDepth - MaxPayloadDepth]struct{}
+)
 
 // DeriveKey derives the job key of a payload under a key template: the
 // display key, the key hash and the KV key its state lives at. Workers in
@@ -106,7 +119,7 @@ func deriveKey(service, jobType string, payload any, template []string) (JobKey,
 	if err != nil {
 		return JobKey{}, err
 	}
-	if err := checkJSONText(text); err != nil {
+	if err := jsjson.CheckText(text); err != nil {
 		return JobKey{}, fmt.Errorf("%w: payload is not valid JSON: %w", ErrInvalidKey, err)
 	}
 
@@ -121,10 +134,10 @@ func deriveKey(service, jobType string, payload any, template []string) (JobKey,
 		}
 		if seg == "" || seg[0] != '/' {
 			key = append(key, seg...)
-			hashed = appendJSString(hashed, seg)
+			hashed = jsjson.AppendString(hashed, seg)
 			continue
 		}
-		pos, ok := resolveText(text, seg)
+		pos, ok := jsjson.Resolve(text, seg)
 		if !ok {
 			if s, isString := payload.(string); isString {
 				// The commonest mistake: JSON text in a Go string.
@@ -136,10 +149,10 @@ func deriveKey(service, jobType string, payload any, template []string) (JobKey,
 		switch c := text[pos]; {
 		case c == '"':
 			start := len(key)
-			key = appendStringValue(key, text[pos+1:stringEnd(text, pos)-1])
-			hashed = appendJSQuoted(hashed, key[start:])
+			key = jsjson.AppendStringValue(key, text[pos+1:jsjson.StringEnd(text, pos)-1])
+			hashed = jsjson.AppendStringBytes(hashed, key[start:])
 		case c == '-' || (c >= '0' && c <= '9'):
-			lit := text[pos:valueEnd(text, pos)]
+			lit := text[pos:jsjson.ValueEnd(text, pos)]
 			// A range error still gives the value JavaScript reads: ±Inf
 			// above the largest double, 0 or a subnormal below the smallest.
 			f, _ := strconv.ParseFloat(string(lit), 64)
@@ -147,7 +160,7 @@ func deriveKey(service, jobType string, payload any, template []string) (JobKey,
 				return JobKey{}, keySegmentError(seg, "a non-finite number ("+string(lit)+")")
 			}
 			start := len(key)
-			key = appendJSNumber(key, f)
+			key = jsjson.AppendNumber(key, f)
 			hashed = append(hashed, key[start:]...)
 		case c == 't':
 			key = append(key, "true"...)
@@ -185,6 +198,16 @@ func deriveKey(service, jobType string, payload any, template []string) (JobKey,
 	}, nil
 }
 
+// checkPointer reports whether pointer is a well-formed key pointer (see
+// [jsjson.CheckPointer]). The error wraps [ErrInvalidPolicy] and names the
+// pointer.
+func checkPointer(pointer string) error {
+	if err := jsjson.CheckPointer(pointer); err != nil {
+		return fmt.Errorf("%w: key %w", ErrInvalidPolicy, err)
+	}
+	return nil
+}
+
 // keySegmentError reports a pointer that did not resolve to a key segment;
 // got says what it resolved to.
 func keySegmentError(pointer, got string) error {
@@ -208,11 +231,11 @@ func abbrev(s string, n int) string {
 func payloadText(payload any) ([]byte, error) {
 	switch p := payload.(type) {
 	case []byte:
-		return trimBOM(p), nil
+		return jsjson.TrimBOM(p), nil
 	case json.RawMessage:
-		return trimBOM(p), nil
+		return jsjson.TrimBOM(p), nil
 	}
-	if err := checkAnyDepth(payload, 0); err != nil {
+	if err := jsjson.CheckValueDepth(payload); err != nil {
 		return nil, fmt.Errorf("%w: payload cannot be encoded as JSON: %w", ErrInvalidKey, err)
 	}
 	text, err := json.Marshal(payload)
@@ -291,233 +314,4 @@ func validateName(what, name string, maxLen int, jobType bool) error {
 // kvKeyFor returns the KV key of a key's state: <service>.<jobType>.<keyHash>.
 func kvKeyFor(service, jobType, keyHash string) string {
 	return service + "." + jobType + "." + keyHash
-}
-
-// maxIndirections bounds the pointers and interfaces checkValueDepth follows between
-// two arrays or objects: a value can only hold more in a row by pointing to
-// itself, which json.Marshal refuses.
-const maxIndirections = 100
-
-var (
-	mapOfAny          = reflect.TypeFor[map[string]any]()
-	sliceOfAny        = reflect.TypeFor[[]any]()
-	marshalerType     = reflect.TypeFor[json.Marshaler]()
-	textMarshalerType = reflect.TypeFor[encoding.TextMarshaler]()
-)
-
-// errPointerLoop reports a value that tooDeep gave up on.
-var errPointerLoop = fmt.Errorf("more than %d pointers and interfaces in a row (the value points to itself)", maxIndirections)
-
-// checkAnyDepth is checkValueDepth for a value held in an interface, with
-// the values encoding/json decodes into an any (maps, slices and scalars)
-// walked without reflection.
-func checkAnyDepth(x any, depth int) error {
-	switch x := x.(type) {
-	case nil, string, float64, bool, json.Number, int, int64:
-		return nil
-	case map[string]any:
-		if x == nil {
-			return nil
-		}
-		if depth++; depth > MaxPayloadDepth {
-			return errTooDeep
-		}
-		for _, e := range x {
-			if err := checkAnyDepth(e, depth); err != nil {
-				return err
-			}
-		}
-		return nil
-	case []any:
-		if x == nil {
-			return nil
-		}
-		if depth++; depth > MaxPayloadDepth {
-			return errTooDeep
-		}
-		for _, e := range x {
-			if err := checkAnyDepth(e, depth); err != nil {
-				return err
-			}
-		}
-		return nil
-	}
-	return checkValueDepth(reflect.ValueOf(x), depth, 0)
-}
-
-// checkValueDepth reports errTooDeep if json.Marshal would nest v's arrays
-// and objects deeper than MaxPayloadDepth, depth being those already open
-// around v and hops the pointers and interfaces followed since the
-// innermost (errPointerLoop past maxIndirections). It stops at the first
-// error, so its own recursion stays bounded; it checks a type once
-// (typeDepth) and walks a value only where its type does not bound its
-// depth (interfaces, recursive types). A value with a MarshalJSON or
-// MarshalText method counts as a scalar: what those write is checked as
-// JSON text afterwards.
-func checkValueDepth(v reflect.Value, depth, hops int) error {
-	if !v.IsValid() {
-		return nil
-	}
-	if d, bounded := typeDepth(v.Type()); bounded {
-		if depth+d > MaxPayloadDepth {
-			return errTooDeep
-		}
-		return nil
-	}
-	switch v.Kind() {
-	case reflect.Interface:
-		if v.IsNil() {
-			return nil
-		}
-		if e := v.Elem(); (e.Type() == mapOfAny || e.Type() == sliceOfAny) && e.CanInterface() {
-			return checkAnyDepth(e.Interface(), depth)
-		}
-		fallthrough
-	case reflect.Pointer:
-		if v.IsNil() {
-			return nil
-		}
-		if hops >= maxIndirections {
-			return errPointerLoop
-		}
-		return checkValueDepth(v.Elem(), depth, hops+1)
-	case reflect.Struct:
-		if depth++; depth > MaxPayloadDepth {
-			return errTooDeep
-		}
-		for _, f := range structFields(v.Type()) {
-			d := depth
-			if f.flat {
-				d-- // its fields are members of this object
-			}
-			if err := checkValueDepth(v.Field(f.index), d, 0); err != nil {
-				return err
-			}
-		}
-	case reflect.Map:
-		if v.IsNil() {
-			return nil
-		}
-		if depth++; depth > MaxPayloadDepth {
-			return errTooDeep
-		}
-		for it := v.MapRange(); it.Next(); {
-			if err := checkValueDepth(it.Value(), depth, 0); err != nil {
-				return err
-			}
-		}
-	case reflect.Slice, reflect.Array:
-		if v.Kind() == reflect.Slice && v.IsNil() {
-			return nil
-		}
-		if depth++; depth > MaxPayloadDepth {
-			return errTooDeep
-		}
-		for i := range v.Len() {
-			if err := checkValueDepth(v.Index(i), depth, 0); err != nil {
-				return err
-			}
-		}
-	}
-	return nil
-}
-
-// depthOf is what typeDepth knows of a type.
-type depthOf struct {
-	depth   int  // the deepest nesting a value of the type encodes to
-	bounded bool // whether depth holds for every value of the type
-}
-
-// typeDepths caches typeDepth by reflect.Type.
-var typeDepths sync.Map
-
-// typeDepth returns the deepest nesting of arrays and objects json.Marshal
-// writes for a value of type t, and whether there is such a bound: there is
-// none for a type that holds an interface or refers to itself.
-func typeDepth(t reflect.Type) (int, bool) {
-	if d, ok := typeDepths.Load(t); ok {
-		return d.(depthOf).depth, d.(depthOf).bounded
-	}
-	d := computeTypeDepth(t, map[reflect.Type]bool{})
-	typeDepths.Store(t, d)
-	return d.depth, d.bounded
-}
-
-func computeTypeDepth(t reflect.Type, open map[reflect.Type]bool) depthOf {
-	if t.Implements(marshalerType) || t.Implements(textMarshalerType) {
-		return depthOf{0, true}
-	}
-	if open[t] {
-		return depthOf{} // recursive
-	}
-	open[t] = true
-	defer delete(open, t)
-	switch t.Kind() {
-	case reflect.Interface:
-		return depthOf{}
-	case reflect.Pointer:
-		return computeTypeDepth(t.Elem(), open)
-	case reflect.Slice:
-		if t.Elem().Kind() == reflect.Uint8 && !reflect.PointerTo(t.Elem()).Implements(marshalerType) &&
-			!reflect.PointerTo(t.Elem()).Implements(textMarshalerType) {
-			return depthOf{0, true} // base64 string
-		}
-		fallthrough
-	case reflect.Array, reflect.Map:
-		d := computeTypeDepth(t.Elem(), open)
-		return depthOf{d.depth + 1, d.bounded}
-	case reflect.Struct:
-		most := 0
-		for _, f := range structFields(t) {
-			d := computeTypeDepth(t.Field(f.index).Type, open)
-			if !d.bounded {
-				return depthOf{}
-			}
-			if f.flat {
-				d.depth--
-			}
-			most = max(most, d.depth)
-		}
-		return depthOf{most + 1, true}
-	}
-	return depthOf{0, true} // scalars, and what json.Marshal refuses
-}
-
-// structField is a field json.Marshal encodes: a member of the struct's
-// object, or (flat) an embedded struct whose fields are members of it.
-type structField struct {
-	index int
-	flat  bool
-}
-
-// fieldPlans caches structFields by reflect.Type.
-var fieldPlans sync.Map
-
-// structFields returns the fields of the struct type t that json.Marshal
-// encodes: exported ones and embedded structs, without those tagged "-".
-func structFields(t reflect.Type) []structField {
-	if fs, ok := fieldPlans.Load(t); ok {
-		return fs.([]structField)
-	}
-	var fs []structField
-	for i := range t.NumField() {
-		f := t.Field(i)
-		tag := f.Tag.Get("json")
-		if tag == "-" {
-			continue
-		}
-		ft := f.Type
-		if ft.Kind() == reflect.Pointer {
-			ft = ft.Elem()
-		}
-		named := tag != "" && tag[0] != ','
-		switch {
-		case f.Anonymous && ft.Kind() == reflect.Struct:
-			fs = append(fs, structField{i, !named})
-		case f.IsExported():
-			fs = append(fs, structField{i, false})
-		}
-	}
-	fieldPlans.Store(t, fs)
-	return fs
 }

@@ -11,6 +11,7 @@ import (
 	"regexp"
 	"runtime/debug"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 	"unicode/utf8"
@@ -120,6 +121,33 @@ func TestDeriveKeyTSVectorsCopy(t *testing.T) {
 	sum := sha256.Sum256(b)
 	assert.Equal(t, tsVectorsSHA256, hex.EncodeToString(sum[:]),
 		"testdata/keyhash.json is not the TypeScript original's vectors/keyhash.json; copy it again (and update tsVectorsSHA256 only for a new version of those vectors)")
+}
+
+// jsVectors is the part of testdata/keyhash_extra.json, written by real
+// JavaScript with internal/jsvectors/gen.mjs, that the key derivation's
+// tests read: payloads, templates and the keys JavaScript derived (the
+// number and string vectors are internal/jsjson's).
+type jsVectors struct {
+	Cases []keyVector `json:"cases"`
+}
+
+var (
+	jsVectorsOnce sync.Once
+	jsVectorsData jsVectors
+	jsVectorsErr  error
+)
+
+// loadJSVectors reads testdata/keyhash_extra.json once per test binary.
+func loadJSVectors(t testing.TB) *jsVectors {
+	t.Helper()
+	jsVectorsOnce.Do(func() {
+		var b []byte
+		if b, jsVectorsErr = os.ReadFile("testdata/keyhash_extra.json"); jsVectorsErr == nil {
+			jsVectorsErr = json.Unmarshal(b, &jsVectorsData)
+		}
+	})
+	require.NoError(t, jsVectorsErr, "reading JavaScript vectors (regenerate with node internal/jsvectors/gen.mjs > testdata/keyhash_extra.json)")
+	return &jsVectorsData
 }
 
 // TestDeriveKeyJSVectors runs the cases real JavaScript derived in

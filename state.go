@@ -5,6 +5,8 @@ import (
 	"encoding/hex"
 	"strconv"
 	"time"
+
+	"github.com/jobkeys/jobkeys/internal/jsjson"
 )
 
 // StateVersion is the only key state version this package reads and writes.
@@ -135,185 +137,23 @@ func inJSYears(t time.Time) bool {
 	return y >= 0 && y <= 9999
 }
 
-// jsTime is the layout of JavaScript's Date#toISOString for years 0-9999.
-const jsTime = "2006-01-02T15:04:05.000Z"
-
-// jsTimeLimit is the largest distance from the Unix epoch, in milliseconds,
-// of a time JavaScript's Date can hold: 8.64e15 ms, the years -271821 to
-// 275760.
-const jsTimeLimit = 8_640_000_000_000_000
-
-// appendTime appends t as a JSON string as JavaScript's toISOString writes
-// it: UTC, milliseconds (finer digits cut), "Z", the year as four digits
-// when it is 0 to 9999 and otherwise as a sign and six digits
-// ("+010000-01-01T00:00:00.000Z", "-000001-12-31T23:59:59.999Z"). A time
-// outside what a Date can hold is written in the same form, which nobody
-// reads back; the coordinator does not write such times.
-func appendTime(dst []byte, t time.Time) []byte {
-	var w timeWriter
-	return w.append(dst, t)
-}
-
-// timeWriter writes times as appendTime does, working the digits out from
-// the Unix time directly, and remembers the last one it wrote: the times of
-// one state mostly fall on one day (its date is not worked out again) and
-// often on one millisecond (the text is copied). A time further than
-// fastTimeSeconds from the epoch (which no Date holds) goes through
-// time.Time's own calendar in appendFarTime. The zero timeWriter is ready.
-type timeWriter struct {
-	valid bool     // the fields below hold the last time written
-	sec   int64    // its Unix time, in seconds
-	ms    int      // its milliseconds
-	days  int64    // its days since the epoch
-	date  int      // the length of its date part in text, '"' included
-	n     int      // the length of its text
-	text  [30]byte // '"', a year of up to 7 bytes, "-MM-DDTHH:MM:SS.mmmZ" (21), '"'
-}
-
-// append appends t as appendTime does.
-func (w *timeWriter) append(dst []byte, t time.Time) []byte {
-	sec, ms := t.Unix(), t.Nanosecond()/1e6
-	if w.valid && sec == w.sec && ms == w.ms {
-		return append(dst, w.text[:w.n]...)
-	}
-	if sec < -fastTimeSeconds || sec > fastTimeSeconds {
-		return appendFarTime(dst, t)
-	}
-	days, rem := sec/secondsPerDay, sec%secondsPerDay
-	if rem < 0 {
-		days--
-		rem += secondsPerDay
-	}
-	b := &w.text
-	if !w.valid || days != w.days {
-		year, month, day := civilDate(days)
-		b[0] = '"'
-		n := 1
-		if year >= 0 && year <= 9999 {
-			put2(b[1:], year/100)
-			put2(b[3:], year%100)
-			n = 5
-		} else {
-			b[1] = '+'
-			if year < 0 {
-				b[1] = '-'
-				year = -year
-			}
-			put2(b[2:], year/10000) // |year| < 1e6 within fastTimeSeconds
-			put2(b[4:], year/100%100)
-			put2(b[6:], year%100)
-			n = 8
-		}
-		b[n] = '-'
-		put2(b[n+1:], month)
-		b[n+3] = '-'
-		put2(b[n+4:], day)
-		w.date, w.days = n+6, days
-	}
-	n, r := w.date, int(rem)
-	b[n] = 'T'
-	put2(b[n+1:], r/3600)
-	b[n+3] = ':'
-	put2(b[n+4:], r/60%60)
-	b[n+6] = ':'
-	put2(b[n+7:], r%60)
-	b[n+9] = '.'
-	b[n+10] = byte('0' + ms/100)
-	put2(b[n+11:], ms%100)
-	b[n+13] = 'Z'
-	b[n+14] = '"'
-	w.valid, w.sec, w.ms, w.n = true, sec, ms, n+15
-	return append(dst, b[:w.n]...)
-}
-
-const secondsPerDay = 86400
-
-// fastTimeSeconds bounds the Unix times appendTime formats by hand: within
-// it the year has at most six digits (2^44 s is about 557,000 years) and the
-// arithmetic of civilDate cannot overflow. A Date holds at most 8.64e12 s.
-const fastTimeSeconds = 1 << 44
-
-// civilDate returns the proleptic Gregorian date (the calendar of both
-// JavaScript's Date and package time) of the day days after 1970-01-01,
-// counting the year before year 1 as year 0 and months and days from 1.
-// It counts in eras of 400 years (146,097 days) starting on March 1 so that
-// the leap day ends each year.
-func civilDate(days int64) (year, month, day int) {
-	z := days + 719468 // days since 0000-03-01
-	era := z / 146097
-	if z < 0 && z%146097 != 0 {
-		era--
-	}
-	doe := int(z - era*146097)                             // day of the era, 0 to 146096
-	yoe := (doe - doe/1460 + doe/36524 - doe/146096) / 365 // year of the era, 0 to 399
-	doy := doe - (365*yoe + yoe/4 - yoe/100)               // day of the year from March 1, 0 to 365
-	mp := (5*doy + 2) / 153                                // month from March, 0 to 11
-	day = doy - (153*mp+2)/5 + 1
-	month = mp + 3
-	if mp >= 10 {
-		month = mp - 9
-	}
-	year = yoe + int(era)*400
-	if month <= 2 {
-		year++
-	}
-	return year, month, day
-}
-
-// twoDigits holds "00" to "99", two bytes each.
-var twoDigits = func() (d [200]byte) {
-	for i := range 100 {
-		d[2*i], d[2*i+1] = byte('0'+i/10), byte('0'+i%10)
-	}
-	return d
-}()
-
-// put2 writes v, 0 to 99, as two digits at b[0:2].
-func put2(b []byte, v int) {
-	_ = b[1]
-	b[0], b[1] = twoDigits[2*v], twoDigits[2*v+1]
-}
-
-// appendFarTime is appendTime for any t, through time.Time's calendar.
-func appendFarTime(dst []byte, t time.Time) []byte {
-	t = t.UTC()
-	dst = append(dst, '"')
-	year := t.Year()
-	if year >= 0 && year <= 9999 {
-		dst = t.AppendFormat(dst, jsTime)
-		return append(dst, '"')
-	}
-	if year < 0 {
-		dst = append(dst, '-')
-		year = -year
-	} else {
-		dst = append(dst, '+')
-	}
-	for n := 100000; n > 1 && year < n; n /= 10 {
-		dst = append(dst, '0') // six digits
-	}
-	dst = strconv.AppendInt(dst, int64(year), 10)
-	dst = t.AppendFormat(dst, "-01-02T15:04:05.000Z")
-	return append(dst, '"')
-}
-
 // appendContext appends c as the member value "context" of a slot or a
 // queued job.
 func appendContext(dst []byte, c TraceContext) []byte {
 	dst = append(dst, `{"requestId":`...)
-	dst = appendJSString(dst, c.RequestID)
+	dst = jsjson.AppendString(dst, c.RequestID)
 	return appendContextRest(dst, c)
 }
 
 // appendContextRest appends what follows c's request id in appendContext.
 func appendContextRest(dst []byte, c TraceContext) []byte {
 	dst = append(dst, `,"traceId":`...)
-	dst = appendJSString(dst, c.TraceID)
+	dst = jsjson.AppendString(dst, c.TraceID)
 	dst = append(dst, `,"traceparent":`...)
-	dst = appendJSString(dst, c.Traceparent)
+	dst = jsjson.AppendString(dst, c.Traceparent)
 	if c.Tracestate != "" {
 		dst = append(dst, `,"tracestate":`...)
-		dst = appendJSString(dst, c.Tracestate)
+		dst = jsjson.AppendString(dst, c.Tracestate)
 	}
 	return append(dst, '}')
 }
@@ -321,15 +161,15 @@ func appendContextRest(dst []byte, c TraceContext) []byte {
 // appendState appends s in the wire format (see [KeyState]): the bytes the
 // TypeScript original's JSON.stringify writes for the same state.
 func appendState(dst []byte, s *KeyState) []byte {
-	var tw timeWriter
+	var tw jsjson.TimeWriter
 	dst = append(dst, `{"version":1,"service":`...)
-	dst = appendJSString(dst, s.Service)
+	dst = jsjson.AppendString(dst, s.Service)
 	dst = append(dst, `,"jobType":`...)
-	dst = appendJSString(dst, s.JobType)
+	dst = jsjson.AppendString(dst, s.JobType)
 	dst = append(dst, `,"key":`...)
-	dst = appendJSString(dst, s.DisplayKey)
+	dst = jsjson.AppendString(dst, s.DisplayKey)
 	dst = append(dst, `,"keyHash":`...)
-	dst = appendJSString(dst, s.KeyHash)
+	dst = jsjson.AppendString(dst, s.KeyHash)
 	dst = append(dst, `,"maxActive":`...)
 	dst = strconv.AppendInt(dst, int64(s.MaxActive), 10)
 	dst = append(dst, `,"maxQueuedPerKey":`...)
@@ -341,17 +181,17 @@ func appendState(dst []byte, s *KeyState) []byte {
 			dst = append(dst, ',')
 		}
 		dst = append(dst, `{"jobId":`...)
-		dst = appendJSString(dst, a.JobID)
+		dst = jsjson.AppendString(dst, a.JobID)
 		dst = append(dst, `,"slotToken":`...)
-		dst = appendJSString(dst, a.SlotToken)
+		dst = jsjson.AppendString(dst, a.SlotToken)
 		dst = append(dst, `,"instanceId":`...)
-		dst = appendJSString(dst, a.InstanceID)
+		dst = jsjson.AppendString(dst, a.InstanceID)
 		dst = append(dst, `,"startedAt":`...)
-		dst = tw.append(dst, a.StartedAt)
+		dst = tw.Append(dst, a.StartedAt)
 		dst = append(dst, `,"heartbeatAt":`...)
-		dst = tw.append(dst, a.HeartbeatAt)
+		dst = tw.Append(dst, a.HeartbeatAt)
 		dst = append(dst, `,"leaseExpiresAt":`...)
-		dst = tw.append(dst, a.LeaseExpiresAt)
+		dst = tw.Append(dst, a.LeaseExpiresAt)
 		dst = append(dst, `,"tries":`...)
 		dst = strconv.AppendInt(dst, int64(a.Tries), 10)
 		dst = append(dst, `,"context":`...)
@@ -370,19 +210,19 @@ func appendState(dst []byte, s *KeyState) []byte {
 			reqID = ctx.RequestID
 		}
 		dst = append(dst, `{"jobId":`...)
-		dst = appendJSString(dst, q.JobID)
+		dst = jsjson.AppendString(dst, q.JobID)
 		dst = append(dst, `,"createdAt":`...)
-		dst = tw.append(dst, q.CreatedAt)
+		dst = tw.Append(dst, q.CreatedAt)
 		dst = append(dst, `,"requestId":`...)
 		start := len(dst)
-		dst = appendJSString(dst, reqID)
+		dst = jsjson.AppendString(dst, reqID)
 		end := len(dst)
 		dst = append(dst, `,"context":{"requestId":`...)
 		if ctx.RequestID == reqID {
 			// Mostly the same string: its text is copied.
 			dst = append(dst, dst[start:end]...)
 		} else {
-			dst = appendJSString(dst, ctx.RequestID)
+			dst = jsjson.AppendString(dst, ctx.RequestID)
 		}
 		dst = appendContextRest(dst, ctx)
 		dst = append(dst, '}')
@@ -390,7 +230,7 @@ func appendState(dst []byte, s *KeyState) []byte {
 	dst = append(dst, `],"staleTakeoverCount":`...)
 	dst = strconv.AppendInt(dst, int64(s.StaleTakeoverCount), 10)
 	dst = append(dst, `,"updatedAt":`...)
-	dst = tw.append(dst, s.UpdatedAt)
+	dst = tw.Append(dst, s.UpdatedAt)
 	return append(dst, '}')
 }
 

@@ -5,6 +5,8 @@ import (
 	"math"
 	"strconv"
 	"time"
+
+	"github.com/jobkeys/jobkeys/internal/jsjson"
 )
 
 // The key state decoder as it was before state_decode.go's single-pass
@@ -17,12 +19,12 @@ import (
 // members JSON.parse reads: names match exactly (after unescaping), the last
 // of duplicate members counts, and members it does not know are ignored.
 func refDecodeState(data []byte) (*KeyState, error) {
-	text := trimBOM(data)
-	if err := checkJSONText(text); err != nil {
+	text := jsjson.TrimBOM(data)
+	if err := jsjson.CheckText(text); err != nil {
 		return nil, fmt.Errorf("state is not valid JSON: %w", err)
 	}
 	r := refStateReader{text: text}
-	pos := skipWS(text, 0)
+	pos := jsjson.SkipWS(text, 0)
 	if text[pos] != '{' {
 		return nil, fmt.Errorf("state is not a JSON object (it is %s)", refKindAt(text, pos))
 	}
@@ -108,7 +110,7 @@ func refDecodeState(data []byte) (*KeyState, error) {
 }
 
 // refStateReader reads the members of a state document, JSON text that
-// checkJSONText accepted. A member's position is the offset of its value plus
+// jsjson.CheckText accepted. A member's position is the offset of its value plus
 // one, so that 0 stands for a missing member.
 type refStateReader struct {
 	text    []byte
@@ -118,18 +120,18 @@ type refStateReader struct {
 // members sets at[k] to the position of the last member of the object at
 // text[pos] named names[k], and leaves it 0 where there is none.
 func (r *refStateReader) members(pos int, names []string, at []int) {
-	i, _ := firstMember(r.text, pos)
+	i, _ := jsjson.FirstMember(r.text, pos)
 	for i >= 0 {
 		var name []byte
 		var v int
-		name, v, r.scratch = nextMember(r.text, i, r.scratch)
+		name, v, r.scratch = jsjson.NextMember(r.text, i, r.scratch)
 		for k, n := range names {
 			if string(name) == n {
 				at[k] = v + 1
 				break
 			}
 		}
-		i, _ = afterValue(r.text, valueEnd(r.text, v))
+		i, _ = jsjson.AfterValue(r.text, jsjson.ValueEnd(r.text, v))
 	}
 }
 
@@ -149,12 +151,12 @@ func (r *refStateReader) array(field string, p int, each func(i, pos int) error)
 	if p == 0 || r.text[p-1] != '[' {
 		return refFieldErr(field, p != 0, "must be an array"+r.got(p))
 	}
-	i, _ := firstMember(r.text, p-1)
+	i, _ := jsjson.FirstMember(r.text, p-1)
 	for n := 0; i >= 0; n++ {
 		if err := each(n, i); err != nil {
 			return err
 		}
-		i, _ = afterValue(r.text, valueEnd(r.text, i))
+		i, _ = jsjson.AfterValue(r.text, jsjson.ValueEnd(r.text, i))
 	}
 	return nil
 }
@@ -189,11 +191,11 @@ func (r *refStateReader) str(field string, p int) (string, error) {
 	if p == 0 || r.text[p-1] != '"' {
 		return "", refFieldErr(field, p != 0, "must be a string"+r.got(p))
 	}
-	raw := r.text[p : stringEnd(r.text, p-1)-1]
-	if !needsDecoding(raw) {
+	raw := r.text[p : jsjson.StringEnd(r.text, p-1)-1]
+	if !jsjson.NeedsDecoding(raw) {
 		return string(raw), nil
 	}
-	return string(appendStringValue(make([]byte, 0, len(raw)), raw)), nil
+	return string(jsjson.AppendStringValue(make([]byte, 0, len(raw)), raw)), nil
 }
 
 // nonEmpty returns the non-empty string at position p.
@@ -213,7 +215,7 @@ func (r *refStateReader) number(p int) (float64, bool) {
 	}
 	switch c := r.text[p-1]; {
 	case c == '-' || c >= '0' && c <= '9':
-		f, _ := strconv.ParseFloat(string(r.text[p-1:valueEnd(r.text, p-1)]), 64)
+		f, _ := strconv.ParseFloat(string(r.text[p-1:jsjson.ValueEnd(r.text, p-1)]), 64)
 		return f, true
 	}
 	return 0, false
@@ -230,7 +232,7 @@ func (r *refStateReader) integer(field string, p int, lowest int) (int, error) {
 	return int(f), nil
 }
 
-// timestamp returns the time at position p; see parseTimestamp.
+// timestamp returns the time at position p; see jsjson.ParseTime.
 func (r *refStateReader) timestamp(field string, p int) (time.Time, error) {
 	s, err := r.str(field, p)
 	if err != nil {
@@ -474,7 +476,7 @@ func refParseTimestamp(s string) (time.Time, error) {
 	}
 	t := time.Date(year, time.Month(month), day, hour, minute, sec, millis*int(time.Millisecond), time.UTC).
 		Add(-time.Duration(offset) * time.Minute)
-	if ms := t.UnixMilli(); ms > jsTimeLimit || ms < -jsTimeLimit {
+	if ms := t.UnixMilli(); ms > jsjson.MaxTimeMillis || ms < -jsjson.MaxTimeMillis {
 		return bad("outside the range of JavaScript dates")
 	}
 	return t, nil

@@ -1,7 +1,6 @@
 package jobkeys
 
 import (
-	"fmt"
 	mrand "math/rand/v2"
 	"slices"
 	"strings"
@@ -72,47 +71,6 @@ func TestDecodeStateLargeAndEscaped(t *testing.T) {
 	require.NoError(t, err)
 	assert.Equal(t, "Bs\U0001F600é\t\xed\xa0\x80", s2.Service)
 	assert.Equal(t, "As\U0001F600é\t\xed\xa0\x80", s.Service, "the first state's strings changed")
-}
-
-// isoTime, parseTimestamp's path for the form toISOString writes, reads
-// the same instant, in the same representation, as time.Date does, across
-// the years 0000 to 9999 and at the edges of months and days.
-func TestISOTimeMatchesTimeDate(t *testing.T) {
-	t.Parallel()
-	seed := uint64(time.Now().UnixNano())
-	t.Logf("seed %d", seed)
-	rng := mrand.New(mrand.NewPCG(seed, 2))
-	check := func(year, month, day, hour, minute, sec, ms int) {
-		s := fmt.Sprintf("%04d-%02d-%02dT%02d:%02d:%02d.%03dZ", year, month, day, hour, minute, sec, ms)
-		got, ok := isoTime(s)
-		want, err := refParseTimestamp(s)
-		if err != nil {
-			require.False(t, ok, "isoTime(%q) reads what parseTimestamp refuses: %v", s, err)
-			return
-		}
-		require.True(t, ok, "isoTime(%q) refuses a valid time", s)
-		require.Equal(t, want, got, "isoTime(%q)", s)
-		require.Equal(t, want, time.Date(year, time.Month(month), day, hour, minute, sec, ms*int(time.Millisecond), time.UTC))
-		gotB, ok := isoTime([]byte(strings.ToLower(s)))
-		require.True(t, ok, "isoTime of lowercase %q", s)
-		require.Equal(t, want, gotB)
-	}
-	for _, year := range []int{0, 1, 4, 99, 100, 400, 1600, 1900, 1969, 1970, 2000, 2024, 2100, 9999} {
-		for month := 1; month <= 12; month++ {
-			for _, day := range []int{0, 1, 28, 29, 30, 31, 32} {
-				check(year, month, day, 0, 0, 0, 0)
-				check(year, month, day, 23, 59, 59, 999)
-			}
-		}
-	}
-	for range 20000 {
-		check(rng.IntN(10000), 1+rng.IntN(12), 1+rng.IntN(31), rng.IntN(25), rng.IntN(61), rng.IntN(61), rng.IntN(1000))
-	}
-	for _, s := range []string{"2026-11-30T10:00:02.00aZ", "2026-11-30T10:00:02.000+", "2026-11-30 10:00:02.000Z",
-		"2026-11-30T10:00:60.000Z", "+02026-11-30T10:00:02.00Z", "2026-11-30T10:00:02,000Z", "-026-11-30T10:00:02.000Z"} {
-		_, ok := isoTime(s)
-		assert.False(t, ok, "isoTime(%q)", s)
-	}
 }
 
 // decodeState allocates the state, its two slices and one block for its

@@ -5,41 +5,26 @@ import (
 	"encoding/hex"
 	"strconv"
 	"time"
-	"unicode/utf8"
+
+	"github.com/jobkeys/jobkeys/internal/jsjson"
 )
 
-// The key state encoder as it was before appendState, appendTime and
-// appendJSQuoted were rewritten for speed, kept unchanged (only renamed) as
-// the reference the differential tests and FuzzEncodeStateDifferential
-// compare the new encoder with: every time goes through time.AppendFormat
-// and every string is scanned one byte at a time.
+// The key state encoder as it was before appendState was rewritten for
+// speed, kept unchanged (only renamed) as the reference the differential
+// tests and FuzzEncodeStateDifferential compare the new encoder with: each
+// member written on its own, every time with a writer of its own.
 
-// refAppendJSString is the old appendJSString.
+// refAppendJSString writes a string as the old encoder did. The old string
+// and time writers are internal/jsjson's references now
+// (TestAppendStringMatchesReference, TestAppendTimeMatchesReference); here
+// they are jsjson's, each time written by a TimeWriter of its own.
 func refAppendJSString(dst []byte, s string) []byte {
-	return refAppendJSQuoted(dst, s)
+	return jsjson.AppendString(dst, s)
 }
 
-// refAppendTime is the old appendTime.
+// refAppendTime writes a time as the old encoder did; see refAppendJSString.
 func refAppendTime(dst []byte, t time.Time) []byte {
-	t = t.UTC()
-	dst = append(dst, '"')
-	year := t.Year()
-	if year >= 0 && year <= 9999 {
-		dst = t.AppendFormat(dst, jsTime)
-		return append(dst, '"')
-	}
-	if year < 0 {
-		dst = append(dst, '-')
-		year = -year
-	} else {
-		dst = append(dst, '+')
-	}
-	for n := 100000; n > 1 && year < n; n /= 10 {
-		dst = append(dst, '0') // six digits
-	}
-	dst = strconv.AppendInt(dst, int64(year), 10)
-	dst = t.AppendFormat(dst, "-01-02T15:04:05.000Z")
-	return append(dst, '"')
+	return new(jsjson.TimeWriter).Append(dst, t)
 }
 
 // refAppendContext is the old appendContext.
@@ -143,68 +128,4 @@ func refWireContext(c TraceContext, jobID, salt string) TraceContext {
 		}
 	}
 	return c
-}
-
-// refAppendJSQuoted is the old appendJSQuoted.
-func refAppendJSQuoted[S ~string | ~[]byte](dst []byte, s S) []byte {
-	dst = append(dst, '"')
-	start := 0
-	for i := 0; i < len(s); {
-		c := s[i]
-		if c < utf8.RuneSelf {
-			if c >= 0x20 && c != '"' && c != '\\' {
-				i++
-				continue
-			}
-			dst = append(dst, s[start:i]...)
-			switch c {
-			case '"':
-				dst = append(dst, '\\', '"')
-			case '\\':
-				dst = append(dst, '\\', '\\')
-			case '\b':
-				dst = append(dst, '\\', 'b')
-			case '\f':
-				dst = append(dst, '\\', 'f')
-			case '\n':
-				dst = append(dst, '\\', 'n')
-			case '\r':
-				dst = append(dst, '\\', 'r')
-			case '\t':
-				dst = append(dst, '\\', 't')
-			default:
-				dst = append(dst, '\\', 'u', '0', '0', hexDigits[c>>4], hexDigits[c&0xf])
-			}
-			i++
-			start = i
-			continue
-		}
-		n, kind := utf8Seq(s, i)
-		switch kind {
-		case seqValid:
-			i += n
-			continue
-		case seqSurrogate:
-			dst = append(dst, s[start:i]...)
-			r := surrogateAt(s, i)
-			if r < 0xDC00 && i+3 < len(s) {
-				if m, k := utf8Seq(s, i+3); m == 3 && k == seqSurrogate {
-					if r2 := surrogateAt(s, i+3); r2 >= 0xDC00 {
-						dst = utf8.AppendRune(dst, 0x10000+(r-0xD800)<<10+(r2-0xDC00))
-						i += 6
-						start = i
-						continue
-					}
-				}
-			}
-			dst = append(dst, '\\', 'u', hexDigits[r>>12], hexDigits[r>>8&0xf], hexDigits[r>>4&0xf], hexDigits[r&0xf])
-		default:
-			dst = append(dst, s[start:i]...)
-			dst = append(dst, "\uFFFD"...)
-		}
-		i += n
-		start = i
-	}
-	dst = append(dst, s[start:]...)
-	return append(dst, '"')
 }

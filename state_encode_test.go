@@ -4,19 +4,19 @@ import (
 	"encoding/binary"
 	"fmt"
 	"hash/fnv"
-	"math"
 	"math/rand/v2"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/stretchr/testify/require"
+
+	"github.com/jobkeys/jobkeys/internal/jsjson"
 )
 
-// The encoder tests compare appendState, appendTime and appendJSString with
-// the encoder they replaced (state_encode_ref_test.go), which wrote every
-// time with time.AppendFormat and scanned every string a byte at a time:
-// the output must be the same bytes.
+// The encoder tests compare appendState with the encoder it replaced
+// (state_encode_ref_test.go): the output must be the same bytes. (The
+// string and time writers are compared with theirs in internal/jsjson.)
 
 // encodeFragments are the pieces stateSource builds strings from besides
 // raw bytes: every byte JSON.stringify escapes, the characters it does not
@@ -84,19 +84,19 @@ func (s *stateSource) string() string {
 	return b.String()
 }
 
-// time returns a time across everything appendTime may be given: the
+// time returns a time across everything appendState may be given: the
 // whole range of a Date, the edges of the four-digit years and of
-// appendTime's hand-formatted range, any instant time.Time holds, in any
+// jsjson.TimeWriter's hand-formatted range, any instant time.Time holds, in any
 // zone, with nanoseconds.
 func (s *stateSource) time() time.Time {
 	ns := int64(s.uint64() % 1e9)
 	var t time.Time
 	switch s.byte() % 10 {
 	case 0, 1:
-		ms := int64(s.uint64()%(2*jsTimeLimit+1)) - jsTimeLimit
+		ms := int64(s.uint64()%(2*jsjson.MaxTimeMillis+1)) - jsjson.MaxTimeMillis
 		t = time.UnixMilli(ms)
 	case 2:
-		edges := []int64{0, -62167219200, 253402300800, -jsTimeLimit / 1000, jsTimeLimit / 1000, -fastTimeSeconds, fastTimeSeconds, 951782400}
+		edges := []int64{0, -62167219200, 253402300800, -jsjson.MaxTimeMillis / 1000, jsjson.MaxTimeMillis / 1000, -1 << 44, 1 << 44, 951782400} // ±2^44 s: where jsjson.TimeWriter stops formatting by hand
 		t = time.Unix(edges[s.byte()%byte(len(edges))]+int64(int8(s.byte())), ns)
 	case 3:
 		t = time.Unix(int64(s.uint64()), ns)
@@ -190,84 +190,6 @@ func TestEncodeStateMatchesReference(t *testing.T) {
 	}
 }
 
-// TestAppendTimeMatchesReference compares appendTime, and a timeWriter
-// given the times one after another, with the old appendTime on every day
-// of the years around the epoch, year 0 and year 9999, on every 400-year
-// era boundary across the range of a Date, at the ends of that range and
-// of the hand-formatted range, and on random instants.
-func TestAppendTimeMatchesReference(t *testing.T) {
-	t.Parallel()
-	var w timeWriter // remembers the time before, as in appendState
-	check := func(tm time.Time) {
-		t.Helper()
-		want := string(refAppendTime(nil, tm))
-		require.Equal(t, want, string(appendTime(nil, tm)), "appendTime(%d s, %d ns)", tm.Unix(), tm.Nanosecond())
-		require.Equal(t, want, string(w.append(nil, tm)), "timeWriter.append(%d s, %d ns) after another time", tm.Unix(), tm.Nanosecond())
-	}
-	for _, start := range []time.Time{
-		time.Date(1966, 1, 1, 0, 0, 0, 0, time.UTC), time.Date(-3, 1, 1, 0, 0, 0, 0, time.UTC),
-		time.Date(9996, 1, 1, 0, 0, 0, 0, time.UTC), time.Date(1896, 1, 1, 0, 0, 0, 0, time.UTC),
-	} {
-		for d := range 8 * 366 {
-			day := start.AddDate(0, 0, d)
-			check(day)
-			check(day.Add(-time.Nanosecond))
-			check(day.Add(time.Duration(d) * 7919 * time.Millisecond))
-		}
-	}
-	for y := -272000; y <= 276000; y += 400 {
-		for _, m := range []time.Month{1, 2, 3} {
-			tm := time.Date(y, m, 1, 0, 0, 0, 0, time.UTC)
-			check(tm)
-			check(tm.Add(-time.Millisecond))
-		}
-	}
-	for _, sec := range []int64{-jsTimeLimit / 1000, jsTimeLimit / 1000, -fastTimeSeconds, fastTimeSeconds, math.MinInt64, math.MaxInt64, 0, -1} {
-		for d := int64(-2); d <= 2; d++ {
-			check(time.Unix(sec+d, 0))
-			check(time.Unix(sec+d, 999_999_999))
-		}
-	}
-	check(time.Time{})
-	check(time.Date(2026, 11, 30, 10, 0, 2, 123_456_789, time.FixedZone("x", -11*3600)))
-	seed := rand.Uint64()
-	t.Logf("seed %d", seed)
-	src := newStateSource(binary.LittleEndian.AppendUint64(nil, seed))
-	for range 20000 {
-		check(src.time())
-	}
-}
-
-// TestAppendJSStringMatchesReference compares appendJSString with the old
-// one on every byte and every fragment at every offset of strings of up to
-// 19 bytes (so in and around each eight-byte word the new one reads at
-// once), and on random strings.
-func TestAppendJSStringMatchesReference(t *testing.T) {
-	t.Parallel()
-	check := func(s string) {
-		t.Helper()
-		require.Equal(t, string(refAppendJSString([]byte("x"), s)), string(appendJSString([]byte("x"), s)), "appendJSString(%q)", s)
-		require.Equal(t, string(refAppendJSQuoted(nil, []byte(s))), string(appendJSQuoted(nil, []byte(s))), "appendJSQuoted(%q) on bytes", s)
-	}
-	var pieces []string
-	for c := range 256 {
-		pieces = append(pieces, string([]byte{byte(c)}))
-	}
-	pieces = append(pieces, encodeFragments...)
-	for _, p := range pieces {
-		for n := range 20 {
-			for i := 0; i <= n; i++ {
-				check(strings.Repeat("a", i) + p + strings.Repeat("b", n-i))
-			}
-		}
-		check(p + p)
-	}
-	src := newStateSource([]byte("strings"))
-	for range 20000 {
-		check(src.string())
-	}
-}
-
 // FuzzEncodeStateDifferential compares appendState with the old encoder
 // (state_encode_ref_test.go): whatever ParseState reads from the input is
 // written to the same bytes, and so is the state the input describes to
@@ -289,7 +211,8 @@ func FuzzEncodeStateDifferential(f *testing.F) {
 }
 
 // BenchmarkEncodeStateDistinctTimes measures appendState beside the old
-// encoder (refAppendState) on the states of BenchmarkStateCodec with every
+// encoder (refAppendState: each member on its own, each time with a
+// TimeWriter of its own) on the states of BenchmarkStateCodec with every
 // time on a millisecond of its own, as on a key whose jobs were admitted
 // over a while: BenchmarkStateCodec's states have one time throughout,
 // which appendState copies after writing it once.

@@ -16,6 +16,8 @@ import (
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+
+	"github.com/jobkeys/jobkeys/internal/jsjson"
 )
 
 // ---------------------------------------------------------------------------
@@ -388,7 +390,7 @@ func tsExpectState(data []byte) (*KeyState, string) {
 // JSON.stringify writes for it: lone surrogates (WTF-8) become U+FFFD.
 func jsonView(s string) string {
 	var out string
-	if err := json.Unmarshal(appendJSString(nil, s), &out); err != nil {
+	if err := json.Unmarshal(jsjson.AppendString(nil, s), &out); err != nil {
 		panic(err)
 	}
 	return out
@@ -888,59 +890,6 @@ func TestParseStateExactMemberNames(t *testing.T) {
 	}
 }
 
-// TestParseTimestamp is the regression test for timestamps that only one
-// side could read: lowercase "t" and "z" (RFC 3339 allows them, and the
-// TypeScript original writes what its callers pass it), and the expanded
-// years toISOString writes outside 0 to 9999.
-func TestParseTimestamp(t *testing.T) {
-	t.Parallel()
-	ms := func(s string) time.Time {
-		tm, err := time.Parse(time.RFC3339Nano, s)
-		require.NoError(t, err)
-		return tm.UTC()
-	}
-	for _, tc := range []struct {
-		in   string
-		want time.Time
-	}{
-		{"2026-11-30T10:00:02.000Z", ms("2026-11-30T10:00:02Z")},
-		{"2026-11-30t10:00:02.000z", ms("2026-11-30T10:00:02Z")},
-		{"2026-11-30t10:00:02Z", ms("2026-11-30T10:00:02Z")},
-		{"2026-11-30T10:00:02.123456789Z", ms("2026-11-30T10:00:02.123Z")},
-		{"2026-11-30T10:00:02.9999Z", ms("2026-11-30T10:00:02.999Z")},
-		{"2026-11-30T10:00:02.5+01:30", ms("2026-11-30T08:30:02.5Z")},
-		{"2026-11-30T10:00:02-00:00", ms("2026-11-30T10:00:02Z")},
-		{"2024-02-29T00:00:00Z", ms("2024-02-29T00:00:00Z")},
-		{"0000-01-01T00:00:00.000Z", time.Date(0, 1, 1, 0, 0, 0, 0, time.UTC)},
-		{"0000-01-01T00:00:00+00:01", time.Date(-1, 12, 31, 23, 59, 0, 0, time.UTC)},
-		{"+010000-01-01T00:00:00.000Z", time.Date(10000, 1, 1, 0, 0, 0, 0, time.UTC)},
-		{"-000001-12-31T23:59:59.999Z", time.Date(-1, 12, 31, 23, 59, 59, 999e6, time.UTC)},
-		{"+002026-11-30T10:00:02.000Z", ms("2026-11-30T10:00:02Z")},
-		{"+275760-09-13T00:00:00.000Z", time.UnixMilli(8.64e15).UTC()},
-		{"-271821-04-20T00:00:00.000Z", time.UnixMilli(-8.64e15).UTC()},
-	} {
-		got, err := parseTimestamp(tc.in)
-		if assert.NoError(t, err, "parseTimestamp(%q)", tc.in) {
-			assert.True(t, tc.want.Equal(got), "parseTimestamp(%q) = %v, want %v", tc.in, got, tc.want)
-		}
-	}
-	for _, in := range []string{
-		"", "yesterday", "2026-11-30", "2026-11-30T10:00Z", "2026-11-30T10:00:02", "2026-11-30 10:00:02Z",
-		"2026-11-30T10:00:02.Z", "2026-11-30T10:00:02,5Z", "2026-11-30T10:00:02+0100", "2026-11-30T10:00:02+01",
-		"2026-11-30T24:00:00Z", "2026-11-30T23:60:00Z", "2026-11-30T23:59:60Z", "2026-02-29T00:00:00Z",
-		"2026-04-31T00:00:00Z", "2026-13-01T00:00:00Z", "2026-00-01T00:00:00Z", "2026-01-00T00:00:00Z",
-		"2026-11-30T10:00:02+24:00", "2026-11-30T10:00:02+01:60", "10000-01-01T00:00:00.000Z",
-		"-000000-01-01T00:00:00Z", "+2026-01-01T00:00:00Z", "+275760-09-13T00:00:00.001Z",
-		"-271821-04-19T23:59:59.999Z", " 2026-11-30T10:00:02Z", "2026-11-30T10:00:02Z ", "2026-11-30T10:00:02ZZ",
-		"2026-11-30T10:00:02\rZ", "2026-11-30T10:00:02-\r0:00", "２０２６-11-30T10:00:02Z",
-	} {
-		_, err := parseTimestamp(in)
-		if assert.Error(t, err, "parseTimestamp(%q)", in) {
-			assert.Contains(t, err.Error(), strconv.Quote(in), "the error quotes the timestamp")
-		}
-	}
-}
-
 // dateVectors is testdata/dateparse/vectors.json, written by real
 // JavaScript with testdata/dateparse/gen.mjs.
 type dateVectors struct {
@@ -965,50 +914,31 @@ func loadDateVectors(t testing.TB) *dateVectors {
 	return &v
 }
 
-// TestParseTimestampDateParseVectors compares parseTimestamp with real
-// Date.parse output: whatever parseTimestamp reads, Date.parse reads as the
-// same millisecond; whatever Date.parse refuses, parseTimestamp refuses;
+// TestParseTimestampDateParseVectors compares jsjson.ParseTime with real
+// Date.parse output: whatever jsjson.ParseTime reads, Date.parse reads as the
+// same millisecond; whatever Date.parse refuses, jsjson.ParseTime refuses;
 // and what only Date.parse reads is not RFC 3339 (nor an expanded year).
 func TestParseTimestampDateParseVectors(t *testing.T) {
 	t.Parallel()
 	both, onlyJS := 0, 0
 	for _, v := range loadDateVectors(t).Parse {
-		got, err := parseTimestamp(v.Input)
+		got, err := jsjson.ParseTime(v.Input)
 		_, rfc := rfc3339Millis(v.Input)
 		switch {
 		case v.MS == nil:
-			assert.Error(t, err, "parseTimestamp(%q) reads what Date.parse refuses", v.Input)
+			assert.Error(t, err, "jsjson.ParseTime(%q) reads what Date.parse refuses", v.Input)
 			assert.False(t, rfc, "the checker's rfc3339Millis(%q) reads what Date.parse refuses", v.Input)
 		case err != nil:
 			onlyJS++
-			assert.False(t, rfc, "parseTimestamp(%q) refuses an RFC 3339 time Date.parse reads: %v", v.Input, err)
+			assert.False(t, rfc, "jsjson.ParseTime(%q) refuses an RFC 3339 time Date.parse reads: %v", v.Input, err)
 		default:
 			both++
-			assert.Equal(t, *v.MS, got.UnixMilli(), "parseTimestamp(%q)", v.Input)
-			assert.True(t, rfc, "the checker's rfc3339Millis(%q) refuses what parseTimestamp reads", v.Input)
+			assert.Equal(t, *v.MS, got.UnixMilli(), "jsjson.ParseTime(%q)", v.Input)
+			assert.True(t, rfc, "the checker's rfc3339Millis(%q) refuses what jsjson.ParseTime reads", v.Input)
 		}
 	}
 	assert.Greater(t, both, 200, "timestamps both read")
 	assert.Greater(t, onlyJS, 50, "timestamps only Date.parse reads")
-}
-
-// TestAppendTimeToISOStringVectors is the regression test for times outside
-// the years 0 to 9999, which were written as "10000-01-01T..." (which
-// neither side reads): they are written as toISOString writes them, and
-// read back to the same millisecond.
-func TestAppendTimeToISOStringVectors(t *testing.T) {
-	t.Parallel()
-	for _, v := range loadDateVectors(t).ToISOString {
-		tm := time.UnixMilli(v.MS)
-		assert.Equal(t, `"`+v.ISO+`"`, string(appendTime(nil, tm)), "appendTime(%d ms)", v.MS)
-		back, err := parseTimestamp(v.ISO)
-		if assert.NoError(t, err) {
-			assert.Equal(t, v.MS, back.UnixMilli())
-		}
-	}
-	// Finer than milliseconds is cut, as toISOString holds milliseconds.
-	assert.Equal(t, `"+010000-01-01T00:00:00.999Z"`, string(appendTime(nil, time.Date(10000, 1, 1, 0, 0, 0, 999999999, time.UTC))))
-	assert.Equal(t, `"-000001-12-31T23:59:59.999Z"`, string(appendTime(nil, time.Date(0, 1, 1, 0, 0, 0, 0, time.UTC).Add(-time.Nanosecond))))
 }
 
 // A timestamp that is valid RFC 3339 but lies outside the years 0000-9999 in
@@ -1123,6 +1053,6 @@ func TestParseStateDepth(t *testing.T) {
 	_, err := ParseState(at(MaxPayloadDepth - 1))
 	require.NoError(t, err)
 	_, err = ParseState(at(MaxPayloadDepth))
-	require.ErrorIs(t, err, errTooDeep)
+	require.ErrorIs(t, err, jsjson.ErrTooDeep)
 	assert.Contains(t, err.Error(), fmt.Sprintf("deeper than %d", MaxPayloadDepth))
 }

@@ -1,4 +1,4 @@
-package jobkeys
+package jsjson
 
 import (
 	"encoding/json"
@@ -11,39 +11,39 @@ import (
 // JSON.parse(new TextDecoder().decode(bytes)), which is how payloads and key
 // states written by the TypeScript original are read:
 //
-//   - a leading UTF-8 byte order mark is dropped (trimBOM);
+//   - a leading UTF-8 byte order mark is dropped ([TrimBOM]);
 //   - the grammar is strict RFC 8259, which [json.Valid] checks; invalid UTF-8
 //     inside a string reads as U+FFFD, anywhere else it is a syntax error;
 //   - numbers are IEEE doubles: an out-of-range literal such as 1e400 is
 //     Infinity (strconv.ParseFloat's value on a range error);
 //   - a "\ud800" escape not part of a surrogate pair is kept as a lone
-//     surrogate, encoded as WTF-8 (see jsformat.go), where encoding/json would
-//     write U+FFFD; each maximal invalid UTF-8 subsequence in a string is one
-//     U+FFFD, as the WHATWG decoder reads it (appendStringValue);
+//     surrogate, encoded as WTF-8, where encoding/json would write U+FFFD;
+//     each maximal invalid UTF-8 subsequence in a string is one U+FFFD, as
+//     the WHATWG decoder reads it ([AppendStringValue]);
 //   - with duplicate member names the last one counts.
 //
 // JSON.parse has no nesting limit; this package reads JSON text nested at
-// most [MaxPayloadDepth] deep.
+// most [MaxDepth] deep.
 
-// MaxPayloadDepth is the deepest nesting of arrays and objects a payload may
-// have: [DeriveKey] refuses a deeper payload, JSON text or Go value, with an
-// error wrapping [ErrInvalidKey]. It bounds the stack encoding/json and the
-// key derivation use; encoding/json itself refuses JSON text nested deeper.
-const MaxPayloadDepth = 10000
+// MaxDepth is the deepest nesting of arrays and objects this package reads
+// or lets a Go value have ([CheckText], [Scanner], [CheckValueDepth]). It is
+// the root package's MaxPayloadDepth, which a compile-time check there
+// keeps equal to it.
+const MaxDepth = 10000
 
-// trimBOM drops a leading UTF-8 byte order mark, as TextDecoder does.
-func trimBOM(text []byte) []byte {
+// TrimBOM drops a leading UTF-8 byte order mark, as TextDecoder does.
+func TrimBOM(text []byte) []byte {
 	if len(text) >= 3 && text[0] == 0xEF && text[1] == 0xBB && text[2] == 0xBF {
 		return text[3:]
 	}
 	return text
 }
 
-// checkJSONText reports whether text (without a byte order mark) is one JSON
-// value, nested at most MaxPayloadDepth deep, that JSON.parse accepts. The
+// CheckText reports whether text (without a byte order mark) is one JSON
+// value, nested at most MaxDepth deep, that JSON.parse accepts. The
 // error says what is wrong and at which byte; callers wrap it.
-func checkJSONText(text []byte) error {
-	if err := checkDepth(text, MaxPayloadDepth); err != nil {
+func CheckText(text []byte) error {
+	if err := checkDepth(text, MaxDepth); err != nil {
 		return err
 	}
 	if json.Valid(text) {
@@ -66,10 +66,12 @@ func syntaxError(text []byte) error {
 	return errors.New("not a JSON value")
 }
 
-// errTooDeep reports JSON text nested deeper than MaxPayloadDepth.
-var errTooDeep = fmt.Errorf("arrays and objects nested deeper than %d levels (MaxPayloadDepth)", MaxPayloadDepth)
+// ErrTooDeep reports JSON text, or a Go value, nested deeper than
+// [MaxDepth]. Its text names the root package's MaxPayloadDepth, the name
+// users know the limit by.
+var ErrTooDeep = fmt.Errorf("arrays and objects nested deeper than %d levels (MaxPayloadDepth)", MaxDepth)
 
-// checkDepth reports errTooDeep if text opens more than limit arrays and
+// checkDepth reports ErrTooDeep if text opens more than limit arrays and
 // objects that are not closed before the next opens; it does not check the
 // rest of the grammar. Text shorter than 2*limit+2 bytes cannot hold a valid
 // value that deep and is not scanned.
@@ -89,7 +91,7 @@ func checkDepth(text []byte, limit int) error {
 		case '{', '[':
 			depth++
 			if depth > limit {
-				return errTooDeep
+				return ErrTooDeep
 			}
 		case '}', ']':
 			depth--
@@ -98,11 +100,11 @@ func checkDepth(text []byte, limit int) error {
 	return nil
 }
 
-// The functions below read JSON text that json.Valid accepted.
+// The functions below read JSON text that [CheckText] accepted.
 
-// skipWS returns the offset of the first byte at or after i that is not JSON
+// SkipWS returns the offset of the first byte at or after i that is not JSON
 // whitespace.
-func skipWS(text []byte, i int) int {
+func SkipWS(text []byte, i int) int {
 	for i < len(text) {
 		switch text[i] {
 		case ' ', '\t', '\n', '\r':
@@ -114,9 +116,9 @@ func skipWS(text []byte, i int) int {
 	return i
 }
 
-// stringEnd returns the offset after the string literal whose opening quote
+// StringEnd returns the offset after the string literal whose opening quote
 // is text[i].
-func stringEnd(text []byte, i int) int {
+func StringEnd(text []byte, i int) int {
 	for i++; ; i++ {
 		switch text[i] {
 		case '"':
@@ -127,17 +129,17 @@ func stringEnd(text []byte, i int) int {
 	}
 }
 
-// valueEnd returns the offset after the value that starts at text[i].
-func valueEnd(text []byte, i int) int {
+// ValueEnd returns the offset after the value that starts at text[i].
+func ValueEnd(text []byte, i int) int {
 	switch text[i] {
 	case '"':
-		return stringEnd(text, i)
+		return StringEnd(text, i)
 	case '{', '[':
 		depth := 0
 		for {
 			switch text[i] {
 			case '"':
-				i = stringEnd(text, i)
+				i = StringEnd(text, i)
 				continue
 			case '{', '[':
 				depth++
@@ -161,49 +163,49 @@ func valueEnd(text []byte, i int) int {
 	}
 }
 
-// nextMember reads the object member at text[i], the offset of its name's
+// NextMember reads the object member at text[i], the offset of its name's
 // opening quote, and returns its name as JSON.parse reads it (decoded into
 // scratch when it has escapes or non-ASCII bytes), the offset of its value
 // and the scratch buffer for reuse.
-func nextMember(text []byte, i int, scratch []byte) (name []byte, value int, _ []byte) {
-	end := stringEnd(text, i)
+func NextMember(text []byte, i int, scratch []byte) (name []byte, value int, _ []byte) {
+	end := StringEnd(text, i)
 	name = text[i+1 : end-1]
-	if needsDecoding(name) {
-		scratch = appendStringValue(scratch[:0], name)
+	if NeedsDecoding(name) {
+		scratch = AppendStringValue(scratch[:0], name)
 		name = scratch
 	}
-	i = skipWS(text, end)                   // at ':'
-	return name, skipWS(text, i+1), scratch // at the value
+	i = SkipWS(text, end)                   // at ':'
+	return name, SkipWS(text, i+1), scratch // at the value
 }
 
-// afterValue returns the offset of what follows the member or element that
+// AfterValue returns the offset of what follows the member or element that
 // ends at text[end]: the next member name or element, or -1 after the
 // closing bracket, with the offset after that bracket.
-func afterValue(text []byte, end int) (next, closed int) {
-	i := skipWS(text, end)
+func AfterValue(text []byte, end int) (next, closed int) {
+	i := SkipWS(text, end)
 	if text[i] == '}' || text[i] == ']' {
 		return -1, i + 1
 	}
-	return skipWS(text, i+1), 0
+	return SkipWS(text, i+1), 0
 }
 
-// firstMember returns the offset of the first member name or element of the
+// FirstMember returns the offset of the first member name or element of the
 // object or array at text[pos], or -1 if it is empty, with the offset after
 // its closing bracket.
-func firstMember(text []byte, pos int) (first, closed int) {
-	i := skipWS(text, pos+1)
+func FirstMember(text []byte, pos int) (first, closed int) {
+	i := SkipWS(text, pos+1)
 	if text[i] == '}' || text[i] == ']' {
 		return -1, i + 1
 	}
 	return i, 0
 }
 
-// appendStringValue appends the value of the string literal body raw (the
+// AppendStringValue appends the value of the string literal body raw (the
 // bytes between the quotes) as JSON.parse reads it, in WTF-8: escapes are
 // decoded, a surrogate pair of escapes is one character, any other surrogate
 // escape is kept as a lone surrogate, and each maximal invalid UTF-8
 // subsequence becomes U+FFFD.
-func appendStringValue(dst, raw []byte) []byte {
+func AppendStringValue(dst, raw []byte) []byte {
 	start := 0
 	for i := 0; i < len(raw); {
 		c := raw[i]
@@ -280,10 +282,10 @@ func hexValue(c byte) int {
 	return -1
 }
 
-// needsDecoding reports whether the string literal body raw differs from its
+// NeedsDecoding reports whether the string literal body raw differs from its
 // value: it has an escape or bytes that are not plain ASCII (checking those
 // for validity costs about as much as decoding them).
-func needsDecoding(raw []byte) bool {
+func NeedsDecoding(raw []byte) bool {
 	for _, c := range raw {
 		if c == '\\' || c >= utf8.RuneSelf {
 			return true

@@ -1,22 +1,16 @@
-package jobkeys
+package jsjson
 
 import (
 	"math"
 	"strconv"
 	"unicode/utf8"
+	"unsafe"
 )
 
 // This file writes values the way JavaScript prints them: strings as
 // JSON.stringify quotes them and numbers as Number.prototype.toString (and so
-// String(v) and JSON.stringify for finite numbers) writes them. The key hash
-// is taken over these bytes, so they must match JavaScript exactly.
-//
-// Go strings here are read as WTF-8: a UTF-16 surrogate code point U+D800 to
-// U+DFFF encoded like any other three-byte code point (ED A0 80 to ED BF BF)
-// stands for a lone surrogate, which JavaScript strings can hold and which the
-// payload decoder produces from escapes such as "\ud800". Other invalid UTF-8
-// is read as the WHATWG decoder (JavaScript's TextDecoder) reads it: each
-// maximal invalid subsequence is one U+FFFD.
+// String(v) and JSON.stringify for finite numbers) writes them. Go strings
+// are read as WTF-8 (see the package documentation).
 
 const hexDigits = "0123456789abcdef"
 
@@ -83,23 +77,23 @@ func appendSurrogate(dst []byte, r rune) []byte {
 	return append(dst, 0xE0|byte(r>>12), 0x80|byte(r>>6)&0x3F, 0x80|byte(r)&0x3F)
 }
 
-// appendJSString appends s as a JSON string literal exactly as JavaScript's
+// AppendString appends s as a JSON string literal exactly as JavaScript's
 // JSON.stringify writes it: only '"', '\\' and control characters below
 // U+0020 are escaped (\b \f \n \r \t, else \u00xx), and so are lone
 // surrogates (\udxxx, lowercase hex); everything else, including U+007F,
 // U+2028, U+2029, '<', '>' and '&', is written as is.
 //
-// s is read as WTF-8 (see the top of this file): a WTF-8 lone surrogate is
+// s is read as WTF-8 (see the package documentation): a WTF-8 lone surrogate is
 // written as its escape, a WTF-8 high surrogate directly followed by a WTF-8
 // low surrogate as the character the pair encodes (as a JavaScript string
 // holding the pair would be), and each maximal invalid UTF-8 subsequence as
 // U+FFFD.
-func appendJSString(dst []byte, s string) []byte {
-	return appendJSQuoted(dst, s)
-}
-
-// appendJSQuoted is appendJSString for a string or a byte slice.
-func appendJSQuoted[S ~string | ~[]byte](dst []byte, s S) []byte {
+//
+// AppendString is not generic, and AppendStringBytes calls it: a caller in
+// another package that reaches a generic function of this one (inlined)
+// gets no escape analysis of it, and a stack buffer it passes as dst moves
+// to the heap.
+func AppendString(dst []byte, s string) []byte {
 	dst = append(dst, '"')
 	start := 0
 	for i := 0; ; {
@@ -162,8 +156,14 @@ func appendJSQuoted[S ~string | ~[]byte](dst []byte, s S) []byte {
 	return append(dst, '"')
 }
 
+// AppendStringBytes is [AppendString] for a byte slice, which it reads in
+// place (AppendString keeps no reference to its s).
+func AppendStringBytes(dst, s []byte) []byte {
+	return AppendString(dst, unsafe.String(unsafe.SliceData(s), len(s)))
+}
+
 // plainRunEnd returns the offset of the first byte at or after s[i] that
-// appendJSQuoted does not write as it is (a control character, '"', '\\' or
+// AppendString does not write as it is (a control character, '"', '\\' or
 // a byte of a non-ASCII sequence), or len(s). It reads eight bytes at a time,
 // and the last eight at once when fewer are left.
 func plainRunEnd[S ~string | ~[]byte](s S, i int) int {
@@ -206,13 +206,13 @@ func plainBytesEnd[S ~string | ~[]byte](s S, i int) int {
 	return i
 }
 
-// appendJSNumber appends f as JavaScript's Number.prototype.toString (and so
+// AppendNumber appends f as JavaScript's Number.prototype.toString (and so
 // String(f)) writes it: the shortest digits that read back as f, in decimal
 // notation when 1e-6 <= |f| < 1e21 and in exponent notation ("1e+21",
 // "1.5e-7") otherwise; -0 is written "0", non-finite values "NaN",
 // "Infinity" and "-Infinity". For finite f this is also what JSON.stringify
 // writes (JSON.stringify writes null for non-finite numbers).
-func appendJSNumber(dst []byte, f float64) []byte {
+func AppendNumber(dst []byte, f float64) []byte {
 	switch {
 	case f != f:
 		return append(dst, "NaN"...)

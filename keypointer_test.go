@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"math"
+	"regexp"
 	"strconv"
 	"strings"
 	"testing"
@@ -13,6 +14,8 @@ import (
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+
+	"github.com/jobkeys/jobkeys/internal/jsjson"
 )
 
 func TestCheckPointer(t *testing.T) {
@@ -80,11 +83,11 @@ func TestResolveText(t *testing.T) {
 		{"/constructor", ""},
 		{"/__proto__", ""},
 	} {
-		pos, ok := resolveText([]byte(text), tc.pointer)
+		pos, ok := jsjson.Resolve([]byte(text), tc.pointer)
 		if tc.want == "" {
-			assert.False(t, ok, "resolveText(%q) resolved", tc.pointer)
-		} else if assert.True(t, ok, "resolveText(%q)", tc.pointer) {
-			assert.Equal(t, tc.want, text[pos:valueEnd([]byte(text), pos)], "resolveText(%q)", tc.pointer)
+			assert.False(t, ok, "jsjson.Resolve(%q) resolved", tc.pointer)
+		} else if assert.True(t, ok, "jsjson.Resolve(%q)", tc.pointer) {
+			assert.Equal(t, tc.want, text[pos:jsjson.ValueEnd([]byte(text), pos)], "jsjson.Resolve(%q)", tc.pointer)
 		}
 		checkResolveTextAgrees(t, []byte(text), tc.pointer)
 	}
@@ -100,18 +103,18 @@ func TestResolveText(t *testing.T) {
 		{`{"caf\u00e9":1,"café":2}`, "/café", "2"},
 		{`{"\u0061":1}`, "/a", "1"},
 	} {
-		pos, ok := resolveText([]byte(tc.text), tc.pointer)
+		pos, ok := jsjson.Resolve([]byte(tc.text), tc.pointer)
 		if tc.want == "" {
-			assert.False(t, ok, "resolveText(%s, %q)", tc.text, tc.pointer)
+			assert.False(t, ok, "jsjson.Resolve(%s, %q)", tc.text, tc.pointer)
 			continue
 		}
-		if assert.True(t, ok, "resolveText(%s, %q)", tc.text, tc.pointer) {
-			assert.Equal(t, tc.want, tc.text[pos:valueEnd([]byte(tc.text), pos)], "resolveText(%s, %q)", tc.text, tc.pointer)
+		if assert.True(t, ok, "jsjson.Resolve(%s, %q)", tc.text, tc.pointer) {
+			assert.Equal(t, tc.want, tc.text[pos:jsjson.ValueEnd([]byte(tc.text), pos)], "jsjson.Resolve(%s, %q)", tc.text, tc.pointer)
 		}
 	}
 }
 
-// checkResolveTextAgrees checks that resolveText finds in text what
+// checkResolveTextAgrees checks that jsjson.Resolve finds in text what
 // resolvePointer finds in text decoded by encoding/json. text must be valid
 // UTF-8 without surrogate escapes, where the two decoders agree.
 func checkResolveTextAgrees(t testing.TB, text []byte, pointer string) {
@@ -123,19 +126,19 @@ func checkResolveTextAgrees(t testing.TB, text []byte, pointer string) {
 	var doc any
 	require.NoError(t, dec.Decode(&doc), "decoding %q", text)
 	want, wantOK := resolvePointer(doc, tokens)
-	pos, ok := resolveText(text, pointer)
-	require.Equal(t, wantOK, ok, "resolveText(%q, %q) found %v, resolvePointer found %v", text, pointer, ok, wantOK)
+	pos, ok := jsjson.Resolve(text, pointer)
+	require.Equal(t, wantOK, ok, "jsjson.Resolve(%q, %q) found %v, resolvePointer found %v", text, pointer, ok, wantOK)
 	if !ok {
 		return
 	}
-	raw := text[pos:valueEnd(text, pos)]
+	raw := text[pos:jsjson.ValueEnd(text, pos)]
 	var got any
 	dec = json.NewDecoder(bytes.NewReader(raw))
 	dec.UseNumber()
-	require.NoError(t, dec.Decode(&got), "resolveText(%q, %q) stopped at %q", text, pointer, raw)
-	require.Equal(t, want, got, "resolveText(%q, %q) = %q", text, pointer, raw)
+	require.NoError(t, dec.Decode(&got), "jsjson.Resolve(%q, %q) stopped at %q", text, pointer, raw)
+	require.Equal(t, want, got, "jsjson.Resolve(%q, %q) = %q", text, pointer, raw)
 	if s, isString := want.(string); isString {
-		require.Equal(t, s, string(appendStringValue(nil, raw[1:len(raw)-1])), "appendStringValue(%s)", raw)
+		require.Equal(t, s, string(jsjson.AppendStringValue(nil, raw[1:len(raw)-1])), "jsjson.AppendStringValue(%s)", raw)
 	}
 }
 
@@ -181,12 +184,12 @@ func TestResolveTextLinear(t *testing.T) {
 	// 15 rounds of reps resolutions each.
 	perOp := func(depth, reps int) float64 {
 		text, pointer := nested(depth, `"leaf"`)
-		require.NoError(t, checkJSONText(text))
+		require.NoError(t, jsjson.CheckText(text))
 		best := time.Duration(math.MaxInt64)
 		for range 15 {
 			start := time.Now()
 			for range reps {
-				pos, ok := resolveText(text, pointer)
+				pos, ok := jsjson.Resolve(text, pointer)
 				require.True(t, ok)
 				require.Equal(t, byte('"'), text[pos])
 			}
@@ -206,92 +209,6 @@ func TestResolveTextLinear(t *testing.T) {
 		}
 	}
 	require.Failf(t, "not linear in the size", "resolving a pointer %d levels deep costs %.1fx what %d levels cost", large, ratio, small)
-}
-
-func TestCheckJSONText(t *testing.T) {
-	t.Parallel()
-	valid := []string{
-		`0`, `-0`, `1.5e-3`, `1E+2`, `true`, `false`, `null`, `""`, `"\u00e9\ud800\/"`,
-		` {} `, `[]`, `[[]]`, `{"a":[1,{"b":null}],"c":"d"}`, "\t\r\n [ 1 , 2 ] \t\r\n",
-		"\"\xff\xfe\"", // invalid UTF-8 inside a string reads as U+FFFD
-	}
-	invalid := []string{
-		``, ` `, `{`, `[`, `]`, `{]`, `[}`, `{"a"}`, `{"a":}`, `{"a":1,}`, `[1,]`, `[,]`, `{,}`,
-		`01`, `-`, `-a`, `1.`, `.1`, `1e`, `1e+`, `+1`, `0x1`, `NaN`, `Infinity`, `tru`, `nul`, `falsey`,
-		`"abc`, `"\x"`, `"\u12"`, `"\u12x4"`, "\"\t\"", "\"\x00\"", `{'a':1}`, `{a:1}`, `[1 2]`,
-		`1 2`, `{} {}`, "\xef\xbb\xbf{}", "\xff", "[\xff]", "\u00a0{}", "\f{}", "{}\x00",
-		strings.Repeat("[", 1000),
-	}
-	for _, s := range valid {
-		assert.NoError(t, checkJSONText([]byte(s)), "checkJSONText(%.40q)", s)
-	}
-	for _, s := range invalid {
-		assert.Error(t, checkJSONText([]byte(s)), "checkJSONText(%.40q)", s)
-	}
-	err := checkJSONText([]byte(`{"a":1,}`))
-	require.Error(t, err)
-	assert.Contains(t, err.Error(), "at byte 7", "the error says where")
-
-	// Nesting: up to MaxPayloadDepth is fine (and resolves), one more is an
-	// error that says the limit, however the text goes on.
-	deep, pointer := nested(MaxPayloadDepth, "1")
-	require.NoError(t, checkJSONText(deep))
-	pos, ok := resolveText(deep, pointer)
-	require.True(t, ok)
-	assert.Equal(t, byte('1'), deep[pos])
-	for _, text := range []string{
-		string(deep[:MaxPayloadDepth*5]) + `{"a":1}` + string(deep[MaxPayloadDepth*5:]),
-		strings.Repeat("[", MaxPayloadDepth+1) + strings.Repeat("]", MaxPayloadDepth+1),
-		strings.Repeat(`[{"a":`, 500000) + "1" + strings.Repeat("}]", 500000),
-		strings.Repeat("[", 3*MaxPayloadDepth),
-	} {
-		err := checkJSONText([]byte(text))
-		require.ErrorIs(t, err, errTooDeep, "%.20s... (%d bytes)", text, len(text))
-		assert.Contains(t, err.Error(), fmt.Sprint(MaxPayloadDepth))
-	}
-	// Brackets inside strings do not count.
-	inString := `["` + strings.Repeat("[{", 3*MaxPayloadDepth) + `"]`
-	assert.NoError(t, checkJSONText([]byte(inString)))
-}
-
-// TestJSONNumberTextVectors checks that number literals read as the doubles
-// JSON.parse reads them as, and print as String() prints them.
-func TestJSONNumberTextVectors(t *testing.T) {
-	t.Parallel()
-	v := loadJSVectors(t)
-	for _, n := range v.NumberTexts {
-		text := []byte(n.Text)
-		if !assert.NoError(t, checkJSONText(text), "checkJSONText(%.40s)", n.Text) {
-			continue
-		}
-		f, _ := strconv.ParseFloat(string(text[:valueEnd(text, 0)]), 64)
-		want := bitsToFloat(t, n.Bits)
-		assert.Equal(t, math.Float64bits(want), math.Float64bits(f), "%.40s reads as %v, JSON.parse reads %v", n.Text, f, want)
-		assert.Equal(t, n.String, string(appendJSNumber(nil, f)), "%.40s prints as JavaScript prints it", n.Text)
-	}
-}
-
-func TestJSONStringDecoding(t *testing.T) {
-	t.Parallel()
-	for _, tc := range []struct{ raw, want string }{
-		{`plain`, "plain"},
-		{`\"\\\/\b\f\n\r\t`, "\"\\/\b\f\n\r\t"},
-		{`\u0041\u00e9\u00E9\u20ac`, "Aéé€"},
-		{`\ud83d\ude00`, "😀"},
-		{`\uD83D\uDE00`, "😀"},
-		{`\ud800`, "\xed\xa0\x80"},
-		{`\udc00\ud800`, "\xed\xb0\x80\xed\xa0\x80"},
-		{`\ud83d\ud83d\ude00`, "\xed\xa0\xbd😀"},
-		{`\ud83dx`, "\xed\xa0\xbdx"},
-		{`\ud83d\n`, "\xed\xa0\xbd\n"},
-		{`\ud83d\\ude00`, "\xed\xa0\xbd\\ude00"},
-		{"\xed\xa0\x80", "\uFFFD\uFFFD\uFFFD"},
-		{"\xe2\x82A", "\uFFFDA"},
-		{"\xf0\x9f\x98", "\uFFFD"},
-		{"a\xffb\xc3\xa9", "a\uFFFDbé"},
-	} {
-		assert.Equal(t, "x"+tc.want, string(appendStringValue([]byte("x"), []byte(tc.raw))), "appendStringValue(%q)", tc.raw)
-	}
 }
 
 // parsePointer splits an RFC 6901 JSON pointer into its reference tokens, as
@@ -322,17 +239,21 @@ func parsePointer(pointer string) ([]string, error) {
 	return tokens, nil
 }
 
+// arrayIndexToken is the form of an array index in the TypeScript
+// original's resolveJsonPointer.
+var arrayIndexToken = regexp.MustCompile(`^(0|[1-9][0-9]*)$`)
+
 // resolvePointer follows tokens (as parsePointer returns them) through a
 // decoded JSON document made of map[string]any, []any and scalars, as
 // encoding/json decodes into an any, and reports the value it reaches and
-// whether it reached one: the oracle resolveText is checked against.
+// whether it reached one: the oracle jsjson.Resolve is checked against.
 func resolvePointer(doc any, tokens []string) (any, bool) {
 	cur := doc
 	for _, tok := range tokens {
 		switch v := cur.(type) {
 		case []any:
-			i, ok := arrayIndex(tok)
-			if !ok || i >= len(v) {
+			i, err := strconv.Atoi(tok)
+			if err != nil || !arrayIndexToken.MatchString(tok) || i >= len(v) {
 				return nil, false
 			}
 			cur = v[i]

@@ -1,4 +1,4 @@
-package jobkeys
+package jsjson
 
 import (
 	"fmt"
@@ -6,8 +6,8 @@ import (
 	"strings"
 )
 
-// This file resolves RFC 6901 JSON pointers over JSON text (see jsontext.go
-// for how the text is read), with the rules of the TypeScript original's
+// This file resolves RFC 6901 JSON pointers over JSON text (see text.go for
+// how the text is read), with the rules of the TypeScript original's
 // resolveJsonPointer, so that Go and TypeScript workers derive the same keys:
 //
 //   - a pointer starts with "/"; its tokens are split on "/", then "~1" reads
@@ -23,21 +23,22 @@ import (
 // a string, finite number or boolean, nor leads to one, so treating them as
 // absent derives the same keys and refuses the same payloads.
 
-// checkPointer reports whether pointer is a well-formed JSON pointer: it
+// CheckPointer reports whether pointer is a well-formed JSON pointer: it
 // starts with "/", and every "~" in it is followed by "0" or "1". The error
-// wraps [ErrInvalidPolicy] and names the pointer. The pointer "/" has the one
-// token "" (the member with the empty name).
-func checkPointer(pointer string) error {
+// starts "pointer" and names the pointer ("pointer \"/a~\": ..."), so that a
+// caller can say whose pointer it is in front of it. The pointer "/" has the
+// one token "" (the member with the empty name).
+func CheckPointer(pointer string) error {
 	if pointer == "" || pointer[0] != '/' {
-		return fmt.Errorf("%w: key pointer %q does not start with \"/\"", ErrInvalidPolicy, pointer)
+		return fmt.Errorf("pointer %q does not start with \"/\"", pointer)
 	}
 	for i := 0; i < len(pointer); i++ {
 		if pointer[i] != '~' {
 			continue
 		}
 		if i+1 == len(pointer) || (pointer[i+1] != '0' && pointer[i+1] != '1') {
-			return fmt.Errorf("%w: key pointer %q: \"~\" at byte %d is not followed by \"0\" or \"1\" (write \"~0\" for \"~\" and \"~1\" for \"/\")",
-				ErrInvalidPolicy, pointer, i)
+			return fmt.Errorf("pointer %q: \"~\" at byte %d is not followed by \"0\" or \"1\" (write \"~0\" for \"~\" and \"~1\" for \"/\")",
+				pointer, i)
 		}
 		i++
 	}
@@ -63,8 +64,8 @@ func arrayIndex(tok string) (int, bool) {
 	return n, true
 }
 
-// resolveText resolves pointer, well formed as checkPointer requires, in text,
-// which checkJSONText accepted. It returns the offset of the value reached and
+// Resolve resolves pointer, well formed as [CheckPointer] requires, in text,
+// which [CheckText] accepted. It returns the offset of the value reached and
 // whether one was reached.
 //
 // The cost is linear in len(text): each value is either skipped once or
@@ -72,10 +73,10 @@ func arrayIndex(tok string) (int, bool) {
 // an object is always read to its end; descending into a matching member
 // instead of skipping it and then reading it again keeps a deep document
 // from costing its depth times its size.) The recursion is as deep as the
-// text's nesting, which checkJSONText bounds.
-func resolveText(text []byte, pointer string) (int, bool) {
+// text's nesting, which CheckText bounds.
+func Resolve(text []byte, pointer string) (int, bool) {
 	r := resolver{text: text}
-	pos, ok, _ := r.descend(skipWS(text, 0), pointer[1:])
+	pos, ok, _ := r.descend(SkipWS(text, 0), pointer[1:])
 	return pos, ok
 }
 
@@ -95,7 +96,7 @@ func (r *resolver) descend(pos int, rest string) (int, bool, int) {
 	case '[':
 		return r.element(pos, tok, next, last)
 	}
-	return 0, false, valueEnd(r.text, pos)
+	return 0, false, ValueEnd(r.text, pos)
 }
 
 // member resolves the token tok in the object at text[pos]; see descend.
@@ -105,11 +106,11 @@ func (r *resolver) member(pos int, tok, next string, last bool) (int, bool, int)
 	var nameBuf [32]byte // for names with escapes or non-ASCII bytes
 	scratch := nameBuf[:0]
 	found, ok := 0, false
-	i, closed := firstMember(text, pos)
+	i, closed := FirstMember(text, pos)
 	for i >= 0 {
 		var name []byte
 		var v, end int
-		name, v, scratch = nextMember(text, i, scratch)
+		name, v, scratch = NextMember(text, i, scratch)
 		var match bool
 		if escaped {
 			match = tokenEquals(name, tok)
@@ -118,13 +119,13 @@ func (r *resolver) member(pos int, tok, next string, last bool) (int, bool, int)
 		}
 		switch {
 		case !match:
-			end = valueEnd(text, v)
+			end = ValueEnd(text, v)
 		case last:
-			found, ok, end = v, true, valueEnd(text, v)
+			found, ok, end = v, true, ValueEnd(text, v)
 		default: // the last member of that name counts, whatever it resolves to
 			found, ok, end = r.descend(v, next)
 		}
-		i, closed = afterValue(text, end)
+		i, closed = AfterValue(text, end)
 	}
 	return found, ok, closed
 }
@@ -134,21 +135,21 @@ func (r *resolver) element(pos int, tok, next string, last bool) (int, bool, int
 	text := r.text
 	idx, isIndex := arrayIndex(tok)
 	if !isIndex {
-		return 0, false, valueEnd(text, pos)
+		return 0, false, ValueEnd(text, pos)
 	}
 	found, ok := 0, false
-	i, closed := firstMember(text, pos)
+	i, closed := FirstMember(text, pos)
 	for n := 0; i >= 0; n++ {
 		var end int
 		switch {
 		case n != idx:
-			end = valueEnd(text, i)
+			end = ValueEnd(text, i)
 		case last:
-			found, ok, end = i, true, valueEnd(text, i)
+			found, ok, end = i, true, ValueEnd(text, i)
 		default:
 			found, ok, end = r.descend(i, next)
 		}
-		i, closed = afterValue(text, end)
+		i, closed = AfterValue(text, end)
 	}
 	return found, ok, closed
 }
