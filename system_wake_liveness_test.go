@@ -191,6 +191,7 @@ type liveEnd struct {
 	err error // an unexpected error
 }
 
+// liveSummary is what a round adds to the test's totals.
 type liveSummary struct{ waited, ran int }
 
 // liveRound is one round: its schedule, its processes and what it saw.
