@@ -1,6 +1,6 @@
 package jobkeys
 
-// Room for the slot (DESIGN.md §4 item 8): a key filled by admissions up to
+// Room for the slot (docs/design/rules.md §4, item 8): a key filled by admissions up to
 // the store's value size limit must still start every queued job (a slot
 // encodes larger than a queue entry), and a limit lowered by an operator
 // below a key's size must still let the key shrink.

@@ -13,7 +13,7 @@ import (
 // line-by-line transliteration of the TS original's reducers (seed 000,
 // key-coordinator.ts): a case without a fix note must give the TS outcome;
 // a case with one must differ from it (so the case really exercises the
-// deliberate fix of DESIGN.md section 4 it names).
+// deliberate fix of docs/design/rules.md §4 it names).
 
 // rt0 is the fixed "now" the tables are built around.
 var rt0 = time.Date(2026, 11, 30, 10, 0, 0, 0, time.UTC)
@@ -421,7 +421,7 @@ func TestReduceAdmission(t *testing.T) {
 		strict bool
 		now    time.Time
 		want   Admission
-		fix    string // the DESIGN.md section 4 fix that makes Go differ from the TS original
+		fix    string // the docs/design/rules.md §4 fix that makes Go differ from the TS original
 	}
 	p := func(active, queued int, whenFull WhenFull) Policy {
 		return mustPolicy(t, Policy{MaxActive: active, MaxQueuedPerKey: queued, WhenFull: whenFull})

@@ -1,7 +1,7 @@
 package jobkeys
 
 // An independent, sequential model of the keyed concurrency rules, written
-// from DESIGN.md §4 and the TS original (seeds/000_*.txt) without calling the
+// from docs/design/rules.md §4 and the TS original (seeds/000_*.txt) without calling the
 // reducers, and a test that runs random operation sequences through both and
 // demands the same outcome and the same state after every step. The
 // linearizability test (system_linearizability_test.go) uses the same model as its
