@@ -287,7 +287,7 @@ func NewNATSStore(js jetstream.JetStream, cfg *Config, opts ...NATSStoreOption) 
 	streamName := "KV_" + o.bucket
 	// A refusal of one of these (or of the inbox) is named, not a bare
 	// timeout; the timeout is NewNATSStore's own, not a caller's deadline.
-	api := natsAPIPrefix(js.Options())
+	api := jscas.APIPrefix(js.Options())
 	used := []string{api + "STREAM.INFO." + streamName, api + "INFO", api + "STREAM.CREATE." + streamName, api + "STREAM.UPDATE." + streamName}
 	if err != nil {
 		return nil, natsRefusedOr(context.Background(), js.Conn(), "NewNATSStore", fmt.Sprintf("open KV bucket %q", o.bucket), err, used)
@@ -318,9 +318,9 @@ func NewNATSStore(js jetstream.JetStream, cfg *Config, opts ...NATSStoreOption) 
 		stream:      stream,
 		streamName:  streamName,
 		keys:        natsKeys{prefix: "$KV." + o.bucket + "."},
-		msgGet:      natsAPIPrefix(js.Options()) + "STREAM.MSG.GET." + streamName,
-		directGet:   natsAPIPrefix(js.Options()) + "DIRECT.GET." + streamName,
-		purge:       natsAPIPrefix(js.Options()) + "STREAM.PURGE." + streamName,
+		msgGet:      jscas.APIPrefix(js.Options()) + "STREAM.MSG.GET." + streamName,
+		directGet:   jscas.APIPrefix(js.Options()) + "DIRECT.GET." + streamName,
+		purge:       jscas.APIPrefix(js.Options()) + "STREAM.PURGE." + streamName,
 		pending:     natsKeySet{max: natsPendingHintsMax},
 		plainWrites: true,
 		writePrefix: jscas.WritePrefix(js.Options(), o.bucket),

@@ -424,7 +424,7 @@ func (s *NATSStore) subjects(ctx context.Context, op, filter string) ([]string, 
 	defer cancel()
 	info, err := s.stream.Info(rctx, jetstream.WithSubjectFilter(filter))
 	if err != nil {
-		return nil, 0, s.unavailable(ctx, op, "list "+filter, err, natsAPIPrefix(s.js.Options())+"STREAM.INFO."+s.streamName)
+		return nil, 0, s.unavailable(ctx, op, "list "+filter, err, jscas.APIPrefix(s.js.Options())+"STREAM.INFO."+s.streamName)
 	}
 	keys := make([]string, 0, len(info.State.Subjects))
 	for subj := range info.State.Subjects {
@@ -712,20 +712,4 @@ func appendJSONSubject(b []byte, subject string) ([]byte, bool) {
 	b = append(b, '"')
 	b = append(b, subject...)
 	return append(b, '"'), true
-}
-
-// natsAPIPrefix is the JetStream API subject prefix of js: "$JS.API." or
-// the one its options name.
-func natsAPIPrefix(opts jetstream.JetStreamOptions) string {
-	switch {
-	case opts.APIPrefix != "":
-		p := opts.APIPrefix
-		if !strings.HasSuffix(p, ".") {
-			p += "."
-		}
-		return p
-	case opts.Domain != "":
-		return "$JS." + opts.Domain + ".API."
-	}
-	return "$JS.API."
 }
