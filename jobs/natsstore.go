@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/jobkeys/jobkeys/internal/jscas"
+	"github.com/jobkeys/jobkeys/internal/kvstream"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 	"go.opentelemetry.io/otel/metric"
@@ -237,11 +238,8 @@ func WithBucket(name string) NATSStoreOption {
 // second step, or an older version created it without the TTL.
 func WithCreateBucket(storage jetstream.StorageType, replicas int) NATSStoreOption {
 	return func(o *natsStoreOptions) error {
-		if storage != jetstream.FileStorage && storage != jetstream.MemoryStorage {
-			return fmt.Errorf("%w: WithCreateBucket: unknown storage type %d", ErrConflict, storage)
-		}
-		if replicas < 1 || replicas > 5 {
-			return fmt.Errorf("%w: WithCreateBucket: replicas %d is not between 1 and 5", ErrConflict, replicas)
+		if err := kvstream.CheckStorage(storage, replicas); err != nil {
+			return fmt.Errorf("%w: WithCreateBucket: %v", ErrConflict, err)
 		}
 		o.create, o.storage, o.replicas = true, storage, replicas
 		return nil
@@ -338,16 +336,13 @@ func NewNATSStore(js jetstream.JetStream, cfg *Config, opts ...NATSStoreOption) 
 // createNATSBucket creates the bucket and allows atomic publish on its
 // stream (KeyValueConfig has no field for it).
 func createNATSBucket(ctx context.Context, js jetstream.JetStream, o natsStoreOptions) (jetstream.KeyValue, error) {
-	kv, err := js.CreateKeyValue(ctx, jetstream.KeyValueConfig{
+	kv, _, err := kvstream.Create(ctx, js, jetstream.KeyValueConfig{
 		Bucket:      o.bucket,
 		Description: "jobkeys job records",
 		History:     1,
 		Storage:     o.storage,
 		Replicas:    o.replicas,
-	})
-	if errors.Is(err, jetstream.ErrBucketExists) { // created concurrently
-		kv, err = js.KeyValue(ctx, o.bucket)
-	}
+	}) // or opened, when created concurrently
 	if err != nil {
 		return nil, err
 	}
@@ -365,18 +360,7 @@ func createNATSBucket(ctx context.Context, js jetstream.JetStream, o natsStoreOp
 // stream if it does not yet, and returns the stream's info as it is then.
 // Any number of processes may do it at once.
 func allowAtomicPublish(ctx context.Context, js jetstream.JetStream, stream jetstream.Stream) (*jetstream.StreamInfo, error) {
-	info := stream.CachedInfo()
-	if info.Config.AllowAtomicPublish && info.Config.AllowMsgTTL {
-		return info, nil
-	}
-	cfg := info.Config
-	cfg.AllowAtomicPublish = true
-	cfg.AllowMsgTTL = true
-	updated, err := js.UpdateStream(ctx, cfg)
-	if err != nil {
-		return nil, fmt.Errorf("allow atomic publish and per-message TTL on stream %q: %w", cfg.Name, err)
-	}
-	return updated.CachedInfo(), nil
+	return kvstream.Allow(ctx, js, stream, kvstream.Features{AtomicPublish: true, MsgTTL: true})
 }
 
 // Bucket returns the name of the store's KV bucket.
