@@ -9,6 +9,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/jobkeys/jobkeys/internal/boundedmap"
 	"github.com/jobkeys/jobkeys/internal/jscas"
 	"github.com/jobkeys/jobkeys/internal/kvstream"
 	"github.com/jobkeys/jobkeys/internal/wake"
@@ -175,35 +176,13 @@ const markerHintsMax = 4096
 // kv.Create's three round trips (a write that fails on the marker, a read,
 // a write). A hint is only a guess: a wrong one costs one failed write.
 type markerHints struct {
-	mu   sync.Mutex
-	revs map[string]uint64
+	revs boundedmap.Map[string, uint64] // Max: markerHintsMax, set by the bucket's opening
 }
 
-func (h *markerHints) put(key string, rev uint64) {
-	h.mu.Lock()
-	defer h.mu.Unlock()
-	if h.revs == nil {
-		h.revs = make(map[string]uint64)
-	}
-	if _, ok := h.revs[key]; !ok && len(h.revs) >= markerHintsMax {
-		for victim := range h.revs { // evict an arbitrary hint
-			delete(h.revs, victim)
-			break
-		}
-	}
-	h.revs[key] = rev
-}
+func (h *markerHints) put(key string, rev uint64) { h.revs.Put(key, rev) }
 
 // take returns and forgets the hint for key.
-func (h *markerHints) take(key string) (uint64, bool) {
-	h.mu.Lock()
-	defer h.mu.Unlock()
-	rev, ok := h.revs[key]
-	if ok {
-		delete(h.revs, key)
-	}
-	return rev, ok
-}
+func (h *markerHints) take(key string) (uint64, bool) { return h.revs.Take(key) }
 
 var _ Store = (*NATSStore)(nil)
 
@@ -389,6 +368,7 @@ func (s *NATSStore) bucket(ctx context.Context, service string) (*natsBucket, er
 		limit = mv - headerAllowance
 	}
 	b = &natsBucket{kv: kv, maxValueSize: limit}
+	b.markers.revs.Max = markerHintsMax
 	b.observeStatus(status, sent, replied) // see natskv_clock.go
 	opts := s.js.Options()
 	if info := bucketStreamInfo(status); info != nil && info.Config.Mirror == nil {

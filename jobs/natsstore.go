@@ -319,7 +319,6 @@ func NewNATSStore(js jetstream.JetStream, cfg *Config, opts ...NATSStoreOption) 
 		msgGet:      jscas.APIPrefix(js.Options()) + "STREAM.MSG.GET." + streamName,
 		directGet:   jscas.APIPrefix(js.Options()) + "DIRECT.GET." + streamName,
 		purge:       jscas.APIPrefix(js.Options()) + "STREAM.PURGE." + streamName,
-		pending:     natsKeySet{max: natsPendingHintsMax},
 		plainWrites: true,
 		writePrefix: jscas.WritePrefix(js.Options(), o.bucket),
 		leaderReads: info.Config.Replicas > 1,
@@ -327,6 +326,9 @@ func NewNATSStore(js jetstream.JetStream, cfg *Config, opts ...NATSStoreOption) 
 		unbatched:   !natsBatchesPay(info.Config),
 		ttlAllowed:  info.Config.AllowMsgTTL,
 	}
+	s.pending.keys.Max = natsPendingHintsMax
+	s.lists.channels.Max = natsListCacheChannels
+	s.cache.entries.Max, s.targets.keys.Max = natsJobCacheMax, natsJobCacheMax
 	if s.gauges, err = c.obs.observeActive(s.countActive); err != nil {
 		return nil, err
 	}
