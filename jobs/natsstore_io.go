@@ -12,6 +12,7 @@ import (
 
 	"github.com/jobkeys/jobkeys/internal/jscas"
 	"github.com/jobkeys/jobkeys/internal/kvstream"
+	"github.com/jobkeys/jobkeys/internal/natsperm"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/synadia-io/orbit.go/jetstreamext"
@@ -611,11 +612,7 @@ func natsWriteRefused(nc *nats.Conn, err error, used []string) bool {
 	if !ok {
 		return false
 	}
-	inbox := nats.InboxPrefix
-	if nc.Opts.InboxPrefix != "" {
-		inbox = nc.Opts.InboxPrefix + "."
-	}
-	return !strings.HasPrefix(subject, inbox) // a refused inbox loses the answer, not the write
+	return !strings.HasPrefix(subject, natsperm.InboxPrefix(nc)) // a refused inbox loses the answer, not the write
 }
 
 // The bodies of the API requests the store sends, written by hand: the
