@@ -489,7 +489,7 @@ func (s *NATSStore) publishBatch(ctx context.Context, op string, msgs []natsBatc
 			nm.Header.Set(jetstream.ExpectedLastSubjSeqHeader, strconv.FormatUint(m.expect, 10))
 		}
 		if m.ttl > 0 {
-			nm.Header.Set(jscas.TTLHeader, strconv.FormatInt(int64((m.ttl+time.Second-1)/time.Second), 10))
+			nm.Header.Set(jscas.TTLHeader, jscas.TTLValue(m.ttl))
 		}
 		out[i] = nm
 	}

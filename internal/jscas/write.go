@@ -59,6 +59,12 @@ type Writer struct {
 // TTLHeader is the header of a message's per-message TTL.
 const TTLHeader = "Nats-TTL"
 
+// TTLValue is the value of the [TTLHeader] of a message that d (positive)
+// should outlive by less than a second: d in whole seconds, rounded up.
+func TTLValue(d time.Duration) string {
+	return strconv.FormatInt(int64((d+time.Second-1)/time.Second), 10)
+}
+
 // APIPrefix returns the prefix, ending in ".", of the JetStream API
 // subjects of a context with options opts: the prefix nats.go's own
 // requests (and its KV layer's writes) use there.
@@ -118,8 +124,7 @@ func (w *Writer) Write(ctx context.Context, subject string, value []byte, revisi
 	}
 	hdr[jetstream.ExpectedLastSubjSeqHeader] = []string{strconv.FormatUint(revision, 10)}
 	if w.TTL > 0 {
-		secs := (w.TTL + time.Second - 1) / time.Second
-		hdr[TTLHeader] = []string{strconv.FormatInt(int64(secs), 10)}
+		hdr[TTLHeader] = []string{TTLValue(w.TTL)}
 	}
 	m := &nats.Msg{Subject: subject, Header: hdr, Data: value}
 	if _, ok := ctx.Deadline(); !ok && w.Timeout > 0 {
