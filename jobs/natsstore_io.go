@@ -633,7 +633,7 @@ func natsMultiLastBody(subjects []string, maxBytes int) ([]byte, error) {
 		if i > 0 {
 			b = append(b, ',')
 		}
-		if b, ok = appendJSONSubject(b, subj); !ok {
+		if b, ok = kvstream.AppendSubject(b, subj); !ok {
 			return json.Marshal(struct {
 				MultiLast []string `json:"multi_last"`
 				MaxBytes  int      `json:"max_bytes"`
@@ -648,7 +648,7 @@ func natsMultiLastBody(subjects []string, maxBytes int) ([]byte, error) {
 // natsPurgeBody is a STREAM.PURGE request for the messages of filter
 // before sequence seq.
 func natsPurgeBody(filter string, seq uint64) ([]byte, error) {
-	b, ok := appendJSONSubject(append(make([]byte, 0, 40+len(filter)), `{"filter":`...), filter)
+	b, ok := kvstream.AppendSubject(append(make([]byte, 0, 40+len(filter)), `{"filter":`...), filter)
 	if !ok {
 		return json.Marshal(struct {
 			Filter string `json:"filter"`
@@ -658,17 +658,4 @@ func natsPurgeBody(filter string, seq uint64) ([]byte, error) {
 	b = append(b, `,"seq":`...)
 	b = strconv.AppendUint(b, seq, 10)
 	return append(b, '}'), nil
-}
-
-// appendJSONSubject appends subject as a JSON string when it needs no
-// escape: printable ASCII other than '"' and '\'.
-func appendJSONSubject(b []byte, subject string) ([]byte, bool) {
-	for i := 0; i < len(subject); i++ {
-		if c := subject[i]; c < 0x20 || c > 0x7e || c == '"' || c == '\\' {
-			return b, false
-		}
-	}
-	b = append(b, '"')
-	b = append(b, subject...)
-	return append(b, '"'), true
 }

@@ -91,15 +91,26 @@ func Allow(ctx context.Context, js jetstream.JetStream, stream jetstream.Stream,
 // ASCII without '"' or '\' (every KV key subject) is written by hand;
 // any other goes through encoding/json.
 func LastBySubjectRequest(subject string) ([]byte, error) {
+	b, ok := AppendSubject(append(make([]byte, 0, 20+len(subject)), `{"last_by_subj":`...), subject)
+	if !ok {
+		return json.Marshal(map[string]string{"last_by_subj": subject})
+	}
+	return append(b, '}'), nil
+}
+
+// AppendSubject appends subject to b as a JSON string, written by hand,
+// when it needs no escape (printable ASCII other than '"' and '\', as
+// every subject of a KV bucket); ok is false, and b returned unchanged,
+// for any other subject, which the caller leaves to encoding/json.
+func AppendSubject(b []byte, subject string) (_ []byte, ok bool) {
 	for i := 0; i < len(subject); i++ {
 		if c := subject[i]; c < 0x20 || c > 0x7e || c == '"' || c == '\\' {
-			return json.Marshal(map[string]string{"last_by_subj": subject})
+			return b, false
 		}
 	}
-	b := make([]byte, 0, 20+len(subject))
-	b = append(b, `{"last_by_subj":"`...)
+	b = append(b, '"')
 	b = append(b, subject...)
-	return append(b, `"}`...), nil
+	return append(b, '"'), true
 }
 
 // Msg is the message a STREAM.MSG.GET answered with.

@@ -159,4 +159,11 @@ func TestLastBySubjectRequest(t *testing.T) {
 	b, err := LastBySubjectRequest("$KV.B.k")
 	require.NoError(t, err)
 	assert.Equal(t, `{"last_by_subj":"$KV.B.k"}`, string(b), "a KV subject as the stores always sent it")
+
+	out, ok := AppendSubject([]byte("x"), `a"b`)
+	assert.False(t, ok, "a subject that needs an escape")
+	assert.Equal(t, "x", string(out), "b unchanged")
+	out, ok = AppendSubject([]byte("x"), "$KV.B.k")
+	assert.True(t, ok)
+	assert.Equal(t, `x"$KV.B.k"`, string(out))
 }
