@@ -2,7 +2,6 @@ package jobkeys
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"regexp"
@@ -10,9 +9,10 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/jobkeys/jobkeys/internal/boundedmap"
 	"github.com/jobkeys/jobkeys/internal/jscas"
+	"github.com/jobkeys/jobkeys/internal/kvstream"
 	"github.com/jobkeys/jobkeys/internal/wake"
-	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 )
 
@@ -176,35 +176,13 @@ const markerHintsMax = 4096
 // kv.Create's three round trips (a write that fails on the marker, a read,
 // a write). A hint is only a guess: a wrong one costs one failed write.
 type markerHints struct {
-	mu   sync.Mutex
-	revs map[string]uint64
+	revs boundedmap.Map[string, uint64] // Max: markerHintsMax, set by the bucket's opening
 }
 
-func (h *markerHints) put(key string, rev uint64) {
-	h.mu.Lock()
-	defer h.mu.Unlock()
-	if h.revs == nil {
-		h.revs = make(map[string]uint64)
-	}
-	if _, ok := h.revs[key]; !ok && len(h.revs) >= markerHintsMax {
-		for victim := range h.revs { // evict an arbitrary hint
-			delete(h.revs, victim)
-			break
-		}
-	}
-	h.revs[key] = rev
-}
+func (h *markerHints) put(key string, rev uint64) { h.revs.Put(key, rev) }
 
 // take returns and forgets the hint for key.
-func (h *markerHints) take(key string) (uint64, bool) {
-	h.mu.Lock()
-	defer h.mu.Unlock()
-	rev, ok := h.revs[key]
-	if ok {
-		delete(h.revs, key)
-	}
-	return rev, ok
-}
+func (h *markerHints) take(key string) (uint64, bool) { return h.revs.Take(key) }
 
 var _ Store = (*NATSStore)(nil)
 
@@ -235,11 +213,8 @@ func WithBucketPrefix(prefix string) NATSStoreOption {
 // missing bucket is an error wrapping ErrBucketNotFound.
 func WithCreateBuckets(storage jetstream.StorageType, replicas int) NATSStoreOption {
 	return func(s *NATSStore) error {
-		if storage != jetstream.FileStorage && storage != jetstream.MemoryStorage {
-			return fmt.Errorf("%w: unknown storage type %d", ErrInvalidRequest, storage)
-		}
-		if replicas < 1 || replicas > 5 {
-			return fmt.Errorf("%w: replicas %d is not between 1 and 5", ErrInvalidRequest, replicas)
+		if err := kvstream.CheckStorage(storage, replicas); err != nil {
+			return fmt.Errorf("%w: %v", ErrInvalidRequest, err)
 		}
 		s.create = &jetstream.KeyValueConfig{History: 1, Storage: storage, Replicas: replicas}
 		return nil
@@ -358,15 +333,14 @@ func (s *NATSStore) bucket(ctx context.Context, service string) (*natsBucket, er
 		// creation fails at once with ErrPermission, a refused update
 		// leaves a bucket without atomic publish.
 		cctx, cg := s.guards.guardAPI(ctx, natsOpCreate, s.prefix, service, jscas.APIPrefix(s.js.Options()))
-		kv, err = s.js.CreateKeyValue(cctx, cfg)
+		var created bool
+		kv, created, err = kvstream.Create(cctx, s.js, cfg)
 		var v *permissionViolation
 		if err != nil && ctx.Err() == nil && errors.As(context.Cause(cctx), &v) {
 			err = fmt.Errorf("%w: create KV bucket %q (service %q): %v", ErrPermission, name, service, v)
 		}
 		cg.done()
-		if errors.Is(err, jetstream.ErrBucketExists) { // created concurrently with another config
-			kv, err = s.js.KeyValue(ctx, name)
-		} else if err == nil {
+		if created {
 			uctx, ug := s.guards.guard(ctx, natsOpUpdateStream, s.prefix, service)
 			if allowAtomicPublish(uctx, s.js, "KV_"+name) != nil && ctx.Err() != nil {
 				// Without atomic publish the bucket works, one write per
@@ -394,6 +368,7 @@ func (s *NATSStore) bucket(ctx context.Context, service string) (*natsBucket, er
 		limit = mv - headerAllowance
 	}
 	b = &natsBucket{kv: kv, maxValueSize: limit}
+	b.markers.revs.Max = markerHintsMax
 	b.observeStatus(status, sent, replied) // see natskv_clock.go
 	opts := s.js.Options()
 	if info := bucketStreamInfo(status); info != nil && info.Config.Mirror == nil {
@@ -422,15 +397,8 @@ func allowAtomicPublish(ctx context.Context, js jetstream.JetStream, stream stri
 	if err != nil {
 		return fmt.Errorf("allow atomic publish on stream %q: %w", stream, err)
 	}
-	cfg := st.CachedInfo().Config
-	if cfg.AllowAtomicPublish {
-		return nil
-	}
-	cfg.AllowAtomicPublish = true
-	if _, err := js.UpdateStream(ctx, cfg); err != nil {
-		return fmt.Errorf("allow atomic publish on stream %q: %w", stream, err)
-	}
-	return nil
+	_, err = kvstream.Allow(ctx, js, st, kvstream.Features{AtomicPublish: true})
+	return err
 }
 
 // KeyValue returns the opened KV bucket of service, for callers that need
@@ -499,24 +467,6 @@ func (s *NATSStore) getKey(ctx context.Context, service, key string) ([]byte, ui
 	return e.Value(), e.Revision(), nil
 }
 
-// msgGetResponse is the JetStream API's answer to a message get.
-type msgGetResponse struct {
-	Error *struct {
-		Code        int    `json:"code"`
-		ErrCode     int    `json:"err_code"`
-		Description string `json:"description"`
-	} `json:"error"`
-	Message *struct {
-		Seq  uint64    `json:"seq"`
-		Time time.Time `json:"time"` // the server's stamp
-		Hdrs []byte    `json:"hdrs"` // base64 in the JSON
-		Data []byte    `json:"data"` // base64 in the JSON
-	} `json:"message"`
-}
-
-// jsErrCodeMessageNotFound is the API error code of a get with no message.
-const jsErrCodeMessageNotFound = 10037
-
 // getFromLeader reads key's last message through the stream leader, so that
 // a read on a replicated bucket sees every write acknowledged before it
 // (a direct get may be served by a lagging replica). Delete and purge
@@ -527,35 +477,30 @@ func (s *NATSStore) getFromLeader(ctx context.Context, b *natsBucket, key string
 		ctx, cancel = context.WithTimeout(ctx, s.js.Options().DefaultTimeout)
 		defer cancel()
 	}
-	req := `{"last_by_subj":"` + b.keySubjects + key + `"}` // valid keys need no JSON escaping
-	msg, err := s.js.Conn().RequestWithContext(ctx, b.leaderGet, []byte(req))
+	req, err := kvstream.LastBySubjectRequest(b.keySubjects + key)
 	if err != nil {
 		return nil, 0, fmt.Errorf("jobkeys: get %s from the stream leader: %w", key, err)
 	}
-	var resp msgGetResponse
-	if err := json.Unmarshal(msg.Data, &resp); err != nil {
-		return nil, 0, fmt.Errorf("jobkeys: get %s from the stream leader: bad response: %w", key, err)
+	msg, err := s.js.Conn().RequestWithContext(ctx, b.leaderGet, req)
+	if err != nil {
+		return nil, 0, fmt.Errorf("jobkeys: get %s from the stream leader: %w", key, err)
 	}
-	switch {
-	case resp.Error != nil && resp.Error.ErrCode == jsErrCodeMessageNotFound:
+	m, found, err := kvstream.ParseMsgGet(msg.Data)
+	if err != nil {
+		return nil, 0, fmt.Errorf("jobkeys: get %s from the stream leader: %w", key, err)
+	}
+	if !found {
 		return nil, 0, fmt.Errorf("%w: %s", ErrKeyNotFound, key)
-	case resp.Error != nil:
-		return nil, 0, fmt.Errorf("jobkeys: get %s from the stream leader: %w", key,
-			&jetstream.APIError{Code: resp.Error.Code, ErrorCode: jetstream.ErrorCode(resp.Error.ErrCode), Description: resp.Error.Description})
-	case resp.Message == nil:
-		return nil, 0, fmt.Errorf("jobkeys: get %s from the stream leader: response without a message", key)
 	}
-	b.clock.observeStamp(resp.Message.Time, time.Now())
-	if len(resp.Message.Hdrs) > 0 {
-		hdr, err := nats.DecodeHeadersMsg(resp.Message.Hdrs)
-		if err != nil {
-			return nil, 0, fmt.Errorf("jobkeys: get %s from the stream leader: bad headers: %w", key, err)
-		}
-		if op := hdr.Get("KV-Operation"); op == "DEL" || op == "PURGE" {
-			return nil, 0, fmt.Errorf("%w: %s (deleted at revision %d)", ErrKeyNotFound, key, resp.Message.Seq)
-		}
+	b.clock.observeStamp(m.Time, time.Now())
+	deleted, err := kvstream.Deleted(m.Hdrs)
+	if err != nil {
+		return nil, 0, fmt.Errorf("jobkeys: get %s from the stream leader: %w", key, err)
 	}
-	return resp.Message.Data, resp.Message.Seq, nil
+	if deleted {
+		return nil, 0, fmt.Errorf("%w: %s (deleted at revision %d)", ErrKeyNotFound, key, m.Seq)
+	}
+	return m.Data, m.Seq, nil
 }
 
 // Create implements [Store].

@@ -4,13 +4,13 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"regexp"
 	"runtime"
 	"strings"
 	"sync"
 	"sync/atomic"
 	"weak"
 
+	"github.com/jobkeys/jobkeys/internal/natsperm"
 	"github.com/nats-io/nats.go"
 )
 
@@ -22,12 +22,6 @@ import (
 // registers a guard while it runs: a refusal of a subject the call needs
 // cancels the call at once, and the call returns an error wrapping
 // ErrPermission that names the subject.
-
-// permissionRe matches the server's violation messages (nats-server
-// client.go): `Permissions Violation for Publish to "subj"`, `… for
-// Subscription to "subj"` (maybe `using queue …`), `… for Publish with
-// Reply of "subj"`.
-var permissionRe = regexp.MustCompile(`Permissions Violation for (Publish to|Subscription to|Publish with Reply of) "([^"]+)"`)
 
 // permissionViolation is one refusal the server reported.
 type permissionViolation struct {
@@ -43,14 +37,11 @@ func (v *permissionViolation) Error() string {
 
 // parseViolation returns the violation err reports, or nil.
 func parseViolation(nc *nats.Conn, err error) *permissionViolation {
-	if err == nil || !errors.Is(err, nats.ErrPermissionViolation) {
+	pv, ok := natsperm.Parse(err)
+	if !ok {
 		return nil
 	}
-	m := permissionRe.FindStringSubmatch(err.Error())
-	if m == nil {
-		return nil
-	}
-	v := &permissionViolation{what: strings.ToLower(m[1]), subject: m[2]}
+	v := &permissionViolation{what: strings.ToLower(pv.What), subject: pv.Subject}
 	if nc != nil {
 		v.reconnects = nc.Stats().Reconnects
 	}
@@ -114,12 +105,7 @@ func needs(kind natsOpKind, bucket, inbox, api, subject string) bool {
 }
 
 // inboxPrefix returns the prefix, ending in ".", of nc's inbox subjects.
-func inboxPrefix(nc *nats.Conn) string {
-	if nc == nil || nc.Opts.InboxPrefix == "" {
-		return nats.InboxPrefix
-	}
-	return nc.Opts.InboxPrefix + "."
-}
+func inboxPrefix(nc *nats.Conn) string { return natsperm.InboxPrefix(nc) }
 
 // permissionGuards are the guards of the running calls of the stores on one
 // connection. The zero value is ready; its methods are safe for concurrent

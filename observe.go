@@ -5,12 +5,11 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"sync"
 	"time"
 
+	"github.com/jobkeys/jobkeys/internal/otelmetric"
 	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/metric"
-	"go.opentelemetry.io/otel/metric/noop"
 )
 
 // This file holds the coordinator's metrics and logs: the instruments, their
@@ -52,16 +51,6 @@ const (
 // error.type then says which.
 const outcomeError = "error"
 
-// durationBuckets are the operation latency histogram's bucket boundaries in
-// seconds: a KV round trip is well under a millisecond on a LAN, a
-// contended operation can take tens of milliseconds.
-var durationBuckets = []float64{0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10}
-
-// maxAttrSets bounds the cached attribute sets of one observer; past it sets
-// are built per measurement (a program that makes job types without bound
-// pays for it, but memory stays bounded).
-const maxAttrSets = 4096
-
 // observer is the metrics and logging of one coordinator. nil: neither.
 type observer struct {
 	logger *slog.Logger // nil: no logs
@@ -79,8 +68,7 @@ type keyMetrics struct {
 	waiting   metric.Int64UpDownCounter
 	blocked   metric.Int64Counter
 
-	mu   sync.RWMutex
-	sets map[attrKey]metric.MeasurementOption // bounded by maxAttrSets
+	sets otelmetric.AttrSets[attrKey] // bounded: see otelmetric.MaxAttrSets
 }
 
 // attrKey identifies one cached attribute set.
@@ -92,9 +80,7 @@ type attrKey struct {
 // logger, nil when both are nil (or mp is the no-op provider and logger
 // nil).
 func newObserver(mp metric.MeterProvider, logger *slog.Logger) (*observer, error) {
-	if _, ok := mp.(noop.MeterProvider); ok {
-		mp = nil
-	}
+	mp = otelmetric.Provider(mp) // nil for the no-op provider
 	if mp == nil && logger == nil {
 		return nil, nil
 	}
@@ -110,14 +96,14 @@ func newObserver(mp metric.MeterProvider, logger *slog.Logger) (*observer, error
 }
 
 func newKeyMetrics(meter metric.Meter) (*keyMetrics, error) {
-	m := keyMetrics{sets: map[attrKey]metric.MeasurementOption{}}
+	m := &keyMetrics{}
 	var err, e error
 	m.ops, e = meter.Int64Counter("jobkeys.key.operations", metric.WithUnit("{operation}"),
 		metric.WithDescription("Key operations completed, by operation and outcome (the outcome's Kind, or error with error.type)."))
 	err = errors.Join(err, e)
 	m.duration, e = meter.Float64Histogram("jobkeys.key.operation.duration", metric.WithUnit("s"),
 		metric.WithDescription("Duration of key operations, compare-and-swap retries and pauses included."),
-		metric.WithExplicitBucketBoundaries(durationBuckets...))
+		metric.WithExplicitBucketBoundaries(otelmetric.DurationBuckets()...))
 	err = errors.Join(err, e)
 	m.conflicts, e = meter.Int64Counter("jobkeys.key.cas.conflicts", metric.WithUnit("{conflict}"),
 		metric.WithDescription("Compare-and-swap writes of key state refused because another writer changed the key first."))
@@ -140,17 +126,16 @@ func newKeyMetrics(meter metric.Meter) (*keyMetrics, error) {
 	if err != nil {
 		return nil, err
 	}
-	return &m, nil
+	return m, nil
 }
 
 // attrs returns the measurement option of k, cached.
 func (m *keyMetrics) attrs(k attrKey) metric.MeasurementOption {
-	m.mu.RLock()
-	opt, ok := m.sets[k]
-	m.mu.RUnlock()
-	if ok {
-		return opt
-	}
+	return m.sets.Get(k, attrKey.attributes)
+}
+
+// attributes are the attributes of k's set.
+func (k attrKey) attributes() []attribute.KeyValue {
 	kv := make([]attribute.KeyValue, 0, 6)
 	kv = append(kv, attrService.String(k.service), attrJobType.String(k.jobType))
 	if k.op != "" {
@@ -168,13 +153,7 @@ func (m *keyMetrics) attrs(k attrKey) metric.MeasurementOption {
 	if k.slot != "" {
 		kv = append(kv, attrSlot.String(k.slot))
 	}
-	opt = metric.WithAttributeSet(attribute.NewSet(kv...))
-	m.mu.Lock()
-	if len(m.sets) < maxAttrSets {
-		m.sets[k] = opt
-	}
-	m.mu.Unlock()
-	return opt
+	return kv
 }
 
 // errorClass names the class of err, the value of error.type: the sentinel

@@ -181,7 +181,7 @@ func BenchmarkListPage(b *testing.B) {
 			b.ReportAllocs()
 			for b.Loop() {
 				if bc.cold { // the listing as a store that has not listed the channel reads it
-					st.lists = natsListCache{}
+					st.lists.clear()
 				}
 				page, err := st.List(ctx, ListRequest{ChannelID: "ch", Limit: 20, After: bc.after})
 				if err != nil || len(page.Jobs) != 20 {

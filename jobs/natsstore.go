@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/jobkeys/jobkeys/internal/jscas"
+	"github.com/jobkeys/jobkeys/internal/kvstream"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 	"go.opentelemetry.io/otel/metric"
@@ -237,11 +238,8 @@ func WithBucket(name string) NATSStoreOption {
 // second step, or an older version created it without the TTL.
 func WithCreateBucket(storage jetstream.StorageType, replicas int) NATSStoreOption {
 	return func(o *natsStoreOptions) error {
-		if storage != jetstream.FileStorage && storage != jetstream.MemoryStorage {
-			return fmt.Errorf("%w: WithCreateBucket: unknown storage type %d", ErrConflict, storage)
-		}
-		if replicas < 1 || replicas > 5 {
-			return fmt.Errorf("%w: WithCreateBucket: replicas %d is not between 1 and 5", ErrConflict, replicas)
+		if err := kvstream.CheckStorage(storage, replicas); err != nil {
+			return fmt.Errorf("%w: WithCreateBucket: %v", ErrConflict, err)
 		}
 		o.create, o.storage, o.replicas = true, storage, replicas
 		return nil
@@ -287,7 +285,7 @@ func NewNATSStore(js jetstream.JetStream, cfg *Config, opts ...NATSStoreOption) 
 	streamName := "KV_" + o.bucket
 	// A refusal of one of these (or of the inbox) is named, not a bare
 	// timeout; the timeout is NewNATSStore's own, not a caller's deadline.
-	api := natsAPIPrefix(js.Options())
+	api := jscas.APIPrefix(js.Options())
 	used := []string{api + "STREAM.INFO." + streamName, api + "INFO", api + "STREAM.CREATE." + streamName, api + "STREAM.UPDATE." + streamName}
 	if err != nil {
 		return nil, natsRefusedOr(context.Background(), js.Conn(), "NewNATSStore", fmt.Sprintf("open KV bucket %q", o.bucket), err, used)
@@ -318,10 +316,9 @@ func NewNATSStore(js jetstream.JetStream, cfg *Config, opts ...NATSStoreOption) 
 		stream:      stream,
 		streamName:  streamName,
 		keys:        natsKeys{prefix: "$KV." + o.bucket + "."},
-		msgGet:      natsAPIPrefix(js.Options()) + "STREAM.MSG.GET." + streamName,
-		directGet:   natsAPIPrefix(js.Options()) + "DIRECT.GET." + streamName,
-		purge:       natsAPIPrefix(js.Options()) + "STREAM.PURGE." + streamName,
-		pending:     natsKeySet{max: natsPendingHintsMax},
+		msgGet:      jscas.APIPrefix(js.Options()) + "STREAM.MSG.GET." + streamName,
+		directGet:   jscas.APIPrefix(js.Options()) + "DIRECT.GET." + streamName,
+		purge:       jscas.APIPrefix(js.Options()) + "STREAM.PURGE." + streamName,
 		plainWrites: true,
 		writePrefix: jscas.WritePrefix(js.Options(), o.bucket),
 		leaderReads: info.Config.Replicas > 1,
@@ -329,6 +326,9 @@ func NewNATSStore(js jetstream.JetStream, cfg *Config, opts ...NATSStoreOption) 
 		unbatched:   !natsBatchesPay(info.Config),
 		ttlAllowed:  info.Config.AllowMsgTTL,
 	}
+	s.pending.keys.Max = natsPendingHintsMax
+	s.lists.channels.Max = natsListCacheChannels
+	s.cache.entries.Max, s.targets.keys.Max = natsJobCacheMax, natsJobCacheMax
 	if s.gauges, err = c.obs.observeActive(s.countActive); err != nil {
 		return nil, err
 	}
@@ -338,16 +338,13 @@ func NewNATSStore(js jetstream.JetStream, cfg *Config, opts ...NATSStoreOption) 
 // createNATSBucket creates the bucket and allows atomic publish on its
 // stream (KeyValueConfig has no field for it).
 func createNATSBucket(ctx context.Context, js jetstream.JetStream, o natsStoreOptions) (jetstream.KeyValue, error) {
-	kv, err := js.CreateKeyValue(ctx, jetstream.KeyValueConfig{
+	kv, _, err := kvstream.Create(ctx, js, jetstream.KeyValueConfig{
 		Bucket:      o.bucket,
 		Description: "jobkeys job records",
 		History:     1,
 		Storage:     o.storage,
 		Replicas:    o.replicas,
-	})
-	if errors.Is(err, jetstream.ErrBucketExists) { // created concurrently
-		kv, err = js.KeyValue(ctx, o.bucket)
-	}
+	}) // or opened, when created concurrently
 	if err != nil {
 		return nil, err
 	}
@@ -365,18 +362,7 @@ func createNATSBucket(ctx context.Context, js jetstream.JetStream, o natsStoreOp
 // stream if it does not yet, and returns the stream's info as it is then.
 // Any number of processes may do it at once.
 func allowAtomicPublish(ctx context.Context, js jetstream.JetStream, stream jetstream.Stream) (*jetstream.StreamInfo, error) {
-	info := stream.CachedInfo()
-	if info.Config.AllowAtomicPublish && info.Config.AllowMsgTTL {
-		return info, nil
-	}
-	cfg := info.Config
-	cfg.AllowAtomicPublish = true
-	cfg.AllowMsgTTL = true
-	updated, err := js.UpdateStream(ctx, cfg)
-	if err != nil {
-		return nil, fmt.Errorf("allow atomic publish and per-message TTL on stream %q: %w", cfg.Name, err)
-	}
-	return updated.CachedInfo(), nil
+	return kvstream.Allow(ctx, js, stream, kvstream.Features{AtomicPublish: true, MsgTTL: true})
 }
 
 // Bucket returns the name of the store's KV bucket.

@@ -2,7 +2,8 @@ package jobs
 
 import (
 	"strings"
-	"sync"
+
+	"github.com/jobkeys/jobkeys/internal/boundedmap"
 )
 
 // natsJobCacheMax bounds the jobs a NATSStore remembers.
@@ -17,8 +18,7 @@ const natsJobCacheMax = 4096
 // remembered job is tried again on the stored one. It is safe for
 // concurrent use.
 type natsJobCache struct {
-	mu      sync.Mutex
-	entries map[string]natsCached
+	entries boundedmap.Map[string, natsCached] // Max: natsJobCacheMax, set by NewNATSStore
 }
 
 type natsCached struct {
@@ -38,40 +38,24 @@ func (c *natsJobCache) put(key string, j Job, rev, activeSeq uint64) {
 
 // putEntry remembers e (its job copied) under key.
 func (c *natsJobCache) putEntry(key string, e natsCached) {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	if c.entries == nil {
-		c.entries = make(map[string]natsCached)
-	}
-	if _, ok := c.entries[key]; !ok && len(c.entries) >= natsJobCacheMax {
-		for victim := range c.entries { // evict an arbitrary entry
-			delete(c.entries, victim)
-			break
-		}
-	}
 	e.job = cloneJob(e.job)
-	c.entries[key] = e
+	c.entries.Put(key, e) // evicts an arbitrary entry when full
 }
 
 // get returns a copy of key's entry.
 func (c *natsJobCache) get(key string) (natsCached, bool) {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	e, ok := c.entries[key]
+	e, ok := c.entries.Get(key)
 	if ok {
 		e.job = cloneJob(e.job)
 	}
 	return e, ok
 }
 
-func (c *natsJobCache) drop(key string) {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	delete(c.entries, key)
-}
+func (c *natsJobCache) drop(key string) { c.entries.Delete(key) }
 
-// natsKeySet is a set of KV keys of at most max entries (0: natsJobCacheMax);
-// adding to a full set evicts an arbitrary key. The store keeps two: the
+// natsKeySet is a set of KV keys of a bounded size (natsJobCacheMax, or
+// natsPendingHintsMax for the pending set); adding to a full set evicts an
+// arbitrary key. The store keeps two: the
 // targets it has seen stored (an enqueue for a target it has not seen
 // first tries the batch that assumes the idempotency key, the job id and
 // the target are all new: one round trip instead of a read and a write; a
@@ -81,9 +65,7 @@ func (c *natsJobCache) drop(key string) {
 // index; whatever the index names beyond them is read after). Both are
 // guesses. It is safe for concurrent use.
 type natsKeySet struct {
-	mu   sync.Mutex
-	max  int
-	keys map[string]struct{}
+	keys boundedmap.Map[string, struct{}] // Max: set by NewNATSStore
 }
 
 // natsPendingHintsMax bounds the job keys the pending set holds, and
@@ -94,50 +76,26 @@ const (
 )
 
 func (h *natsKeySet) has(key string) bool {
-	h.mu.Lock()
-	defer h.mu.Unlock()
-	_, ok := h.keys[key]
+	_, ok := h.keys.Get(key)
 	return ok
 }
 
-func (h *natsKeySet) add(key string) {
-	h.mu.Lock()
-	defer h.mu.Unlock()
-	if h.keys == nil {
-		h.keys = make(map[string]struct{})
-	}
-	most := h.max
-	if most == 0 {
-		most = natsJobCacheMax
-	}
-	if _, ok := h.keys[key]; !ok && len(h.keys) >= most {
-		for victim := range h.keys {
-			delete(h.keys, victim)
-			break
-		}
-	}
-	h.keys[key] = struct{}{}
-}
+func (h *natsKeySet) add(key string) { h.keys.Put(key, struct{}{}) }
 
-func (h *natsKeySet) remove(key string) {
-	h.mu.Lock()
-	defer h.mu.Unlock()
-	delete(h.keys, key)
-}
+func (h *natsKeySet) remove(key string) { h.keys.Delete(key) }
 
 // matching returns up to natsPendingPrefetch keys with the given prefix.
 func (h *natsKeySet) matching(prefix string) []string {
-	h.mu.Lock()
-	defer h.mu.Unlock()
 	var out []string
-	for k := range h.keys {
+	h.keys.Range(func(k string, _ struct{}) bool {
 		if len(out) == natsPendingPrefetch {
-			break
+			return false
 		}
 		if strings.HasPrefix(k, prefix) {
 			out = append(out, k)
 		}
-	}
+		return true
+	})
 	return out
 }
 
@@ -154,8 +112,7 @@ const (
 // purged with their channel, so while that sequence is unchanged the
 // listing is too. It is safe for concurrent use.
 type natsListCache struct {
-	mu       sync.Mutex
-	channels map[string]natsListing
+	channels boundedmap.Map[string, natsListing] // Max: natsListCacheChannels, set by NewNATSStore
 }
 
 type natsListing struct {
@@ -164,9 +121,7 @@ type natsListing struct {
 }
 
 func (c *natsListCache) get(channelID string, last uint64) ([]*Job, bool) {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	l, ok := c.channels[channelID]
+	l, ok := c.channels.Get(channelID)
 	if !ok || l.last != last {
 		return nil, false
 	}
@@ -177,16 +132,8 @@ func (c *natsListCache) put(channelID string, last uint64, refs []*Job) {
 	if len(refs) > natsListCacheJobs {
 		return
 	}
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	if c.channels == nil {
-		c.channels = make(map[string]natsListing)
-	}
-	if _, ok := c.channels[channelID]; !ok && len(c.channels) >= natsListCacheChannels {
-		for victim := range c.channels {
-			delete(c.channels, victim)
-			break
-		}
-	}
-	c.channels[channelID] = natsListing{last: last, refs: refs}
+	c.channels.Put(channelID, natsListing{last: last, refs: refs}) // evicts an arbitrary channel when full
 }
+
+// clear forgets every listing.
+func (c *natsListCache) clear() { c.channels.Clear() }

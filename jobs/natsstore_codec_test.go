@@ -8,6 +8,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jobkeys/jobkeys/internal/kvstream"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 )
@@ -313,7 +314,7 @@ func TestNATSRecordFastPathTaken(t *testing.T) {
 // for those they leave to encoding/json.
 func TestNATSRequestBodies(t *testing.T) {
 	for _, subj := range []string{"$KV.B.active.ch.>", "$KV.B.*.c=2Eh.>", "$KV.B.job.ch.j-1_x", "a\"b\\c\x01ü"} {
-		b, err := natsLastBySubjectBody(subj)
+		b, err := kvstream.LastBySubjectRequest(subj)
 		require.NoError(t, err)
 		var last struct {
 			LastBySubj string `json:"last_by_subj"`

@@ -11,6 +11,8 @@ import (
 	"time"
 
 	"github.com/jobkeys/jobkeys/internal/jscas"
+	"github.com/jobkeys/jobkeys/internal/kvstream"
+	"github.com/jobkeys/jobkeys/internal/natsperm"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/synadia-io/orbit.go/jetstreamext"
@@ -54,12 +56,6 @@ func (s *NATSStore) natsDeadline(ctx context.Context) (context.Context, context.
 	return context.WithTimeout(ctx, s.requestTimeout())
 }
 
-// isNATSDeleted reports a KV delete or purge marker.
-func isNATSDeleted(h nats.Header) bool {
-	op := h.Get("KV-Operation")
-	return op == "DEL" || op == "PURGE"
-}
-
 // getOne reads the last message of key. found is false when the key has
 // none (or a delete marker). On a replicated bucket the read goes to the
 // stream leader, so it sees every acknowledged write.
@@ -76,25 +72,10 @@ func (s *NATSStore) getOne(ctx context.Context, op, key string) (natsMsg, bool, 
 	if err != nil {
 		return natsMsg{}, false, s.unavailable(ctx, op, "read KV key "+strconv.Quote(key), err, s.directGet, s.msgGet)
 	}
-	if isNATSDeleted(m.Header) {
+	if kvstream.IsMarker(m.Header) {
 		return natsMsg{}, false, nil
 	}
 	return natsMsg{data: m.Data, rev: m.Sequence}, true, nil
-}
-
-// natsMsgGetResponse is the JetStream API's answer to STREAM.MSG.GET.
-type natsMsgGetResponse struct {
-	Error *struct {
-		Code        int    `json:"code"`
-		ErrCode     int    `json:"err_code"`
-		Description string `json:"description"`
-	} `json:"error"`
-	Message *struct {
-		Subject string `json:"subject"`
-		Seq     uint64 `json:"seq"`
-		Hdrs    []byte `json:"hdrs"`
-		Data    []byte `json:"data"`
-	} `json:"message"`
 }
 
 // getFromLeader reads the last message of subject (wildcards allowed)
@@ -102,7 +83,7 @@ type natsMsgGetResponse struct {
 func (s *NATSStore) getFromLeader(ctx context.Context, op, subject string) (natsMsg, bool, error) {
 	rctx, cancel := s.natsDeadline(ctx)
 	defer cancel()
-	req, err := natsLastBySubjectBody(subject)
+	req, err := kvstream.LastBySubjectRequest(subject)
 	if err != nil {
 		return natsMsg{}, false, err
 	}
@@ -110,29 +91,21 @@ func (s *NATSStore) getFromLeader(ctx context.Context, op, subject string) (nats
 	if err != nil {
 		return natsMsg{}, false, s.unavailable(ctx, op, "read "+subject+" from the stream leader", err, s.msgGet)
 	}
-	var resp natsMsgGetResponse
-	if err := json.Unmarshal(reply.Data, &resp); err != nil {
-		return natsMsg{}, false, s.unavailable(ctx, op, "read "+subject, fmt.Errorf("bad response: %w", err))
+	m, found, err := kvstream.ParseMsgGet(reply.Data)
+	if err != nil {
+		return natsMsg{}, false, s.unavailable(ctx, op, "read "+subject, err)
 	}
-	switch {
-	case resp.Error != nil && resp.Error.ErrCode == int(jetstream.JSErrCodeMessageNotFound):
+	if !found {
 		return natsMsg{}, false, nil
-	case resp.Error != nil:
-		return natsMsg{}, false, s.unavailable(ctx, op, "read "+subject, &jetstream.APIError{
-			Code: resp.Error.Code, ErrorCode: jetstream.ErrorCode(resp.Error.ErrCode), Description: resp.Error.Description})
-	case resp.Message == nil:
-		return natsMsg{}, false, s.unavailable(ctx, op, "read "+subject, errors.New("response without a message"))
 	}
-	if len(resp.Message.Hdrs) > 0 {
-		h, err := nats.DecodeHeadersMsg(resp.Message.Hdrs)
-		if err != nil {
-			return natsMsg{}, false, s.unavailable(ctx, op, "read "+subject, fmt.Errorf("bad headers: %w", err))
-		}
-		if isNATSDeleted(h) {
-			return natsMsg{}, false, nil
-		}
+	deleted, err := kvstream.Deleted(m.Hdrs)
+	if err != nil {
+		return natsMsg{}, false, s.unavailable(ctx, op, "read "+subject, err)
 	}
-	return natsMsg{data: resp.Message.Data, rev: resp.Message.Seq}, true, nil
+	if deleted {
+		return natsMsg{}, false, nil
+	}
+	return natsMsg{data: m.Data, rev: m.Seq}, true, nil
 }
 
 // getMany reads the last messages of keys in batched direct gets of at most
@@ -270,7 +243,7 @@ func (s *NATSStore) batchGet(ctx context.Context, op string, subjects []string, 
 		if err != nil {
 			return s.unavailable(ctx, op, "batched read", fmt.Errorf("reply without a sequence: %w", err))
 		}
-		if isNATSDeleted(m.Header) {
+		if kvstream.IsMarker(m.Header) {
 			continue
 		}
 		if key, ok := s.keys.key(m.Header.Get(jetstream.SubjectHeader)); ok {
@@ -424,7 +397,7 @@ func (s *NATSStore) subjects(ctx context.Context, op, filter string) ([]string, 
 	defer cancel()
 	info, err := s.stream.Info(rctx, jetstream.WithSubjectFilter(filter))
 	if err != nil {
-		return nil, 0, s.unavailable(ctx, op, "list "+filter, err, natsAPIPrefix(s.js.Options())+"STREAM.INFO."+s.streamName)
+		return nil, 0, s.unavailable(ctx, op, "list "+filter, err, jscas.APIPrefix(s.js.Options())+"STREAM.INFO."+s.streamName)
 	}
 	keys := make([]string, 0, len(info.State.Subjects))
 	for subj := range info.State.Subjects {
@@ -516,7 +489,7 @@ func (s *NATSStore) publishBatch(ctx context.Context, op string, msgs []natsBatc
 			nm.Header.Set(jetstream.ExpectedLastSubjSeqHeader, strconv.FormatUint(m.expect, 10))
 		}
 		if m.ttl > 0 {
-			nm.Header.Set(jscas.TTLHeader, strconv.FormatInt(int64((m.ttl+time.Second-1)/time.Second), 10))
+			nm.Header.Set(jscas.TTLHeader, jscas.TTLValue(m.ttl))
 		}
 		out[i] = nm
 	}
@@ -639,27 +612,13 @@ func natsWriteRefused(nc *nats.Conn, err error, used []string) bool {
 	if !ok {
 		return false
 	}
-	inbox := nats.InboxPrefix
-	if nc.Opts.InboxPrefix != "" {
-		inbox = nc.Opts.InboxPrefix + "."
-	}
-	return !strings.HasPrefix(subject, inbox) // a refused inbox loses the answer, not the write
+	return !strings.HasPrefix(subject, natsperm.InboxPrefix(nc)) // a refused inbox loses the answer, not the write
 }
 
 // The bodies of the API requests the store sends, written by hand: the
 // subjects in them are the bucket's, plain ASCII without quotes or
 // backslashes, which JSON holds as they are; any other subject goes
 // through encoding/json.
-
-// natsLastBySubjectBody is a STREAM.MSG.GET request for the last message of
-// subject.
-func natsLastBySubjectBody(subject string) ([]byte, error) {
-	b, ok := appendJSONSubject(append(make([]byte, 0, 20+len(subject)), `{"last_by_subj":`...), subject)
-	if !ok {
-		return json.Marshal(map[string]string{"last_by_subj": subject})
-	}
-	return append(b, '}'), nil
-}
 
 // natsMultiLastBody is a batched direct get of the last messages of
 // subjects, ending at maxBytes.
@@ -674,7 +633,7 @@ func natsMultiLastBody(subjects []string, maxBytes int) ([]byte, error) {
 		if i > 0 {
 			b = append(b, ',')
 		}
-		if b, ok = appendJSONSubject(b, subj); !ok {
+		if b, ok = kvstream.AppendSubject(b, subj); !ok {
 			return json.Marshal(struct {
 				MultiLast []string `json:"multi_last"`
 				MaxBytes  int      `json:"max_bytes"`
@@ -689,7 +648,7 @@ func natsMultiLastBody(subjects []string, maxBytes int) ([]byte, error) {
 // natsPurgeBody is a STREAM.PURGE request for the messages of filter
 // before sequence seq.
 func natsPurgeBody(filter string, seq uint64) ([]byte, error) {
-	b, ok := appendJSONSubject(append(make([]byte, 0, 40+len(filter)), `{"filter":`...), filter)
+	b, ok := kvstream.AppendSubject(append(make([]byte, 0, 40+len(filter)), `{"filter":`...), filter)
 	if !ok {
 		return json.Marshal(struct {
 			Filter string `json:"filter"`
@@ -699,33 +658,4 @@ func natsPurgeBody(filter string, seq uint64) ([]byte, error) {
 	b = append(b, `,"seq":`...)
 	b = strconv.AppendUint(b, seq, 10)
 	return append(b, '}'), nil
-}
-
-// appendJSONSubject appends subject as a JSON string when it needs no
-// escape: printable ASCII other than '"' and '\'.
-func appendJSONSubject(b []byte, subject string) ([]byte, bool) {
-	for i := 0; i < len(subject); i++ {
-		if c := subject[i]; c < 0x20 || c > 0x7e || c == '"' || c == '\\' {
-			return b, false
-		}
-	}
-	b = append(b, '"')
-	b = append(b, subject...)
-	return append(b, '"'), true
-}
-
-// natsAPIPrefix is the JetStream API subject prefix of js: "$JS.API." or
-// the one its options name.
-func natsAPIPrefix(opts jetstream.JetStreamOptions) string {
-	switch {
-	case opts.APIPrefix != "":
-		p := opts.APIPrefix
-		if !strings.HasSuffix(p, ".") {
-			p += "."
-		}
-		return p
-	case opts.Domain != "":
-		return "$JS." + opts.Domain + ".API."
-	}
-	return "$JS.API."
 }

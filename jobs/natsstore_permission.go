@@ -4,10 +4,10 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"regexp"
 	"strings"
 
 	"github.com/jobkeys/jobkeys"
+	"github.com/jobkeys/jobkeys/internal/natsperm"
 	"github.com/nats-io/nats.go"
 )
 
@@ -20,11 +20,6 @@ import (
 // (jobkeys.ErrPermission), not as a bare timeout. A refusal of another
 // call's subject, even an older one of this store's, is not this call's
 // cause.
-
-// natsRefusalRe matches the server's violation messages (nats-server
-// client.go): `Permissions Violation for Publish to "subj"`, `… for
-// Subscription to "subj"`, `… for Publish with Reply of "subj"`.
-var natsRefusalRe = regexp.MustCompile(`Permissions Violation for (Publish to|Subscription to|Publish with Reply of) "([^"]+)"`)
 
 // unavailable is natsUnavailable for a call of s that published to the
 // subjects used (each a subject or the start of one: a refused subject
@@ -63,25 +58,17 @@ func natsRefusal(nc *nats.Conn, err error, used []string) (what, subject string,
 	if !errors.Is(err, context.DeadlineExceeded) && !errors.Is(err, nats.ErrTimeout) {
 		return "", "", false
 	}
-	last := nc.LastError()
-	if last == nil || !errors.Is(last, nats.ErrPermissionViolation) {
+	v, ok := natsperm.Parse(nc.LastError())
+	if !ok {
 		return "", "", false
 	}
-	m := natsRefusalRe.FindStringSubmatch(last.Error())
-	if m == nil {
-		return "", "", false
-	}
-	subject = m[2]
-	inbox := nats.InboxPrefix
-	if nc.Opts.InboxPrefix != "" {
-		inbox = nc.Opts.InboxPrefix + "."
-	}
-	ours := strings.HasPrefix(subject, inbox)
+	subject = v.Subject
+	ours := strings.HasPrefix(subject, natsperm.InboxPrefix(nc))
 	for _, u := range used {
 		ours = ours || u != "" && strings.Contains(subject, u)
 	}
 	if !ours {
 		return "", "", false
 	}
-	return m[1], subject, true
+	return v.What, subject, true
 }

@@ -5,13 +5,12 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"sync"
 	"time"
 
 	"github.com/jobkeys/jobkeys"
+	"github.com/jobkeys/jobkeys/internal/otelmetric"
 	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/metric"
-	"go.opentelemetry.io/otel/metric/noop"
 )
 
 // This file holds the job stores' metrics and logs (Config.MeterProvider,
@@ -26,17 +25,14 @@ const MeterName = "github.com/jobkeys/jobkeys/jobs"
 // The attribute keys of the job stores' instruments: a transition, an
 // outcome, an error class and the job type; never a channel, a key or a
 // job id. Job types are the kinds an application registers, a bounded
-// set; a store keeps at most attrSetsMax attribute sets and builds any
-// beyond them per measurement.
+// set; a store keeps at most otelmetric.MaxAttrSets attribute sets and
+// builds any beyond them per measurement.
 const (
 	attrTransition = attribute.Key("jobkeys.jobs.transition")
 	attrOutcome    = attribute.Key("jobkeys.outcome")
 	attrErrorType  = attribute.Key("error.type")
 	attrJobType    = attribute.Key("job.type")
 )
-
-// attrSetsMax bounds the attribute sets a store observer keeps.
-const attrSetsMax = 4096
 
 // transition names a store call that changes jobs: the values of
 // jobkeys.jobs.transition.
@@ -64,10 +60,6 @@ const (
 	outcomeError    = "error"    // refused or failed: see error.type
 )
 
-// durationBuckets are the store call latency histogram's bucket boundaries
-// in seconds.
-var durationBuckets = []float64{0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10}
-
 // storeObserver is the metrics and logs of one store. nil: neither.
 type storeObserver struct {
 	logger *slog.Logger // nil: no logs
@@ -76,8 +68,7 @@ type storeObserver struct {
 	meter       metric.Meter
 	transitions metric.Int64Counter
 	duration    metric.Float64Histogram
-	mu          sync.RWMutex
-	sets        map[setKey]metric.MeasurementOption // transitions × outcomes × error classes × job types, at most attrSetsMax
+	sets        otelmetric.AttrSets[setKey] // transitions × outcomes × error classes × job types, bounded
 }
 
 type setKey struct {
@@ -88,13 +79,11 @@ type setKey struct {
 // newStoreObserver returns the observer of a store configured with mp and
 // logger, nil when both are nil (or mp is the no-op provider).
 func newStoreObserver(mp metric.MeterProvider, logger *slog.Logger) (*storeObserver, error) {
-	if _, ok := mp.(noop.MeterProvider); ok {
-		mp = nil
-	}
+	mp = otelmetric.Provider(mp) // nil for the no-op provider
 	if mp == nil && logger == nil {
 		return nil, nil
 	}
-	o := &storeObserver{logger: logger, sets: map[setKey]metric.MeasurementOption{}}
+	o := &storeObserver{logger: logger}
 	if mp == nil {
 		return o, nil
 	}
@@ -106,7 +95,7 @@ func newStoreObserver(mp metric.MeterProvider, logger *slog.Logger) (*storeObser
 	err = errors.Join(err, e)
 	o.duration, e = meter.Float64Histogram("jobkeys.jobs.duration", metric.WithUnit("s"),
 		metric.WithDescription("Duration of the job store's changing calls, by transition, outcome and job type (when the call's jobs have one)."),
-		metric.WithExplicitBucketBoundaries(durationBuckets...))
+		metric.WithExplicitBucketBoundaries(otelmetric.DurationBuckets()...))
 	err = errors.Join(err, e)
 	if err != nil {
 		return nil, fmt.Errorf("%w: Config.MeterProvider: %w", ErrConflict, err)
@@ -115,12 +104,11 @@ func newStoreObserver(mp metric.MeterProvider, logger *slog.Logger) (*storeObser
 }
 
 func (o *storeObserver) attrs(k setKey) metric.MeasurementOption {
-	o.mu.RLock()
-	opt, ok := o.sets[k]
-	o.mu.RUnlock()
-	if ok {
-		return opt
-	}
+	return o.sets.Get(k, setKey.attributes)
+}
+
+// attributes are the attributes of k's set.
+func (k setKey) attributes() []attribute.KeyValue {
 	kv := []attribute.KeyValue{attrTransition.String(string(k.tr)), attrOutcome.String(k.outcome)}
 	if k.errType != "" {
 		kv = append(kv, attrErrorType.String(k.errType))
@@ -128,13 +116,7 @@ func (o *storeObserver) attrs(k setKey) metric.MeasurementOption {
 	if k.jobType != "" {
 		kv = append(kv, attrJobType.String(k.jobType))
 	}
-	opt = metric.WithAttributeSet(attribute.NewSet(kv...))
-	o.mu.Lock()
-	if len(o.sets) < attrSetsMax {
-		o.sets[k] = opt
-	}
-	o.mu.Unlock()
-	return opt
+	return kv
 }
 
 // errorClass names the class of err, the value of error.type.

@@ -1,7 +1,3 @@
-// Package jscas is the JetStream compare-and-swap write both of jobkeys'
-// NATS stores send (a [Writer]: kv.Update's message as one request, its
-// acknowledgement read by hand) and the recognition of a refused one
-// ([IsConflict]).
 package jscas
 
 import (

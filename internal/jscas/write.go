@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"reflect"
 	"strconv"
 	"strings"
 	"time"
@@ -58,10 +59,31 @@ type Writer struct {
 // TTLHeader is the header of a message's per-message TTL.
 const TTLHeader = "Nats-TTL"
 
-// APIPrefix returns the prefix of the JetStream API subjects of a context
-// with options opts, ending in ".": "$JS.<domain>.API." for a domain, the
-// API prefix when one is set, "$JS.API." otherwise (as jetstream does).
+// TTLValue is the value of the [TTLHeader] of a message that d (positive)
+// should outlive by less than a second: d in whole seconds, rounded up.
+func TTLValue(d time.Duration) string {
+	return strconv.FormatInt(int64((d+time.Second-1)/time.Second), 10)
+}
+
+// APIPrefix returns the prefix, ending in ".", of the JetStream API
+// subjects of a context with options opts: the prefix nats.go's own
+// requests (and its KV layer's writes) use there.
+//
+// nats.go decides it in its constructor and keeps it in an unexported
+// field of the options: jetstream.New uses "$JS.API.",
+// jetstream.NewWithDomain "$JS.<domain>.API." and
+// jetstream.NewWithAPIPrefix the prefix it is given, whatever the other
+// exported field says (any JetStreamOpt may set Domain or APIPrefix too).
+// APIPrefix reads that field where it holds a prefix, so that a context
+// whose options name both a domain and an API prefix gets the one nats.go
+// obeys; options made without a constructor (which nats.go never hands
+// out) give "$JS.<domain>.API." for a domain, else the API prefix, else
+// "$JS.API.". TestAPIPrefixWithDomainAndAPIPrefix compares it with a trace
+// of nats.go's own requests, so a nats.go that renames the field fails it.
 func APIPrefix(opts jetstream.JetStreamOptions) string {
+	if f := reflect.ValueOf(opts).FieldByName("apiPrefix"); f.IsValid() && f.Kind() == reflect.String && f.String() != "" {
+		return strings.TrimSuffix(f.String(), ".") + "."
+	}
 	switch {
 	case opts.Domain != "":
 		return "$JS." + opts.Domain + ".API."
@@ -102,8 +124,7 @@ func (w *Writer) Write(ctx context.Context, subject string, value []byte, revisi
 	}
 	hdr[jetstream.ExpectedLastSubjSeqHeader] = []string{strconv.FormatUint(revision, 10)}
 	if w.TTL > 0 {
-		secs := (w.TTL + time.Second - 1) / time.Second
-		hdr[TTLHeader] = []string{strconv.FormatInt(int64(secs), 10)}
+		hdr[TTLHeader] = []string{TTLValue(w.TTL)}
 	}
 	m := &nats.Msg{Subject: subject, Header: hdr, Data: value}
 	if _, ok := ctx.Deadline(); !ok && w.Timeout > 0 {
