@@ -472,6 +472,10 @@ type retry struct {
 	// wait is the try of a waiting Runner (or a try in turn) the
 	// operation is, nil for any other operation: see waitTry.
 	wait *waitTry
+	// unsure, when not nil, is set when the operation ends with an error
+	// after a write of its state whose outcome is unknown: it may have
+	// landed, or may land yet (see laneResult.unsure).
+	unsure *bool
 }
 
 // run is the read-reduce-compare-and-swap loop of one operation on key.
@@ -542,6 +546,9 @@ func (c *KeyCoordinator) run(ctx context.Context, key JobKey, rt retry, reduce f
 			wt.decided(s.rev)
 		}
 		if res.done || res.err != nil {
+			if res.unsure && rt.unsure != nil {
+				*rt.unsure = true
+			}
 			return res.err
 		}
 		readNext = true

@@ -327,7 +327,12 @@ func (c *KeyCoordinator) acquireKey(ctx context.Context, key JobKey, policy Poli
 		return Acquisition{}, err
 	}
 	inTurn := wt != nil && wt.inTurn && !req.Retry
-	err = c.run(ctx, key, retry{stale: policy.StalePolicy, wait: wt}, func(st *KeyState, now time.Time) *KeyState {
+	// unsure says the write of an acquired slot failed with its outcome
+	// unknown; queued is the job's queue entry in the state that write was
+	// reduced from (nil: not queued), for undoAcquire.
+	var unsure bool
+	var queued *QueuedJob
+	err = c.run(ctx, key, retry{stale: policy.StalePolicy, wait: wt, unsure: &unsure}, func(st *KeyState, now time.Time) *KeyState {
 		if inTurn {
 			wt.ahead = 0
 			if st != nil {
@@ -365,8 +370,21 @@ func (c *KeyCoordinator) acquireKey(ctx context.Context, key JobKey, policy Poli
 			}
 		}
 		out = ReduceAcquire(st, key, req, policy, now, token)
+		queued = nil
+		if out.Kind == KindAcquired && st != nil {
+			if i := indexQueued(st.Queued, req.JobID); i >= 0 {
+				q := st.Queued[i]
+				queued = &q
+			}
+		}
 		return out.State
 	})
+	if err != nil && unsure {
+		// The slot may be taken, or be taken yet, by a write whose reply
+		// never came: no caller holds its lease. Take it back before
+		// saying the acquisition failed.
+		c.undoAcquire(ctx, key, policy, req.JobID, token, queued)
+	}
 	if errors.Is(err, errWakeLost) {
 		// A woken waiter's write lost (see waitTry.wake): it is blocked
 		// until the next wake-up, which the write it lost to sends if it
