@@ -15,7 +15,11 @@ package jobkeys
 //
 // So before returning the error, the acquisition undoes its write with
 // one more write through the key's lane, on a context of its own (the
-// caller's values, not its cancellation; bounded by acquireUndoTimeout):
+// caller's values, not its cancellation; bounded by acquireUndoTimeout).
+// The caller waits for it: when the call returns, the key holds no slot
+// of the failed acquisition, which a test can check and the job's next
+// acquisition relies on. It costs a read and a write, as a release does.
+// The undo:
 //
 //   - on a state that holds the slot (this job, this token), it removes
 //     the slot and, if the job was queued when it acquired, puts its queue
@@ -55,10 +59,11 @@ const (
 	undoFenced          = "fenced"
 )
 
-// acquireUndoTimeout bounds an undo (see undoAcquire) when the policy's
-// lease is longer: past the lease, the slot expires anyway. It is
-// Runner's default ReleaseTimeout, which bounds the similar release after
-// a handler returns.
+// acquireUndoTimeout bounds an undo (see undoAcquire): Runner's default
+// ReleaseTimeout, which bounds the similar release after a handler
+// returns. It is not cut to the lease: an expired slot still keeps the
+// job off the queue (and under Block keeps the key at capacity), so the
+// undo is worth finishing after the lease.
 const acquireUndoTimeout = ReleaseTimeoutDefault
 
 // acquireUndoRounds bounds the undo's rounds that find the key absent and
@@ -70,11 +75,11 @@ const acquireUndoRounds = 4
 // makes sure that write can no longer land (see the file comment).
 // queued is the job's queue entry in the state the write was reduced
 // from, nil when it was not queued (a retry). It runs on a context that
-// keeps ctx's values but not its cancellation, bounded by the lease or
-// acquireUndoTimeout, whichever is shorter; its failure is logged, and
+// keeps ctx's values but not its cancellation, bounded by
+// acquireUndoTimeout; its failure is logged (Config.Logger, warn), and
 // leaves the slot, if taken, to expire with its lease.
 func (c *KeyCoordinator) undoAcquire(ctx context.Context, key JobKey, policy Policy, jobID, token string, queued *QueuedJob) {
-	uctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), min(policy.HeartbeatTTL, acquireUndoTimeout))
+	uctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), acquireUndoTimeout)
 	defer cancel()
 	start := c.obs.begin()
 	outcome, err := c.undoAcquireRounds(uctx, key, policy, jobID, token, queued)
