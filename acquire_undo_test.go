@@ -116,6 +116,7 @@ type undoFixture struct {
 	lost  *lostWrite
 	inner Store
 	jt    *JobType
+	mr    *metricsReader // the coordinator's metrics
 }
 
 func newUndoFixture(t *testing.T, n *jkNATS, op storeOp, mode lostWriteMode) undoFixture {
@@ -123,11 +124,21 @@ func newUndoFixture(t *testing.T, n *jkNATS, op storeOp, mode lostWriteMode) und
 	inner := n.store(t)
 	lost := &lostWrite{inner: inner, op: op, mode: mode}
 	store := newHookStore(inner, passNone).withHook(lost.hook)
-	coord, err := NewCoordinator(store, nil)
+	mr := newMetricsReader(t)
+	coord, err := NewCoordinator(store, &Config{MeterProvider: mr.mp})
 	require.NoError(t, err)
 	// A lease far longer than the test: a slot left behind would block
 	// the job's next acquisition (ReasonAlreadyActive).
-	return undoFixture{lost: lost, inner: inner, jt: rtJobType(t, coord, jkService("undo"), rtPolicy(time.Minute, time.Hour))}
+	return undoFixture{lost: lost, inner: inner, jt: rtJobType(t, coord, jkService("undo"), rtPolicy(time.Minute, time.Hour)), mr: mr}
+}
+
+// requireUndone requires one undo, of outcome outcome, in the metrics.
+func (f undoFixture) requireUndone(t *testing.T, outcome string) {
+	t.Helper()
+	ms := f.mr.collect()
+	op := attrOperation.String(metricOpUndoAcquire)
+	assert.Equal(t, int64(1), valueWhere(t, ms, "jobkeys.key.operations", op), "undos")
+	assert.Equal(t, int64(1), valueWhere(t, ms, "jobkeys.key.operations", op, attrOutcome.String(outcome)), "undos with outcome %s", outcome)
 }
 
 // acquireLost runs an acquisition of id whose write the fixture's hook
@@ -179,6 +190,7 @@ func TestAcquireCancelledWhileItsWriteLandsLeavesNoSlot(t *testing.T) {
 		landed, err := f.lost.result()
 		require.True(t, landed)
 		require.NoError(t, err, "the intercepted write")
+		f.requireUndone(t, undoRemoved)
 		f.requireFreeAndQueued(t, "a", []string{"a", "b"})
 	})
 	t.Run("retry on an absent key", func(t *testing.T) {
@@ -188,6 +200,7 @@ func TestAcquireCancelledWhileItsWriteLandsLeavesNoSlot(t *testing.T) {
 		landed, err := f.lost.result()
 		require.True(t, landed)
 		require.NoError(t, err, "the intercepted write")
+		f.requireUndone(t, undoRemoved)
 		f.requireFreeAndQueued(t, "r", nil, WithRetry())
 	})
 	t.Run("Runner.Run", func(t *testing.T) {
@@ -210,6 +223,7 @@ func TestAcquireCancelledWhileItsWriteLandsLeavesNoSlot(t *testing.T) {
 		assert.Empty(t, activeIDs(st), "slots left behind")
 		require.Len(t, st.Queued, 1)
 		assert.Equal(t, "a", st.Queued[0].JobID)
+		f.requireUndone(t, undoRemoved)
 		res, err := r.Run(context.Background(), "a", rtPayload, func(context.Context, Lease) error { ran = true; return nil })
 		require.NoError(t, err)
 		assert.True(t, ran, "the next Run ran the handler")
@@ -234,6 +248,7 @@ func TestAcquireCancelledWriteLandingLateLeavesNoSlot(t *testing.T) {
 		landed, err := f.lost.result()
 		require.True(t, landed)
 		require.NoError(t, err, "the held write, made after the undo's read")
+		f.requireUndone(t, undoRemoved)
 		f.requireFreeAndQueued(t, "a", []string{"a", "b"})
 	})
 	t.Run("after the undo's write", func(t *testing.T) {
@@ -245,6 +260,7 @@ func TestAcquireCancelledWriteLandingLateLeavesNoSlot(t *testing.T) {
 		landed, err := f.lost.result()
 		require.True(t, landed)
 		require.ErrorIs(t, err, ErrRevisionConflict, "the held write, made after the undo's write")
+		f.requireUndone(t, undoFenced)
 		f.requireFreeAndQueued(t, "a", []string{"a", "b"})
 	})
 	t.Run("create after the undo's fence", func(t *testing.T) {
@@ -254,6 +270,7 @@ func TestAcquireCancelledWriteLandingLateLeavesNoSlot(t *testing.T) {
 		landed, err := f.lost.result()
 		require.True(t, landed)
 		require.ErrorIs(t, err, ErrRevisionConflict, "the held create, made after the undo's fence")
+		f.requireUndone(t, undoFenced)
 		f.requireFreeAndQueued(t, "r", nil, WithRetry())
 	})
 }
