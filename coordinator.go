@@ -305,7 +305,8 @@ func (c *KeyCoordinator) Admit(ctx context.Context, req AdmitRequest) (Admission
 }
 
 // Acquire gives req.JobID a slot if the rules allow; the outcome's Lease
-// is what Renew and Release need.
+// is what Renew and Release need. An error leaves no slot of the job
+// behind, as for [JobType.Acquire].
 func (c *KeyCoordinator) Acquire(ctx context.Context, req AcquireRequest) (Acquisition, error) {
 	policy, key, err := c.prepare(req.Service, req.JobType, req.JobID, req.Payload, req.Policy)
 	if err != nil {

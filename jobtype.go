@@ -97,6 +97,16 @@ func (jt *JobType) Admit(ctx context.Context, jobID string, payload any, opts ..
 // with [ReasonNotQueued]. Most workers call [Runner.Run] instead, which
 // also renews and releases.
 //
+// An acquisition that returns an error leaves no slot of the job behind:
+// when ctx ends (or the store fails) while its write is under way, the
+// write may land all the same, so before returning it takes the slot back
+// and puts the job back at the head of the queue, with one more
+// compare-and-swap on a context that keeps ctx's values but not its
+// cancellation (bounded by 10 s), which also makes sure the write can no
+// longer land. Only if that fails too (the connection lost, say) may a
+// slot the write took stay until its lease expires; a logger in
+// [Config] hears of it.
+//
 // Options: [WithRetry], [WithTries], [WithInstanceID], [WithTraceContext].
 func (jt *JobType) Acquire(ctx context.Context, jobID string, payload any, opts ...AcquireOption) (Acquisition, error) {
 	key, err := jt.key(jobID, payload)
