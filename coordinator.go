@@ -305,7 +305,8 @@ func (c *KeyCoordinator) Admit(ctx context.Context, req AdmitRequest) (Admission
 }
 
 // Acquire gives req.JobID a slot if the rules allow; the outcome's Lease
-// is what Renew and Release need.
+// is what Renew and Release need. An error leaves no slot of the job
+// behind, as for [JobType.Acquire].
 func (c *KeyCoordinator) Acquire(ctx context.Context, req AcquireRequest) (Acquisition, error) {
 	policy, key, err := c.prepare(req.Service, req.JobType, req.JobID, req.Payload, req.Policy)
 	if err != nil {
@@ -472,6 +473,10 @@ type retry struct {
 	// wait is the try of a waiting Runner (or a try in turn) the
 	// operation is, nil for any other operation: see waitTry.
 	wait *waitTry
+	// unsure, when not nil, is set when the operation ends with an error
+	// after a write of its state whose outcome is unknown: it may have
+	// landed, or may land yet (see laneResult.unsure).
+	unsure *bool
 }
 
 // run is the read-reduce-compare-and-swap loop of one operation on key.
@@ -542,6 +547,9 @@ func (c *KeyCoordinator) run(ctx context.Context, key JobKey, rt retry, reduce f
 			wt.decided(s.rev)
 		}
 		if res.done || res.err != nil {
+			if res.unsure && rt.unsure != nil {
+				*rt.unsure = true
+			}
 			return res.err
 		}
 		readNext = true

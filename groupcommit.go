@@ -86,7 +86,11 @@ package jobkeys
 // operations' contexts lasts (batchCtx); an operation whose context ends
 // while it waits in the queue leaves it with nothing applied, and one whose
 // context ends once its batch has taken it waits for that batch's write,
-// whose result is its outcome.
+// whose result is its outcome. A write that fails otherwise than by a
+// lost race or a refusal (its contexts ended while it was under way, or
+// the store failed) may have landed all the same, or may land later: each
+// of its writers returns the error marked unsure (laneResult.unsure), and
+// an acquisition takes back the slot it may have taken (undoAcquire).
 
 import (
 	"context"
@@ -209,6 +213,11 @@ type laneResult struct {
 	err   error // the operation must stop with err
 	rerun bool  // (lead) run again alone, still holding the lane
 	pause time.Duration
+	// unsure, with err, says the operation's state was in a write whose
+	// outcome is unknown (its context ended, or the store failed, while it
+	// was under way): it may have landed, or may still land, as a revision
+	// conditioned on the one the batch started from (see undoAcquire).
+	unsure bool
 }
 
 // enter waits for op's turn: it reports lead when op holds the lane (it must
@@ -794,7 +803,9 @@ func (b *laneBatch) failed(wctx context.Context, err error) laneResult {
 		return b.lost()
 	}
 	for _, op := range b.ops[:b.n] {
-		op.res = laneResult{err: err}
+		// A value refused for its size was not written; any other failure
+		// leaves the writers' states maybe written.
+		op.res = laneResult{err: err, unsure: !tooLarge && op.wrote != nil}
 		if err == nil {
 			op.res.err = op.ctx.Err()
 		}

@@ -97,6 +97,16 @@ func (jt *JobType) Admit(ctx context.Context, jobID string, payload any, opts ..
 // with [ReasonNotQueued]. Most workers call [Runner.Run] instead, which
 // also renews and releases.
 //
+// An acquisition that returns an error leaves no slot of the job behind:
+// when ctx ends (or the store fails) while its write is under way, the
+// write may land all the same, so before returning it takes the slot back
+// and puts the job back at the head of the queue, with one more
+// compare-and-swap on a context that keeps ctx's values but not its
+// cancellation (bounded by 10 s), which also makes sure the write can no
+// longer land. Only if that fails too (the connection lost, say) may a
+// slot the write took stay until its lease expires; a logger in
+// [Config] hears of it.
+//
 // Options: [WithRetry], [WithTries], [WithInstanceID], [WithTraceContext].
 func (jt *JobType) Acquire(ctx context.Context, jobID string, payload any, opts ...AcquireOption) (Acquisition, error) {
 	key, err := jt.key(jobID, payload)
@@ -327,7 +337,12 @@ func (c *KeyCoordinator) acquireKey(ctx context.Context, key JobKey, policy Poli
 		return Acquisition{}, err
 	}
 	inTurn := wt != nil && wt.inTurn && !req.Retry
-	err = c.run(ctx, key, retry{stale: policy.StalePolicy, wait: wt}, func(st *KeyState, now time.Time) *KeyState {
+	// unsure says the write of an acquired slot failed with its outcome
+	// unknown; queued is the job's queue entry in the state that write was
+	// reduced from (nil: not queued), for undoAcquire.
+	var unsure bool
+	var queued *QueuedJob
+	err = c.run(ctx, key, retry{stale: policy.StalePolicy, wait: wt, unsure: &unsure}, func(st *KeyState, now time.Time) *KeyState {
 		if inTurn {
 			wt.ahead = 0
 			if st != nil {
@@ -365,8 +380,21 @@ func (c *KeyCoordinator) acquireKey(ctx context.Context, key JobKey, policy Poli
 			}
 		}
 		out = ReduceAcquire(st, key, req, policy, now, token)
+		queued = nil
+		if out.Kind == KindAcquired && st != nil {
+			if i := indexQueued(st.Queued, req.JobID); i >= 0 {
+				q := st.Queued[i]
+				queued = &q
+			}
+		}
 		return out.State
 	})
+	if err != nil && unsure {
+		// The slot may be taken, or be taken yet, by a write whose reply
+		// never came: no caller holds its lease. Take it back before
+		// saying the acquisition failed.
+		c.undoAcquire(ctx, key, policy, req.JobID, token, queued)
+	}
 	if errors.Is(err, errWakeLost) {
 		// A woken waiter's write lost (see waitTry.wake): it is blocked
 		// until the next wake-up, which the write it lost to sends if it

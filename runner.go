@@ -153,8 +153,9 @@ type RunResult struct {
 // panic continues after the release). While the key is busy it waits: for the key
 // to change (with a Watcher), for the earliest lease it saw to expire, or
 // RecheckInterval, whichever comes first, and tries again; it gives up when
-// ctx ends (returning ctx.Err()) or after MaxWait (returning a
-// [*BlockedError]). A job that is not queued, and not a retry, is never
+// ctx ends (returning ctx.Err(), with no slot of the job left behind and
+// the job still queued: see [JobType.Acquire]) or after MaxWait (returning
+// a [*BlockedError]). A job that is not queued, and not a retry, is never
 // waited for: it returns a *BlockedError with [ReasonNotQueued] at once.
 //
 // With a Watcher that feeds the key's state to the coordinator (it does

@@ -25,15 +25,16 @@ package jobkeys_test
 // Liveness: every Run the test did not cancel returns, either having run
 // its handler or with an outcome or error that says why (rejected,
 // coalesced, not queued because replaced); any other error fails the round.
+// A Run the test cancelled that returned without running leaves no slot of
+// its job behind, even when its acquisition's write was under way as its
+// ctx ended (the acquisition undoes it: acquire_undo.go): the test reads
+// the key after each such Run of a job never run on a process closed
+// since (whose slot of it is left to run out).
 // Every job must be done within a bound expressed in the round's work,
 // counted from its last external event (an admission, a cancel, a Run
 // started again, a process closed): the work of the handlers that ended
 // after that event (their planned durations, summed), one lease TTL per
-// process closed (its slots run out) plus one for the round trips, one
-// more when a Run the test cancelled returned without running (its
-// acquisition's write may have been under way when its ctx ended, and then
-// took a slot all the same, held until its lease runs out; the test reads
-// the key after each such Run and logs the slots it sees), and one
+// process closed (its slots run out) plus one for the round trips, and one
 // RecheckInterval when the round closed a process or replaced a queued job
 // (what the protocol leaves to the recheck: a wake-up held by a process
 // closed without flushing it, the jobs it was to wake, a replaced job's
@@ -227,14 +228,11 @@ type liveRound struct {
 	replaced  map[string]bool
 	unknown   int // admissions whose outcome was lost with their process
 	// cancelled counts the Runs the test cancelled that returned without
-	// running, orphans those of them seen holding a slot all the same.
-	cancelled, orphans int
-	// stale holds the jobs whose expired slots an acquisition dropped and
-	// reported (RunResult.Stale).
-	stale    map[string]bool
-	ends     map[string]liveEnd
-	start    time.Time
-	timeline []string // what happened when, printed when the round fails
+	// running.
+	cancelled int
+	ends      map[string]liveEnd
+	start     time.Time
+	timeline  []string // what happened when, printed when the round fails
 }
 
 func newLiveRound(t *testing.T, s *server.Server, seed uint64, round int) *liveRound {
@@ -255,7 +253,6 @@ func newLiveRound(t *testing.T, s *server.Server, seed uint64, round int) *liveR
 		},
 		keys:     1 + rng.IntN(2),
 		replaced: map[string]bool{},
-		stale:    map[string]bool{},
 		ends:     map[string]liveEnd{},
 	}
 	for i := range 6 + rng.IntN(11) {
@@ -488,13 +485,8 @@ func (lr *liveRound) runJob(start time.Time, j *liveJob) {
 		if started.IsZero() {
 			lr.log("%s: Run on process %d returned without running: %v", j.id, p.id, err)
 		}
-		if len(res.Stale) > 0 {
-			lr.mu.Lock()
-			for _, st := range res.Stale {
-				lr.stale[st.JobID] = true
-				lr.logLocked("%s: took over the expired slot of %s", j.id, st.JobID)
-			}
-			lr.mu.Unlock()
+		for _, st := range res.Stale {
+			lr.log("%s: took over the expired slot of %s", j.id, st.JobID)
 		}
 		if !started.IsZero() {
 			lr.mu.Lock()
@@ -520,16 +512,16 @@ func (lr *liveRound) runJob(start time.Time, j *liveJob) {
 			end("ran", nil)
 			return
 		case cancelled.Load() && errors.Is(err, context.Canceled):
-			// Its acquisition may have taken a slot whose reply the
-			// cancel cut short: the slot is held until its lease runs
-			// out, and under FailStale may then be dropped by another
-			// acquisition (reported in its Stale) before this job's own
-			// next Run replaces it. Such a slot is held a lease TTL for
-			// nothing: the bound allows for it.
+			// Cancelled before it ran: it holds no slot, even if its
+			// acquisition's write was under way as its ctx ended; unless
+			// it ran, or tried, on a process closed since (a retry),
+			// whose slot of it runs out.
 			lr.mu.Lock()
 			lr.cancelled++
 			lr.mu.Unlock()
-			lr.orphaned(p, j, payload)
+			if !retry {
+				lr.noSlotLeft(p, j, payload)
+			}
 			time.Sleep(j.regap) // and it waits again
 			lr.event("%s: runs again", j.id)
 		case errors.As(err, &blocked) && blocked.Acquisition.Reason == jobkeys.ReasonNotQueued:
@@ -627,11 +619,7 @@ func (lr *liveRound) check() liveSummary {
 		if !assert.True(t, ok, "round %d: job %s did not end", lr.round, j.id) {
 			continue
 		}
-		if e.how == string(jobkeys.ReasonNotQueued) && !lr.replaced[j.id] && lr.stale[j.id] {
-			hows["not-queued after its slot was taken over"]++
-		} else {
-			hows[e.how]++
-		}
+		hows[e.how]++
 		if e.how == "ran" {
 			sum.ran++
 		}
@@ -639,12 +627,10 @@ func (lr *liveRound) check() liveSummary {
 		assert.False(t, e.at.After(deadline), "round %d: job %s ended %v after the round's last event, past the bound of %v (work %v, %d processes closed)",
 			lr.round, j.id, e.at.Sub(lr.lastEvent), bound, lr.workAfter(), lr.closes)
 		if e.how == string(jobkeys.ReasonNotQueued) {
-			// Replaced and told the admitting caller; or its slot, taken by
-			// a Run whose ctx ended during the write, ran out and was
-			// dropped and reported to the acquisition that took it over;
-			// or an admission whose reply was lost may have replaced it.
-			assert.True(t, lr.replaced[j.id] || lr.stale[j.id] || lr.unknown > 0 && lr.policy.WhenFull == jobkeys.ReplaceOldest,
-				"round %d: job %s was not queued, yet no admission replaced it and no acquisition reported its slot stale", lr.round, j.id)
+			// Replaced and told the admitting caller; or an admission whose
+			// reply was lost may have replaced it.
+			assert.True(t, lr.replaced[j.id] || lr.unknown > 0 && lr.policy.WhenFull == jobkeys.ReplaceOldest,
+				"round %d: job %s was not queued, yet no admission replaced it", lr.round, j.id)
 		}
 	}
 	// Safety: at most MaxActive handlers at once on a key.
@@ -681,8 +667,8 @@ func (lr *liveRound) check() liveSummary {
 			}
 		}
 	}
-	t.Logf("round %d: %s; jobs ended %v, %d Runs waited, %d Runs cancelled before running (%d seen holding a slot), work %v, bound %v, last job done %v after the last event",
-		lr.round, lr.policySummary(), hows, sum.waited, lr.cancelled, lr.orphans, lr.workAfter(), bound, lr.lastDone().Sub(lr.lastEvent).Round(time.Millisecond))
+	t.Logf("round %d: %s; jobs ended %v, %d Runs waited, %d Runs cancelled before running, work %v, bound %v, last job done %v after the last event",
+		lr.round, lr.policySummary(), hows, sum.waited, lr.cancelled, lr.workAfter(), bound, lr.lastDone().Sub(lr.lastEvent).Round(time.Millisecond))
 	return sum
 }
 
@@ -704,21 +690,23 @@ func (lr *liveRound) workAfter() time.Duration {
 	return d
 }
 
-// orphaned looks whether job j, whose Run on p just returned ctx.Err()
-// without running its handler, holds a slot all the same, and counts it.
-func (lr *liveRound) orphaned(p *liveProc, j *liveJob, payload []byte) {
+// noSlotLeft checks that job j, whose Run on p just returned ctx.Err()
+// without running its handler, holds no slot: an acquisition whose write
+// was under way as its ctx ended takes back the slot it may have taken
+// before it returns.
+func (lr *liveRound) noSlotLeft(p *liveProc, j *liveJob, payload []byte) {
 	ctx, cancel := context.WithTimeout(p.ctx, 10*time.Second)
 	defer cancel()
 	info, err := p.jt.InspectKey(ctx, payload)
-	if err != nil || info.State == nil {
-		return // no key, or its process was closed (which the bound allows for)
+	if err != nil || info.State == nil || p.dead.Load() {
+		return // no key, or its process was closed (its slots run out, which the bound allows for)
 	}
 	for _, a := range info.State.Active {
 		if a.JobID == j.id {
 			lr.mu.Lock()
-			lr.orphans++
-			lr.logLocked("%s: its cancelled Run took a slot all the same (lease until %v)", j.id, a.LeaseExpiresAt.Format("15:04:05.000"))
+			lr.logLocked("%s: its cancelled Run left a slot behind (lease until %v)", j.id, a.LeaseExpiresAt.Format("15:04:05.000"))
 			lr.mu.Unlock()
+			lr.t.Errorf("round %d: job %s: its Run returned context.Canceled without running, yet the key holds a slot of it (token %s)", lr.round, j.id, a.SlotToken)
 			return
 		}
 	}
@@ -728,12 +716,6 @@ func (lr *liveRound) orphaned(p *liveProc, j *liveJob, payload []byte) {
 // (see the file's comment). lr.mu is held.
 func (lr *liveRound) bound() time.Duration {
 	b := lr.workAfter() + time.Duration(lr.closes+1)*livenessTTL
-	if lr.cancelled > 0 {
-		// Any of them may have taken a slot (the read after it may miss
-		// a write still under way): such slots run out together, within
-		// a TTL of the last event.
-		b += livenessTTL
-	}
 	if lr.closes > 0 || len(lr.replaced) > 0 {
 		b += livenessRecheck
 	}
