@@ -239,7 +239,10 @@ func (s *NATSStore) beforeWrite(ctx context.Context, op string, raw *natsRawJob,
 // marked), unless it was not marked and changed after the commit.
 func (s *NATSStore) finishPrev(ctx context.Context, op string, j *Job, prevID string, commit uint64) error {
 	key := s.keys.job(j.ChannelID, prevID)
-	for range natsCASAttempts {
+	for round := range natsCASAttempts {
+		if err := casPause(ctx, round); err != nil {
+			return err
+		}
 		m, found, err := s.getOne(ctx, op, key)
 		if err != nil || !found {
 			return err
@@ -329,6 +332,9 @@ func (s *NATSStore) enqueueStaged(ctx context.Context, req EnqueueRequest, read 
 		if conflict {
 			conflicts++
 			read = true
+			if err := casPause(ctx, conflicts); err != nil {
+				return Enqueued{}, e.failed(op, err)
+			}
 		}
 	}
 	return Enqueued{}, conflictf("%s: job %q in channel %q: its keys changed concurrently %d times in a row", op, req.ID, req.ChannelID, natsCASAttempts)
