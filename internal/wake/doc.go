@@ -10,7 +10,7 @@
 // store wiring (natskv_wake.go: WithWakeUps, the capability methods).
 //
 // The whole protocol (trust by age and by send time, held wake-ups, queue
-// turn and wake-ahead, hand-on, and why no wake-up is lost) is described
+// turn and wake-ahead, and why no wake-up is lost) is described
 // in docs/design/keys-engine.md; this package holds the part below.
 //
 // # Messages and subjects
