@@ -177,6 +177,20 @@
 // clock, randomness or I/O. The coordinator wraps them in read → reduce →
 // compare-and-swap, deleting a key's state when it becomes empty.
 //
+// # Stores
+//
+// A coordinator works over a [Store]: four compare-and-swap calls on one
+// KV key. [NATSStore] (one KV bucket per service) is the one to run;
+// [MemoryStore] is for tests. A store may have optional capabilities,
+// found by type assertion: two make the coordinator cheaper without
+// changing an outcome, [BatchWriter] (a lane's writes as one atomic batch)
+// and [ValueWatcher] (a Watcher that needs no reads); two add checks,
+// [ValueLimiter] (room for a queued job's slot checked at admission) and
+// [ClockSource] (clock skew detection); [ListableStore] is needed by a
+// [Sweeper]. Package
+// [github.com/jobkeys/jobkeys/keystoretest] checks a store against the
+// contract of Store and of each capability it has.
+//
 // # Concurrency
 //
 // [KeyCoordinator], [JobType], [Runner], [Watcher], [Sweeper], [NATSStore]
