@@ -81,19 +81,17 @@ func TestWakeReadsSentAtOfOwnRequests(t *testing.T) {
 	assert.False(t, at.Before(sent))
 }
 
-// raceStore is a Store whose Update, when it loses its compare-and-swap,
-// first lets then run (a wake-up that arrives during the failed write).
-type raceStore struct {
-	Store
-	then func()
-}
-
-func (s raceStore) Update(ctx context.Context, service, key string, value []byte, revision uint64) (uint64, error) {
-	rev, err := s.Store.Update(ctx, service, key, value, revision)
-	if errors.Is(err, ErrRevisionConflict) && s.then != nil {
-		s.then()
+// thenOnLostUpdate returns the hook of a store whose Update, when it loses
+// its compare-and-swap, first runs *then if set (a wake-up that arrives
+// during the failed write).
+func thenOnLostUpdate(then *func()) storeHook {
+	return func(_ context.Context, c storeCall, call func() storeResult) storeResult {
+		r := call()
+		if c.op == opUpdate && errors.Is(r.err, ErrRevisionConflict) && *then != nil {
+			(*then)()
+		}
+		return r
 	}
-	return rev, err
 }
 
 // TestWakeLostOutcomeFigures: a woken try whose write lost (errWakeLost)
@@ -122,11 +120,8 @@ func TestWakeLostOutcomeFigures(t *testing.T) {
 			var a *KeyCoordinator
 			var then func()
 			a = wakeReadsCoord(t, s, func(st Store) Store {
-				return raceStore{Store: st, then: func() {
-					if then != nil {
-						then()
-					}
-				}}
+				// A bare Store: no wake-ups, batches or clock.
+				return newHookStore(st, passNone).withHook(thenOnLostUpdate(&then))
 			})
 			b := wakeReadsCoord(t, s, nil)
 			ja, err := a.JobType(service, benchJobType, policy)

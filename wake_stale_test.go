@@ -111,11 +111,8 @@ func wakeLostStaleBlock(t *testing.T, service string) (got Acquisition, lostTo *
 	_, jsA := natstest.Connect(t, s)
 	nsA, err := NewNATSStore(jsA, WithCreateBuckets(jetstream.MemoryStorage, 1), WithWakeUps(""))
 	require.NoError(t, err)
-	a, err := NewCoordinator(raceStore{Store: nsA, then: func() {
-		if then != nil {
-			then()
-		}
-	}}, &Config{Now: wakeLostStaleBlockNow, IgnoreClockSkew: true})
+	// A bare Store: no wake-ups, batches or clock.
+	a, err := NewCoordinator(newHookStore(nsA, passNone).withHook(thenOnLostUpdate(&then)), &Config{Now: wakeLostStaleBlockNow, IgnoreClockSkew: true})
 	require.NoError(t, err)
 	b := wakeReadsCoord(t, s, nil)
 	ja, err := a.JobType(service, benchJobType, policy)
