@@ -59,29 +59,17 @@ func gateUpdates(armed *atomic.Bool, entered chan<- struct{}) storeHook {
 // it, and not from its recheck.
 func TestHeldWakeUpSentWhenFollowingWriteFails(t *testing.T) {
 	t.Parallel()
-	f := &jobWakeFixture{natsWakeFixture: newNATSWakeFixture(t)}
-	f.a, _ = f.store(t, WithCreateBuckets(0, 1))
-	f.b, _ = f.store(t)
-	p := Policy{Key: []string{"/t"}, MaxActive: 1, MaxQueuedPerKey: 5}
 	armed, entered := new(atomic.Bool), make(chan struct{})
-	gate := newHookStore(f.a, passAll).withHook(gateUpdates(armed, entered))
-	ca, err := NewCoordinator(gate, nil)
-	require.NoError(t, err)
+	f := newJobWakeFixtureWith(t, jobWakePolicy, wakeProcConfig{wrap: func(st Store) Store {
+		return newHookStore(st, passAll).withHook(gateUpdates(armed, entered))
+	}}, wakeProcConfig{})
+	ca := f.pa.c
 	require.NotNil(t, ca.wakes, "the coordinator has the store's wake-ups")
 	ca.wakeHold = 5 * time.Millisecond
-	f.jta, err = ca.JobType(f.service, "render", p)
-	require.NoError(t, err)
-	cb, err := NewCoordinator(f.b, nil)
-	require.NoError(t, err)
-	f.jtb, err = cb.JobType(f.service, "render", p)
-	require.NoError(t, err)
-	f.wb, err = NewWatcher(f.b)
-	require.NoError(t, err)
-	t.Cleanup(f.wb.Close)
 
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
-	_, err = f.jta.Admit(ctx, "h", jobWakePayload)
+	_, err := f.jta.Admit(ctx, "h", jobWakePayload)
 	require.NoError(t, err)
 	acq, err := f.jta.Acquire(ctx, "h", jobWakePayload)
 	require.NoError(t, err)
