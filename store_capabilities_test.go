@@ -16,7 +16,9 @@ import (
 
 // ownValueWatchStore is a store of its own type with a value watch: it
 // holds a MemoryStore in a named field, as a third-party store would hold
-// its client, and counts which watch the Watcher starts.
+// its client, and counts which watch the Watcher starts. Not a hookStore:
+// what it tests is a store whose own type has the value watch, which no
+// wrapper has (see hookStore).
 type ownValueWatchStore struct {
 	mem          *MemoryStore
 	keyWatches   atomic.Int64

@@ -16,7 +16,10 @@ import (
 	"github.com/stretchr/testify/require"
 )
 
-// wakeFixture is one key with MaxActive 2 and waiters on it.
+// wakeFixture is one key with MaxActive 2 and waiters on it. Not a
+// wakeProc (wake_fixture_test.go): one coordinator and its Watcher, on a
+// memory or a NATS store, without targeted wake-ups, whose tests subscribe
+// waiters by hand.
 type wakeFixture struct {
 	t       *testing.T
 	store   rtStore
