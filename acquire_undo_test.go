@@ -111,7 +111,8 @@ func (h *lostWrite) hook(ctx context.Context, c storeCall, call func() storeResu
 }
 
 // undoFixture is a job type over a NATS store whose writes a lostWrite
-// hook can intercept.
+// hook can intercept. Not a wakeProc (wake_fixture_test.go): one
+// coordinator, no wake-ups, Watcher or Runner.
 type undoFixture struct {
 	lost  *lostWrite
 	inner Store

@@ -11,7 +11,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/nats-io/nats-server/v2/server"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/stretchr/testify/assert"
@@ -38,31 +37,6 @@ func (l *natsWakeLog) fn(value []byte, rev uint64) {
 	default:
 		panic("test waiter's log is full")
 	}
-}
-
-// natsWakeFixture is a server and a key of a service of its own.
-type natsWakeFixture struct {
-	srv     *server.Server
-	service string
-	kvKey   string
-}
-
-func newNATSWakeFixture(t *testing.T) *natsWakeFixture {
-	t.Helper()
-	svc := jkService("wake")
-	key, err := DeriveKey(svc, "render", []byte(`{"t":"acme"}`), []string{"/t"})
-	require.NoError(t, err)
-	return &natsWakeFixture{srv: natstest.Run(t), service: svc, kvKey: key.KVKey}
-}
-
-// store returns a wake-up store on a connection of its own.
-func (f *natsWakeFixture) store(t *testing.T, opts ...NATSStoreOption) (*NATSStore, *nats.Conn) {
-	t.Helper()
-	nc, js := natstest.Connect(t, f.srv)
-	s, err := NewNATSStore(js, append([]NATSStoreOption{WithWakeUps("")}, opts...)...)
-	require.NoError(t, err)
-	require.True(t, s.wakeUps())
-	return s, nc
 }
 
 // TestWakeUpsPrefix: WithWakeUps validates its prefix; wake-ups are off by

@@ -21,8 +21,8 @@ func TestRepairWakesTheNextJob(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
 	policy := Policy{Key: benchPolicy.Key, MaxActive: 1, MaxQueuedPerKey: 4, HeartbeatTTL: time.Hour, HeartbeatInterval: time.Minute}
-	a := newWakeProc(t, s, "repairwake", policy, true, time.Hour)
-	b := newWakeProc(t, s, "repairwake", policy, true, time.Hour)
+	a := newWakeProc(t, s, "repairwake", policy, wakeProcConfig{})
+	b := newWakeProc(t, s, "repairwake", policy, wakeProcConfig{})
 	payload := benchPayload(0)
 	adm, err := a.jt.Admit(ctx, "stuck", payload)
 	require.NoError(t, err)
@@ -37,7 +37,7 @@ func TestRepairWakesTheNextJob(t *testing.T) {
 	require.Equal(t, "next", recv(t, b.blocked, "next blocked"))
 
 	// The operator removes the stuck slot at the revision it inspected.
-	op := wakeReadsCoord(t, s, nil)
+	op := newWakeProc(t, s, "repairwake", policy, wakeProcConfig{uncounted: true}).c
 	key, err := a.jt.Key(payload)
 	require.NoError(t, err)
 	kvKey := key.KVKey

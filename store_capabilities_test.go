@@ -16,7 +16,9 @@ import (
 
 // ownValueWatchStore is a store of its own type with a value watch: it
 // holds a MemoryStore in a named field, as a third-party store would hold
-// its client, and counts which watch the Watcher starts.
+// its client, and counts which watch the Watcher starts. Not a hookStore:
+// what it tests is a store whose own type has the value watch, which no
+// wrapper has (see hookStore).
 type ownValueWatchStore struct {
 	mem          *MemoryStore
 	keyWatches   atomic.Int64
@@ -67,15 +69,16 @@ func TestWatcherUsesValueWatchOfItsOwnType(t *testing.T) {
 	assert.Equal(t, int64(1), own.valueWatches.Load(), "value watches started")
 	assert.Equal(t, int64(0), own.keyWatches.Load(), "key watches started")
 
-	wrapped := &countingWatchStore{MemoryStore: NewMemoryStore()}
+	var watches atomic.Int64
+	wrapped := newWatchCountingStore(&watches)
 	w2, err := NewWatcher(wrapped)
 	require.NoError(t, err)
 	defer w2.Close()
 	sub2, err := w2.Subscribe(context.Background(), "svc", "svc.t.k")
 	require.NoError(t, err)
 	defer sub2.Close()
-	assert.Equal(t, int64(1), wrapped.watches.Load(), "the wrapper's WatchKeys is the watch")
-	assert.Nil(t, valueWatcherOf(wrapped), "a wrapper with a named store field has no value watch")
+	assert.Equal(t, int64(1), watches.Load(), "the wrapper's WatchKeys is the watch")
+	assert.Nil(t, valueWatcherOf(wrapped), "a wrapper has no value watch")
 }
 
 // TestClockOffsetCarriesClockBounds: the bounds a store keeps go through

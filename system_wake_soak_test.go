@@ -11,7 +11,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/nats-io/nats.go/jetstream"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
@@ -35,36 +34,15 @@ type wakeSoak struct {
 	sample                               func(done int)
 }
 
-// wakeSoakConn is one connection's store, coordinator, Watcher and Runner.
-type wakeSoakConn struct {
-	store *NATSStore
-	coord *KeyCoordinator
-	w     *Watcher
-	r     *Runner
-	jt    *JobType
-}
-
-func (ws wakeSoak) run(t *testing.T) []*wakeSoakConn {
+func (ws wakeSoak) run(t *testing.T) []*wakeProc {
 	s := natstest.Run(t)
 	service := "wakesoak"
 	policy := Policy{Key: []string{"tenant", "/tenant"}, MaxActive: 1, MaxQueuedPerKey: ws.workers}
-	conns := make([]*wakeSoakConn, ws.conns)
+	conns := make([]*wakeProc, ws.conns)
 	for i := range conns {
-		_, js := natstest.Connect(t, s)
-		store, err := NewNATSStore(js, WithCreateBuckets(jetstream.MemoryStorage, 1), WithWakeUps(""))
-		require.NoError(t, err)
-		coord, err := NewCoordinator(store, nil)
-		require.NoError(t, err)
-		jt, err := coord.JobType(service, benchJobType, policy)
-		require.NoError(t, err)
-		w, err := NewWatcher(store)
-		require.NoError(t, err)
-		t.Cleanup(w.Close)
 		// A recheck well past the run: a Run that missed its wake-up
 		// shows as a slow soak, not as a pass.
-		r, err := NewRunner(jt, &RunnerConfig{Watcher: w, RecheckInterval: time.Minute})
-		require.NoError(t, err)
-		conns[i] = &wakeSoakConn{store: store, coord: coord, w: w, r: r, jt: jt}
+		conns[i] = newWakeProc(t, s, service, policy, wakeProcConfig{uncounted: true, recheck: time.Minute})
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
 	defer cancel()
@@ -136,14 +114,14 @@ func TestWakeUpsLeaveNothingBehind(t *testing.T) {
 		c.w.mu.Lock()
 		assert.Empty(t, c.w.wakeSubs, "conn %d: Watcher wake-up entries by key", i)
 		c.w.mu.Unlock()
-		c.coord.keys.mu.Lock()
+		c.c.keys.mu.Lock()
 		pinned := 0
-		for _, e := range c.coord.keys.entries {
+		for _, e := range c.c.keys.entries {
 			if e.users > 0 {
 				pinned++
 			}
 		}
-		c.coord.keys.mu.Unlock()
+		c.c.keys.mu.Unlock()
 		assert.Zero(t, pinned, "conn %d: key entries still pinned", i)
 		// Unsubscribing is asynchronous to the Run's return.
 		assert.Eventually(t, func() bool {

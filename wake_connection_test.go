@@ -43,29 +43,12 @@ func TestWakeUpsWorkerPermissions(t *testing.T) {
 	policy := Policy{Key: []string{"/tenant"}, MaxActive: 1, MaxQueuedPerKey: 4}
 	payload := []byte(`{"tenant":"acme"}`)
 	errc := make(chan error, 16)
-	type worker struct {
-		store *NATSStore
-		jt    *JobType
-		r     *Runner
-		// blocked receives the job ID of each Run that starts to wait.
-		blocked chan string
-	}
-	newWorker := func(instance string) *worker {
+	newWorker := func(instance string) *wakeProc {
 		_, js := natstest.Connect(t, s, nats.UserInfo("worker", "worker"), nats.CustomInboxPrefix(inbox),
 			nats.ErrorHandler(func(_ *nats.Conn, _ *nats.Subscription, err error) { errc <- err }))
-		store, err := NewNATSStore(js, WithWakeUps(""))
-		require.NoError(t, err)
-		coord, err := NewCoordinator(store, &Config{InstanceID: instance})
-		require.NoError(t, err)
-		jt, err := coord.JobType(svc, "render", policy)
-		require.NoError(t, err)
-		w, err := NewWatcher(store)
-		require.NoError(t, err)
-		t.Cleanup(w.Close)
-		blocked := make(chan string, 4)
-		r, err := NewRunner(jt, &RunnerConfig{Watcher: w, RecheckInterval: time.Hour, OnBlocked: func(jobID string, _ Acquisition) { blocked <- jobID }})
-		require.NoError(t, err)
-		return &worker{store: store, jt: jt, r: r, blocked: blocked}
+		return newWakeProc(t, s, svc, policy, wakeProcConfig{
+			js: js, noCreate: true, uncounted: true, jobType: "render", coord: &Config{InstanceID: instance},
+		})
 	}
 	a, b := newWorker("worker-a"), newWorker("worker-b")
 
@@ -104,7 +87,7 @@ func TestWakeUpsWorkerPermissions(t *testing.T) {
 	require.NoError(t, <-done, "j2's Run")
 	assert.Zero(t, b.r.rechecks.Load(), "rechecks")
 	assert.Positive(t, b.store.wakeCounters().Received, "wake-ups received")
-	for _, w := range []*worker{a, b} {
+	for _, w := range []*wakeProc{a, b} {
 		assert.Zero(t, w.store.wakeCounters().Refused, "refused wake-up subjects")
 	}
 
@@ -129,10 +112,10 @@ func TestWakeUpsSubscriptionInFlight(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
 	policy := Policy{Key: benchPolicy.Key, MaxActive: 1, MaxQueuedPerKey: 8}
-	a := newWakeProc(t, s, "wakeinflight", policy, true, time.Hour)
+	a := newWakeProc(t, s, "wakeinflight", policy, wakeProcConfig{})
 	line := startDelayLine(t, benchHostPort(t, s.ClientURL()), 30*time.Millisecond)
 	_, js := natstest.ConnectURL(t, line.URL())
-	b := newWakeProcOn(t, js, "wakeinflight", policy, true, time.Hour)
+	b := newWakeProc(t, nil, "wakeinflight", policy, wakeProcConfig{js: js})
 
 	releaseA := a.holdSlot(t, ctx, "job-a")
 	heldB, doneB := b.runAsync(t, ctx, "job-b", released())
@@ -160,10 +143,10 @@ func TestWakeUpsWatcherCloseWhileSubscribing(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
 	policy := Policy{Key: benchPolicy.Key, MaxActive: 1, MaxQueuedPerKey: 8}
-	a := newWakeProc(t, s, "wakeclosesub", policy, true, time.Hour)
+	a := newWakeProc(t, s, "wakeclosesub", policy, wakeProcConfig{})
 	line := startDelayLine(t, benchHostPort(t, s.ClientURL()), 30*time.Millisecond)
 	_, js := natstest.ConnectURL(t, line.URL())
-	b := newWakeProcOn(t, js, "wakeclosesub", policy, true, time.Hour)
+	b := newWakeProc(t, nil, "wakeclosesub", policy, wakeProcConfig{js: js})
 
 	releaseA := make(chan struct{})
 	defer close(releaseA)
@@ -194,12 +177,12 @@ func TestWakeUpsAfterReconnect(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
 	policy := Policy{Key: benchPolicy.Key, MaxActive: 1, MaxQueuedPerKey: 8}
-	a := newWakeProc(t, s, "wakereconnect", policy, true, time.Hour)
+	a := newWakeProc(t, s, "wakereconnect", policy, wakeProcConfig{})
 	p := startPausableProxy(t, benchHostPort(t, s.ClientURL()))
 	reconnected := make(chan struct{}, 4)
 	nc, js := natstest.ConnectURL(t, p.url(), nats.MaxReconnects(-1), nats.ReconnectWait(10*time.Millisecond),
 		nats.ReconnectHandler(func(*nats.Conn) { reconnected <- struct{}{} }))
-	b := newWakeProcOn(t, js, "wakereconnect", policy, true, time.Hour)
+	b := newWakeProc(t, nil, "wakereconnect", policy, wakeProcConfig{js: js})
 
 	releaseA := a.holdSlot(t, ctx, "job-a")
 	heldB, doneB := b.runAsync(t, ctx, "job-b", released())

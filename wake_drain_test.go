@@ -18,19 +18,9 @@ import (
 // its key's entry once its hold passed or a flush sent it.
 func TestHeldWakeUpsEndOnManyKeys(t *testing.T) {
 	t.Parallel()
-	f := newNATSWakeFixture(t)
-	a, _ := f.store(t, WithCreateBuckets(0, 1))
-	b, _ := f.store(t)
-	p := Policy{Key: []string{"/t"}, MaxActive: 1, MaxQueuedPerKey: 5}
-	ca, err := NewCoordinator(a, nil)
-	require.NoError(t, err)
+	f := newJobWakeFixture(t)
+	ca, jta, jtb := f.pa.c, f.jta, f.jtb
 	ca.wakeHold = 20 * time.Millisecond
-	jta, err := ca.JobType(f.service, "render", p)
-	require.NoError(t, err)
-	cb, err := NewCoordinator(b, nil)
-	require.NoError(t, err)
-	jtb, err := cb.JobType(f.service, "render", p)
-	require.NoError(t, err)
 
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
@@ -86,7 +76,7 @@ func TestHeldWakeUpsEndOnManyKeys(t *testing.T) {
 	assert.NotZero(t, most, "wake-ups were held while the flushes ran")
 	require.Eventually(t, func() bool { return heldCount() == 0 }, rtWait, time.Millisecond, "no held wake-up is left")
 	for i := range keys {
-		k, err := DeriveKey(f.service, "render", payloads[i], p.Key)
+		k, err := DeriveKey(f.service, "render", payloads[i], jobWakePolicy.Key)
 		require.NoError(t, err)
 		e := ca.keys.entry(k.KVKey)
 		if e == nil {
@@ -97,6 +87,6 @@ func TestHeldWakeUpsEndOnManyKeys(t *testing.T) {
 		e.wakeMu.Unlock()
 		assert.Nil(t, h, "key %d holds no wake-up", i)
 	}
-	pub, _, _, _ := WakeCountsOf(a)
+	pub, _, _, _ := WakeCountsOf(f.a)
 	assert.NotZero(t, pub, "the releases' wake-ups were published")
 }

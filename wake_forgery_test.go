@@ -34,19 +34,9 @@ type forgeScene struct {
 	admin       jetstream.JetStream
 	forger      *nats.Conn
 	policy      Policy
-	a, b        *forgeProc
+	a, b        *wakeProc
 	metrics     *metricsReader // b's coordinator's
 	ledger      *forgeLedger
-}
-
-// forgeProc is a worker process of a forgeScene.
-type forgeProc struct {
-	store   *NATSStore
-	jt      *JobType
-	w       *Watcher
-	r       *Runner
-	ops     *raceTotals // the coordinator's reads and writes
-	blocked chan string // the job id of each Run that starts to wait
 }
 
 // forgeLedger records the handlers that run: how many at once, at most,
@@ -104,33 +94,19 @@ func newForgeScene(t *testing.T, ctx context.Context, name string) *forgeScene {
 }
 
 // newProc makes a worker process on its own connection (as admin: the
-// workers' own rights are not what the test is about). Its Runs recheck
-// every second: a job a forgery erased learns it then.
-func (sc *forgeScene) newProc(t *testing.T, s *server.Server, cfg *Config) *forgeProc {
+// workers' own rights are not what the test is about), over the bucket the
+// scene made. Its Runs recheck every second: a job a forgery erased
+// learns it then.
+func (sc *forgeScene) newProc(t *testing.T, s *server.Server, cfg *Config) *wakeProc {
 	t.Helper()
 	_, js := natstest.Connect(t, s, nats.UserInfo("admin", "admin"))
-	store, err := NewNATSStore(js, WithWakeUps(""))
-	require.NoError(t, err)
-	cs := newCountingStore(store)
-	c, err := NewCoordinator(cs, cfg)
-	require.NoError(t, err)
-	jt, err := c.JobType(sc.svc, benchJobType, sc.policy)
-	require.NoError(t, err)
-	w, err := NewWatcher(store)
-	require.NoError(t, err)
-	t.Cleanup(w.Close)
-	blocked := make(chan string, 8)
-	r, err := NewRunner(jt, &RunnerConfig{Watcher: w, RecheckInterval: time.Second, OnBlocked: func(jobID string, _ Acquisition) {
-		blocked <- jobID
-	}})
-	require.NoError(t, err)
-	return &forgeProc{store: store, jt: jt, w: w, r: r, ops: cs.totals, blocked: blocked}
+	return newWakeProc(t, s, sc.svc, sc.policy, wakeProcConfig{js: js, noCreate: true, coord: cfg, recheck: time.Second})
 }
 
 // run admits job id in p and runs it in a goroutine; its handler records
 // itself in the ledger, closes ran and returns when release is closed.
 // The Run's error (or nil) is sent on done.
-func (sc *forgeScene) run(t *testing.T, ctx context.Context, p *forgeProc, id string, release <-chan struct{}) (ran chan struct{}, done chan error) {
+func (sc *forgeScene) run(t *testing.T, ctx context.Context, p *wakeProc, id string, release <-chan struct{}) (ran chan struct{}, done chan error) {
 	t.Helper()
 	payload := benchPayload(0)
 	adm, err := p.jt.Admit(ctx, id, payload)
@@ -151,18 +127,6 @@ func (sc *forgeScene) run(t *testing.T, ctx context.Context, p *forgeProc, id st
 		done <- err
 	}()
 	return ran, done
-}
-
-// waitBlocked waits until p's Run of job id starts to wait (subscribed to
-// its wake-ups).
-func (p *forgeProc) waitBlocked(t *testing.T, ctx context.Context, id string) {
-	t.Helper()
-	select {
-	case got := <-p.blocked:
-		require.Equal(t, id, got, "the Run that started to wait")
-	case <-ctx.Done():
-		t.Fatalf("the Run of %s did not start to wait", id)
-	}
 }
 
 // acquisitions is how many acquisitions b's coordinator made (each try of

@@ -5,7 +5,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/nats-io/nats.go"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 )
@@ -20,41 +19,6 @@ func WakeCountsOf(s *NATSStore) (published, local, noResponders, received uint64
 // subscription a Runner waiting over wake-ups makes; wakeAhead, the
 // wake-up a Runner's try blocked in turn sends the jobs ahead), between
 // two processes.
-
-// jobWakeFixture is the natsWakeFixture's key with a coordinator and a job
-// type over each of two wake-up stores on connections of their own: a
-// writer (a) and a waiter (b) process.
-type jobWakeFixture struct {
-	*natsWakeFixture
-	a, b     *NATSStore
-	ncA      *nats.Conn // a's connection
-	jta, jtb *JobType
-	wb       *Watcher // over b
-}
-
-var jobWakePayload = []byte(`{"t":"acme"}`)
-
-func newJobWakeFixture(t *testing.T) *jobWakeFixture {
-	t.Helper()
-	f := &jobWakeFixture{natsWakeFixture: newNATSWakeFixture(t)}
-	f.a, f.ncA = f.store(t, WithCreateBuckets(0, 1))
-	f.b, _ = f.store(t)
-	p := Policy{Key: []string{"/t"}, MaxActive: 1, MaxQueuedPerKey: 5}
-	for _, x := range []struct {
-		s  *NATSStore
-		jt **JobType
-	}{{f.a, &f.jta}, {f.b, &f.jtb}} {
-		c, err := NewCoordinator(x.s, nil)
-		require.NoError(t, err)
-		*x.jt, err = c.JobType(f.service, "render", p)
-		require.NoError(t, err)
-	}
-	w, err := NewWatcher(f.b)
-	require.NoError(t, err)
-	t.Cleanup(w.Close)
-	f.wb = w
-	return f
-}
 
 // subscribeJobWakes subscribes, on w, to the targeted wake-ups of job
 // jobID on kvKey, a key of jt, for jt's coordinator, as a Runner waiting

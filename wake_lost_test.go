@@ -38,22 +38,18 @@ func TestHeldWakeUpFlushedBeforeConnectionCloses(t *testing.T) {
 	assert.NotZero(t, pub, "the release's wake-up was published")
 }
 
-// gateStore is a NATSStore (its wake-ups too) whose next Update, once
-// armed, waits for its context to end and fails with its error, writing
-// nothing.
-type gateStore struct {
-	*NATSStore
-	armed   *atomic.Bool
-	entered chan struct{}
-}
-
-func (s gateStore) Update(ctx context.Context, service, key string, value []byte, revision uint64) (uint64, error) {
-	if s.armed.CompareAndSwap(true, false) {
-		close(s.entered)
-		<-ctx.Done()
-		return 0, ctx.Err()
+// gateUpdates returns the hook of a store whose next Update, once armed
+// is set, closes entered, waits for its context to end and fails with its
+// error, writing nothing.
+func gateUpdates(armed *atomic.Bool, entered chan<- struct{}) storeHook {
+	return func(ctx context.Context, c storeCall, call func() storeResult) storeResult {
+		if c.op == opUpdate && armed.CompareAndSwap(true, false) {
+			close(entered)
+			<-ctx.Done()
+			return storeResult{err: ctx.Err()}
+		}
+		return call()
 	}
-	return s.NATSStore.Update(ctx, service, key, value, revision)
 }
 
 // TestHeldWakeUpSentWhenFollowingWriteFails: a release's wake-up held
@@ -63,28 +59,17 @@ func (s gateStore) Update(ctx context.Context, service, key string, value []byte
 // it, and not from its recheck.
 func TestHeldWakeUpSentWhenFollowingWriteFails(t *testing.T) {
 	t.Parallel()
-	f := &jobWakeFixture{natsWakeFixture: newNATSWakeFixture(t)}
-	f.a, _ = f.store(t, WithCreateBuckets(0, 1))
-	f.b, _ = f.store(t)
-	p := Policy{Key: []string{"/t"}, MaxActive: 1, MaxQueuedPerKey: 5}
-	gate := gateStore{NATSStore: f.a, armed: new(atomic.Bool), entered: make(chan struct{})}
-	ca, err := NewCoordinator(gate, nil)
-	require.NoError(t, err)
+	armed, entered := new(atomic.Bool), make(chan struct{})
+	f := newJobWakeFixtureWith(t, jobWakePolicy, wakeProcConfig{wrap: func(st Store) Store {
+		return newHookStore(st, passAll).withHook(gateUpdates(armed, entered))
+	}}, wakeProcConfig{})
+	ca := f.pa.c
 	require.NotNil(t, ca.wakes, "the coordinator has the store's wake-ups")
 	ca.wakeHold = 5 * time.Millisecond
-	f.jta, err = ca.JobType(f.service, "render", p)
-	require.NoError(t, err)
-	cb, err := NewCoordinator(f.b, nil)
-	require.NoError(t, err)
-	f.jtb, err = cb.JobType(f.service, "render", p)
-	require.NoError(t, err)
-	f.wb, err = NewWatcher(f.b)
-	require.NoError(t, err)
-	t.Cleanup(f.wb.Close)
 
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
-	_, err = f.jta.Admit(ctx, "h", jobWakePayload)
+	_, err := f.jta.Admit(ctx, "h", jobWakePayload)
 	require.NoError(t, err)
 	acq, err := f.jta.Acquire(ctx, "h", jobWakePayload)
 	require.NoError(t, err)
@@ -107,14 +92,14 @@ func TestHeldWakeUpSentWhenFollowingWriteFails(t *testing.T) {
 	require.Equal(t, KindReleased, rel.Kind)
 	e := ca.keys.entry(f.kvKey)
 	require.NotNil(t, e)
-	gate.armed.Store(true)
+	armed.Store(true)
 	actx, acancel := context.WithCancel(ctx)
 	admitted := make(chan error, 1)
 	go func() {
 		_, err := f.jta.Admit(actx, "y", jobWakePayload)
 		admitted <- err
 	}()
-	recv(t, gate.entered, "the admission's write")
+	recv(t, entered, "the admission's write")
 	select {
 	case err := <-done:
 		t.Fatalf("x's Run ended (%v) while the release's wake-up was held", err)

@@ -8,27 +8,9 @@ import (
 	"time"
 
 	"github.com/jobkeys/jobkeys/internal/natstest"
-	"github.com/nats-io/nats-server/v2/server"
-	"github.com/nats-io/nats.go/jetstream"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 )
-
-// wakeReadsCoord returns a coordinator over a wake-up store of its own
-// connection to s, writing through store (nil: the NATSStore itself).
-func wakeReadsCoord(t *testing.T, s *server.Server, wrap func(Store) Store) *KeyCoordinator {
-	t.Helper()
-	_, js := natstest.Connect(t, s)
-	ns, err := NewNATSStore(js, WithCreateBuckets(jetstream.MemoryStorage, 1), WithWakeUps(""))
-	require.NoError(t, err)
-	var st Store = ns
-	if wrap != nil {
-		st = wrap(ns)
-	}
-	c, err := NewCoordinator(st, nil)
-	require.NoError(t, err)
-	return c
-}
 
 // TestWakeReadsSentAtOfOwnRequests: the coordinator records, with a state
 // its own write or read returned, when that request was sent (the
@@ -40,10 +22,9 @@ func TestWakeReadsSentAtOfOwnRequests(t *testing.T) {
 	s := natstest.Run(t)
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
-	c := wakeReadsCoord(t, s, nil)
 	policy := Policy{Key: benchPolicy.Key, MaxActive: 1, MaxQueuedPerKey: 8}
-	jt, err := c.JobType(jkService("wakereads"), benchJobType, policy)
-	require.NoError(t, err)
+	p := newWakeProc(t, s, jkService("wakereads"), policy, wakeProcConfig{uncounted: true})
+	c, jt := p.c, p.jt
 	payload := benchPayload(0)
 	key, err := jt.Key(payload)
 	require.NoError(t, err)
@@ -81,19 +62,17 @@ func TestWakeReadsSentAtOfOwnRequests(t *testing.T) {
 	assert.False(t, at.Before(sent))
 }
 
-// raceStore is a Store whose Update, when it loses its compare-and-swap,
-// first lets then run (a wake-up that arrives during the failed write).
-type raceStore struct {
-	Store
-	then func()
-}
-
-func (s raceStore) Update(ctx context.Context, service, key string, value []byte, revision uint64) (uint64, error) {
-	rev, err := s.Store.Update(ctx, service, key, value, revision)
-	if errors.Is(err, ErrRevisionConflict) && s.then != nil {
-		s.then()
+// thenOnLostUpdate returns the hook of a store whose Update, when it loses
+// its compare-and-swap, first runs *then if set (a wake-up that arrives
+// during the failed write).
+func thenOnLostUpdate(then *func()) storeHook {
+	return func(_ context.Context, c storeCall, call func() storeResult) storeResult {
+		r := call()
+		if c.op == opUpdate && errors.Is(r.err, ErrRevisionConflict) && *then != nil {
+			(*then)()
+		}
+		return r
 	}
-	return rev, err
 }
 
 // TestWakeLostOutcomeFigures: a woken try whose write lost (errWakeLost)
@@ -119,20 +98,13 @@ func TestWakeLostOutcomeFigures(t *testing.T) {
 		}
 		t.Run(name, func(t *testing.T) {
 			service := service + name
-			var a *KeyCoordinator
 			var then func()
-			a = wakeReadsCoord(t, s, func(st Store) Store {
-				return raceStore{Store: st, then: func() {
-					if then != nil {
-						then()
-					}
-				}}
-			})
-			b := wakeReadsCoord(t, s, nil)
-			ja, err := a.JobType(service, benchJobType, policy)
-			require.NoError(t, err)
-			jb, err := b.JobType(service, benchJobType, policy)
-			require.NoError(t, err)
+			pa := newWakeProc(t, s, service, policy, wakeProcConfig{uncounted: true, wrap: func(st Store) Store {
+				// A bare Store: no wake-ups, batches or clock.
+				return newHookStore(st, passNone).withHook(thenOnLostUpdate(&then))
+			}})
+			pb := newWakeProc(t, s, service, policy, wakeProcConfig{uncounted: true})
+			a, ja, b, jb := pa.c, pa.jt, pb.c, pb.jt
 			key, err := ja.Key(payload)
 			require.NoError(t, err)
 
@@ -191,10 +163,10 @@ func TestWakeReadsTrustBySendTime(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
 	policy := Policy{Key: benchPolicy.Key, MaxActive: 1, MaxQueuedPerKey: 8}
-	a := newWakeProc(t, s, "wakesent", policy, true, time.Hour)
+	a := newWakeProc(t, s, "wakesent", policy, wakeProcConfig{})
 	line := startDelayLine(t, benchHostPort(t, s.ClientURL()), 500*time.Microsecond)
 	_, js := natstest.ConnectURL(t, line.URL())
-	c := newWakeProcOn(t, js, "wakesent", policy, true, time.Hour)
+	c := newWakeProc(t, nil, "wakesent", policy, wakeProcConfig{js: js})
 
 	var readless int
 	for i := 0; i < 10 && readless == 0; i++ {
@@ -203,14 +175,14 @@ func TestWakeReadsTrustBySendTime(t *testing.T) {
 		adm, err := c.jt.Admit(ctx, job, benchPayload(0))
 		require.NoError(t, err)
 		require.Equal(t, KindAccepted, adm.Kind)
-		readsBefore := c.reads.reads.Load()
+		readsBefore := c.ops.reads.Load()
 		done := make(chan error, 1)
 		go func() {
 			_, err := c.r.Run(ctx, job, benchPayload(0), func(context.Context, Lease) error { return nil })
 			done <- err
 		}()
 		c.waitBlocked(t, ctx, job)
-		reads := c.reads.reads.Load() - readsBefore
+		reads := c.ops.reads.Load() - readsBefore
 		release()
 		select {
 		case err := <-done:

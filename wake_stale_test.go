@@ -5,35 +5,19 @@ import (
 	"testing"
 	"time"
 
-	"github.com/nats-io/nats.go/jetstream"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
 	"github.com/jobkeys/jobkeys/internal/natstest"
 )
 
-// staleWakeFixture is a jobWakeFixture whose job types have policy p, and
-// whose coordinator over store b runs an hour ahead: by its clock the
-// leases store a's coordinator grants have expired.
+// newStaleWakeFixture returns a jobWakeFixture whose job types have
+// policy p, and whose coordinator over store b runs an hour ahead: by its
+// clock the leases store a's coordinator grants have expired.
 func newStaleWakeFixture(t *testing.T, p Policy) *jobWakeFixture {
 	t.Helper()
-	f := &jobWakeFixture{natsWakeFixture: newNATSWakeFixture(t)}
-	f.a, _ = f.store(t, WithCreateBuckets(0, 1))
-	f.b, _ = f.store(t)
 	ahead := func() time.Time { return time.Now().Add(time.Hour) }
-	ca, err := NewCoordinator(f.a, nil)
-	require.NoError(t, err)
-	f.jta, err = ca.JobType(f.service, "render", p)
-	require.NoError(t, err)
-	cb, err := NewCoordinator(f.b, &Config{Now: ahead, IgnoreClockSkew: true})
-	require.NoError(t, err)
-	f.jtb, err = cb.JobType(f.service, "render", p)
-	require.NoError(t, err)
-	w, err := NewWatcher(f.b)
-	require.NoError(t, err)
-	t.Cleanup(w.Close)
-	f.wb = w
-	return f
+	return newJobWakeFixtureWith(t, p, wakeProcConfig{}, wakeProcConfig{coord: &Config{Now: ahead, IgnoreClockSkew: true}})
 }
 
 // TestInTurnStaleBlockWakesTheJobAhead: under StalePolicy Block,
@@ -108,21 +92,17 @@ func wakeLostStaleBlock(t *testing.T, service string) (got Acquisition, lostTo *
 	payload := benchPayload(0)
 
 	var then func()
-	_, jsA := natstest.Connect(t, s)
-	nsA, err := NewNATSStore(jsA, WithCreateBuckets(jetstream.MemoryStorage, 1), WithWakeUps(""))
-	require.NoError(t, err)
-	a, err := NewCoordinator(raceStore{Store: nsA, then: func() {
-		if then != nil {
-			then()
-		}
-	}}, &Config{Now: wakeLostStaleBlockNow, IgnoreClockSkew: true})
-	require.NoError(t, err)
-	b := wakeReadsCoord(t, s, nil)
-	ja, err := a.JobType(service, benchJobType, policy)
-	require.NoError(t, err)
-	jb, err := b.JobType(service, benchJobType, policy)
-	require.NoError(t, err)
-	key, err = ja.Key(payload)
+	pa := newWakeProc(t, s, service, policy, wakeProcConfig{
+		uncounted: true,
+		coord:     &Config{Now: wakeLostStaleBlockNow, IgnoreClockSkew: true},
+		wrap: func(st Store) Store {
+			// A bare Store: no wake-ups, batches or clock.
+			return newHookStore(st, passNone).withHook(thenOnLostUpdate(&then))
+		},
+	})
+	pb := newWakeProc(t, s, service, policy, wakeProcConfig{uncounted: true})
+	a, ja, b, jb := pa.c, pa.jt, pb.c, pb.jt
+	key, err := ja.Key(payload)
 	require.NoError(t, err)
 	for _, id := range []string{"j0", "j1", "j2"} {
 		adm, err := jb.Admit(ctx, id, payload)

@@ -8,144 +8,12 @@ import (
 	"testing"
 	"time"
 
-	"github.com/nats-io/nats-server/v2/server"
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
 	"github.com/jobkeys/jobkeys/internal/natstest"
 )
-
-// wakeProc is one process of the wake-up tests: its own connection, a
-// store with targeted wake-ups (or without: wakes false), a coordinator
-// writing through a countingStore, a Watcher and a Runner.
-type wakeProc struct {
-	store *NATSStore
-	reads *raceTotals
-	c     *KeyCoordinator
-	jt    *JobType
-	w     *Watcher
-	r     *Runner
-	// blocked receives the job ID of each Run that starts to wait
-	// (RunnerConfig.OnBlocked: after its tries, including the read of a
-	// state seen too long ago).
-	blocked chan string
-}
-
-func newWakeProc(t *testing.T, s *server.Server, service string, policy Policy, wakes bool, recheck time.Duration) *wakeProc {
-	t.Helper()
-	_, js := natstest.Connect(t, s)
-	return newWakeProcOn(t, js, service, policy, wakes, recheck)
-}
-
-// newWakeProcOn is newWakeProc on the connection of js.
-func newWakeProcOn(t *testing.T, js jetstream.JetStream, service string, policy Policy, wakes bool, recheck time.Duration) *wakeProc {
-	t.Helper()
-	opts := []NATSStoreOption{WithCreateBuckets(jetstream.MemoryStorage, 1)}
-	if wakes {
-		opts = append(opts, WithWakeUps(""))
-	}
-	store, err := NewNATSStore(js, opts...)
-	require.NoError(t, err)
-	cs := newCountingStore(store)
-	c, err := NewCoordinator(cs, nil)
-	require.NoError(t, err)
-	require.Equal(t, wakes, c.wakes != nil, "the coordinator sees the store's wake-ups through the countingStore")
-	jt, err := c.JobType(service, benchJobType, policy)
-	require.NoError(t, err)
-	w, err := NewWatcher(store)
-	require.NoError(t, err)
-	t.Cleanup(w.Close)
-	blocked := make(chan string, 64)
-	r, err := NewRunner(jt, &RunnerConfig{Watcher: w, RecheckInterval: recheck, OnBlocked: func(jobID string, _ Acquisition) {
-		select {
-		case blocked <- jobID:
-		default:
-		}
-	}})
-	require.NoError(t, err)
-	return &wakeProc{store: store, reads: cs.totals, c: c, jt: jt, w: w, r: r, blocked: blocked}
-}
-
-// holdSlot runs job id through p's Runner and returns once its handler
-// holds the slot; release makes the handler return and waits for the Run
-// to end with no error.
-func (p *wakeProc) holdSlot(t *testing.T, ctx context.Context, id string) (release func()) {
-	t.Helper()
-	unblock := make(chan struct{})
-	held, done := p.runAsync(t, ctx, id, unblock)
-	select {
-	case <-held:
-	case <-ctx.Done():
-		t.Fatalf("%s never got the slot", id)
-	}
-	return func() {
-		t.Helper()
-		close(unblock)
-		require.NoError(t, <-done)
-	}
-}
-
-// awaitRun waits until a runAsync's handler ran (held) and its Run
-// returned with no error; what says what failed if the handler did not
-// run before ctx ended.
-func awaitRun(t *testing.T, ctx context.Context, held chan struct{}, done chan error, what string) {
-	t.Helper()
-	select {
-	case <-held:
-	case <-ctx.Done():
-		t.Fatal(what)
-	}
-	require.NoError(t, <-done)
-}
-
-// released returns a closed channel: a runAsync handler that returns at
-// once.
-func released() chan struct{} {
-	c := make(chan struct{})
-	close(c)
-	return c
-}
-
-// waitBlocked waits until p's Runs of jobs ids (in any order) start to
-// wait.
-func (p *wakeProc) waitBlocked(t *testing.T, ctx context.Context, ids ...string) {
-	t.Helper()
-	var got []string
-	for range ids {
-		select {
-		case id := <-p.blocked:
-			got = append(got, id)
-		case <-ctx.Done():
-			t.Fatalf("the Runs of %v did not all start to wait: only %v did", ids, got)
-		}
-	}
-	require.ElementsMatch(t, ids, got, "the Runs that started to wait")
-}
-
-// runAsync admits job id and runs it through p's Runner in a goroutine,
-// holding the slot until release is closed; acquired is closed once the
-// handler runs, and the Run's error (or nil) is sent on done.
-func (p *wakeProc) runAsync(t *testing.T, ctx context.Context, id string, release <-chan struct{}) (acquired chan struct{}, done chan error) {
-	t.Helper()
-	payload := benchPayload(0)
-	adm, err := p.jt.Admit(ctx, id, payload)
-	require.NoError(t, err)
-	require.Equal(t, KindAccepted, adm.Kind, "admit %s", id)
-	acquired, done = make(chan struct{}), make(chan error, 1)
-	go func() {
-		_, err := p.r.Run(ctx, id, payload, func(context.Context, Lease) error {
-			close(acquired)
-			select {
-			case <-release:
-			case <-ctx.Done():
-			}
-			return nil
-		})
-		done <- err
-	}()
-	return acquired, done
-}
 
 // TestWakeUpsWakeOtherProcess: a Run blocked in one process on a key
 // another process holds is woken by that process's release through its
@@ -159,19 +27,19 @@ func TestWakeUpsWakeOtherProcess(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
 	policy := Policy{Key: benchPolicy.Key, MaxActive: 1, MaxQueuedPerKey: 8}
-	a := newWakeProc(t, s, "wakeother", policy, true, time.Hour)
-	b := newWakeProc(t, s, "wakeother", policy, true, time.Hour)
+	a := newWakeProc(t, s, "wakeother", policy, wakeProcConfig{})
+	b := newWakeProc(t, s, "wakeother", policy, wakeProcConfig{})
 
 	releaseA := a.holdSlot(t, ctx, "job-a")
 	heldB, doneB := b.runAsync(t, ctx, "job-b", released())
 	// Wait until b's Run waits on its wake-up subscription.
 	b.waitBlocked(t, ctx, "job-b")
 	require.Equal(t, 1, b.w.wakeSubscriptions())
-	readsBefore := b.reads.reads.Load()
+	readsBefore := b.ops.reads.Load()
 	sentBefore := a.store.wakeCounters().Published
 	releaseA()
 	awaitRun(t, ctx, heldB, doneB, "job-b was not woken by job-a's release")
-	assert.Equal(t, readsBefore+1, b.reads.reads.Load(), "reads of the key by the woken process")
+	assert.Equal(t, readsBefore+1, b.ops.reads.Load(), "reads of the key by the woken process")
 	assert.Zero(t, b.r.rechecks.Load(), "rechecks")
 	assert.Equal(t, uint64(1), uint64(a.store.wakeCounters().Published-sentBefore), "wake-ups published by the release")
 	assert.Positive(t, b.store.wakeCounters().Received, "wake-ups received")
@@ -186,8 +54,8 @@ func TestWakeUpsHeartbeatWakesNobody(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
 	policy := Policy{Key: benchPolicy.Key, MaxActive: 2, MaxQueuedPerKey: 8}
-	a := newWakeProc(t, s, "wakebeat", policy, true, time.Hour)
-	b := newWakeProc(t, s, "wakebeat", policy, true, time.Hour)
+	a := newWakeProc(t, s, "wakebeat", policy, wakeProcConfig{})
+	b := newWakeProc(t, s, "wakebeat", policy, wakeProcConfig{})
 
 	payload := benchPayload(0)
 	var leases []Lease
@@ -257,8 +125,8 @@ func TestWakeUpsFallBackToRecheck(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
 	policy := Policy{Key: benchPolicy.Key, MaxActive: 1, MaxQueuedPerKey: 8}
-	a := newWakeProc(t, s, "wakefallback", policy, false, time.Hour)
-	b := newWakeProc(t, s, "wakefallback", policy, true, 200*time.Millisecond)
+	a := newWakeProc(t, s, "wakefallback", policy, wakeProcConfig{noWakes: true})
+	b := newWakeProc(t, s, "wakefallback", policy, wakeProcConfig{recheck: 200 * time.Millisecond})
 
 	releaseA := a.holdSlot(t, ctx, "job-a")
 	heldB, doneB := b.runAsync(t, ctx, "job-b", released())
@@ -288,7 +156,7 @@ func TestWakeUpsAudit(t *testing.T) {
 			// A missed wake-up costs a recheck, not the test.
 			var procs []*wakeProc
 			for range 3 {
-				procs = append(procs, newWakeProc(t, s, service, policy, true, time.Second))
+				procs = append(procs, newWakeProc(t, s, service, policy, wakeProcConfig{recheck: time.Second}))
 			}
 			const workers, cycles = 3, 20
 			payload := benchPayload(0)
@@ -333,9 +201,9 @@ func TestWakeUpsPassOverDeadWaiter(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
 	policy := Policy{Key: benchPolicy.Key, MaxActive: 1, MaxQueuedPerKey: 8}
-	a := newWakeProc(t, s, "wakedead", policy, true, time.Hour)
-	dead := newWakeProc(t, s, "wakedead", policy, true, time.Hour)
-	b := newWakeProc(t, s, "wakedead", policy, true, time.Hour)
+	a := newWakeProc(t, s, "wakedead", policy, wakeProcConfig{})
+	dead := newWakeProc(t, s, "wakedead", policy, wakeProcConfig{})
+	b := newWakeProc(t, s, "wakedead", policy, wakeProcConfig{})
 
 	releaseA := a.holdSlot(t, ctx, "job-a")
 	// The dead process's job is queued first and its Run waits.
@@ -379,7 +247,7 @@ func TestWakeUpsNoLostWakeUp(t *testing.T) {
 	policy := Policy{Key: benchPolicy.Key, MaxActive: 1, MaxQueuedPerKey: 64}
 	var procs []*wakeProc
 	for range 16 {
-		procs = append(procs, newWakeProc(t, s, "wakelost", policy, true, time.Minute))
+		procs = append(procs, newWakeProc(t, s, "wakelost", policy, wakeProcConfig{recheck: time.Minute}))
 	}
 	cycles := 150
 	if testing.Short() {
@@ -452,7 +320,7 @@ func TestWakeUpsRearmKeepsWakeUpDuringIt(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
 	policy := Policy{Key: benchPolicy.Key, MaxActive: 1, MaxQueuedPerKey: 8}
-	p := newWakeProc(t, s, "wakerearm", policy, true, time.Hour)
+	p := newWakeProc(t, s, "wakerearm", policy, wakeProcConfig{})
 	payload := benchPayload(0)
 	adm, err := p.jt.Admit(ctx, "job", payload)
 	require.NoError(t, err)
@@ -494,8 +362,8 @@ func TestWakeUpsPastJobsNobodyWaitsFor(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
 	policy := Policy{Key: benchPolicy.Key, MaxActive: 1, MaxQueuedPerKey: 64}
-	a := newWakeProc(t, s, "wakepast", policy, true, time.Hour)
-	b := newWakeProc(t, s, "wakepast", policy, true, time.Hour)
+	a := newWakeProc(t, s, "wakepast", policy, wakeProcConfig{})
+	b := newWakeProc(t, s, "wakepast", policy, wakeProcConfig{})
 
 	releaseA := a.holdSlot(t, ctx, "job-a")
 	for i := range 40 {
@@ -522,7 +390,7 @@ func TestWakeUpsIdleKeyBehindJobsNobodyWaitsFor(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
 	policy := Policy{Key: benchPolicy.Key, MaxActive: 1, MaxQueuedPerKey: 16}
-	a := newWakeProc(t, s, "wakeidle", policy, true, time.Hour)
+	a := newWakeProc(t, s, "wakeidle", policy, wakeProcConfig{})
 	for i := range 10 {
 		adm, err := a.jt.Admit(ctx, fmt.Sprintf("unclaimed-%d", i), benchPayload(0))
 		require.NoError(t, err)

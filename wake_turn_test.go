@@ -26,11 +26,11 @@ func TestWakeUpsInTurnAcrossProcesses(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
 	policy := Policy{Key: benchPolicy.Key, MaxActive: 1, MaxQueuedPerKey: 8}
-	a := newWakeProc(t, s, "wakeinturn", policy, true, time.Hour)
+	a := newWakeProc(t, s, "wakeinturn", policy, wakeProcConfig{})
 	line := startDelayLine(t, benchHostPort(t, s.ClientURL()), 20*time.Millisecond)
 	_, js := natstest.ConnectURL(t, line.URL())
-	b := newWakeProcOn(t, js, "wakeinturn", policy, true, time.Hour)
-	c := newWakeProc(t, s, "wakeinturn", policy, true, time.Hour)
+	b := newWakeProc(t, nil, "wakeinturn", policy, wakeProcConfig{js: js})
+	c := newWakeProc(t, s, "wakeinturn", policy, wakeProcConfig{})
 
 	var mu sync.Mutex
 	var order []string
@@ -52,7 +52,7 @@ func TestWakeUpsInTurnAcrossProcesses(t *testing.T) {
 	require.Equal(t, KindAccepted, adm.Kind)
 	time.Sleep(2 * wakeTrustSent) // job-c's Run will not trust its admission's state
 	releaseA()
-	readsBefore := c.reads.reads.Load()
+	readsBefore := c.ops.reads.Load()
 	doneC := make(chan error, 1)
 	go func() {
 		_, err := c.r.Run(ctx, "job-c", payload, func(context.Context, Lease) error {
@@ -67,7 +67,7 @@ func TestWakeUpsInTurnAcrossProcesses(t *testing.T) {
 	defer mu.Unlock()
 	assert.Equal(t, []string{"job-b", "job-c"}, order, "the order the jobs ran in")
 	assert.Zero(t, c.r.rechecks.Load(), "job-c's rechecks: its wake-up started its last try")
-	assert.Positive(t, c.reads.reads.Load()-readsBefore, "job-c's Run read the key (the state of its admission was too old to wait from)")
+	assert.Positive(t, c.ops.reads.Load()-readsBefore, "job-c's Run read the key (the state of its admission was too old to wait from)")
 	assert.Positive(t, c.store.wakeCounters().Received, "job-c's wake-ups received")
 }
 
@@ -84,7 +84,7 @@ func TestWakeUpsRunWakesPastJobsNobodyWaitsFor(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
 	policy := Policy{Key: benchPolicy.Key, MaxActive: 1, MaxQueuedPerKey: 16}
-	a := newWakeProc(t, s, "wakepast", policy, true, time.Hour)
+	a := newWakeProc(t, s, "wakepast", policy, wakeProcConfig{})
 	for i := range 10 {
 		adm, err := a.jt.Admit(ctx, fmt.Sprintf("unclaimed-%d", i), benchPayload(0))
 		require.NoError(t, err)
@@ -179,18 +179,9 @@ func TestInTurnBlockStalePolicy(t *testing.T) {
 // that was woken loses the race and waits for the next wake-up.
 func TestInTurnPastTheWakeUpWalkTakesTheSlot(t *testing.T) {
 	t.Parallel()
-	f := newNATSWakeFixture(t)
-	a, _ := f.store(t, WithCreateBuckets(0, 1))
-	b, _ := f.store(t)
 	p := Policy{Key: []string{"/t"}, MaxActive: 1, MaxQueuedPerKey: 2 * wakeTargetsMax}
-	ca, err := NewCoordinator(a, nil)
-	require.NoError(t, err)
-	jta, err := ca.JobType(f.service, "render", p)
-	require.NoError(t, err)
-	cb, err := NewCoordinator(b, nil)
-	require.NoError(t, err)
-	jtb, err := cb.JobType(f.service, "render", p)
-	require.NoError(t, err)
+	f := newJobWakeFixtureWith(t, p, wakeProcConfig{}, wakeProcConfig{})
+	jta, jtb := f.jta, f.jtb
 	ctx := context.Background()
 	n := 1 + wakeTargetsMax + 1 // the last is queued past the walk
 	for i := range n {

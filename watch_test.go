@@ -462,7 +462,8 @@ func TestWatcherSubscribeErrors(t *testing.T) {
 // goroutines at once: exactly one watch must start.
 func TestWatcherConcurrentSubscribe(t *testing.T) {
 	t.Parallel()
-	store := &countingWatchStore{MemoryStore: NewMemoryStore()}
+	var watches atomic.Int64
+	store := newWatchCountingStore(&watches)
 	w, err := NewWatcher(store)
 	require.NoError(t, err)
 	defer w.Close()
@@ -476,7 +477,7 @@ func TestWatcherConcurrentSubscribe(t *testing.T) {
 	for i := range subs {
 		require.NoError(t, errs[i])
 	}
-	assert.Equal(t, int64(1), store.watches.Load())
+	assert.Equal(t, int64(1), watches.Load())
 	putKey(t, store, "svc", "svc.t.k", []byte("v"))
 	for _, s := range subs {
 		recv(t, s.Changed(), "a change")
@@ -484,33 +485,17 @@ func TestWatcherConcurrentSubscribe(t *testing.T) {
 	}
 }
 
-// countingWatchStore counts the watches a Watcher starts over a memory
-// store; it holds the store in a named field, so it has no value watch
-// (a Watcher watches through its WatchKeys).
-type countingWatchStore struct {
-	MemoryStore *MemoryStore
-	watches     atomic.Int64
-}
-
-func (s *countingWatchStore) Get(ctx context.Context, service, key string) ([]byte, uint64, error) {
-	return s.MemoryStore.Get(ctx, service, key)
-}
-
-func (s *countingWatchStore) Create(ctx context.Context, service, key string, value []byte) (uint64, error) {
-	return s.MemoryStore.Create(ctx, service, key, value)
-}
-
-func (s *countingWatchStore) Update(ctx context.Context, service, key string, value []byte, revision uint64) (uint64, error) {
-	return s.MemoryStore.Update(ctx, service, key, value, revision)
-}
-
-func (s *countingWatchStore) Delete(ctx context.Context, service, key string, revision uint64) error {
-	return s.MemoryStore.Delete(ctx, service, key, revision)
-}
-
-func (s *countingWatchStore) WatchKeys(ctx context.Context, service, jobType string, changed func(string)) (<-chan struct{}, error) {
-	s.watches.Add(1)
-	return s.MemoryStore.WatchKeys(ctx, service, jobType, changed)
+// newWatchCountingStore returns a store over a new memory store that
+// passes its watch through, and no other capability, and counts in watches
+// the watches a Watcher starts. A wrapper, it has no value watch (a
+// Watcher watches through its WatchKeys).
+func newWatchCountingStore(watches *atomic.Int64) *hookStore {
+	return newHookStore(NewMemoryStore(), passWatch).withHook(func(_ context.Context, c storeCall, call func() storeResult) storeResult {
+		if c.op == opWatchKeys {
+			watches.Add(1)
+		}
+		return call()
+	})
 }
 
 // TestWatcherConnectionClosed: when the store stops watching (its connection

@@ -16,7 +16,10 @@ import (
 	"github.com/stretchr/testify/require"
 )
 
-// wakeFixture is one key with MaxActive 2 and waiters on it.
+// wakeFixture is one key with MaxActive 2 and waiters on it. Not a
+// wakeProc (wake_fixture_test.go): one coordinator and its Watcher, on a
+// memory or a NATS store, without targeted wake-ups, whose tests subscribe
+// waiters by hand.
 type wakeFixture struct {
 	t       *testing.T
 	store   rtStore
@@ -281,18 +284,16 @@ func mustKey(t *testing.T, jt *JobType, payload []byte) JobKey {
 	return key
 }
 
-// wakeConflictStore fails the next `fail` updates with a revision conflict
-// without writing, so that no watch event answers them.
-type wakeConflictStore struct {
-	Store
-	fail atomic.Int64
-}
-
-func (s *wakeConflictStore) Update(ctx context.Context, service, key string, value []byte, revision uint64) (uint64, error) {
-	if s.fail.Add(-1) >= 0 {
-		return 0, fmt.Errorf("%w: injected", ErrRevisionConflict)
+// conflictUpdates returns the hook of a store that fails the next *fail
+// updates with a revision conflict without writing, so that no watch event
+// answers them.
+func conflictUpdates(fail *atomic.Int64) storeHook {
+	return func(_ context.Context, c storeCall, call func() storeResult) storeResult {
+		if c.op == opUpdate && fail.Add(-1) >= 0 {
+			return storeResult{err: fmt.Errorf("%w: injected", ErrRevisionConflict)}
+		}
+		return call()
 	}
-	return s.Store.Update(ctx, service, key, value, revision)
 }
 
 // A write on the watched state that loses a race waits for the watch to
@@ -303,8 +304,9 @@ func TestCoordinatorWatchedConflictFallsBackToRead(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
 	mem := NewMemoryStore()
-	flaky := &wakeConflictStore{Store: mem}
-	cs := newCountingStore(flaky)
+	var fail atomic.Int64
+	// A bare Store: no batches, clock or watch of its own.
+	cs := newCountingStore(newHookStore(mem, passNone).withHook(conflictUpdates(&fail)))
 	c, err := NewCoordinator(cs, nil)
 	require.NoError(t, err)
 	jt, err := c.JobType(rtService(), benchJobType, Policy{Key: benchPolicy.Key, MaxActive: 1, MaxQueuedPerKey: 4})
@@ -328,7 +330,7 @@ func TestCoordinatorWatchedConflictFallsBackToRead(t *testing.T) {
 	require.NotNil(t, e)
 	require.True(t, e.fed(), "the entry is fed by the watch after its own write")
 
-	flaky.fail.Store(1)
+	fail.Store(1)
 	reads := cs.totals.reads.Load()
 	start := time.Now()
 	rel, err := jt.Release(ctx, acq.Lease)
@@ -375,7 +377,7 @@ func TestWatcherReusesOwnWrites(t *testing.T) {
 func TestWatcherWithoutValuesFeedsNothing(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
-	store := &countingWatchStore{MemoryStore: NewMemoryStore()}
+	store := newWatchCountingStore(new(atomic.Int64))
 	c, err := NewCoordinator(store, nil)
 	require.NoError(t, err)
 	jt, err := c.JobType(rtService(), benchJobType, Policy{Key: benchPolicy.Key, MaxActive: 1, MaxQueuedPerKey: 4})
