@@ -50,28 +50,6 @@ func runCapabilities(t *testing.T, h Harness, ctx context.Context) {
 	}
 }
 
-// holds fails t unless key of svc holds value at revision rev.
-func (s capabilities) holds(t *testing.T, st jobkeys.Store, svc, key string, value []byte, rev uint64) {
-	t.Helper()
-	v, r, err := st.Get(s.ctx, svc, key)
-	noError(t, err, "Get %s", key)
-	equal(t, string(value), string(v), "value of %s", key)
-	equal(t, rev, r, "revision of %s", key)
-}
-
-// missing fails t unless key of svc does not exist.
-func (s capabilities) missing(t *testing.T, st jobkeys.Store, svc, key string) {
-	t.Helper()
-	_, _, err := st.Get(s.ctx, svc, key)
-	errorIs(t, err, jobkeys.ErrKeyNotFound, "Get %s: want jobkeys.ErrKeyNotFound, got %v", key, err)
-}
-
-// isConflict fails t unless err wraps jobkeys.ErrRevisionConflict.
-func (s capabilities) isConflict(t *testing.T, err error, what string) {
-	t.Helper()
-	errorIs(t, err, jobkeys.ErrRevisionConflict, "%s: want jobkeys.ErrRevisionConflict, got %v", what, err)
-}
-
 // batcher opens a store, writes "v0" to a key of its service, and
 // returns them with the key's revision, skipping the test when the
 // store does not batch writes to that key.
@@ -102,10 +80,10 @@ func (s capabilities) batchWritesConsecutiveRevisions(t *testing.T) {
 		t.Fatalf("WriteBatch of %d at revision %d returned %d: its writes cannot all be after revision %d", len(values), rev0, last, rev0)
 	}
 	first := last - uint64(len(values)) + 1
-	s.holds(t, st, svc, key, []byte("v3"), last)
+	holds(t, s.ctx, st, svc, key, []byte("v3"), last)
 	// The batch's earlier revisions are not the key's latest.
 	_, err = st.Update(s.ctx, svc, key, []byte("x"), last-1)
-	s.isConflict(t, err, fmt.Sprintf("Update at revision %d, the batch's second write", last-1))
+	isConflict(t, err, fmt.Sprintf("Update at revision %d, the batch's second write", last-1))
 	other, err := st.Create(s.ctx, svc, svc+".t.other", []byte("o"))
 	noError(t, err)
 	greater(t, other, last, "the revision of a write after the batch")
@@ -143,9 +121,9 @@ func (s capabilities) batchDeleteMarkerLast(t *testing.T) {
 	if last < rev0+2 {
 		t.Fatalf("WriteBatch of a write and a delete at revision %d returned %d: both cannot be after revision %d", rev0, last, rev0)
 	}
-	s.missing(t, st, svc, key)
+	missing(t, s.ctx, st, svc, key)
 	_, err = st.Update(s.ctx, svc, key, []byte("x"), last-1)
-	s.isConflict(t, err, fmt.Sprintf("Update at revision %d, the batch's write before its delete", last-1))
+	isConflict(t, err, fmt.Sprintf("Update at revision %d, the batch's write before its delete", last-1))
 	if w != nil {
 		changes := w.until(t, last)
 		c := changes[len(changes)-1]
@@ -156,7 +134,7 @@ func (s capabilities) batchDeleteMarkerLast(t *testing.T) {
 	// As for Update, the delete marker's revision is the key's latest.
 	rev, err := st.Update(s.ctx, svc, key, []byte("again"), last)
 	noError(t, err, "Update at the revision of the batch's delete marker (%d)", last)
-	s.holds(t, st, svc, key, []byte("again"), rev)
+	holds(t, s.ctx, st, svc, key, []byte("again"), rev)
 }
 
 // batchStaleRevisionConflicts is the check BatchStaleRevisionConflicts.
@@ -167,14 +145,14 @@ func (s capabilities) batchStaleRevisionConflicts(t *testing.T) {
 	for _, del := range []bool{false, true} {
 		for _, wrong := range []uint64{rev0, rev1 + 1, 0} {
 			_, err = bw.WriteBatch(s.ctx, svc, key, [][]byte{[]byte("a"), []byte("b")}, wrong, del)
-			s.isConflict(t, err, fmt.Sprintf("WriteBatch (delete %v) at revision %d (current %d)", del, wrong, rev1))
-			s.holds(t, st, svc, key, []byte("v1"), rev1)
+			isConflict(t, err, fmt.Sprintf("WriteBatch (delete %v) at revision %d (current %d)", del, wrong, rev1))
+			holds(t, s.ctx, st, svc, key, []byte("v1"), rev1)
 		}
 	}
 	never := svc + ".t.never"
 	_, err = bw.WriteBatch(s.ctx, svc, never, [][]byte{[]byte("a"), []byte("b")}, rev1, false)
-	s.isConflict(t, err, "WriteBatch of a key never written")
-	s.missing(t, st, svc, never)
+	isConflict(t, err, "WriteBatch of a key never written")
+	missing(t, s.ctx, st, svc, never)
 }
 
 // batchTooLargeWritesNothing is the check BatchTooLargeWritesNothing.
@@ -190,11 +168,11 @@ func (s capabilities) batchTooLargeWritesNothing(t *testing.T) {
 	for _, del := range []bool{false, true} {
 		_, err = bw.WriteBatch(s.ctx, svc, key, [][]byte{[]byte("a"), big, []byte("c")}, rev0, del)
 		errorIs(t, err, jobkeys.ErrStateTooLarge, "WriteBatch (delete %v) with a second value of %d bytes: want jobkeys.ErrStateTooLarge, got %v", del, len(big), err)
-		s.holds(t, st, svc, key, []byte("v0"), rev0)
+		holds(t, s.ctx, st, svc, key, []byte("v0"), rev0)
 	}
 	last, err := bw.WriteBatch(s.ctx, svc, key, [][]byte{[]byte("a"), []byte("c")}, rev0, false)
 	noError(t, err, "the same batch without the large value, at the same revision")
-	s.holds(t, st, svc, key, []byte("c"), last)
+	holds(t, s.ctx, st, svc, key, []byte("c"), last)
 }
 
 // watchValuesInRevisionOrder is the check WatchValuesInRevisionOrder.
@@ -274,8 +252,8 @@ func (s capabilities) valueLimitRefusesLarger(t *testing.T) {
 		errorIs(t, err, jobkeys.ErrStateTooLarge, "Update of MaxValueSize+1 (%d) bytes: want jobkeys.ErrStateTooLarge, got %v", limit+1, err)
 		_, err = st.Create(s.ctx, svc, big, bytes.Repeat([]byte("y"), limit+1))
 		errorIs(t, err, jobkeys.ErrStateTooLarge, "Create of MaxValueSize+1 (%d) bytes: want jobkeys.ErrStateTooLarge, got %v", limit+1, err)
-		s.holds(t, st, svc, key, bytes.Repeat([]byte("x"), limit), rev)
-		s.missing(t, st, svc, big)
+		holds(t, s.ctx, st, svc, key, bytes.Repeat([]byte("x"), limit), rev)
+		missing(t, s.ctx, st, svc, big)
 	}
 	st, svc := s.h.Open(t)
 	check(t, st, svc, 0)

@@ -81,31 +81,11 @@ func Run(t *testing.T, h Harness) {
 	}
 	ctx := context.Background()
 	const key = "svc.sync.0123abcd"
-	isNotFound := func(t *testing.T, err error, what string) {
-		t.Helper()
-		errorIs(t, err, jobkeys.ErrKeyNotFound, "%s: want jobkeys.ErrKeyNotFound, got %v", what, err)
-	}
-	isConflict := func(t *testing.T, err error, what string) {
-		t.Helper()
-		errorIs(t, err, jobkeys.ErrRevisionConflict, "%s: want jobkeys.ErrRevisionConflict, got %v", what, err)
-	}
-	holds := func(t *testing.T, st jobkeys.Store, svc, key string, value []byte, rev uint64) {
-		t.Helper()
-		v, r, err := st.Get(ctx, svc, key)
-		noError(t, err, "Get %s", key)
-		equal(t, string(value), string(v), "value of %s", key)
-		equal(t, rev, r, "revision of %s", key)
-	}
-	missing := func(t *testing.T, st jobkeys.Store, svc, key string) {
-		t.Helper()
-		_, _, err := st.Get(ctx, svc, key)
-		isNotFound(t, err, "Get "+key)
-	}
 
 	t.Run("GetMissing", func(t *testing.T) {
 		t.Parallel()
 		st, svc := h.Open(t)
-		missing(t, st, svc, key)
+		missing(t, ctx, st, svc, key)
 	})
 
 	t.Run("CreateThenGet", func(t *testing.T) {
@@ -116,11 +96,11 @@ func Run(t *testing.T, h Harness) {
 		noError(t, err)
 		greater(t, rev, 0, "the revision of a Create")
 		value[2] = 'X' // the store keeps its own copy
-		holds(t, st, svc, key, []byte(`{"v":1}`), rev)
+		holds(t, ctx, st, svc, key, []byte(`{"v":1}`), rev)
 		got, _, err := st.Get(ctx, svc, key)
 		noError(t, err)
 		got[0] = 'X' // and hands out copies
-		holds(t, st, svc, key, []byte(`{"v":1}`), rev)
+		holds(t, ctx, st, svc, key, []byte(`{"v":1}`), rev)
 	})
 
 	t.Run("CreateExisting", func(t *testing.T) {
@@ -130,7 +110,7 @@ func Run(t *testing.T, h Harness) {
 		noError(t, err)
 		_, err = st.Create(ctx, svc, key, []byte("two"))
 		isConflict(t, err, "second Create")
-		holds(t, st, svc, key, []byte("one"), rev)
+		holds(t, ctx, st, svc, key, []byte("one"), rev)
 	})
 
 	t.Run("Update", func(t *testing.T) {
@@ -141,12 +121,12 @@ func Run(t *testing.T, h Harness) {
 		rev2, err := st.Update(ctx, svc, key, []byte("two"), rev1)
 		noError(t, err)
 		greater(t, rev2, rev1)
-		holds(t, st, svc, key, []byte("two"), rev2)
+		holds(t, ctx, st, svc, key, []byte("two"), rev2)
 
 		for _, wrong := range []uint64{rev1, rev2 + 1, rev2 + 1000, 0} {
 			_, err = st.Update(ctx, svc, key, []byte("three"), wrong)
 			isConflict(t, err, fmt.Sprintf("Update at revision %d (current %d)", wrong, rev2))
-			holds(t, st, svc, key, []byte("two"), rev2)
+			holds(t, ctx, st, svc, key, []byte("two"), rev2)
 		}
 		rev3, err := st.Update(ctx, svc, key, []byte("three"), rev2)
 		noError(t, err)
@@ -163,7 +143,7 @@ func Run(t *testing.T, h Harness) {
 			_, err = st.Update(ctx, svc, key, []byte("v"), r)
 			isConflict(t, err, fmt.Sprintf("Update of a missing key at revision %d", r))
 		}
-		missing(t, st, svc, key)
+		missing(t, ctx, st, svc, key)
 	})
 
 	t.Run("Delete", func(t *testing.T) {
@@ -177,15 +157,15 @@ func Run(t *testing.T, h Harness) {
 		for _, wrong := range []uint64{rev1, rev2 + 1, 0} {
 			err = st.Delete(ctx, svc, key, wrong)
 			isConflict(t, err, fmt.Sprintf("Delete at revision %d (current %d)", wrong, rev2))
-			holds(t, st, svc, key, []byte("two"), rev2)
+			holds(t, ctx, st, svc, key, []byte("two"), rev2)
 		}
 		noError(t, st.Delete(ctx, svc, key, rev2))
-		missing(t, st, svc, key)
+		missing(t, ctx, st, svc, key)
 
 		isConflict(t, st.Delete(ctx, svc, key, rev2), "Delete of a deleted key")
 		_, err = st.Update(ctx, svc, key, []byte("three"), rev2)
 		isConflict(t, err, "Update of a deleted key at its last revision")
-		missing(t, st, svc, key)
+		missing(t, ctx, st, svc, key)
 		isConflict(t, st.Delete(ctx, svc, "never.written", 1), "Delete of a key never written")
 	})
 
@@ -203,12 +183,12 @@ func Run(t *testing.T, h Harness) {
 		noError(t, st.Delete(ctx, svc, key, rev))
 		_, err = st.Update(ctx, svc, key, []byte("stale"), rev)
 		isConflict(t, err, "Update of a deleted key at the revision before the delete")
-		missing(t, st, svc, key)
+		missing(t, ctx, st, svc, key)
 		isConflict(t, st.Delete(ctx, svc, key, rev), "Delete of a deleted key at the revision before the delete")
-		missing(t, st, svc, key)
+		missing(t, ctx, st, svc, key)
 		rev2, err := st.Update(ctx, svc, key, []byte("again"), rev+1)
 		noError(t, err, "Update at the delete marker's revision")
-		holds(t, st, svc, key, []byte("again"), rev2)
+		holds(t, ctx, st, svc, key, []byte("again"), rev2)
 	})
 
 	t.Run("CreateAfterDelete", func(t *testing.T) {
@@ -220,12 +200,12 @@ func Run(t *testing.T, h Harness) {
 		rev2, err := st.Create(ctx, svc, key, []byte("again"))
 		noError(t, err, "Create after Delete")
 		greater(t, rev2, rev1)
-		holds(t, st, svc, key, []byte("again"), rev2)
+		holds(t, ctx, st, svc, key, []byte("again"), rev2)
 		_, err = st.Create(ctx, svc, key, []byte("thrice"))
 		isConflict(t, err, "Create over the recreated key")
 		rev3, err := st.Update(ctx, svc, key, []byte("updated"), rev2)
 		noError(t, err)
-		holds(t, st, svc, key, []byte("updated"), rev3)
+		holds(t, ctx, st, svc, key, []byte("updated"), rev3)
 	})
 
 	t.Run("RevisionsIncrease", func(t *testing.T) {
@@ -255,11 +235,11 @@ func Run(t *testing.T, h Harness) {
 		other := svc + "b"
 		ra, err := st.Create(ctx, svc, key, []byte("a"))
 		noError(t, err)
-		missing(t, st, other, key)
+		missing(t, ctx, st, other, key)
 		rb, err := st.Create(ctx, other, key, []byte("b"))
 		noError(t, err, "the same key in another service")
 		noError(t, st.Delete(ctx, svc, key, ra))
-		holds(t, st, other, key, []byte("b"), rb)
+		holds(t, ctx, st, other, key, []byte("b"), rb)
 	})
 
 	t.Run("ValueTooLarge", func(t *testing.T) {
@@ -272,17 +252,17 @@ func Run(t *testing.T, h Harness) {
 		big := bytes.Repeat([]byte("x"), limit+1)
 		_, err := st.Create(ctx, svc, key, big)
 		errorIs(t, err, jobkeys.ErrStateTooLarge, "Create of %d bytes: want jobkeys.ErrStateTooLarge, got %v", len(big), err)
-		missing(t, st, svc, key)
+		missing(t, ctx, st, svc, key)
 
 		small := bytes.Repeat([]byte("y"), limit/2)
 		rev, err := st.Create(ctx, svc, key, small)
 		noError(t, err, "Create of %d bytes", len(small))
 		_, err = st.Update(ctx, svc, key, big, rev)
 		errorIs(t, err, jobkeys.ErrStateTooLarge, "Update of %d bytes: want jobkeys.ErrStateTooLarge, got %v", len(big), err)
-		holds(t, st, svc, key, small, rev)
+		holds(t, ctx, st, svc, key, small, rev)
 		_, err = st.Update(ctx, svc, key, bytes.Repeat([]byte("z"), 10*limit), rev)
 		errorIs(t, err, jobkeys.ErrStateTooLarge, "Update of %d bytes: %v", 10*limit, err)
-		holds(t, st, svc, key, small, rev)
+		holds(t, ctx, st, svc, key, small, rev)
 	})
 
 	t.Run("ContextCancelled", func(t *testing.T) {
@@ -310,8 +290,8 @@ func Run(t *testing.T, h Harness) {
 		_, err = st.Update(cancelled, svc, key, []byte("w"), rev)
 		isCancelled(t, err, "Update")
 		isCancelled(t, st.Delete(cancelled, svc, key, rev), "Delete")
-		holds(t, st, svc, key, []byte("v"), rev)
-		missing(t, st, svc, "another.key")
+		holds(t, ctx, st, svc, key, []byte("v"), rev)
+		missing(t, ctx, st, svc, "another.key")
 	})
 
 	t.Run("ConcurrentCreateHasOneWinner", func(t *testing.T) {
@@ -386,6 +366,34 @@ func Run(t *testing.T, h Harness) {
 	})
 
 	runCapabilities(t, h, ctx)
+}
+
+// isNotFound fails t unless err wraps jobkeys.ErrKeyNotFound.
+func isNotFound(t *testing.T, err error, what string) {
+	t.Helper()
+	errorIs(t, err, jobkeys.ErrKeyNotFound, "%s: want jobkeys.ErrKeyNotFound, got %v", what, err)
+}
+
+// isConflict fails t unless err wraps jobkeys.ErrRevisionConflict.
+func isConflict(t *testing.T, err error, what string) {
+	t.Helper()
+	errorIs(t, err, jobkeys.ErrRevisionConflict, "%s: want jobkeys.ErrRevisionConflict, got %v", what, err)
+}
+
+// holds fails t unless key of svc holds value at revision rev.
+func holds(t *testing.T, ctx context.Context, st jobkeys.Store, svc, key string, value []byte, rev uint64) {
+	t.Helper()
+	v, r, err := st.Get(ctx, svc, key)
+	noError(t, err, "Get %s", key)
+	equal(t, string(value), string(v), "value of %s", key)
+	equal(t, rev, r, "revision of %s", key)
+}
+
+// missing fails t unless key of svc does not exist.
+func missing(t *testing.T, ctx context.Context, st jobkeys.Store, svc, key string) {
+	t.Helper()
+	_, _, err := st.Get(ctx, svc, key)
+	isNotFound(t, err, "Get "+key)
 }
 
 // message formats msgAndArgs (a format and its arguments) for a failure.
