@@ -404,29 +404,34 @@ func current(ctx context.Context, o *options, st jobs.Store, channel, id string,
 	return d.Job, nil
 }
 
-// runtimeClient is a runtime client over the session's job store and key
-// layer, with no kinds: its control calls end a job's run in its worker at
-// the worker's next heartbeat and remove its queue entry, found by reading
-// the keys of the job's type in service. What it cannot do is a warning on
-// stderr.
-func runtimeClient(s *session, st jobs.Store, service string) (*jobs.Client, error) {
+// openClient opens the job store and the key layer (openJobs) and a
+// runtime client over them, with no kinds: its control calls end a job's
+// run in its worker at the worker's next heartbeat and remove its queue
+// entry, found by reading the keys of the job's type in service. What it
+// cannot do is a warning on stderr. The caller closes the session.
+func (c *cli) openClient(ctx context.Context, o *options, service string) (*session, jobs.Store, *jobs.Client, error) {
+	s, st, err := c.openJobs(ctx, o)
+	if err != nil {
+		return nil, nil, nil, err
+	}
 	logger := slog.New(slog.NewTextHandler(s.stderr, &slog.HandlerOptions{Level: slog.LevelWarn, ReplaceAttr: dropTime}))
-	return jobs.NewClient(st, s.coord, &jobs.ClientConfig{KeyStore: s.keys, Service: service, Logger: logger})
+	client, err := jobs.NewClient(st, s.coord, &jobs.ClientConfig{KeyStore: s.keys, Service: service, Logger: logger})
+	if err != nil {
+		s.close(ctx)
+		return nil, nil, nil, err
+	}
+	return s, st, client, nil
 }
 
 func jobsCancel(ctx context.Context, c *cli, o *options, channel, id string, allowArchived bool, service string) error {
 	if service == "" {
 		return usagef("--service is empty")
 	}
-	s, st, err := c.openJobs(ctx, o)
+	s, st, client, err := c.openClient(ctx, o, service)
 	if err != nil {
 		return err
 	}
 	defer s.close(ctx)
-	client, err := runtimeClient(s, st, service)
-	if err != nil {
-		return err
-	}
 	j, err := current(ctx, o, st, channel, id, 0)
 	if err != nil {
 		return err
@@ -478,15 +483,11 @@ func jobsResume(ctx context.Context, c *cli, o *options, channel, id string, in 
 	if service == "" {
 		return usagef("--service is empty")
 	}
-	s, st, err := c.openJobs(ctx, o)
+	s, st, client, err := c.openClient(ctx, o, service)
 	if err != nil {
 		return err
 	}
 	defer s.close(ctx)
-	client, err := runtimeClient(s, st, service)
-	if err != nil {
-		return err
-	}
 	j, err := current(ctx, o, st, channel, id, rev)
 	if err != nil {
 		return err
@@ -508,15 +509,11 @@ func jobsRetry(ctx context.Context, c *cli, o *options, channel, id string, rev 
 	if service == "" {
 		return usagef("--service is empty")
 	}
-	s, st, err := c.openJobs(ctx, o)
+	s, st, client, err := c.openClient(ctx, o, service)
 	if err != nil {
 		return err
 	}
 	defer s.close(ctx)
-	client, err := runtimeClient(s, st, service)
-	if err != nil {
-		return err
-	}
 	j, err := current(ctx, o, st, channel, id, rev)
 	if err != nil {
 		return err

@@ -68,15 +68,11 @@ func ui(ctx context.Context, c *cli, o *options, listen string, readOnly bool, s
 			chans = append(chans, ch)
 		}
 	}
-	s, st, err := c.openJobs(ctx, o)
+	s, _, client, err := c.openClient(ctx, o, service)
 	if err != nil {
 		return err
 	}
 	defer s.close(ctx)
-	client, err := runtimeClient(s, st, service)
-	if err != nil {
-		return err
-	}
 	h, err := jobsweb.New(&jobsweb.Config{Client: client, ReadOnly: readOnly, Channels: chans})
 	if err != nil {
 		return err
