@@ -139,13 +139,13 @@ func (c *KeyCoordinator) fenceAbsent(ctx context.Context, key JobKey, policy Pol
 		err = c.store.Delete(ctx, key.Service, key.KVKey, rev)
 	}
 	if err != nil {
-		e.conflict()
+		e.Conflict()
 		if ctx.Err() != nil && !errors.Is(err, ErrRevisionConflict) {
 			return ctx.Err()
 		}
 		return fmt.Errorf("jobkeys: KV key %q: fencing the absent key after an acquisition's lost write: %w", key.KVKey, err)
 	}
-	e.commit(nil, 0, c.cfg.RetryBackoff)
+	e.Commit(nil, 0, c.cfg.RetryBackoff)
 	return nil
 }
 

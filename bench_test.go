@@ -1240,12 +1240,12 @@ func TestCoordinatorBackoffWindow(t *testing.T) {
 	e := &keyEntry{}
 	var grown []time.Duration
 	for range 5 {
-		require.NoError(t, sleepJitter(ctx, e.lose(c.cfg.RetryBackoff, c.cfg.MaxRetryBackoff, time.Now())))
+		require.NoError(t, SleepJitter(ctx, e.Lose(c.cfg.RetryBackoff, c.cfg.MaxRetryBackoff, time.Now())))
 		grown = append(grown, e.window)
 	}
 	var settled []time.Duration
 	for range 4 {
-		e.commit(nil, 0, c.cfg.RetryBackoff)
+		e.Commit(nil, 0, c.cfg.RetryBackoff)
 		settled = append(settled, e.window)
 	}
 	us := time.Microsecond

@@ -524,7 +524,7 @@ func (c *KeyCoordinator) run(ctx context.Context, key JobKey, rt retry, reduce f
 	buf := takeEncodeBuffer()
 	defer putEncodeBuffer(buf)
 	var (
-		r        *read // the last read, nil until one is needed
+		r        *Read // the last read, nil until one is needed
 		readNext bool
 		lost     int
 	)
@@ -537,14 +537,14 @@ func (c *KeyCoordinator) run(ctx context.Context, key JobKey, rt retry, reduce f
 			}
 		}
 		op.r = r
-		view := e.view()
+		view := e.View()
 		res, err := c.holdingWakes(e, key, op, buf)
 		if err != nil {
 			return err
 		}
 		s := res.s
 		if res.done {
-			wt.decided(s.rev)
+			wt.decided(s.Rev)
 		}
 		if res.done || res.err != nil {
 			if res.unsure && rt.unsure != nil {
@@ -553,18 +553,18 @@ func (c *KeyCoordinator) run(ctx context.Context, key JobKey, rt retry, reduce f
 			return res.err
 		}
 		readNext = true
-		if op.woken && op.wrote != nil && s.state != nil {
+		if op.woken && op.wrote != nil && s.State != nil {
 			// A woken waiter's write lost: the write that won wakes it
 			// again if it leaves a slot free (see publishWakes).
-			wt.decided(s.rev)
-			wt.lostOn = s.state
+			wt.decided(s.Rev)
+			wt.lostOn = s.State
 			return errWakeLost
 		}
 		// A create of this operation's (op.wrote: the batch's holder sets
 		// it) on the absence the feed delivered lost to another
 		// process's create, which the feed delivers next.
-		createLost := op.wrote != nil && s.state == nil && view.absent && c.keys.max > 0 && e.fed()
-		if !createLost && !s.verified && (!s.watched || op.wrote == nil) {
+		createLost := op.wrote != nil && s.State == nil && view.Absent && c.keys.max > 0 && e.Fed()
+		if !createLost && !s.Verified && (!s.Watched || op.wrote == nil) {
 			// A stale guess, not a lost race: read and try again. So is an
 			// outcome that writes nothing on state the feed delivered,
 			// which may be stale (only a waiter trusts it): the read
@@ -591,11 +591,11 @@ func (c *KeyCoordinator) run(ctx context.Context, key JobKey, rt retry, reduce f
 // tries.
 func paceFirst(ctx context.Context, e *keyEntry, rt retry) error {
 	wt := rt.wait
-	if rt.lease != nil || wt != nil && wt.wake || wt != nil && wt.trustWatch && e.fed() {
+	if rt.lease != nil || wt != nil && wt.wake || wt != nil && wt.trustWatch && e.Fed() {
 		return nil
 	}
-	if window := e.paceWindow(time.Now()); window > 0 {
-		return sleepJitter(ctx, window)
+	if window := e.PaceWindow(time.Now()); window > 0 {
+		return SleepJitter(ctx, window)
 	}
 	return nil
 }
@@ -604,20 +604,20 @@ func paceFirst(ctx context.Context, e *keyEntry, rt retry) error {
 // returns the read; done says the outcome on it writes nothing, which
 // ends the operation (wt, nil but for a waiting Runner's try, learns
 // the revision).
-func (c *KeyCoordinator) readFor(ctx context.Context, key JobKey, e *keyEntry, reduce func(*KeyState, time.Time) *KeyState, wt *waitTry) (_ *read, done bool, _ error) {
-	mark, feed, hints := e.mark(), e.feedMark(), e.hintMark()
+func (c *KeyCoordinator) readFor(ctx context.Context, key JobKey, e *keyEntry, reduce func(*KeyState, time.Time) *KeyState, wt *waitTry) (_ *Read, done bool, _ error) {
+	mark, feed, hints := e.Mark(), e.FeedMark(), e.HintMark()
 	sent := time.Now() // the read's request goes out after this
 	st, rev, err := c.read(ctx, key)
 	if err != nil {
 		return nil, false, err
 	}
-	e.settleHint(rev, hints)
+	e.SettleHint(rev, hints)
 	if next := reduce(st, c.cfg.Now()); writesNothing(next, st) {
-		e.observeSent(st, rev, feed, sent)
+		e.ObserveSent(st, rev, feed, sent)
 		wt.decided(rev)
 		return nil, true, nil
 	}
-	return &read{state: st, sent: sent, rev: rev, mark: mark, feed: feed}, false, nil
+	return &Read{State: st, Sent: sent, Rev: rev, Mark: mark, Feed: feed}, false, nil
 }
 
 // holdingWakes takes op's turn at e's lane (see turn), holding back the
@@ -651,11 +651,11 @@ func (c *KeyCoordinator) holdingWakes(e *keyEntry, key JobKey, op *laneOp, buf *
 //
 // A create lost on the absence the feed delivered is not paused for
 // either: it was made on a guess, and a failed write on a guess never is.
-func (c *KeyCoordinator) afterLost(ctx context.Context, e *keyEntry, key JobKey, rt retry, res laneResult, view feedView, createLost bool, lost int) (fromFeed bool, _ error) {
-	fed := e.fed()
+func (c *KeyCoordinator) afterLost(ctx context.Context, e *keyEntry, key JobKey, rt retry, res laneResult, view FeedView, createLost bool, lost int) (fromFeed bool, _ error) {
+	fed := e.Fed()
 	watchAnswers := createLost || fed && (rt.lease != nil || rt.wait != nil && rt.wait.trustWatch)
 	if rt.lease != nil {
-		if until := leaseEnd(res.s.state, *rt.lease); !c.cfg.Now().Before(until) {
+		if until := leaseEnd(res.s.State, *rt.lease); !c.cfg.Now().Before(until) {
 			return false, fmt.Errorf("%w: KV key %q: job %q lost %d compare-and-swap races to concurrent writers until its lease expired at %s",
 				ErrContention, key.KVKey, rt.lease.JobID, lost, until.UTC().Format(time.RFC3339Nano))
 		}
@@ -669,18 +669,18 @@ func (c *KeyCoordinator) afterLost(ctx context.Context, e *keyEntry, key JobKey,
 		// operations; a turn that wrote nothing did not.
 		pause := res.pause
 		if pause == 0 {
-			pause = e.lose(c.cfg.RetryBackoff, c.cfg.MaxRetryBackoff, time.Now())
+			pause = e.Lose(c.cfg.RetryBackoff, c.cfg.MaxRetryBackoff, time.Now())
 		}
-		if err := sleepJitter(ctx, pause); err != nil {
+		if err := SleepJitter(ctx, pause); err != nil {
 			return false, err
 		}
 	}
 	if createLost {
 		// The watch delivers the create that won.
-		return e.awaitCreated(ctx, view.delivered, watchFallback), nil
+		return e.AwaitCreated(ctx, view.Delivered, watchFallback), nil
 	}
 	// The watch delivers what the write lost to.
-	return fed && e.awaitChange(ctx, res.s.rev, watchFallback), nil
+	return fed && e.AwaitChange(ctx, res.s.Rev, watchFallback), nil
 }
 
 // watchFallback bounds how long an operation whose write lost a race on a

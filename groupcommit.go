@@ -159,7 +159,7 @@ type laneOp struct {
 	rt     retry
 	trust  bool  // a waiting acquisition that trusts the watch feed (waitTry)
 	woken  bool  // a woken waiter's acquisition over targeted wake-ups (waitTry.wake)
-	r      *read // the operation's last read; nil: none
+	r      *Read // the operation's last read; nil: none
 	// solo keeps the operation out of batches: it takes the lane only when
 	// handed it, and takes no one along (a batch it was in fell back).
 	solo bool
@@ -170,7 +170,7 @@ type laneOp struct {
 	handed bool
 
 	// Set by the batch's holder while the operation is in its batch.
-	s     start     // what begin gave the operation
+	s     Start     // what begin gave the operation
 	ok    bool      // begin's ok
 	err   error     // a check of the state it produced failed
 	early bool      // done before the batch's write: res is final
@@ -208,7 +208,7 @@ type laneProbes struct {
 
 // laneResult is the result of an operation's turn, for run.
 type laneResult struct {
-	s     start // the state the turn's attempt started from
+	s     Start // the state the turn's attempt started from
 	done  bool  // the operation is complete
 	err   error // the operation must stop with err
 	rerun bool  // (lead) run again alone, still holding the lane
@@ -432,10 +432,10 @@ func (l *lane) deliver(ops []*laneOp, n int) laneResult {
 // startFrom returns the start of op's attempt in a batch that started from
 // s: s, verified for op when it was stored at an instant during op (op read
 // it or an older revision, or a trusted watch feed vouches for it).
-func (op *laneOp) startFrom(s start) start {
-	v := op.trust && s.watched || op.woken && s.cached ||
-		op.ok && op.s.verified && (op.s.rev == s.rev && (op.s.state == nil) == (s.state == nil) || op.s.rev != 0 && s.rev > op.s.rev)
-	return start{state: s.state, rev: s.rev, verified: v, watched: s.watched, cached: s.cached}
+func (op *laneOp) startFrom(s Start) Start {
+	v := op.trust && s.Watched || op.woken && s.Cached ||
+		op.ok && op.s.Verified && (op.s.Rev == s.Rev && (op.s.State == nil) == (s.State == nil) || op.s.Rev != 0 && s.Rev > op.s.Rev)
+	return Start{State: s.State, Rev: s.Rev, Verified: v, Watched: s.Watched, Cached: s.Cached}
 }
 
 // turn takes op's turn at e's lane: it leads a batch (op and those waiting
@@ -507,7 +507,7 @@ type laneBatch struct {
 	lead *laneOp
 	buf  *[]byte     // the encode buffer of the batch's states
 	ops  []*laneOp   // lead first, then those taken from the queue, in order
-	s    start       // the state the batch starts from
+	s    Start       // the state the batch starts from
 	bw   BatchWriter // the store's batched writes; nil: none
 	// batched: the store writes successive states of the key in one step,
 	// and takes every writer of the batch, each state a revision of its
@@ -556,7 +556,7 @@ func (b *laneBatch) release() {
 func (b *laneBatch) begin() bool {
 	last := -1
 	for i, op := range b.ops {
-		op.s, op.ok = b.e.begin(op.r, b.c.keys.max > 0, op.rt.assumeAbsent, op.trust)
+		op.s, op.ok = b.e.Begin(op.r, b.c.keys.max > 0, op.rt.assumeAbsent, op.trust)
 		op.err, op.early, op.wrote = nil, false, nil
 		if op.ok {
 			last = i
@@ -567,12 +567,12 @@ func (b *laneBatch) begin() bool {
 	}
 	b.s = b.ops[last].s
 	b.bw, _ = b.c.store.(BatchWriter)
-	b.batched = b.bw != nil && b.s.state != nil && b.bw.Batches(b.key.Service, b.key.KVKey)
+	b.batched = b.bw != nil && b.s.State != nil && b.bw.Batches(b.key.Service, b.key.KVKey)
 	b.maxWriters = b.c.groupWriters
 	if b.batched {
 		b.maxWriters = groupCommitMax
 	}
-	b.n, b.cur = len(b.ops), b.s.state
+	b.n, b.cur = len(b.ops), b.s.State
 	return true
 }
 
@@ -598,7 +598,7 @@ func (b *laneBatch) reduceOp(i int) bool {
 		// Ahead of every write, on state verified for it, the outcome is
 		// final now, as it would be alone.
 		if i > 0 && !b.writes {
-			if st := op.startFrom(b.s); st.verified {
+			if st := op.startFrom(b.s); st.Verified {
 				op.res, op.early = laneResult{s: st, done: true}, true
 			}
 		}
@@ -609,7 +609,7 @@ func (b *laneBatch) reduceOp(i int) bool {
 		return true
 	}
 	if next.Empty() {
-		if b.writes && b.s.state == nil {
+		if b.writes && b.s.State == nil {
 			b.n = i // the key was never stored: the batch creates it, the next one deletes it
 			return true
 		}
@@ -645,8 +645,8 @@ func (b *laneBatch) reduceOp(i int) bool {
 // room for them.
 func (b *laneBatch) lingerForWoken() {
 	for b.batched && b.writes && b.writers < b.maxWriters && !b.lead.solo && len(b.ops) < groupCommitMax &&
-		b.s.state != nil && len(b.cur.Active) < len(b.s.state.Active) {
-		woken := b.c.keys.prewake(b.key.KVKey, b.cur, b.s.rev+uint64(b.writers))
+		b.s.State != nil && len(b.cur.Active) < len(b.s.State.Active) {
+		woken := b.c.keys.prewake(b.key.KVKey, b.cur, b.s.Rev+uint64(b.writers))
 		if woken == 0 {
 			return
 		}
@@ -676,7 +676,7 @@ func (b *laneBatch) takeWoken() {
 			b.ops = b.ops[:i]
 			return
 		}
-		op.s, op.ok = b.e.begin(nil, b.c.keys.max > 0, op.rt.assumeAbsent, op.trust)
+		op.s, op.ok = b.e.Begin(nil, b.c.keys.max > 0, op.rt.assumeAbsent, op.trust)
 		op.err, op.early, op.wrote = nil, false, nil
 	}
 }
@@ -690,7 +690,7 @@ func (b *laneBatch) deliverUnwritten() laneResult {
 			continue
 		}
 		st := op.startFrom(b.s)
-		op.res = laneResult{s: st, done: st.verified}
+		op.res = laneResult{s: st, done: st.Verified}
 	}
 	return b.e.lane.deliver(b.ops, b.n)
 }
@@ -718,10 +718,10 @@ func (b *laneBatch) write(wctx context.Context) (final *KeyState, rev uint64, er
 	c, e, key, s := b.c, b.e, b.key, b.s
 	switch {
 	case b.batched && b.writers > 1:
-		final, rev, err = c.writeBatch(wctx, e, key, b.bw, b.ops[:b.n], s.rev, b.buf)
+		final, rev, err = c.writeBatch(wctx, e, key, b.bw, b.ops[:b.n], s.Rev, b.buf)
 	case b.cur.Empty():
-		err = c.store.Delete(wctx, key.Service, key.KVKey, s.rev)
-		rev = s.rev // absent now (past s.rev); Admit creates it without a read
+		err = c.store.Delete(wctx, key.Service, key.KVKey, s.Rev)
+		rev = s.Rev // absent now (past s.rev); Admit creates it without a read
 	default:
 		if b.encoded != b.cur {
 			c.encode(b.buf, b.cur)
@@ -729,14 +729,14 @@ func (b *laneBatch) write(wctx context.Context) (final *KeyState, rev uint64, er
 		// cur is also its operation's outcome's State, which belongs to
 		// the caller: remember a copy. The watch may recognise it before
 		// the reply.
-		final = snapshotOver(b.cur, s.state)
-		e.writing(*b.buf, final)
-		if s.state == nil {
+		final = snapshotOver(b.cur, s.State)
+		e.Writing(*b.buf, final)
+		if s.State == nil {
 			rev, err = c.store.Create(wctx, key.Service, key.KVKey, *b.buf)
 		} else {
-			rev, err = c.store.Update(wctx, key.Service, key.KVKey, *b.buf, s.rev)
+			rev, err = c.store.Update(wctx, key.Service, key.KVKey, *b.buf, s.Rev)
 		}
-		e.written()
+		e.Written()
 	}
 	if p := e.lane.probes; p != nil {
 		p.written(&e.lane, err)
@@ -750,10 +750,10 @@ func (b *laneBatch) write(wctx context.Context) (final *KeyState, rev uint64, er
 // and every operation gets its result.
 func (b *laneBatch) committed(final *KeyState, rev uint64) laneResult {
 	c, e, key := b.c, b.e, b.key
-	e.commit(final, rev, c.cfg.RetryBackoff)
+	e.Commit(final, rev, c.cfg.RetryBackoff)
 	c.keys.handoff(key.KVKey, final, rev)
 	if c.wakes != nil && final != nil {
-		c.publishWakes(key, b.s.state, final, rev, lastValue(*b.buf, e.lane.ends, b.batched && b.writers > 1))
+		c.publishWakes(key, b.s.State, final, rev, lastValue(*b.buf, e.lane.ends, b.batched && b.writers > 1))
 	}
 	leases := 0
 	for _, op := range b.ops[:b.n] {
@@ -763,7 +763,7 @@ func (b *laneBatch) committed(final *KeyState, rev uint64) laneResult {
 	}
 	e.lane.returned(b.acquired, leases)
 	for _, op := range b.ops[:b.n] {
-		op.res = laneResult{s: start{state: b.s.state, rev: b.s.rev, verified: true}, done: op.err == nil, err: op.err}
+		op.res = laneResult{s: Start{State: b.s.State, Rev: b.s.Rev, Verified: true}, done: op.err == nil, err: op.err}
 	}
 	return e.lane.deliver(b.ops, b.n)
 }
@@ -776,7 +776,7 @@ func (b *laneBatch) failed(wctx context.Context, err error) laneResult {
 	tooLarge := errors.Is(err, ErrStateTooLarge)
 	refused := errors.Is(err, ErrBatchRefused)
 	if !tooLarge && !refused {
-		b.e.conflictAt(b.s.rev)
+		b.e.ConflictAt(b.s.Rev)
 	}
 	conflict := errors.Is(err, ErrRevisionConflict)
 	if conflict {
@@ -818,14 +818,14 @@ func (b *laneBatch) failed(wctx context.Context, err error) laneResult {
 // its window widens once. A waiting acquisition on a fed key loses a race
 // the watch answers: that widens no window (see run).
 func (b *laneBatch) lost() laneResult {
-	fed, lost := b.e.fed(), false
+	fed, lost := b.e.Fed(), false
 	for _, op := range b.ops[:b.n] {
 		st := op.startFrom(b.s)
-		lost = lost || (st.verified || st.watched) && !(fed && op.trust) && !op.woken
+		lost = lost || (st.Verified || st.Watched) && !(fed && op.trust) && !op.woken
 	}
 	var pause time.Duration
 	if lost {
-		pause = b.e.lose(b.c.cfg.RetryBackoff, b.c.cfg.MaxRetryBackoff, time.Now())
+		pause = b.e.Lose(b.c.cfg.RetryBackoff, b.c.cfg.MaxRetryBackoff, time.Now())
 	}
 	for _, op := range b.ops[:b.n] {
 		op.res = laneResult{s: op.startFrom(b.s), pause: pause}
@@ -874,8 +874,8 @@ func (c *KeyCoordinator) writeBatch(ctx context.Context, e *keyEntry, key JobKey
 		// the caller: remember a copy. The watch may recognise it before
 		// the reply.
 		final = snapshot(last)
-		e.writing(values[len(values)-1], final)
-		defer e.written()
+		e.Writing(values[len(values)-1], final)
+		defer e.Written()
 	}
 	lastRev, err := bw.WriteBatch(ctx, key.Service, key.KVKey, values, rev, del)
 	return final, lastRev, err

@@ -403,13 +403,13 @@ func (e *keyEntry) materialize() {
 	e.state = st
 }
 
-// hinted records that a wake-up from another process named revision rev
+// Hinted records that a wake-up from another process named revision rev
 // of e's key: until a read settles it (settleHint) or e holds a state of
 // rev or later, the next operation on the key reads before it writes. A
 // hint of a revision e holds, or older, changes nothing. So a forged
 // wake-up costs at most one read per message, and never a write on a
 // state its sender chose.
-func (e *keyEntry) hinted(rev uint64) {
+func (e *keyEntry) Hinted(rev uint64) {
 	e.mu.Lock()
 	defer e.mu.Unlock()
 	if rev <= e.rev && e.known || rev <= e.hint {
@@ -419,22 +419,22 @@ func (e *keyEntry) hinted(rev uint64) {
 	e.hints++
 }
 
-// hintMark returns the count of hints, to be passed to settleHint after a
+// HintMark returns the count of hints, to be passed to settleHint after a
 // read.
-func (e *keyEntry) hintMark() uint64 {
+func (e *keyEntry) HintMark() uint64 {
 	e.mu.Lock()
 	defer e.mu.Unlock()
 	return e.hints
 }
 
-// settleHint drops the standing hint after a read that returned revision
+// SettleHint drops the standing hint after a read that returned revision
 // rev (0: absent) and whose request was sent after hintMark returned
 // mark: the read saw the hint's revision, or, when it returned an older
 // one though no hint came since mark, the hint named a revision the key
 // had not reached when the read was served (a legitimate wake-up's
 // revision was committed before it was sent): a forgery, or a revision
 // the next wake-up will name again.
-func (e *keyEntry) settleHint(rev, mark uint64) {
+func (e *keyEntry) SettleHint(rev, mark uint64) {
 	e.mu.Lock()
 	defer e.mu.Unlock()
 	if e.hint != 0 && (rev >= e.hint || e.hints == mark) {
@@ -466,9 +466,9 @@ func (t *keyTable) held(k string, rev uint64, value []byte) *KeyState {
 	return nil
 }
 
-// writing records the write of value, the encoding of st, about to be made
+// Writing records the write of value, the encoding of st, about to be made
 // holding the lane, until written.
-func (e *keyEntry) writing(value []byte, st *KeyState) {
+func (e *keyEntry) Writing(value []byte, st *KeyState) {
 	e.mu.Lock()
 	defer e.mu.Unlock()
 	e.writeGen = e.feedGen
@@ -478,8 +478,8 @@ func (e *keyEntry) writing(value []byte, st *KeyState) {
 	}
 }
 
-// written ends writing: the value's buffer may be reused.
-func (e *keyEntry) written() {
+// Written ends writing: the value's buffer may be reused.
+func (e *keyEntry) Written() {
 	e.mu.Lock()
 	defer e.mu.Unlock()
 	e.inflight, e.inflightState = nil, nil
@@ -506,23 +506,23 @@ func (e *keyEntry) refreshed(gen uint64) {
 	}
 }
 
-// feedMark returns the feed generation, to be passed in a read to begin.
-func (e *keyEntry) feedMark() uint64 {
+// FeedMark returns the feed generation, to be passed in a read to begin.
+func (e *keyEntry) FeedMark() uint64 {
 	e.mu.Lock()
 	defer e.mu.Unlock()
 	return e.feedGen
 }
 
-// fed reports whether a watch feeds e.
-func (e *keyEntry) fed() bool {
+// Fed reports whether a watch feeds e.
+func (e *keyEntry) Fed() bool {
 	e.mu.Lock()
 	defer e.mu.Unlock()
 	return e.watching > 0 && e.fresh
 }
 
-// awaitChange waits until e's watch feed delivers a revision after rev or
+// AwaitChange waits until e's watch feed delivers a revision after rev or
 // e holds a later state, for at most bound; it reports whether one came.
-func (e *keyEntry) awaitChange(ctx context.Context, rev uint64, bound time.Duration) bool {
+func (e *keyEntry) AwaitChange(ctx context.Context, rev uint64, bound time.Duration) bool {
 	var t *time.Timer
 	defer func() {
 		if t != nil {
@@ -563,42 +563,42 @@ func (e *keyEntry) lock(ctx context.Context) error {
 // unlock releases e's lane.
 func (e *keyEntry) unlock() { e.lane.leave() }
 
-// start is the state an attempt starts from.
-type start struct {
-	state *KeyState // nil: the key is absent
-	rev   uint64
-	// verified says the state was stored at some instant during the
+// Start is the state an attempt starts from.
+type Start struct {
+	State *KeyState // nil: the key is absent
+	Rev   uint64
+	// Verified says the state was stored at some instant during the
 	// operation (read by it, or written by this coordinator meanwhile), so
 	// an outcome that writes nothing may rest on it. Otherwise it is a
 	// guess that only a successful compare-and-swap confirms.
-	verified bool
-	// watched says the state is the latest the key's watch feed knows of
+	Verified bool
+	// Watched says the state is the latest the key's watch feed knows of
 	// (keyEntry.trusted): a failed write on it lost a race, and the next
 	// change the watch delivers answers it.
-	watched bool
-	// cached says the state is the one this coordinator last saw stored
+	Watched bool
+	// Cached says the state is the one this coordinator last saw stored
 	// (keyEntry.known), from before the operation: a woken waiter over
 	// targeted wake-ups may find the key busy on it (see waitTry.wake).
-	cached bool
+	Cached bool
 }
 
-// read is the result of a read made without the lane.
-type read struct {
-	state *KeyState
-	sent  time.Time // when the read's request was sent
-	rev   uint64    // 0 when the key is absent
-	mark  uint64    // e.commits when the read began
-	feed  uint64    // e.feedGen when the read began
+// Read is the result of a Read made without the lane.
+type Read struct {
+	State *KeyState
+	Sent  time.Time // when the read's request was sent
+	Rev   uint64    // 0 when the key is absent
+	Mark  uint64    // e.commits when the read began
+	Feed  uint64    // e.feedGen when the read began
 }
 
-// mark returns the count of commits, to be passed in a read to begin.
-func (e *keyEntry) mark() uint64 {
+// Mark returns the count of commits, to be passed in a read to begin.
+func (e *keyEntry) Mark() uint64 {
 	e.mu.Lock()
 	defer e.mu.Unlock()
 	return e.commits
 }
 
-// begin returns the state an attempt starts from; the caller holds the
+// Begin returns the state an attempt starts from; the caller holds the
 // lane. With r nil (the first attempt) it is the remembered state if
 // useCache, else an absent key if assumeAbsent, else ok is false: read
 // first. With a read it is the newer of that read and what e knows, and ok
@@ -613,7 +613,7 @@ func (e *keyEntry) mark() uint64 {
 // that its watch feed vouches for counts as verified: such an operation
 // may find the key busy on it without a read, and the watch wakes it when
 // that changes.
-func (e *keyEntry) begin(r *read, useCache, assumeAbsent, trustWatch bool) (s start, ok bool) {
+func (e *keyEntry) Begin(r *Read, useCache, assumeAbsent, trustWatch bool) (s Start, ok bool) {
 	e.mu.Lock()
 	defer e.mu.Unlock()
 	e.materialize()
@@ -621,48 +621,48 @@ func (e *keyEntry) begin(r *read, useCache, assumeAbsent, trustWatch bool) (s st
 		if e.hint > e.rev || e.hint != 0 && !e.known {
 			// A wake-up named a later revision than e holds: read it
 			// (see hinted).
-			return start{}, false
+			return Start{}, false
 		}
 		switch {
 		case useCache && e.known:
 			w := e.trusted()
-			return start{state: e.state, rev: e.rev, verified: trustWatch && w, watched: w, cached: true}, true
+			return Start{State: e.state, Rev: e.rev, Verified: trustWatch && w, Watched: w, Cached: true}, true
 		case assumeAbsent:
-			return start{}, true
+			return Start{}, true
 		}
-		return start{}, false
+		return Start{}, false
 	}
-	own := e.commits != r.mark // this coordinator wrote the key during the read
+	own := e.commits != r.Mark // this coordinator wrote the key during the read
 	switch {
-	case r.rev != 0 && e.known && e.rev > r.rev:
+	case r.Rev != 0 && e.known && e.rev > r.Rev:
 		// Stored after the read's snapshot (revisions only grow), so at
 		// an instant during this operation.
-		return start{state: e.state, rev: e.rev, verified: true}, true
-	case r.rev != 0 && own && !e.known:
+		return Start{State: e.state, Rev: e.rev, Verified: true}, true
+	case r.Rev != 0 && own && !e.known:
 		// This coordinator deleted the key, perhaps after the read.
-		return start{}, false
-	case r.rev == 0 && own && e.known:
+		return Start{}, false
+	case r.Rev == 0 && own && e.known:
 		// An absent read has no revision to order it by: the write
 		// committed during it is the later confirmed state either way.
-		return start{state: e.state, rev: e.rev, verified: true}, true
+		return Start{State: e.state, Rev: e.rev, Verified: true}, true
 	}
-	e.state, e.rev, e.known = r.state, r.rev, r.state != nil
-	e.seenAt, e.sentAt = time.Now(), r.sent
-	e.refreshed(r.feed)
-	return start{state: r.state, rev: r.rev, verified: true}, true
+	e.state, e.rev, e.known = r.State, r.Rev, r.State != nil
+	e.seenAt, e.sentAt = time.Now(), r.Sent
+	e.refreshed(r.Feed)
+	return Start{State: r.State, Rev: r.Rev, Verified: true}, true
 }
 
-// observe records a read's result that no write followed, without the
+// Observe records a read's result that no write followed, without the
 // lane, when it is newer than what e knows, so that the next write starts
 // from it. An absent read is not recorded: it has no revision to order
 // it by.
-func (e *keyEntry) observe(state *KeyState, rev, feed uint64) {
-	e.observeSent(state, rev, feed, time.Time{})
+func (e *keyEntry) Observe(state *KeyState, rev, feed uint64) {
+	e.ObserveSent(state, rev, feed, time.Time{})
 }
 
-// observeSent is observe for a state this coordinator's own read returned,
+// ObserveSent is observe for a state this coordinator's own read returned,
 // whose request was sent at sent (see keyEntry.sentAt); zero: not known.
-func (e *keyEntry) observeSent(state *KeyState, rev, feed uint64, sent time.Time) {
+func (e *keyEntry) ObserveSent(state *KeyState, rev, feed uint64, sent time.Time) {
 	if state == nil {
 		return
 	}
@@ -675,11 +675,11 @@ func (e *keyEntry) observeSent(state *KeyState, rev, feed uint64, sent time.Time
 	}
 }
 
-// commit records a successful write of state at rev (state nil: a delete
+// Commit records a successful write of state at rev (state nil: a delete
 // of revision rev, which e keeps, not known, so that a lagging watch feed's
 // changes from before the delete are not taken for its state) and halves the backoff window, down to zero below floor. The caller
 // holds the lane; state must not be modified afterwards.
-func (e *keyEntry) commit(state *KeyState, rev uint64, floor time.Duration) {
+func (e *keyEntry) Commit(state *KeyState, rev uint64, floor time.Duration) {
 	e.mu.Lock()
 	defer e.mu.Unlock()
 	if state != nil && e.watching > 0 {
@@ -702,19 +702,19 @@ func (e *keyEntry) commit(state *KeyState, rev uint64, floor time.Duration) {
 	}
 }
 
-// conflict records a failed write: what e remembered is no longer stored.
-func (e *keyEntry) conflict() {
+// Conflict records a failed write: what e remembered is no longer stored.
+func (e *keyEntry) Conflict() {
 	e.mu.Lock()
 	defer e.mu.Unlock()
 	e.state, e.rev, e.known = nil, 0, false
 }
 
-// conflictAt records a failed write on revision rev (0: a create): what e
+// ConflictAt records a failed write on revision rev (0: a create): what e
 // remembered is no longer stored, unless e learned of a later state
 // meanwhile (from its watch feed or a read). The key is past rev: e keeps
 // it (not known) so that a lagging watch feed's older changes are not
 // taken for its state.
-func (e *keyEntry) conflictAt(rev uint64) {
+func (e *keyEntry) ConflictAt(rev uint64) {
 	e.mu.Lock()
 	defer e.mu.Unlock()
 	if e.known && e.rev > rev {
@@ -723,7 +723,7 @@ func (e *keyEntry) conflictAt(rev uint64) {
 	e.state, e.rev, e.known = nil, rev, false
 }
 
-// lose records a race lost on the key and returns the pause to take before
+// Lose records a race lost on the key and returns the pause to take before
 // the next attempt: the window before it widened. The window starts at
 // floor, doubles with every race lost on the key and halves with every
 // commit (down to zero below floor), within ceiling, and is forgotten once
@@ -733,7 +733,7 @@ func (e *keyEntry) conflictAt(rev uint64) {
 // near an even chance per attempt, instead of early losers backing off ever
 // further while fresh writers keep winning, and writers woken together
 // spread out.
-func (e *keyEntry) lose(floor, ceiling time.Duration, now time.Time) time.Duration {
+func (e *keyEntry) Lose(floor, ceiling time.Duration, now time.Time) time.Duration {
 	e.mu.Lock()
 	defer e.mu.Unlock()
 	window := max(e.window, floor)
@@ -742,9 +742,9 @@ func (e *keyEntry) lose(floor, ceiling time.Duration, now time.Time) time.Durati
 	return window
 }
 
-// paceWindow returns the window to pace a first attempt by, 0 on a key that
+// PaceWindow returns the window to pace a first attempt by, 0 on a key that
 // is not contended (and then forgets a window that has gone quiet).
-func (e *keyEntry) paceWindow(now time.Time) time.Duration {
+func (e *keyEntry) PaceWindow(now time.Time) time.Duration {
 	e.mu.Lock()
 	defer e.mu.Unlock()
 	if e.window > 0 && now.Sub(e.lostAt) < windowMemory*e.window {
@@ -754,8 +754,8 @@ func (e *keyEntry) paceWindow(now time.Time) time.Duration {
 	return 0
 }
 
-// sleepJitter sleeps for a uniformly random duration in (0, window].
-func sleepJitter(ctx context.Context, window time.Duration) error {
+// SleepJitter sleeps for a uniformly random duration in (0, window].
+func SleepJitter(ctx context.Context, window time.Duration) error {
 	t := time.NewTimer(time.Duration(mrand.Int64N(int64(window))) + 1)
 	defer t.Stop()
 	select {
@@ -827,11 +827,11 @@ func queuedBehindIn(st *KeyState, key JobKey, jobID string, limit int, now time.
 	return out, i, true
 }
 
-// learned returns the revision of the state e knows (0 when it knows
-// none), when it learned it and, for a state this coordinator's own read
+// Learned returns the revision of the state e knows (0 when it knows
+// none), when it Learned it and, for a state this coordinator's own read
 // or write returned, when that request was sent (zero otherwise; see
 // sentAt).
-func (e *keyEntry) learned() (rev uint64, seenAt, sentAt time.Time) {
+func (e *keyEntry) Learned() (rev uint64, seenAt, sentAt time.Time) {
 	e.mu.Lock()
 	defer e.mu.Unlock()
 	if !e.known {

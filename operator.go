@@ -164,7 +164,7 @@ func (c *KeyCoordinator) Repair(ctx context.Context, req RepairRequest) (_ Repai
 		out.Revision, err = c.store.Update(ctx, key.Service, key.KVKey, value, rev)
 	}
 	if err != nil {
-		e.conflict()
+		e.Conflict()
 		if ctx.Err() != nil {
 			return RepairOutcome{}, ctx.Err()
 		}
@@ -172,10 +172,10 @@ func (c *KeyCoordinator) Repair(ctx context.Context, req RepairRequest) (_ Repai
 	}
 	if value == nil {
 		out.Deleted = true
-		e.commit(nil, 0, c.cfg.RetryBackoff)
+		e.Commit(nil, 0, c.cfg.RetryBackoff)
 	} else {
 		st := snapshot(req.Replacement)
-		e.commit(st, out.Revision, c.cfg.RetryBackoff)
+		e.Commit(st, out.Revision, c.cfg.RetryBackoff)
 		// Slots the replacement frees wake the jobs they are for, as any
 		// write's do: this process's waiters now, others by their wake-ups.
 		c.keys.handoff(key.KVKey, st, out.Revision)

@@ -445,7 +445,7 @@ func (w *slotWait) subscribeWakes() (trust, inTurn, now bool, err error) {
 	// or, learned otherwise, that arrived just before (wakeTrustAge), is a
 	// safe place to wait from. One older is not: it reads. A later state
 	// the coordinator learned meanwhile is tried.
-	rev, at, sent := w.sub.wake.entry.learned()
+	rev, at, sent := w.sub.wake.entry.Learned()
 	fresh := time.Since(at) <= wakeTrustAge
 	if !sent.IsZero() {
 		fresh = time.Since(sent) < wakeTrustSent

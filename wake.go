@@ -361,7 +361,7 @@ func (w *Watcher) subscribeWake(service, kvKey, jobID string, t *keyTable) (*Sub
 	stop, err := ws.subscribeWake(service, kvKey, jobID, func(value []byte, rev uint64) {
 		if value == nil {
 			// From another process: a hint (see wakeStore.subscribeWake).
-			e.hinted(rev)
+			e.Hinted(rev)
 		} else {
 			st := t.held(kvKey, rev, value)
 			if st == nil {
@@ -370,7 +370,7 @@ func (w *Watcher) subscribeWake(service, kvKey, jobID string, t *keyTable) (*Sub
 					return // not this key's state: the Runner's recheck reads it
 				}
 			}
-			e.observe(st, rev, e.feedMark())
+			e.Observe(st, rev, e.FeedMark())
 		}
 		for old := sub.wake.rev.Load(); old < rev && !sub.wake.rev.CompareAndSwap(old, rev); old = sub.wake.rev.Load() {
 		}

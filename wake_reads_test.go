@@ -36,7 +36,7 @@ func TestWakeReadsSentAtOfOwnRequests(t *testing.T) {
 	after := time.Now()
 	e := c.keys.entry(key.KVKey)
 	require.NotNil(t, e, "the entry is kept: it remembers the state")
-	rev, at, sent := e.learned()
+	rev, at, sent := e.Learned()
 	require.NotZero(t, rev)
 	assert.False(t, sent.Before(before), "the write's send time is not before the call")
 	assert.False(t, at.Before(sent), "the state arrived after its request was sent")
@@ -45,8 +45,8 @@ func TestWakeReadsSentAtOfOwnRequests(t *testing.T) {
 	// A wake-up's state (here: observed as subscribeWake does) has no
 	// send time of this coordinator's.
 	st := e.state
-	e.observe(st, rev+1, e.feedMark())
-	_, _, sent = e.learned()
+	e.Observe(st, rev+1, e.FeedMark())
+	_, _, sent = e.Learned()
 	assert.True(t, sent.IsZero(), "a state learned from a wake-up has no send time")
 
 	// The cached revision is past the stored one: the acquisition's
@@ -56,7 +56,7 @@ func TestWakeReadsSentAtOfOwnRequests(t *testing.T) {
 	acq, err := jt.Acquire(ctx, "j1", payload)
 	require.NoError(t, err)
 	require.Equal(t, KindAcquired, acq.Kind)
-	rev2, at, sent := e.learned()
+	rev2, at, sent := e.Learned()
 	assert.Greater(t, rev2, rev)
 	assert.False(t, sent.Before(before), "the request's send time is not before the call")
 	assert.False(t, at.Before(sent))
@@ -126,7 +126,7 @@ func TestWakeLostOutcomeFigures(t *testing.T) {
 					st, err := decodeState(value)
 					require.NoError(t, err)
 					e := a.keys.entry(key.KVKey)
-					e.observe(st, rev, e.feedMark())
+					e.Observe(st, rev, e.FeedMark())
 				}
 			}
 			// j2's Run, woken by a's state, tries on it; its write loses.

@@ -30,8 +30,8 @@ func TestKeyEntrySentAtNotKeptForAnOlderState(t *testing.T) {
 
 			sent := time.Now()
 			tab.watched(k, st, 2, true)              // the feed is at revision 2
-			e.observeSent(st, 5, e.feedMark(), sent) // this coordinator's read found revision 5
-			rev, _, got := e.learned()
+			e.ObserveSent(st, 5, e.FeedMark(), sent) // this coordinator's read found revision 5
+			rev, _, got := e.Learned()
 			require.Equal(t, uint64(5), rev)
 			require.Equal(t, sent, got)
 
@@ -39,26 +39,26 @@ func TestKeyEntrySentAtNotKeptForAnOlderState(t *testing.T) {
 			case "feed-not-a-state":
 				tab.watched(k, nil, 3, false)
 			case "operator-conflict":
-				e.conflict()
+				e.Conflict()
 			}
 			tab.watched(k, st, 4, true) // the lagging feed: older than the read
-			rev, _, got = e.learned()
+			rev, _, got = e.Learned()
 			require.Equal(t, uint64(4), rev)
 			assert.True(t, got.IsZero(), "revision 4, older than the read of revision 5, came with its send time")
 
 			// A newer state over a known one keeps it: the read's send
 			// time bounds every write after revision 4 too.
-			e.observeSent(st, 5, e.feedMark(), sent)
+			e.ObserveSent(st, 5, e.FeedMark(), sent)
 			tab.watched(k, st, 6, true)
-			rev, _, got = e.learned()
+			rev, _, got = e.Learned()
 			require.Equal(t, uint64(6), rev)
 			assert.Equal(t, sent, got, "a newer state may keep the send time")
 			tab.watchedValue(k, "svc", []byte("x"), 7)
-			_, _, got = e.learned()
+			_, _, got = e.Learned()
 			assert.Equal(t, sent, got)
-			e.conflict()
+			e.Conflict()
 			tab.watchedValue(k, "svc", []byte("x"), 8)
-			_, _, got = e.learned()
+			_, _, got = e.Learned()
 			assert.True(t, got.IsZero(), "an undecoded state the feed delivered after the entry knew nothing came with a send time")
 		})
 	}

@@ -124,7 +124,7 @@ func wakeLostStaleBlock(t *testing.T, service string) (got Acquisition, lostTo *
 		require.NoError(t, err)
 		lostTo = st
 		e := a.keys.entry(key.KVKey)
-		e.observe(st, rev, e.feedMark())
+		e.Observe(st, rev, e.FeedMark())
 	}
 	wt := &waitTry{wake: true}
 	got, err = acquireJobTry(ctx, ja, wt, "j2", payload)

@@ -28,23 +28,23 @@ func TestKeyEntryConflictIgnoresOlderWatchedRevisions(t *testing.T) {
 	st := &KeyState{Version: 1, Service: "svc", JobType: "t", KeyHash: "h"}
 	tab.watched(k, st, 5, true) // the feed is at revision 5
 	// A read finds revision 9; the write on it loses a race.
-	s, ok := e.begin(&read{state: st, rev: 9, mark: e.mark()}, true, false, true)
+	s, ok := e.Begin(&Read{State: st, Rev: 9, Mark: e.Mark()}, true, false, true)
 	require.True(t, ok)
-	require.Equal(t, uint64(9), s.rev)
-	e.conflictAt(9)
+	require.Equal(t, uint64(9), s.Rev)
+	e.ConflictAt(9)
 
 	tab.watched(k, st, 7, true) // the lagging feed delivers revision 7
-	s, ok = e.begin(nil, true, false, true)
+	s, ok = e.Begin(nil, true, false, true)
 	if ok {
-		assert.False(t, s.verified && s.rev < 9, "start at revision %d verified although a write on revision 9 lost a race before it", s.rev)
-		assert.False(t, s.watched && s.rev < 9, "start at revision %d watched although the key is past revision 9", s.rev)
+		assert.False(t, s.Verified && s.Rev < 9, "start at revision %d verified although a write on revision 9 lost a race before it", s.Rev)
+		assert.False(t, s.Watched && s.Rev < 9, "start at revision %d watched although the key is past revision 9", s.Rev)
 	}
 
 	tab.watched(k, st, 10, true) // the write that won
-	s, ok = e.begin(nil, true, false, true)
+	s, ok = e.Begin(nil, true, false, true)
 	require.True(t, ok)
-	assert.Equal(t, uint64(10), s.rev)
-	assert.True(t, s.verified, "the feed's latest state is trusted")
+	assert.Equal(t, uint64(10), s.Rev)
+	assert.True(t, s.Verified, "the feed's latest state is trusted")
 }
 
 // TestCoordinatorDeleteIgnoresOlderWatchedRevisions: once this coordinator
@@ -81,10 +81,10 @@ func TestCoordinatorDeleteIgnoresOlderWatchedRevisions(t *testing.T) {
 	c.keys.watched(key.KVKey, busy, rev, true) // the lagging feed delivers the acquisition
 	e := c.keys.pin(key.KVKey)
 	defer c.keys.unpin(key.KVKey, e)
-	s, ok := e.begin(nil, true, false, true)
+	s, ok := e.Begin(nil, true, false, true)
 	if ok {
-		assert.False(t, s.verified && s.rev <= rev, "start at revision %d verified although this coordinator deleted the key after it", s.rev)
-		assert.False(t, s.watched && s.rev <= rev, "start at revision %d watched although the key was deleted after it", s.rev)
+		assert.False(t, s.Verified && s.Rev <= rev, "start at revision %d verified although this coordinator deleted the key after it", s.Rev)
+		assert.False(t, s.Watched && s.Rev <= rev, "start at revision %d watched although the key was deleted after it", s.Rev)
 	}
 }
 
@@ -225,17 +225,17 @@ func TestKeyEntryReadBeforeAttachNotTrusted(t *testing.T) {
 	defer tab.unpin(k, e)
 	st := &KeyState{Version: 1, Service: "svc", JobType: "t", KeyHash: "h"}
 
-	mark := e.mark() // a read begins, and finds revision 5
+	mark := e.Mark() // a read begins, and finds revision 5
 	// Revision 6 is written by another process; then the feed starts.
 	tab.attach(k)
 	defer tab.detach(k)
-	s, ok := e.begin(&read{state: st, rev: 5, mark: mark}, true, false, true)
+	s, ok := e.Begin(&Read{State: st, Rev: 5, Mark: mark}, true, false, true)
 	require.True(t, ok)
-	require.Equal(t, uint64(5), s.rev)
+	require.Equal(t, uint64(5), s.Rev)
 
-	s, ok = e.begin(nil, true, false, true)
+	s, ok = e.Begin(nil, true, false, true)
 	require.True(t, ok)
-	assert.False(t, s.verified, "a state read before the feed started is trusted as the latest")
+	assert.False(t, s.Verified, "a state read before the feed started is trusted as the latest")
 }
 
 // twoProcesses is a hot key's setting in the watch-feed tests: coordinator

@@ -328,7 +328,7 @@ func TestCoordinatorWatchedConflictFallsBackToRead(t *testing.T) {
 	require.Equal(t, KindAcquired, acq.Kind)
 	e := c.keys.entry(key.KVKey)
 	require.NotNil(t, e)
-	require.True(t, e.fed(), "the entry is fed by the watch after its own write")
+	require.True(t, e.Fed(), "the entry is fed by the watch after its own write")
 
 	fail.Store(1)
 	reads := cs.totals.reads.Load()
@@ -395,7 +395,7 @@ func TestWatcherWithoutValuesFeedsNothing(t *testing.T) {
 	require.NoError(t, err)
 	recv(t, sub.Changed(), "the wake-up of a change without values")
 	if e := c.keys.entry(key.KVKey); e != nil {
-		assert.False(t, e.fed(), "an entry no watch feeds counts as fed")
+		assert.False(t, e.Fed(), "an entry no watch feeds counts as fed")
 	}
 }
 

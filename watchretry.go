@@ -12,47 +12,47 @@ import (
 // delivery rather than a read. See KeyCoordinator.run. This file holds what
 // run needs of the key entry for that.
 
-// feedView is what an attempt knew of its key's watch feed when it began
+// FeedView is what an attempt knew of its key's watch feed when it began
 // (keyEntry.view).
-type feedView struct {
-	// delivered is the latest revision the feed had delivered.
-	delivered uint64
-	// absent says the fed entry held the key as absent (the feed delivered
+type FeedView struct {
+	// Delivered is the latest revision the feed had Delivered.
+	Delivered uint64
+	// Absent says the fed entry held the key as Absent (the feed delivered
 	// its delete, and nothing stored since): an admission creates it, and
 	// a create that fails lost to another process's create.
-	absent bool
+	Absent bool
 }
 
-// view returns what e's watch feed has delivered, for an attempt about to
+// View returns what e's watch feed has delivered, for an attempt about to
 // begin.
-func (e *keyEntry) view() feedView {
+func (e *keyEntry) View() FeedView {
 	e.mu.Lock()
 	defer e.mu.Unlock()
-	return feedView{delivered: e.watchRev, absent: e.watching > 0 && e.fresh && !e.known}
+	return FeedView{Delivered: e.watchRev, Absent: e.watching > 0 && e.fresh && !e.known}
 }
 
-// present reports whether e holds the key's state (not its absence).
-func (e *keyEntry) present() bool {
+// Present reports whether e holds the key's state (not its absence).
+func (e *keyEntry) Present() bool {
 	e.mu.Lock()
 	defer e.mu.Unlock()
 	return e.known
 }
 
-// awaitCreated waits, for at most bound, until e's watch feed delivers a
+// AwaitCreated waits, for at most bound, until e's watch feed delivers a
 // revision after base and e holds the key's state: the create that won
 // over one of this coordinator's, made after the feed had delivered base.
 // A delete delivered meanwhile (this coordinator's own, say, whose
 // revision it does not know) is not that create. It reports whether the
 // create came.
-func (e *keyEntry) awaitCreated(ctx context.Context, base uint64, bound time.Duration) bool {
+func (e *keyEntry) AwaitCreated(ctx context.Context, base uint64, bound time.Duration) bool {
 	end := time.Now().Add(bound)
 	for {
-		if !e.awaitChange(ctx, base, time.Until(end)) {
+		if !e.AwaitChange(ctx, base, time.Until(end)) {
 			return false
 		}
-		if e.present() {
+		if e.Present() {
 			return true
 		}
-		base = e.view().delivered
+		base = e.View().Delivered
 	}
 }

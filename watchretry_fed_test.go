@@ -381,7 +381,7 @@ func TestFedReleaseLostRacesWithoutDelivery(t *testing.T) {
 	require.Equal(t, KindAcquired, acq.Kind)
 	e := c.keys.entry(key.KVKey)
 	require.NotNil(t, e)
-	require.Eventually(t, e.fed, rtWait, time.Millisecond, "the entry is never fed")
+	require.Eventually(t, e.Fed, rtWait, time.Millisecond, "the entry is never fed")
 
 	const racing = 500 * time.Millisecond
 	armed.Store(true)
