@@ -32,6 +32,7 @@ import (
 
 	"github.com/jobkeys/jobkeys/internal/natstest"
 
+	"github.com/jobkeys/jobkeys/internal/keycache"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 )
@@ -1240,13 +1241,13 @@ func TestCoordinatorBackoffWindow(t *testing.T) {
 	e := &keyEntry{}
 	var grown []time.Duration
 	for range 5 {
-		require.NoError(t, SleepJitter(ctx, e.Lose(c.cfg.RetryBackoff, c.cfg.MaxRetryBackoff, time.Now())))
-		grown = append(grown, e.window)
+		require.NoError(t, keycache.SleepJitter(ctx, e.Lose(c.cfg.RetryBackoff, c.cfg.MaxRetryBackoff, time.Now())))
+		grown = append(grown, e.Marks().Window)
 	}
 	var settled []time.Duration
 	for range 4 {
 		e.Commit(nil, 0, c.cfg.RetryBackoff)
-		settled = append(settled, e.window)
+		settled = append(settled, e.Marks().Window)
 	}
 	us := time.Microsecond
 	assert.Equal(t, []time.Duration{2 * us, 4 * us, 8 * us, 8 * us, 8 * us}, grown, "window after lost races")
@@ -1261,9 +1262,7 @@ func TestCoordinatorBackoffWindow(t *testing.T) {
 	heat := func(lostAt time.Time) {
 		e := c.keys.pin(key.KVKey)
 		defer c.keys.unpin(key.KVKey, e)
-		e.mu.Lock()
-		e.window, e.lostAt = time.Hour, lostAt
-		e.mu.Unlock()
+		e.Lose(time.Hour, time.Hour, lostAt) // an hour-long window, last widened at lostAt
 	}
 	admit := func(timeout time.Duration, jobID string) error {
 		ctx, cancel := context.WithTimeout(ctx, timeout)
@@ -1273,8 +1272,8 @@ func TestCoordinatorBackoffWindow(t *testing.T) {
 	}
 	heat(time.Now())
 	assert.ErrorIs(t, admit(50*time.Millisecond, "paced"), context.DeadlineExceeded, "admission on a key with an open hour-long window")
-	heat(time.Now().Add(-windowMemory*time.Hour - time.Second))
-	assert.NoErrorf(t, admit(time.Minute, "cold"), "admission on a key quiet for %d windows", windowMemory)
+	heat(time.Now().Add(-keycache.WindowMemory*time.Hour - time.Second))
+	assert.NoErrorf(t, admit(time.Minute, "cold"), "admission on a key quiet for %d windows", keycache.WindowMemory)
 }
 
 // The coordinator's per-key table stays within StateCacheSize idle

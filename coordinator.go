@@ -18,6 +18,7 @@ import (
 	"go.opentelemetry.io/otel/metric"
 
 	"github.com/jobkeys/jobkeys/internal/jsjson"
+	"github.com/jobkeys/jobkeys/internal/keycache"
 )
 
 // Coordinator is the keyed concurrency contract: one method per reducer.
@@ -486,22 +487,22 @@ type retry struct {
 // guess that turns out stale costs one failed write and a read, and is not
 // a lost race; a failed write on state this operation read is, and is
 // followed by a pause drawn from the key's backoff window (see
-// keyEntry.lose). An outcome that writes nothing on a guess, or on state
+// keycache.Entry.Lose). An outcome that writes nothing on a guess, or on state
 // only the watch feed vouches for, is confirmed by a read at once.
 //
-// On a key a Watcher feeds to the coordinator (keyEntry.fed), a lost race
+// On a key a Watcher feeds to the coordinator (keycache.Entry.Fed), a lost race
 // is answered by the watch's delivery of the write that won: the next
 // attempt starts from it, without a read (after the pause, for operations
 // that pause). So is a create made on the key's absence the feed
 // delivered, which, when it fails, lost to another process's create: it
 // counts as a lost race but is not paused for, as a stale guess is not
-// (see watchretry.go).
+// (see internal/keycache/feedretry.go).
 //
 // Writes hold the key's lane, reads do not: an operation that only needs to
 // look (an acquisition that finds every slot taken) never waits for this
 // coordinator's writes to the key, and one that read and then writes takes
 // the lane and, if another of this coordinator's operations wrote
-// meanwhile, starts from that newer state (keyEntry.begin). Operations
+// meanwhile, starts from that newer state (keycache.Entry.Begin). Operations
 // waiting for the lane are written together with the one holding it, in
 // one compare-and-swap (see groupcommit.go); each comes back here with its
 // own result, and on a lost race follows its own retry rules.
@@ -524,7 +525,7 @@ func (c *KeyCoordinator) run(ctx context.Context, key JobKey, rt retry, reduce f
 	buf := takeEncodeBuffer()
 	defer putEncodeBuffer(buf)
 	var (
-		r        *Read // the last read, nil until one is needed
+		r        *keycache.Read[KeyState] // the last read, nil until one is needed
 		readNext bool
 		lost     int
 	)
@@ -595,7 +596,7 @@ func paceFirst(ctx context.Context, e *keyEntry, rt retry) error {
 		return nil
 	}
 	if window := e.PaceWindow(time.Now()); window > 0 {
-		return SleepJitter(ctx, window)
+		return keycache.SleepJitter(ctx, window)
 	}
 	return nil
 }
@@ -604,7 +605,7 @@ func paceFirst(ctx context.Context, e *keyEntry, rt retry) error {
 // returns the read; done says the outcome on it writes nothing, which
 // ends the operation (wt, nil but for a waiting Runner's try, learns
 // the revision).
-func (c *KeyCoordinator) readFor(ctx context.Context, key JobKey, e *keyEntry, reduce func(*KeyState, time.Time) *KeyState, wt *waitTry) (_ *Read, done bool, _ error) {
+func (c *KeyCoordinator) readFor(ctx context.Context, key JobKey, e *keyEntry, reduce func(*KeyState, time.Time) *KeyState, wt *waitTry) (_ *keycache.Read[KeyState], done bool, _ error) {
 	mark, feed, hints := e.Mark(), e.FeedMark(), e.HintMark()
 	sent := time.Now() // the read's request goes out after this
 	st, rev, err := c.read(ctx, key)
@@ -617,7 +618,7 @@ func (c *KeyCoordinator) readFor(ctx context.Context, key JobKey, e *keyEntry, r
 		wt.decided(rev)
 		return nil, true, nil
 	}
-	return &Read{State: st, Sent: sent, Rev: rev, Mark: mark, Feed: feed}, false, nil
+	return &keycache.Read[KeyState]{State: st, Sent: sent, Rev: rev, Mark: mark, Feed: feed}, false, nil
 }
 
 // holdingWakes takes op's turn at e's lane (see turn), holding back the
@@ -651,7 +652,7 @@ func (c *KeyCoordinator) holdingWakes(e *keyEntry, key JobKey, op *laneOp, buf *
 //
 // A create lost on the absence the feed delivered is not paused for
 // either: it was made on a guess, and a failed write on a guess never is.
-func (c *KeyCoordinator) afterLost(ctx context.Context, e *keyEntry, key JobKey, rt retry, res laneResult, view FeedView, createLost bool, lost int) (fromFeed bool, _ error) {
+func (c *KeyCoordinator) afterLost(ctx context.Context, e *keyEntry, key JobKey, rt retry, res laneResult, view keycache.FeedView, createLost bool, lost int) (fromFeed bool, _ error) {
 	fed := e.Fed()
 	watchAnswers := createLost || fed && (rt.lease != nil || rt.wait != nil && rt.wait.trustWatch)
 	if rt.lease != nil {
@@ -671,7 +672,7 @@ func (c *KeyCoordinator) afterLost(ctx context.Context, e *keyEntry, key JobKey,
 		if pause == 0 {
 			pause = e.Lose(c.cfg.RetryBackoff, c.cfg.MaxRetryBackoff, time.Now())
 		}
-		if err := SleepJitter(ctx, pause); err != nil {
+		if err := keycache.SleepJitter(ctx, pause); err != nil {
 			return false, err
 		}
 	}
@@ -693,14 +694,14 @@ const watchFallback = 50 * time.Millisecond
 // the revision its outcome rested on.
 type waitTry struct {
 	// trustWatch lets the acquisition find the key busy on the state the
-	// watch feed vouches for, without a read (see keyEntry.begin).
+	// watch feed vouches for, without a read (see keycache.Entry.Begin).
 	trustWatch bool
 	// wake marks a waiter's try over a store with targeted wake-ups: it
 	// may find the key busy on any state its coordinator saw stored (its
 	// own write's, a wake-up's handed over in memory by a write of this
 	// process, or a read's) without a read, unless a wake-up from another
 	// process named a later revision (a hint: then it reads, see
-	// keyEntry.hinted); it is not paced, and a write of its that loses
+	// keycache.Entry.Hinted); it is not paced, and a write of its that loses
 	// its compare-and-swap ends the try with errWakeLost instead of a
 	// read (the write that won wakes it if it leaves a slot free).
 	wake bool
@@ -846,7 +847,7 @@ func snapshot(s *KeyState) *KeyState {
 // no slice with s, for a key entry to keep: s belongs to the caller of the
 // operation that produced it, who may modify it.
 //
-// base must be immutable (a state a key entry holds: see keyEntry.state),
+// base must be immutable (a state a key entry holds: see keycache.Entry),
 // or nil. Where s's active slots or queued jobs are, element for element,
 // a run of base's (all of them, as a release leaves the queue; or all but
 // the first or the last, as an acquisition of the queue's head leaves it),
@@ -896,8 +897,8 @@ func cloneOver[T comparable](s, base []T) []T {
 //     watches copy it again, NATSStore copies it into the connection's
 //     buffer before the request returns;
 //   - the key entry refers to it only while the write is under way
-//     (keyEntry.writing), and forgets it before the batch ends
-//     (keyEntry.written), both under e.mu, which the watch's readers of it
+//     (keycache.Entry.Writing), and forgets it before the batch ends
+//     (keycache.Entry.Written), both under the entry's lock, which the watch's readers of it
 //     (keyTable.held) take too;
 //   - errors report its length, not its bytes.
 var encodeBuffers = sync.Pool{New: func() any { return new([]byte) }}

@@ -75,9 +75,8 @@ func (p *fifoProc) awaitTrusted() {
 		if e == nil {
 			return false
 		}
-		e.mu.Lock()
-		defer e.mu.Unlock()
-		return e.rev >= want && e.trusted()
+		m := e.Marks()
+		return m.Rev >= want && m.Trusted
 	}, rtWait, time.Millisecond, "the coordinator's entry never held the key's latest state, trusted")
 }
 
@@ -348,9 +347,8 @@ func TestRunnerFIFOWatcherLaggingBehindEntry(t *testing.T) {
 	p.admit("n")
 	e := jt.coord.keys.entry(p.kvKey)
 	require.NotNil(t, e)
-	e.mu.Lock()
-	trusted, rev := e.trusted(), e.rev
-	e.mu.Unlock()
+	m := e.Marks()
+	trusted, rev := m.Trusted, m.Rev
 	if !trusted {
 		t.Skip("the lingering feed ended before the test used it (machine too slow)")
 	}

@@ -77,7 +77,7 @@ package jobkeys
 //     stream, say), having written nothing.
 //
 // A batch that writes nothing rests on verified state, per operation, as a
-// single operation does (see start.verified): an operation whose outcome
+// single operation does (see keycache.Start.Verified): an operation whose outcome
 // writes nothing is done only if the state the batch started from was
 // stored at an instant during it; otherwise it reads, on its own. A batch
 // that loses a race, or wrote on a stale guess, sends every operation back
@@ -100,6 +100,8 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
+
+	"github.com/jobkeys/jobkeys/internal/keycache"
 )
 
 // groupCommitMax bounds the operations of one batch, and so its writers
@@ -157,9 +159,9 @@ type laneOp struct {
 	ctx    context.Context
 	reduce func(*KeyState, time.Time) *KeyState // nil: a lock (see keyEntry.lock)
 	rt     retry
-	trust  bool  // a waiting acquisition that trusts the watch feed (waitTry)
-	woken  bool  // a woken waiter's acquisition over targeted wake-ups (waitTry.wake)
-	r      *Read // the operation's last read; nil: none
+	trust  bool                     // a waiting acquisition that trusts the watch feed (waitTry)
+	woken  bool                     // a woken waiter's acquisition over targeted wake-ups (waitTry.wake)
+	r      *keycache.Read[KeyState] // the operation's last read; nil: none
 	// solo keeps the operation out of batches: it takes the lane only when
 	// handed it, and takes no one along (a batch it was in fell back).
 	solo bool
@@ -170,11 +172,11 @@ type laneOp struct {
 	handed bool
 
 	// Set by the batch's holder while the operation is in its batch.
-	s     Start     // what begin gave the operation
-	ok    bool      // begin's ok
-	err   error     // a check of the state it produced failed
-	early bool      // done before the batch's write: res is final
-	wrote *KeyState // the state it produced, when it writes (nil: it does not)
+	s     keycache.Start[KeyState] // what begin gave the operation
+	ok    bool                     // begin's ok
+	err   error                    // a check of the state it produced failed
+	early bool                     // done before the batch's write: res is final
+	wrote *KeyState                // the state it produced, when it writes (nil: it does not)
 	res   laneResult
 }
 
@@ -208,10 +210,10 @@ type laneProbes struct {
 
 // laneResult is the result of an operation's turn, for run.
 type laneResult struct {
-	s     Start // the state the turn's attempt started from
-	done  bool  // the operation is complete
-	err   error // the operation must stop with err
-	rerun bool  // (lead) run again alone, still holding the lane
+	s     keycache.Start[KeyState] // the state the turn's attempt started from
+	done  bool                     // the operation is complete
+	err   error                    // the operation must stop with err
+	rerun bool                     // (lead) run again alone, still holding the lane
 	pause time.Duration
 	// unsure, with err, says the operation's state was in a write whose
 	// outcome is unknown (its context ended, or the store failed, while it
@@ -432,10 +434,10 @@ func (l *lane) deliver(ops []*laneOp, n int) laneResult {
 // startFrom returns the start of op's attempt in a batch that started from
 // s: s, verified for op when it was stored at an instant during op (op read
 // it or an older revision, or a trusted watch feed vouches for it).
-func (op *laneOp) startFrom(s Start) Start {
+func (op *laneOp) startFrom(s keycache.Start[KeyState]) keycache.Start[KeyState] {
 	v := op.trust && s.Watched || op.woken && s.Cached ||
 		op.ok && op.s.Verified && (op.s.Rev == s.Rev && (op.s.State == nil) == (s.State == nil) || op.s.Rev != 0 && s.Rev > op.s.Rev)
-	return Start{State: s.State, Rev: s.Rev, Verified: v, Watched: s.Watched, Cached: s.Cached}
+	return keycache.Start[KeyState]{State: s.State, Rev: s.Rev, Verified: v, Watched: s.Watched, Cached: s.Cached}
 }
 
 // turn takes op's turn at e's lane: it leads a batch (op and those waiting
@@ -505,10 +507,10 @@ type laneBatch struct {
 	e    *keyEntry
 	key  JobKey
 	lead *laneOp
-	buf  *[]byte     // the encode buffer of the batch's states
-	ops  []*laneOp   // lead first, then those taken from the queue, in order
-	s    Start       // the state the batch starts from
-	bw   BatchWriter // the store's batched writes; nil: none
+	buf  *[]byte                  // the encode buffer of the batch's states
+	ops  []*laneOp                // lead first, then those taken from the queue, in order
+	s    keycache.Start[KeyState] // the state the batch starts from
+	bw   BatchWriter              // the store's batched writes; nil: none
 	// batched: the store writes successive states of the key in one step,
 	// and takes every writer of the batch, each state a revision of its
 	// own; else a batch carries at most c.groupWriters, and writes the
@@ -550,7 +552,7 @@ func (b *laneBatch) release() {
 }
 
 // begin finds the state to start from: each operation's read, if newer,
-// updates what the entry knows (keyEntry.begin); the batch starts from the
+// updates what the entry knows (keycache.Entry.Begin); the batch starts from the
 // newest, the start begin gave the last operation it could give one. It
 // reports false when it gave none one: each must read first.
 func (b *laneBatch) begin() bool {
@@ -763,7 +765,7 @@ func (b *laneBatch) committed(final *KeyState, rev uint64) laneResult {
 	}
 	e.lane.returned(b.acquired, leases)
 	for _, op := range b.ops[:b.n] {
-		op.res = laneResult{s: Start{State: b.s.State, Rev: b.s.Rev, Verified: true}, done: op.err == nil, err: op.err}
+		op.res = laneResult{s: keycache.Start[KeyState]{State: b.s.State, Rev: b.s.Rev, Verified: true}, done: op.err == nil, err: op.err}
 	}
 	return e.lane.deliver(b.ops, b.n)
 }

@@ -436,13 +436,10 @@ func TestGroupCommitBatchReplyLost(t *testing.T) {
 				require.NoError(t, err)
 				e := b.c.keys.entry(b.key.KVKey)
 				require.Eventually(t, func() bool {
-					e.mu.Lock()
-					defer e.mu.Unlock()
-					return e.watchRev == last
+					return e.Marks().WatchRev == last
 				}, time.Minute, time.Millisecond, "the feed delivers the batch")
-				e.mu.Lock()
-				known, rev := e.known, e.rev
-				e.mu.Unlock()
+				m := e.Marks()
+				known, rev := m.Known, m.Rev
 				assert.Equal(t, [2]any{true, last}, [2]any{known, rev}, "the entry holds the batch's last revision, from the feed")
 			}
 			reads := b.calls.reads.Load()

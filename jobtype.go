@@ -426,12 +426,7 @@ func (c *KeyCoordinator) wakeLost(key JobKey, policy Policy, req AcquireRequest,
 	out := Acquisition{Kind: KindBlocked, Reason: ReasonActiveLimit, DisplayKey: key.DisplayKey, KeyHash: key.KeyHash, Limit: policy.MaxActive}
 	var st *KeyState
 	if e := c.keys.entry(key.KVKey); e != nil {
-		e.mu.Lock()
-		e.materialize()
-		if e.known {
-			st = e.state
-		}
-		e.mu.Unlock()
+		st, _, _ = e.Known(false)
 	}
 	held := st != nil
 	if !held && wt != nil {

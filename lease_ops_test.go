@@ -198,9 +198,7 @@ func TestCoordinatorLeaseOpsNotPaced(t *testing.T) {
 	heat := func() {
 		e := c.keys.pin(key.KVKey)
 		defer c.keys.unpin(key.KVKey, e)
-		e.mu.Lock()
-		e.window, e.lostAt = time.Hour, time.Now()
-		e.mu.Unlock()
+		e.Lose(time.Hour, time.Hour, time.Now()) // an hour-long window, widened now
 	}
 	short := func() (context.Context, context.CancelFunc) { return context.WithTimeout(ctx, 5*time.Second) }
 

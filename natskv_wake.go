@@ -22,7 +22,7 @@ import (
 // the wake-up subjects can send any revision and any state. Its receiver
 // keeps only the revision, and its next try reads the key unless its
 // coordinator holds that revision already (its own write, the Watcher's
-// watch, an earlier read); see keyEntry.hinted. The state is still sent,
+// watch, an earlier read); see keycache.Entry.Hinted. The state is still sent,
 // for processes of earlier versions, which write on it.
 
 // WakePrefixDefault is the subject prefix of targeted wake-ups when

@@ -224,7 +224,7 @@ func (r *Runner) acquire(ctx context.Context, jobID string, payload any, opts []
 	// the wake-ups of its own job, not the Watcher's watch, and a try
 	// that trusts starts from the state its coordinator last saw stored,
 	// without a read unless a wake-up from another process named a later
-	// revision (see keyEntry.hinted); one whose write loses waits for
+	// revision (see keycache.Entry.Hinted); one whose write loses waits for
 	// the next wake-up (see waitTry.wake). A retry (WithRetry) is not
 	// queued, so no wake-up names its job: it waits on the watch.
 	w.wakes = wait && r.cfg.Watcher.wakeUps() != nil && !retryOf(opts)

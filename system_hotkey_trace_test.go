@@ -76,9 +76,8 @@ func (l *hotLog) hook(proc int, keys **keyTable) storeHook {
 			hc.fed = "no entry"
 			if t := *keys; t != nil {
 				if e := t.entry(c.key); e != nil {
-					e.mu.Lock()
-					hc.fed = fmt.Sprintf("fed %v, trusted %v", e.watching > 0 && e.fresh, e.trusted())
-					e.mu.Unlock()
+					m := e.Marks()
+					hc.fed = fmt.Sprintf("fed %v, trusted %v", m.Watching > 0 && m.Fresh, m.Trusted)
 				}
 			}
 		case opCreate:

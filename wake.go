@@ -43,7 +43,7 @@ const wakeTrustAge = time.Millisecond
 
 // wakeTrustSent is how recently the request that returned the state by
 // which a Run is blocked (a read or write of its coordinator's: see
-// keyEntry.sentAt) must have been sent, when the server confirmed the
+// keycache.Entry.Learned) must have been sent, when the server confirmed the
 // Run's wake-up subscription, for the Run to wait on that state without a
 // read: below the sum of the resend delays, so that the last resend of any
 // later write's wake-up reaches the server after the subscription did. The
@@ -247,21 +247,13 @@ func (c *KeyCoordinator) wakeAhead(service, kvKey string, e *keyEntry, rev uint6
 		return
 	}
 	now := c.cfg.Now()
-	e.mu.Lock()
-	if !e.known || e.rev != rev {
-		e.mu.Unlock()
-		return
-	}
-	e.materialize()
-	st := e.state
-	if st == nil {
-		e.mu.Unlock()
+	st, held, ok := e.Known(false) // immutable once stored: read without the entry's lock
+	if !ok || held != rev {
 		return
 	}
 	free := freeSlots(st, policy, now)
 	i := indexQueued(st.Queued, jobID)
 	if free <= 0 || i < free || i >= free+wakeTargetsMax {
-		e.mu.Unlock()
 		return
 	}
 	targets := make([]string, i+1)
@@ -269,7 +261,6 @@ func (c *KeyCoordinator) wakeAhead(service, kvKey string, e *keyEntry, rev uint6
 		targets[k] = st.Queued[k].JobID
 	}
 	value := appendState(nil, st)
-	e.mu.Unlock()
 	if again, ok := c.wakes.(wakeAheadStore); ok {
 		// This store may have sent a wake-up of rev already (its own
 		// write), to the jobs ahead but not this one.
@@ -328,10 +319,10 @@ func (w *Watcher) wakeUps() wakeStore {
 // subscription is signalled by the wake-ups sent to job jobID of kvKey.
 // A wake-up handed over in memory by this store (a write of this process,
 // whose state the server stored as it says) is handed to t, the key table
-// of the waiter's coordinator, as a state seen stored (keyEntry.observe:
+// of the waiter's coordinator, as a state seen stored (keycache.Entry.Observe:
 // the next try starts from it, without a read). One from another process
 // is a hint: anyone allowed to publish on its subject could have sent it,
-// so only its revision is kept (keyEntry.hinted), and the next try reads
+// so only its revision is kept (keycache.Entry.Hinted), and the next try reads
 // the key unless t's entry holds that revision or a later one already
 // (its own write, the watch, a read). It does not start the Watcher's
 // watch. t's entry of the key is kept while the subscription lasts.

@@ -105,9 +105,7 @@ func TestWakeUpSignalsOnlyItsJob(t *testing.T) {
 	recv(t, sub2.Changed(), "job-2's wake-up")
 	_, rev, err := f.b.Get(ctx, f.service, f.kvKey)
 	require.NoError(t, err)
-	sub2.wake.entry.mu.Lock()
-	hint := sub2.wake.entry.hint
-	sub2.wake.entry.mu.Unlock()
+	hint := sub2.wake.entry.Marks().Hint
 	assert.Equal(t, rev, hint, "the revision job-2's coordinator was hinted is the release's")
 	published, _, noResponders, _ := WakeCountsOf(f.a)
 	assert.Equal(t, uint64(1), published-published0, "one slot freed: one wake-up")

@@ -44,7 +44,8 @@ func TestWakeReadsSentAtOfOwnRequests(t *testing.T) {
 
 	// A wake-up's state (here: observed as subscribeWake does) has no
 	// send time of this coordinator's.
-	st := e.state
+	st, _, ok := e.Known(false)
+	require.True(t, ok)
 	e.Observe(st, rev+1, e.FeedMark())
 	_, _, sent = e.Learned()
 	assert.True(t, sent.IsZero(), "a state learned from a wake-up has no send time")

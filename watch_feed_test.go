@@ -13,40 +13,6 @@ import (
 	"github.com/stretchr/testify/require"
 )
 
-// TestKeyEntryConflictIgnoresOlderWatchedRevisions: after a write on
-// revision 9 lost its race, the key is known to be past 9; a lagging watch
-// feed that then delivers revision 7 must not make that older state the
-// trusted, verified start of a waiting acquisition.
-func TestKeyEntryConflictIgnoresOlderWatchedRevisions(t *testing.T) {
-	const k = "svc.t.h"
-	tab := newKeyTable(8)
-	tab.attach(k)
-	defer tab.detach(k)
-	e := tab.pin(k)
-	defer tab.unpin(k, e)
-
-	st := &KeyState{Version: 1, Service: "svc", JobType: "t", KeyHash: "h"}
-	tab.watched(k, st, 5, true) // the feed is at revision 5
-	// A read finds revision 9; the write on it loses a race.
-	s, ok := e.Begin(&Read{State: st, Rev: 9, Mark: e.Mark()}, true, false, true)
-	require.True(t, ok)
-	require.Equal(t, uint64(9), s.Rev)
-	e.ConflictAt(9)
-
-	tab.watched(k, st, 7, true) // the lagging feed delivers revision 7
-	s, ok = e.Begin(nil, true, false, true)
-	if ok {
-		assert.False(t, s.Verified && s.Rev < 9, "start at revision %d verified although a write on revision 9 lost a race before it", s.Rev)
-		assert.False(t, s.Watched && s.Rev < 9, "start at revision %d watched although the key is past revision 9", s.Rev)
-	}
-
-	tab.watched(k, st, 10, true) // the write that won
-	s, ok = e.Begin(nil, true, false, true)
-	require.True(t, ok)
-	assert.Equal(t, uint64(10), s.Rev)
-	assert.True(t, s.Verified, "the feed's latest state is trusted")
-}
-
 // TestCoordinatorDeleteIgnoresOlderWatchedRevisions: once this coordinator
 // deleted a key (the last release emptied it), a lagging watch feed that
 // then delivers a revision from before the delete must not make that state
@@ -214,30 +180,6 @@ func TestRunnerRunFindsJobAdmittedBehindLaggingFeed(t *testing.T) {
 	require.NoError(t, <-ran, "the run of n")
 }
 
-// TestKeyEntryReadBeforeAttachNotTrusted: a read that began before the
-// entry's watch feed started may have missed a change made between the
-// read and the feed's start (which the feed never delivers): finishing
-// after the attach, it must not make the entry trusted.
-func TestKeyEntryReadBeforeAttachNotTrusted(t *testing.T) {
-	const k = "svc.t.h"
-	tab := newKeyTable(8)
-	e := tab.pin(k)
-	defer tab.unpin(k, e)
-	st := &KeyState{Version: 1, Service: "svc", JobType: "t", KeyHash: "h"}
-
-	mark := e.Mark() // a read begins, and finds revision 5
-	// Revision 6 is written by another process; then the feed starts.
-	tab.attach(k)
-	defer tab.detach(k)
-	s, ok := e.Begin(&Read{State: st, Rev: 5, Mark: mark}, true, false, true)
-	require.True(t, ok)
-	require.Equal(t, uint64(5), s.Rev)
-
-	s, ok = e.Begin(nil, true, false, true)
-	require.True(t, ok)
-	assert.False(t, s.Verified, "a state read before the feed started is trusted as the latest")
-}
-
 // twoProcesses is a hot key's setting in the watch-feed tests: coordinator
 // mine (on store, which may wrap mem) whose Runner waits through a Watcher
 // on mem, and coordinator other on mem, as another process would; one job
@@ -303,7 +245,6 @@ func (p *twoProcesses) fed(ctx context.Context, mem *MemoryStore) bool {
 	if e == nil {
 		return false
 	}
-	e.mu.Lock()
-	defer e.mu.Unlock()
-	return e.watchRev >= want && e.trusted()
+	m := e.Marks()
+	return m.WatchRev >= want && m.Trusted
 }

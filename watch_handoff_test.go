@@ -427,10 +427,9 @@ func TestWatcherHandoffWakesBeforeEcho(t *testing.T) {
 			})
 			e := jt.coord.keys.entry(k.kvKey)
 			require.NotNil(t, e)
-			e.mu.Lock()
-			assert.Equal(t, admitted, e.rev, "the coordinator's entry holds the latest revision")
-			assert.True(t, e.trusted(), "and trusts it")
-			e.mu.Unlock()
+			m := e.Marks()
+			assert.Equal(t, admitted, m.Rev, "the coordinator's entry holds the latest revision")
+			assert.True(t, m.Trusted, "and trusts it")
 
 			// The key goes on working: the release of a wakes b.
 			k.release(jt, acq.Lease)

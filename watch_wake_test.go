@@ -355,9 +355,7 @@ func TestWatcherReusesOwnWrites(t *testing.T) {
 				f.settle()
 				e := f.jt.coord.keys.entry(f.kvKey)
 				require.NotNil(t, e)
-				e.mu.Lock()
-				held := e.state
-				e.mu.Unlock()
+				held, _, _ := e.Known(false)
 				f.w.mu.Lock()
 				kw := f.w.watches[f.service].keys[f.kvKey]
 				got, decoded := kw.state, kw.decoded
@@ -635,9 +633,7 @@ func TestWatcherFeedLingersAfterTheWait(t *testing.T) {
 		if e == nil {
 			return false
 		}
-		e.mu.Lock()
-		defer e.mu.Unlock()
-		return e.watchRev >= want
+		return e.Marks().WatchRev >= want
 	}
 
 	var reads, decoded uint64
@@ -688,9 +684,7 @@ func TestWatcherFeedLingerEnds(t *testing.T) {
 		defer f.w.mu.Unlock()
 		watching := 0
 		if e := f.jt.coord.keys.entry(f.kvKey); e != nil {
-			e.mu.Lock()
-			watching = e.watching
-			e.mu.Unlock()
+			watching = e.Marks().Watching
 		}
 		return f.w.watches[f.service].keys[f.kvKey] != nil, watching
 	}

@@ -1,6 +1,6 @@
 package jobkeys
 
-// Lost races on a key the watch feeds (watchretry.go), with the writers
+// Lost races on a key the watch feeds (internal/keycache/feedretry.go), with the writers
 // as separate processes on their own connections to one embedded server:
 // what TestHotKeyTrace (system_hotkey_trace_test.go) found on hot keys.
 
@@ -193,12 +193,11 @@ func (p *fedProcesses) awaitFed(t *testing.T) {
 	e := p.entry(t)
 	require.Eventually(t, func() bool {
 		_, rev, err := p.other.store.Get(context.Background(), p.service, p.key.KVKey)
-		e.mu.Lock()
-		defer e.mu.Unlock()
+		m := e.Marks()
 		if errors.Is(err, ErrKeyNotFound) {
-			return e.watching > 0 && e.fresh && !e.known && e.watchRev > 0
+			return m.Watching > 0 && m.Fresh && !m.Known && m.WatchRev > 0
 		}
-		return err == nil && e.trusted() && e.rev == rev
+		return err == nil && m.Trusted && m.Rev == rev
 	}, rtWait, time.Millisecond, "mine's entry is never fed the key's latest state")
 }
 
@@ -223,9 +222,7 @@ func (p *fedProcesses) otherAdmits(t *testing.T, jobID string) {
 	assert.NoError(t, err)
 	e := p.mine.coord.keys.entry(p.key.KVKey)
 	assert.Eventually(t, func() bool {
-		e.mu.Lock()
-		defer e.mu.Unlock()
-		return e.watchRev >= rev
+		return e.Marks().WatchRev >= rev
 	}, rtWait, time.Millisecond, "mine's feed never delivers the other's admission")
 }
 

@@ -1,23 +1,22 @@
-package jobkeys
+package keycache
 
 import (
 	"context"
 	"time"
 )
 
-// Retries answered by the watch (issue 11). On a key a Watcher feeds to the
-// coordinator (keyEntry.fed), a create that fails on the key's absence the
-// feed delivered (its delete) lost to another process's create, which the
-// feed delivers next: the operation starts its next attempt from that
-// delivery rather than a read. See KeyCoordinator.run. This file holds what
-// run needs of the key entry for that.
+// Retries answered by the watch. On a key a watch feeds to the entry
+// (Fed), a create that fails on the key's absence the feed delivered (its
+// delete) lost to another process's create, which the feed delivers next:
+// the operation starts its next attempt from that delivery rather than a
+// read. This file holds what an operation needs of the entry for that.
 
 // FeedView is what an attempt knew of its key's watch feed when it began
-// (keyEntry.view).
+// (View).
 type FeedView struct {
-	// Delivered is the latest revision the feed had Delivered.
+	// Delivered is the latest revision the feed had delivered.
 	Delivered uint64
-	// Absent says the fed entry held the key as Absent (the feed delivered
+	// Absent says the fed entry held the key as absent (the feed delivered
 	// its delete, and nothing stored since): an admission creates it, and
 	// a create that fails lost to another process's create.
 	Absent bool
@@ -25,14 +24,14 @@ type FeedView struct {
 
 // View returns what e's watch feed has delivered, for an attempt about to
 // begin.
-func (e *keyEntry) View() FeedView {
+func (e *Entry[T]) View() FeedView {
 	e.mu.Lock()
 	defer e.mu.Unlock()
 	return FeedView{Delivered: e.watchRev, Absent: e.watching > 0 && e.fresh && !e.known}
 }
 
 // Present reports whether e holds the key's state (not its absence).
-func (e *keyEntry) Present() bool {
+func (e *Entry[T]) Present() bool {
 	e.mu.Lock()
 	defer e.mu.Unlock()
 	return e.known
@@ -43,8 +42,8 @@ func (e *keyEntry) Present() bool {
 // over one of this coordinator's, made after the feed had delivered base.
 // A delete delivered meanwhile (this coordinator's own, say, whose
 // revision it does not know) is not that create. It reports whether the
-// create came.
-func (e *keyEntry) AwaitCreated(ctx context.Context, base uint64, bound time.Duration) bool {
+// create came (false also when ctx ends).
+func (e *Entry[T]) AwaitCreated(ctx context.Context, base uint64, bound time.Duration) bool {
 	end := time.Now().Add(bound)
 	for {
 		if !e.AwaitChange(ctx, base, time.Until(end)) {
