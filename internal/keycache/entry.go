@@ -48,6 +48,7 @@ type Entry[T any] struct {
 	watching int
 	watchRev uint64
 	fresh    bool
+	next     uint8 // where recent's next state goes (beside fresh: no padding of its own)
 	changed  chan struct{}
 	// feedGen counts the feeds started (and ended by Unwatched): a read or
 	// write begun in an earlier one may predate a change the current feed
@@ -59,7 +60,6 @@ type Entry[T any] struct {
 	// so that the watch, which delivers them a little later, need not
 	// decode them again (see Held).
 	recent [recentStates]revState[T]
-	next   int // where recent's next state goes
 	// inflight is the value of the write under way (while fed), and
 	// inflightState its state: the watch may deliver the write before
 	// its reply arrives.
