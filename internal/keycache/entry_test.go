@@ -301,25 +301,24 @@ func TestHeldRecognisesOwnWrites(t *testing.T) {
 	assert.Nil(t, e.Held(100, []byte("99")), "ended")
 }
 
-// AwaitChange returns once the feed delivers a later revision, and
-// AwaitCreated once it delivers the key's state, not its delete; both give
-// up when their context ends.
+// AwaitChange returns once the feed delivers a later revision, or the
+// entry holds one; it gives up when its context ends or its bound passes.
 func TestAwaitChange(t *testing.T) {
 	t.Parallel()
 	var e Entry[state]
 	e.Attach()
 	defer e.Detach()
 	ctx := context.Background()
-	e.Watched(nil, 1, true) // a delete: not the create
-	assert.False(t, e.AwaitCreated(ctx, 0, time.Nanosecond), "a delete delivered, no create")
 	done := make(chan bool, 1)
-	go func() { done <- e.AwaitCreated(ctx, 0, time.Minute) }()
-	e.Watched(&state{n: 1}, 2, true) // the create
-	assert.True(t, <-done, "the create came")
+	go func() { done <- e.AwaitChange(ctx, 1, time.Minute) }()
+	e.Watched(&state{n: 1}, 2, true)
+	assert.True(t, <-done, "the change came")
 	assert.True(t, e.AwaitChange(ctx, 1, time.Minute), "a change after revision 1 came already")
+	e.Commit(&state{n: 2}, 3, 0)
+	assert.True(t, e.AwaitChange(ctx, 2, time.Minute), "the entry holds a later state (its own write)")
 
 	cancelled, cancel := context.WithCancel(ctx)
 	cancel()
-	assert.False(t, e.AwaitChange(cancelled, 2, time.Minute), "no change, context ended")
-	assert.False(t, e.AwaitChange(ctx, 2, time.Nanosecond), "no change within the bound")
+	assert.False(t, e.AwaitChange(cancelled, 3, time.Minute), "no change, context ended")
+	assert.False(t, e.AwaitChange(ctx, 3, time.Nanosecond), "no change within the bound")
 }
