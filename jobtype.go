@@ -426,7 +426,7 @@ func (c *KeyCoordinator) wakeLost(key JobKey, policy Policy, req AcquireRequest,
 	out := Acquisition{Kind: KindBlocked, Reason: ReasonActiveLimit, DisplayKey: key.DisplayKey, KeyHash: key.KeyHash, Limit: policy.MaxActive}
 	var st *KeyState
 	if e := c.keys.entry(key.KVKey); e != nil {
-		st, _, _ = e.Known(false)
+		st, _, _ = e.Known()
 	}
 	held := st != nil
 	if !held && wt != nil {

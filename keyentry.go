@@ -294,7 +294,10 @@ func (t *keyTable) queuedBehind(key JobKey, jobID string, limit int, now time.Ti
 	if e == nil {
 		return Acquisition{}, 0
 	}
-	st, rev, ok := e.Known(!cached)
+	st, rev, ok := e.Trusted()
+	if cached {
+		st, rev, ok = e.Known()
+	}
 	if !ok {
 		return Acquisition{}, 0
 	}
@@ -338,7 +341,7 @@ func queuedBehindIn(st *KeyState, key JobKey, jobID string, limit int, now time.
 // queuedIndex returns the place of job jobID in the queue of the state e
 // knows, -1 when it knows none or the job is not queued there.
 func (e *keyEntry) queuedIndex(jobID string) int {
-	st, _, ok := e.Known(false)
+	st, _, ok := e.Known()
 	if !ok {
 		return -1
 	}

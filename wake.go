@@ -247,7 +247,7 @@ func (c *KeyCoordinator) wakeAhead(service, kvKey string, e *keyEntry, rev uint6
 		return
 	}
 	now := c.cfg.Now()
-	st, held, ok := e.Known(false) // immutable once stored: read without the entry's lock
+	st, held, ok := e.Known() // immutable once stored: read without the entry's lock
 	if !ok || held != rev {
 		return
 	}

@@ -44,7 +44,7 @@ func TestWakeReadsSentAtOfOwnRequests(t *testing.T) {
 
 	// A wake-up's state (here: observed as subscribeWake does) has no
 	// send time of this coordinator's.
-	st, _, ok := e.Known(false)
+	st, _, ok := e.Known()
 	require.True(t, ok)
 	e.Observe(st, rev+1, e.FeedMark())
 	_, _, sent = e.Learned()

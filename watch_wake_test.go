@@ -355,7 +355,7 @@ func TestWatcherReusesOwnWrites(t *testing.T) {
 				f.settle()
 				e := f.jt.coord.keys.entry(f.kvKey)
 				require.NotNil(t, e)
-				held, _, _ := e.Known(false)
+				held, _, _ := e.Known()
 				f.w.mu.Lock()
 				kw := f.w.watches[f.service].keys[f.kvKey]
 				got, decoded := kw.state, kw.decoded

@@ -240,13 +240,29 @@ func (e *Entry[T]) materialize() {
 }
 
 // Known returns the state e knows and its revision, ok false when it
-// knows none (the key's absence included). With watched, only a state its
-// watch feed vouches for counts (see Start.Watched). The state must not be
+// knows none (the key's absence included). The state must not be
 // modified.
-func (e *Entry[T]) Known(watched bool) (st *T, rev uint64, ok bool) {
+func (e *Entry[T]) Known() (st *T, rev uint64, ok bool) {
 	e.mu.Lock()
 	defer e.mu.Unlock()
-	if watched && !e.trusted() || !e.known {
+	return e.knownLocked()
+}
+
+// Trusted is Known for a state its watch feed vouches for only: the latest
+// the feed knows of, with no change since that it may have missed (see
+// Start.Watched).
+func (e *Entry[T]) Trusted() (st *T, rev uint64, ok bool) {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	if !e.trusted() {
+		return nil, 0, false
+	}
+	return e.knownLocked()
+}
+
+// knownLocked is Known, called with e.mu held.
+func (e *Entry[T]) knownLocked() (*T, uint64, bool) {
+	if !e.known {
 		return nil, 0, false
 	}
 	e.materialize()

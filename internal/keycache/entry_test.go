@@ -129,7 +129,7 @@ func TestBeginGuessAndRead(t *testing.T) {
 	s, ok = e.Begin(&Read[state]{Mark: e.Mark()}, true, false, false)
 	require.True(t, ok)
 	assert.Equal(t, Start[state]{Verified: true}, s)
-	_, _, ok = e.Known(false)
+	_, _, ok = e.Known()
 	assert.False(t, ok, "the absence is remembered")
 	e.Commit(mine, 5, time.Millisecond)
 
@@ -194,14 +194,14 @@ func TestWatchedValueDecodedWhenUsed(t *testing.T) {
 	s, ok := e.Begin(nil, true, false, true)
 	require.True(t, ok)
 	assert.Equal(t, Start[state]{State: &state{n: 42}, Rev: 3, Verified: true, Watched: true, Cached: true}, s)
-	st, rev, ok := e.Known(true)
+	st, rev, ok := e.Trusted()
 	require.True(t, ok)
 	assert.Equal(t, uint64(3), rev)
 	assert.Same(t, s.State, st, "the decoded state is kept")
 	assert.Equal(t, 1, calls, "decoded once")
 
 	e.WatchedValue("svc", "other", []byte("7"), 4) // not this key's state
-	_, _, ok = e.Known(false)
+	_, _, ok = e.Known()
 	assert.False(t, ok, "a value of another key is no state")
 	_, ok = e.Begin(nil, true, false, true)
 	assert.False(t, ok, "the next operation reads")
@@ -209,42 +209,41 @@ func TestWatchedValueDecodedWhenUsed(t *testing.T) {
 
 	e.WatchedValue("svc", "k", []byte("9"), 4)
 	assert.Equal(t, uint64(4), e.Marks().WatchRev, "an older or repeated revision changes nothing")
-	_, _, ok = e.Known(false)
+	_, _, ok = e.Known()
 	assert.False(t, ok)
 
 	var plain Entry[state] // no Decode: the value is never used
 	plain.WatchedValue("svc", "k", []byte("1"), 1)
-	_, _, ok = plain.Known(false)
+	_, _, ok = plain.Known()
 	assert.False(t, ok)
 }
 
-// Known with watched counts only a state the feed vouches for; without,
-// any known state.
-func TestKnownWatched(t *testing.T) {
+// Trusted counts only a state the feed vouches for; Known any known state.
+func TestKnownAndTrusted(t *testing.T) {
 	t.Parallel()
 	var e Entry[state]
 	st := &state{n: 1}
 	e.Observe(st, 2, e.FeedMark())
-	got, rev, ok := e.Known(false)
+	got, rev, ok := e.Known()
 	require.True(t, ok)
 	assert.Same(t, st, got)
 	assert.Equal(t, uint64(2), rev)
-	_, _, ok = e.Known(true)
+	_, _, ok = e.Trusted()
 	assert.False(t, ok, "not fed")
 
 	e.Attach()
 	defer e.Detach()
-	_, _, ok = e.Known(true)
+	_, _, ok = e.Trusted()
 	assert.False(t, ok, "fed, but not refreshed since the feed began")
 	e.Watched(st, 3, true)
-	_, rev, ok = e.Known(true)
+	_, rev, ok = e.Trusted()
 	require.True(t, ok)
 	assert.Equal(t, uint64(3), rev)
 	e.Unwatched()
-	_, _, ok = e.Known(true)
+	_, _, ok = e.Trusted()
 	assert.False(t, ok, "the feed may have missed a change")
 	e.Watched(nil, 4, true)
-	_, _, ok = e.Known(false)
+	_, _, ok = e.Known()
 	assert.False(t, ok, "deleted")
 	assert.Equal(t, FeedView{Delivered: 4, Absent: true}, e.View())
 }
