@@ -246,6 +246,15 @@ func TestKnownAndTrusted(t *testing.T) {
 	_, _, ok = e.Known()
 	assert.False(t, ok, "deleted")
 	assert.Equal(t, FeedView{Delivered: 4, Absent: true}, e.View())
+
+	// A read begun within the feed that finishes after the delete, with
+	// an older revision: known, but older than what the feed delivered.
+	e.Observe(st, 3, e.FeedMark())
+	_, rev, ok = e.Known()
+	require.True(t, ok)
+	assert.Equal(t, uint64(3), rev)
+	_, _, ok = e.Trusted()
+	assert.False(t, ok, "revision 3 is older than the feed's 4")
 }
 
 // A wake-up's revision is a hint: the next attempt reads instead of
