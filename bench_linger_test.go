@@ -24,6 +24,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jobkeys/jobkeys/internal/lane"
 	"github.com/jobkeys/jobkeys/internal/natstest"
 )
 
@@ -82,7 +83,7 @@ var benchLaneProbes *laneProbes
 // laneRecorder is a set of laneProbes that keeps its findings.
 type laneRecorder struct {
 	mu      sync.Mutex
-	lanes   map[*lane]*laneTrace
+	lanes   map[*opLane]*laneTrace
 	shapes  map[string]int             // batches by the kinds of their operations, in order
 	missed  map[byte][]time.Duration   // by kind: arrival after the take of the batch in flight
 	late    map[byte][]time.Duration   // by kind: arrival after the write ended, the lane still held
@@ -105,7 +106,7 @@ type laneTrace struct {
 }
 
 func newLaneRecorder() *laneRecorder {
-	return &laneRecorder{t0: time.Now(), lanes: map[*lane]*laneTrace{}, shapes: map[string]int{},
+	return &laneRecorder{t0: time.Now(), lanes: map[*opLane]*laneTrace{}, shapes: map[string]int{},
 		missed: map[byte][]time.Duration{}, late: map[byte][]time.Duration{}, idle: map[byte][]time.Duration{}, lingers: map[string][]time.Duration{}, joined: map[byte]int{}}
 }
 
@@ -113,7 +114,7 @@ func laneKind(op *laneOp) byte {
 	switch {
 	case op.rt.lease != nil:
 		return 'r'
-	case op.trust:
+	case op.Trust:
 		return 'a'
 	}
 	return 'm'
@@ -138,7 +139,7 @@ type laneEvent struct {
 
 const laneLogEvents = 120
 
-func (p *laneRecorder) trace(l *lane) *laneTrace {
+func (p *laneRecorder) trace(l *opLane) *laneTrace {
 	t := p.lanes[l]
 	if t == nil {
 		t = &laneTrace{}
@@ -148,8 +149,8 @@ func (p *laneRecorder) trace(l *lane) *laneTrace {
 }
 
 func (p *laneRecorder) probes() *laneProbes {
-	return &laneProbes{
-		arrive: func(l *lane, op *laneOp, busy bool) {
+	return &laneProbes{lane: lane.Probes[*laneOp]{
+		Arrive: func(l *opLane, op *laneOp, busy bool) {
 			now := time.Now()
 			k := laneKind(op)
 			p.mu.Lock()
@@ -169,7 +170,17 @@ func (p *laneRecorder) probes() *laneProbes {
 				p.joined[k]++
 			}
 		},
-		batch: func(l *lane, ops []*laneOp, writers int) {
+		Linger: func(l *opLane, lease, met bool, d time.Duration) {
+			p.mu.Lock()
+			defer p.mu.Unlock()
+			k := fmt.Sprintf("for acquisitions, met %v", met)
+			if lease {
+				k = fmt.Sprintf("for a release, met %v", met)
+			}
+			p.lingers[k] = append(p.lingers[k], d)
+		},
+	},
+		batch: func(l *opLane, ops []*laneOp, writers int) {
 			now := time.Now()
 			var shape strings.Builder
 			for _, op := range ops {
@@ -184,16 +195,7 @@ func (p *laneRecorder) probes() *laneProbes {
 			p.ops += len(ops)
 			p.writes++
 		},
-		linger: func(l *lane, lease, met bool, d time.Duration) {
-			p.mu.Lock()
-			defer p.mu.Unlock()
-			k := fmt.Sprintf("for acquisitions, met %v", met)
-			if lease {
-				k = fmt.Sprintf("for a release, met %v", met)
-			}
-			p.lingers[k] = append(p.lingers[k], d)
-		},
-		written: func(l *lane, err error) {
+		written: func(l *opLane, err error) {
 			now := time.Now()
 			p.mu.Lock()
 			defer p.mu.Unlock()

@@ -54,7 +54,7 @@ package jobkeys
 // A linger ends as soon as what it waits for has queued, after at most a
 // fraction of a round trip (lingerBound), or when the holder's context
 // ends; lingers for a release that waited in vain make the next batches
-// skip theirs (see lingerForRelease). An operation that queues while the
+// skip theirs (see lane.Lane.LingerForRelease). An operation that queues while the
 // holder lingers is taken as any waiting one (unless it read the key: it
 // starts the next batch), and one whose context ends there leaves the
 // queue with nothing applied. An operation alone on its key does not
@@ -96,12 +96,12 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
 
 	"github.com/jobkeys/jobkeys/internal/keycache"
+	"github.com/jobkeys/jobkeys/internal/lane"
 )
 
 // groupCommitMax bounds the operations of one batch, and so its writers
@@ -115,61 +115,27 @@ const groupCommitMax = 64
 // for why it is one.
 const groupWritersDefault = 1
 
-// lane lets one operation at a time write a key (see keyTable), and queues
-// the others, in arrival order, where the holder can take them into its
-// batch. The zero value is a free lane.
-type lane struct {
-	mu    sync.Mutex
-	busy  bool
-	queue []*laneOp // waiting, oldest first
-	// batch is the holder's scratch list of the operations of its batch,
-	// in first until a batch outgrows it.
-	batch []*laneOp
-	first [2]*laneOp
-	// values and ends are the holder's scratch lists of the encoded
-	// states of a batched write (writeBatch).
+// opLane is a key's lane (see internal/lane): one operation at a time
+// holds it and writes the key, leading a batch of those queued behind it.
+type opLane = lane.Lane[*laneOp]
+
+// batchScratch is the lane holder's scratch lists: the operations of its
+// batch, in first until a batch outgrows it, and the encoded states of a
+// batched write (writeBatch). Only the lane's holder uses them.
+type batchScratch struct {
+	ops    []*laneOp
+	first  [2]*laneOp
 	values [][]byte
 	ends   []int
-	// While the holder lingers (see linger), arrived receives a signal
-	// once lingerFor more operations of the kind it waits for (lingerLease:
-	// a lease's, else waiting acquisitions) have queued.
-	lingering   bool
-	lingerLease bool
-	lingerFor   int
-	arrived     chan struct{}
-	timer       *time.Timer
-	// returns counts the slots the lane's latest batches acquired whose
-	// releases have not come through the lane yet, and returnsAt is when
-	// the latest of those batches committed: their handlers may return at
-	// once, and their releases join the next batch (see lingerForRelease).
-	// skip counts batches that will not linger for them after lingers
-	// that waited in vain, and misses those lingers in a row. Only the
-	// holder uses them.
-	returns   int
-	returnsAt time.Time
-	skip      int
-	misses    int
-	// probes, nil but in diagnostics, are told what happens at the lane
-	// (see laneProbes).
-	probes *laneProbes
 }
 
 // laneOp is one operation's turn at a key's lane.
 type laneOp struct {
-	ctx    context.Context
-	reduce func(*KeyState, time.Time) *KeyState // nil: a lock (see keyEntry.lock)
-	rt     retry
-	trust  bool                     // a waiting acquisition that trusts the watch feed (waitTry)
-	woken  bool                     // a woken waiter's acquisition over targeted wake-ups (waitTry.wake)
-	r      *keycache.Read[KeyState] // the operation's last read; nil: none
-	// solo keeps the operation out of batches: it takes the lane only when
-	// handed it, and takes no one along (a batch it was in fell back).
-	solo bool
-	// wake receives one signal per turn that did not find the lane free:
-	// the lane was handed to the operation (handed), or a batch took it
-	// and left its result in res.
-	wake   chan struct{}
-	handed bool
+	lane.Op                                      // Ctx, Solo, Lease, Trust: what the lane sees of it
+	reduce  func(*KeyState, time.Time) *KeyState // nil: a lock (see keyEntry.lock)
+	rt      retry
+	woken   bool                     // a woken waiter's acquisition over targeted wake-ups (waitTry.wake)
+	r       *keycache.Read[KeyState] // the operation's last read; nil: none
 
 	// Set by the batch's holder while the operation is in its batch.
 	s     keycache.Start[KeyState] // what begin gave the operation
@@ -180,32 +146,34 @@ type laneOp struct {
 	res   laneResult
 }
 
-// laneOps recycles laneOps with their wake channels: every signal sent to
-// an operation is received before its run returns.
-var laneOps = sync.Pool{New: func() any { return &laneOp{wake: make(chan struct{}, 1)} }}
+// laneOps recycles laneOps with what their lane.Op allocated.
+var laneOps = sync.Pool{New: func() any { return new(laneOp) }}
 
+// newLaneOp returns an operation of rt with reducer reduce; trust marks a
+// waiting acquisition that trusts the watch feed (waitTry).
 func newLaneOp(ctx context.Context, reduce func(*KeyState, time.Time) *KeyState, rt retry, trust bool) *laneOp {
 	op := laneOps.Get().(*laneOp)
-	op.ctx, op.reduce, op.rt, op.trust = ctx, reduce, rt, trust
+	op.Ctx, op.Lease, op.Trust = ctx, rt.lease != nil, trust
+	op.reduce, op.rt = reduce, rt
 	return op
 }
 
 // free returns op to laneOps once its operation is over.
 func (op *laneOp) free() {
-	*op = laneOp{wake: op.wake}
+	op.Op.Reset()
+	*op = laneOp{Op: op.Op}
 	laneOps.Put(op)
 }
 
-// laneProbes, when a lane has them (set by diagnostics only, through
-// keyTable.probes: see bench_linger_test.go), are told of every
-// operation's arrival at the lane, under the lane's lock (busy: it
-// queues), of every batch that writes, once taken and reduced (ops, of
-// which writers write), of the end of its write, and of every linger.
+// laneProbes, when a coordinator's lanes have them (set by diagnostics
+// only, through keyTable.probes: see bench_linger_test.go), are told what
+// the lane sees (lane: arrivals, lingers), of every batch that writes,
+// once taken and reduced (ops, of which writers write), and of the end of
+// its write.
 type laneProbes struct {
-	arrive  func(l *lane, op *laneOp, busy bool)
-	batch   func(l *lane, ops []*laneOp, writers int)
-	written func(l *lane, err error)
-	linger  func(l *lane, lease, met bool, d time.Duration)
+	lane    lane.Probes[*laneOp]
+	batch   func(l *opLane, ops []*laneOp, writers int)
+	written func(l *opLane, err error)
 }
 
 // laneResult is the result of an operation's turn, for run.
@@ -222,212 +190,19 @@ type laneResult struct {
 	unsure bool
 }
 
-// enter waits for op's turn: it reports lead when op holds the lane (it must
-// call leave), and otherwise op.res holds the result of the batch that
-// carried it. When op's context ends while it waits in the queue, it leaves
-// the queue and enter returns ctx.Err(); once a batch has taken it, it waits
-// for that batch's result, which is its outcome.
-func (l *lane) enter(op *laneOp) (lead bool, err error) {
-	l.mu.Lock()
-	if p := l.probes; p != nil {
-		p.arrive(l, op, l.busy)
-	}
-	if !l.busy {
-		l.busy = true
-		l.mu.Unlock()
-		return true, nil
-	}
-	op.handed = false
-	l.queue = append(l.queue, op)
-	if l.lingering && (op.rt.lease != nil) == l.lingerLease && (l.lingerLease || op.trust) {
-		if l.lingerFor--; l.lingerFor == 0 {
-			l.lingering = false
-			l.arrived <- struct{}{}
-		}
-	}
-	l.mu.Unlock()
-	select {
-	case <-op.wake:
-	case <-op.ctx.Done():
-		l.mu.Lock()
-		if i := slices.Index(l.queue, op); i >= 0 {
-			l.queue = slices.Delete(l.queue, i, i+1)
-			l.mu.Unlock()
-			return false, op.ctx.Err()
-		}
-		l.mu.Unlock()
-		<-op.wake // handed the lane or taken into a batch: under way
-	}
-	if op.handed && op.ctx.Err() != nil {
-		l.leave()
-		return false, op.ctx.Err()
-	}
-	return op.handed, nil
-}
-
-// leave hands the lane to the oldest waiting operation, or frees it.
-func (l *lane) leave() {
-	l.mu.Lock()
-	if len(l.queue) == 0 {
-		l.busy = false
-		l.mu.Unlock()
-		return
-	}
-	next := l.queue[0]
-	l.queue[0] = nil
-	l.queue = l.queue[1:]
-	next.handed = true
-	l.mu.Unlock()
-	next.wake <- struct{}{}
-}
-
 // lingerBound bounds how long a batch's holder waits for the acquisitions
-// of the waiters it woke, or for a release, to join it (see linger): a
-// fraction of a round trip to the store (one costs 60-150 µs on the
-// benchmarks' embedded server), spent only when this process has waiters
-// the batch frees slots for, or a slot it took just now. It is the
-// default of keyTable.lingerWake and lingerRelease.
+// of the waiters it woke, or for a release, to join it (see
+// lane.Lane.Linger): a fraction of a round trip to the store (one costs
+// 60-150 µs on the benchmarks' embedded server), spent only when this
+// process has waiters the batch frees slots for, or a slot it took just
+// now. It is the default of keyTable.lingerWake and lingerRelease.
 const lingerBound = 40 * time.Microsecond
-
-// linger waits, holding the lane, until want operations of a kind (lease:
-// those of a lease, a release or renewal; else waiting acquisitions, which
-// trust the watch) are queued, counting those queued already (since the
-// holder took its batch), or for at most bound, or until ctx ends. It
-// reports whether they are, and whether any operation is queued: the
-// holder takes it into its batch.
-func (l *lane) linger(ctx context.Context, lease bool, want int, bound time.Duration) (met, arrived bool) {
-	l.mu.Lock()
-	before := len(l.queue)
-	for _, op := range l.queue { // queued since the holder took its batch
-		if (op.rt.lease != nil) == lease && (lease || op.trust) {
-			want--
-		}
-	}
-	if want <= 0 {
-		l.mu.Unlock()
-		return true, before > 0
-	}
-	if l.arrived == nil {
-		l.arrived = make(chan struct{}, 1)
-		l.timer = time.NewTimer(bound)
-	} else {
-		l.timer.Reset(bound)
-	}
-	l.lingering, l.lingerLease, l.lingerFor = true, lease, want
-	l.mu.Unlock()
-	start := time.Now()
-	select {
-	case <-l.arrived:
-	case <-l.timer.C:
-	case <-ctx.Done():
-	}
-	l.timer.Stop()
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	if l.lingering {
-		l.lingering = false
-	} else {
-		met = true
-		select { // signalled after the timer fired or ctx ended
-		case <-l.arrived:
-		default:
-		}
-	}
-	if p := l.probes; p != nil && p.linger != nil {
-		p.linger(l, lease, met, time.Since(start))
-	}
-	return met, len(l.queue) > 0
-}
-
-// lingerMaxSkip bounds the batches that do not linger for releases after
-// lingers that waited for one in vain.
-const lingerMaxSkip = 64
-
-// releaseSoon is how long, in lingers for a release (bound), after a
-// batch that acquired slots their releases count as coming soon (see
-// lingerForRelease): the handlers that return at once have returned by
-// then.
-const releaseSoon = 4
-
-// lingerForRelease lingers, for the holder of a batch that is no release,
-// for one release to join it for at most bound, when the lane's latest
-// batch, less than releaseSoon bounds ago, acquired slots whose releases
-// have not come yet (see returns). It reports whether it lingered.
-// Lingers that wait in vain (the handlers run on) make the next batches
-// skip theirs, twice as many after each, up to lingerMaxSkip: a key whose
-// handlers take their time pays for a linger rarely.
-func (l *lane) lingerForRelease(ctx context.Context, bound time.Duration) bool {
-	if l.returns == 0 || time.Since(l.returnsAt) >= releaseSoon*bound {
-		return false
-	}
-	if l.skip > 0 {
-		l.skip--
-		return false
-	}
-	if met, _ := l.linger(ctx, true, 1, bound); met {
-		l.misses = 0
-		return true
-	}
-	l.skip = min(1<<l.misses, lingerMaxSkip)
-	l.misses = min(l.misses+1, 6)
-	return true
-}
-
-// returned records a committed batch that acquired slots and carried
-// leases operations (releases or renewals).
-func (l *lane) returned(acquired, leases int) {
-	l.returns = max(l.returns+acquired-leases, 0)
-	if acquired > 0 {
-		l.returnsAt = time.Now()
-	}
-}
-
-// take appends to ops, for the holder's batch, the operations waiting at
-// the head of the queue, up to groupCommitMax in all, stopping at one that
-// must run alone. A waiting operation whose context has ended is sent back
-// with its context's error: nothing of it is applied.
-func (l *lane) take(ops []*laneOp) []*laneOp {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	kept := l.queue[:0]
-	i := 0
-	for ; i < len(l.queue) && len(ops) < groupCommitMax; i++ {
-		op := l.queue[i]
-		if op.solo {
-			break
-		}
-		if err := op.ctx.Err(); err != nil {
-			op.res = laneResult{err: err}
-			op.wake <- struct{}{}
-			continue
-		}
-		ops = append(ops, op)
-	}
-	kept = append(kept, l.queue[i:]...)
-	clear(l.queue[len(kept):])
-	l.queue = kept
-	return ops
-}
-
-// putBack returns ops, taken by the holder, to the head of the queue, in
-// their order.
-func (l *lane) putBack(ops []*laneOp) {
-	if len(ops) == 0 {
-		return
-	}
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	l.queue = slices.Insert(l.queue, 0, ops...)
-}
 
 // deliver ends a batch of ops whose first n ran: it hands ops[1:n] their
 // results (op.res), returns the others to the head of the queue, and
 // returns the result of ops[0], the holder.
-func (l *lane) deliver(ops []*laneOp, n int) laneResult {
-	for _, op := range ops[1:n] {
-		op.wake <- struct{}{}
-	}
-	l.putBack(ops[n:]) // cut off: they start the next batch
+func deliver(l *opLane, ops []*laneOp, n int) laneResult {
+	l.Deliver(ops, n)
 	return ops[0].res
 }
 
@@ -435,7 +210,7 @@ func (l *lane) deliver(ops []*laneOp, n int) laneResult {
 // s: s, verified for op when it was stored at an instant during op (op read
 // it or an older revision, or a trusted watch feed vouches for it).
 func (op *laneOp) startFrom(s keycache.Start[KeyState]) keycache.Start[KeyState] {
-	v := op.trust && s.Watched || op.woken && s.Cached ||
+	v := op.Trust && s.Watched || op.woken && s.Cached ||
 		op.ok && op.s.Verified && (op.s.Rev == s.Rev && (op.s.State == nil) == (s.State == nil) || op.s.Rev != 0 && s.Rev > op.s.Rev)
 	return keycache.Start[KeyState]{State: s.State, Rev: s.Rev, Verified: v, Watched: s.Watched, Cached: s.Cached}
 }
@@ -444,18 +219,21 @@ func (op *laneOp) startFrom(s keycache.Start[KeyState]) keycache.Start[KeyState]
 // behind it) or is carried by one, and returns op's result. The error is
 // op's context's, when it ended before op's turn.
 func (c *KeyCoordinator) turn(e *keyEntry, key JobKey, op *laneOp, buf *[]byte) (laneResult, error) {
-	lead, err := e.lane.enter(op)
+	lead, err := e.lane.Enter(op)
 	if err != nil {
 		return laneResult{}, err
 	}
 	if !lead {
+		if op.Dropped != nil {
+			return laneResult{err: op.Dropped}, nil
+		}
 		return op.res, nil
 	}
 	res := c.commitBatch(e, key, op, buf)
 	for res.rerun {
 		res = c.commitBatch(e, key, op, buf)
 	}
-	e.lane.leave()
+	e.lane.Leave()
 	return res, nil
 }
 
@@ -476,7 +254,7 @@ func (c *KeyCoordinator) commitBatch(e *keyEntry, key JobKey, lead *laneOp, buf 
 		for _, op := range b.ops {
 			op.res = laneResult{} // each reads first
 		}
-		return e.lane.deliver(b.ops, len(b.ops))
+		return deliver(&e.lane, b.ops, len(b.ops))
 	}
 	if !b.reduceFrom(0) {
 		b.lingerForWoken()
@@ -485,10 +263,10 @@ func (c *KeyCoordinator) commitBatch(e *keyEntry, key JobKey, lead *laneOp, buf 
 		return b.deliverUnwritten()
 	}
 	b.sendEarly()
-	if p := e.lane.probes; p != nil {
+	if p := c.keys.probes; p != nil && p.batch != nil {
 		p.batch(&e.lane, b.ops[:b.n], b.writers)
 	}
-	wctx := lead.ctx
+	wctx := lead.Ctx
 	if b.n > 1 {
 		bc := newBatchContext(b.ops[:b.n])
 		defer bc.stop()
@@ -527,28 +305,28 @@ type laneBatch struct {
 
 // gather makes lead and the operations waiting behind it the batch: a
 // release can join only a batched write (one writer else), so a batch
-// that may be batched first lingers for one (see lingerForRelease).
+// that may be batched first lingers for one (see lane.Lane.LingerForRelease).
 func (b *laneBatch) gather() {
-	l := &b.e.lane
-	if l.batch == nil {
-		l.batch = l.first[:0]
+	l, sc := &b.e.lane, &b.e.scratch
+	if sc.ops == nil {
+		sc.ops = sc.first[:0]
 	}
-	b.ops = append(l.batch[:0], b.lead)
-	if b.lead.solo {
+	b.ops = append(sc.ops[:0], b.lead)
+	if b.lead.Solo {
 		return
 	}
-	if b.lead.rt.lease == nil && l.returns > 0 && canBatch(b.c.store, b.key) {
-		if l.lingerForRelease(b.lead.ctx, b.c.keys.lingerRelease) {
+	if b.lead.rt.lease == nil && l.ReleasesDue() && canBatch(b.c.store, b.key) {
+		if l.LingerForRelease(b.lead.Ctx, b.c.keys.lingerRelease) {
 			b.c.keys.lingers.Add(1)
 		}
 	}
-	b.ops = l.take(b.ops)
+	b.ops = l.Take(b.ops, groupCommitMax)
 }
 
 // release gives the batch's list back to the lane, cleared.
 func (b *laneBatch) release() {
 	clear(b.ops)
-	b.e.lane.batch = b.ops[:0]
+	b.e.scratch.ops = b.ops[:0]
 }
 
 // begin finds the state to start from: each operation's read, if newer,
@@ -558,7 +336,7 @@ func (b *laneBatch) release() {
 func (b *laneBatch) begin() bool {
 	last := -1
 	for i, op := range b.ops {
-		op.s, op.ok = b.e.Begin(op.r, b.c.keys.max > 0, op.rt.assumeAbsent, op.trust)
+		op.s, op.ok = b.e.Begin(op.r, b.c.keys.max > 0, op.rt.assumeAbsent, op.Trust)
 		op.err, op.early, op.wrote = nil, false, nil
 		if op.ok {
 			last = i
@@ -627,7 +405,7 @@ func (b *laneBatch) reduceOp(i int) bool {
 	if b.cur == nil || len(next.Queued) > len(b.cur.Queued) {
 		b.c.encode(b.buf, next)
 		b.encoded = next
-		if err := b.c.checkRoom(op.ctx, b.key, next, len(*b.buf)); err != nil {
+		if err := b.c.checkRoom(op.Ctx, b.key, next, len(*b.buf)); err != nil {
 			op.err = err
 			return false
 		}
@@ -643,17 +421,17 @@ func (b *laneBatch) reduceOp(i int) bool {
 
 // lingerForWoken: a batched write that frees slots wakes this process's
 // waiters it frees them for now, and waits a little for their
-// acquisitions to join it (see lane.linger), as long as the batch has
+// acquisitions to join it (see lane.Lane.Linger), as long as the batch has
 // room for them.
 func (b *laneBatch) lingerForWoken() {
-	for b.batched && b.writes && b.writers < b.maxWriters && !b.lead.solo && len(b.ops) < groupCommitMax &&
+	for b.batched && b.writes && b.writers < b.maxWriters && !b.lead.Solo && len(b.ops) < groupCommitMax &&
 		b.s.State != nil && len(b.cur.Active) < len(b.s.State.Active) {
 		woken := b.c.keys.prewake(b.key.KVKey, b.cur, b.s.Rev+uint64(b.writers))
 		if woken == 0 {
 			return
 		}
 		b.c.keys.lingers.Add(1)
-		if _, arrived := b.e.lane.linger(b.lead.ctx, false, woken, b.c.keys.lingerWake); !arrived {
+		if _, arrived := b.e.lane.Linger(b.lead.Ctx, false, woken, b.c.keys.lingerWake); !arrived {
 			return
 		}
 		from := len(b.ops)
@@ -669,16 +447,16 @@ func (b *laneBatch) lingerForWoken() {
 // may be newer than the batch's, so it starts the next batch.
 func (b *laneBatch) takeWoken() {
 	from := len(b.ops)
-	b.ops = b.e.lane.take(b.ops)
+	b.ops = b.e.lane.Take(b.ops, groupCommitMax)
 	for i := from; i < len(b.ops); i++ {
 		op := b.ops[i]
 		if op.r != nil {
-			b.e.lane.putBack(b.ops[i:])
+			b.e.lane.PutBack(b.ops[i:])
 			clear(b.ops[i:])
 			b.ops = b.ops[:i]
 			return
 		}
-		op.s, op.ok = b.e.Begin(nil, b.c.keys.max > 0, op.rt.assumeAbsent, op.trust)
+		op.s, op.ok = b.e.Begin(nil, b.c.keys.max > 0, op.rt.assumeAbsent, op.Trust)
 		op.err, op.early, op.wrote = nil, false, nil
 	}
 }
@@ -694,7 +472,7 @@ func (b *laneBatch) deliverUnwritten() laneResult {
 		st := op.startFrom(b.s)
 		op.res = laneResult{s: st, done: st.Verified}
 	}
-	return b.e.lane.deliver(b.ops, b.n)
+	return deliver(&b.e.lane, b.ops, b.n)
 }
 
 // sendEarly hands the operations done already (op.early) their results:
@@ -703,7 +481,7 @@ func (b *laneBatch) sendEarly() {
 	k, early := 1, 0
 	for i, op := range b.ops[1:] {
 		if op.early && i+1 < b.n {
-			op.wake <- struct{}{}
+			b.e.lane.Send(op)
 			early++
 			continue
 		}
@@ -740,7 +518,7 @@ func (b *laneBatch) write(wctx context.Context) (final *KeyState, rev uint64, er
 		}
 		e.Written()
 	}
-	if p := e.lane.probes; p != nil {
+	if p := b.c.keys.probes; p != nil && p.written != nil {
 		p.written(&e.lane, err)
 	}
 	return final, rev, err
@@ -755,7 +533,7 @@ func (b *laneBatch) committed(final *KeyState, rev uint64) laneResult {
 	e.Commit(final, rev, c.cfg.RetryBackoff)
 	c.keys.handoff(key.KVKey, final, rev)
 	if c.wakes != nil && final != nil {
-		c.publishWakes(key, b.s.State, final, rev, lastValue(*b.buf, e.lane.ends, b.batched && b.writers > 1))
+		c.publishWakes(key, b.s.State, final, rev, lastValue(*b.buf, e.scratch.ends, b.batched && b.writers > 1))
 	}
 	leases := 0
 	for _, op := range b.ops[:b.n] {
@@ -763,11 +541,11 @@ func (b *laneBatch) committed(final *KeyState, rev uint64) laneResult {
 			leases++
 		}
 	}
-	e.lane.returned(b.acquired, leases)
+	e.lane.Returned(b.acquired, leases)
 	for _, op := range b.ops[:b.n] {
 		op.res = laneResult{s: keycache.Start[KeyState]{State: b.s.State, Rev: b.s.Rev, Verified: true}, done: op.err == nil, err: op.err}
 	}
-	return e.lane.deliver(b.ops, b.n)
+	return deliver(&e.lane, b.ops, b.n)
 }
 
 // failed ends a batch whose write (with wctx) failed with err.
@@ -782,7 +560,7 @@ func (b *laneBatch) failed(wctx context.Context, err error) laneResult {
 	}
 	conflict := errors.Is(err, ErrRevisionConflict)
 	if conflict {
-		b.c.obs.conflict(b.lead.ctx, &b.key)
+		b.c.obs.conflict(b.lead.Ctx, &b.key)
 	}
 	switch {
 	case tooLarge && b.n > 1, refused:
@@ -790,9 +568,9 @@ func (b *laneBatch) failed(wctx context.Context, err error) laneResult {
 		// in their order: lead now, the others handed the lane after it.
 		// So too for a batch the store would not take as one.
 		for _, op := range b.ops[:b.n] {
-			op.solo = true
+			op.Solo = true
 		}
-		b.e.lane.putBack(b.ops[1:])
+		b.e.lane.PutBack(b.ops[1:])
 		return laneResult{rerun: true}
 	case tooLarge:
 		err = &StateError{KVKey: b.key.KVKey, Reason: fmt.Sprintf("new state of %d bytes (%d active, %d queued): %v", len(*b.buf), len(b.cur.Active), len(b.cur.Queued), err), Err: ErrStateTooLarge}
@@ -809,10 +587,10 @@ func (b *laneBatch) failed(wctx context.Context, err error) laneResult {
 		// leaves the writers' states maybe written.
 		op.res = laneResult{err: err, unsure: !tooLarge && op.wrote != nil}
 		if err == nil {
-			op.res.err = op.ctx.Err()
+			op.res.err = op.Ctx.Err()
 		}
 	}
-	return b.e.lane.deliver(b.ops, b.n)
+	return deliver(&b.e.lane, b.ops, b.n)
 }
 
 // lost ends a batch whose write lost a race, or rested on a stale guess:
@@ -823,7 +601,7 @@ func (b *laneBatch) lost() laneResult {
 	fed, lost := b.e.Fed(), false
 	for _, op := range b.ops[:b.n] {
 		st := op.startFrom(b.s)
-		lost = lost || (st.Verified || st.Watched) && !(fed && op.trust) && !op.woken
+		lost = lost || (st.Verified || st.Watched) && !(fed && op.Trust) && !op.woken
 	}
 	var pause time.Duration
 	if lost {
@@ -832,7 +610,7 @@ func (b *laneBatch) lost() laneResult {
 	for _, op := range b.ops[:b.n] {
 		op.res = laneResult{s: op.startFrom(b.s), pause: pause}
 	}
-	return b.e.lane.deliver(b.ops, b.n)
+	return deliver(&b.e.lane, b.ops, b.n)
 }
 
 // canBatch reports whether store writes successive states of key in one
@@ -847,7 +625,7 @@ func canBatch(store Store, key JobKey) bool {
 // its own, the last a delete when it empties the key. It returns the state
 // the key is left at (a copy; nil: deleted) and its revision.
 func (c *KeyCoordinator) writeBatch(ctx context.Context, e *keyEntry, key JobKey, bw BatchWriter, ops []*laneOp, rev uint64, buf *[]byte) (*KeyState, uint64, error) {
-	l := &e.lane
+	l := &e.scratch
 	*buf, l.ends = (*buf)[:0], l.ends[:0]
 	var last *KeyState
 	for _, op := range ops {
@@ -907,12 +685,12 @@ type batchCtx struct {
 }
 
 func newBatchContext(ops []*laneOp) *batchCtx {
-	ctx, cancel := context.WithCancel(context.WithoutCancel(ops[0].ctx))
+	ctx, cancel := context.WithCancel(context.WithoutCancel(ops[0].Ctx))
 	b := &batchCtx{Context: ctx, ops: ops, stops: make([]func() bool, len(ops)), end: cancel}
 	live := new(atomic.Int64)
 	live.Store(int64(len(ops)))
 	for i, op := range ops {
-		b.stops[i] = context.AfterFunc(op.ctx, func() {
+		b.stops[i] = context.AfterFunc(op.Ctx, func() {
 			if live.Add(-1) == 0 {
 				cancel()
 			}

@@ -158,9 +158,8 @@ func (r *bcRig) batched(ops []bcOp) []gcResult {
 			ch <- gcResult{out, err}
 		}()
 		require.Eventuallyf(r.t, func() bool {
-			e.lane.mu.Lock()
-			defer e.lane.mu.Unlock()
-			return len(e.lane.queue) == i+1
+			n, _ := e.lane.Queued()
+			return n == i+1
 		}, time.Minute, time.Millisecond, "%d operations queued", i+1)
 	}
 	e.unlock()

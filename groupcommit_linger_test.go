@@ -158,9 +158,8 @@ func TestGroupCommitLoneOperationNeverLingers(t *testing.T) {
 // laneLingering reports whether e's lane holder lingers, and how many
 // operations wait in its queue.
 func laneLingering(e *keyEntry) (bool, int) {
-	e.lane.mu.Lock()
-	defer e.lane.mu.Unlock()
-	return e.lane.lingering, len(e.lane.queue)
+	n, lingering := e.lane.Queued()
+	return lingering, n
 }
 
 // TestGroupCommitLingerForRelease: right after an acquisition, the next

@@ -33,7 +33,7 @@ func batchContexts(ctx context.Context) []context.Context {
 	}
 	out := make([]context.Context, len(b.ops))
 	for i, op := range b.ops {
-		out[i] = op.ctx
+		out[i] = op.Ctx
 	}
 	return out
 }
@@ -211,9 +211,8 @@ func (r *gcRig) queued() int {
 	if e == nil {
 		return 0
 	}
-	e.lane.mu.Lock()
-	defer e.lane.mu.Unlock()
-	return len(e.lane.queue)
+	n, _ := e.lane.Queued()
+	return n
 }
 
 func (r *gcRig) awaitQueued(n int) {

@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/jobkeys/jobkeys/internal/keycache"
+	"github.com/jobkeys/jobkeys/internal/lane"
 )
 
 // keyTable is what a coordinator keeps per KV key (a keyEntry; the engine
@@ -38,7 +39,7 @@ type keyTable struct {
 	feeds atomic.Pointer[[]*Watcher]
 	// lingerWake and lingerRelease bound how long a batch's holder
 	// lingers for the acquisitions of the waiters it woke (prewake) and
-	// for a release (see lane.linger); lingerBound unless a test sets
+	// for a release (see lane.Lane.Linger); lingerBound unless a test sets
 	// them before the table is used. lingers counts the lingers.
 	lingerWake    time.Duration
 	lingerRelease time.Duration
@@ -56,13 +57,14 @@ type keyTable struct {
 //
 // An operation uses it in this order: pace (PaceWindow, before its first
 // attempt, when the key is contended); then per attempt a turn at the lane
-// (lane.enter: it leads a batch or a batch carries it), in which the
+// (lane.Lane.Enter: it leads a batch or a batch carries it), in which the
 // batch's holder calls Begin (the state to start from) for each, and
 // after the write Commit or ConflictAt, then leaves the lane. Reads run
 // without the lane: Mark before, Observe or Begin(read) after.
 type keyEntry struct {
-	lane  lane // one operation writes at a time; see groupcommit.go
-	users int  // operations that pinned the entry
+	lane    opLane       // one operation writes at a time; see groupcommit.go
+	scratch batchScratch // the lane holder's
+	users   int          // operations that pinned the entry
 	// wakeMu guards held, the wake-up held for a write that may follow
 	// (see wakeHold), and its fields.
 	wakeMu sync.Mutex
@@ -103,7 +105,9 @@ func (t *keyTable) pin(k string) *keyEntry {
 		t.evictIdle()
 		e = &keyEntry{}
 		e.Decode = decodeFed
-		e.lane.probes = t.probes
+		if t.probes != nil {
+			e.lane.Probes = &t.probes.lane
+		}
 		t.entries[k] = e
 	}
 	e.users++
@@ -220,7 +224,7 @@ func (t *keyTable) handoff(k string, st *KeyState, rev uint64) {
 // coordinator on k the write frees slots for, in the order the Watchers
 // it hands its writes to would wake them on that change (see
 // Watcher.prewake), so that their acquisitions can join the write's batch
-// (see lane.linger). It returns how many it woke. Nothing is recorded of
+// (see lane.Lane.Linger). It returns how many it woke. Nothing is recorded of
 // st, which is not stored (yet): the write's hand-off, or its failure,
 // follows as without prewake. Call it holding k's lane, with no lock held;
 // st must not be modified.
@@ -273,12 +277,12 @@ func (t *keyTable) entry(k string) *keyEntry {
 // lock takes e's lane for an operation of its own, outside any batch,
 // waiting for it or for ctx to end.
 func (e *keyEntry) lock(ctx context.Context) error {
-	_, err := e.lane.enter(&laneOp{ctx: ctx, solo: true, wake: make(chan struct{}, 1)})
+	_, err := e.lane.Enter(&laneOp{Op: lane.Op{Ctx: ctx, Solo: true}})
 	return err
 }
 
 // unlock releases e's lane.
-func (e *keyEntry) unlock() { e.lane.leave() }
+func (e *keyEntry) unlock() { e.lane.Leave() }
 
 // queuedBehind returns, when the state of key's entry is the latest its
 // watch feed knows of (trusted) and has job jobID queued behind at least
