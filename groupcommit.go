@@ -54,10 +54,10 @@ package jobkeys
 // A linger ends as soon as what it waits for has queued, after at most a
 // fraction of a round trip (lingerBound), or when the holder's context
 // ends; lingers for a release that waited in vain make the next batches
-// skip theirs (see lane.Lane.LingerForRelease). An operation that queues while the
-// holder lingers is taken as any waiting one (unless it read the key: it
-// starts the next batch), and one whose context ends there leaves the
-// queue with nothing applied. An operation alone on its key does not
+// skip theirs (see lane.Lane.LingerForRelease). An operation that queues
+// while the holder lingers is taken as any waiting one (unless it read the
+// key: it starts the next batch), and one whose context ends there leaves
+// the queue with nothing applied. An operation alone on its key does not
 // linger: it has no waiter to wake, and the release of a slot it took
 // comes next.
 //
