@@ -467,7 +467,7 @@ func (w *slotWait) subscribeWatch() (trust, now bool, err error) {
 	kvKey := kvKeyFor(r.jt.Service(), r.jt.Name(), w.acq.KeyHash)
 	// A waiter's subscription wakes it only when a change frees a slot,
 	// and feeds the key's changes to the coordinator.
-	if w.sub, err = r.cfg.Watcher.subscribeQueued(w.ctx, r.jt.Service(), kvKey, w.jobID, r.policy.MaxActive, r.jt.coord.keys, w.behind); err != nil {
+	if w.sub, err = r.cfg.Watcher.subscribeQueued(w.ctx, r.jt.Service(), kvKey, w.jobID, r.policy.MaxActive, r.jt.coord.keys, w.behind, retryOf(w.opts)); err != nil {
 		if w.ctx.Err() != nil {
 			return false, false, w.ctx.Err()
 		}

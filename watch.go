@@ -169,7 +169,8 @@ func (w *Watcher) Subscribe(ctx context.Context, service, kvKey string) (*Subscr
 
 // subscribeQueued is Subscribe for a blocked acquisition of job jobID
 // whose policy allows limit slots, run by a coordinator whose key table
-// is t. The subscription is signalled only when a change can help it
+// is t; retry says the acquisition is a retry (WithRetry), whose job need
+// not be queued (see wakeLeft). The subscription is signalled only when a change can help it
 // (see Watcher.wake): with behind 0 it starts out woken, and after each
 // try that found the key busy at revision seen the waiter calls
 // rearm(seen). While it lasts, the watch feeds the key's changes to t
@@ -183,11 +184,11 @@ func (w *Watcher) Subscribe(ctx context.Context, service, kvKey string) (*Subscr
 // Watcher holds revision behind or a later one. A Watcher that holds no
 // state of the key (its watch of the key just began) wakes it at once: it
 // has no queue to take turns by.
-func (w *Watcher) subscribeQueued(ctx context.Context, service, kvKey, jobID string, limit int, t *keyTable, behind uint64) (*Subscription, error) {
+func (w *Watcher) subscribeQueued(ctx context.Context, service, kvKey, jobID string, limit int, t *keyTable, behind uint64, retry bool) (*Subscription, error) {
 	if valueWatcherOf(w.store) == nil {
 		t = nil // a watch without values has no state to feed, nor turns: a waiter behind is woken at once
 	}
-	wt := &waiter{jobID: jobID, limit: limit, table: t, woken: true, index: -1}
+	wt := &waiter{jobID: jobID, limit: limit, table: t, woken: true, index: -1, retry: retry}
 	if behind != 0 {
 		wt.woken, wt.seen = false, behind-1
 	}
@@ -621,6 +622,7 @@ func (kw *keyWatch) wake(now time.Time) {
 		free = max(limit-live, 0)
 		queued = kw.state.Queued
 		kw.order(queued)
+		kw.wakeLeft()
 	}
 	woken := 0
 	for _, sub := range kw.waiters {
@@ -666,6 +668,27 @@ func (kw *keyWatch) wake(now time.Time) {
 			kw.deferred = time.AfterFunc(later.Sub(now), kw.rewake)
 		} else {
 			kw.deferred.Reset(later.Sub(now))
+		}
+	}
+}
+
+// wakeLeft signals the waiters not trying already whose queued jobs have
+// left the queue since their last tries found the key busy (removed,
+// replaced, or run elsewhere): at the revision such a try rested on
+// (waiter.seen) the job was queued, and in the latest state, later, it is
+// not. Each waits for a slot its job can no longer take; its try ends the
+// wait (a Run returns ReasonNotQueued) instead of the next recheck. They
+// count as woken until they come back, as any waiter that tries (see
+// wake). Called with Watcher.mu held, after order.
+func (kw *keyWatch) wakeLeft() {
+	for _, sub := range kw.waiters {
+		wt := sub.waiter
+		if wt.index >= 0 {
+			break // sorted: the waiters whose jobs are not queued come first
+		}
+		if !wt.woken && !wt.retry && wt.seen != 0 && kw.rev > wt.seen {
+			wt.woken, wt.wokenAt = true, kw.seq
+			sub.signal()
 		}
 	}
 }
@@ -803,6 +826,9 @@ type waiter struct {
 	seen    uint64 // the revision its last try found the key busy at; 0 unknown
 	wokenAt uint64 // keyWatch.seq when it was last woken
 	index   int    // its job's place in the queue at the last wake (see order); -1 not queued
+	// retry says its job need not be queued (WithRetry): one not queued
+	// has not left the queue (see wakeLeft).
+	retry bool
 }
 
 // signal makes a value pending on Changed. Called with Watcher.mu held.

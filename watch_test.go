@@ -63,7 +63,7 @@ func rtStores(t *testing.T) map[string]func(t *testing.T) rtStore {
 // as a Runner's first subscription does (subscribeQueued, starting out
 // woken).
 func (w *Watcher) subscribeWaiter(ctx context.Context, service, kvKey, jobID string, limit int, t *keyTable) (*Subscription, error) {
-	return w.subscribeQueued(ctx, service, kvKey, jobID, limit, t, 0)
+	return w.subscribeQueued(ctx, service, kvKey, jobID, limit, t, 0, false)
 }
 
 // recv waits for a value on ch, failing the test after rtWait.
