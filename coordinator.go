@@ -219,14 +219,6 @@ type KeyCoordinator struct {
 	// it has none: each committed write that leaves slots free with jobs
 	// queued wakes their waiters (see publishWakes).
 	wakes wakeStore
-	// wakeHold is how long the wake-up of a write that freed a slot is
-	// held for a write that may follow (see the constant wakeHold; tests
-	// may change it before the coordinator is used).
-	wakeHold time.Duration
-	// heldMu guards held, the wake-ups its keys' entries hold now (see
-	// wakeHold), for FlushWakeUps. Taken after a key entry's wakeMu.
-	heldMu sync.Mutex
-	held   map[*heldWake]struct{}
 	// tryContext, set by tests only before the coordinator is used (nil
 	// otherwise), derives the context of each operation that is a try of
 	// a waiting Runner's from that try, for store wrappers that tell the
@@ -289,7 +281,7 @@ func NewCoordinator(store Store, cfg *Config) (*KeyCoordinator, error) {
 		return nil, err
 	}
 	return &KeyCoordinator{store: store, cfg: c, keys: newKeyTable(c.StateCacheSize), slotRoom: slotRoom(c.InstanceID), obs: obs, groupWriters: groupWritersDefault,
-		wakes: wakeStoreOf(store), wakeHold: wakeHold}, nil
+		wakes: wakeStoreOf(store)}, nil
 }
 
 // InstanceID returns the instance id the coordinator writes into slots.
@@ -539,7 +531,7 @@ func (c *KeyCoordinator) run(ctx context.Context, key JobKey, rt retry, reduce f
 		}
 		op.r = r
 		view := e.View()
-		res, err := c.holdingWakes(e, key, op, buf)
+		res, err := c.turn(e, key, op, buf)
 		if err != nil {
 			return err
 		}
@@ -619,18 +611,6 @@ func (c *KeyCoordinator) readFor(ctx context.Context, key JobKey, e *keyEntry, r
 		return nil, true, nil
 	}
 	return &keycache.Read[KeyState]{State: st, Sent: sent, Rev: rev, Mark: mark, Feed: feed}, false, nil
-}
-
-// holdingWakes takes op's turn at e's lane (see turn), holding back the
-// key's held wake-up meanwhile over a store with wake-ups (see wakeHold).
-func (c *KeyCoordinator) holdingWakes(e *keyEntry, key JobKey, op *laneOp, buf *[]byte) (laneResult, error) {
-	if c.wakes == nil {
-		return c.turn(e, key, op, buf)
-	}
-	if unhold := e.holdWakeFor(); unhold != nil {
-		defer unhold()
-	}
-	return c.turn(e, key, op, buf)
 }
 
 // afterLost follows the lost-th race an operation lost (res: its turn's

@@ -105,10 +105,8 @@
 //     change. Turn it on in every process's store (a writer without it
 //     sends no wake-ups, and waiters fall back to their recheck). Within
 //     one process the watch does about as well: it pays where processes
-//     share keys. A worker shutting down calls
-//     [KeyCoordinator.FlushWakeUps] after its last release, before it
-//     closes the connection (a release's wake-up may be held back a
-//     fraction of a millisecond; the jobs Client's Stop does this).
+//     share keys. A release's wake-up is published before Release
+//     returns, so a worker may close its connection right after.
 //     A [Runner] waits for the wake-ups of its own job by itself; the
 //     jobs Client dispatches jobs when their key has room instead of
 //     waiting on keys.

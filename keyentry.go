@@ -49,11 +49,10 @@ type keyTable struct {
 	probes *laneProbes
 }
 
-// keyEntry is one key's entry: the lane, the held wake-up, the stale
-// policy, and what the coordinator knows of the key's stored state (the
-// embedded keycache.Entry: its state, revision, backoff window, watch
-// feed and hints). users is guarded by keyTable.mu, the wake-up fields by
-// wakeMu; the cache guards its own.
+// keyEntry is one key's entry: the lane, the stale policy, and what the
+// coordinator knows of the key's stored state (the embedded
+// keycache.Entry: its state, revision, backoff window, watch feed and
+// hints). users is guarded by keyTable.mu; the cache guards its own.
 //
 // An operation uses it in this order: pace (PaceWindow, before its first
 // attempt, when the key is contended); then per attempt a turn at the lane
@@ -65,14 +64,6 @@ type keyEntry struct {
 	lane    opLane       // one operation writes at a time; see groupcommit.go
 	scratch batchScratch // the lane holder's
 	users   int          // operations that pinned the entry
-	// wakeMu guards held, the wake-up held for a write that may follow
-	// (see wakeHold), and its fields.
-	wakeMu sync.Mutex
-	held   *heldWake
-	// holdMisses counts the held wake-ups in a row that no write
-	// followed (sent when wakeHold passed), holdSkips the wake-ups not
-	// held since: see holdWake.
-	holdMisses, holdSkips int
 	// blockStale is set while the StalePolicy of the last operation on
 	// the key that knew its policy is Block (see blocksStale).
 	blockStale atomic.Bool
@@ -367,103 +358,3 @@ func (e *keyEntry) stalePolicy(p StalePolicy) {
 // policy had StalePolicy Block, under which an expired slot stays taken
 // (every producer and worker of a job type shares its policy).
 func (e *keyEntry) blocksStale() bool { return e.blockStale.Load() }
-
-// holdWake holds h, the wake-up of a write of the key just committed,
-// for wakeHold, dropping any held wake-up of an older revision (the
-// write supersedes it; see wakeHold); it sends h then unless a write that
-// began meanwhile is still under way.
-//
-// A key on which no write followed the last wakeHoldMisses held wake-ups
-// (its workers admit their next jobs ahead, or none) has only one in
-// wakeHoldProbe held, to learn when that changes; it reports whether it
-// held h (false: the caller sends it now).
-func (e *keyEntry) holdWake(h *heldWake) bool {
-	e.wakeMu.Lock()
-	e.dropHeldLocked(h.rev)
-	if e.holdMisses >= wakeHoldMisses {
-		if e.holdSkips++; e.holdSkips%wakeHoldProbe != 0 {
-			e.wakeMu.Unlock()
-			return false
-		}
-	}
-	e.held, h.e = h, e
-	h.c.heldMu.Lock()
-	if h.c.held == nil {
-		h.c.held = make(map[*heldWake]struct{})
-	}
-	h.c.held[h] = struct{}{}
-	h.c.heldMu.Unlock()
-	e.wakeMu.Unlock()
-	time.AfterFunc(h.c.wakeHold, func() {
-		e.wakeMu.Lock()
-		send := !h.done && h.holders == 0
-		h.expired = true
-		if send {
-			e.endHeldLocked(h)
-			e.holdMisses++
-		}
-		e.wakeMu.Unlock()
-		if send {
-			h.send()
-		}
-	})
-	return true
-}
-
-// dropHeldWake drops the held wake-up of a revision older than rev: a
-// write of the key at rev was committed (see wakeHold).
-func (e *keyEntry) dropHeldWake(rev uint64) {
-	e.wakeMu.Lock()
-	e.dropHeldLocked(rev)
-	e.wakeMu.Unlock()
-}
-
-func (e *keyEntry) dropHeldLocked(rev uint64) {
-	if h := e.held; h != nil && h.rev < rev {
-		e.endHeldLocked(h)
-		e.holdMisses, e.holdSkips = 0, 0 // a write followed it
-	}
-}
-
-// endHeldLocked ends h, a wake-up e holds or held: it is sent by the
-// caller, or dropped. Called with e.wakeMu held.
-func (e *keyEntry) endHeldLocked(h *heldWake) {
-	if h.done {
-		return
-	}
-	h.done = true
-	if e.held == h {
-		e.held = nil
-	}
-	h.c.heldMu.Lock()
-	delete(h.c.held, h)
-	h.c.heldMu.Unlock()
-}
-
-// holdWakeFor keeps the held wake-up, if any, held while a write of the
-// key that begins now is under way; the returned function ends that
-// (call it once the write committed or failed): the wake-up is sent then
-// if wakeHold has passed and the write did not supersede it.
-func (e *keyEntry) holdWakeFor() func() {
-	e.wakeMu.Lock()
-	h := e.held
-	if h == nil || h.done {
-		e.wakeMu.Unlock()
-		return nil
-	}
-	h.holders++
-	e.wakeMu.Unlock()
-	return func() {
-		e.wakeMu.Lock()
-		h.holders--
-		send := !h.done && h.holders == 0 && h.expired
-		if send {
-			e.endHeldLocked(h)
-			e.holdMisses++ // the write superseded nothing
-		}
-		e.wakeMu.Unlock()
-		if send {
-			h.send()
-		}
-	}
-}

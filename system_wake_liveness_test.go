@@ -12,8 +12,8 @@ package jobkeys_test
 // Block) on one or two keys, and jobs admitted at random times and run with
 // Runner.Run (blocking waiters). Handlers return at once or late; some Runs
 // are cancelled while they wait and run again, from a process picked at
-// random; processes are closed mid-run, with their wake-ups flushed (a
-// worker shutting down) or not (a crash): their slots are not released, so
+// random; processes are closed mid-run (a crash): their slots are not
+// released, so
 // the leases must run out and be taken over, and their jobs are delivered
 // again (WithRetry) to a process started in their place.
 //
@@ -36,9 +36,9 @@ package jobkeys_test
 // after that event (their planned durations, summed), one lease TTL per
 // process closed (its slots run out) plus one for the round trips, and one
 // RecheckInterval when the round closed a process or replaced a queued job
-// (what the protocol leaves to the recheck: a wake-up held by a process
-// closed without flushing it, the jobs it was to wake, a replaced job's
-// waiter learning it is no longer queued). A lost wake-up leaves its
+// (what the protocol leaves to the recheck: a wake-up a process closed
+// before it went out, the jobs it was to wake, a replaced job's waiter
+// learning over wake-ups that it is no longer queued). A lost wake-up leaves its
 // waiter to its next recheck or the expiry of a lease it saw (up to a
 // TTL), so wake-ups lost as a rule overrun the bound (with publishWakes
 // disabled, seeds 1, 2, 3, 4 and 6 fail within 30 rounds, 5 does not);
@@ -179,9 +179,8 @@ type liveJob struct {
 
 // liveKill is a process closed mid-run.
 type liveKill struct {
-	at    time.Duration
-	proc  int // index among the live processes at that time, modulo their number
-	flush bool
+	at   time.Duration
+	proc int // index among the live processes at that time, modulo their number
 }
 
 // liveSpan is one handler's run on a key: from its start to its end (or
@@ -275,10 +274,10 @@ func newLiveRound(t *testing.T, s *server.Server, seed uint64, round int) *liveR
 	}
 	for range rng.IntN(3) {
 		lr.kills = append(lr.kills, liveKill{
-			at:    time.Duration(10+rng.IntN(150)) * time.Millisecond,
-			proc:  rng.IntN(8),
-			flush: rng.IntN(2) == 0,
+			at:   time.Duration(10+rng.IntN(150)) * time.Millisecond,
+			proc: rng.IntN(8),
 		})
+		_ = rng.IntN(2) // drawn as when closes chose to flush held wake-ups: each seed keeps its schedule
 	}
 	return lr
 }
@@ -292,7 +291,7 @@ func (lr *liveRound) describe() string {
 		fmt.Fprintf(&b, "\n  %s key %d at %v hold %v cancels %v", j.id, j.key, j.at, j.hold, j.cancels)
 	}
 	for _, k := range lr.kills {
-		fmt.Fprintf(&b, "\n  close process #%d at %v (flush %v)", k.proc, k.at, k.flush)
+		fmt.Fprintf(&b, "\n  close process #%d at %v", k.proc, k.at)
 	}
 	return b.String()
 }
@@ -383,7 +382,7 @@ func (lr *liveRound) pick(rng *rand.Rand) *liveProc {
 
 // close closes p as a process that stops: its wake-ups flushed or not,
 // its connection closed (nothing of it is released), its Runs ended.
-func (lr *liveRound) close(p *liveProc, flush bool) {
+func (lr *liveRound) close(p *liveProc) {
 	lr.mu.Lock()
 	if p.dead.Load() {
 		lr.mu.Unlock()
@@ -393,9 +392,6 @@ func (lr *liveRound) close(p *liveProc, flush bool) {
 	p.dead.Store(true)
 	lr.procs = slices.DeleteFunc(lr.procs, func(q *liveProc) bool { return q == p })
 	lr.mu.Unlock()
-	if flush {
-		p.coord.FlushWakeUps()
-	}
 	p.nc.Close()
 	p.cancel()
 	p.w.Close()
@@ -546,7 +542,7 @@ func (lr *liveRound) run() liveSummary {
 		all := slices.Clone(lr.all)
 		lr.mu.Unlock()
 		for _, p := range all {
-			lr.close(p, true)
+			lr.close(p)
 		}
 	}()
 	start := time.Now()
@@ -567,9 +563,9 @@ func (lr *liveRound) run() liveSummary {
 			p := lr.procs[k.proc%len(lr.procs)]
 			lr.closes++
 			lr.mu.Unlock()
-			lr.close(p, k.flush)
+			lr.close(p)
 			lr.spawn() // in its place
-			lr.event("process %d closed (flush %v)", p.id, k.flush)
+			lr.event("process %d closed", p.id)
 		}
 	})
 	kills.Wait()
@@ -591,7 +587,7 @@ func (lr *liveRound) run() liveSummary {
 		all := slices.Clone(lr.all)
 		lr.mu.Unlock()
 		for _, p := range all {
-			lr.close(p, false)
+			lr.close(p)
 		}
 		<-done
 		return liveSummary{}

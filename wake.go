@@ -86,16 +86,9 @@ const wakeTargetsMax = wakeWalkExtra
 // waiter's acquisition in flight loses to it, and waits for the wake-up
 // of the write it lost to (see errWakeLost). A state with no slot free, or
 // no job queued before the write, sends nothing: a heartbeat of a full key
-// wakes nobody. A write that freed a slot for a job waiting in another
-// process has its wake-up held briefly for a write of this coordinator's
-// that may follow, whose wake-up replaces it (see wakeHold); any write
-// drops the held wake-up of an older revision. Called holding the key's
-// lane, with no lock held.
+// wakes nobody. Called holding the key's lane, with no lock held.
 func (c *KeyCoordinator) publishWakes(key JobKey, prev, st *KeyState, rev uint64, value []byte) {
 	e := c.keys.entry(key.KVKey) // pinned by the write's operation
-	if e != nil {
-		e.dropHeldWake(rev) // this write's wake-up replaces it (see wakeHold)
-	}
 	if prev == nil || len(st.Queued) == 0 {
 		return
 	}
@@ -144,87 +137,7 @@ func (c *KeyCoordinator) publishWakes(key JobKey, prev, st *KeyState, rev uint64
 	if len(targets) == 0 {
 		return
 	}
-	if e != nil && freeSlots(prev, Policy{MaxActive: st.MaxActive}, c.cfg.Now()) < free && !c.waitHere(key, st.Queued[:min(free, len(st.Queued))]) {
-		// It freed a slot (a release, typically) for a job waiting in
-		// another process: hold the wake-up briefly for a write of this
-		// coordinator's that may follow on the key (see wakeHold).
-		if e.holdWake(&heldWake{c: c, key: key, rev: rev, value: append([]byte(nil), value...), targets: targets, free: free}) {
-			return
-		}
-	}
 	c.wakes.publishWakes(key.Service, key.KVKey, value, rev, targets, free)
-}
-
-// wakeHold is how long the wake-up of a write that freed a slot for a job
-// waiting in another process is held, for a write of the same coordinator
-// on the key that may follow it: the worker that released the slot
-// admits its next job, typically. Were the wake-up sent at once, the job
-// woken would write on the state it carries, and lose its
-// compare-and-swap to that admission, made on the same state one hop
-// sooner: a wasted write and its round trip, and a second wake-up (the
-// admission's). Held, the wake-up of the write that follows, made on the
-// state that follows, is sent instead, and the woken job's write wins.
-// A write that begins while the wake-up is held keeps it held until it
-// ends (see keyEntry.holdWakeFor); nothing else does. A held wake-up is
-// sent, replaced by a later write's or flushed (FlushWakeUps), never
-// dropped: docs/design/keys-engine.md, "Why no wake-up is lost".
-const wakeHold = 200 * time.Microsecond
-
-// wakeHoldMisses is how many held wake-ups in a row no write followed
-// before a key's wake-ups are held only once in wakeHoldProbe (see
-// keyEntry.holdWake).
-const (
-	wakeHoldMisses = 2
-	wakeHoldProbe  = 16
-)
-
-// heldWake is a wake-up publishWakes holds (see wakeHold).
-type heldWake struct {
-	c       *KeyCoordinator
-	e       *keyEntry // the entry that holds it, set by holdWake
-	key     JobKey
-	rev     uint64
-	value   []byte
-	targets []string
-	free    int
-	// Guarded by the key entry's wakeMu.
-	holders int  // writes under way that began while it was held
-	expired bool // wakeHold has passed
-	done    bool // sent or dropped
-}
-
-// send publishes h.
-func (h *heldWake) send() {
-	h.c.wakes.publishWakes(h.key.Service, h.key.KVKey, h.value, h.rev, h.targets, h.free)
-}
-
-// FlushWakeUps sends at once the wake-ups the coordinator holds back. Over
-// a store with targeted wake-ups (see [WithWakeUps]), the wake-up of a
-// write that freed a slot for a job waiting in another process (a
-// release, typically) is held for a fraction of a millisecond, for a
-// write of this coordinator's on the key that may follow (the releasing
-// worker's next admission), whose wake-up then replaces it. Closing the
-// store's connection meanwhile (nats.Conn.Close publishes nothing more)
-// loses it: the job waits for its Runner's recheck (RecheckInterval). So
-// a worker that shuts down calls FlushWakeUps after its last release,
-// before it closes the connection. A coordinator without wake-ups holds
-// none. Safe for concurrent use, also with the coordinator's operations.
-func (c *KeyCoordinator) FlushWakeUps() {
-	c.heldMu.Lock()
-	held := make([]*heldWake, 0, len(c.held))
-	for h := range c.held {
-		held = append(held, h)
-	}
-	c.heldMu.Unlock()
-	for _, h := range held {
-		h.e.wakeMu.Lock()
-		send := !h.done
-		h.e.endHeldLocked(h)
-		h.e.wakeMu.Unlock()
-		if send {
-			h.send()
-		}
-	}
 }
 
 // wakeAhead sends, for a Run of job jobID blocked in turn (see

@@ -122,9 +122,6 @@ func (c *Client) Stop(ctx context.Context) (err error) {
 		err = ctx.Err()
 	}
 	cleanup := func() {
-		// Every slot is released: their wake-ups go out before the
-		// caller closes the connection (see KeyCoordinator.FlushWakeUps).
-		c.coord.FlushWakeUps()
 		if c.dispOwned {
 			c.disp.close()
 		}

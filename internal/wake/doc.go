@@ -9,8 +9,8 @@
 // layer's (package jobkeys: wake.go), and so is the
 // store wiring (natskv_wake.go: WithWakeUps, the capability methods).
 //
-// The whole protocol (trust by age and by send time, held wake-ups, queue
-// turn and wake-ahead, and why no wake-up is lost) is described
+// The whole protocol (trust by age and by send time, queue turn and
+// wake-ahead, and why no wake-up is lost) is described
 // in docs/design/keys-engine.md; this package holds the part below.
 //
 // # Messages and subjects
