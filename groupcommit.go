@@ -42,7 +42,7 @@ package jobkeys
 //
 //   - a batched write that frees slots of a key this process's Runners
 //     wait on first wakes the waiters it frees them for, by the state the
-//     batch leaves, as the write's hand-off would after it (prewake; only
+//     batch leaves, as the watch's delivery would after it (prewake; only
 //     waiters of this coordinator whose turn it is), and waits for their
 //     acquisitions, which then reduce after the release, in the same
 //     write. Nothing of that unstored state is recorded: each waiter's
@@ -525,13 +525,12 @@ func (b *laneBatch) write(wctx context.Context) (final *KeyState, rev uint64, er
 }
 
 // committed ends a batch whose write succeeded at state final and
-// revision rev: the entry and this process's waiters learn it at once
-// (not at the watch's echo; nothing for a delete), the wake-ups go out,
-// and every operation gets its result.
+// revision rev: the entry learns it, the wake-ups go out, and every
+// operation gets its result. This process's waiters learn it from the
+// watch, as every process's do.
 func (b *laneBatch) committed(final *KeyState, rev uint64) laneResult {
 	c, e, key := b.c, b.e, b.key
 	e.Commit(final, rev, c.cfg.RetryBackoff)
-	c.keys.handoff(key.KVKey, final, rev)
 	if c.wakes != nil && final != nil {
 		c.publishWakes(key, b.s.State, final, rev, lastValue(*b.buf, e.scratch.ends, b.batched && b.writers > 1))
 	}

@@ -34,7 +34,8 @@ type keyTable struct {
 	max     int
 	entries map[string]*keyEntry
 	// feeds are the Watchers this coordinator's Runners waited through
-	// (see Watcher.linked): its writes are handed to them (handoff).
+	// (see Watcher.linked): a batch wakes their waiters ahead of its
+	// write (prewake).
 	// Replaced, never modified, under mu.
 	feeds atomic.Pointer[[]*Watcher]
 	// lingerWake and lingerRelease bound how long a batch's holder
@@ -188,37 +189,15 @@ func (t *keyTable) unlink(w *Watcher) {
 	t.feeds.Store(&ws)
 }
 
-// handoff hands a write of k that this coordinator committed, the state
-// st at revision rev (a stored revision: the write's reply says so), to
-// the Watchers its Runners wait through, which wake the waiters on k it
-// frees slots for at once, and feed it to the entries of k of every
-// coordinator they feed, this one's and the process's others (see
-// Watcher.handoff). A coordinator that no Runner waited through a Watcher
-// with does nothing. Call it after commit, with no lock held (the lane
-// may be: no Watcher waits for a lane); st must not be modified.
-//
-// A delete is not handed off: the store does not say the revision of its
-// delete marker, and a change without its revision cannot be ordered
-// against the watch's. Its watch delivery wakes the waiters.
-func (t *keyTable) handoff(k string, st *KeyState, rev uint64) {
-	ws := t.feeds.Load()
-	if ws == nil || st == nil {
-		return
-	}
-	for _, w := range *ws {
-		w.handoff(k, st, rev)
-	}
-}
-
 // prewake wakes, ahead of a write of k by this coordinator that would
 // leave the key at state st (revision rev), the waiters of this
 // coordinator on k the write frees slots for, in the order the Watchers
-// it hands its writes to would wake them on that change (see
+// its Runners wait through would wake them on that change (see
 // Watcher.prewake), so that their acquisitions can join the write's batch
-// (see lane.Lane.Linger). It returns how many it woke. Nothing is recorded of
-// st, which is not stored (yet): the write's hand-off, or its failure,
-// follows as without prewake. Call it holding k's lane, with no lock held;
-// st must not be modified.
+// (see lane.Lane.Linger). It returns how many it woke. Nothing is
+// recorded of st, which is not stored (yet): the watch's delivery of the
+// write, or the write's failure, follows as without prewake. Call it
+// holding k's lane, with no lock held; st must not be modified.
 func (t *keyTable) prewake(k string, st *KeyState, rev uint64) int {
 	ws := t.feeds.Load()
 	if ws == nil {

@@ -177,8 +177,8 @@ func (c *KeyCoordinator) Repair(ctx context.Context, req RepairRequest) (_ Repai
 		st := snapshot(req.Replacement)
 		e.Commit(st, out.Revision, c.cfg.RetryBackoff)
 		// Slots the replacement frees wake the jobs they are for, as any
-		// write's do: this process's waiters now, others by their wake-ups.
-		c.keys.handoff(key.KVKey, st, out.Revision)
+		// write's do: waiters on a watch by its delivery, others by their
+		// wake-ups.
 		if c.wakes != nil {
 			// The jobs queued before are those of the value replaced; all
 			// of the replacement's when that did not decode (corrupt).

@@ -65,13 +65,13 @@ type Watcher struct {
 	watches map[string]*serviceWatch
 	decodes uint64 // watched values decoded (see keyWatch.decode)
 	// linked are the key tables of the coordinators whose Runners waited
-	// through this Watcher: each hands its writes to it (see handoff)
-	// until Close. Weak: a coordinator its user drops is not kept alive
-	// by a Watcher that outlives it (dead entries are pruned as the map
-	// grows).
+	// through this Watcher: each wakes its waiters ahead of a batch's
+	// write (see prewake) until Close. Weak: a coordinator its user drops
+	// is not kept alive by a Watcher that outlives it (dead entries are
+	// pruned as the map grows).
 	linked map[weak.Pointer[keyTable]]struct{}
 	// waited maps the KV key of every keyWatch of a running watch to it,
-	// for handoff to find without the lock. Written under mu.
+	// for prewake to find without the lock. Written under mu.
 	waited sync.Map
 	// wakeSubs are the open subscriptions of subscribeWake, which Close
 	// ends.
@@ -92,19 +92,16 @@ type serviceWatch struct {
 // keyWatch is what a Watcher keeps of one key that waiters (the blocked
 // acquisitions of Runners, see subscribeQueued) wait on: the waiters (in
 // arrival order, sorted by their jobs' places in the queue at each wake),
-// the latest change the watch delivered (or a coordinator
-// of the process handed off), and the key tables of the coordinators it
-// feeds that change to. Guarded by Watcher.mu, but w, sw and kvKey, which
-// are set once, and the atomics.
+// the latest change the watch delivered, and the key tables of the
+// coordinators it feeds that change to. Guarded by Watcher.mu, but w, sw
+// and kvKey, which are set once, and the atomics.
 type keyWatch struct {
 	w       *Watcher
 	sw      *serviceWatch
 	kvKey   string
 	waiters []*Subscription
-	// nwaiting is len(waiters), and nrev is rev, for handoff to read
-	// without the lock.
+	// nwaiting is len(waiters), for prewake to read without the lock.
 	nwaiting atomic.Int32
-	nrev     atomic.Uint64
 	tables   map[*keyTable]int // coordinators' key tables, by waiters using them
 	rev      uint64            // the revision of the latest change delivered; 0 before one
 	seq      uint64            // changes delivered
@@ -136,10 +133,6 @@ type keyWatch struct {
 	// every change.
 	state   *KeyState
 	decoded bool
-	// echo is the revision of the latest change handed off by a
-	// coordinator of this process (see handoff) whose delivery by the
-	// watch has not come yet; 0 when none.
-	echo uint64
 }
 
 // NewWatcher returns a watcher over store, which should be the store of the
@@ -456,7 +449,7 @@ func (w *Watcher) monitor(sw *serviceWatch, ended <-chan struct{}, cancel contex
 	clear(sw.subs)
 	for kvKey, kw := range sw.keys {
 		kw.stop()
-		w.waited.CompareAndDelete(kvKey, kw) // nothing to hand off to any more
+		w.waited.CompareAndDelete(kvKey, kw) // nothing to prewake any more
 		for t := range kw.tables {
 			t.unwatched(kvKey) // changes from now on may be missed
 		}
@@ -491,21 +484,10 @@ func (w *Watcher) dispatchChange(sw *serviceWatch, c ValueChange) {
 		return
 	}
 	if c.Revision != 0 && c.Revision <= kw.rev {
-		// Already held: handed off by a coordinator of this process (see
-		// handoff), or delivered before (a restarted consumer delivers it
-		// again). The echo of a handed-off change is when other processes
-		// learn of it: the turns of the waiters behind their jobs count
-		// from now.
-		if c.Revision == kw.echo {
-			kw.echo = 0
-			kw.at = time.Now()
-			kw.wake(kw.at)
-		}
-		return
+		return // delivered before: a restarted consumer delivers it again
 	}
 	kw.seq++
 	kw.at = time.Now()
-	kw.echo = 0
 	switch {
 	case c.Revision == 0: // no values: every change may help anyone
 		kw.decoded = false
@@ -513,58 +495,18 @@ func (w *Watcher) dispatchChange(sw *serviceWatch, c ValueChange) {
 		// Only lingering feeds: no wake-up needs the state, and the
 		// coordinators decode it if an operation uses it.
 		kw.rev, kw.state, kw.decoded, kw.pending = c.Revision, nil, false, &c
-		kw.nrev.Store(c.Revision)
 		for t := range kw.tables {
 			t.watchedValue(c.KVKey, sw.service, c.Value, c.Revision)
 		}
 		return
 	default:
 		kw.rev, kw.state, kw.decoded, kw.pending = c.Revision, nil, true, nil
-		kw.nrev.Store(c.Revision)
 		if !c.Deleted {
 			kw.state, kw.decoded = kw.decode(sw.service, c)
 		}
 		for t := range kw.tables {
 			t.watched(c.KVKey, kw.state, c.Revision, kw.decoded)
 		}
-	}
-	kw.wake(kw.at)
-}
-
-// handoff is dispatchChange for a write of kvKey that a coordinator of
-// this process committed, its key table linked to w (see keyTable.handoff):
-// state st at revision rev (nil: absent), a stored revision, since the
-// write's reply said so. Its waiters are woken at once, as the watch's
-// delivery would wake them, instead of after the round trip of that
-// delivery; when it comes (the echo), it changes nothing, since revisions
-// only go forward. A key nobody waits on is left to the watch (its
-// lingering feeds need no hurry), and so is a change the watch has
-// already delivered, or a later one.
-//
-// Other processes learn of the change from their watches: the turns of
-// waiters whose jobs have other processes' jobs queued ahead of them
-// (see turn) count from the echo, as they would without the handoff.
-func (w *Watcher) handoff(kvKey string, st *KeyState, rev uint64) {
-	v, ok := w.waited.Load(kvKey)
-	if !ok {
-		return
-	}
-	kw := v.(*keyWatch)
-	if kw.nwaiting.Load() == 0 || rev <= kw.nrev.Load() {
-		return // often: the watch's delivery may come before the write's reply
-	}
-	w.mu.Lock()
-	defer w.mu.Unlock()
-	if w.closed || kw.sw.ended || kw.sw.keys[kvKey] != kw || rev <= kw.rev || len(kw.waiters) == 0 {
-		return
-	}
-	kw.seq++
-	kw.at = time.Now()
-	kw.echo = rev
-	kw.rev, kw.state, kw.decoded, kw.pending = rev, st, true, nil
-	kw.nrev.Store(rev)
-	for t := range kw.tables {
-		t.watched(kvKey, st, rev, true)
 	}
 	kw.wake(kw.at)
 }
@@ -648,12 +590,10 @@ func (kw *keyWatch) wake(now time.Time) {
 		if wt.woken || !(kw.decoded && wt.seen < kw.rev || !kw.decoded && wt.wokenAt < kw.seq) {
 			continue
 		}
-		if at := kw.turn(i, ahead, free); !at.IsZero() && (kw.echo != 0 || now.Before(at)) {
+		if at := kw.turn(i, ahead, free); !at.IsZero() && now.Before(at) {
 			// Its turn comes after the jobs of other processes ahead of
-			// it; while the change is one handed off here whose echo has
-			// not come, the other processes may not know of it yet, and
-			// the turn counts from the echo (see dispatchChange).
-			if kw.echo == 0 && (later.IsZero() || at.Before(later)) {
+			// it.
+			if later.IsZero() || at.Before(later) {
 				later = at
 			}
 			continue

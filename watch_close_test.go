@@ -12,14 +12,15 @@ import (
 )
 
 // A Watcher closed while coordinators' key tables are linked to it
-// (review): Close unlinks them, so that their writes hand nothing to it,
-// and a handoff to a closed Watcher changes nothing and does not panic.
+// (review): Close unlinks them, so that their batches prewake nothing
+// through it, and a prewake through a closed Watcher wakes nothing and
+// does not panic.
 func TestWatcherCloseUnlinksTables(t *testing.T) {
 	t.Parallel()
 	mem := NewMemoryStore()
 	w, err := NewWatcher(mem)
 	require.NoError(t, err)
-	const service = "handoffclose"
+	const service = "watchclose"
 	kvKey := service + ".t.k"
 	tbl := newKeyTable(16)
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
@@ -34,15 +35,8 @@ func TestWatcherCloseUnlinksTables(t *testing.T) {
 	<-sub.Done()
 	assert.Nil(t, tbl.feeds.Load(), "Close unlinks the tables")
 	st := &KeyState{Service: service, JobType: "t", MaxActive: 1}
-	tbl.handoff(kvKey, st, 7) // nothing linked: nothing happens
-	w.handoff(kvKey, st, 7)   // a closed Watcher takes nothing
-	w.mu.Lock()
-	for _, sw := range w.watches {
-		if kw := sw.keys[kvKey]; kw != nil {
-			assert.NotEqual(t, uint64(7), kw.rev, "a closed Watcher holds no handed-off revision")
-		}
-	}
-	w.mu.Unlock()
+	assert.Zero(t, tbl.prewake(kvKey, st, 7), "nothing linked: nothing woken")
+	assert.Zero(t, w.prewake(kvKey, tbl, st, 7, time.Now()), "a closed Watcher wakes nothing")
 	sub.Close()
 }
 
@@ -56,7 +50,7 @@ func TestWatcherLinkDoesNotKeepTablesAlive(t *testing.T) {
 	w, err := NewWatcher(mem)
 	require.NoError(t, err)
 	defer w.Close()
-	const service = "handofflink"
+	const service = "watchlink"
 	kvKey := service + ".t.k"
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
