@@ -226,12 +226,7 @@ func (p *twoProcesses) awaitWaiter(t *testing.T) {
 // msg says what failed if none does.
 func awaitOneWaiter(t *testing.T, w *Watcher, service, kvKey, msg string) {
 	t.Helper()
-	require.Eventually(t, func() bool {
-		w.mu.Lock()
-		defer w.mu.Unlock()
-		sw := w.watches[service]
-		return sw != nil && sw.keys[kvKey] != nil && len(sw.keys[kvKey].waiters) == 1
-	}, rtWait, time.Millisecond, msg)
+	awaitWaiters(t, w, service, kvKey, 1, msg)
 }
 
 // fed reports whether mine's entry for the key holds, trusted, the

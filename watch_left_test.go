@@ -45,14 +45,7 @@ func TestWatcherWakesWaiterWhoseJobLeftTheQueue(t *testing.T) {
 			require.NoError(t, err)
 			require.Equal(t, KindRemoved, rm.Kind)
 
-			select {
-			case err := <-done:
-				var blocked *BlockedError
-				require.True(t, errors.As(err, &blocked), "the Run returned %v, not a BlockedError", err)
-				assert.Equal(t, ReasonNotQueued, blocked.Acquisition.Reason)
-			case <-time.After(rtWait):
-				t.Fatal("the Run whose job was removed still waits: its waiter was not woken")
-			}
+			awaitNotQueued(t, done)
 		})
 	}
 }
@@ -84,7 +77,7 @@ func TestWatcherLeavesRetryWaiterAsleep(t *testing.T) {
 		_, err := p.r.Run(ctx, "a", p.payload, handler)
 		queued <- err
 	}()
-	awaitWaiters(t, p.w, p.service, p.key.KVKey, 2)
+	awaitWaiters(t, p.w, p.service, p.key.KVKey, 2, "the two Runs never waited")
 
 	// retryWoken returns the change the retry's waiter was last woken
 	// at (keyWatch.seq).
@@ -107,14 +100,7 @@ func TestWatcherLeavesRetryWaiterAsleep(t *testing.T) {
 	rm, err := p.otherJT.RemoveQueued(ctx, "a", p.payload)
 	require.NoError(t, err)
 	require.Equal(t, KindRemoved, rm.Kind)
-	select {
-	case err := <-queued:
-		var blocked *BlockedError
-		require.True(t, errors.As(err, &blocked), "the Run returned %v, not a BlockedError", err)
-		assert.Equal(t, ReasonNotQueued, blocked.Acquisition.Reason)
-	case <-time.After(rtWait):
-		t.Fatal("the Run whose job was removed still waits")
-	}
+	awaitNotQueued(t, queued)
 	retryAfter := retryWoken()
 	assert.Equal(t, retryBefore, retryAfter, "the removal, which frees no slot, woke the retry")
 	assert.Equal(t, 1, asleep(p.w, p.service, p.key.KVKey), "the retry still waits, asleep")
@@ -129,15 +115,16 @@ func TestWatcherLeavesRetryWaiterAsleep(t *testing.T) {
 	}
 }
 
-// awaitWaiters waits until n waiters wait on kvKey through w.
-func awaitWaiters(t *testing.T, w *Watcher, service, kvKey string, n int) {
+// awaitWaiters waits until exactly n waiters wait on kvKey through w; msg
+// says what failed if they never do.
+func awaitWaiters(t *testing.T, w *Watcher, service, kvKey string, n int, msg string) {
 	t.Helper()
 	require.Eventually(t, func() bool {
 		w.mu.Lock()
 		defer w.mu.Unlock()
 		sw := w.watches[service]
 		return sw != nil && sw.keys[kvKey] != nil && len(sw.keys[kvKey].waiters) == n
-	}, rtWait, time.Millisecond, "%d waiters never waited", n)
+	}, rtWait, time.Millisecond, msg)
 }
 
 // asleep returns how many waiters on kvKey through w are not woken.
@@ -153,4 +140,19 @@ func asleep(w *Watcher, service, kvKey string) int {
 		}
 	}
 	return n
+}
+
+// awaitNotQueued waits for the error of a Run whose job was removed from
+// the queue while it waited: a BlockedError with ReasonNotQueued. It fails
+// the test when the Run still waits after rtWait: its waiter was not woken.
+func awaitNotQueued(t *testing.T, done <-chan error) {
+	t.Helper()
+	select {
+	case err := <-done:
+		var blocked *BlockedError
+		require.True(t, errors.As(err, &blocked), "the Run returned %v, not a BlockedError", err)
+		assert.Equal(t, ReasonNotQueued, blocked.Acquisition.Reason)
+	case <-time.After(rtWait):
+		t.Fatal("the Run whose job was removed still waits: its waiter was not woken")
+	}
 }
